@@ -1,0 +1,21 @@
+# Thin wrapper over CMake: `make` builds build/bin/mlxcel and mlxcel-server, `make test` runs
+# every test through ctest. Pass CMAKE_ARGS to configure (e.g. CMAKE_ARGS=-DMLXCEL_CUDA=OFF).
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_ARGS ?=
+
+.PHONY: all test clean format
+all: $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) $(CMAKE_ARGS)
+
+test: all
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu' '*.cuh')
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,154 @@
+/* backend: the op interface every device implements (cpu/ and cuda/), and the plain data the
+ * ops read. The model's forward pass is written once against these ops; it never touches
+ * device memory directly. Knows nothing about requests.
+ *
+ * Memory: `data` pointers in be_tensor, be_linear, be_kv_layer and be_paged_batch are backend
+ * memory (host pointers on the CPU backend, device pointers on CUDA). Ops may run
+ * asynchronously; `sync` waits and reports a deferred error. An op returns -1 with err filled
+ * for arguments it cannot serve (wrong dtype, shape mismatch); it never aborts. */
+#ifndef MLXCEL_BACKEND_H
+#define MLXCEL_BACKEND_H
+
+#include "base/base.h"
+
+/* A row-major contiguous 2-D array: [rows, cols]. Vectors are [1, n]. */
+typedef struct be_tensor {
+    void *data;
+    base_dtype dtype;
+    int64_t rows, cols;
+} be_tensor;
+
+/* A linear layer y = x W^T (+ bias). Dense: `weight` is [out, in] of `dtype` (F32/F16/BF16).
+ * MLX affine-quantized (bits > 0): `weight` is packed uint32 [out, in * bits / 32], `scales`
+ * and `biases` are [out, in / group_size] of `dtype`, and w[o, i] = scales[o, i / g] *
+ * q[o, i] + biases[o, i / g] with q read from the little-endian bit stream of row o (for
+ * bits 2/4/8 that is also "value k of a uint32 word at bits [k*bits, (k+1)*bits)"). The same
+ * struct is an embedding table ([vocab, dim]) and a tied output head. */
+typedef struct be_linear {
+    int64_t out, in;
+    int bits;         /* 0 = dense; else 2, 3, 4, 5, 6, 8 */
+    int group_size;   /* 32, 64, 128 when quantized */
+    base_dtype dtype; /* dense weight dtype, or scales/biases dtype */
+    const void *weight;
+    const void *scales; /* (out, in / group_size), quantized only */
+    const void *biases; /* (out, in / group_size), quantized only */
+    const void *bias;   /* (out) or NULL: the linear layer's additive bias */
+    base_dtype bias_dtype;
+} be_linear;
+
+/* One layer of the paged KV pool: K and V slabs [num_blocks, block_size, n_kv_heads,
+ * head_dim]. Element offset of (block, slot, head) is
+ * ((uint64_t)block * block_size + slot) * (n_kv_heads * head_dim) + head * head_dim,
+ * widened before the first multiply. */
+typedef struct be_kv_layer {
+    void *k, *v;
+    base_dtype dtype; /* F16 or BF16 (F32 allowed on the CPU) */
+    int64_t num_blocks;
+    int block_size, n_kv_heads, head_dim;
+} be_kv_layer;
+
+/* One step's sequences, packed in CSR form. Token rows of sequence s are
+ * [q_indptr[s], q_indptr[s+1]); they are the last q_len tokens of its kv_len tokens (the
+ * causal mask follows from that). Its pages are page_indices[page_indptr[s] ..
+ * page_indptr[s+1]), the last holding last_page_len[s] tokens. */
+typedef struct be_paged_batch {
+    int n_seqs;
+    int n_tokens;
+    const int32_t *q_indptr;          /* (n_seqs + 1) */
+    const int32_t *kv_len;            /* (n_seqs) tokens in the cache including this step's */
+    const int32_t *page_indptr;       /* (n_seqs + 1) */
+    const int32_t *page_indices;      /* (page_indptr[n_seqs]) block ids */
+    const int32_t *last_page_len;     /* (n_seqs) */
+    const int32_t *first_page_offset; /* (n_seqs) tokens skipped in the first page, or NULL */
+    const int64_t *slots;             /* (n_tokens) block * block_size + slot of each new token */
+    const int32_t *positions;         /* (n_tokens) RoPE positions */
+} be_paged_batch;
+
+typedef enum {
+    BE_DECODE_GATHER = 0, /* copy each sequence's K/V to contiguous memory, dense attention */
+    BE_DECODE_V1,         /* one pass per (sequence, kv head) over all its pages */
+    BE_DECODE_V2,         /* pages split in chunks; partial outputs + LSE; then a merge */
+} be_decode_kind;
+
+/* How decode rows (q_len == 1) are computed in one step; made by the attn module. */
+typedef struct be_decode_plan {
+    be_decode_kind kind;
+    int pages_per_chunk; /* v2: pages per chunk */
+    int max_chunks;      /* v2: chunks of the longest sequence */
+    void *workspace;     /* v2: partial outputs and LSEs, backend memory */
+    uint64_t workspace_bytes;
+} be_decode_plan;
+
+typedef struct be_backend be_backend;
+
+typedef struct be_ops {
+    void (*destroy)(be_backend *be);
+
+    /* memory */
+    int (*alloc)(be_backend *be, size_t bytes, void **ptr, base_err *err);
+    void (*free)(be_backend *be, void *ptr);
+    int (*upload)(be_backend *be, void *dst, const void *src, size_t bytes, base_err *err);
+    int (*download)(be_backend *be, void *dst, const void *src, size_t bytes, base_err *err);
+    int (*copy)(be_backend *be, void *dst, const void *src, size_t bytes, base_err *err);
+    /* Makes host weight bytes (an mmap that outlives the backend's use) usable by ops. The
+     * CPU returns the host pointer itself; CUDA uploads once. Freed with `free` unless
+     * *dev == host. */
+    int (*map_weights)(be_backend *be, const void *host, size_t bytes, const void **dev,
+                       base_err *err);
+    int (*sync)(be_backend *be, base_err *err);
+    /* Free and total bytes of the memory this backend computes in. */
+    int (*memory_info)(be_backend *be, uint64_t *free_bytes, uint64_t *total_bytes);
+
+    /* ops */
+    /* out[i] = row ids[i] of table (dequantized); ids I32 [n, 1]; out [n, dim]. */
+    int (*embedding)(be_backend *be, const be_linear *table, const be_tensor *ids, be_tensor *out,
+                     base_err *err);
+    /* y [n, out] = x [n, in] W^T (+ bias). */
+    int (*matmul)(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
+                  base_err *err);
+    /* y = x / rms(x) * weight, per row; weight [1, cols]. y may alias x. */
+    int (*rmsnorm)(be_backend *be, const be_tensor *x, const be_tensor *weight, float eps,
+                   be_tensor *y, base_err *err);
+    /* y = a + b elementwise. y may alias a or b. */
+    int (*add)(be_backend *be, const be_tensor *a, const be_tensor *b, be_tensor *y, base_err *err);
+    /* y = silu(gate) * up. y may alias gate or up. */
+    int (*silu_mul)(be_backend *be, const be_tensor *gate, const be_tensor *up, be_tensor *y,
+                    base_err *err);
+    /* In place, rotate-half convention: x [n, n_heads * head_dim], positions I32 [n, 1],
+     * inv_freq F32 [1, head_dim / 2]; cos and sin are multiplied by mscale (YaRN). */
+    int (*rope)(be_backend *be, be_tensor *x, int n_heads, int head_dim, const be_tensor *positions,
+                const be_tensor *inv_freq, float mscale, base_err *err);
+    /* Writes k, v [n_tokens, n_kv_heads * head_dim] into the pool at batch->slots. */
+    int (*kv_append)(be_backend *be, const be_kv_layer *layer, const be_tensor *k,
+                     const be_tensor *v, const be_paged_batch *batch, base_err *err);
+    /* out [n_tokens, n_heads * head_dim] = softmax(q K^T * scale + causal mask) V through
+     * the pages; decode rows follow `plan`, other rows take the prefill path. */
+    int (*attention)(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
+                     const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
+                     float scale, be_tensor *out, base_err *err);
+    /* ids I32 [rows, 1] = argmax over each row of logits. */
+    int (*argmax)(be_backend *be, const be_tensor *logits, be_tensor *ids, base_err *err);
+} be_ops;
+
+struct be_backend {
+    const char *name; /* "cpu", "cuda" */
+    const be_ops *ops;
+    base_dtype act_dtype;   /* activations dtype the backend computes in */
+    int n_threads;          /* CPU worker threads (1 for GPU backends) */
+    int target_parallelism; /* work items that fill the device: SMs x k, or CPU threads */
+    void *impl;
+};
+
+/* The CPU backend; n_threads <= 0 means the core count. */
+int be_cpu_create(int n_threads, be_backend **out, base_err *err);
+/* The CUDA backend on device `device`; fails with a clear message when no GPU is present or
+ * when mlxcel was built without CUDA. */
+int be_cuda_create(int device, be_backend **out, base_err *err);
+void be_destroy(be_backend *be);
+
+/* Bytes of a be_tensor. */
+static inline size_t be_tensor_bytes(const be_tensor *t) {
+    return (size_t)t->rows * (size_t)t->cols * base_dtype_size(t->dtype);
+}
+
+#endif

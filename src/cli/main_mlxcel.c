@@ -1,0 +1,40 @@
+/* `mlxcel`: dispatches to a subcommand. */
+#include "cli/cli.h"
+
+#include <string.h>
+
+typedef struct cli_command {
+    const char *name;
+    cli_cmd_fn fn;
+    const char *summary;
+} cli_command;
+
+static const cli_command g_commands[] = {
+    {NULL, NULL, NULL},
+};
+
+static void print_usage(FILE *f) {
+    fprintf(f, "usage: mlxcel <command> [options]\n\ncommands:\n");
+    for (const cli_command *c = g_commands; c->name; c++)
+        fprintf(f, "  %-12s %s\n", c->name, c->summary);
+    fprintf(f, "\nRun 'mlxcel <command> --help' for a command's options.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        print_usage(stderr);
+        return CLI_USAGE;
+    }
+    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        print_usage(stdout);
+        return CLI_OK;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("mlxcel 0.1.0\n");
+        return CLI_OK;
+    }
+    for (const cli_command *c = g_commands; c->name; c++)
+        if (strcmp(argv[1], c->name) == 0) return c->fn(argc - 1, argv + 1);
+    return cli_usage_fail("unknown command '%s' (see mlxcel --help)", argv[1]);
+}
