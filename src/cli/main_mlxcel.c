@@ -10,6 +10,8 @@ typedef struct cli_command {
 } cli_command;
 
 static const cli_command g_commands[] = {
+    {"generate", cli_cmd_generate, "generate a continuation of a prompt"},
+    {"logits", cli_cmd_logits, "write the logits of every position to a .npy file"},
     {NULL, NULL, NULL},
 };
 

@@ -1,0 +1,19 @@
+/* Flags shared by the subcommands that run a model (-m, -t, --device, -c, --kv-*). */
+#ifndef MLXCEL_CLI_RUNTIME_H
+#define MLXCEL_CLI_RUNTIME_H
+
+#include "cli/cli.h"
+#include "engine/engine.h"
+
+typedef struct cli_runtime_flags {
+    const char *model;
+    engine_options opts;
+} cli_runtime_flags;
+
+void cli_runtime_init(cli_runtime_flags *f);
+/* Takes one of the shared flags at the parser's position. */
+bool cli_take_runtime(cli_parser *p, cli_runtime_flags *f);
+/* The help lines for those flags. */
+const char *cli_runtime_help(void);
+
+#endif
