@@ -4,14 +4,18 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all test clean format
+.PHONY: all test deps clean format
 all: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) $(CMAKE_ARGS)
 
-test: all
+# Installs the Debian packages and the JavaScript references when missing (no-op otherwise).
+deps:
+	tools/install-deps.sh
+
+test: deps all
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 format:
