@@ -63,5 +63,6 @@ int cli_usage_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 typedef int (*cli_cmd_fn)(int argc, char **argv);
 int cli_cmd_generate(int argc, char **argv);
 int cli_cmd_logits(int argc, char **argv);
+int cli_cmd_quantize(int argc, char **argv);
 
 #endif
