@@ -64,5 +64,6 @@ typedef int (*cli_cmd_fn)(int argc, char **argv);
 int cli_cmd_generate(int argc, char **argv);
 int cli_cmd_logits(int argc, char **argv);
 int cli_cmd_quantize(int argc, char **argv);
+int cli_cmd_run(int argc, char **argv);
 
 #endif

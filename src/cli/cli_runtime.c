@@ -1,6 +1,7 @@
 /* Flags shared by every subcommand that runs a model. */
 #include "cli/cli_runtime.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 void cli_runtime_init(cli_runtime_flags *f) {
@@ -51,4 +52,40 @@ const char *cli_runtime_help(void) {
            "      --kv-dtype T         f16, bf16 or f32 KV cache (default: f32 on the CPU, f16 "
            "on CUDA)\n"
            "      --kv-cache-budget B  bytes for the KV pool, or auto\n";
+}
+
+bool cli_take_sampling(cli_parser *p, engine_sampling *s) {
+    double d;
+    long v;
+    const char *str;
+    if (cli_take_float(p, NULL, "--temp", 0, 1e6, &d)) {
+        s->temperature = (float)d;
+        return true;
+    }
+    if (cli_take_int(p, NULL, "--top-k", 0, 1 << 30, &v)) {
+        s->top_k = (int)v;
+        return true;
+    }
+    if (cli_take_float(p, NULL, "--top-p", 0, 1, &d)) {
+        s->top_p = (float)d;
+        return true;
+    }
+    if (cli_take_float(p, NULL, "--min-p", 0, 1, &d)) {
+        s->min_p = (float)d;
+        return true;
+    }
+    if (cli_take_float(p, NULL, "--repeat-penalty", 1e-6, 1e6, &d)) {
+        s->repeat_penalty = (float)d;
+        return true;
+    }
+    if (cli_take(p, NULL, "--seed", &str)) {
+        if (!str) return true;
+        char *end;
+        unsigned long long seed = strtoull(str, &end, 10);
+        if (end == str || *end || str[0] == '-')
+            cli_usage(p, "%s: --seed wants a non-negative integer, got '%s'", p->command, str);
+        s->seed = seed;
+        return true;
+    }
+    return false;
 }

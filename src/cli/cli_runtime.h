@@ -13,7 +13,9 @@ typedef struct cli_runtime_flags {
 void cli_runtime_init(cli_runtime_flags *f);
 /* Takes one of the shared flags at the parser's position. */
 bool cli_take_runtime(cli_parser *p, cli_runtime_flags *f);
-/* The help lines for those flags. */
+/* Takes a sampling flag: --temp, --top-k, --top-p, --min-p, --repeat-penalty, --seed. */
+bool cli_take_sampling(cli_parser *p, engine_sampling *s);
+/* The help lines for the runtime flags. */
 const char *cli_runtime_help(void);
 
 #endif

@@ -30,46 +30,11 @@ static const char *g_generate_help =
 typedef struct gen_flags {
     cli_runtime_flags rt;
     const char *tokens;
+    const char *prompt;
     long n_predict;
     engine_sampling sampling;
     bool json;
 } gen_flags;
-
-static bool take_sampling(cli_parser *p, engine_sampling *s) {
-    double d;
-    long v;
-    const char *str;
-    if (cli_take_float(p, NULL, "--temp", 0, 1e6, &d)) {
-        s->temperature = (float)d;
-        return true;
-    }
-    if (cli_take_int(p, NULL, "--top-k", 0, 1 << 30, &v)) {
-        s->top_k = (int)v;
-        return true;
-    }
-    if (cli_take_float(p, NULL, "--top-p", 0, 1, &d)) {
-        s->top_p = (float)d;
-        return true;
-    }
-    if (cli_take_float(p, NULL, "--min-p", 0, 1, &d)) {
-        s->min_p = (float)d;
-        return true;
-    }
-    if (cli_take_float(p, NULL, "--repeat-penalty", 1e-6, 1e6, &d)) {
-        s->repeat_penalty = (float)d;
-        return true;
-    }
-    if (cli_take(p, NULL, "--seed", &str)) {
-        if (!str) return true;
-        char *end;
-        unsigned long long seed = strtoull(str, &end, 10);
-        if (end == str || *end || str[0] == '-')
-            cli_usage(p, "%s: --seed wants a non-negative integer, got '%s'", p->command, str);
-        s->seed = seed;
-        return true;
-    }
-    return false;
-}
 
 static int load_prompt(const char *flag, const char *text, int32_t **ids, int *n) {
     char msg[512];
@@ -77,10 +42,12 @@ static int load_prompt(const char *flag, const char *text, int32_t **ids, int *n
     return CLI_OK;
 }
 
-static void print_json_result(const engine_generate_result *res, int n_prompt) {
+static void print_json_result(const engine_generate_result *res, int n_prompt, const char *text) {
     json_t *o = json_object(), *toks = json_array();
-    for (int i = 0; i < res->n_tokens; i++) json_array_append_new(toks, json_integer(res->tokens[i]));
+    for (int i = 0; i < res->n_tokens; i++)
+        json_array_append_new(toks, json_integer(res->tokens[i]));
     json_object_set_new(o, "tokens", toks);
+    if (text) json_object_set_new(o, "text", json_string(text));
     json_object_set_new(o, "n_prompt", json_integer(n_prompt));
     json_object_set_new(o, "stopped_by_eos", json_boolean(res->stopped_by_eos));
     json_object_set_new(o, "prefill_seconds", json_real(res->prefill_seconds));
@@ -103,8 +70,9 @@ int cli_cmd_generate(int argc, char **argv) {
             return CLI_OK;
         }
         if (cli_take_runtime(&p, &f.rt) || cli_take(&p, NULL, "--tokens", &f.tokens) ||
+            cli_take(&p, "-p", "--prompt", &f.prompt) ||
             cli_take_int(&p, "-n", "--n-predict", -1, 1 << 24, &f.n_predict) ||
-            take_sampling(&p, &f.sampling))
+            cli_take_sampling(&p, &f.sampling))
             continue;
         if (cli_flag(&p, NULL, "--json")) {
             f.json = true;
@@ -114,29 +82,45 @@ int cli_cmd_generate(int argc, char **argv) {
     }
     if (cli_done(&p)) return CLI_USAGE;
     if (!f.rt.model) return cli_usage_fail("generate: -m MODEL is required");
-    if (!f.tokens) return cli_usage_fail("generate: give a prompt with -p TEXT or --tokens IDS");
+    if (!f.tokens == !f.prompt)
+        return cli_usage_fail("generate: give a prompt with either -p TEXT or --tokens IDS");
+    base_err err;
+    engine_prompter *pr = NULL;
     int32_t *prompt;
     int n_prompt;
-    if (load_prompt("--tokens", f.tokens, &prompt, &n_prompt)) return CLI_USAGE;
-    base_err err;
-    engine_runtime *rt;
-    if (engine_runtime_open(f.rt.model, &f.rt.opts, &rt, &err)) {
-        free(prompt);
+    if (f.tokens) {
+        if (load_prompt("--tokens", f.tokens, &prompt, &n_prompt)) return CLI_USAGE;
+    } else if (engine_prompter_open(f.rt.model, NULL, &pr, &err) ||
+               engine_prompter_encode_text(pr, f.prompt, &prompt, &n_prompt, &err)) {
+        engine_prompter_close(pr);
         return cli_fail(&err);
     }
-    engine_generate_result res;
-    int max_new = f.n_predict < 0 ? rt->ctx_size : (int)f.n_predict;
-    int rc = engine_generate(rt, prompt, n_prompt, max_new, &f.sampling, NULL, NULL, &res, &err);
+    engine_runtime *rt;
+    int rc = engine_runtime_open(f.rt.model, &f.rt.opts, &rt, &err);
+    engine_generate_result res = {0};
+    if (rc == 0) {
+        int max_new = f.n_predict < 0 ? rt->ctx_size : (int)f.n_predict;
+        rc = engine_generate(rt, prompt, n_prompt, max_new, &f.sampling, NULL, NULL, &res, &err);
+        engine_runtime_close(rt);
+    }
+    char *text = NULL;
+    size_t len;
+    if (rc == 0 && pr)
+        rc = tok_decode(pr->tok, res.tokens, (size_t)res.n_tokens, true, &text, &len, &err);
     if (rc == 0) {
         if (f.json) {
-            print_json_result(&res, n_prompt);
+            if (text) printf("%s\n", text);
+            print_json_result(&res, n_prompt, text);
+        } else if (text) {
+            printf("%s%s\n", f.prompt, text);
         } else {
             for (int i = 0; i < res.n_tokens; i++) printf(i ? ",%d" : "%d", res.tokens[i]);
             printf("\n");
         }
-        free(res.tokens);
     }
-    engine_runtime_close(rt);
+    free(text);
+    free(res.tokens);
+    engine_prompter_close(pr);
     free(prompt);
     return rc ? cli_fail(&err) : CLI_OK;
 }

@@ -50,7 +50,7 @@ int engine_runtime_open(const char *model_dir, const engine_options *o, engine_r
     if (o->ctx_size <= 0 && rt->ctx_size > 4096) rt->ctx_size = 4096;
     rt->n_parallel = o->n_parallel > 0 ? o->n_parallel : 1;
     int bs = o->kv_block_size > 0 ? o->kv_block_size : KV_DEFAULT_BLOCK_SIZE;
-    base_dtype kv_dt = o->kv_dtype != BASE_DTYPE_COUNT ? o->kv_dtype
+    base_dtype kv_dt = o->kv_dtype != BASE_DTYPE_COUNT    ? o->kv_dtype
                        : strcmp(rt->be->name, "cpu") == 0 ? BASE_DTYPE_F32
                                                           : BASE_DTYPE_F16;
     kv_geometry g = model_kv_geometry(rt->model, bs, kv_dt);
@@ -73,8 +73,8 @@ void engine_runtime_close(engine_runtime *rt) {
     free(rt);
 }
 
-/* Runs tokens [0, n) of seq's last n through the model in chunks; logits of every row land
- * in all (n x vocab) when all is given, else the last row's in last. */
+/* Appends tokens [0, n) to seq and runs them through the model in chunks; logits of every
+ * row land in all (n x vocab) when all is given, else the last row's in last. */
 static int prefill(engine_runtime *rt, kv_seq *seq, const int32_t *tokens, int n, float *all,
                    float *last, base_err *err) {
     int vocab = model_config(rt->model)->vocab_size;
@@ -170,7 +170,10 @@ int engine_generate(engine_runtime *rt, const int32_t *prompt, int n_prompt, int
     res->tokens = base_xmalloc((size_t)max_new * sizeof *res->tokens);
     kv_seq *seq = kv_seq_create(rt->pool);
     double t0 = base_now();
-    int rc = prefill(rt, seq, prompt, n_prompt, NULL, logits, err);
+    /* A prompt that shares full blocks with an earlier one (the next turn of a chat) reuses
+     * their K/V from the prefix cache. */
+    int adopted = kv_seq_adopt_prefix(rt->pool, seq, prompt, n_prompt);
+    int rc = prefill(rt, seq, prompt + adopted, n_prompt - adopted, NULL, logits, err);
     double t1 = base_now();
     if (!rc)
         rc = decode_loop(rt, seq, sampler, logits, &hist, n_prompt, max_new, on_token, ctx, res,

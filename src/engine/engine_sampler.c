@@ -9,12 +9,12 @@
 
 struct engine_sampler {
     engine_sampling p;
-    engine_logit_bias *bias;  /* (p.n_logit_bias), owned copy */
+    engine_logit_bias *bias; /* (p.n_logit_bias), owned copy */
     int vocab;
-    uint64_t rng[4];          /* xoshiro256** state */
-    int32_t *counts;          /* (vocab) occurrences in the penalty window; kept all-zero */
-    int32_t *cand_id;         /* (vocab) candidates */
-    float *cand_logit;        /* (vocab) */
+    uint64_t rng[4];   /* xoshiro256** state */
+    int32_t *counts;   /* (vocab) occurrences in the penalty window; kept all-zero */
+    int32_t *cand_id;  /* (vocab) candidates */
+    float *cand_logit; /* (vocab) */
 };
 
 void engine_sampling_defaults(engine_sampling *s) {
@@ -57,13 +57,11 @@ static double rng_uniform(uint64_t *s) {
     return (double)(rng_next(s) >> 11) * 0x1.0p-53;
 }
 
-int engine_sampler_new(const engine_sampling *p, int vocab, engine_sampler **out,
-                       base_err *err) {
+int engine_sampler_new(const engine_sampling *p, int vocab, engine_sampler **out, base_err *err) {
     if (isnan(p->temperature)) return base_fail(err, "sampling: temperature is NaN");
     if (!(p->top_p >= 0) || !(p->min_p >= 0) || p->min_p > 1)
         return base_fail(err, "sampling: top_p must be >= 0 and min_p in [0, 1]");
-    if (!(p->repeat_penalty > 0))
-        return base_fail(err, "sampling: repeat_penalty must be > 0");
+    if (!(p->repeat_penalty > 0)) return base_fail(err, "sampling: repeat_penalty must be > 0");
     if (isnan(p->presence_penalty) || isnan(p->frequency_penalty))
         return base_fail(err, "sampling: penalties must be numbers");
     for (int i = 0; i < p->n_logit_bias; i++)
@@ -179,7 +177,8 @@ static int select_top(engine_sampler *s, const float *logits, int k) {
 int32_t engine_sampler_next(engine_sampler *s, float *logits, const int32_t *history,
                             int n_history) {
     const engine_sampling *p = &s->p;
-    for (int i = 0; i < p->n_logit_bias; i++) logits[p->logit_bias[i].token] += p->logit_bias[i].bias;
+    for (int i = 0; i < p->n_logit_bias; i++)
+        logits[p->logit_bias[i].token] += p->logit_bias[i].bias;
     apply_penalties(s, logits, history, n_history);
     if (p->temperature <= 0) return argmax(logits, s->vocab);
 
@@ -219,8 +218,8 @@ int32_t engine_sampler_next(engine_sampler *s, float *logits, const int32_t *his
     return s->cand_id[n - 1];
 }
 
-float engine_logprobs(const float *logits, int vocab, int32_t chosen, int top_n,
-                      int32_t *top_ids, float *top_logprobs) {
+float engine_logprobs(const float *logits, int vocab, int32_t chosen, int top_n, int32_t *top_ids,
+                      float *top_logprobs) {
     float mx = logits[argmax(logits, vocab)];
     double sum = 0;
     for (int i = 0; i < vocab; i++) sum += exp((double)logits[i] - mx);

@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TRY(expr)                                                                            \
-    do {                                                                                     \
-        if ((expr) != 0) return -1;                                                          \
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        if ((expr) != 0) return -1;                                                                \
     } while (0)
 
 static size_t align8(size_t n) {
@@ -124,7 +124,8 @@ static int apply_rope(model *m, const be_paged_batch *hb, const be_paged_batch *
     }
     float *host = base_xmalloc((size_t)ns * table);
     float mscale = 1.0f;
-    for (int i = 0; i < ns; i++) model_rope_freqs(c, hb->kv_len[i], host + (size_t)i * half, &mscale);
+    for (int i = 0; i < ns; i++)
+        model_rope_freqs(c, hb->kv_len[i], host + (size_t)i * half, &mscale);
     int rc = be->ops->upload(be, s->inv_freq, host, (size_t)ns * table, err);
     free(host);
     TRY(rc);
@@ -156,7 +157,8 @@ static int attention_block(model *m, const model_layer *L, const be_kv_layer *kv
     model_scratch *s = &m->s;
     int n = hb->n_tokens, H = c->num_attention_heads, KV = c->num_key_value_heads;
     int hd = c->head_dim;
-    be_tensor x = act_tensor(m, s->x, n, c->hidden_size), h = act_tensor(m, s->h, n, c->hidden_size);
+    be_tensor x = act_tensor(m, s->x, n, c->hidden_size),
+              h = act_tensor(m, s->h, n, c->hidden_size);
     be_tensor q = act_tensor(m, s->q, n, (int64_t)H * hd);
     be_tensor k = act_tensor(m, s->k, n, (int64_t)KV * hd);
     be_tensor v = act_tensor(m, s->v, n, (int64_t)KV * hd);
@@ -181,7 +183,8 @@ static int mlp_block(model *m, const model_layer *L, int n, base_err *err) {
     const be_ops *op = m->be->ops;
     be_backend *be = m->be;
     model_scratch *s = &m->s;
-    be_tensor x = act_tensor(m, s->x, n, c->hidden_size), h = act_tensor(m, s->h, n, c->hidden_size);
+    be_tensor x = act_tensor(m, s->x, n, c->hidden_size),
+              h = act_tensor(m, s->h, n, c->hidden_size);
     be_tensor gate = act_tensor(m, s->gate, n, c->intermediate_size);
     be_tensor up = act_tensor(m, s->up, n, c->intermediate_size);
     TRY(op->rmsnorm(be, &x, &L->mlp_norm, c->rms_norm_eps, &h, err));
@@ -212,8 +215,9 @@ static int check_step(const model *m, const kv_pool *pool, const kv_batch *batch
     const kv_geometry *g = kv_pool_geometry(pool);
     if (g->n_layers != m->cfg.num_hidden_layers || g->n_kv_heads != m->cfg.num_key_value_heads ||
         g->head_dim != m->cfg.head_dim)
-        return base_fail(err, "KV pool geometry (%d layers, %d kv heads, head_dim %d) does not "
-                              "match the model (%d, %d, %d)",
+        return base_fail(err,
+                         "KV pool geometry (%d layers, %d kv heads, head_dim %d) does not "
+                         "match the model (%d, %d, %d)",
                          g->n_layers, g->n_kv_heads, g->head_dim, m->cfg.num_hidden_layers,
                          m->cfg.num_key_value_heads, m->cfg.head_dim);
     if (hb->n_tokens <= 0) return base_fail(err, "forward: empty batch");
@@ -263,9 +267,9 @@ void model_free(model *m) {
     if (!m) return;
     be_backend *be = m->be;
     model_scratch *s = &m->s;
-    void *bufs[] = {s->x,   s->h,   s->q,     s->k,      s->v,    s->att,      s->gate,
-                    s->up,  s->ids, s->out_x, s->logits, s->meta, s->inv_freq, m->workspace,
-                    m->inv_freq.data};
+    void *bufs[] = {s->x,      s->h,    s->q,        s->k,         s->v,
+                    s->att,    s->gate, s->up,       s->ids,       s->out_x,
+                    s->logits, s->meta, s->inv_freq, m->workspace, m->inv_freq.data};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
     for (int i = 0; i < m->n_mapped; i++) be->ops->free(be, (void *)m->mapped[i]);

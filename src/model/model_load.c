@@ -47,8 +47,8 @@ static int find_float(model *m, const char *name, int64_t d0, int64_t d1, const 
                          t->file, name, got, (long long)d0, (long long)d1);
     }
     if (!is_float_dtype(t->dtype))
-        return base_fail(err, "%s: tensor %s has dtype %s, expected F32, F16 or BF16", t->file, name,
-                         base_dtype_name(t->dtype));
+        return base_fail(err, "%s: tensor %s has dtype %s, expected F32, F16 or BF16", t->file,
+                         name, base_dtype_name(t->dtype));
     *out = t;
     return 0;
 }
@@ -151,10 +151,9 @@ static int bind_layer(model *m, int l, base_err *err) {
         bind_vector(m, MODULE("input_layernorm.weight"), hidden, &L->attn_norm, err) ||
         bind_vector(m, MODULE("post_attention_layernorm.weight"), hidden, &L->mlp_norm, err))
         return -1;
-    if (c->qk_norm && (bind_vector(m, MODULE("self_attn.q_norm.weight"), c->head_dim, &L->q_norm,
-                                   err) ||
-                       bind_vector(m, MODULE("self_attn.k_norm.weight"), c->head_dim, &L->k_norm,
-                                   err)))
+    if (c->qk_norm &&
+        (bind_vector(m, MODULE("self_attn.q_norm.weight"), c->head_dim, &L->q_norm, err) ||
+         bind_vector(m, MODULE("self_attn.k_norm.weight"), c->head_dim, &L->k_norm, err)))
         return -1;
 #undef MODULE
     return 0;

@@ -88,8 +88,9 @@ static void quantize_matrix(const io_tensor *t, int bits, int group, quant_out *
 /* True for the weights mlx-lm quantizes: Linear and Embedding layers. */
 static bool is_quantizable(const io_tensor *t, int group) {
     static const char *const suffixes[] = {
-        "q_proj.weight", "k_proj.weight",  "v_proj.weight",    "o_proj.weight", "gate_proj.weight",
-        "up_proj.weight", "down_proj.weight", "embed_tokens.weight", NULL};
+        "q_proj.weight",    "k_proj.weight",       "v_proj.weight",
+        "o_proj.weight",    "gate_proj.weight",    "up_proj.weight",
+        "down_proj.weight", "embed_tokens.weight", NULL};
     if (t->ndim != 2 || t->shape[1] % group != 0) return false;
     if (strcmp(t->name, "lm_head.weight") == 0) return true;
     size_t n = strlen(t->name);
@@ -110,8 +111,8 @@ static int write_config(const char *in_dir, const char *out_dir, int bits, int g
         rc = base_fail(err, "%s: line %d: %s", in, jerr.line, jerr.text);
     } else {
         for (int i = 0; i < 2; i++) {
-            json_t *q = json_pack("{s:i, s:i, s:s}", "group_size", group, "bits", bits, "mode",
-                                  "affine");
+            json_t *q =
+                json_pack("{s:i, s:i, s:s}", "group_size", group, "bits", bits, "mode", "affine");
             json_object_set_new(cfg, i ? "quantization_config" : "quantization", q);
         }
         if (json_dump_file(cfg, out, JSON_INDENT(2) | JSON_PRESERVE_ORDER))
@@ -162,8 +163,8 @@ int model_quantize(const char *in_dir, const char *out_dir, int bits, int group,
     size_t n_owned = 0, n_names = 0;
     for (size_t i = 0; i < n; i++) {
         const io_tensor *t = io_checkpoint_at(ck, i);
-        bool is_float = t->dtype == BASE_DTYPE_F32 || t->dtype == BASE_DTYPE_F16 ||
-                        t->dtype == BASE_DTYPE_BF16;
+        bool is_float =
+            t->dtype == BASE_DTYPE_F32 || t->dtype == BASE_DTYPE_F16 || t->dtype == BASE_DTYPE_BF16;
         if (!is_float || !is_quantizable(t, group)) {
             outs[n_out++] = (io_tensor_out){t->name, t->dtype, t->ndim, {0}, t->data};
             memcpy(outs[n_out - 1].shape, t->shape, sizeof t->shape);
@@ -195,9 +196,9 @@ int model_quantize(const char *in_dir, const char *out_dir, int bits, int group,
     free(names);
     free(outs);
     io_checkpoint_close(ck);
-    static const char *const extra[] = {"tokenizer.json", "tokenizer_config.json",
+    static const char *const extra[] = {"tokenizer.json",          "tokenizer_config.json",
                                         "special_tokens_map.json", "generation_config.json",
-                                        "chat_template.jinja", NULL};
+                                        "chat_template.jinja",     NULL};
     if (rc == 0) rc = write_config(in_dir, out_dir, bits, group, err);
     for (int i = 0; extra[i] && rc == 0; i++) rc = copy_file(in_dir, out_dir, extra[i], err);
     return rc;

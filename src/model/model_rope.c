@@ -23,7 +23,8 @@ static void rope_yarn(const io_model_config *cfg, int dim, double base, float *i
     if (rs->attention_factor > 0)
         *mscale = rs->attention_factor;
     else if (rs->mscale > 0 && rs->mscale_all_dim > 0)
-        *mscale = (float)(yarn_mscale(factor, rs->mscale) / yarn_mscale(factor, rs->mscale_all_dim));
+        *mscale =
+            (float)(yarn_mscale(factor, rs->mscale) / yarn_mscale(factor, rs->mscale_all_dim));
     else
         *mscale = (float)yarn_mscale(factor, 1.0);
     double beta_fast = rs->beta_fast > 0 ? rs->beta_fast : 32;
@@ -67,15 +68,20 @@ void model_rope_freqs(const io_model_config *cfg, int seq_len, float *inv_freq, 
     const io_rope_scaling *rs = &cfg->rope_scaling;
     *mscale = 1.0f;
     switch (rs->type) {
-    case IO_ROPE_YARN: rope_yarn(cfg, dim, base, inv_freq, mscale); return;
-    case IO_ROPE_LLAMA3: rope_llama3(rs, dim, base, inv_freq); return;
+    case IO_ROPE_YARN:
+        rope_yarn(cfg, dim, base, inv_freq, mscale);
+        return;
+    case IO_ROPE_LLAMA3:
+        rope_llama3(rs, dim, base, inv_freq);
+        return;
     case IO_ROPE_DYNAMIC: {
         double max_pos = cfg->max_position_embeddings;
         double len = seq_len > max_pos ? seq_len : max_pos;
         base *= pow(rs->factor * len / max_pos - (rs->factor - 1), (double)dim / (dim - 2));
         break;
     }
-    default: break;
+    default:
+        break;
     }
     double div = rs->type == IO_ROPE_LINEAR ? rs->factor : 1.0;
     for (int i = 0; i < dim / 2; i++)

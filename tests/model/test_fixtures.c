@@ -20,7 +20,8 @@ typedef struct fixture_ref {
 static int32_t *read_ids(json_t *arr, int *n) {
     *n = (int)json_array_size(arr);
     int32_t *ids = malloc((size_t)(*n ? *n : 1) * sizeof *ids);
-    for (int i = 0; i < *n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(arr, (size_t)i));
+    for (int i = 0; i < *n; i++)
+        ids[i] = (int32_t)json_integer_value(json_array_get(arr, (size_t)i));
     return ids;
 }
 
@@ -87,8 +88,8 @@ static void run_fixture(const char *name, const char *dir, const char *variant, 
         engine_sampling_defaults(&greedy);
         greedy.temperature = 0;
         engine_generate_result res;
-        rc = engine_generate(rt, ref.tokens, ref.n_tokens, ref.n_greedy, &greedy, NULL, NULL,
-                             &res, &err);
+        rc = engine_generate(rt, ref.tokens, ref.n_tokens, ref.n_greedy, &greedy, NULL, NULL, &res,
+                             &err);
         CHECK_MSG(rc == 0, "%s: %s", name, err.msg);
         if (rc == 0) {
             bool same = res.n_tokens == ref.n_greedy;
