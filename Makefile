@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all test deps clean format
+.PHONY: all test deps demo clean format
 all: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
@@ -17,6 +17,10 @@ deps:
 
 test: deps all
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The main job: the embedded demo model continues a story.
+demo: deps all
+	$(BUILD)/bin/mlxcel run -p "Once upon a time" -n 60
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu' '*.cuh')
