@@ -65,7 +65,8 @@ int io_safetensors_write(const char *path, const io_tensor_out *tensors, size_t 
 /* Writes a float32 C-order array of the given shape. */
 int io_npy_write_f32(const char *path, const float *data, const int64_t *shape, int ndim,
                      base_err *err);
-/* Reads a float32 or float64 C-order .npy into a new float32 buffer (caller frees). */
+/* Reads a little-endian float32 or float64 C-order .npy into a new float32 buffer (caller
+ * frees *data); shape has room for IO_MAX_DIMS. */
 int io_npy_read_f32(const char *path, float **data, int64_t *shape, int *ndim, base_err *err);
 
 /* ---- config.json ---- */
