@@ -1,0 +1,75 @@
+/* attn: the paged decode plan (v1 or v2, chunking from the device's target parallelism,
+ * workspace sizes, validation) and the CPU attention kernels through the pages: prefill with
+ * a causal mask, decode v1, decode v2 with its merge, and the gather fallback.
+ *
+ * Batch contract (on top of backend.h): the pages of sequence s hold its kv_len[s] tokens in
+ * order, starting first_page_offset[s] slots into its first page (0 when the array is NULL),
+ * so kv_len[s] == (pages - 1) * block_size + last_page_len[s] - first_page_offset[s]. Its
+ * q_len = q_indptr[s+1] - q_indptr[s] rows are its last q_len tokens; row i sees the kv
+ * tokens [0, kv_len - q_len + i]. q_len == 1 rows are decode rows and follow the plan; the
+ * others take the prefill path.
+ *
+ * v2 workspace (F32, decode rows numbered 0..n_decode-1 in batch order):
+ *   partial [n_decode, max_chunks, n_heads, head_dim] outputs, each normalized over its chunk
+ *   lse     [n_decode, max_chunks, n_heads] log-sum-exp of the chunk's scaled scores
+ * Chunk c of a sequence covers its pages [c * pages_per_chunk, (c + 1) * pages_per_chunk). */
+#ifndef MLXCEL_ATTN_H
+#define MLXCEL_ATTN_H
+
+#include "backend/backend.h"
+
+/* CUDA's limit on grid y and z, which carry chunks and sequences. */
+#define ATTN_GRID_YZ_MAX  65535
+#define ATTN_MAX_HEAD_DIM 512
+
+/* The decode target: MLXCEL_PAGED_DECODE_V2_TARGET_CTAS when set to a positive integer,
+ * else be->target_parallelism (at least 1). */
+int attn_decode_target(const be_backend *be);
+
+/* Bytes of v2 workspace for n_decode rows and max_chunks chunks (saturating). */
+uint64_t attn_v2_bytes(int64_t n_decode, int64_t max_chunks, int n_heads, int head_dim);
+
+/* The v2 workspace the largest plan attn_plan_decode can make for these limits: every decode
+ * row count up to max_seqs and every context up to max_context tokens, with the given
+ * target. Exact for the real GQA geometry, not a worst-case multiple; 0 when every such
+ * plan is v1. */
+uint64_t attn_workspace_bytes(int n_heads, int n_kv_heads, int head_dim, int block_size,
+                              int max_seqs, int64_t max_context, int target);
+
+/* Picks the decode path for the batch's decode rows: v1 when decode rows x kv heads already
+ * reach `target`; else v2 with the largest pages_per_chunk whose chunks x kv heads x decode
+ * rows still reach it, within ATTN_GRID_YZ_MAX chunks and the workspace. Environment:
+ * MLXCEL_PAGED_ATTENTION_NATIVE=0 forces gather, =1 forces v2. `batch` is host memory;
+ * `workspace` is kept in the plan, not owned. */
+void attn_plan_decode(const be_paged_batch *batch, int block_size, int n_heads, int n_kv_heads,
+                      int head_dim, int target, void *workspace, uint64_t workspace_bytes,
+                      be_decode_plan *out);
+
+/* Checks that the batch arrays are consistent with each other and with the layer: indptrs
+ * start at 0 and never decrease, every page id is inside the pool, every kv_len matches its
+ * pages, every q_len is at most its kv_len, slots are inside the pool. */
+int attn_batch_check(const be_paged_batch *batch, const be_kv_layer *layer, base_err *err);
+
+/* Checks a plan against the batch it is for: the kind, GQA divisibility, head_dim, grid
+ * limits (chunks and sequences at most ATTN_GRID_YZ_MAX), max_chunks covering the longest
+ * decode row, and the workspace bound. A rejected plan is served by the gather path. */
+int attn_plan_validate(const be_decode_plan *plan, const be_paged_batch *batch,
+                       const be_kv_layer *layer, int n_heads, base_err *err);
+
+/* CPU kernels. k, v, q, out are host F32 tensors; the pool is host memory; `pool` runs the
+ * work. */
+
+/* Writes k, v [n_tokens, n_kv_heads * head_dim] into the layer at batch->slots, converted
+ * to the pool dtype. */
+int attn_cpu_kv_append(base_pool *pool, const be_kv_layer *layer, const be_tensor *k,
+                       const be_tensor *v, const be_paged_batch *batch, base_err *err);
+
+/* out [n_tokens, n_heads * head_dim] = softmax(q K^T * scale, causal) V for every row. Decode
+ * rows follow `plan` (NULL means v1); a plan that attn_plan_validate rejects falls back to
+ * gather. Prefill rows run one work item per (row, kv head), decode v1 and gather one per
+ * (sequence, kv head), v2 one per (sequence, kv head, chunk) and then the merge. */
+int attn_cpu_attention(base_pool *pool, const be_tensor *q, const be_kv_layer *layer,
+                       const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
+                       float scale, be_tensor *out, base_err *err);
+
+#endif

@@ -1,0 +1,217 @@
+/* The paged decode plan. v1 gives one work item per (decode row, kv head) and reads every
+ * page once; when that is fewer items than the device can run at once, v2 splits each
+ * sequence's pages into chunks so that chunks x kv heads x rows fills the device, at the
+ * price of a workspace and a merge. The chunk count is the smallest that still reaches the
+ * target, so the merge and the workspace stay as small as they can. */
+#include "attn/attn.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int64_t div_ceil(int64_t a, int64_t b) {
+    return (a + b - 1) / b;
+}
+
+int attn_decode_target(const be_backend *be) {
+    const char *env = getenv("MLXCEL_PAGED_DECODE_V2_TARGET_CTAS");
+    if (env && *env) {
+        char *end = NULL;
+        long v = strtol(env, &end, 10);
+        if (*end == '\0' && v > 0 && v <= INT32_MAX) return (int)v;
+    }
+    return be && be->target_parallelism > 0 ? be->target_parallelism : 1;
+}
+
+uint64_t attn_v2_bytes(int64_t n_decode, int64_t max_chunks, int n_heads, int head_dim) {
+    if (n_decode <= 0 || max_chunks <= 0 || n_heads <= 0 || head_dim <= 0) return 0;
+    /* partial outputs (head_dim floats) and one LSE per (row, chunk, head) */
+    uint64_t per = base_sat_mul_u64((uint64_t)head_dim + 1, sizeof(float));
+    uint64_t n = base_sat_mul_u64((uint64_t)n_decode, (uint64_t)max_chunks);
+    return base_sat_mul_u64(base_sat_mul_u64(n, (uint64_t)n_heads), per);
+}
+
+/* The v2 chunking for n_decode rows whose longest has max_pages pages: the largest pages per
+ * chunk whose chunk count still reaches the target, within the grid limit. Returns the chunk
+ * count; 1 means v2 would not split anything. */
+static int64_t plan_chunks(int64_t n_decode, int n_kv_heads, int64_t max_pages, int target,
+                           int64_t *pages_per_chunk) {
+    int64_t items_per_chunk = n_decode * n_kv_heads;
+    int64_t want = div_ceil(target, items_per_chunk);
+    int64_t ppc;
+    if (want <= 1)
+        ppc = max_pages;
+    else if (want >= max_pages)
+        ppc = 1;
+    else /* largest p with ceil(max_pages / p) >= want */
+        ppc = div_ceil(max_pages, want - 1) - 1;
+    if (ppc < 1) ppc = 1;
+    int64_t ppc_min = div_ceil(max_pages, ATTN_GRID_YZ_MAX);
+    if (ppc < ppc_min) ppc = ppc_min;
+    *pages_per_chunk = ppc;
+    return div_ceil(max_pages, ppc);
+}
+
+uint64_t attn_workspace_bytes(int n_heads, int n_kv_heads, int head_dim, int block_size,
+                              int max_seqs, int64_t max_context, int target) {
+    if (n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0 || block_size <= 0 || max_seqs <= 0 ||
+        max_context <= 0 || target <= 0)
+        return 0;
+    int64_t max_pages = div_ceil(max_context, block_size);
+    /* Rows x kv heads at or past the target take v1, which needs no workspace. */
+    int64_t v2_rows = div_ceil(target, n_kv_heads) - 1;
+    if (v2_rows > max_seqs) v2_rows = max_seqs;
+    uint64_t best = 0;
+    for (int64_t n = 1; n <= v2_rows; n++) {
+        for (int64_t pages = 2; pages <= max_pages; pages++) {
+            int64_t ppc;
+            int64_t chunks = plan_chunks(n, n_kv_heads, pages, target, &ppc);
+            if (chunks < 2) continue;
+            uint64_t bytes = attn_v2_bytes(n, chunks, n_heads, head_dim);
+            if (bytes > best) best = bytes;
+        }
+    }
+    return best;
+}
+
+/* -1 unset, else the value 0 or 1 */
+static int native_env(void) {
+    const char *env = getenv("MLXCEL_PAGED_ATTENTION_NATIVE");
+    if (env && strcmp(env, "0") == 0) return 0;
+    if (env && strcmp(env, "1") == 0) return 1;
+    return -1;
+}
+
+void attn_plan_decode(const be_paged_batch *batch, int block_size, int n_heads, int n_kv_heads,
+                      int head_dim, int target, void *workspace, uint64_t workspace_bytes,
+                      be_decode_plan *out) {
+    memset(out, 0, sizeof *out);
+    out->workspace = workspace;
+    out->workspace_bytes = workspace_bytes;
+    int native = native_env();
+    if (native == 0) {
+        out->kind = BE_DECODE_GATHER;
+        return;
+    }
+    int64_t n_decode = 0, max_pages = 0;
+    for (int s = 0; s < batch->n_seqs; s++) {
+        if (batch->q_indptr[s + 1] - batch->q_indptr[s] != 1) continue;
+        n_decode++;
+        int64_t pages = batch->page_indptr[s + 1] - batch->page_indptr[s];
+        if (pages > max_pages) max_pages = pages;
+    }
+    out->kind = BE_DECODE_V1;
+    if (n_decode == 0 || max_pages == 0 || n_kv_heads <= 0 || target <= 0) return;
+    bool under_filled = n_decode * n_kv_heads < target;
+    if (!under_filled && native != 1) return;
+
+    int64_t ppc;
+    int64_t chunks = plan_chunks(n_decode, n_kv_heads, max_pages, target, &ppc);
+    uint64_t per_chunk = attn_v2_bytes(n_decode, 1, n_heads, head_dim);
+    int64_t fit = per_chunk ? (int64_t)(workspace_bytes / per_chunk) : 0;
+    if (fit > ATTN_GRID_YZ_MAX) fit = ATTN_GRID_YZ_MAX;
+    if (chunks > fit && fit >= 1) {
+        ppc = div_ceil(max_pages, fit);
+        chunks = div_ceil(max_pages, ppc);
+    }
+    /* A single chunk is v1 with extra work, unless v2 was asked for; a plan that does not
+     * fit the workspace is then rejected by validation and served by gather. */
+    if (native != 1 && (chunks < 2 || fit < 2)) return;
+    out->kind = BE_DECODE_V2;
+    out->pages_per_chunk = (int)(ppc < INT32_MAX ? ppc : INT32_MAX);
+    out->max_chunks = (int)chunks;
+}
+
+int attn_batch_check(const be_paged_batch *b, const be_kv_layer *layer, base_err *err) {
+    if (b->n_seqs < 0 || b->n_tokens < 0)
+        return base_fail(err, "paged batch: negative n_seqs %d or n_tokens %d", b->n_seqs,
+                         b->n_tokens);
+    if (!b->q_indptr || !b->kv_len || !b->page_indptr || !b->last_page_len ||
+        (!b->page_indices && b->n_seqs > 0))
+        return base_fail(err, "paged batch: a required array is NULL");
+    if (b->q_indptr[0] != 0 || b->page_indptr[0] != 0)
+        return base_fail(err, "paged batch: q_indptr[0] and page_indptr[0] must be 0");
+    if (b->q_indptr[b->n_seqs] != b->n_tokens)
+        return base_fail(err, "paged batch: q_indptr[n_seqs] = %d, n_tokens = %d",
+                         b->q_indptr[b->n_seqs], b->n_tokens);
+    int64_t bs = layer->block_size;
+    for (int s = 0; s < b->n_seqs; s++) {
+        int64_t q_len = (int64_t)b->q_indptr[s + 1] - b->q_indptr[s];
+        int64_t pages = (int64_t)b->page_indptr[s + 1] - b->page_indptr[s];
+        if (q_len < 0 || pages < 0)
+            return base_fail(err, "paged batch: q_indptr or page_indptr decreases at %d", s);
+        int64_t first = b->first_page_offset ? b->first_page_offset[s] : 0;
+        int64_t last = b->last_page_len[s];
+        int64_t held = 0;
+        if (pages > 0) {
+            if (last < 1 || last > bs || first < 0 || first >= bs || (pages == 1 && first >= last))
+                return base_fail(err,
+                                 "paged batch: sequence %d: last_page_len %lld or "
+                                 "first_page_offset %lld out of range for block size %lld",
+                                 s, (long long)last, (long long)first, (long long)bs);
+            held = (pages - 1) * bs + last - first;
+        }
+        if (b->kv_len[s] != held || q_len > held)
+            return base_fail(err,
+                             "paged batch: sequence %d: kv_len %d, pages hold %lld, q_len %lld", s,
+                             b->kv_len[s], (long long)held, (long long)q_len);
+        for (int64_t p = b->page_indptr[s]; p < b->page_indptr[s + 1]; p++) {
+            if (b->page_indices[p] < 0 || b->page_indices[p] >= layer->num_blocks)
+                return base_fail(err, "paged batch: page_indices[%lld] = %d outside %lld blocks",
+                                 (long long)p, b->page_indices[p], (long long)layer->num_blocks);
+        }
+    }
+    if (b->slots) {
+        int64_t n_slots = layer->num_blocks * bs;
+        for (int t = 0; t < b->n_tokens; t++) {
+            if (b->slots[t] < 0 || b->slots[t] >= n_slots)
+                return base_fail(err, "paged batch: slots[%d] = %lld outside the pool", t,
+                                 (long long)b->slots[t]);
+        }
+    }
+    return 0;
+}
+
+int attn_plan_validate(const be_decode_plan *plan, const be_paged_batch *batch,
+                       const be_kv_layer *layer, int n_heads, base_err *err) {
+    if (!plan) return base_fail(err, "decode plan: missing");
+    int n_kv = layer->n_kv_heads;
+    if (n_heads <= 0 || n_kv <= 0 || n_heads % n_kv != 0)
+        return base_fail(err, "decode plan: %d heads not a multiple of %d kv heads", n_heads, n_kv);
+    if (layer->head_dim <= 0 || layer->head_dim > ATTN_MAX_HEAD_DIM)
+        return base_fail(err, "decode plan: head_dim %d outside 1..%d", layer->head_dim,
+                         ATTN_MAX_HEAD_DIM);
+    switch (plan->kind) {
+    case BE_DECODE_GATHER:
+        return 0;
+    case BE_DECODE_V1:
+        if (batch->n_seqs > ATTN_GRID_YZ_MAX)
+            return base_fail(err, "decode plan: v1 over %d sequences exceeds the grid limit %d",
+                             batch->n_seqs, ATTN_GRID_YZ_MAX);
+        return 0;
+    case BE_DECODE_V2:
+        break;
+    default:
+        return base_fail(err, "decode plan: unknown kind %d", (int)plan->kind);
+    }
+    if (plan->pages_per_chunk < 1 || plan->max_chunks < 1 || plan->max_chunks > ATTN_GRID_YZ_MAX)
+        return base_fail(err, "decode plan: v2 pages_per_chunk %d, max_chunks %d (limit %d)",
+                         plan->pages_per_chunk, plan->max_chunks, ATTN_GRID_YZ_MAX);
+    int64_t n_decode = 0;
+    for (int s = 0; s < batch->n_seqs; s++) {
+        if (batch->q_indptr[s + 1] - batch->q_indptr[s] != 1) continue;
+        n_decode++;
+        int64_t pages = (int64_t)batch->page_indptr[s + 1] - batch->page_indptr[s];
+        if (div_ceil(pages, plan->pages_per_chunk) > plan->max_chunks)
+            return base_fail(err, "decode plan: sequence %d needs more than max_chunks %d", s,
+                             plan->max_chunks);
+    }
+    if (n_decode > ATTN_GRID_YZ_MAX)
+        return base_fail(err, "decode plan: v2 over %lld decode rows exceeds the grid limit %d",
+                         (long long)n_decode, ATTN_GRID_YZ_MAX);
+    uint64_t need = attn_v2_bytes(n_decode, plan->max_chunks, n_heads, layer->head_dim);
+    if (need > 0 && (!plan->workspace || need > plan->workspace_bytes))
+        return base_fail(err, "decode plan: v2 needs %llu workspace bytes, has %llu",
+                         (unsigned long long)need,
+                         (unsigned long long)(plan->workspace ? plan->workspace_bytes : 0));
+    return 0;
+}
