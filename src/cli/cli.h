@@ -62,4 +62,6 @@ int cli_usage_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * in main_mlxcel.c. */
 typedef int (*cli_cmd_fn)(int argc, char **argv);
 
+int cli_cmd_template(int argc, char **argv);
+
 #endif

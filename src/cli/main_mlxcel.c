@@ -10,6 +10,7 @@ typedef struct cli_command {
 } cli_command;
 
 static const cli_command g_commands[] = {
+    {"template", cli_cmd_template, "render a model's chat template over a conversation"},
     {NULL, NULL, NULL},
 };
 
