@@ -245,7 +245,7 @@ static int parse_quant(const cfg_at *root_at, json_t *root, io_model_config *cfg
             char sub[300];
             snprintf(sub, sizeof sub, "%s%s.", prefix, key);
             cfg_at mat = {at.origin, sub, at.err};
-            io_quant_spec s;
+            io_quant_spec s = {0, 0};
             if (get_int(&mat, v, "bits", false, cfg->quant.bits, &s.bits) != 0 ||
                 get_int(&mat, v, "group_size", false, cfg->quant.group_size, &s.group_size) != 0 ||
                 check_spec(&mat, &s) != 0)

@@ -72,6 +72,10 @@ static size_t skip_value(const char *s, size_t i, size_t n) {
     return n;
 }
 
+static int str_ptr_cmp(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
 /* i is at the opening quote of a string; returns the index after its closing quote. */
 static size_t skip_string(const char *s, size_t i, size_t n) {
     for (i++; i < n; i++) {
@@ -88,49 +92,46 @@ static size_t skip_ws(const char *s, size_t i, size_t n) {
     return i;
 }
 
-/* jansson reports a duplicate key without naming it; the header is otherwise well formed
- * (it parsed once duplicates were allowed), so walk its top-level keys to find the name. */
+/* jansson reports a duplicate key without naming it, so walk the top-level entries to find
+ * it: a name held twice, or an entry whose own object repeats a key. The walk is bounds
+ * checked, so text past the duplicate that jansson never reached cannot lead it astray. */
 static int report_duplicate(const char *path, const char *text, size_t n, base_err *err) {
     size_t n_keys = 0;
     char **keys = NULL;
-    int rc = -1;
+    bool named = false;
     size_t i = skip_ws(text, 0, n) + 1; /* past '{' */
     for (;;) {
         i = skip_ws(text, i, n);
         if (i >= n || text[i] != '"') break;
         size_t kend = skip_string(text, i, n);
         json_t *k = json_loadb(text + i, kend - i, JSON_DECODE_ANY, NULL);
-        const char *key = json_is_string(k) ? json_string_value(k) : "";
-        for (size_t j = 0; j < n_keys && rc != 0; j++) {
-            if (strcmp(keys[j], key) == 0) rc = 0;
-        }
-        if (rc == 0) {
-            base_fail(err, "%s: tensor '%s': duplicate name in header", path, key);
-            json_decref(k);
-            break;
-        }
         keys = base_xrealloc(keys, (n_keys + 1) * sizeof *keys);
-        keys[n_keys++] = base_xstrdup(key);
+        keys[n_keys++] = base_xstrdup(json_is_string(k) ? json_string_value(k) : "");
+        json_decref(k);
         i = skip_ws(text, kend, n);
-        if (i >= n || text[i] != ':') {
-            json_decref(k);
-            break;
-        }
+        if (i >= n || text[i] != ':') break;
         size_t vbeg = skip_ws(text, i + 1, n), vend = skip_value(text, vbeg, n);
         json_t *v =
             json_loadb(text + vbeg, vend - vbeg, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, NULL);
-        if (!v) {
-            base_fail(err, "%s: tensor '%s': duplicate key in its header entry", path, key);
-            rc = 0;
-        }
         json_decref(v);
-        json_decref(k);
-        if (rc == 0) break;
+        if (!v) {
+            base_fail(err, "%s: tensor '%s': duplicate key in its header entry", path,
+                      keys[n_keys - 1]);
+            named = true;
+            break;
+        }
         i = vend + 1;
     }
+    if (n_keys > 1) qsort(keys, n_keys, sizeof *keys, str_ptr_cmp);
+    for (size_t j = 1; j < n_keys && !named; j++) {
+        if (strcmp(keys[j - 1], keys[j]) == 0) {
+            base_fail(err, "%s: tensor '%s': duplicate name in header", path, keys[j]);
+            named = true;
+        }
+    }
+    if (!named) base_fail(err, "%s: header has a duplicate key", path);
     for (size_t j = 0; j < n_keys; j++) free(keys[j]);
     free(keys);
-    if (rc != 0) base_fail(err, "%s: header has a duplicate key", path);
     return -1;
 }
 
