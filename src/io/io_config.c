@@ -31,31 +31,10 @@ typedef struct cfg_at {
     base_err *err;
 } cfg_at;
 
-static const char *kind(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:
-        return "an object";
-    case JSON_ARRAY:
-        return "an array";
-    case JSON_STRING:
-        return "a string";
-    case JSON_INTEGER:
-        return "an integer";
-    case JSON_REAL:
-        return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE:
-        return "a boolean";
-    case JSON_NULL:
-        return "null";
-    }
-    return "?";
-}
-
 static int field_fail(const cfg_at *at, const char *key, const char *what, const json_t *v) {
     if (v)
         return base_fail(at->err, "%s: field '%s%s' %s, got %s", at->origin, at->prefix, key, what,
-                         kind(v));
+                         io_json_kind(v));
     return base_fail(at->err, "%s: field '%s%s' %s", at->origin, at->prefix, key, what);
 }
 

@@ -25,7 +25,7 @@ static int span_cmp(const void *a, const void *b) {
     return 0;
 }
 
-static const char *json_kind(const json_t *v) {
+const char *io_json_kind(const json_t *v) {
     switch (json_typeof(v)) {
     case JSON_OBJECT:
         return "an object";
@@ -147,13 +147,14 @@ static void ck_push_meta(io_checkpoint *ck, const char *key, const char *value) 
 
 static int parse_metadata(io_checkpoint *ck, const char *path, json_t *meta, base_err *err) {
     if (!json_is_object(meta))
-        return base_fail(err, "%s: __metadata__ must be an object, got %s", path, json_kind(meta));
+        return base_fail(err, "%s: __metadata__ must be an object, got %s", path,
+                         io_json_kind(meta));
     const char *key;
     json_t *v;
     json_object_foreach(meta, key, v) {
         if (!json_is_string(v))
             return base_fail(err, "%s: __metadata__ key '%s' must be a string, got %s", path, key,
-                             json_kind(v));
+                             io_json_kind(v));
         ck_push_meta(ck, key, json_string_value(v));
     }
     return 0;
@@ -164,7 +165,7 @@ static int parse_entry(const char *path, const char *name, json_t *e, uint64_t d
                        io_tensor *t, st_span *span, base_err *err) {
     if (!json_is_object(e))
         return base_fail(err, "%s: tensor '%s': entry must be an object, got %s", path, name,
-                         json_kind(e));
+                         io_json_kind(e));
     json_t *dt = json_object_get(e, "dtype"), *sh = json_object_get(e, "shape"),
            *off = json_object_get(e, "data_offsets");
     if (!dt || !sh || !off)
@@ -174,7 +175,7 @@ static int parse_entry(const char *path, const char *name, json_t *e, uint64_t d
                                : "data_offsets");
     if (!json_is_string(dt))
         return base_fail(err, "%s: tensor '%s': dtype must be a string, got %s", path, name,
-                         json_kind(dt));
+                         io_json_kind(dt));
     if (base_dtype_parse(json_string_value(dt), &t->dtype) != 0)
         return base_fail(err,
                          "%s: tensor '%s': unsupported dtype '%s' (supported: F64 F32 F16 BF16 "
@@ -182,7 +183,7 @@ static int parse_entry(const char *path, const char *name, json_t *e, uint64_t d
                          path, name, json_string_value(dt));
     if (!json_is_array(sh))
         return base_fail(err, "%s: tensor '%s': shape must be an array, got %s", path, name,
-                         json_kind(sh));
+                         io_json_kind(sh));
     size_t nd = json_array_size(sh);
     if (nd > IO_MAX_DIMS)
         return base_fail(err, "%s: tensor '%s': %zu dimensions, at most %d supported", path, name,
@@ -371,7 +372,8 @@ int io_ck_add_file(io_checkpoint *ck, const char *path, bool map_data, base_err 
         rc = base_fail(err, "%s: header is not valid JSON (byte %d: %s)", sh->path, jerr.position,
                        jerr.text);
     } else if (!json_is_object(root)) {
-        rc = base_fail(err, "%s: header must be a JSON object, got %s", sh->path, json_kind(root));
+        rc = base_fail(err, "%s: header must be a JSON object, got %s", sh->path,
+                       io_json_kind(root));
     } else {
         uint64_t data_size = (uint64_t)st.st_size - 8 - hlen;
         const uint8_t *data_base = map_data ? (const uint8_t *)sh->map + 8 + hlen : NULL;
