@@ -12,6 +12,7 @@ typedef struct cli_command {
 static const cli_command g_commands[] = {
     {"run", cli_cmd_run, "chat with a model (the demo model when none is given)"},
     {"generate", cli_cmd_generate, "generate a continuation of a prompt"},
+    {"inspect", cli_cmd_inspect, "memory breakdown of a model: weights, KV blocks, context"},
     {"logits", cli_cmd_logits, "write the logits of every position to a .npy file"},
     {"perplexity", cli_cmd_perplexity, "perplexity of a text file"},
     {"quantize", cli_cmd_quantize, "convert a bf16/f16 checkpoint to MLX affine bits"},
