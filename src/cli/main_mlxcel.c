@@ -1,5 +1,6 @@
 /* `mlxcel`: dispatches to a subcommand. */
 #include "cli/cli.h"
+#include "cli/cmd_tokenize.h"
 
 #include <string.h>
 
@@ -10,6 +11,8 @@ typedef struct cli_command {
 } cli_command;
 
 static const cli_command g_commands[] = {
+    {"tokenize", cli_cmd_tokenize, "print the token ids of stdin as a JSON array"},
+    {"detokenize", cli_cmd_detokenize, "print the text of token ids"},
     {NULL, NULL, NULL},
 };
 
