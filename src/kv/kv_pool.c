@@ -549,7 +549,8 @@ int kv_batch_build(const kv_pool *pool, kv_seq *const *seqs, const int *q_lens, 
         const kv_seq *sq = seqs[s];
         q_indptr[s + 1] = q_indptr[s] + q_lens[s];
         page_indptr[s + 1] = page_indptr[s] + sq->n_pages;
-        memcpy(page_indices + page_indptr[s], sq->pages, (size_t)sq->n_pages * sizeof(int32_t));
+        if (sq->n_pages)
+            memcpy(page_indices + page_indptr[s], sq->pages, (size_t)sq->n_pages * sizeof(int32_t));
         kv_len[s] = sq->len;
         last_page_len[s] = sq->n_pages ? sq->len - (sq->n_pages - 1) * bs : 0;
         first_page_offset[s] = 0;
