@@ -4,15 +4,23 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all test clean format
+.PHONY: all test deps demo clean format
 all: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) $(CMAKE_ARGS)
 
-test: all
+# Installs the Debian packages and the JavaScript references when missing (no-op otherwise).
+deps:
+	tools/install-deps.sh
+
+test: deps all
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The main job: the embedded demo model continues a story.
+demo: deps all
+	$(BUILD)/bin/mlxcel run -p "Once upon a time" -n 60
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu' '*.cuh')

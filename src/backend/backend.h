@@ -54,6 +54,8 @@ typedef struct be_kv_layer {
 typedef struct be_paged_batch {
     int n_seqs;
     int n_tokens;
+    int max_q_len;                    /* largest q_len of any sequence (host value) */
+    int max_kv_len;                   /* largest kv_len of any sequence (host value) */
     const int32_t *q_indptr;          /* (n_seqs + 1) */
     const int32_t *kv_len;            /* (n_seqs) tokens in the cache including this step's */
     const int32_t *page_indptr;       /* (n_seqs + 1) */

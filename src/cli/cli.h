@@ -61,5 +61,12 @@ int cli_usage_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Subcommands: each takes argv with argv[0] = the subcommand's name. The table of them is
  * in main_mlxcel.c. */
 typedef int (*cli_cmd_fn)(int argc, char **argv);
+int cli_cmd_generate(int argc, char **argv);
+int cli_cmd_logits(int argc, char **argv);
+int cli_cmd_quantize(int argc, char **argv);
+int cli_cmd_run(int argc, char **argv);
+int cli_cmd_perplexity(int argc, char **argv);
+
+int cli_cmd_template(int argc, char **argv);
 
 #endif

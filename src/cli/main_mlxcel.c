@@ -10,6 +10,12 @@ typedef struct cli_command {
 } cli_command;
 
 static const cli_command g_commands[] = {
+    {"run", cli_cmd_run, "chat with a model (the demo model when none is given)"},
+    {"generate", cli_cmd_generate, "generate a continuation of a prompt"},
+    {"logits", cli_cmd_logits, "write the logits of every position to a .npy file"},
+    {"perplexity", cli_cmd_perplexity, "perplexity of a text file"},
+    {"quantize", cli_cmd_quantize, "convert a bf16/f16 checkpoint to MLX affine bits"},
+    {"template", cli_cmd_template, "render a model's chat template over a conversation"},
     {NULL, NULL, NULL},
 };
 

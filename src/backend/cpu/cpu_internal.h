@@ -4,19 +4,91 @@
 
 #include "backend/backend.h"
 
+/* Instruction sets with their own kernels; MLXCEL_CPU_ISA=portable|avx2|avx512 forces one. */
+typedef enum { CPU_ISA_PORTABLE = 0, CPU_ISA_AVX2, CPU_ISA_AVX512 } cpu_isa;
+
+/* The inner loops of matmul for one instruction set. Quantized rows are read from byte
+ * pointers that start on a group boundary; `s` holds that span's scales converted to f32.
+ *
+ * The fused dot products (qdot4, qdot8) return sum_g s[g] * sum_{i in g} q[i] * xp[i] over
+ * n_groups groups, where xp is x rearranged by prep_x4 (4-bit) or x itself (8-bit); the
+ * biases' share (b[g] * sum of x over g) is added by the caller, since it does not depend on
+ * the order. prep_x4 exists because each instruction set unpacks nibbles in its own lane
+ * order; reordering x once per call is cheaper than reordering every weight. */
+typedef struct cpu_kernels {
+    /* xp (in) = x (in) in the order qdot4 reads nibbles; in is a multiple of 32. */
+    void (*prep_x4)(const float *x, int64_t in, float *xp);
+    float (*qdot4)(const uint8_t *w, const float *s, int64_t n_groups, int g, const float *xp);
+    float (*qdot8)(const uint8_t *w, const float *s, int64_t n_groups, int g, const float *x);
+    float (*dot_f32)(const float *w, const float *x, int64_t k);
+    float (*dot_f16)(const uint16_t *w, const float *x, int64_t k);
+    float (*dot_bf16)(const uint16_t *w, const float *x, int64_t k);
+    /* dst (n_groups * g) = s[g] * q + b[g], in natural order. */
+    void (*deq4)(const uint8_t *w, const float *s, const float *b, int64_t n_groups, int g,
+                 float *dst);
+    void (*deq8)(const uint8_t *w, const float *s, const float *b, int64_t n_groups, int g,
+                 float *dst);
+    void (*cvt_f16)(const uint16_t *src, float *dst, int64_t k);
+    void (*cvt_bf16)(const uint16_t *src, float *dst, int64_t k);
+    /* y[i * ldy + j] += sum_{t < k} x[i * ldx + t] * w[j * ldw + t] for i < n, j < m. */
+    void (*gemm)(int64_t n, int64_t m, int64_t k, const float *x, int64_t ldx, const float *w,
+                 int64_t ldw, float *y, int64_t ldy);
+} cpu_kernels;
+
+extern const cpu_kernels cpu_kernels_portable;
+#if defined(__x86_64__) || defined(__i386__)
+extern const cpu_kernels cpu_kernels_avx2;
+extern const cpu_kernels cpu_kernels_avx512;
+#endif
+
+/* Portable kernels that the SIMD tables share for the bit widths they do not specialize. */
+float cpu_qdot_bits(int bits, const uint8_t *w, const float *s, int64_t n_groups, int g,
+                    const float *x);
+void cpu_deq_bits(int bits, const uint8_t *w, const float *s, const float *b, int64_t n_groups,
+                  int g, float *dst);
+
 typedef struct cpu_impl {
-    base_pool *pool;         /* owned */
+    base_pool *pool;        /* owned */
+    cpu_isa isa;            /* the kernels in use */
+    const cpu_kernels *krn; /* the table for isa */
 } cpu_impl;
 
 static inline base_pool *cpu_pool(be_backend *be) {
     return ((cpu_impl *)be->impl)->pool;
 }
 
+static inline const cpu_kernels *cpu_krn(be_backend *be) {
+    return ((cpu_impl *)be->impl)->krn;
+}
+
+/* "portable", "avx2" or "avx512": the kernels this backend runs. */
+const char *cpu_isa_name(const be_backend *be);
+
+/* Checks that t has data of dtype dt and a non-empty shape; `what` names it in the message. */
+int cpu_check_tensor(const be_tensor *t, base_dtype dt, const char *op, const char *what,
+                     base_err *err);
+/* Checks a linear layer's fields (bits, group size, dtypes, pointers). */
+int cpu_check_linear(const be_linear *w, const char *op, base_err *err);
+/* Row r of w dequantized into dst (w->in); w already checked. */
+void cpu_linear_row(be_backend *be, const be_linear *w, int64_t r, float *dst);
+
+int cpu_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y, base_err *err);
+int cpu_embedding(be_backend *be, const be_linear *table, const be_tensor *ids, be_tensor *out,
+                  base_err *err);
+int cpu_rmsnorm(be_backend *be, const be_tensor *x, const be_tensor *weight, float eps,
+                be_tensor *y, base_err *err);
+int cpu_add(be_backend *be, const be_tensor *a, const be_tensor *b, be_tensor *y, base_err *err);
+int cpu_silu_mul(be_backend *be, const be_tensor *gate, const be_tensor *up, be_tensor *y,
+                 base_err *err);
+int cpu_rope(be_backend *be, be_tensor *x, int n_heads, int head_dim, const be_tensor *positions,
+             const be_tensor *inv_freq, float mscale, base_err *err);
+int cpu_argmax(be_backend *be, const be_tensor *logits, be_tensor *ids, base_err *err);
+
 /* Paged KV ops (cpu_attention.c), over the attn module's CPU kernels. */
-int cpu_kv_append(be_backend *be, const be_kv_layer *layer, const be_tensor *k,
-                  const be_tensor *v, const be_paged_batch *batch, base_err *err);
+int cpu_kv_append(be_backend *be, const be_kv_layer *layer, const be_tensor *k, const be_tensor *v,
+                  const be_paged_batch *batch, base_err *err);
 int cpu_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
-                  const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
-                  float scale, be_tensor *out, base_err *err);
+                  const be_paged_batch *batch, const be_decode_plan *plan, int n_heads, float scale,
+                  be_tensor *out, base_err *err);
 
 #endif

@@ -1,0 +1,164 @@
+/* The CPU backend: host memory, the instruction-set choice and the op table. Memory is plain
+ * host memory, so uploads and downloads are copies and weights are used where they lie. */
+#include "backend/cpu/cpu_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CPU_ALIGN 64 /* a cache line and an AVX-512 register */
+
+static const char *const cpu_isa_names[] = {"portable", "avx2", "avx512"};
+
+const char *cpu_isa_name(const be_backend *be) {
+    return cpu_isa_names[((const cpu_impl *)be->impl)->isa];
+}
+
+static bool cpu_isa_supported(cpu_isa isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                __builtin_cpu_supports("f16c");
+    switch (isa) {
+    case CPU_ISA_PORTABLE:
+        return true;
+    case CPU_ISA_AVX2:
+        return avx2;
+    case CPU_ISA_AVX512:
+        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    }
+    return false;
+#else
+    return isa == CPU_ISA_PORTABLE;
+#endif
+}
+
+static const cpu_kernels *cpu_isa_kernels(cpu_isa isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (isa == CPU_ISA_AVX512) return &cpu_kernels_avx512;
+    if (isa == CPU_ISA_AVX2) return &cpu_kernels_avx2;
+#endif
+    return &cpu_kernels_portable;
+}
+
+/* The best instruction set this CPU has, or the one MLXCEL_CPU_ISA names. */
+static int cpu_pick_isa(cpu_isa *out, base_err *err) {
+    const char *env = getenv("MLXCEL_CPU_ISA");
+    if (!env || !*env) {
+        *out = cpu_isa_supported(CPU_ISA_AVX512) ? CPU_ISA_AVX512
+               : cpu_isa_supported(CPU_ISA_AVX2) ? CPU_ISA_AVX2
+                                                 : CPU_ISA_PORTABLE;
+        return 0;
+    }
+    for (int i = 0; i < 3; i++) {
+        if (strcmp(env, cpu_isa_names[i]) != 0) continue;
+        if (!cpu_isa_supported((cpu_isa)i)) {
+            return base_fail(err, "MLXCEL_CPU_ISA=%s: this CPU lacks that instruction set", env);
+        }
+        *out = (cpu_isa)i;
+        return 0;
+    }
+    return base_fail(err, "MLXCEL_CPU_ISA=%s: expected portable, avx2 or avx512", env);
+}
+
+static void cpu_destroy(be_backend *be) {
+    cpu_impl *impl = be->impl;
+    base_pool_destroy(impl->pool);
+    free(impl);
+    free(be);
+}
+
+static int cpu_alloc(be_backend *be, size_t bytes, void **ptr, base_err *err) {
+    size_t rounded = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
+    if (rounded < bytes) return base_fail(err, "cpu alloc: %zu bytes overflow", bytes);
+    *ptr = aligned_alloc(CPU_ALIGN, rounded ? rounded : CPU_ALIGN);
+    if (!*ptr) return base_fail(err, "cpu alloc: out of memory for %zu bytes", bytes);
+    return 0;
+}
+
+static void cpu_free(be_backend *be, void *ptr) {
+    free(ptr);
+}
+
+static int cpu_memcpy(be_backend *be, void *dst, const void *src, size_t bytes, base_err *err) {
+    if (bytes && (!dst || !src))
+        return base_fail(err, "cpu copy: NULL pointer for %zu bytes", bytes);
+    if (bytes) memcpy(dst, src, bytes);
+    return 0;
+}
+
+static int cpu_map_weights(be_backend *be, const void *host, size_t bytes, const void **dev,
+                           base_err *err) {
+    *dev = host;
+    return 0;
+}
+
+static int cpu_sync(be_backend *be, base_err *err) {
+    return 0;
+}
+
+/* MemAvailable and MemTotal from /proc/meminfo. */
+static int cpu_memory_info(be_backend *be, uint64_t *free_bytes, uint64_t *total_bytes) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return -1;
+    char line[256];
+    unsigned long long avail = 0, total = 0;
+    bool have_avail = false, have_total = false;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "MemAvailable: %llu kB", &avail) == 1) have_avail = true;
+        if (sscanf(line, "MemTotal: %llu kB", &total) == 1) have_total = true;
+    }
+    fclose(f);
+    if (!have_avail || !have_total) return -1;
+    *free_bytes = base_sat_mul_u64(avail, 1024);
+    *total_bytes = base_sat_mul_u64(total, 1024);
+    return 0;
+}
+
+static const be_ops cpu_ops = {
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_memcpy,
+    .download = cpu_memcpy,
+    .copy = cpu_memcpy,
+    .map_weights = cpu_map_weights,
+    .sync = cpu_sync,
+    .memory_info = cpu_memory_info,
+    .embedding = cpu_embedding,
+    .matmul = cpu_matmul,
+    .rmsnorm = cpu_rmsnorm,
+    .add = cpu_add,
+    .silu_mul = cpu_silu_mul,
+    .rope = cpu_rope,
+    .kv_append = cpu_kv_append,
+    .attention = cpu_attention,
+    .argmax = cpu_argmax,
+};
+
+int be_cpu_create(int n_threads, be_backend **out, base_err *err) {
+    *out = NULL;
+    cpu_isa isa;
+    if (cpu_pick_isa(&isa, err)) return -1;
+    be_backend *be = calloc(1, sizeof *be);
+    cpu_impl *impl = calloc(1, sizeof *impl);
+    base_pool *pool = base_pool_create(n_threads);
+    if (!be || !impl || !pool) {
+        free(be);
+        free(impl);
+        base_pool_destroy(pool);
+        return base_fail(err, "cpu backend: out of memory");
+    }
+    impl->pool = pool;
+    impl->isa = isa;
+    impl->krn = cpu_isa_kernels(isa);
+    be->name = "cpu";
+    be->ops = &cpu_ops;
+    be->act_dtype = BASE_DTYPE_F32;
+    be->n_threads = base_pool_threads(pool);
+    be->target_parallelism = be->n_threads;
+    be->impl = impl;
+    *out = be;
+    return 0;
+}

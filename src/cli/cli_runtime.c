@@ -1,0 +1,91 @@
+/* Flags shared by every subcommand that runs a model. */
+#include "cli/cli_runtime.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void cli_runtime_init(cli_runtime_flags *f) {
+    memset(f, 0, sizeof *f);
+    engine_options_defaults(&f->opts);
+}
+
+bool cli_take_runtime(cli_parser *p, cli_runtime_flags *f) {
+    long v;
+    const char *s;
+    if (cli_take(p, "-m", "--model", &f->model)) return true;
+    if (cli_take(p, NULL, "--device", &f->opts.device)) return true;
+    if (cli_take_int(p, "-t", "--threads", 1, 1024, &v)) {
+        f->opts.n_threads = (int)v;
+        return true;
+    }
+    if (cli_take_int(p, "-c", "--ctx-size", 1, 1 << 24, &v)) {
+        f->opts.ctx_size = (int)v;
+        return true;
+    }
+    if (cli_take_int(p, NULL, "--kv-block-size", 1, 1024, &v)) {
+        f->opts.kv_block_size = (int)v;
+        return true;
+    }
+    if (cli_take(p, NULL, "--kv-cache-budget", &f->opts.kv_budget)) return true;
+    if (cli_take(p, NULL, "--kv-dtype", &s)) {
+        if (!s) return true;
+        if (strcmp(s, "f16") == 0)
+            f->opts.kv_dtype = BASE_DTYPE_F16;
+        else if (strcmp(s, "bf16") == 0)
+            f->opts.kv_dtype = BASE_DTYPE_BF16;
+        else if (strcmp(s, "f32") == 0)
+            f->opts.kv_dtype = BASE_DTYPE_F32;
+        else
+            cli_usage(p, "%s: --kv-dtype wants f16, bf16 or f32, got '%s'", p->command, s);
+        return true;
+    }
+    return false;
+}
+
+const char *cli_runtime_help(void) {
+    return "  -m, --model DIR          model directory (config.json + *.safetensors)\n"
+           "  -t, --threads N          CPU threads (default: all cores)\n"
+           "      --device D           auto, cpu or cuda (default: auto)\n"
+           "  -c, --ctx-size N         context limit per sequence (default: the model's, at "
+           "most 4096)\n"
+           "      --kv-block-size N    tokens per KV block (default 32)\n"
+           "      --kv-dtype T         f16, bf16 or f32 KV cache (default: f32 on the CPU, f16 "
+           "on CUDA)\n"
+           "      --kv-cache-budget B  bytes for the KV pool, or auto\n";
+}
+
+bool cli_take_sampling(cli_parser *p, engine_sampling *s) {
+    double d;
+    long v;
+    const char *str;
+    if (cli_take_float(p, NULL, "--temp", 0, 1e6, &d)) {
+        s->temperature = (float)d;
+        return true;
+    }
+    if (cli_take_int(p, NULL, "--top-k", 0, 1 << 30, &v)) {
+        s->top_k = (int)v;
+        return true;
+    }
+    if (cli_take_float(p, NULL, "--top-p", 0, 1, &d)) {
+        s->top_p = (float)d;
+        return true;
+    }
+    if (cli_take_float(p, NULL, "--min-p", 0, 1, &d)) {
+        s->min_p = (float)d;
+        return true;
+    }
+    if (cli_take_float(p, NULL, "--repeat-penalty", 1e-6, 1e6, &d)) {
+        s->repeat_penalty = (float)d;
+        return true;
+    }
+    if (cli_take(p, NULL, "--seed", &str)) {
+        if (!str) return true;
+        char *end;
+        unsigned long long seed = strtoull(str, &end, 10);
+        if (end == str || *end || str[0] == '-')
+            cli_usage(p, "%s: --seed wants a non-negative integer, got '%s'", p->command, str);
+        s->seed = seed;
+        return true;
+    }
+    return false;
+}

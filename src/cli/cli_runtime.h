@@ -1,0 +1,21 @@
+/* Flags shared by the subcommands that run a model (-m, -t, --device, -c, --kv-*). */
+#ifndef MLXCEL_CLI_RUNTIME_H
+#define MLXCEL_CLI_RUNTIME_H
+
+#include "cli/cli.h"
+#include "engine/engine.h"
+
+typedef struct cli_runtime_flags {
+    const char *model;
+    engine_options opts;
+} cli_runtime_flags;
+
+void cli_runtime_init(cli_runtime_flags *f);
+/* Takes one of the shared flags at the parser's position. */
+bool cli_take_runtime(cli_parser *p, cli_runtime_flags *f);
+/* Takes a sampling flag: --temp, --top-k, --top-p, --min-p, --repeat-penalty, --seed. */
+bool cli_take_sampling(cli_parser *p, engine_sampling *s);
+/* The help lines for the runtime flags. */
+const char *cli_runtime_help(void);
+
+#endif

@@ -1,0 +1,193 @@
+/* The runtime: one backend, one model and the paged pool sized for it; and single-sequence
+ * prefill and generation on top (the CLI's generate, logits and perplexity). */
+#include "engine/engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Prompt tokens per forward step: bounds activation memory for long prompts. */
+#define ENGINE_PREFILL_CHUNK 512
+
+void engine_options_defaults(engine_options *o) {
+    *o = (engine_options){.device = "auto",
+                          .n_threads = 0,
+                          .ctx_size = 0,
+                          .n_parallel = 1,
+                          .kv_block_size = KV_DEFAULT_BLOCK_SIZE,
+                          .kv_dtype = BASE_DTYPE_COUNT,
+                          .kv_budget = NULL};
+}
+
+static int open_backend(const engine_options *o, be_backend **be, base_err *err) {
+    const char *dev = o->device ? o->device : "auto";
+    if (strcmp(dev, "cpu") == 0) return be_cpu_create(o->n_threads, be, err);
+    if (strcmp(dev, "cuda") == 0) return be_cuda_create(0, be, err);
+    if (strcmp(dev, "auto") != 0)
+        return base_fail(err, "--device: unknown device '%s' (expected auto, cpu or cuda)", dev);
+    base_err ignored;
+    if (be_cuda_create(0, be, &ignored) == 0) return 0;
+    return be_cpu_create(o->n_threads, be, err);
+}
+
+/* Blocks for the pool: enough for n_parallel sequences of ctx_size tokens, one spare block
+ * each for copy-on-write. */
+static int engine_size_pool(engine_runtime *rt, const engine_options *o, const kv_geometry *g,
+                            int64_t *blocks, base_err *err) {
+    int64_t per_seq = ((int64_t)rt->ctx_size + g->block_size - 1) / g->block_size + 1;
+    *blocks = per_seq * rt->n_parallel;
+    return 0;
+}
+
+int engine_runtime_open(const char *model_dir, const engine_options *o, engine_runtime **out,
+                        base_err *err) {
+    engine_runtime *rt = base_xcalloc(1, sizeof *rt);
+    if (open_backend(o, &rt->be, err) || model_load(model_dir, rt->be, &rt->model, err)) {
+        engine_runtime_close(rt);
+        return -1;
+    }
+    const io_model_config *c = model_config(rt->model);
+    rt->ctx_size = o->ctx_size > 0 ? o->ctx_size : c->max_position_embeddings;
+    if (o->ctx_size <= 0 && rt->ctx_size > 4096) rt->ctx_size = 4096;
+    rt->n_parallel = o->n_parallel > 0 ? o->n_parallel : 1;
+    int bs = o->kv_block_size > 0 ? o->kv_block_size : KV_DEFAULT_BLOCK_SIZE;
+    base_dtype kv_dt = o->kv_dtype != BASE_DTYPE_COUNT    ? o->kv_dtype
+                       : strcmp(rt->be->name, "cpu") == 0 ? BASE_DTYPE_F32
+                                                          : BASE_DTYPE_F16;
+    kv_geometry g = model_kv_geometry(rt->model, bs, kv_dt);
+    int64_t blocks = 0;
+    if (engine_size_pool(rt, o, &g, &blocks, err) ||
+        model_reserve_decode(rt->model, bs, rt->n_parallel, rt->ctx_size, err) ||
+        kv_pool_create(rt->be, &g, blocks, &rt->pool, err)) {
+        engine_runtime_close(rt);
+        return -1;
+    }
+    *out = rt;
+    return 0;
+}
+
+void engine_runtime_close(engine_runtime *rt) {
+    if (!rt) return;
+    kv_pool_destroy(rt->pool);
+    model_free(rt->model);
+    be_destroy(rt->be);
+    free(rt);
+}
+
+/* Appends tokens [0, n) to seq and runs them through the model in chunks; logits of every
+ * row land in all (n x vocab) when all is given, else the last row's in last. */
+static int prefill(engine_runtime *rt, kv_seq *seq, const int32_t *tokens, int n, float *all,
+                   float *last, base_err *err) {
+    int vocab = model_config(rt->model)->vocab_size;
+    int32_t *rows = base_xmalloc(ENGINE_PREFILL_CHUNK * sizeof *rows);
+    int rc = 0;
+    for (int start = 0; start < n && rc == 0;) {
+        int len = n - start < ENGINE_PREFILL_CHUNK ? n - start : ENGINE_PREFILL_CHUNK;
+        kv_batch batch;
+        rc = kv_seq_append(rt->pool, seq, tokens + start, len, err);
+        if (rc) break;
+        rc = kv_batch_build(rt->pool, &seq, &len, 1, &batch, err);
+        if (rc) break;
+        bool final = start + len == n;
+        int n_out = all ? len : (final ? 1 : 0);
+        for (int i = 0; i < n_out; i++) rows[i] = all ? i : len - 1;
+        float *dst = all ? all + (size_t)start * vocab : last;
+        rc = model_forward(rt->model, rt->pool, &batch, tokens + start, rows, n_out, dst, err);
+        kv_batch_free(&batch);
+        start += len;
+    }
+    free(rows);
+    return rc;
+}
+
+static int check_prompt(const engine_runtime *rt, int n_prompt, base_err *err) {
+    if (n_prompt <= 0) return base_fail(err, "the prompt is empty");
+    if (n_prompt > rt->ctx_size)
+        return base_fail(err, "the prompt has %d tokens, more than the context size (%d; -c)",
+                         n_prompt, rt->ctx_size);
+    return 0;
+}
+
+int engine_prefill_logits(engine_runtime *rt, const int32_t *prompt, int n_prompt,
+                          float **all_logits, float *last_logits, base_err *err) {
+    if (check_prompt(rt, n_prompt, err)) return -1;
+    int vocab = model_config(rt->model)->vocab_size;
+    float *all = NULL;
+    if (all_logits) all = base_xmalloc((size_t)n_prompt * vocab * sizeof *all);
+    kv_seq *seq = kv_seq_create(rt->pool);
+    int rc = prefill(rt, seq, prompt, n_prompt, all, last_logits, err);
+    kv_seq_free(rt->pool, seq);
+    if (rc) {
+        free(all);
+        return -1;
+    }
+    if (all_logits) *all_logits = all;
+    return 0;
+}
+
+static bool is_eos(const io_model_config *c, int32_t t) {
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_token_ids[i] == t) return true;
+    return false;
+}
+
+static int decode_loop(engine_runtime *rt, kv_seq *seq, engine_sampler *sampler, float *logits,
+                       int32_t **hist, int n_prompt, int max_new, engine_token_fn on_token,
+                       void *ctx, engine_generate_result *res, base_err *err) {
+    const io_model_config *c = model_config(rt->model);
+    for (;;) {
+        int32_t t = engine_sampler_next(sampler, logits, *hist, n_prompt + res->n_tokens);
+        (*hist)[n_prompt + res->n_tokens] = t;
+        res->tokens[res->n_tokens++] = t;
+        if (is_eos(c, t)) {
+            res->stopped_by_eos = true;
+            return 0;
+        }
+        if ((on_token && !on_token(ctx, t)) || res->n_tokens == max_new) return 0;
+        kv_batch batch;
+        int one = 1, row = 0;
+        if (kv_seq_append(rt->pool, seq, &t, 1, err) ||
+            kv_batch_build(rt->pool, &seq, &one, 1, &batch, err))
+            return -1;
+        int rc = model_forward(rt->model, rt->pool, &batch, &t, &row, 1, logits, err);
+        kv_batch_free(&batch);
+        if (rc) return -1;
+    }
+}
+
+int engine_generate(engine_runtime *rt, const int32_t *prompt, int n_prompt, int max_new,
+                    const engine_sampling *sampling, engine_token_fn on_token, void *ctx,
+                    engine_generate_result *res, base_err *err) {
+    memset(res, 0, sizeof *res);
+    if (check_prompt(rt, n_prompt, err)) return -1;
+    if (max_new > rt->ctx_size - n_prompt) max_new = rt->ctx_size - n_prompt;
+    if (max_new <= 0) return 0;
+    const io_model_config *c = model_config(rt->model);
+    engine_sampler *sampler;
+    if (engine_sampler_new(sampling, c->vocab_size, &sampler, err)) return -1;
+    float *logits = base_xmalloc((size_t)c->vocab_size * sizeof *logits);
+    int32_t *hist = base_xmalloc((size_t)(n_prompt + max_new) * sizeof *hist);
+    memcpy(hist, prompt, (size_t)n_prompt * sizeof *hist);
+    res->tokens = base_xmalloc((size_t)max_new * sizeof *res->tokens);
+    kv_seq *seq = kv_seq_create(rt->pool);
+    double t0 = base_now();
+    /* A prompt that shares full blocks with an earlier one (the next turn of a chat) reuses
+     * their K/V from the prefix cache. */
+    int adopted = kv_seq_adopt_prefix(rt->pool, seq, prompt, n_prompt);
+    int rc = prefill(rt, seq, prompt + adopted, n_prompt - adopted, NULL, logits, err);
+    double t1 = base_now();
+    if (!rc)
+        rc = decode_loop(rt, seq, sampler, logits, &hist, n_prompt, max_new, on_token, ctx, res,
+                         err);
+    res->prefill_seconds = t1 - t0;
+    res->decode_seconds = base_now() - t1;
+    kv_seq_free(rt->pool, seq);
+    engine_sampler_free(sampler);
+    free(logits);
+    free(hist);
+    if (rc) {
+        free(res->tokens);
+        res->tokens = NULL;
+        return -1;
+    }
+    return 0;
+}

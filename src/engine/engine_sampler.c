@@ -1,0 +1,238 @@
+/* The sampler chain (llama-server order) and log-probabilities. */
+#include "engine/engine.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+struct engine_sampler {
+    engine_sampling p;
+    engine_logit_bias *bias; /* (p.n_logit_bias), owned copy */
+    int vocab;
+    uint64_t rng[4];   /* xoshiro256** state */
+    int32_t *counts;   /* (vocab) occurrences in the penalty window; kept all-zero */
+    int32_t *cand_id;  /* (vocab) candidates */
+    float *cand_logit; /* (vocab) */
+};
+
+void engine_sampling_defaults(engine_sampling *s) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    *s = (engine_sampling){.temperature = 0.8f,
+                           .top_k = 40,
+                           .top_p = 0.95f,
+                           .min_p = 0.05f,
+                           .repeat_penalty = 1.0f,
+                           .repeat_last_n = 64,
+                           .seed = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^
+                                   ((uint64_t)getpid() << 40)};
+}
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) {
+    return (x << k) | (x >> (64 - k));
+}
+
+static uint64_t rng_next(uint64_t *s) {
+    uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+/* Uniform in [0, 1). */
+static double rng_uniform(uint64_t *s) {
+    return (double)(rng_next(s) >> 11) * 0x1.0p-53;
+}
+
+int engine_sampler_new(const engine_sampling *p, int vocab, engine_sampler **out, base_err *err) {
+    if (isnan(p->temperature)) return base_fail(err, "sampling: temperature is NaN");
+    if (!(p->top_p >= 0) || !(p->min_p >= 0) || p->min_p > 1)
+        return base_fail(err, "sampling: top_p must be >= 0 and min_p in [0, 1]");
+    if (!(p->repeat_penalty > 0)) return base_fail(err, "sampling: repeat_penalty must be > 0");
+    if (isnan(p->presence_penalty) || isnan(p->frequency_penalty))
+        return base_fail(err, "sampling: penalties must be numbers");
+    for (int i = 0; i < p->n_logit_bias; i++)
+        if (p->logit_bias[i].token < 0 || p->logit_bias[i].token >= vocab)
+            return base_fail(err, "sampling: logit_bias token %d is outside the vocabulary (%d)",
+                             p->logit_bias[i].token, vocab);
+    engine_sampler *s = base_xcalloc(1, sizeof *s);
+    s->p = *p;
+    s->vocab = vocab;
+    if (p->n_logit_bias > 0) {
+        s->bias = base_xmalloc((size_t)p->n_logit_bias * sizeof *s->bias);
+        memcpy(s->bias, p->logit_bias, (size_t)p->n_logit_bias * sizeof *s->bias);
+    }
+    s->p.logit_bias = s->bias;
+    uint64_t x = p->seed;
+    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+    s->counts = base_xcalloc((size_t)vocab, sizeof *s->counts);
+    s->cand_id = base_xmalloc((size_t)vocab * sizeof *s->cand_id);
+    s->cand_logit = base_xmalloc((size_t)vocab * sizeof *s->cand_logit);
+    *out = s;
+    return 0;
+}
+
+void engine_sampler_free(engine_sampler *s) {
+    if (!s) return;
+    free(s->bias);
+    free(s->counts);
+    free(s->cand_id);
+    free(s->cand_logit);
+    free(s);
+}
+
+static void apply_penalties(engine_sampler *s, float *logits, const int32_t *hist, int n_hist) {
+    const engine_sampling *p = &s->p;
+    if (p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f)
+        return;
+    int start = p->repeat_last_n < 0 || p->repeat_last_n > n_hist ? 0 : n_hist - p->repeat_last_n;
+    for (int i = start; i < n_hist; i++)
+        if (hist[i] >= 0 && hist[i] < s->vocab) s->counts[hist[i]]++;
+    for (int i = start; i < n_hist; i++) {
+        int32_t t = hist[i];
+        if (t < 0 || t >= s->vocab || s->counts[t] == 0) continue;
+        float l = logits[t];
+        l = l <= 0 ? l * p->repeat_penalty : l / p->repeat_penalty;
+        l -= (float)s->counts[t] * p->frequency_penalty + p->presence_penalty;
+        logits[t] = l;
+        s->counts[t] = 0; /* each distinct token penalised once; leaves counts all-zero */
+    }
+}
+
+static int32_t argmax(const float *x, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* Sift-down for a min-heap of candidates ordered by logit (ties: larger id is "smaller" so
+ * that the lower id wins, as a stable sort would). */
+static bool cand_less(const float *l, const int32_t *id, int a, int b) {
+    return l[a] < l[b] || (l[a] == l[b] && id[a] > id[b]);
+}
+
+static void heap_down(float *l, int32_t *id, int n, int i) {
+    for (;;) {
+        int m = i, a = 2 * i + 1, b = a + 1;
+        if (a < n && cand_less(l, id, a, m)) m = a;
+        if (b < n && cand_less(l, id, b, m)) m = b;
+        if (m == i) return;
+        float tl = l[i];
+        l[i] = l[m];
+        l[m] = tl;
+        int32_t ti = id[i];
+        id[i] = id[m];
+        id[m] = ti;
+        i = m;
+    }
+}
+
+/* Leaves the k best candidates in cand_* sorted by logit descending; returns k. */
+static int select_top(engine_sampler *s, const float *logits, int k) {
+    float *l = s->cand_logit;
+    int32_t *id = s->cand_id;
+    int n = 0;
+    for (int t = 0; t < s->vocab; t++) {
+        if (isinf(logits[t]) && logits[t] < 0) continue; /* banned */
+        if (n < k) {
+            l[n] = logits[t];
+            id[n] = t;
+            if (++n == k)
+                for (int i = k / 2 - 1; i >= 0; i--) heap_down(l, id, k, i);
+        } else if (logits[t] > l[0]) {
+            l[0] = logits[t];
+            id[0] = t;
+            heap_down(l, id, k, 0);
+        }
+    }
+    if (n < k)
+        for (int i = n / 2 - 1; i >= 0; i--) heap_down(l, id, n, i);
+    /* heap sort: repeatedly move the minimum to the end -> descending order */
+    for (int end = n - 1; end > 0; end--) {
+        float tl = l[0];
+        l[0] = l[end];
+        l[end] = tl;
+        int32_t ti = id[0];
+        id[0] = id[end];
+        id[end] = ti;
+        heap_down(l, id, end, 0);
+    }
+    return n;
+}
+
+int32_t engine_sampler_next(engine_sampler *s, float *logits, const int32_t *history,
+                            int n_history) {
+    const engine_sampling *p = &s->p;
+    for (int i = 0; i < p->n_logit_bias; i++)
+        logits[p->logit_bias[i].token] += p->logit_bias[i].bias;
+    apply_penalties(s, logits, history, n_history);
+    if (p->temperature <= 0) return argmax(logits, s->vocab);
+
+    int k = p->top_k > 0 && p->top_k < s->vocab ? p->top_k : s->vocab;
+    int n = select_top(s, logits, k);
+    if (n == 0) return argmax(logits, s->vocab); /* everything banned: nothing better to do */
+    float *l = s->cand_logit;
+    /* probabilities before temperature, for top-p and min-p */
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += exp((double)l[i] - l[0]);
+    if (p->top_p < 1.0f) {
+        double cum = 0;
+        int keep = n;
+        for (int i = 0; i < n; i++) {
+            cum += exp((double)l[i] - l[0]) / sum;
+            if (cum >= p->top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        n = keep;
+    }
+    if (p->min_p > 0) {
+        /* p_i >= min_p * p_max  <=>  l_i - l_0 >= log(min_p) */
+        double floor_logit = l[0] + log(p->min_p);
+        int keep = 1;
+        while (keep < n && l[keep] >= floor_logit) keep++;
+        n = keep;
+    }
+    double total = 0;
+    for (int i = 0; i < n; i++) total += exp(((double)l[i] - l[0]) / p->temperature);
+    double r = rng_uniform(s->rng) * total, acc = 0;
+    for (int i = 0; i < n; i++) {
+        acc += exp(((double)l[i] - l[0]) / p->temperature);
+        if (r < acc) return s->cand_id[i];
+    }
+    return s->cand_id[n - 1];
+}
+
+float engine_logprobs(const float *logits, int vocab, int32_t chosen, int top_n, int32_t *top_ids,
+                      float *top_logprobs) {
+    float mx = logits[argmax(logits, vocab)];
+    double sum = 0;
+    for (int i = 0; i < vocab; i++) sum += exp((double)logits[i] - mx);
+    double lse = mx + log(sum);
+    for (int j = 0; j < top_n; j++) {
+        int32_t best = -1;
+        for (int i = 0; i < vocab; i++) {
+            bool taken = false;
+            for (int q = 0; q < j && !taken; q++) taken = top_ids[q] == i;
+            if (!taken && (best < 0 || logits[i] > logits[best])) best = i;
+        }
+        top_ids[j] = best;
+        top_logprobs[j] = best >= 0 ? (float)(logits[best] - lse) : -INFINITY;
+    }
+    return (float)(logits[chosen] - lse);
+}

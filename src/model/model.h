@@ -1,0 +1,46 @@
+/* model: architecture descriptors (llama, mistral, qwen2, qwen3), weight binding by tensor
+ * name with quantization descriptors, RoPE frequency tables, and the forward pass written
+ * once against the backend interface. Contains no device code.
+ *
+ * One forward call runs one step of a batch: every sequence's new tokens (a prefill chunk or
+ * one decode token) through all layers, reading and writing the paged KV pool. */
+#ifndef MLXCEL_MODEL_H
+#define MLXCEL_MODEL_H
+
+#include "backend/backend.h"
+#include "io/io.h"
+#include "kv/kv.h"
+
+typedef struct model model;
+
+/* Loads config.json and the safetensors in dir, binds every tensor the architecture needs
+ * (a missing tensor, a wrong shape or dtype, or a quantization that disagrees with config.json
+ * is an error naming the tensor) and maps the weights into the backend. The model keeps `be`
+ * (not owned) and owns the checkpoint mmaps. */
+int model_load(const char *dir, be_backend *be, model **out, base_err *err);
+void model_free(model *m);
+
+const io_model_config *model_config(const model *m);
+be_backend *model_backend(const model *m);
+/* Bytes of all weight tensors as stored. */
+uint64_t model_weight_bytes(const model *m);
+/* The pool geometry this model needs, for a block size and KV dtype. */
+kv_geometry model_kv_geometry(const model *m, int block_size, base_dtype dtype);
+
+/* The decode plan's workspace for up to max_seqs sequences of max_ctx tokens in blocks of
+ * block_size; the model allocates it in the backend (call again to grow). */
+int model_reserve_decode(model *m, int block_size, int max_seqs, int max_ctx, base_err *err);
+
+/* One step. `tokens` (batch->view.n_tokens) are this step's new token ids, row-aligned with
+ * the batch; `out_rows` (n_out) names the token rows whose logits are wanted, written to
+ * `logits` (host, float32 [n_out, vocab]). The batch's slots must have been reserved in
+ * `pool` (kv_seq_append). */
+int model_forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t *tokens,
+                  const int32_t *out_rows, int n_out, float *logits, base_err *err);
+
+/* Writes out_dir (an existing directory) as the MLX affine-quantized copy of the dense
+ * checkpoint in in_dir: bits 2, 3, 4, 5, 6 or 8, group size 32, 64 or 128. */
+int model_quantize(const char *in_dir, const char *out_dir, int bits, int group_size,
+                   base_err *err);
+
+#endif

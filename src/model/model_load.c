@@ -1,0 +1,223 @@
+/* Loading: config.json, the checkpoint, and binding every tensor the architecture needs by
+ * its Hugging Face name, dense or MLX affine-quantized, into backend memory. */
+#include "model/model_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int map_tensor(model *m, const io_tensor *t, const void **dev, base_err *err) {
+    if (m->be->ops->map_weights(m->be, t->data, t->nbytes, dev, err))
+        return base_fail_wrap(err, "%s: tensor %s", t->file, t->name);
+    if (*dev != t->data) {
+        if (m->n_mapped == m->cap_mapped) {
+            m->cap_mapped = m->cap_mapped ? m->cap_mapped * 2 : 64;
+            m->mapped = base_xrealloc(m->mapped, (size_t)m->cap_mapped * sizeof *m->mapped);
+        }
+        m->mapped[m->n_mapped++] = *dev;
+    }
+    return 0;
+}
+
+static bool is_float_dtype(base_dtype dt) {
+    return dt == BASE_DTYPE_F32 || dt == BASE_DTYPE_F16 || dt == BASE_DTYPE_BF16;
+}
+
+static void shape_str(const io_tensor *t, char *buf, size_t size) {
+    int n = snprintf(buf, size, "[");
+    for (int i = 0; i < t->ndim && n < (int)size; i++)
+        n += snprintf(buf + n, size - (size_t)n, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+    if (n < (int)size) snprintf(buf + n, size - (size_t)n, "]");
+}
+
+/* Finds `name` and checks it is a float tensor of shape [d0] or [d0, d1] (d1 < 0: 1-D). */
+static int find_float(model *m, const char *name, int64_t d0, int64_t d1, const io_tensor **out,
+                      base_err *err) {
+    const io_tensor *t = io_checkpoint_find(m->ck, name);
+    if (!t) return base_fail(err, "checkpoint: missing tensor %s", name);
+    bool shape_ok = d1 < 0 ? (t->ndim == 1 && t->shape[0] == d0)
+                           : (t->ndim == 2 && t->shape[0] == d0 && t->shape[1] == d1);
+    if (!shape_ok) {
+        char got[96];
+        shape_str(t, got, sizeof got);
+        if (d1 < 0)
+            return base_fail(err, "%s: tensor %s has shape %s, expected [%lld] from config.json",
+                             t->file, name, got, (long long)d0);
+        return base_fail(err, "%s: tensor %s has shape %s, expected [%lld, %lld] from config.json",
+                         t->file, name, got, (long long)d0, (long long)d1);
+    }
+    if (!is_float_dtype(t->dtype))
+        return base_fail(err, "%s: tensor %s has dtype %s, expected F32, F16 or BF16", t->file,
+                         name, base_dtype_name(t->dtype));
+    *out = t;
+    return 0;
+}
+
+static int bind_vector(model *m, const char *name, int64_t n, be_tensor *out, base_err *err) {
+    const io_tensor *t;
+    if (find_float(m, name, n, -1, &t, err)) return -1;
+    const void *dev;
+    if (map_tensor(m, t, &dev, err)) return -1;
+    *out = (be_tensor){.data = (void *)dev, .dtype = t->dtype, .rows = 1, .cols = n};
+    return 0;
+}
+
+/* A quantized linear: weight U32 [out, in*bits/32], scales and biases [out, in/group]. */
+static int bind_quantized(model *m, const char *module, const io_tensor *w, io_quant_spec spec,
+                          int64_t out, int64_t in, be_linear *lin, base_err *err) {
+    char name[256];
+    if (spec.bits == 0)
+        return base_fail(err,
+                         "%s: tensor %s.weight is packed (U32) but config.json's quantization does "
+                         "not cover module %s",
+                         w->file, module, module);
+    if (in % spec.group_size != 0 || (in * spec.bits) % 32 != 0)
+        return base_fail(err, "%s: module %s: input size %lld is not a multiple of group size %d",
+                         w->file, module, (long long)in, spec.group_size);
+    int64_t packed = in * spec.bits / 32, groups = in / spec.group_size;
+    if (w->dtype != BASE_DTYPE_U32 || w->ndim != 2 || w->shape[0] != out || w->shape[1] != packed) {
+        char got[96];
+        shape_str(w, got, sizeof got);
+        return base_fail(err,
+                         "%s: tensor %s.weight is %s %s, expected U32 [%lld, %lld] for %d-bit "
+                         "weights of [%lld, %lld]",
+                         w->file, module, base_dtype_name(w->dtype), got, (long long)out,
+                         (long long)packed, spec.bits, (long long)out, (long long)in);
+    }
+    const io_tensor *scales, *biases;
+    snprintf(name, sizeof name, "%s.scales", module);
+    if (find_float(m, name, out, groups, &scales, err)) return -1;
+    snprintf(name, sizeof name, "%s.biases", module);
+    if (find_float(m, name, out, groups, &biases, err)) return -1;
+    if (scales->dtype != biases->dtype)
+        return base_fail(err, "%s: module %s: scales are %s but biases are %s", scales->file,
+                         module, base_dtype_name(scales->dtype), base_dtype_name(biases->dtype));
+    lin->bits = spec.bits;
+    lin->group_size = spec.group_size;
+    lin->dtype = scales->dtype;
+    if (map_tensor(m, w, &lin->weight, err) || map_tensor(m, scales, &lin->scales, err) ||
+        map_tensor(m, biases, &lin->biases, err))
+        return -1;
+    return 0;
+}
+
+/* Binds module.weight [out, in] (dense or quantized), and module.bias [out] when has_bias. */
+static int bind_linear(model *m, const char *module, int64_t out, int64_t in, bool has_bias,
+                       be_linear *lin, base_err *err) {
+    char name[256];
+    memset(lin, 0, sizeof *lin);
+    lin->out = out;
+    lin->in = in;
+    snprintf(name, sizeof name, "%s.weight", module);
+    const io_tensor *w = io_checkpoint_find(m->ck, name);
+    if (!w) return base_fail(err, "checkpoint: missing tensor %s", name);
+    snprintf(name, sizeof name, "%s.scales", module);
+    bool quantized = io_checkpoint_find(m->ck, name) != NULL || w->dtype == BASE_DTYPE_U32;
+    if (quantized) {
+        io_quant_spec spec = io_config_quant_for(&m->cfg, module);
+        if (bind_quantized(m, module, w, spec, out, in, lin, err)) return -1;
+    } else {
+        snprintf(name, sizeof name, "%s.weight", module);
+        if (find_float(m, name, out, in, &w, err)) return -1;
+        lin->dtype = w->dtype;
+        if (map_tensor(m, w, &lin->weight, err)) return -1;
+    }
+    if (has_bias) {
+        const io_tensor *b;
+        snprintf(name, sizeof name, "%s.bias", module);
+        if (find_float(m, name, out, -1, &b, err)) return -1;
+        lin->bias_dtype = b->dtype;
+        if (map_tensor(m, b, &lin->bias, err)) return -1;
+    }
+    return 0;
+}
+
+static int bind_layer(model *m, int l, base_err *err) {
+    const io_model_config *c = &m->cfg;
+    model_layer *L = &m->layers[l];
+    int64_t hidden = c->hidden_size, inter = c->intermediate_size;
+    int64_t qdim = (int64_t)c->num_attention_heads * c->head_dim;
+    int64_t kvdim = (int64_t)c->num_key_value_heads * c->head_dim;
+    char p[128], name[192];
+    snprintf(p, sizeof p, "model.layers.%d", l);
+#define MODULE(suffix) (snprintf(name, sizeof name, "%s.%s", p, suffix), name)
+    if (bind_linear(m, MODULE("self_attn.q_proj"), qdim, hidden, c->attention_bias, &L->q, err) ||
+        bind_linear(m, MODULE("self_attn.k_proj"), kvdim, hidden, c->attention_bias, &L->k, err) ||
+        bind_linear(m, MODULE("self_attn.v_proj"), kvdim, hidden, c->attention_bias, &L->v, err) ||
+        bind_linear(m, MODULE("self_attn.o_proj"), hidden, qdim, false, &L->o, err) ||
+        bind_linear(m, MODULE("mlp.gate_proj"), inter, hidden, false, &L->gate, err) ||
+        bind_linear(m, MODULE("mlp.up_proj"), inter, hidden, false, &L->up, err) ||
+        bind_linear(m, MODULE("mlp.down_proj"), hidden, inter, false, &L->down, err) ||
+        bind_vector(m, MODULE("input_layernorm.weight"), hidden, &L->attn_norm, err) ||
+        bind_vector(m, MODULE("post_attention_layernorm.weight"), hidden, &L->mlp_norm, err))
+        return -1;
+    if (c->qk_norm &&
+        (bind_vector(m, MODULE("self_attn.q_norm.weight"), c->head_dim, &L->q_norm, err) ||
+         bind_vector(m, MODULE("self_attn.k_norm.weight"), c->head_dim, &L->k_norm, err)))
+        return -1;
+#undef MODULE
+    return 0;
+}
+
+int model_bind_weights(model *m, base_err *err) {
+    const io_model_config *c = &m->cfg;
+    if (bind_linear(m, "model.embed_tokens", c->vocab_size, c->hidden_size, false, &m->embed,
+                    err) ||
+        bind_vector(m, "model.norm.weight", c->hidden_size, &m->final_norm, err))
+        return -1;
+    if (c->tie_word_embeddings) {
+        m->lm_head = m->embed;
+    } else if (bind_linear(m, "lm_head", c->vocab_size, c->hidden_size, false, &m->lm_head, err)) {
+        return -1;
+    }
+    m->layers = base_xcalloc((size_t)c->num_hidden_layers, sizeof *m->layers);
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        if (bind_layer(m, l, err)) return -1;
+    return 0;
+}
+
+int model_load(const char *dir, be_backend *be, model **out, base_err *err) {
+    model *m = base_xcalloc(1, sizeof *m);
+    m->be = be;
+    if (io_config_load(dir, &m->cfg, err)) {
+        free(m);
+        return -1;
+    }
+    if (io_checkpoint_open_dir(dir, &m->ck, err) || model_bind_weights(m, err)) {
+        model_free(m);
+        return -1;
+    }
+    int half = m->cfg.head_dim / 2;
+    float *freqs = base_xmalloc((size_t)half * sizeof *freqs);
+    model_rope_freqs(&m->cfg, m->cfg.max_position_embeddings, freqs, &m->rope_mscale);
+    m->inv_freq = (be_tensor){.dtype = BASE_DTYPE_F32, .rows = 1, .cols = half};
+    int rc = be->ops->alloc(be, (size_t)half * sizeof *freqs, &m->inv_freq.data, err);
+    if (!rc) rc = be->ops->upload(be, m->inv_freq.data, freqs, (size_t)half * sizeof *freqs, err);
+    free(freqs);
+    if (rc) {
+        model_free(m);
+        return -1;
+    }
+    *out = m;
+    return 0;
+}
+
+const io_model_config *model_config(const model *m) {
+    return &m->cfg;
+}
+
+be_backend *model_backend(const model *m) {
+    return m->be;
+}
+
+uint64_t model_weight_bytes(const model *m) {
+    return io_checkpoint_bytes(m->ck);
+}
+
+kv_geometry model_kv_geometry(const model *m, int block_size, base_dtype dtype) {
+    return (kv_geometry){.n_layers = m->cfg.num_hidden_layers,
+                         .n_kv_heads = m->cfg.num_key_value_heads,
+                         .head_dim = m->cfg.head_dim,
+                         .block_size = block_size,
+                         .dtype = dtype};
+}
