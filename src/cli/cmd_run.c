@@ -192,7 +192,7 @@ int cli_cmd_run(int argc, char **argv) {
         engine_prompter_close(s.pr);
         return cli_fail(&err);
     }
-    s.max_new = n_predict < 0 ? s.rt->ctx_size : (int)n_predict;
+    s.max_new = n_predict < 0 ? s.rt->kv_plan.ctx_size : (int)n_predict;
     s.messages = json_array();
     struct sigaction sa = {.sa_handler = on_sigint};
     sigaction(SIGINT, &sa, NULL);
