@@ -48,8 +48,8 @@ static const char *demo_model_dir(char *buf, size_t size) {
         exe[n] = 0;
         char *slash = strrchr(exe, '/');
         if (slash) *slash = 0;
-        snprintf(buf, size, "%s/../../models/demo", exe);
-        if (base_dir_exists(buf)) return buf;
+        int len = snprintf(buf, size, "%.*s/../../models/demo", (int)(size - 32), exe);
+        if (len > 0 && (size_t)len < size && base_dir_exists(buf)) return buf;
     }
     snprintf(buf, size, "%s/models/demo", MLXCEL_SOURCE_DIR);
     return buf;
