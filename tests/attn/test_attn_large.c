@@ -61,7 +61,15 @@ int main(void) {
     const int32_t q_indptr[4] = {0, 5, 6, 7}, kv_len[3] = {BS, BS, 48};
     const int32_t page_indptr[4] = {0, 1, 2, 4}, pages[4] = {LAST, LAST, LAST, LAST};
     const int32_t last_len[3] = {BS, BS, 16};
-    be_paged_batch b = {3, 7, q_indptr, kv_len, page_indptr, pages, last_len, NULL, NULL, NULL};
+    be_paged_batch b = {.n_seqs = 3,
+                        .n_tokens = 7,
+                        .max_q_len = 5,
+                        .max_kv_len = 48,
+                        .q_indptr = q_indptr,
+                        .kv_len = kv_len,
+                        .page_indptr = page_indptr,
+                        .page_indices = pages,
+                        .last_page_len = last_len};
     ref_seq *rs[3] = {&full, &full, &twice};
     size_t n = (size_t)7 * KV * GROUP * D;
     float *q = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float));
