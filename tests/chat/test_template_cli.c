@@ -19,10 +19,9 @@ static void write_file(const char *name, const char *text) {
 
 /* Runs `mlxcel template <args>` in g_dir; returns the exit status, stdout in out. */
 static int run(const char *args, char *out, size_t size) {
-    const char *bin = getenv("MLXCEL_BIN_DIR");
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "cd %s && %s/mlxcel template %s 2>/dev/null", g_dir,
-             bin ? bin : "build/bin", args);
+             getenv("MLXCEL_BIN_DIR"), args);
     FILE *p = popen(cmd, "r");
     size_t n = p ? fread(out, 1, size - 1, p) : 0;
     out[n] = 0;
@@ -35,14 +34,12 @@ int main(void) {
     CHECK(getcwd(cwd, sizeof cwd) != NULL);
     strcpy(g_dir, "/tmp/mlxcel-template-XXXXXX");
     CHECK(mkdtemp(g_dir) != NULL);
+    /* The commands run inside g_dir, so the binary's folder must be absolute. */
     const char *bin = getenv("MLXCEL_BIN_DIR");
-    if (bin && bin[0] != '/') {
-        static char abs_bin[1024];
+    if (!bin) bin = "build/bin";
+    if (bin[0] != '/') {
+        char abs_bin[1024];
         snprintf(abs_bin, sizeof abs_bin, "%s/%s", cwd, bin);
-        setenv("MLXCEL_BIN_DIR", abs_bin, 1);
-    } else if (!bin) {
-        static char abs_bin[1024];
-        snprintf(abs_bin, sizeof abs_bin, "%s/bin", cwd);
         setenv("MLXCEL_BIN_DIR", abs_bin, 1);
     }
     write_file(
