@@ -438,7 +438,6 @@ typedef struct sort_ctx {
     chat_render *R;
     int line;
     bool ignore_case, reverse;
-    int failed;
 } sort_ctx;
 
 /* Insertion-stable merge sort: qsort is not stable and Python's sort is. */
@@ -479,10 +478,11 @@ static cv fold_case(chat_render *R, cv v, bool ignore_case) {
 #define FILTERS(X)                                                                                 \
     X(abs)                                                                                         \
     X(attr)                                                                                        \
-    X(capitalize) X(count) X(d) X(default) X(dictsort) X(first) X(float) X(format) X(indent)       \
-        X(int) X(items) X(join) X(last) X(length) X(list) X(lower) X(map) X(max) X(min) X(reject)  \
-            X(rejectattr) X(replace) X(reverse) X(round) X(safe) X(select) X(selectattr) X(sort)   \
-                X(string) X(sum) X(title) X(tojson) X(trim) X(unique) X(upper) X(wordcount)
+    X(capitalize)                                                                                  \
+    X(count) X(d) X(default) X(dictsort) X(first) X(float) X(format) X(indent) X(int) X(items)     \
+        X(join) X(last) X(length) X(list) X(lower) X(map) X(max) X(min) X(reject) X(rejectattr)    \
+            X(replace) X(reverse) X(round) X(safe) X(select) X(selectattr) X(sort) X(string)       \
+                X(sum) X(title) X(tojson) X(trim) X(unique) X(upper) X(wordcount)
 
 #define FILTER_ENUM(n) F_##n,
 enum { FILTERS(FILTER_ENUM) F_COUNT };
@@ -566,7 +566,7 @@ static int filter_sort(chat_render *R, int line, int id, cv x, const chat_args *
     const cv_str *path = NULL;
     bool ignore_case = !arg_bool(A, id == F_sort ? 1 : 0, "case_sensitive", false);
     if (arg_str(R, line, A, id == F_sort ? 2 : 1, "attribute", &path)) return -1;
-    sort_ctx S = {R, line, ignore_case, id == F_sort && arg_bool(A, 0, "reverse", false), 0};
+    sort_ctx S = {R, line, ignore_case, id == F_sort && arg_bool(A, 0, "reverse", false)};
     sort_item *it = malloc((in->n ? in->n : 1) * sizeof *it);
     if (!it) return chat_oom(R, line);
     for (size_t i = 0; i < in->n; i++) {
@@ -603,7 +603,7 @@ static int filter_dictsort(chat_render *R, int line, cv x, const chat_args *A, c
     bool by_value = by && by->len == 5 && memcmp(by->p, "value", 5) == 0;
     if (by && !by_value && !(by->len == 3 && memcmp(by->p, "key", 3) == 0))
         return chat_rfail(R, line, "dictsort: 'by' must be 'key' or 'value'");
-    sort_ctx S = {R, line, ignore_case, arg_bool(A, 2, "reverse", false), 0};
+    sort_ctx S = {R, line, ignore_case, arg_bool(A, 2, "reverse", false)};
     size_t n = x.d->n;
     sort_item *it = malloc((n ? n : 1) * sizeof *it);
     if (!it) return chat_oom(R, line);
@@ -946,10 +946,10 @@ int chat_apply_filter(chat_render *R, int line, int id, cv x, const chat_args *A
 #define TESTS(X)                                                                                   \
     X(boolean)                                                                                     \
     X(callable)                                                                                    \
-    X(defined) X(divisibleby) X(eq) X(equalto) X(escaped) X(even) X(false) X(float) X(ge)          \
-        X(greaterthan) X(gt) X(in) X(integer) X(iterable) X(le) X(lessthan) X(lower) X(lt)         \
-            X(mapping) X(ne) X(none) X(number) X(odd) X(sameas) X(sequence) X(string) X(true)      \
-                X(undefined) X(upper)
+    X(defined)                                                                                     \
+    X(divisibleby) X(eq) X(equalto) X(escaped) X(even) X(false) X(float) X(ge) X(greaterthan)      \
+        X(gt) X(in) X(integer) X(iterable) X(le) X(lessthan) X(lower) X(lt) X(mapping) X(ne)       \
+            X(none) X(number) X(odd) X(sameas) X(sequence) X(string) X(true) X(undefined) X(upper)
 
 #define TEST_ENUM(n) TS_##n,
 enum { TESTS(TEST_ENUM) TS_COUNT };
