@@ -113,7 +113,7 @@ static void test_stream_byte_level(void) {
 }
 
 /* Decoders that look at the start or end of the text: Metaspace drops the first token's
- * leading space; Strip with stop removes a trailing character only at the very end. */
+ * leading space; Strip removes up to two c's only at the very start and the very end. */
 static const char k_edge_json[] =
     "{\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"\xE2\x96\x81"
     "a\": 0,"
@@ -121,7 +121,7 @@ static const char k_edge_json[] =
     " \"decoder\": {\"type\": \"Sequence\", \"decoders\": ["
     "   {\"type\": \"Metaspace\", \"replacement\": \"\xE2\x96\x81\", \"prepend_scheme\": "
     "\"always\"},"
-    "   {\"type\": \"Fuse\"}, {\"type\": \"Strip\", \"content\": \"c\", \"start\": 0, \"stop\": "
+    "   {\"type\": \"Fuse\"}, {\"type\": \"Strip\", \"content\": \"c\", \"start\": 2, \"stop\": "
     "2}]}}";
 
 static void test_edges(void) {
@@ -130,17 +130,21 @@ static void test_edges(void) {
     CHECK(tok_load_json(k_edge_json, strlen(k_edge_json), NULL, 0, "edge", &tok, &err) == 0);
     if (!tok) return;
     CHECK(tt_decodes(tok, IDS(0, 0, 1), false, "a ab "));
-    /* Up to two trailing c's go, only at the end of the whole text. */
     CHECK(tt_decodes(tok, IDS(0, 3, 3, 3), false, "ac"));
-    CHECK(tt_decodes(tok, IDS(3, 3, 0), false, "cc a"));
+    CHECK(tt_decodes(tok, IDS(3, 3, 0), false, " a"));
+    CHECK(tt_decodes(tok, IDS(3, 3, 3, 0), false, "c a"));
     char *pieces[5];
     char *all = stream_all(tok, IDS(0, 3, 3, 3), false, pieces);
     CHECK(all && strcmp(all, "ac") == 0);
     CHECK(strcmp(pieces[0], "a") == 0);
     free_pieces(pieces, 4);
     free(all);
+    /* The start strip can reach past the first token when that token is all stripped. */
     all = stream_all(tok, IDS(3, 3, 0, 2), false, NULL);
-    CHECK(all && strcmp(all, "cc a ") == 0);
+    CHECK(all && strcmp(all, " a ") == 0);
+    free(all);
+    all = stream_all(tok, IDS(3, 3, 3, 0, 3), false, NULL);
+    CHECK(all && strcmp(all, "c a") == 0);
     free(all);
     tok_free(tok);
 }
