@@ -132,6 +132,36 @@ static void test_lookups(void) {
     tok_free(tok);
 }
 
+/* Added-token flags: lstrip and rstrip swallow the spaces beside the token, single_word matches
+ * only between non-word characters, normalized matches after the normalizer (here Lowercase). */
+static const char k_flags_json[] =
+    "{\"model\": {\"type\": \"BPE\", \"merges\": [\"h i\"], \"vocab\": {\" \": 0, \"a\": 1,"
+    " \"b\": 2, \"h\": 3, \"i\": 4, \"<L>\": 5, \"<R>\": 6, \"w\": 7, \"hi\": 8}},"
+    " \"normalizer\": {\"type\": \"Lowercase\"},"
+    " \"added_tokens\": ["
+    "  {\"id\": 5, \"content\": \"<L>\", \"lstrip\": true, \"normalized\": false, \"special\": "
+    "true},"
+    "  {\"id\": 6, \"content\": \"<R>\", \"rstrip\": true, \"normalized\": false, \"special\": "
+    "true},"
+    "  {\"id\": 9, \"content\": \"HI\", \"normalized\": true, \"special\": false},"
+    "  {\"id\": 10, \"content\": \"ww\", \"single_word\": true, \"special\": false}]}";
+
+static void test_added_flags(void) {
+    tok_tokenizer *tok;
+    base_err err;
+    CHECK(tok_load_json(k_flags_json, strlen(k_flags_json), NULL, 0, "flags", &tok, &err) == 0);
+    if (!tok) return;
+    CHECK(tok_vocab_size(tok) == 11);
+    CHECK(tt_encodes(tok, "a  <L>b", false, IDS(1, 5, 2)));
+    CHECK(tt_encodes(tok, "a<R>  b", false, IDS(1, 6, 2)));
+    CHECK(tt_encodes(tok, "a <L> <R> b", false, IDS(1, 5, 0, 6, 2)));
+    /* "HI" lowercases to "hi", which is then the added token, not the merged vocab "hi". */
+    CHECK(tt_encodes(tok, "a HI b", false, IDS(1, 0, 9, 0, 2)));
+    CHECK(tt_encodes(tok, "hi", false, IDS(9)));
+    CHECK(tt_encodes(tok, "ww aww ww_", false, IDS(10, 0, 1, 7, 7, 0, 7, 7)));
+    tok_free(tok);
+}
+
 int main(void) {
     test_merge_order();
     test_byte_fallback();
@@ -139,5 +169,6 @@ int main(void) {
     test_long_word();
     test_threads();
     test_lookups();
+    test_added_flags();
     TEST_MAIN_END();
 }
