@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fixtures import decode_checkpoint  # noqa: E402
+from make_fixtures import decode_checkpoint, is_quantizable  # noqa: E402
 
 CTX = 512
 CHUNKS = 8  # the windows the CI test scores (all windows are reported too)
@@ -32,8 +32,10 @@ def load_model(model_dir):
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
     q = cfg["quantization"]
+    spec = (q["bits"], q["group_size"])
     weights = decode_checkpoint(
-        os.path.join(model_dir, "model.safetensors"), lambda module: (q["bits"], q["group_size"])
+        os.path.join(model_dir, "model.safetensors"),
+        lambda module: spec if is_quantizable(module + ".weight") else None,
     )
     config = LlamaConfig.from_pretrained(model_dir)
     config._attn_implementation = "eager"
