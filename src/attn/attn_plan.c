@@ -101,14 +101,11 @@ void attn_plan_decode(const be_paged_batch *batch, int block_size, int n_heads, 
     }
     out->kind = BE_DECODE_V1;
     if (n_decode == 0 || max_pages == 0 || n_kv_heads <= 0 || target <= 0) return;
-    bool under_filled = n_decode * n_kv_heads < target;
-    if (!under_filled && native != 1) return;
-
+    /* rows x kv heads at or past the target make one chunk: v1 */
     int64_t ppc;
     int64_t chunks = plan_chunks(n_decode, n_kv_heads, max_pages, target, &ppc);
     uint64_t per_chunk = attn_v2_bytes(n_decode, 1, n_heads, head_dim);
     int64_t fit = per_chunk ? (int64_t)(workspace_bytes / per_chunk) : 0;
-    if (fit > ATTN_GRID_YZ_MAX) fit = ATTN_GRID_YZ_MAX;
     if (chunks > fit && fit >= 1) {
         ppc = div_ceil(max_pages, fit);
         chunks = div_ceil(max_pages, ppc);

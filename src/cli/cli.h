@@ -67,4 +67,6 @@ int cli_cmd_quantize(int argc, char **argv);
 int cli_cmd_run(int argc, char **argv);
 int cli_cmd_perplexity(int argc, char **argv);
 
+int cli_cmd_template(int argc, char **argv);
+
 #endif

@@ -15,6 +15,7 @@ static const cli_command g_commands[] = {
     {"logits", cli_cmd_logits, "write the logits of every position to a .npy file"},
     {"perplexity", cli_cmd_perplexity, "perplexity of a text file"},
     {"quantize", cli_cmd_quantize, "convert a bf16/f16 checkpoint to MLX affine bits"},
+    {"template", cli_cmd_template, "render a model's chat template over a conversation"},
     {NULL, NULL, NULL},
 };
 

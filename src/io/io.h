@@ -29,11 +29,15 @@ typedef struct io_checkpoint io_checkpoint;
 int io_checkpoint_open_file(const char *path, io_checkpoint **out, base_err *err);
 /* Opens a checkpoint directory: model.safetensors.index.json when present (every shard it
  * names must exist and hold the tensors it maps to it), else model.safetensors, else every
- * *.safetensors file in the directory. Tensor names must be unique across shards. */
+ * *.safetensors file in the directory (sorted). Index shard names must be plain file names
+ * (no '/' or ".."). Tensor names must be unique across shards. On failure *out is NULL; on
+ * success the caller closes it with io_checkpoint_close. */
 int io_checkpoint_open_dir(const char *dir, io_checkpoint **out, base_err *err);
 void io_checkpoint_close(io_checkpoint *ck);
 
 size_t io_checkpoint_count(const io_checkpoint *ck);
+/* Tensors in shard order (sorted file names), and in data order within a shard, so walking
+ * them reads each file front to back. NULL past the end. */
 const io_tensor *io_checkpoint_at(const io_checkpoint *ck, size_t i);
 /* NULL when absent. */
 const io_tensor *io_checkpoint_find(const io_checkpoint *ck, const char *name);
@@ -55,14 +59,17 @@ typedef struct io_tensor_out {
     const void *data; /* nbytes = prod(shape) * dtype size */
 } io_tensor_out;
 
-/* Writes a safetensors file (tensors laid out in the given order, 8-byte aligned header).
- * metadata_kv: NULL or an array of 2*n_meta strings (key, value). */
+/* Writes a safetensors file (tensors laid out in the given order, header padded with spaces
+ * to a multiple of 8 bytes). It writes `path.tmp` and renames it, so on failure no file, or
+ * the previous one, is under `path`. metadata_kv: NULL or an array of 2*n_meta strings
+ * (key, value). The caller keeps ownership of everything passed in. */
 int io_safetensors_write(const char *path, const io_tensor_out *tensors, size_t n,
                          const char *const *metadata_kv, size_t n_meta, base_err *err);
 
 /* ---- .npy ---- */
 
-/* Writes a float32 C-order array of the given shape. */
+/* Writes a float32 C-order array of the given shape (ndim 0..IO_MAX_DIMS) as .npy version
+ * 1.0, header padded to 64 bytes as numpy writes it; through `path.tmp` like the writer. */
 int io_npy_write_f32(const char *path, const float *data, const int64_t *shape, int ndim,
                      base_err *err);
 /* Reads a little-endian float32 or float64 C-order .npy into a new float32 buffer (caller

@@ -106,7 +106,7 @@ static int list_safetensors(const char *dir, char ***out, size_t *n_out, base_er
         names[n++] = base_path_join(dir, de->d_name);
     }
     closedir(d);
-    qsort(names, n, sizeof *names, str_cmp);
+    if (n > 1) qsort(names, n, sizeof *names, str_cmp);
     *out = names;
     *n_out = n;
     return 0;

@@ -31,31 +31,10 @@ typedef struct cfg_at {
     base_err *err;
 } cfg_at;
 
-static const char *kind(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:
-        return "an object";
-    case JSON_ARRAY:
-        return "an array";
-    case JSON_STRING:
-        return "a string";
-    case JSON_INTEGER:
-        return "an integer";
-    case JSON_REAL:
-        return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE:
-        return "a boolean";
-    case JSON_NULL:
-        return "null";
-    }
-    return "?";
-}
-
 static int field_fail(const cfg_at *at, const char *key, const char *what, const json_t *v) {
     if (v)
         return base_fail(at->err, "%s: field '%s%s' %s, got %s", at->origin, at->prefix, key, what,
-                         kind(v));
+                         io_json_kind(v));
     return base_fail(at->err, "%s: field '%s%s' %s", at->origin, at->prefix, key, what);
 }
 
@@ -245,7 +224,7 @@ static int parse_quant(const cfg_at *root_at, json_t *root, io_model_config *cfg
             char sub[300];
             snprintf(sub, sizeof sub, "%s%s.", prefix, key);
             cfg_at mat = {at.origin, sub, at.err};
-            io_quant_spec s;
+            io_quant_spec s = {0, 0};
             if (get_int(&mat, v, "bits", false, cfg->quant.bits, &s.bits) != 0 ||
                 get_int(&mat, v, "group_size", false, cfg->quant.group_size, &s.group_size) != 0 ||
                 check_spec(&mat, &s) != 0)

@@ -4,6 +4,8 @@
 
 #include "io/io.h"
 
+#include <jansson.h>
+
 /* A header larger than this is not a checkpoint we would ever write or read: refusing it
  * keeps a corrupt length from asking for gigabytes before the JSON parser sees a byte. */
 #define IO_MAX_HEADER_BYTES (100u * 1000u * 1000u)
@@ -23,6 +25,9 @@ struct io_checkpoint {
     size_t n_meta, cap_meta;
     char **meta; /* (2 * n_meta) key, value pairs from every shard's __metadata__ */
 };
+
+/* "an object", "a string", ...: the JSON type of v for error messages. */
+const char *io_json_kind(const json_t *v);
 
 /* Reads and validates one file's header and appends its tensors and metadata to ck. With
  * map_data the file is mmapped and tensor data pointers are set; without it only the header

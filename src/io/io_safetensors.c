@@ -25,7 +25,7 @@ static int span_cmp(const void *a, const void *b) {
     return 0;
 }
 
-static const char *json_kind(const json_t *v) {
+const char *io_json_kind(const json_t *v) {
     switch (json_typeof(v)) {
     case JSON_OBJECT:
         return "an object";
@@ -72,6 +72,10 @@ static size_t skip_value(const char *s, size_t i, size_t n) {
     return n;
 }
 
+static int str_ptr_cmp(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
 /* i is at the opening quote of a string; returns the index after its closing quote. */
 static size_t skip_string(const char *s, size_t i, size_t n) {
     for (i++; i < n; i++) {
@@ -88,49 +92,46 @@ static size_t skip_ws(const char *s, size_t i, size_t n) {
     return i;
 }
 
-/* jansson reports a duplicate key without naming it; the header is otherwise well formed
- * (it parsed once duplicates were allowed), so walk its top-level keys to find the name. */
+/* jansson reports a duplicate key without naming it, so walk the top-level entries to find
+ * it: a name held twice, or an entry whose own object repeats a key. The walk is bounds
+ * checked, so text past the duplicate that jansson never reached cannot lead it astray. */
 static int report_duplicate(const char *path, const char *text, size_t n, base_err *err) {
     size_t n_keys = 0;
     char **keys = NULL;
-    int rc = -1;
+    bool named = false;
     size_t i = skip_ws(text, 0, n) + 1; /* past '{' */
     for (;;) {
         i = skip_ws(text, i, n);
         if (i >= n || text[i] != '"') break;
         size_t kend = skip_string(text, i, n);
         json_t *k = json_loadb(text + i, kend - i, JSON_DECODE_ANY, NULL);
-        const char *key = json_is_string(k) ? json_string_value(k) : "";
-        for (size_t j = 0; j < n_keys && rc != 0; j++) {
-            if (strcmp(keys[j], key) == 0) rc = 0;
-        }
-        if (rc == 0) {
-            base_fail(err, "%s: tensor '%s': duplicate name in header", path, key);
-            json_decref(k);
-            break;
-        }
         keys = base_xrealloc(keys, (n_keys + 1) * sizeof *keys);
-        keys[n_keys++] = base_xstrdup(key);
+        keys[n_keys++] = base_xstrdup(json_is_string(k) ? json_string_value(k) : "");
+        json_decref(k);
         i = skip_ws(text, kend, n);
-        if (i >= n || text[i] != ':') {
-            json_decref(k);
-            break;
-        }
+        if (i >= n || text[i] != ':') break;
         size_t vbeg = skip_ws(text, i + 1, n), vend = skip_value(text, vbeg, n);
         json_t *v =
             json_loadb(text + vbeg, vend - vbeg, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, NULL);
-        if (!v) {
-            base_fail(err, "%s: tensor '%s': duplicate key in its header entry", path, key);
-            rc = 0;
-        }
         json_decref(v);
-        json_decref(k);
-        if (rc == 0) break;
+        if (!v) {
+            base_fail(err, "%s: tensor '%s': duplicate key in its header entry", path,
+                      keys[n_keys - 1]);
+            named = true;
+            break;
+        }
         i = vend + 1;
     }
+    if (n_keys > 1) qsort(keys, n_keys, sizeof *keys, str_ptr_cmp);
+    for (size_t j = 1; j < n_keys && !named; j++) {
+        if (strcmp(keys[j - 1], keys[j]) == 0) {
+            base_fail(err, "%s: tensor '%s': duplicate name in header", path, keys[j]);
+            named = true;
+        }
+    }
+    if (!named) base_fail(err, "%s: header has a duplicate key", path);
     for (size_t j = 0; j < n_keys; j++) free(keys[j]);
     free(keys);
-    if (rc != 0) base_fail(err, "%s: header has a duplicate key", path);
     return -1;
 }
 
@@ -146,13 +147,14 @@ static void ck_push_meta(io_checkpoint *ck, const char *key, const char *value) 
 
 static int parse_metadata(io_checkpoint *ck, const char *path, json_t *meta, base_err *err) {
     if (!json_is_object(meta))
-        return base_fail(err, "%s: __metadata__ must be an object, got %s", path, json_kind(meta));
+        return base_fail(err, "%s: __metadata__ must be an object, got %s", path,
+                         io_json_kind(meta));
     const char *key;
     json_t *v;
     json_object_foreach(meta, key, v) {
         if (!json_is_string(v))
             return base_fail(err, "%s: __metadata__ key '%s' must be a string, got %s", path, key,
-                             json_kind(v));
+                             io_json_kind(v));
         ck_push_meta(ck, key, json_string_value(v));
     }
     return 0;
@@ -163,7 +165,7 @@ static int parse_entry(const char *path, const char *name, json_t *e, uint64_t d
                        io_tensor *t, st_span *span, base_err *err) {
     if (!json_is_object(e))
         return base_fail(err, "%s: tensor '%s': entry must be an object, got %s", path, name,
-                         json_kind(e));
+                         io_json_kind(e));
     json_t *dt = json_object_get(e, "dtype"), *sh = json_object_get(e, "shape"),
            *off = json_object_get(e, "data_offsets");
     if (!dt || !sh || !off)
@@ -173,7 +175,7 @@ static int parse_entry(const char *path, const char *name, json_t *e, uint64_t d
                                : "data_offsets");
     if (!json_is_string(dt))
         return base_fail(err, "%s: tensor '%s': dtype must be a string, got %s", path, name,
-                         json_kind(dt));
+                         io_json_kind(dt));
     if (base_dtype_parse(json_string_value(dt), &t->dtype) != 0)
         return base_fail(err,
                          "%s: tensor '%s': unsupported dtype '%s' (supported: F64 F32 F16 BF16 "
@@ -181,7 +183,7 @@ static int parse_entry(const char *path, const char *name, json_t *e, uint64_t d
                          path, name, json_string_value(dt));
     if (!json_is_array(sh))
         return base_fail(err, "%s: tensor '%s': shape must be an array, got %s", path, name,
-                         json_kind(sh));
+                         io_json_kind(sh));
     size_t nd = json_array_size(sh);
     if (nd > IO_MAX_DIMS)
         return base_fail(err, "%s: tensor '%s': %zu dimensions, at most %d supported", path, name,
@@ -370,7 +372,8 @@ int io_ck_add_file(io_checkpoint *ck, const char *path, bool map_data, base_err 
         rc = base_fail(err, "%s: header is not valid JSON (byte %d: %s)", sh->path, jerr.position,
                        jerr.text);
     } else if (!json_is_object(root)) {
-        rc = base_fail(err, "%s: header must be a JSON object, got %s", sh->path, json_kind(root));
+        rc = base_fail(err, "%s: header must be a JSON object, got %s", sh->path,
+                       io_json_kind(root));
     } else {
         uint64_t data_size = (uint64_t)st.st_size - 8 - hlen;
         const uint8_t *data_base = map_data ? (const uint8_t *)sh->map + 8 + hlen : NULL;

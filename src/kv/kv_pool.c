@@ -28,18 +28,16 @@ struct kv_pool {
     int64_t capacity;
     be_kv_layer *layers; /* (n_layers) slabs owned */
 
-    int32_t *refcount;    /* (capacity) */
-    uint8_t *published;   /* (capacity) in the prefix cache */
-    uint64_t *key;        /* (capacity) prefix key, when published */
-    int32_t *parent;      /* (capacity) previous block of the chain, NONE for the first */
-    uint32_t *parent_gen; /* (capacity) gen[parent] when this block was published */
-    uint32_t *gen;        /* (capacity) bumped each time the block is published */
-    int32_t *tokens;      /* (capacity, block_size) token ids */
-    int32_t *link_prev;   /* (capacity) free list (next only) or LRU list neighbours */
-    int32_t *link_next;   /* (capacity) */
-    int32_t *hash_next;   /* (capacity) next block of the same bucket */
-    int32_t *buckets;     /* (n_buckets) first block of each bucket */
-    int64_t n_buckets;    /* power of two */
+    int32_t *refcount;  /* (capacity) */
+    uint8_t *published; /* (capacity) in the prefix cache */
+    uint64_t *key;      /* (capacity) prefix key, when published */
+    int32_t *parent;    /* (capacity) previous block of the chain, NONE for the first */
+    int32_t *tokens;    /* (capacity, block_size) token ids */
+    int32_t *link_prev; /* (capacity) free list (next only) or LRU list neighbours */
+    int32_t *link_next; /* (capacity) */
+    int32_t *hash_next; /* (capacity) next block of the same bucket */
+    int32_t *buckets;   /* (n_buckets) first block of each bucket */
+    int64_t n_buckets;  /* power of two */
     uint64_t hash_mask;
 
     int32_t free_head;
@@ -107,8 +105,6 @@ static void publish(kv_pool *p, int32_t b, uint64_t key, int32_t parent) {
     p->published[b] = 1;
     p->key[b] = key;
     p->parent[b] = parent;
-    p->parent_gen[b] = parent == NONE ? 0 : p->gen[parent];
-    p->gen[b]++;
     int64_t h = bucket_of(p, key);
     p->hash_next[b] = p->buckets[h];
     p->buckets[h] = b;
@@ -123,12 +119,15 @@ static void unpublish(kv_pool *p, int32_t b) {
     p->n_published--;
 }
 
-/* A published block whose parent and tokens are exactly these, or NONE. */
+/* A published block whose parent and tokens are exactly these, or NONE. Matching the parent
+ * block (not only its key) makes a chain exact by induction from the root. A parent is never
+ * evicted before its children: a sequence holds a prefix of a chain and releases its pages
+ * last first, so a child always sits nearer the LRU head than its parent (kv_pool_check
+ * verifies it). */
 static int32_t lookup(const kv_pool *p, uint64_t key, int32_t parent, const int32_t *tokens) {
     size_t bytes = (size_t)p->geom.block_size * sizeof(int32_t);
     for (int32_t b = p->buckets[bucket_of(p, key)]; b != NONE; b = p->hash_next[b]) {
         if (p->key[b] != key || p->parent[b] != parent) continue;
-        if (parent != NONE && p->parent_gen[b] != p->gen[parent]) continue;
         if (memcmp(p->tokens + (size_t)b * p->geom.block_size, tokens, bytes) == 0) return b;
     }
     return NONE;
@@ -205,8 +204,6 @@ int kv_pool_create(be_backend *be, const kv_geometry *geom, int64_t num_blocks, 
     p->published = base_xcalloc(n, sizeof *p->published);
     p->key = base_xcalloc(n, sizeof *p->key);
     p->parent = base_xcalloc(n, sizeof *p->parent);
-    p->parent_gen = base_xcalloc(n, sizeof *p->parent_gen);
-    p->gen = base_xcalloc(n, sizeof *p->gen);
     p->tokens = base_xcalloc(n * (size_t)geom->block_size, sizeof *p->tokens);
     p->link_prev = base_xcalloc(n, sizeof *p->link_prev);
     p->link_next = base_xcalloc(n, sizeof *p->link_next);
@@ -251,8 +248,6 @@ void kv_pool_destroy(kv_pool *p) {
     free(p->published);
     free(p->key);
     free(p->parent);
-    free(p->parent_gen);
-    free(p->gen);
     free(p->tokens);
     free(p->link_prev);
     free(p->link_next);
@@ -342,6 +337,9 @@ int kv_pool_check(const kv_pool *p, base_err *err) {
         for (int32_t b = p->buckets[h]; b != NONE && n_hashed <= p->capacity; b = p->hash_next[b]) {
             if (!p->published[b] || bucket_of(p, p->key[b]) != h)
                 rc = base_fail(err, "kv pool: block %d is in the wrong hash bucket", b);
+            else if (p->parent[b] != NONE && !p->published[p->parent[b]])
+                rc = base_fail(err, "kv pool: cached block %d outlived its parent %d", b,
+                               p->parent[b]);
             n_hashed++;
         }
     }

@@ -11,7 +11,7 @@
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
-static uint32_t rnd(void) {
+static inline uint32_t rnd(void) {
     rng_state ^= rng_state << 13;
     rng_state ^= rng_state >> 7;
     rng_state ^= rng_state << 17;
@@ -19,15 +19,15 @@ static uint32_t rnd(void) {
 }
 
 /* inclusive */
-static int irand(int lo, int hi) {
+static inline int irand(int lo, int hi) {
     return lo + (int)(rnd() % (uint32_t)(hi - lo + 1));
 }
 
-static float frand(void) {
+static inline float frand(void) {
     return (float)rnd() / 4294967296.0f * 2.0f - 1.0f;
 }
 
-static float round_to(base_dtype dt, float x) {
+static inline float round_to(base_dtype dt, float x) {
     if (dt == BASE_DTYPE_F16) return base_f16_to_f32(base_f32_to_f16(x));
     if (dt == BASE_DTYPE_BF16) return base_bf16_to_f32(base_f32_to_bf16(x));
     return x;
@@ -47,11 +47,11 @@ typedef struct scene {
     base_dtype dtype;
 } scene;
 
-static int scene_row(const scene *sc) {
+static inline int scene_row(const scene *sc) {
     return sc->n_kv * sc->head_dim;
 }
 
-static void ref_push(const scene *sc, ref_seq *r, const float *k, const float *v) {
+static inline void ref_push(const scene *sc, ref_seq *r, const float *k, const float *v) {
     int row = scene_row(sc);
     if (r->len == r->cap) {
         r->cap = r->cap ? r->cap * 2 : 16;
@@ -63,14 +63,14 @@ static void ref_push(const scene *sc, ref_seq *r, const float *k, const float *v
     r->len++;
 }
 
-static ref_seq ref_fork(const scene *sc, const ref_seq *src) {
+static inline ref_seq ref_fork(const scene *sc, const ref_seq *src) {
     ref_seq r = {kv_seq_fork(sc->pool, src->seq), 0, 0, NULL, NULL};
     for (int t = 0; t < src->len; t++)
         ref_push(sc, &r, src->k + (size_t)t * scene_row(sc), src->v + (size_t)t * scene_row(sc));
     return r;
 }
 
-static void ref_free(const scene *sc, ref_seq *r) {
+static inline void ref_free(const scene *sc, ref_seq *r) {
     kv_seq_free(sc->pool, r->seq);
     free(r->k);
     free(r->v);
@@ -78,7 +78,8 @@ static void ref_free(const scene *sc, ref_seq *r) {
 
 /* Appends q_lens[s] random tokens to each sequence, writes random K/V for them through
  * kv_append and commits; returns the step's batch (caller frees). Returns -1 on failure. */
-static int scene_step(const scene *sc, ref_seq **rs, const int *q_lens, int n, kv_batch *batch) {
+static inline int scene_step(const scene *sc, ref_seq **rs, const int *q_lens, int n,
+                             kv_batch *batch) {
     base_err err;
     kv_seq **seqs = malloc((size_t)n * sizeof *seqs);
     for (int s = 0; s < n; s++) {
@@ -124,8 +125,8 @@ static int scene_step(const scene *sc, ref_seq **rs, const int *q_lens, int n, k
 }
 
 /* Dense causal attention in double over the host copies. */
-static void dense_ref(const scene *sc, ref_seq *const *rs, const be_paged_batch *b, const float *q,
-                      float *out, float scale) {
+static inline void dense_ref(const scene *sc, ref_seq *const *rs, const be_paged_batch *b,
+                             const float *q, float *out, float scale) {
     int d = sc->head_dim, row = scene_row(sc);
     int max_len = 1;
     for (int s = 0; s < b->n_seqs; s++) max_len = rs[s]->len > max_len ? rs[s]->len : max_len;
@@ -161,8 +162,8 @@ static void dense_ref(const scene *sc, ref_seq *const *rs, const be_paged_batch 
     free(p);
 }
 
-static int scene_attend(const scene *sc, const be_paged_batch *b, const be_decode_plan *plan,
-                        const float *q, float *out, float scale) {
+static inline int scene_attend(const scene *sc, const be_paged_batch *b, const be_decode_plan *plan,
+                               const float *q, float *out, float scale) {
     base_err err;
     int64_t cols = (int64_t)sc->n_heads * sc->head_dim;
     be_tensor qt = {(void *)q, BASE_DTYPE_F32, b->n_tokens, cols};

@@ -253,6 +253,14 @@ static void test_quantization(void) {
     CHECK(q.bits == 4 && q.group_size == 64);
     io_config_free(&c);
 
+    /* an override's missing field falls back to the default spec */
+    CHECK(parse(LLAMA(", \"quantization\": {\"group_size\": 128, \"bits\": 8, \"lm_head\": "
+                      "{\"group_size\": 32}}"),
+                &c) == 0);
+    q = io_config_quant_for(&c, "lm_head");
+    CHECK(q.bits == 8 && q.group_size == 32);
+    io_config_free(&c);
+
     /* quantization_config is read only when quantization is absent */
     CHECK(parse(LLAMA(", \"quantization_config\": {\"group_size\": 128, \"bits\": 3}"), &c) == 0);
     CHECK(c.quant.bits == 3 && c.quant.group_size == 128);

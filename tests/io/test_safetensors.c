@@ -185,6 +185,10 @@ static void test_broken_files(void) {
     BROKEN("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
            "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
            8, "duplicate", "'a'");
+    /* the duplicate is found after unescaping: "a\u0062" is "ab" */
+    BROKEN("{\"ab\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+           "\"a\\u0062\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+           8, "duplicate", "'ab'");
     BROKEN("{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F16\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
            "duplicate", "'a'");
     BROKEN("{\"w\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,0]}}", 0, "'w'",

@@ -9,17 +9,17 @@
 #include <string.h>
 
 /* calloc so that huge slabs cost only the pages that are touched */
-static int tb_alloc(be_backend *be, size_t bytes, void **ptr, base_err *err) {
+static inline int tb_alloc(be_backend *be, size_t bytes, void **ptr, base_err *err) {
     *ptr = calloc(1, bytes ? bytes : 1);
     if (!*ptr) return base_fail(err, "test backend: cannot allocate %zu bytes", bytes);
     return 0;
 }
 
-static void tb_free(be_backend *be, void *ptr) {
+static inline void tb_free(be_backend *be, void *ptr) {
     free(ptr);
 }
 
-static int tb_copy(be_backend *be, void *dst, const void *src, size_t bytes, base_err *err) {
+static inline int tb_copy(be_backend *be, void *dst, const void *src, size_t bytes, base_err *err) {
     memmove(dst, src, bytes);
     return 0;
 }
@@ -33,7 +33,7 @@ static const be_ops tb_ops = {
 };
 
 /* Caller frees with tb_destroy. */
-static be_backend *tb_create(int n_threads) {
+static inline be_backend *tb_create(int n_threads) {
     be_backend *be = calloc(1, sizeof *be);
     cpu_impl *impl = calloc(1, sizeof *impl);
     impl->pool = base_pool_create(n_threads);
@@ -46,7 +46,7 @@ static be_backend *tb_create(int n_threads) {
     return be;
 }
 
-static void tb_destroy(be_backend *be) {
+static inline void tb_destroy(be_backend *be) {
     base_pool_destroy(cpu_pool(be));
     free(be->impl);
     free(be);

@@ -43,10 +43,14 @@ static inline __m256 a2_group4(const uint8_t *wg, int g, const float *xg) {
     return _mm256_add_ps(t0, t1);
 }
 
+/* Prefetch distance for the fused dots; see the AVX-512 file for why. */
+#define CPU_PREFETCH 1024
+
 static float a2_qdot4(const uint8_t *w, const float *s, int64_t n_groups, int g, const float *xp) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t gi = 0;
     for (; gi + 2 <= n_groups; gi += 2) {
+        _mm_prefetch((const char *)(w + gi * (g / 2)) + CPU_PREFETCH, _MM_HINT_T0);
         __m256 t0 = a2_group4(w + gi * (g / 2), g, xp + gi * g);
         __m256 t1 = a2_group4(w + (gi + 1) * (g / 2), g, xp + (gi + 1) * g);
         acc0 = _mm256_fmadd_ps(t0, _mm256_set1_ps(s[gi]), acc0);
@@ -64,6 +68,7 @@ static float a2_qdot8(const uint8_t *w, const float *s, int64_t n_groups, int g,
     for (int64_t gi = 0; gi < n_groups; gi++) {
         const uint8_t *wg = w + gi * g;
         const float *xg = x + gi * g;
+        _mm_prefetch((const char *)wg + CPU_PREFETCH, _MM_HINT_T0);
         __m256 t0 = _mm256_setzero_ps(), t1 = _mm256_setzero_ps();
         for (int i = 0; i < g; i += 16) {
             __m256 q0 = _mm256_cvtepi32_ps(a2_bytes8(wg + i));

@@ -2,14 +2,14 @@
  *
  * Two paths, both parallel over blocks of output rows and both accumulating in f32:
  *
- * - Few rows of x (decode): a fused dot per weight row that unpacks the packed values in
+ * - One row of x (decode): a fused dot per weight row that unpacks the packed values in
  *   registers and never writes them out, so the weights stream from memory once. The affine
  *   form lets the biases leave the inner loop: sum_i (s q_i + b) x_i = s sum_i q_i x_i +
  *   b sum_i x_i, with the per-group sums of x computed once per call.
- * - Many rows (prefill): each task dequantizes a tile of CPU_TILE_ROWS weight rows by
- *   CPU_TILE_K columns (32 KiB, L1-sized) and runs the GEMM micro-kernel of every x row
- *   against it, so one dequantization serves the whole batch. Dense f32 weights are used in
- *   place. */
+ * - More rows (prefill, batched decode): each task dequantizes a tile of CPU_TILE_ROWS
+ *   weight rows by CPU_TILE_K columns (32 KiB, L1-sized) and runs the GEMM micro-kernel of
+ *   every x row against it, so one dequantization serves the whole batch. Dense f32 weights
+ *   are used in place. At two rows this already beats running the fused dot twice. */
 #include "backend/cpu/cpu_internal.h"
 
 #include <stdlib.h>
@@ -18,7 +18,7 @@
 #define CPU_TILE_ROWS   16  /* output rows per task on the GEMM path */
 #define CPU_TILE_K      512 /* columns per tile: a multiple of every group size */
 #define CPU_GEMV_ROWS   16  /* output rows per task on the fused path */
-#define CPU_GEMV_MAX_N  3   /* rows of x up to which the fused path is faster */
+#define CPU_GEMV_MAX_N  1   /* rows of x up to which the fused path is faster (measured) */
 #define CPU_GROUP_CHUNK 64  /* groups whose scales are converted at a time */
 
 static bool cpu_float_dtype(base_dtype dt) {
@@ -75,13 +75,20 @@ static size_t mm_row_bytes(const be_linear *w) {
     return (size_t)w->in * base_dtype_size(w->dtype);
 }
 
-/* Scales and biases of row o, groups [g0, g0 + ng), as f32. */
-static void mm_scales(const be_linear *w, int64_t o, int64_t g0, int64_t ng, float *s, float *b) {
-    size_t base = (size_t)o * (size_t)(w->in / w->group_size) + (size_t)g0;
-    for (int64_t i = 0; i < ng; i++) {
-        s[i] = base_load_float(w->scales, w->dtype, base + (size_t)i);
-        b[i] = base_load_float(w->biases, w->dtype, base + (size_t)i);
+/* Scales and biases of row o, groups [g0, g0 + ng), as f32. Converted a span at a time with
+ * the vector kernels: one call per element here would cost more than the dot itself. */
+static void mm_scales(const cpu_kernels *k, const be_linear *w, int64_t o, int64_t g0, int64_t ng,
+                      float *s, float *b) {
+    size_t first = (size_t)o * (size_t)(w->in / w->group_size) + (size_t)g0;
+    if (w->dtype == BASE_DTYPE_F32) {
+        memcpy(s, (const float *)w->scales + first, (size_t)ng * sizeof(float));
+        memcpy(b, (const float *)w->biases + first, (size_t)ng * sizeof(float));
+        return;
     }
+    void (*cvt)(const uint16_t *, float *, int64_t) =
+        w->dtype == BASE_DTYPE_F16 ? k->cvt_f16 : k->cvt_bf16;
+    cvt((const uint16_t *)w->scales + first, s, ng);
+    cvt((const uint16_t *)w->biases + first, b, ng);
 }
 
 /* Columns [k0, k0 + kb) of row o as f32 into dst; k0 and kb are multiples of the group size
@@ -103,7 +110,7 @@ static void mm_dequant(const cpu_kernels *k, const be_linear *w, int64_t o, int6
     int g = w->group_size;
     float s[CPU_TILE_K / 32], b[CPU_TILE_K / 32];
     int64_t g0 = k0 / g, ng = kb / g;
-    mm_scales(w, o, g0, ng, s, b);
+    mm_scales(k, w, o, g0, ng, s, b);
     const uint8_t *wp = row + (size_t)k0 * (size_t)w->bits / 8;
     if (w->bits == 4) {
         k->deq4(wp, s, b, ng, g, dst);
@@ -145,7 +152,7 @@ static void mm_qdot_row(const mm_ctx *c, const uint8_t *row, int64_t o, float *a
     float s[CPU_GROUP_CHUNK], b[CPU_GROUP_CHUNK];
     for (int64_t g0 = 0; g0 < n_groups; g0 += CPU_GROUP_CHUNK) {
         int64_t ng = n_groups - g0 < CPU_GROUP_CHUNK ? n_groups - g0 : CPU_GROUP_CHUNK;
-        mm_scales(w, o, g0, ng, s, b);
+        mm_scales(c->k, w, o, g0, ng, s, b);
         const uint8_t *wp = row + (size_t)(g0 * g) * (size_t)w->bits / 8;
         for (int64_t r = 0; r < c->n; r++) {
             const float *x = c->x + r * w->in + g0 * g;

@@ -1,0 +1,226 @@
+/* The decode plan: v1 or v2 from the target, the largest chunk that still reaches it, the
+ * grid and workspace bounds, the workspace size matching the largest plan, validation, the
+ * environment overrides, and rejected plans answering through gather. */
+#include "attn_test_scene.h"
+
+#include <stdlib.h>
+
+/* n decode rows of `pages` pages each (all page 0). Caller frees with free_batch. */
+static be_paged_batch decode_batch(int n, int pages, int block_size) {
+    int32_t *q_indptr = malloc((size_t)(n + 1) * sizeof(int32_t));
+    int32_t *page_indptr = malloc((size_t)(n + 1) * sizeof(int32_t));
+    int32_t *kv_len = malloc((size_t)n * sizeof(int32_t));
+    int32_t *last = malloc((size_t)n * sizeof(int32_t));
+    int32_t *indices = calloc((size_t)n * pages + 1, sizeof(int32_t));
+    for (int s = 0; s <= n; s++) {
+        q_indptr[s] = s;
+        page_indptr[s] = s * pages;
+    }
+    for (int s = 0; s < n; s++) {
+        kv_len[s] = pages * block_size;
+        last[s] = block_size;
+    }
+    return (be_paged_batch){n, n, q_indptr, kv_len, page_indptr, indices, last, NULL, NULL, NULL};
+}
+
+static void free_batch(be_paged_batch *b) {
+    free((void *)b->q_indptr);
+    free((void *)b->page_indptr);
+    free((void *)b->kv_len);
+    free((void *)b->last_page_len);
+    free((void *)b->page_indices);
+}
+
+static int64_t div_up(int64_t a, int64_t b) {
+    return (a + b - 1) / b;
+}
+
+/* With room to spare, v2 takes the largest pages per chunk that reaches the target. */
+static void chunk_choice(void) {
+    const int ns[] = {1, 2, 5}, pages_list[] = {1, 2, 7, 64, 1000}, targets[] = {1, 8, 132, 2000};
+    const int kvs[] = {1, 8};
+    static char ws[1];
+    for (size_t a = 0; a < 3; a++)
+        for (size_t b = 0; b < 5; b++)
+            for (size_t c = 0; c < 4; c++)
+                for (size_t k = 0; k < 2; k++) {
+                    int n = ns[a], pages = pages_list[b], target = targets[c], kv = kvs[k];
+                    be_paged_batch batch = decode_batch(n, pages, 16);
+                    be_decode_plan p;
+                    attn_plan_decode(&batch, 16, kv * 4, kv, 64, target, ws, UINT64_MAX, &p);
+                    int64_t items = (int64_t)n * kv;
+                    if (items >= target || pages == 1) {
+                        CHECK_MSG(p.kind == BE_DECODE_V1, "n %d pages %d target %d kv %d", n, pages,
+                                  target, kv);
+                    } else if (p.kind == BE_DECODE_V2) {
+                        CHECK(p.max_chunks == div_up(pages, p.pages_per_chunk));
+                        CHECK(p.max_chunks >= 2);
+                        /* reaches the target, or already one page per chunk */
+                        CHECK(items * p.max_chunks >= target || p.pages_per_chunk == 1);
+                        /* and one more page per chunk would not */
+                        CHECK(p.pages_per_chunk >= pages ||
+                              items * div_up(pages, p.pages_per_chunk + 1) < target);
+                    } else {
+                        /* v1 only when reaching the target needs no split */
+                        CHECK(p.kind == BE_DECODE_V1 && div_up(target, items) <= 1);
+                    }
+                    free_batch(&batch);
+                }
+}
+
+/* The chunk count never passes the grid limit, and a workspace caps it too. */
+static void chunk_bounds(void) {
+    int pages = 200000;
+    be_paged_batch b = decode_batch(1, pages, 1);
+    be_kv_layer layer = {NULL, NULL, BASE_DTYPE_F16, 1, 1, 1, 64};
+    static char big[1];
+    be_decode_plan p;
+    attn_plan_decode(&b, 1, 4, 1, 64, 1000000, big, UINT64_MAX, &p);
+    CHECK(p.kind == BE_DECODE_V2 && p.max_chunks <= ATTN_GRID_YZ_MAX);
+    CHECK((int64_t)p.max_chunks * p.pages_per_chunk >= pages);
+    p.workspace_bytes = attn_v2_bytes(1, p.max_chunks, 4, 64);
+    base_err err;
+    CHECK(attn_plan_validate(&p, &b, &layer, 4, &err) == 0);
+
+    CHECK(attn_workspace_bytes(4, 1, 64, 1, 1, pages, 1000000) ==
+          attn_v2_bytes(1, ATTN_GRID_YZ_MAX, 4, 64));
+
+    uint64_t three = attn_v2_bytes(1, 3, 4, 64);
+    attn_plan_decode(&b, 1, 4, 1, 64, 1000000, big, three, &p);
+    CHECK(p.kind == BE_DECODE_V2 && p.max_chunks <= 3 && p.max_chunks >= 2);
+    CHECK(attn_plan_validate(&p, &b, &layer, 4, &err) == 0);
+    attn_plan_decode(&b, 1, 4, 1, 64, 1000000, NULL, 0, &p);
+    CHECK(p.kind == BE_DECODE_V1);
+
+    be_decode_plan over = {BE_DECODE_V2, 4, ATTN_GRID_YZ_MAX + 1, big, UINT64_MAX};
+    CHECK(attn_plan_validate(&over, &b, &layer, 4, &err) == -1);
+    CHECK(strstr(err.msg, "max_chunks") != NULL);
+    free_batch(&b);
+
+    /* 65,536 decode rows exceed grid z for v2 and grid y for v1 */
+    be_paged_batch many = decode_batch(ATTN_GRID_YZ_MAX + 1, 1, 1);
+    be_decode_plan v1 = {.kind = BE_DECODE_V1};
+    CHECK(attn_plan_validate(&v1, &many, &layer, 4, &err) == -1);
+    be_decode_plan v2 = {BE_DECODE_V2, 1, 1, big, UINT64_MAX};
+    CHECK(attn_plan_validate(&v2, &many, &layer, 4, &err) == -1);
+    free_batch(&many);
+}
+
+/* attn_workspace_bytes is exactly what the largest plan within the limits needs. */
+static void workspace_matches_plans(void) {
+    const int targets[] = {16, 132, 512};
+    static char ws[1];
+    for (size_t t = 0; t < 6; t++) {
+        int n_heads = 12, kv = 4, dim = 64, bs = 8, max_seqs = t < 3 ? 6 : 1, max_ctx = 300;
+        uint64_t reserve =
+            attn_workspace_bytes(n_heads, kv, dim, bs, max_seqs, max_ctx, targets[t % 3]);
+        uint64_t largest = 0;
+        for (int n = 1; n <= max_seqs; n++) {
+            for (int pages = 1; pages <= div_up(max_ctx, bs); pages++) {
+                be_paged_batch b = decode_batch(n, pages, bs);
+                be_decode_plan p;
+                attn_plan_decode(&b, bs, n_heads, kv, dim, targets[t % 3], ws, UINT64_MAX, &p);
+                if (p.kind == BE_DECODE_V2) {
+                    uint64_t need = attn_v2_bytes(n, p.max_chunks, n_heads, dim);
+                    if (need > largest) largest = need;
+                }
+                free_batch(&b);
+            }
+        }
+        CHECK_MSG(reserve == largest, "target %d: reserve %llu, largest plan %llu", targets[t % 3],
+                  (unsigned long long)reserve, (unsigned long long)largest);
+    }
+}
+
+static void environment(void) {
+    be_backend be = {.target_parallelism = 40};
+    CHECK(attn_decode_target(&be) == 40);
+    setenv("MLXCEL_PAGED_DECODE_V2_TARGET_CTAS", "77", 1);
+    CHECK(attn_decode_target(&be) == 77);
+    setenv("MLXCEL_PAGED_DECODE_V2_TARGET_CTAS", "7x", 1);
+    CHECK(attn_decode_target(&be) == 40);
+    unsetenv("MLXCEL_PAGED_DECODE_V2_TARGET_CTAS");
+
+    static char ws[1];
+    be_paged_batch b = decode_batch(64, 4, 16);
+    be_decode_plan p;
+    attn_plan_decode(&b, 16, 32, 8, 128, 100, ws, UINT64_MAX, &p);
+    CHECK(p.kind == BE_DECODE_V1);
+    setenv("MLXCEL_PAGED_ATTENTION_NATIVE", "1", 1);
+    attn_plan_decode(&b, 16, 32, 8, 128, 100, ws, UINT64_MAX, &p);
+    CHECK(p.kind == BE_DECODE_V2 && p.max_chunks >= 1);
+    setenv("MLXCEL_PAGED_ATTENTION_NATIVE", "0", 1);
+    attn_plan_decode(&b, 16, 32, 8, 128, 100000, ws, UINT64_MAX, &p);
+    CHECK(p.kind == BE_DECODE_GATHER);
+    unsetenv("MLXCEL_PAGED_ATTENTION_NATIVE");
+    free_batch(&b);
+}
+
+/* Plans that validation rejects give the gather answer, which matches the reference. */
+static void rejected_plans_gather(void) {
+    be_backend *be = tb_create(2);
+    scene sc = {be, NULL, 2, 4, 8, 64, 8, BASE_DTYPE_F16};
+    kv_geometry g = {1, 2, 64, 8, BASE_DTYPE_F16};
+    base_err err;
+    CHECK(kv_pool_create(be, &g, 64, &sc.pool, &err) == 0);
+    ref_seq seqs[3] = {0};
+    ref_seq *rs[3];
+    int q_lens[3] = {37, 20, 5};
+    for (int s = 0; s < 3; s++) {
+        seqs[s].seq = kv_seq_create(sc.pool);
+        rs[s] = &seqs[s];
+    }
+    kv_batch batch;
+    CHECK(scene_step(&sc, rs, q_lens, 3, &batch) == 0);
+    kv_batch_free(&batch);
+    q_lens[0] = q_lens[1] = 1;
+    q_lens[2] = 3;
+    CHECK(scene_step(&sc, rs, q_lens, 3, &batch) == 0);
+    const be_paged_batch *b = &batch.view;
+    size_t n = (size_t)b->n_tokens * 8 * 64;
+    float *q = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float));
+    float *want = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) q[i] = frand();
+    dense_ref(&sc, rs, b, q, ref, 0.125f);
+    be_decode_plan gather = {.kind = BE_DECODE_GATHER};
+    CHECK(scene_attend(&sc, b, &gather, q, want, 0.125f) == 0);
+    CHECK(test_rel_err(want, ref, n) < 2e-5);
+    uint64_t fits = attn_v2_bytes(2, 5, 8, 64); /* the longest decode row has 5 pages */
+    void *ws = malloc(fits);
+    const be_decode_plan bad[] = {
+        {BE_DECODE_V2, 1, 4, ws, fits},                   /* 5 pages need 5 chunks */
+        {BE_DECODE_V2, 1, 5, ws, fits - 1},               /* workspace too small */
+        {BE_DECODE_V2, 1, 5, NULL, 0},                    /* no workspace */
+        {BE_DECODE_V2, 0, 5, ws, fits},                   /* no pages per chunk */
+        {(be_decode_kind)7, 1, 5, ws, fits},              /* unknown kind */
+        {BE_DECODE_V2, 1, ATTN_GRID_YZ_MAX + 1, ws, fits} /* past the grid */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK(attn_plan_validate(&bad[i], b, kv_pool_layer(sc.pool, 0), 8, &err) == -1);
+        for (size_t j = 0; j < n; j++) got[j] = NAN;
+        CHECK(scene_attend(&sc, b, &bad[i], q, got, 0.125f) == 0);
+        CHECK_MSG(memcmp(got, want, n * sizeof(float)) == 0, "rejected plan %zu", i);
+    }
+    be_decode_plan good = {BE_DECODE_V2, 1, 5, ws, fits};
+    CHECK(attn_plan_validate(&good, b, kv_pool_layer(sc.pool, 0), 8, &err) == 0);
+    CHECK(attn_plan_validate(&good, b, kv_pool_layer(sc.pool, 0), 7, &err) == -1);
+    CHECK(strstr(err.msg, "multiple") != NULL);
+    free(ws);
+    free(q);
+    free(ref);
+    free(want);
+    free(got);
+    kv_batch_free(&batch);
+    for (int s = 0; s < 3; s++) ref_free(&sc, &seqs[s]);
+    kv_pool_destroy(sc.pool);
+    tb_destroy(be);
+}
+
+int main(void) {
+    chunk_choice();
+    chunk_bounds();
+    workspace_matches_plans();
+    environment();
+    rejected_plans_gather();
+    TEST_MAIN_END();
+}

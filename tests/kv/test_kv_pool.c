@@ -1,0 +1,360 @@
+/* The block allocator: a long random run of create/adopt, append, fork, truncate and free
+ * keeps the accounting exact (kv_pool_check after every operation) and every sequence's K/V
+ * intact through its pages, with real, tiny and colliding prefix keys; plus the prefix cache
+ * contract, LRU eviction order, all-or-nothing appends and the CSR batch. */
+#include "test.h"
+#include "kv/kv_test_backend.h"
+#include "attn/attn.h"
+#include "kv/kv.h"
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 32);
+}
+
+static bool pool_ok(const kv_pool *pool, const char *after) {
+    base_err err;
+    int rc = kv_pool_check(pool, &err);
+    CHECK_MSG(rc == 0, "after %s: %s", after, err.msg);
+    return rc == 0;
+}
+
+/* K/V of the token at pos: a function of every token up to it, as in a real model, so that
+ * recomputing a prefix gives the same bits as adopting it and a block adopted under another
+ * prefix shows. Layer l adds 10 l so that each layer's copy is checked. */
+static float kv_value(const int32_t *toks, int pos, int j, int layer, int side) {
+    uint64_t h = base_hash64(BASE_HASH_SEED, toks, (size_t)(pos + 1) * sizeof(int32_t));
+    return (float)(h % 1000) + 0.001f * (float)(pos % 997) + 0.0001f * (float)j + 10.0f * layer +
+           100.0f * side;
+}
+
+/* Appends toks[start, start + n) to seq (which holds toks[0, start)) and writes their K/V in
+ * every layer. */
+static int append_written(be_backend *be, kv_pool *pool, kv_seq *seq, const int32_t *all, int start,
+                          int n, base_err *err) {
+    const int32_t *toks = all + start;
+    if (kv_seq_append(pool, seq, toks, n, err)) return -1;
+    kv_batch b;
+    if (kv_batch_build(pool, &seq, &n, 1, &b, err)) return -1;
+    const kv_geometry *g = kv_pool_geometry(pool);
+    int row = g->n_kv_heads * g->head_dim;
+    float *k = malloc((size_t)n * row * sizeof(float)),
+          *v = malloc((size_t)n * row * sizeof(float));
+    int rc = 0;
+    for (int l = 0; l < g->n_layers && rc == 0; l++) {
+        for (int i = 0; i < n; i++) {
+            for (int j = 0; j < row; j++) {
+                k[(size_t)i * row + j] = kv_value(all, b.view.positions[i], j, l, 0);
+                v[(size_t)i * row + j] = kv_value(all, b.view.positions[i], j, l, 1);
+            }
+        }
+        be_tensor kt = {k, BASE_DTYPE_F32, n, row}, vt = {v, BASE_DTYPE_F32, n, row};
+        rc = be->ops->kv_append(be, kv_pool_layer(pool, l), &kt, &vt, &b.view, err);
+    }
+    free(k);
+    free(v);
+    kv_batch_free(&b);
+    return rc;
+}
+
+/* Reads the sequence back through its page table and compares with the expected tokens. */
+static bool seq_content_ok(kv_pool *pool, kv_seq *seq, const int32_t *expect, int n) {
+    if (kv_seq_len(seq) != n) return false;
+    kv_batch b;
+    int zero = 0;
+    base_err err;
+    if (kv_batch_build(pool, &seq, &zero, 1, &b, &err)) return false;
+    const kv_geometry *g = kv_pool_geometry(pool);
+    bool ok = true;
+    for (int l = 0; l < g->n_layers; l++) {
+        const be_kv_layer *L = kv_pool_layer(pool, l);
+        for (int t = 0; t < n && ok; t++) {
+            int32_t page = b.view.page_indices[t / g->block_size];
+            int head = g->n_kv_heads - 1, j = head * g->head_dim + 1;
+            uint64_t off = kv_elem_offset(page, t % g->block_size, head, g->block_size,
+                                          g->n_kv_heads, g->head_dim);
+            ok = ((float *)L->k)[off + 1] == kv_value(expect, t, j, l, 0) &&
+                 ((float *)L->v)[off + 1] == kv_value(expect, t, j, l, 1);
+        }
+    }
+    kv_batch_free(&b);
+    return ok;
+}
+
+enum { MAX_SEQS = 12, MAX_LEN = 96 };
+
+typedef struct live_seq {
+    kv_seq *seq;
+    int32_t toks[MAX_LEN];
+    int len;
+} live_seq;
+
+/* A few shared stems so that prefixes repeat and adoption happens often. */
+static void random_tokens(int32_t *out, int n) {
+    int stem = (int)(rnd() % 3);
+    for (int i = 0; i < n; i++) out[i] = rnd() % 4 == 0 ? (int32_t)(rnd() % 3) : (stem + i) % 5;
+}
+
+static void property_run(uint64_t mask, int ops) {
+    be_backend *be = tb_create(1);
+    kv_geometry g = {2, 2, 4, 4, BASE_DTYPE_F32};
+    kv_pool *pool;
+    base_err err;
+    CHECK(kv_pool_create(be, &g, 40, &pool, &err) == 0);
+    kv_pool_set_hash_mask(pool, mask);
+    live_seq live[MAX_SEQS];
+    int n_live = 0;
+    int64_t adopted = 0, cows = 0, failures = 0;
+    for (int op = 0; op < ops; op++) {
+        int kind = (int)(rnd() % 6);
+        live_seq *s = n_live ? &live[rnd() % n_live] : NULL;
+        if (kind == 0 || !s) {
+            if (n_live == MAX_SEQS) continue;
+            s = &live[n_live++];
+            s->seq = kv_seq_create(pool);
+            int n = 1 + (int)(rnd() % 40);
+            random_tokens(s->toks, n);
+            s->len = kv_seq_adopt_prefix(pool, s->seq, s->toks, n);
+            adopted += s->len;
+            CHECK(s->len % g.block_size == 0 && s->len < n);
+            if (!pool_ok(pool, "adopt")) break;
+            kv_pool_stats before = kv_pool_get_stats(pool);
+            if (append_written(be, pool, s->seq, s->toks, s->len, n - s->len, &err) == 0) {
+                s->len = n;
+            } else {
+                kv_pool_stats after = kv_pool_get_stats(pool);
+                CHECK(memcmp(&before, &after, sizeof before) == 0);
+                failures++;
+            }
+        } else if (kind == 1 || kind == 2) {
+            int n = 1 + (int)(rnd() % 10);
+            if (s->len + n > MAX_LEN) continue;
+            random_tokens(s->toks + s->len, n);
+            kv_pool_stats before = kv_pool_get_stats(pool);
+            bool shared_tail = s->len % g.block_size != 0;
+            if (append_written(be, pool, s->seq, s->toks, s->len, n, &err) == 0) {
+                s->len += n;
+                cows += shared_tail;
+            } else {
+                kv_pool_stats after = kv_pool_get_stats(pool);
+                CHECK_MSG(memcmp(&before, &after, sizeof before) == 0 &&
+                              kv_seq_len(s->seq) == s->len,
+                          "a failed append changed the pool: %s", err.msg);
+                failures++;
+            }
+        } else if (kind == 3) {
+            if (n_live == MAX_SEQS) continue;
+            live_seq *f = &live[n_live++];
+            f->seq = kv_seq_fork(pool, s->seq);
+            memcpy(f->toks, s->toks, sizeof f->toks);
+            f->len = s->len;
+        } else if (kind == 4) {
+            s->len = s->len ? (int)(rnd() % (uint32_t)s->len) : 0;
+            kv_seq_truncate(pool, s->seq, s->len);
+        } else {
+            kv_seq_free(pool, s->seq);
+            *s = live[--n_live];
+        }
+        if (rnd() % 4) {
+            for (int i = 0; i < n_live; i++) kv_seq_commit(pool, live[i].seq);
+        }
+        if (!pool_ok(pool, "an operation")) break;
+        bool content = true;
+        for (int i = 0; i < n_live; i++)
+            content &= seq_content_ok(pool, live[i].seq, live[i].toks, live[i].len);
+        CHECK_MSG(content, "mask %llx, op %d: a sequence's K/V changed", (unsigned long long)mask,
+                  op);
+        if (!content) break;
+    }
+    /* the run must have exercised adoption, copy-on-write and a full pool */
+    CHECK_MSG(adopted > 0 && cows > 0 && failures > 0, "adopted %lld, cows %lld, failures %lld",
+              (long long)adopted, (long long)cows, (long long)failures);
+    for (int i = 0; i < n_live; i++) kv_seq_free(pool, live[i].seq);
+    kv_pool_stats st = kv_pool_get_stats(pool);
+    CHECK(st.referenced == 0 && st.free + st.cached == st.capacity);
+    pool_ok(pool, "freeing everything");
+    kv_pool_destroy(pool);
+    tb_destroy(be);
+}
+
+/* Attention output of the last token of `toks`, computed in `pool` after adopting what it
+ * can; returns the tokens adopted. */
+static int decode_output(be_backend *be, kv_pool *pool, const int32_t *toks, int n, float *out) {
+    base_err err;
+    kv_seq *seq = kv_seq_create(pool);
+    int adopted = kv_seq_adopt_prefix(pool, seq, toks, n);
+    CHECK(append_written(be, pool, seq, toks, adopted, n - adopted, &err) == 0);
+    kv_seq_commit(pool, seq);
+    kv_batch b;
+    int one = 1;
+    CHECK(kv_batch_build(pool, &seq, &one, 1, &b, &err) == 0);
+    const kv_geometry *g = kv_pool_geometry(pool);
+    int n_heads = g->n_kv_heads * 2;
+    float q[2 * 2 * 4];
+    for (int i = 0; i < n_heads * g->head_dim; i++) q[i] = 0.01f * (float)(i % 7) - 0.02f;
+    be_tensor qt = {q, BASE_DTYPE_F32, 1, n_heads * g->head_dim};
+    be_tensor ot = {out, BASE_DTYPE_F32, 1, n_heads * g->head_dim};
+    for (int l = 0; l < g->n_layers; l++)
+        CHECK(be->ops->attention(be, &qt, kv_pool_layer(pool, l), &b.view, NULL, n_heads, 0.5f, &ot,
+                                 &err) == 0);
+    kv_batch_free(&b);
+    kv_seq_free(pool, seq);
+    return adopted;
+}
+
+/* Every prefix key collides; adoption must still take only blocks whose tokens match, so the
+ * output equals a run with no cache at all. */
+static void forced_collision(void) {
+    be_backend *be = tb_create(2);
+    kv_geometry g = {2, 2, 4, 4, BASE_DTYPE_F32};
+    base_err err;
+    kv_pool *cached, *fresh;
+    CHECK(kv_pool_create(be, &g, 32, &cached, &err) == 0);
+    CHECK(kv_pool_create(be, &g, 32, &fresh, &err) == 0);
+    kv_pool_set_hash_mask(cached, 0);
+    int32_t first[17], second[17];
+    for (int i = 0; i < 17; i++) first[i] = second[i] = i % 3;
+    second[6] = 7; /* differs in block 1 only; blocks 2 and 3 hold the same tokens again */
+    float out_first[16], out_cached[16], out_fresh[16];
+    CHECK(decode_output(be, cached, first, 17, out_first) == 0);
+    int adopted = decode_output(be, cached, second, 17, out_cached);
+    CHECK_MSG(adopted == 4, "adopted %d tokens of a prefix that matches one block", adopted);
+    CHECK(decode_output(be, fresh, second, 17, out_fresh) == 0);
+    CHECK(memcmp(out_cached, out_fresh, sizeof out_fresh) == 0);
+    /* and an exact repeat adopts every full block but the one holding the last token */
+    CHECK(decode_output(be, cached, first, 17, out_cached) == 16);
+    CHECK(decode_output(be, cached, first, 16, out_cached) == 12);
+    /* a chain whose second block's tokens are cached only under another first block */
+    kv_pool *pool;
+    CHECK(kv_pool_create(be, &g, 32, &pool, &err) == 0);
+    kv_pool_set_hash_mask(pool, 0);
+    const int32_t x[9] = {1, 1, 1, 1, 2, 2, 2, 2, 9}, z[9] = {3, 3, 3, 3, 4, 4, 4, 4, 9};
+    const int32_t y[9] = {1, 1, 1, 1, 4, 4, 4, 4, 9};
+    CHECK(decode_output(be, pool, x, 9, out_first) == 0);
+    CHECK(decode_output(be, pool, z, 9, out_first) == 0);
+    CHECK(decode_output(be, pool, y, 9, out_cached) == 4);
+    CHECK(decode_output(be, fresh, y, 9, out_fresh) == 0);
+    CHECK(memcmp(out_cached, out_fresh, sizeof out_fresh) == 0);
+    pool_ok(pool, "a foreign parent");
+    kv_pool_destroy(pool);
+    pool_ok(cached, "collisions");
+    kv_pool_destroy(cached);
+    kv_pool_destroy(fresh);
+    tb_destroy(be);
+}
+
+/* Blocks enter the cache only when full and committed; the least recently released go first,
+ * and only once the free list is empty. */
+static void cache_contract(void) {
+    be_backend *be = tb_create(1);
+    kv_geometry g = {1, 1, 4, 4, BASE_DTYPE_F32};
+    base_err err;
+    kv_pool *pool;
+    CHECK(kv_pool_create(be, &g, 6, &pool, &err) == 0);
+    int32_t a[9] = {1, 1, 1, 1, 2, 2, 2, 2, 3}, c[9] = {5, 5, 5, 5, 6, 6, 6, 6, 7};
+    kv_seq *s = kv_seq_create(pool);
+    CHECK(append_written(be, pool, s, a, 0, 8, &err) == 0);
+    kv_seq_free(pool, s); /* never committed: nothing cached */
+    CHECK(kv_pool_get_stats(pool).cached == 0);
+    s = kv_seq_create(pool);
+    CHECK(kv_seq_adopt_prefix(pool, s, a, 9) == 0);
+    CHECK(append_written(be, pool, s, a, 0, 9, &err) == 0);
+    kv_seq_commit(pool, s);
+    kv_seq_free(pool, s); /* two full blocks cached, the partial one freed */
+    kv_pool_stats st = kv_pool_get_stats(pool);
+    CHECK(st.cached == 2 && st.free == 4);
+    s = kv_seq_create(pool);
+    CHECK(append_written(be, pool, s, c, 0, 9, &err) == 0);
+    kv_seq_commit(pool, s);
+    kv_seq_free(pool, s);
+    st = kv_pool_get_stats(pool);
+    CHECK(st.cached == 4 && st.free == 2); /* free blocks were used before evicting */
+    s = kv_seq_create(pool);
+    int32_t d[16] = {9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9};
+    CHECK(append_written(be, pool, s, d, 0, 16, &err) == 0); /* 2 free + 2 evicted: a's */
+    st = kv_pool_get_stats(pool);
+    CHECK(st.cached == 2 && st.free == 0 && st.referenced == 4);
+    kv_seq *probe = kv_seq_create(pool);
+    CHECK(kv_seq_adopt_prefix(pool, probe, a, 9) == 0);
+    CHECK(kv_seq_adopt_prefix(pool, probe, c, 9) == 8);
+    CHECK(kv_seq_append(pool, probe, d, 30, &err) == -1);
+    CHECK(strstr(err.msg, "blocks") != NULL);
+    pool_ok(pool, "the cache contract");
+    kv_pool_destroy(pool); /* frees the live sequences too */
+    tb_destroy(be);
+}
+
+/* Appending after a truncation into a cached block copies it first, so the cached block
+ * keeps the tokens and K/V it was cached with. */
+static void cached_block_copied(void) {
+    be_backend *be = tb_create(1);
+    kv_geometry g = {1, 1, 4, 4, BASE_DTYPE_F32};
+    base_err err;
+    kv_pool *pool;
+    CHECK(kv_pool_create(be, &g, 8, &pool, &err) == 0);
+    const int32_t t[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, other = 42;
+    kv_seq *s = kv_seq_create(pool);
+    CHECK(append_written(be, pool, s, t, 0, 8, &err) == 0);
+    kv_seq_commit(pool, s);
+    kv_seq_truncate(pool, s, 6);
+    CHECK(kv_seq_append(pool, s, &other, 1, &err) == 0);
+    kv_seq *probe = kv_seq_create(pool);
+    CHECK(kv_seq_adopt_prefix(pool, probe, t, 9) == 8);
+    CHECK(seq_content_ok(pool, probe, t, 8));
+    pool_ok(pool, "a truncated cached block");
+    kv_pool_destroy(pool);
+    tb_destroy(be);
+}
+
+/* The CSR batch of a forked pair after a copy-on-write append. */
+static void batch_fields(void) {
+    be_backend *be = tb_create(1);
+    kv_geometry g = {1, 1, 2, 4, BASE_DTYPE_F32};
+    base_err err;
+    kv_pool *pool;
+    CHECK(kv_pool_create(be, &g, 16, &pool, &err) == 0);
+    int32_t t[10] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+    kv_seq *a = kv_seq_create(pool);
+    CHECK(kv_seq_append(pool, a, t, 6, &err) == 0);
+    kv_seq *b = kv_seq_fork(pool, a);
+    CHECK(kv_seq_append(pool, b, t, 3, &err) == 0); /* copies the shared half-full block */
+    kv_seq *seqs[2] = {a, b};
+    int q[2] = {1, 4};
+    kv_batch batch;
+    CHECK(kv_batch_build(pool, seqs, q, 2, &batch, &err) == 0);
+    const be_paged_batch *v = &batch.view;
+    CHECK(v->n_seqs == 2 && v->n_tokens == 5 && batch.max_kv_len == 9 && batch.max_q_len == 4);
+    CHECK(v->q_indptr[0] == 0 && v->q_indptr[1] == 1 && v->q_indptr[2] == 5);
+    CHECK(v->kv_len[0] == 6 && v->kv_len[1] == 9);
+    CHECK(v->page_indptr[1] == 2 && v->page_indptr[2] == 5);
+    CHECK(v->last_page_len[0] == 2 && v->last_page_len[1] == 1);
+    CHECK(v->first_page_offset[0] == 0 && v->first_page_offset[1] == 0);
+    CHECK(v->page_indices[0] == v->page_indices[2]); /* shared full block */
+    CHECK(v->page_indices[1] != v->page_indices[3]); /* copied on write */
+    CHECK(v->positions[0] == 5 && v->positions[1] == 5 && v->positions[4] == 8);
+    CHECK(v->slots[0] == (int64_t)v->page_indices[1] * 4 + 1);
+    CHECK(v->slots[4] == (int64_t)v->page_indices[4] * 4 + 0);
+    base_err e2;
+    CHECK(attn_batch_check(v, kv_pool_layer(pool, 0), &e2) == 0);
+    kv_batch_free(&batch);
+    kv_pool_destroy(pool);
+    tb_destroy(be);
+}
+
+int main(void) {
+    /* 131,073 blocks of [32, 8, 128]: the last block starts past 2^32 elements */
+    CHECK(kv_elem_offset(131072, 0, 0, 32, 8, 128) == 4294967296ull);
+    CHECK(kv_elem_offset(131072, 31, 7, 32, 8, 128) == 4294967296ull + 31 * 1024 + 7 * 128);
+    property_run(UINT64_MAX, 3000);
+    property_run(0, 3000);
+    property_run(3, 3000);
+    forced_collision();
+    cache_contract();
+    cached_block_copied();
+    batch_fields();
+    TEST_MAIN_END();
+}
