@@ -337,7 +337,7 @@ static int plan_running(engine_sched *s, int *budget, bool *preempted) {
         for (int i = 0; i<s->n_running && * budget> 0; i++) {
             sreq *q = s->running[i];
             int p = pending(q);
-            if ((pass == 0) != (p == 1)) continue;
+            if (p <= 0 || (pass == 0) != (p == 1)) continue;
             int len = p < s->o.prefill_chunk ? p : s->o.prefill_chunk;
             if (len > *budget) len = *budget;
             if (!reserve(s, q, len, &n, budget, preempted)) {
@@ -397,9 +397,10 @@ static void emit_text(sreq *q, engine_event *ev, bool final, bool *stop_hit) {
 
 /* After the event was delivered: drops the shown text from the held buffer. */
 static void consume_text(sreq *q, size_t shown) {
+    if (shown == 0) return;
     memmove(q->held, q->held + shown, q->held_len - shown);
     q->held_len -= shown;
-    if (q->held) q->held[q->held_len] = 0;
+    q->held[q->held_len] = 0;
 }
 
 static bool is_eos(const engine_sched *s, int32_t t) {
