@@ -99,7 +99,7 @@ int cli_cmd_generate(int argc, char **argv) {
     int rc = engine_runtime_open(f.rt.model, &f.rt.opts, &rt, &err);
     engine_generate_result res = {0};
     if (rc == 0) {
-        int max_new = f.n_predict < 0 ? rt->ctx_size : (int)f.n_predict;
+        int max_new = f.n_predict < 0 ? rt->kv_plan.ctx_size : (int)f.n_predict;
         rc = engine_generate(rt, prompt, n_prompt, max_new, &f.sampling, NULL, NULL, &res, &err);
         engine_runtime_close(rt);
     }

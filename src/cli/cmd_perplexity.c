@@ -23,8 +23,7 @@ static const char *g_help =
 
 /* Sum of -log p(token[j] | tokens[<j]) for j in [first, n), from the logits of every
  * position. */
-static double window_nll(const float *logits, const int32_t *tokens, int first, int n,
-                         int vocab) {
+static double window_nll(const float *logits, const int32_t *tokens, int first, int n, int vocab) {
     double nll = 0;
     for (int j = first; j < n; j++) {
         const float *row = logits + (size_t)(j - 1) * vocab;
@@ -68,7 +67,7 @@ int cli_cmd_perplexity(int argc, char **argv) {
     free(text);
     engine_runtime *rt = NULL;
     if (rc == 0) rc = engine_runtime_open(rtf.model, &rtf.opts, &rt, &err);
-    int ctx = rc == 0 ? rt->ctx_size : 0, windows = ctx ? n / ctx : 0;
+    int ctx = rc == 0 ? rt->kv_plan.ctx_size : 0, windows = ctx ? n / ctx : 0;
     if (rc == 0 && windows == 0)
         rc = base_fail(&err, "%s: %d tokens is less than one window of %d (-c)", file, n, ctx);
     int32_t bos = rt ? model_config(rt->model)->bos_token_id : -1;
@@ -85,7 +84,8 @@ int cli_cmd_perplexity(int argc, char **argv) {
         nll += window_nll(logits, window, first + 1, ctx, model_config(rt->model)->vocab_size);
         scored += ctx - 1 - first;
         free(logits);
-        fprintf(stderr, "[%d]%.4f%s", w + 1, exp(nll / (double)scored), w + 1 < windows ? "," : "\n");
+        fprintf(stderr, "[%d]%.4f%s", w + 1, exp(nll / (double)scored),
+                w + 1 < windows ? "," : "\n");
     }
     if (rc == 0)
         printf("perplexity: %.4f over %ld tokens in %d windows of %d\n", exp(nll / (double)scored),

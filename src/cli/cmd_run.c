@@ -48,8 +48,8 @@ static const char *demo_model_dir(char *buf, size_t size) {
         exe[n] = 0;
         char *slash = strrchr(exe, '/');
         if (slash) *slash = 0;
-        snprintf(buf, size, "%s/../../models/demo", exe);
-        if (base_dir_exists(buf)) return buf;
+        int len = snprintf(buf, size, "%.*s/../../models/demo", (int)(size - 32), exe);
+        if (len > 0 && (size_t)len < size && base_dir_exists(buf)) return buf;
     }
     snprintf(buf, size, "%s/models/demo", MLXCEL_SOURCE_DIR);
     return buf;
@@ -192,7 +192,7 @@ int cli_cmd_run(int argc, char **argv) {
         engine_prompter_close(s.pr);
         return cli_fail(&err);
     }
-    s.max_new = n_predict < 0 ? s.rt->ctx_size : (int)n_predict;
+    s.max_new = n_predict < 0 ? s.rt->kv_plan.ctx_size : (int)n_predict;
     s.messages = json_array();
     struct sigaction sa = {.sa_handler = on_sigint};
     sigaction(SIGINT, &sa, NULL);

@@ -68,16 +68,38 @@ typedef struct engine_options {
 
 void engine_options_defaults(engine_options *o);
 
-typedef struct engine_runtime {
-    be_backend *be; /* owned */
-    model *model;   /* owned */
-    kv_pool *pool;  /* owned */
-    int ctx_size;   /* resolved per-sequence context */
+/* How the KV pool is sized for a model on a backend: the breakdown `mlxcel inspect` prints. */
+typedef struct engine_kv_plan {
+    kv_geometry geom;
+    int ctx_size; /* per-sequence context limit */
     int n_parallel;
+    uint64_t weights_bytes;
+    uint64_t kv_bytes_per_token; /* K and V, all layers */
+    uint64_t kv_bytes_per_block;
+    uint64_t reserve_bytes; /* v2 decode workspace, from the real geometry */
+    uint64_t budget_bytes;  /* what the pool may use, reserve included */
+    int64_t kv_blocks;      /* what the budget buys (not capped by the context) */
+    int64_t blocks_per_seq; /* a full-context sequence */
+} engine_kv_plan;
+
+/* Sizes the pool: with no budget, n_parallel full-context sequences; with BYTES, what they
+ * buy after the reserve; with auto, a fraction of the backend's free memory minus weights
+ * and activations. A budget that cannot hold one full-context sequence is an error naming
+ * both numbers. */
+int engine_plan_kv(const io_model_config *cfg, uint64_t weights_bytes, be_backend *be,
+                   const engine_options *opts, engine_kv_plan *plan, base_err *err);
+
+typedef struct engine_runtime {
+    be_backend *be;         /* owned */
+    model *model;           /* owned */
+    kv_pool *pool;          /* owned */
+    engine_kv_plan kv_plan; /* how the pool was sized: context, parallel sequences, blocks */
 } engine_runtime;
 
-/* Creates the backend, loads the model, sizes and allocates the KV pool. A budget that
- * buys no block is an error naming both numbers. */
+/* The backend opts->device names: "cpu", "cuda", or "auto" (CUDA when a GPU is usable). */
+int engine_backend_open(const engine_options *opts, be_backend **be, base_err *err);
+
+/* Creates the backend, loads the model, sizes (engine_plan_kv) and allocates the KV pool. */
 int engine_runtime_open(const char *model_dir, const engine_options *opts, engine_runtime **out,
                         base_err *err);
 void engine_runtime_close(engine_runtime *rt);

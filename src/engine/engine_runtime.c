@@ -18,7 +18,7 @@ void engine_options_defaults(engine_options *o) {
                           .kv_budget = NULL};
 }
 
-static int open_backend(const engine_options *o, be_backend **be, base_err *err) {
+int engine_backend_open(const engine_options *o, be_backend **be, base_err *err) {
     const char *dev = o->device ? o->device : "auto";
     if (strcmp(dev, "cpu") == 0) return be_cpu_create(o->n_threads, be, err);
     if (strcmp(dev, "cuda") == 0) return be_cuda_create(0, be, err);
@@ -29,35 +29,18 @@ static int open_backend(const engine_options *o, be_backend **be, base_err *err)
     return be_cpu_create(o->n_threads, be, err);
 }
 
-/* Blocks for the pool: enough for n_parallel sequences of ctx_size tokens, one spare block
- * each for copy-on-write. */
-static int engine_size_pool(engine_runtime *rt, const engine_options *o, const kv_geometry *g,
-                            int64_t *blocks, base_err *err) {
-    int64_t per_seq = ((int64_t)rt->ctx_size + g->block_size - 1) / g->block_size + 1;
-    *blocks = per_seq * rt->n_parallel;
-    return 0;
-}
-
 int engine_runtime_open(const char *model_dir, const engine_options *o, engine_runtime **out,
                         base_err *err) {
     engine_runtime *rt = base_xcalloc(1, sizeof *rt);
-    if (open_backend(o, &rt->be, err) || model_load(model_dir, rt->be, &rt->model, err)) {
+    if (engine_backend_open(o, &rt->be, err) || model_load(model_dir, rt->be, &rt->model, err) ||
+        engine_plan_kv(model_config(rt->model), model_weight_bytes(rt->model), rt->be, o,
+                       &rt->kv_plan, err)) {
         engine_runtime_close(rt);
         return -1;
     }
-    const io_model_config *c = model_config(rt->model);
-    rt->ctx_size = o->ctx_size > 0 ? o->ctx_size : c->max_position_embeddings;
-    if (o->ctx_size <= 0 && rt->ctx_size > 4096) rt->ctx_size = 4096;
-    rt->n_parallel = o->n_parallel > 0 ? o->n_parallel : 1;
-    int bs = o->kv_block_size > 0 ? o->kv_block_size : KV_DEFAULT_BLOCK_SIZE;
-    base_dtype kv_dt = o->kv_dtype != BASE_DTYPE_COUNT    ? o->kv_dtype
-                       : strcmp(rt->be->name, "cpu") == 0 ? BASE_DTYPE_F32
-                                                          : BASE_DTYPE_F16;
-    kv_geometry g = model_kv_geometry(rt->model, bs, kv_dt);
-    int64_t blocks = 0;
-    if (engine_size_pool(rt, o, &g, &blocks, err) ||
-        model_reserve_decode(rt->model, bs, rt->n_parallel, rt->ctx_size, err) ||
-        kv_pool_create(rt->be, &g, blocks, &rt->pool, err)) {
+    const engine_kv_plan *kp = &rt->kv_plan;
+    if (model_reserve_decode(rt->model, kp->geom.block_size, kp->n_parallel, kp->ctx_size, err) ||
+        kv_pool_create(rt->be, &kp->geom, kp->kv_blocks, &rt->pool, err)) {
         engine_runtime_close(rt);
         return -1;
     }
@@ -101,9 +84,9 @@ static int prefill(engine_runtime *rt, kv_seq *seq, const int32_t *tokens, int n
 
 static int check_prompt(const engine_runtime *rt, int n_prompt, base_err *err) {
     if (n_prompt <= 0) return base_fail(err, "the prompt is empty");
-    if (n_prompt > rt->ctx_size)
+    if (n_prompt > rt->kv_plan.ctx_size)
         return base_fail(err, "the prompt has %d tokens, more than the context size (%d; -c)",
-                         n_prompt, rt->ctx_size);
+                         n_prompt, rt->kv_plan.ctx_size);
     return 0;
 }
 
@@ -159,7 +142,7 @@ int engine_generate(engine_runtime *rt, const int32_t *prompt, int n_prompt, int
                     engine_generate_result *res, base_err *err) {
     memset(res, 0, sizeof *res);
     if (check_prompt(rt, n_prompt, err)) return -1;
-    if (max_new > rt->ctx_size - n_prompt) max_new = rt->ctx_size - n_prompt;
+    if (max_new > rt->kv_plan.ctx_size - n_prompt) max_new = rt->kv_plan.ctx_size - n_prompt;
     if (max_new <= 0) return 0;
     const io_model_config *c = model_config(rt->model);
     engine_sampler *sampler;

@@ -90,8 +90,6 @@ kv_seq *kv_seq_fork(kv_pool *pool, const kv_seq *seq);
  * page * block_size + slot and positions kv_len - q_len + i. */
 typedef struct kv_batch {
     be_paged_batch view;
-    int max_kv_len;
-    int max_q_len;
     void *storage; /* owned */
 } kv_batch;
 

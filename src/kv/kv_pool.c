@@ -553,8 +553,8 @@ int kv_batch_build(const kv_pool *pool, kv_seq *const *seqs, const int *q_lens, 
         kv_len[s] = sq->len;
         last_page_len[s] = sq->n_pages ? sq->len - (sq->n_pages - 1) * bs : 0;
         first_page_offset[s] = 0;
-        if (q_lens[s] > out->max_q_len) out->max_q_len = q_lens[s];
-        if (sq->len > out->max_kv_len) out->max_kv_len = sq->len;
+        if (q_lens[s] > out->view.max_q_len) out->view.max_q_len = q_lens[s];
+        if (sq->len > out->view.max_kv_len) out->view.max_kv_len = sq->len;
         for (int i = 0; i < q_lens[s]; i++, t++) {
             int pos = sq->len - q_lens[s] + i;
             positions[t] = pos;

@@ -170,7 +170,16 @@ static void first_page_offset_case(base_dtype dt) {
     const int32_t q_indptr[3] = {0, 1, 5}, kv_len[2] = {LEN, LEN}, page_indptr[3] = {0, 3, 6};
     const int32_t page_indices[6] = {5, 2, 9, 5, 2, 9}, last[2] = {LEN + OFF - 2 * BS, 7};
     const int32_t first[2] = {OFF, OFF};
-    be_paged_batch b = {2, 5, q_indptr, kv_len, page_indptr, page_indices, last, first, NULL, NULL};
+    be_paged_batch b = {.n_seqs = 2,
+                        .n_tokens = 5,
+                        .max_q_len = 4,
+                        .max_kv_len = LEN,
+                        .q_indptr = q_indptr,
+                        .kv_len = kv_len,
+                        .page_indptr = page_indptr,
+                        .page_indices = page_indices,
+                        .last_page_len = last,
+                        .first_page_offset = first};
     ref_seq *rs[2] = {&r, &r};
     check_all_paths(&sc, rs, &b);
     free(r.k);

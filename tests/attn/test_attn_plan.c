@@ -20,7 +20,15 @@ static be_paged_batch decode_batch(int n, int pages, int block_size) {
         kv_len[s] = pages * block_size;
         last[s] = block_size;
     }
-    return (be_paged_batch){n, n, q_indptr, kv_len, page_indptr, indices, last, NULL, NULL, NULL};
+    return (be_paged_batch){.n_seqs = n,
+                            .n_tokens = n,
+                            .max_q_len = 1,
+                            .max_kv_len = pages * block_size,
+                            .q_indptr = q_indptr,
+                            .kv_len = kv_len,
+                            .page_indptr = page_indptr,
+                            .page_indices = indices,
+                            .last_page_len = last};
 }
 
 static void free_batch(be_paged_batch *b) {

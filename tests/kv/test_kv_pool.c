@@ -327,7 +327,7 @@ static void batch_fields(void) {
     kv_batch batch;
     CHECK(kv_batch_build(pool, seqs, q, 2, &batch, &err) == 0);
     const be_paged_batch *v = &batch.view;
-    CHECK(v->n_seqs == 2 && v->n_tokens == 5 && batch.max_kv_len == 9 && batch.max_q_len == 4);
+    CHECK(v->n_seqs == 2 && v->n_tokens == 5 && v->max_kv_len == 9 && v->max_q_len == 4);
     CHECK(v->q_indptr[0] == 0 && v->q_indptr[1] == 1 && v->q_indptr[2] == 5);
     CHECK(v->kv_len[0] == 6 && v->kv_len[1] == 9);
     CHECK(v->page_indptr[1] == 2 && v->page_indptr[2] == 5);

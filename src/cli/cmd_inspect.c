@@ -1,0 +1,94 @@
+/* `mlxcel inspect`: the memory breakdown of a model, from its headers and config only. */
+#include "cli/cli_runtime.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+
+static const char *g_help =
+    "usage: mlxcel inspect -m MODEL [-c N] [-np N] [--kv-cache-budget BYTES|auto] [--json]\n"
+    "\n"
+    "Reads config.json and the safetensors headers (no weights) and prints how memory would\n"
+    "be used: weights, KV bytes per token and per block, the decode workspace reserve, the\n"
+    "KV blocks the budget buys and the context that fits per sequence at -np.\n"
+    "\n"
+    "options:\n"
+    "%s"
+    "  -np, --parallel N        sequences served at once (default 1)\n"
+    "      --json               one JSON object\n"
+    "\n"
+    "example:\n"
+    "  mlxcel inspect -m ./Llama-3.2-1B-Instruct-4bit -c 8192 -np 4 --kv-cache-budget 4Gi\n";
+
+static void print_plan(const char *model_dir, const io_model_config *c, const engine_kv_plan *p,
+                       const char *backend, bool json) {
+    int64_t fit = p->n_parallel ? p->kv_blocks * p->geom.block_size / p->n_parallel : 0;
+    if (json) {
+        json_t *o =
+            json_pack("{s:s, s:s, s:s, s:I, s:i, s:i, s:s, s:I, s:i, s:I, s:I, s:I, s:I, s:I}",
+                      "model", model_dir, "arch", io_arch_name(c->arch), "backend", backend,
+                      "weights_bytes", (json_int_t)p->weights_bytes, "ctx_size", p->ctx_size,
+                      "parallel", p->n_parallel, "kv_dtype", base_dtype_name(p->geom.dtype),
+                      "kv_bytes_per_token", (json_int_t)p->kv_bytes_per_token, "kv_block_size",
+                      p->geom.block_size, "kv_bytes_per_block", (json_int_t)p->kv_bytes_per_block,
+                      "decode_workspace_reserve_bytes", (json_int_t)p->reserve_bytes,
+                      "kv_budget_bytes", (json_int_t)p->budget_bytes, "kv_blocks",
+                      (json_int_t)p->kv_blocks, "context_fits_per_seq", (json_int_t)fit);
+        char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        printf("%s\n", s);
+        free(s);
+        json_decref(o);
+        return;
+    }
+    printf("model            %s (%s, %d layers, %d/%d heads, head_dim %d)\n", model_dir,
+           io_arch_name(c->arch), c->num_hidden_layers, c->num_attention_heads,
+           c->num_key_value_heads, c->head_dim);
+    printf("backend          %s\n", backend);
+    printf("weights          %llu bytes\n", (unsigned long long)p->weights_bytes);
+    printf("KV per token     %llu bytes (%s, K and V, all layers)\n",
+           (unsigned long long)p->kv_bytes_per_token, base_dtype_name(p->geom.dtype));
+    printf("KV block         %d tokens, %llu bytes\n", p->geom.block_size,
+           (unsigned long long)p->kv_bytes_per_block);
+    printf("decode reserve   %llu bytes\n", (unsigned long long)p->reserve_bytes);
+    printf("KV budget        %llu bytes\n", (unsigned long long)p->budget_bytes);
+    printf("KV blocks        %lld\n", (long long)p->kv_blocks);
+    printf("context          %d per sequence (-c); %lld tokens fit per sequence at -np %d\n",
+           p->ctx_size, (long long)fit, p->n_parallel);
+}
+
+int cli_cmd_inspect(int argc, char **argv) {
+    cli_runtime_flags rtf;
+    cli_runtime_init(&rtf);
+    bool json = false;
+    long np = 1;
+    cli_parser p;
+    cli_parser_init(&p, "inspect", argc, argv);
+    while (cli_next(&p)) {
+        if (cli_flag(&p, "-h", "--help")) {
+            printf(g_help, cli_runtime_help());
+            return CLI_OK;
+        }
+        if (cli_take_runtime(&p, &rtf) || cli_take_int(&p, "-np", "--parallel", 1, 65536, &np))
+            continue;
+        if (cli_flag(&p, NULL, "--json")) {
+            json = true;
+            continue;
+        }
+        cli_unknown(&p);
+    }
+    if (cli_done(&p)) return CLI_USAGE;
+    if (!rtf.model) return cli_usage_fail("inspect: -m MODEL is required");
+    rtf.opts.n_parallel = (int)np;
+    base_err err;
+    io_model_config cfg;
+    uint64_t weights;
+    be_backend *be = NULL;
+    engine_kv_plan plan;
+    if (io_config_load(rtf.model, &cfg, &err)) return cli_fail(&err);
+    int rc = io_checkpoint_peek_bytes(rtf.model, &weights, &err);
+    if (rc == 0) rc = engine_backend_open(&rtf.opts, &be, &err);
+    if (rc == 0) rc = engine_plan_kv(&cfg, weights, be, &rtf.opts, &plan, &err);
+    if (rc == 0) print_plan(rtf.model, &cfg, &plan, be->name, json);
+    if (be) be_destroy(be);
+    io_config_free(&cfg);
+    return rc ? cli_fail(&err) : CLI_OK;
+}
