@@ -432,7 +432,7 @@ int attn_cpu_attention(base_pool *pool, const be_tensor *q, const be_kv_layer *l
                                   &decode_seq, &n_decode);
     c.items = items;
     c.decode_seq = decode_seq;
-    if (plan->kind == BE_DECODE_V2) {
+    if (plan->kind == BE_DECODE_V2 && n_decode > 0) {
         c.partial = plan->workspace;
         c.lse = c.partial + (size_t)n_decode * plan->max_chunks * n_heads * layer->head_dim;
     }

@@ -87,6 +87,44 @@ static bool is_cased(int32_t cp) {
     return c == UTF8PROC_CATEGORY_LU || c == UTF8PROC_CATEGORY_LL || c == UTF8PROC_CATEGORY_LT;
 }
 
+/* Python's full case mappings where one character becomes several (SpecialCasing.txt, the
+ * unconditional ones that occur in practice); utf8proc maps one to one. */
+static const struct {
+    int32_t cp;
+    const char *upper, *title, *lower; /* NULL: the one-to-one mapping */
+} g_special_case[] = {
+    {0x00DF, "SS", "Ss", NULL},
+    {0x0130, NULL, NULL, "i\xCC\x87"},
+    {0x0149, "\xCA\xBCN", "\xCA\xBCN", NULL},
+    {0xFB00, "FF", "Ff", NULL},
+    {0xFB01, "FI", "Fi", NULL},
+    {0xFB02, "FL", "Fl", NULL},
+    {0xFB03, "FFI", "Ffi", NULL},
+    {0xFB04, "FFL", "Ffl", NULL},
+    {0xFB05, "ST", "St", NULL},
+    {0xFB06, "ST", "St", NULL},
+};
+
+typedef enum { TO_SAME, TO_UPPER, TO_TITLE, TO_LOWER } case_target;
+
+static int put_case(chat_buf *b, int32_t cp, case_target to, const char *orig, size_t len) {
+    if (to == TO_SAME || cp > 0x10FFFF) return chat_buf_put(b, orig, len);
+    for (size_t i = 0; i < sizeof g_special_case / sizeof g_special_case[0]; i++) {
+        if (g_special_case[i].cp != cp) continue;
+        const char *m = to == TO_UPPER   ? g_special_case[i].upper
+                        : to == TO_TITLE ? g_special_case[i].title
+                                         : g_special_case[i].lower;
+        if (m) return chat_buf_puts(b, m);
+    }
+    int32_t m = to == TO_UPPER   ? utf8proc_toupper(cp)
+                : to == TO_TITLE ? utf8proc_totitle(cp)
+                                 : utf8proc_tolower(cp);
+    if (m == cp) return chat_buf_put(b, orig, len);
+    utf8proc_uint8_t enc[4];
+    utf8proc_ssize_t n = utf8proc_encode_char(m, enc);
+    return chat_buf_put(b, (const char *)enc, (size_t)n);
+}
+
 /* CASE_TITLE is Python's str.title (a letter after a cased letter goes lower); CASE_WORDS is
  * Jinja's title filter (words start after whitespace, '-', '(', '{', '[' or '<'). */
 static int change_case(chat_render *R, int line, const cv_str *s, case_mode mode, cv *out) {
@@ -96,16 +134,16 @@ static int change_case(chat_render *R, int line, const cv_str *s, case_mode mode
     for (size_t i = 0; i < s->len && !rc;) {
         int32_t cp;
         int k = chat_utf8_next((const unsigned char *)s->p + i, s->len - i, &cp);
-        int32_t to = cp;
+        case_target to = TO_SAME;
         switch (mode) {
         case CASE_UPPER:
-            to = utf8proc_toupper(cp);
+            to = TO_UPPER;
             break;
         case CASE_LOWER:
-            to = utf8proc_tolower(cp);
+            to = TO_LOWER;
             break;
         case CASE_TITLE:
-            to = boundary ? utf8proc_totitle(cp) : utf8proc_tolower(cp);
+            to = boundary ? TO_TITLE : TO_LOWER;
             boundary = !is_cased(cp);
             break;
         case CASE_WORDS:
@@ -113,21 +151,15 @@ static int change_case(chat_render *R, int line, const cv_str *s, case_mode mode
                 cp == '<') {
                 boundary = true;
             } else {
-                to = boundary ? utf8proc_toupper(cp) : utf8proc_tolower(cp);
+                to = boundary ? TO_UPPER : TO_LOWER;
                 boundary = false;
             }
             break;
         case CASE_CAPITALIZE:
-            to = i == 0 ? utf8proc_totitle(cp) : utf8proc_tolower(cp);
+            to = i == 0 ? TO_TITLE : TO_LOWER;
             break;
         }
-        if (to == cp || cp > 0x10FFFF) {
-            rc = chat_buf_put(&b, s->p + i, (size_t)k);
-        } else {
-            utf8proc_uint8_t enc[4];
-            utf8proc_ssize_t n = utf8proc_encode_char(to, enc);
-            rc = chat_buf_put(&b, (const char *)enc, (size_t)n);
-        }
+        rc = put_case(&b, cp, to, s->p + i, (size_t)k);
         i += (size_t)k;
     }
     return buf_done(R, line, &b, rc, out);
@@ -406,7 +438,6 @@ typedef struct sort_ctx {
     chat_render *R;
     int line;
     bool ignore_case, reverse;
-    int failed;
 } sort_ctx;
 
 /* Insertion-stable merge sort: qsort is not stable and Python's sort is. */
@@ -446,11 +477,12 @@ static cv fold_case(chat_render *R, cv v, bool ignore_case) {
 
 #define FILTERS(X)                                                                                 \
     X(abs)                                                                                         \
-    X(attr) X(capitalize) X(count) X(d) X(default) X(dictsort) X(first) X(float) X(format)         \
-        X(indent) X(int) X(items) X(join) X(last) X(length) X(list) X(lower) X(map) X(max) X(min)  \
-            X(reject) X(rejectattr) X(replace) X(reverse) X(round) X(safe) X(select) X(selectattr) \
-                X(sort) X(string) X(sum) X(title) X(tojson) X(trim) X(unique) X(upper)             \
-                    X(wordcount)
+    X(attr)                                                                                        \
+    X(capitalize)                                                                                  \
+    X(count) X(d) X(default) X(dictsort) X(first) X(float) X(format) X(indent) X(int) X(items)     \
+        X(join) X(last) X(length) X(list) X(lower) X(map) X(max) X(min) X(reject) X(rejectattr)    \
+            X(replace) X(reverse) X(round) X(safe) X(select) X(selectattr) X(sort) X(string)       \
+                X(sum) X(title) X(tojson) X(trim) X(unique) X(upper) X(wordcount)
 
 #define FILTER_ENUM(n) F_##n,
 enum { FILTERS(FILTER_ENUM) F_COUNT };
@@ -534,7 +566,7 @@ static int filter_sort(chat_render *R, int line, int id, cv x, const chat_args *
     const cv_str *path = NULL;
     bool ignore_case = !arg_bool(A, id == F_sort ? 1 : 0, "case_sensitive", false);
     if (arg_str(R, line, A, id == F_sort ? 2 : 1, "attribute", &path)) return -1;
-    sort_ctx S = {R, line, ignore_case, id == F_sort && arg_bool(A, 0, "reverse", false), 0};
+    sort_ctx S = {R, line, ignore_case, id == F_sort && arg_bool(A, 0, "reverse", false)};
     sort_item *it = malloc((in->n ? in->n : 1) * sizeof *it);
     if (!it) return chat_oom(R, line);
     for (size_t i = 0; i < in->n; i++) {
@@ -571,7 +603,7 @@ static int filter_dictsort(chat_render *R, int line, cv x, const chat_args *A, c
     bool by_value = by && by->len == 5 && memcmp(by->p, "value", 5) == 0;
     if (by && !by_value && !(by->len == 3 && memcmp(by->p, "key", 3) == 0))
         return chat_rfail(R, line, "dictsort: 'by' must be 'key' or 'value'");
-    sort_ctx S = {R, line, ignore_case, arg_bool(A, 2, "reverse", false), 0};
+    sort_ctx S = {R, line, ignore_case, arg_bool(A, 2, "reverse", false)};
     size_t n = x.d->n;
     sort_item *it = malloc((n ? n : 1) * sizeof *it);
     if (!it) return chat_oom(R, line);
@@ -913,10 +945,11 @@ int chat_apply_filter(chat_render *R, int line, int id, cv x, const chat_args *A
 
 #define TESTS(X)                                                                                   \
     X(boolean)                                                                                     \
-    X(callable) X(defined) X(divisibleby) X(eq) X(equalto) X(escaped) X(even) X(false) X(float)    \
-        X(ge) X(greaterthan) X(gt) X(in) X(integer) X(iterable) X(le) X(lessthan) X(lower) X(lt)   \
-            X(mapping) X(ne) X(none) X(number) X(odd) X(sameas) X(sequence) X(string) X(true)      \
-                X(undefined) X(upper)
+    X(callable)                                                                                    \
+    X(defined)                                                                                     \
+    X(divisibleby) X(eq) X(equalto) X(escaped) X(even) X(false) X(float) X(ge) X(greaterthan)      \
+        X(gt) X(in) X(integer) X(iterable) X(le) X(lessthan) X(lower) X(lt) X(mapping) X(ne)       \
+            X(none) X(number) X(odd) X(sameas) X(sequence) X(string) X(true) X(undefined) X(upper)
 
 #define TEST_ENUM(n) TS_##n,
 enum { TESTS(TEST_ENUM) TS_COUNT };

@@ -530,9 +530,9 @@ int chat_to_json(chat_buf *b, cv v, int indent, const char *item_sep, const char
         for (size_t i = 0; i < n; i++) {
             keys[i] = &v.d->keys[i];
             if (keys[i]->t != CV_STR) {
-                free(keys);
                 snprintf(msg, msg_size, "tojson: dict keys must be strings, not %s",
-                         chat_type_name(*keys[i]));
+                         chat_type_name(v.d->keys[i]));
+                free(keys);
                 return -1;
             }
         }

@@ -17,6 +17,7 @@ static const char *g_help =
     "options:\n"
     "%s"
     "  -f, --file FILE          the text\n"
+    "      --chunks N           score only the first N windows (default: all)\n"
     "\n"
     "example:\n"
     "  mlxcel perplexity -f heldout.txt -c 256\n";
@@ -40,6 +41,7 @@ int cli_cmd_perplexity(int argc, char **argv) {
     cli_runtime_flags rtf;
     cli_runtime_init(&rtf);
     const char *file = NULL;
+    long chunks = -1;
     cli_parser p;
     cli_parser_init(&p, "perplexity", argc, argv);
     while (cli_next(&p)) {
@@ -47,7 +49,9 @@ int cli_cmd_perplexity(int argc, char **argv) {
             printf(g_help, cli_runtime_help());
             return CLI_OK;
         }
-        if (cli_take_runtime(&p, &rtf) || cli_take(&p, "-f", "--file", &file)) continue;
+        if (cli_take_runtime(&p, &rtf) || cli_take(&p, "-f", "--file", &file) ||
+            cli_take_int(&p, NULL, "--chunks", 1, 1 << 30, &chunks))
+            continue;
         cli_unknown(&p);
     }
     if (cli_done(&p)) return CLI_USAGE;
@@ -68,6 +72,7 @@ int cli_cmd_perplexity(int argc, char **argv) {
     engine_runtime *rt = NULL;
     if (rc == 0) rc = engine_runtime_open(rtf.model, &rtf.opts, &rt, &err);
     int ctx = rc == 0 ? rt->kv_plan.ctx_size : 0, windows = ctx ? n / ctx : 0;
+    if (chunks > 0 && windows > chunks) windows = (int)chunks;
     if (rc == 0 && windows == 0)
         rc = base_fail(&err, "%s: %d tokens is less than one window of %d (-c)", file, n, ctx);
     int32_t bos = rt ? model_config(rt->model)->bos_token_id : -1;

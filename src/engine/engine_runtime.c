@@ -75,6 +75,7 @@ static int prefill(engine_runtime *rt, kv_seq *seq, const int32_t *tokens, int n
         for (int i = 0; i < n_out; i++) rows[i] = all ? i : len - 1;
         float *dst = all ? all + (size_t)start * vocab : last;
         rc = model_forward(rt->model, rt->pool, &batch, tokens + start, rows, n_out, dst, err);
+        if (rc == 0) kv_seq_commit(rt->pool, seq); /* full blocks become reusable prefixes */
         kv_batch_free(&batch);
         start += len;
     }
@@ -134,6 +135,7 @@ static int decode_loop(engine_runtime *rt, kv_seq *seq, engine_sampler *sampler,
         int rc = model_forward(rt->model, rt->pool, &batch, &t, &row, 1, logits, err);
         kv_batch_free(&batch);
         if (rc) return -1;
+        kv_seq_commit(rt->pool, seq);
     }
 }
 

@@ -544,17 +544,18 @@ int kv_batch_build(const kv_pool *pool, kv_seq *const *seqs, const int *q_lens, 
     int32_t *positions = page_indices + n_pages;
     int bs = pool->geom.block_size;
     q_indptr[0] = page_indptr[0] = 0;
-    int t = 0;
+    int t = 0, max_q_len = 0, max_kv_len = 0;
     for (int s = 0; s < n_seqs; s++) {
         const kv_seq *sq = seqs[s];
         q_indptr[s + 1] = q_indptr[s] + q_lens[s];
         page_indptr[s + 1] = page_indptr[s] + sq->n_pages;
-        memcpy(page_indices + page_indptr[s], sq->pages, (size_t)sq->n_pages * sizeof(int32_t));
+        if (sq->n_pages)
+            memcpy(page_indices + page_indptr[s], sq->pages, (size_t)sq->n_pages * sizeof(int32_t));
         kv_len[s] = sq->len;
         last_page_len[s] = sq->n_pages ? sq->len - (sq->n_pages - 1) * bs : 0;
         first_page_offset[s] = 0;
-        if (q_lens[s] > out->view.max_q_len) out->view.max_q_len = q_lens[s];
-        if (sq->len > out->view.max_kv_len) out->view.max_kv_len = sq->len;
+        if (q_lens[s] > max_q_len) max_q_len = q_lens[s];
+        if (sq->len > max_kv_len) max_kv_len = sq->len;
         for (int i = 0; i < q_lens[s]; i++, t++) {
             int pos = sq->len - q_lens[s] + i;
             positions[t] = pos;
@@ -563,6 +564,8 @@ int kv_batch_build(const kv_pool *pool, kv_seq *const *seqs, const int *q_lens, 
     }
     out->view = (be_paged_batch){.n_seqs = n_seqs,
                                  .n_tokens = (int)n_tokens,
+                                 .max_q_len = max_q_len,
+                                 .max_kv_len = max_kv_len,
                                  .q_indptr = q_indptr,
                                  .kv_len = kv_len,
                                  .page_indptr = page_indptr,

@@ -260,7 +260,7 @@ void tok_decoder_free(tok_decoder *d) {
 
 static void ids_append(int32_t **arr, size_t *n, const int32_t *add, size_t n_add) {
     *arr = base_xrealloc(*arr, (*n + n_add + 1) * sizeof **arr);
-    memcpy(*arr + *n, add, n_add * sizeof *add);
+    if (n_add) memcpy(*arr + *n, add, n_add * sizeof *add);
     *n += n_add;
 }
 

@@ -120,7 +120,7 @@ static void random_scene(base_dtype dt, int n_kv, int group, int head_dim, int b
             seqs[s].seq = kv_seq_create(sc.pool);
         }
         rs[s] = &seqs[s];
-        int h = fork ? irand(0, 20) : irand(1, 90);
+        int h = fork ? irand(0, 20) : irand(1, 200);
         if (h) {
             hist[n_hist] = rs[s];
             q_lens[n_hist++] = h;
@@ -192,7 +192,7 @@ int main(void) {
     const base_dtype dts[] = {BASE_DTYPE_F32, BASE_DTYPE_F16, BASE_DTYPE_BF16};
     const int groups[] = {1, 2, 4, 8, 16}, dims[] = {64, 128, 256}, blocks[] = {4, 16, 32};
     for (int d = 0; d < 3; d++) {
-        for (int i = 0; i < 6; i++) {
+        for (int i = 0; i < 10; i++) {
             int group = groups[irand(0, 4)];
             int n_kv = group >= 8 ? 1 : irand(1, 2);
             random_scene(dts[d], n_kv, group, dims[irand(0, 2)], blocks[irand(0, 2)]);

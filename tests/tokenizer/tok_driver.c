@@ -113,9 +113,11 @@ static int run_bench(const char *dir, const char *file) {
     size_t n;
     int rc = tok_encode(tok, data, len, false, &ids, &n, &err);
     double t2 = base_now();
-    if (rc) fprintf(stderr, "tok_driver: %s\n", err.msg);
-    else printf("{\"load_s\":%.4f,\"encode_s\":%.4f,\"bytes\":%zu,\"tokens\":%zu}\n", t1 - t0,
-                t2 - t1, len, n);
+    if (rc)
+        fprintf(stderr, "tok_driver: %s\n", err.msg);
+    else
+        printf("{\"load_s\":%.4f,\"encode_s\":%.4f,\"bytes\":%zu,\"tokens\":%zu}\n", t1 - t0,
+               t2 - t1, len, n);
     free(ids);
     free(data);
     tok_free(tok);

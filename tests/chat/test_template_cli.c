@@ -1,0 +1,92 @@
+/* `mlxcel template`: the variables it passes, exact output bytes, and exit statuses. */
+#include "base/base.h"
+#include "test.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char g_dir[64];
+
+static void write_file(const char *name, const char *text) {
+    char *path = base_path_join(g_dir, name);
+    FILE *f = fopen(path, "wb");
+    fputs(text, f);
+    fclose(f);
+    free(path);
+}
+
+/* Runs `mlxcel template <args>` in g_dir; returns the exit status, stdout in out. */
+static int run(const char *args, char *out, size_t size) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "cd %s && %s/mlxcel template %s 2>/dev/null", g_dir,
+             getenv("MLXCEL_BIN_DIR"), args);
+    FILE *p = popen(cmd, "r");
+    size_t n = p ? fread(out, 1, size - 1, p) : 0;
+    out[n] = 0;
+    int status = p ? pclose(p) : -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int main(void) {
+    char cwd[512];
+    CHECK(getcwd(cwd, sizeof cwd) != NULL);
+    strcpy(g_dir, "/tmp/mlxcel-template-XXXXXX");
+    CHECK(mkdtemp(g_dir) != NULL);
+    /* The commands run inside g_dir, so the binary's folder must be absolute. */
+    const char *bin = getenv("MLXCEL_BIN_DIR");
+    if (!bin) bin = "build/bin";
+    if (bin[0] != '/') {
+        char abs_bin[1024];
+        snprintf(abs_bin, sizeof abs_bin, "%s/%s", cwd, bin);
+        setenv("MLXCEL_BIN_DIR", abs_bin, 1);
+    }
+    write_file(
+        "tokenizer_config.json",
+        "{\"bos_token\": {\"content\": \"<s>\"}, \"eos_token\": \"</s>\", \"pad_token\": "
+        "null, \"chat_template\": \"{{ bos_token }}{% for m in messages %}[{{ m.role }}:"
+        "{{ m.content }}]{% endfor %}{% if tools is none %}T0{% endif %}{% for t in tools or [] "
+        "%}T{{ t.name }}{% endfor %}{% if pad_token is defined %}P{% endif %}"
+        "{% if add_generation_prompt %}>{% endif %}{{ extra }}\\n\"}");
+    write_file("tokenizer.json", "{}");
+    write_file("chat.json", "[{\"role\": \"user\", \"content\": \"hi\"}]");
+    write_file("obj.json", "{\"messages\": [{\"role\": \"user\", \"content\": \"é\"}], "
+                           "\"tools\": [{\"name\": \"f\"}], \"extra\": \"X\"}");
+    write_file("other.jinja", "{{ eos_token }}{{ messages | length }}");
+    write_file("bad.json", "{\"messages\": 3}");
+
+    char out[4096];
+    /* The template ends in "\n"; the single trailing newline is dropped as Jinja does, and
+     * nothing is added after the prompt. */
+    CHECK(run("-m . --messages chat.json", out, sizeof out) == 0);
+    CHECK_MSG(strcmp(out, "<s>[user:hi]T0>") == 0, "got [%s]", out);
+    CHECK(run("-m . --messages chat.json --no-generation-prompt", out, sizeof out) == 0);
+    CHECK_MSG(strcmp(out, "<s>[user:hi]T0") == 0, "got [%s]", out);
+    CHECK(run("-m . --messages obj.json", out, sizeof out) == 0);
+    CHECK_MSG(strcmp(out, "<s>[user:é]Tf>X") == 0, "got [%s]", out);
+    CHECK(run("-m . --messages obj.json --kwargs '{\"extra\": \"K\", \"bos_token\": \"\"}'", out,
+              sizeof out) == 0);
+    CHECK_MSG(strcmp(out, "[user:é]Tf>K") == 0, "got [%s]", out);
+    CHECK(run("-m . --messages chat.json --chat-template-file other.jinja", out, sizeof out) == 0);
+    CHECK_MSG(strcmp(out, "</s>1") == 0, "got [%s]", out);
+    CHECK(run("--help", out, sizeof out) == 0 && strstr(out, "example:"));
+
+    CHECK(run("--messages chat.json", out, sizeof out) == 2);
+    CHECK(run("-m .", out, sizeof out) == 2);
+    CHECK(run("-m . --messages chat.json --bogus", out, sizeof out) == 2);
+    CHECK(run("-m . --messages chat.json --kwargs '[1]'", out, sizeof out) == 2);
+    CHECK(run("-m . --messages chat.json --kwargs", out, sizeof out) == 2);
+    CHECK(run("-m nowhere --messages chat.json", out, sizeof out) == 1);
+    CHECK(run("-m . --messages missing.json", out, sizeof out) == 1);
+    CHECK(run("-m . --messages bad.json", out, sizeof out) == 1);
+    CHECK(run("-m . --messages chat.json --chat-template-file missing.jinja", out, sizeof out) ==
+          1);
+    write_file("broken.jinja", "{% if %}");
+    CHECK(run("-m . --messages chat.json --chat-template-file broken.jinja", out, sizeof out) == 1);
+
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    CHECK(system(cmd) == 0);
+    TEST_MAIN_END();
+}
