@@ -577,12 +577,12 @@ static void *sched_main(void *arg) {
 static void resolve_options(const engine_runtime *rt, const engine_sched_options *in,
                             engine_sched_options *o) {
     *o = *in;
-    if (o->n_parallel <= 0) o->n_parallel = rt->n_parallel > 0 ? rt->n_parallel : 1;
+    if (o->n_parallel <= 0) o->n_parallel = rt->kv_plan.n_parallel > 0 ? rt->kv_plan.n_parallel : 1;
     if (o->max_batch_tokens <= 0) o->max_batch_tokens = SCHED_DEFAULT_BATCH_TOKENS;
     /* every running sequence must get its decode row in every step */
     if (o->max_batch_tokens < o->n_parallel) o->max_batch_tokens = o->n_parallel;
     if (o->prefill_chunk <= 0) o->prefill_chunk = SCHED_DEFAULT_PREFILL_CHUNK;
-    if (o->ctx_size <= 0 || o->ctx_size > rt->ctx_size) o->ctx_size = rt->ctx_size;
+    if (o->ctx_size <= 0 || o->ctx_size > rt->kv_plan.ctx_size) o->ctx_size = rt->kv_plan.ctx_size;
 }
 
 int engine_sched_start(engine_runtime *rt, const engine_sched_options *opts, engine_sched **out,
