@@ -50,6 +50,7 @@ function startServer(args, env = {}) {
       if (m) resolve({ url: `http://${m[1]}:${m[2]}`, child, log: () => log });
     });
     child.on('exit', (code) => reject(new Error(`server exited ${code}: ${log}`)));
+    child.on('error', reject);
   });
 }
 
