@@ -127,6 +127,17 @@ int engine_generate(engine_runtime *rt, const int32_t *prompt, int n_prompt, int
                     const engine_sampling *sampling, engine_token_fn on_token, void *ctx,
                     engine_generate_result *res, base_err *err);
 
+/* ---- measurements (mlxcel bench) ---- */
+
+/* Seconds to run a prompt of n_tokens (fixed pseudo-random ids) through the model. */
+int engine_bench_prefill(engine_runtime *rt, int n_tokens, double *seconds, base_err *err);
+/* Seconds for n_steps decode steps of n_seqs sequences at once (after a first token each). */
+int engine_bench_decode(engine_runtime *rt, int n_seqs, int n_steps, double *seconds,
+                        base_err *err);
+/* The backend's copy bandwidth (bytes read + written per second, best of 4 copies of
+ * 256 MiB): the ceiling a decode step's weight reads are measured against. */
+int engine_bench_copy_bandwidth(be_backend *be, double *bytes_per_second, base_err *err);
+
 /* ---- prompts: tokenizer + chat template of a model directory ---- */
 
 typedef struct engine_prompter {
