@@ -2,7 +2,7 @@
 """A random-weight bf16 checkpoint shaped like a real model, for benchmarks (numpy only; runs
 anywhere). Quantize it with `mlxcel quantize` for the MLX 4-bit benchmarks.
 
-    python3 tools/make_random_model.py llama-3.2-1b /tmp/llama1b-bf16
+    /usr/bin/python3 tools/make_random_model.py llama-3.2-1b /tmp/llama1b-bf16
     build/bin/mlxcel quantize -m /tmp/llama1b-bf16 -o /tmp/llama1b-q4 --bits 4 --group-size 64
 """
 
