@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_internal.h"
 
 #include <algorithm>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,73 +112,141 @@ int main(int argc, char **argv) {
     srand(7);
     for (int64_t i = nblocks - 1; i > 0; i--) std::swap(perm[i], perm[rand() % (i + 1)]);
 
-    printf("\n%-12s %9s | %8s %6s | %8s %6s %5s | %8s %6s %5s\n", "batch x ctx", "KV MB", "v1 TB/s",
-           "/copy", "v2 TB/s", "/copy", "ppc", "v2@2x", "/copy", "ppc");
+    /* Every shape's batch, q, output and v2 plans (at the target and at twice it), once. */
+    struct shape_run {
+        int B, L, pages;
+        be_paged_batch db;
+        void *mem[5];
+        be_tensor q, out;
+        be_decode_plan v1, v2[2];
+        double kv_bytes;
+        std::vector<uint16_t> ref; /* v1 output at the default pipeline (bf16 bits) */
+    };
+    std::vector<shape_run> runs;
     for (auto &shape : shapes) {
-        const int B = shape[0], L = shape[1], pages = L / BS;
-        std::vector<int32_t> q_indptr(B + 1), kv_len(B, L), page_indptr(B + 1), last(B, BS),
+        shape_run r = {};
+        r.B = shape[0], r.L = shape[1], r.pages = r.L / BS;
+        const int B = r.B, pages = r.pages;
+        std::vector<int32_t> q_indptr(B + 1), kv_len(B, r.L), page_indptr(B + 1), last(B, BS),
             idx((size_t)B * pages);
         for (int b = 0; b <= B; b++) q_indptr[b] = b, page_indptr[b] = b * pages;
         for (size_t i = 0; i < idx.size(); i++) idx[i] = perm[i];
-        be_paged_batch db = {};
-        db.n_seqs = B;
-        db.n_tokens = B;
-        db.max_q_len = 1;
-        db.max_kv_len = L;
-        void *m[5];
         const std::vector<int32_t> *src[5] = {&q_indptr, &kv_len, &page_indptr, &idx, &last};
         for (int i = 0; i < 5; i++) {
             size_t bytes = src[i]->size() * 4;
-            if (be->ops->alloc(be, bytes, &m[i], &err) ||
-                be->ops->upload(be, m[i], src[i]->data(), bytes, &err))
+            if (be->ops->alloc(be, bytes, &r.mem[i], &err) ||
+                be->ops->upload(be, r.mem[i], src[i]->data(), bytes, &err))
                 die("batch", &err);
         }
-        db.q_indptr = (int32_t *)m[0];
-        db.kv_len = (int32_t *)m[1];
-        db.page_indptr = (int32_t *)m[2];
-        db.page_indices = (int32_t *)m[3];
-        db.last_page_len = (int32_t *)m[4];
-        be_tensor q = {NULL, BASE_DTYPE_BF16, B, NQ * HD}, out = q;
-        if (be->ops->alloc(be, (size_t)B * NQ * HD * 2, &q.data, &err) ||
-            be->ops->alloc(be, (size_t)B * NQ * HD * 2, &out.data, &err))
+        r.db.n_seqs = B;
+        r.db.n_tokens = B;
+        r.db.max_q_len = 1;
+        r.db.max_kv_len = r.L;
+        r.db.q_indptr = (int32_t *)r.mem[0];
+        r.db.kv_len = (int32_t *)r.mem[1];
+        r.db.page_indptr = (int32_t *)r.mem[2];
+        r.db.page_indices = (int32_t *)r.mem[3];
+        r.db.last_page_len = (int32_t *)r.mem[4];
+        r.q = {NULL, BASE_DTYPE_BF16, B, NQ * HD};
+        r.out = r.q;
+        if (be->ops->alloc(be, (size_t)B * NQ * HD * 2, &r.q.data, &err) ||
+            be->ops->alloc(be, (size_t)B * NQ * HD * 2, &r.out.data, &err))
             die("q", &err);
-        cuda_ok(cudaMemsetAsync(q.data, 0x31, (size_t)B * NQ * HD * 2, st), "q");
-        double kv_bytes = (double)B * L * NKV * HD * 2 * 2;
-        float scale = 0.08838834764831845f;
-        auto run = [&](const be_decode_plan *plan) {
-            return time_ms(st, reps, [&] {
-                if (be->ops->attention(be, &q, &layer, &db, plan, NQ, scale, &out, &err))
-                    die("attention", &err);
-            });
-        };
-        be_decode_plan v1 = {};
-        v1.kind = BE_DECODE_V1;
-        float t1 = run(&v1);
-        int ppc[2];
-        float t2[2];
+        std::vector<uint16_t> qh((size_t)B * NQ * HD);
+        for (auto &v : qh) v = base_f32_to_bf16(4.0f * (rand() / (float)RAND_MAX - 0.5f));
+        if (be->ops->upload(be, r.q.data, qh.data(), qh.size() * 2, &err)) die("q", &err);
+        r.kv_bytes = (double)B * r.L * NKV * HD * 2 * 2;
+        r.v1.kind = BE_DECODE_V1;
         for (int k = 0; k < 2; k++) {
-            be_decode_plan v2 = {};
+            be_decode_plan &v2 = r.v2[k];
             v2.kind = BE_DECODE_V2;
-            ppc[k] = plan_ppc(pages, B, be->target_parallelism * (k + 1));
-            v2.pages_per_chunk = ppc[k];
-            v2.max_chunks = (pages + ppc[k] - 1) / ppc[k];
+            v2.pages_per_chunk = plan_ppc(pages, B, be->target_parallelism * (k + 1));
+            v2.max_chunks = (pages + v2.pages_per_chunk - 1) / v2.pages_per_chunk;
             v2.workspace_bytes = (uint64_t)B * v2.max_chunks * NQ * (HD + 1) * 4;
             if (be->ops->alloc(be, v2.workspace_bytes, &v2.workspace, &err)) die("workspace", &err);
-            t2[k] = run(&v2);
-            be->ops->free(be, v2.workspace);
         }
-        double r1 = kv_bytes / (t1 * 1e-3) / 1e12, r2 = kv_bytes / (t2[0] * 1e-3) / 1e12,
-               r3 = kv_bytes / (t2[1] * 1e-3) / 1e12;
+        runs.push_back(r);
+    }
+    const float scale = 0.08838834764831845f;
+    auto tbs = [&](shape_run &r, const be_decode_plan *plan) {
+        float ms = time_ms(st, reps, [&] {
+            if (be->ops->attention(be, &r.q, &layer, &r.db, plan, NQ, scale, &r.out, &err))
+                die("attention", &err);
+        });
+        return r.kv_bytes / (ms * 1e-3) / 1e12;
+    };
+    /* Largest relative difference of r.out from r.ref: every timed variant must compute the
+     * same function. */
+    auto out_diff = [&](shape_run &r) {
+        std::vector<uint16_t> got(r.ref.size());
+        if (be->ops->download(be, got.data(), r.out.data, got.size() * 2, &err)) die("out", &err);
+        double num = 0, den = 0;
+        for (size_t i = 0; i < got.size(); i++) {
+            double a = base_bf16_to_f32(got[i]), b = base_bf16_to_f32(r.ref[i]);
+            num += (a - b) * (a - b);
+            den += b * b;
+        }
+        return num == num ? sqrt(num / (den > 0 ? den : 1)) : INFINITY;
+    };
+    for (auto &r : runs) {
+        if (be->ops->attention(be, &r.q, &layer, &r.db, &r.v1, NQ, scale, &r.out, &err))
+            die("attention", &err);
+        r.ref.resize((size_t)r.B * NQ * HD);
+        if (be->ops->download(be, r.ref.data(), r.out.data, r.ref.size() * 2, &err))
+            die("out", &err);
+    }
+
+    /* Sweep of the pipeline (shared-memory stages x L2 prefetch pages) on v2. */
+    cuda_backend *cb = cuda_impl(be);
+    const int def_stages = cb->att_stages, def_prefetch = cb->att_prefetch;
+    const int sweep[][2] = {{2, 0}, {3, 0}, {4, 0}, {2, 4},  {3, 2}, {3, 4},
+                            {3, 8}, {4, 4}, {2, 8}, {3, 16}, {4, 8}};
+    printf("\nsweep: v2 TB/s by stages/prefetch (default %d/%d)\n%-8s", def_stages, def_prefetch,
+           "st/pf");
+    for (auto &r : runs) printf(" %10dx%-6d", r.B, r.L);
+    printf(" %8s\n", "geomean");
+    double best_g = 0;
+    int best[2] = {def_stages, def_prefetch};
+    for (auto &cfg : sweep) {
+        cb->att_stages = cfg[0];
+        cb->att_prefetch = cfg[1];
+        double lg = 0, worst = 0;
+        printf("%3d/%-4d", cfg[0], cfg[1]);
+        for (auto &r : runs) {
+            double t = tbs(r, &r.v2[0]);
+            worst = std::max(worst, out_diff(r));
+            lg += log(t);
+            printf(" %17.3f", t);
+        }
+        double g = exp(lg / runs.size());
+        printf(" %8.3f  (max diff from v1 %.1e)\n", g, worst);
+        if (!(worst < 1e-2)) {
+            printf("MISMATCH: stages %d prefetch %d differ from v1\n", cfg[0], cfg[1]);
+            continue;
+        }
+        if (g > best_g) best_g = g, best[0] = cfg[0], best[1] = cfg[1];
+    }
+    cb->att_stages = best[0];
+    cb->att_prefetch = best[1];
+    printf("best stages %d prefetch %d\n", best[0], best[1]);
+
+    printf("\n%-12s %9s | %8s %6s | %8s %6s %5s | %8s %6s %5s\n", "batch x ctx", "KV MB", "v1 TB/s",
+           "/copy", "v2 TB/s", "/copy", "ppc", "v2@2x", "/copy", "ppc");
+    for (auto &r : runs) {
+        double r1 = tbs(r, &r.v1), r2 = tbs(r, &r.v2[0]), r3 = tbs(r, &r.v2[1]);
         char name[32];
-        snprintf(name, sizeof name, "%dx%d", B, L);
+        snprintf(name, sizeof name, "%dx%d", r.B, r.L);
         printf("%-12s %9.1f | %8.3f %6.2f | %8.3f %6.2f %5d | %8.3f %6.2f %5d\n", name,
-               kv_bytes / 1e6, r1, r1 / copy_tbs, r2, r2 / copy_tbs, ppc[0], r3, r3 / copy_tbs,
-               ppc[1]);
+               r.kv_bytes / 1e6, r1, r1 / copy_tbs, r2, r2 / copy_tbs, r.v2[0].pages_per_chunk, r3,
+               r3 / copy_tbs, r.v2[1].pages_per_chunk);
         fprintf(stderr, "shape %s v1_tbs %.4f v2_tbs %.4f v2x2_tbs %.4f copy_tbs %.4f\n", name, r1,
                 r2, r3, copy_tbs);
-        for (int i = 0; i < 5; i++) be->ops->free(be, m[i]);
-        be->ops->free(be, q.data);
-        be->ops->free(be, out.data);
+    }
+    for (auto &r : runs) {
+        for (int i = 0; i < 5; i++) be->ops->free(be, r.mem[i]);
+        be->ops->free(be, r.q.data);
+        be->ops->free(be, r.out.data);
+        for (int k = 0; k < 2; k++) be->ops->free(be, r.v2[k].workspace);
     }
     be->ops->free(be, layer.k);
     be->ops->free(be, layer.v);

@@ -3,11 +3,12 @@
  *
  * Design: one CTA per (token row, kv head, chunk) serves the whole GQA group of that kv head
  * (up to ATT_MAX_GROUP query heads; larger groups split into sub-groups), so each K/V byte is
- * read once per group. Pages stream through shared memory with cp.async, ATT_STAGES deep, and
- * only the page's live tokens are fetched. Per page:
- *   scores: 4 threads per token, each a quarter of head_dim, for every head of the group
- *           (the K chunk is loaded once and used for all heads); chunk order is rotated by
- *           token so a warp's shared-memory reads fall in distinct banks;
+ * read once per group. Pages stream through shared memory with cp.async (the backend's
+ * att_stages deep, only the page's live tokens), and att_prefetch pages beyond those are
+ * prefetched into L2 so that enough bytes are in flight to cover the memory latency. Per page:
+ *   scores: NP threads per token, each holding its share of q for every head of the group in
+ *           registers (the K chunk is loaded once and used for all heads), summed by shuffles;
+ *           K chunks are swizzled in shared memory so a warp's reads fall in distinct banks;
  *   softmax: online, one warp per head, in the log2 domain (q is pre-scaled by log2 e);
  *   values: each thread owns 8 dims of every head and a slice of the tokens, reads 16 bytes
  *           of V per token and the group's probabilities in one broadcast; slices are summed
@@ -21,12 +22,14 @@
 #include <limits.h>
 #include <string.h>
 
-#define ATT_THREADS   128
-#define ATT_STAGES    3
-#define ATT_MAX_GROUP 8
-#define ATT_GRID_MAX  65535
-#define ATT_LOG2E     1.4426950408889634f
-#define ATT_LN2       0.6931471805599453f
+#define ATT_THREADS    128
+#define ATT_MIN_STAGES 2
+#define ATT_MAX_STAGES 5
+#define ATT_SMEM_MAX   (227 * 1024)
+#define ATT_MAX_GROUP  8
+#define ATT_GRID_MAX   65535
+#define ATT_LOG2E      1.4426950408889634f
+#define ATT_LN2        0.6931471805599453f
 
 typedef struct att_params {
     const void *q;
@@ -45,6 +48,8 @@ typedef struct att_params {
     float *partial; /* (n_decode, max_chunks, n_heads, head_dim) */
     float *lse;     /* (n_decode, max_chunks, n_heads) */
     float scale_log2;
+    int stages;   /* shared-memory pages in flight + 1, ATT_MIN_STAGES..ATT_MAX_STAGES */
+    int prefetch; /* pages prefetched into L2 beyond the shared-memory stages */
 } att_params;
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
@@ -56,6 +61,20 @@ __device__ __forceinline__ void cp_async_commit(void) {
 }
 template <int N> __device__ __forceinline__ void cp_async_wait(void) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+/* Waits until at most n copy groups are pending (n is uniform and small). */
+__device__ __forceinline__ void cp_async_wait_n(int n) {
+    if (n <= 0)
+        cp_async_wait<0>();
+    else if (n == 1)
+        cp_async_wait<1>();
+    else if (n == 2)
+        cp_async_wait<2>();
+    else
+        cp_async_wait<3>();
+}
+__device__ __forceinline__ void prefetch_l2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 
 template <typename KT> __device__ __forceinline__ float2 to_float2(uint32_t w);
@@ -104,22 +123,38 @@ __device__ int decode_rank(const att_params &p, int s) {
     return r;
 }
 
-template <int D, int GB> struct att_smem {
+template <int D, int GB> struct att_geom {
     static constexpr int CH = D / 8;             /* 16-byte chunks per token row */
     static constexpr int NTG = ATT_THREADS / CH; /* token slices in the value phase */
     static constexpr int RED = NTG * GB * D;     /* floats of the final slice reduction */
+    /* Score phase: NP threads share a token, each holding DPT dims of q for every head of the
+     * group in registers (DPT * GB = 64 floats at most), CPT chunks of them. */
+    static constexpr int DPT = (64 / GB < 8) ? 8 : (64 / GB > D ? D : 64 / GB);
+    static constexpr int NP = D / DPT;
+    static constexpr int CPT = DPT / 8;
+    static constexpr int TPP = ATT_THREADS / NP; /* tokens per pass */
 };
 
+/* Where chunk c of K token t lies in shared memory: the chunk's index among a thread's CPT
+ * chunks is XORed with the token, so the NP-thread groups of one warp, which read the same
+ * chunk of different tokens, hit distinct banks. */
+template <int NP, int CPT> __device__ __forceinline__ int k_swizzle(int t, int c) {
+    return (((c / NP) ^ (t % CPT)) * NP) + c % NP;
+}
+
+/* Four CTAs per SM fit the shared memory of three stages at head_dim 128; a group of 8 holds
+ * twice the registers (q and the accumulators), so it settles for three rather than spill. */
 template <int D, int GB, typename KT>
-__global__ void __launch_bounds__(ATT_THREADS) paged_attention_kernel(att_params p) {
-    using S = att_smem<D, GB>;
-    constexpr int CH = S::CH, NTG = S::NTG, QCH = CH / 4;
+__global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
+    paged_attention_kernel(att_params p) {
+    using S = att_geom<D, GB>;
+    constexpr int CH = S::CH, NTG = S::NTG, NP = S::NP, CPT = S::CPT, DPT = S::DPT;
     extern __shared__ __align__(16) unsigned char smem[];
-    const int bs = p.block_size, tid = threadIdx.x;
+    const int bs = p.block_size, tid = threadIdx.x, n_st = p.stages;
     const size_t stage_elems = (size_t)bs * D;
     KT *kbuf = (KT *)smem;
-    KT *vbuf = kbuf + ATT_STAGES * stage_elems;
-    size_t stage_bytes = 2 * ATT_STAGES * stage_elems * sizeof(KT);
+    KT *vbuf = kbuf + n_st * stage_elems;
+    size_t stage_bytes = 2 * n_st * stage_elems * sizeof(KT);
     size_t red_bytes = (size_t)S::RED * sizeof(float);
     float *red = (float *)smem;
     float *q_s = (float *)(smem + (stage_bytes > red_bytes ? stage_bytes : red_bytes)); /* GB*D */
@@ -172,10 +207,31 @@ __global__ void __launch_bounds__(ATT_THREADS) paged_attention_kernel(att_params
             for (int c = lo * CH + tid; c < hi * CH; c += ATT_THREADS) {
                 int t = c / CH, cc = c % CH;
                 uint64_t off = base + (uint64_t)t * row_stride + (uint64_t)cc * 8;
-                cp_async16(kd + t * D + cc * 8, kp + off);
+                cp_async16(kd + t * D + k_swizzle<NP, CPT>(t, cc) * 8, kp + off);
                 cp_async16(vd + t * D + cc * 8, vp + off);
             }
         };
+        /* Pages further ahead go to L2 only, so more bytes are in flight than the stages
+         * hold; a token row of D halves is D / 64 lines of 128 bytes. */
+        constexpr int LPR = D / 64;
+        auto prefetch = [&](int pg) {
+            const uint64_t base = (uint64_t)pages[pg] * (uint64_t)bs * row_stride;
+            for (int i = tid; i < 2 * bs * LPR; i += ATT_THREADS) {
+                const int side = i / (bs * LPR), r = (i / LPR) % bs, l = i % LPR;
+                prefetch_l2((side ? vp : kp) + base + (uint64_t)r * row_stride + l * 64);
+            }
+        };
+        for (int pg = p_begin + n_st - 1; pg < p_begin + n_st - 1 + p.prefetch && pg < p_end; pg++)
+            prefetch(pg);
+        __syncthreads();
+        const int part = tid % NP;
+        float qr[GB][DPT];
+#pragma unroll
+        for (int h = 0; h < GB; h++)
+#pragma unroll
+            for (int k = 0; k < CPT; k++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) qr[h][k * 8 + e] = q_s[h * D + (k * NP + part) * 8 + e];
 
         float acc[GB][8];
 #pragma unroll
@@ -183,50 +239,48 @@ __global__ void __launch_bounds__(ATT_THREADS) paged_attention_kernel(att_params
 #pragma unroll
             for (int k = 0; k < 8; k++) acc[h][k] = 0.0f;
 
-#pragma unroll
-        for (int st = 0; st < ATT_STAGES - 1; st++) {
+        for (int st = 0; st < n_st - 1; st++) {
             if (p_begin + st < p_end) issue(st, p_begin + st);
             cp_async_commit();
         }
         for (int pg = p_begin, it = 0; pg < p_end; pg++, it++) {
-            cp_async_wait<ATT_STAGES - 2>();
+            cp_async_wait_n(n_st - 2);
             __syncthreads();
-            if (pg + ATT_STAGES - 1 < p_end)
-                issue((it + ATT_STAGES - 1) % ATT_STAGES, pg + ATT_STAGES - 1);
+            if (pg + n_st - 1 < p_end) issue((it + n_st - 1) % n_st, pg + n_st - 1);
             cp_async_commit();
-            const KT *kt = kbuf + (it % ATT_STAGES) * stage_elems;
-            const KT *vt = vbuf + (it % ATT_STAGES) * stage_elems;
+            if (p.prefetch && pg + n_st - 1 + p.prefetch < p_end)
+                prefetch(pg + n_st - 1 + p.prefetch);
+            const KT *kt = kbuf + (it % n_st) * stage_elems;
+            const KT *vt = vbuf + (it % n_st) * stage_elems;
             int lo, hi;
             live(pg, lo, hi);
 
-            /* scores: thread = (token, quarter of head_dim) */
-            const int part = tid & 3;
-            for (int tb = 0; tb < bs; tb += ATT_THREADS / 4) {
-                const int t = tb + (tid >> 2);
+            /* scores: NP threads per token, q in registers */
+            for (int tb = 0; tb < bs; tb += S::TPP) {
+                const int t = tb + tid / NP;
                 const bool ok = t >= lo && t < hi;
                 float dot[GB];
 #pragma unroll
                 for (int h = 0; h < GB; h++) dot[h] = 0.0f;
                 if (ok) {
 #pragma unroll
-                    for (int j = 0; j < QCH; j++) {
-                        const int c = ((j + t) % QCH) * 4 + part;
+                    for (int k = 0; k < CPT; k++) {
                         float kf[8];
-                        cvt8<KT>(*(const uint4 *)(kt + t * D + c * 8), kf);
+                        cvt8<KT>(
+                            *(const uint4 *)(kt + t * D + k_swizzle<NP, CPT>(t, k * NP + part) * 8),
+                            kf);
 #pragma unroll
-                        for (int h = 0; h < GB; h++) {
-                            const float4 q0 = *(const float4 *)(q_s + h * D + c * 8);
-                            const float4 q1 = *(const float4 *)(q_s + h * D + c * 8 + 4);
-                            dot[h] += q0.x * kf[0] + q0.y * kf[1] + q0.z * kf[2] + q0.w * kf[3] +
-                                      q1.x * kf[4] + q1.y * kf[5] + q1.z * kf[6] + q1.w * kf[7];
-                        }
+                        for (int h = 0; h < GB; h++)
+#pragma unroll
+                            for (int e = 0; e < 8; e++)
+                                dot[h] = fmaf(qr[h][k * 8 + e], kf[e], dot[h]);
                     }
                 }
 #pragma unroll
-                for (int h = 0; h < GB; h++) {
-                    dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], 1);
-                    dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], 2);
-                }
+                for (int h = 0; h < GB; h++)
+#pragma unroll
+                    for (int o = NP / 2; o > 0; o >>= 1)
+                        dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], o);
                 if (part == 0 && t < bs) {
 #pragma unroll
                     for (int h = 0; h < GB; h++) sc_s[t * GB + h] = ok ? dot[h] : -INFINITY;
@@ -334,8 +388,8 @@ template <int D> __global__ void __launch_bounds__(D) merge_kernel(att_params p)
     }
 }
 
-static size_t att_smem_bytes(int head_dim, int gb, int block_size, size_t kv_size) {
-    size_t stages = 2 * ATT_STAGES * (size_t)block_size * head_dim * kv_size;
+static size_t att_smem_bytes(int head_dim, int gb, int block_size, int n_stages, size_t kv_size) {
+    size_t stages = 2 * (size_t)n_stages * block_size * head_dim * kv_size;
     size_t red = (size_t)(ATT_THREADS / (head_dim / 8)) * gb * head_dim * sizeof(float);
     return (stages > red ? stages : red) +
            ((size_t)gb * head_dim + (size_t)block_size * gb + 3 * gb) * sizeof(float);
@@ -387,7 +441,7 @@ static int run_pass(const att_params &p, const be_kv_layer *layer, int chunks, c
     int gb = p.group / p.n_sub;
     dim3 grid((unsigned)(p.n_kv_heads * p.n_sub), (unsigned)chunks,
               (unsigned)(p.n_tokens < ATT_GRID_MAX ? p.n_tokens : ATT_GRID_MAX));
-    size_t smem = att_smem_bytes(layer->head_dim, gb, layer->block_size, 2);
+    size_t smem = att_smem_bytes(layer->head_dim, gb, layer->block_size, p.stages, 2);
     if (layer->dtype == BASE_DTYPE_F16)
         return dispatch<__half>(p, layer->head_dim, gb, grid, smem, st, err);
     return dispatch<__nv_bfloat16>(p, layer->head_dim, gb, grid, smem, st, err);
@@ -450,7 +504,12 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
     const int group = n_heads / nkv;
     int gb = ATT_MAX_GROUP;
     while (group % gb) gb >>= 1;
-    if (att_smem_bytes(hd, gb, layer->block_size, 2) > 227 * 1024)
+    /* Fewer stages when a large block would not fit. */
+    int stages = cuda_impl(be)->att_stages;
+    while (stages > ATT_MIN_STAGES &&
+           att_smem_bytes(hd, gb, layer->block_size, stages, 2) > ATT_SMEM_MAX)
+        stages--;
+    if (att_smem_bytes(hd, gb, layer->block_size, stages, 2) > ATT_SMEM_MAX)
         return base_fail(err, "cuda: attention: block size %d too large for shared memory",
                          layer->block_size);
 
@@ -476,6 +535,8 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
     p.all_decode = batch->max_q_len == 1;
     p.pages_per_chunk = INT_MAX;
     p.scale_log2 = scale * ATT_LOG2E;
+    p.stages = stages;
+    p.prefetch = cuda_impl(be)->att_prefetch;
     cudaStream_t st = cuda_impl(be)->stream;
 
     if (batch->max_q_len > 1) {

@@ -8,6 +8,10 @@
 /* Resident CTAs per SM the decode kernels reach (measured occupancy of the head_dim 128
  * kernel): the plan's target counts CTAs, so the device is full at SMs times this. */
 #define CUDA_CTAS_PER_SM 4
+/* Paged attention pipeline: shared-memory stages and L2 prefetch distance, in pages (chosen
+ * by bench/bench_attention's sweep on the H200; see bench/RESULTS.md). */
+#define CUDA_ATT_STAGES   3
+#define CUDA_ATT_PREFETCH 4
 
 int cuda_check_launch(const char *what, base_err *err) {
     cudaError_t e = cudaGetLastError();
@@ -27,7 +31,7 @@ static void cuda_destroy(be_backend *be) {
     free(be);
 }
 
-static int cuda_alloc(be_backend *be, size_t bytes, void **ptr, base_err *err) {
+static int cuda_alloc(be_backend *, size_t bytes, void **ptr, base_err *err) {
     cudaError_t e = cudaMalloc(ptr, bytes ? bytes : 1);
     if (e != cudaSuccess) {
         *ptr = NULL;
@@ -37,7 +41,7 @@ static int cuda_alloc(be_backend *be, size_t bytes, void **ptr, base_err *err) {
 }
 
 /* cudaFree waits for the device, so work still queued that reads ptr has finished. */
-static void cuda_free(be_backend *be, void *ptr) {
+static void cuda_free(be_backend *, void *ptr) {
     if (ptr) cudaFree(ptr);
 }
 
@@ -80,7 +84,7 @@ static int cuda_sync(be_backend *be, base_err *err) {
     return e == cudaSuccess ? 0 : cuda_fail(err, "sync", e);
 }
 
-static int cuda_memory_info(be_backend *be, uint64_t *free_bytes, uint64_t *total_bytes) {
+static int cuda_memory_info(be_backend *, uint64_t *free_bytes, uint64_t *total_bytes) {
     size_t f = 0, t = 0;
     if (cudaMemGetInfo(&f, &t) != cudaSuccess) return -1;
     *free_bytes = f;
@@ -132,6 +136,8 @@ extern "C" int be_cuda_create(int device, be_backend **out, base_err *err) {
     }
     c->device = device;
     c->sm_count = prop.multiProcessorCount;
+    c->att_stages = CUDA_ATT_STAGES;
+    c->att_prefetch = CUDA_ATT_PREFETCH;
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         free(c);
         free(be);
