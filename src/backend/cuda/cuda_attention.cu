@@ -4,8 +4,9 @@
  * Design: one CTA per (token row, kv head, chunk) serves the whole GQA group of that kv head
  * (up to ATT_MAX_GROUP query heads; larger groups split into sub-groups), so each K/V byte is
  * read once per group. Pages stream through shared memory with cp.async (the backend's
- * att_stages deep, only the page's live tokens), and att_prefetch pages beyond those are
- * prefetched into L2 so that enough bytes are in flight to cover the memory latency. Per page:
+ * att_stages deep, only the page's live tokens; two stages measured best on the H200, since
+ * a smaller footprint keeps more CTAs resident, and L2 prefetching further ahead only slowed
+ * it down: bench/RESULTS.md). Per page:
  *   scores: NP threads per token, each holding its share of q for every head of the group in
  *           registers (the K chunk is loaded once and used for all heads), summed by shuffles;
  *           K chunks are swizzled in shared memory so a warp's reads fall in distinct banks;
@@ -48,8 +49,7 @@ typedef struct att_params {
     float *partial; /* (n_decode, max_chunks, n_heads, head_dim) */
     float *lse;     /* (n_decode, max_chunks, n_heads) */
     float scale_log2;
-    int stages;   /* shared-memory pages in flight + 1, ATT_MIN_STAGES..ATT_MAX_STAGES */
-    int prefetch; /* pages prefetched into L2 beyond the shared-memory stages */
+    int stages; /* shared-memory pages in flight + 1, ATT_MIN_STAGES..ATT_MAX_STAGES */
 } att_params;
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
@@ -72,9 +72,6 @@ __device__ __forceinline__ void cp_async_wait_n(int n) {
         cp_async_wait<2>();
     else
         cp_async_wait<3>();
-}
-__device__ __forceinline__ void prefetch_l2(const void *p) {
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 
 template <typename KT> __device__ __forceinline__ float2 to_float2(uint32_t w);
@@ -142,8 +139,9 @@ template <int NP, int CPT> __device__ __forceinline__ int k_swizzle(int t, int c
     return (((c / NP) ^ (t % CPT)) * NP) + c % NP;
 }
 
-/* Four CTAs per SM fit the shared memory of three stages at head_dim 128; a group of 8 holds
- * twice the registers (q and the accumulators), so it settles for three rather than spill. */
+/* Registers, not shared memory, bound the resident CTAs (two stages at head_dim 128 take
+ * 33 KB): q and the accumulators live in registers, so four CTAs per SM; a group of 8 holds
+ * twice as many and settles for three rather than spill. */
 template <int D, int GB, typename KT>
 __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
     paged_attention_kernel(att_params p) {
@@ -211,18 +209,6 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
                 cp_async16(vd + t * D + cc * 8, vp + off);
             }
         };
-        /* Pages further ahead go to L2 only, so more bytes are in flight than the stages
-         * hold; a token row of D halves is D / 64 lines of 128 bytes. */
-        constexpr int LPR = D / 64;
-        auto prefetch = [&](int pg) {
-            const uint64_t base = (uint64_t)pages[pg] * (uint64_t)bs * row_stride;
-            for (int i = tid; i < 2 * bs * LPR; i += ATT_THREADS) {
-                const int side = i / (bs * LPR), r = (i / LPR) % bs, l = i % LPR;
-                prefetch_l2((side ? vp : kp) + base + (uint64_t)r * row_stride + l * 64);
-            }
-        };
-        for (int pg = p_begin + n_st - 1; pg < p_begin + n_st - 1 + p.prefetch && pg < p_end; pg++)
-            prefetch(pg);
         __syncthreads();
         const int part = tid % NP;
         float qr[GB][DPT];
@@ -248,8 +234,6 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
             __syncthreads();
             if (pg + n_st - 1 < p_end) issue((it + n_st - 1) % n_st, pg + n_st - 1);
             cp_async_commit();
-            if (p.prefetch && pg + n_st - 1 + p.prefetch < p_end)
-                prefetch(pg + n_st - 1 + p.prefetch);
             const KT *kt = kbuf + (it % n_st) * stage_elems;
             const KT *vt = vbuf + (it % n_st) * stage_elems;
             int lo, hi;
@@ -536,7 +520,6 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
     p.pages_per_chunk = INT_MAX;
     p.scale_log2 = scale * ATT_LOG2E;
     p.stages = stages;
-    p.prefetch = cuda_impl(be)->att_prefetch;
     cudaStream_t st = cuda_impl(be)->stream;
 
     if (batch->max_q_len > 1) {

@@ -5,13 +5,12 @@
 
 #include <stdlib.h>
 
-/* Resident CTAs per SM the decode kernels reach (measured occupancy of the head_dim 128
- * kernel): the plan's target counts CTAs, so the device is full at SMs times this. */
+/* Resident CTAs per SM the decode kernel's launch bounds ask for (groups up to 4): the plan's
+ * target counts CTAs, so the device is full at SMs times this. */
 #define CUDA_CTAS_PER_SM 4
-/* Paged attention pipeline: shared-memory stages and L2 prefetch distance, in pages (chosen
- * by bench/bench_attention's sweep on the H200; see bench/RESULTS.md). */
-#define CUDA_ATT_STAGES   3
-#define CUDA_ATT_PREFETCH 4
+/* Paged attention shared-memory pipeline depth in pages, the best of bench/bench_attention's
+ * sweep on the H200 (bench/RESULTS.md). */
+#define CUDA_ATT_STAGES 2
 
 int cuda_check_launch(const char *what, base_err *err) {
     cudaError_t e = cudaGetLastError();
@@ -137,7 +136,6 @@ extern "C" int be_cuda_create(int device, be_backend **out, base_err *err) {
     c->device = device;
     c->sm_count = prop.multiProcessorCount;
     c->att_stages = CUDA_ATT_STAGES;
-    c->att_prefetch = CUDA_ATT_PREFETCH;
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         free(c);
         free(be);

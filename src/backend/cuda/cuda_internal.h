@@ -23,8 +23,7 @@ typedef struct cuda_backend {
     int device;
     int sm_count;
     cudaStream_t stream;
-    int att_stages;   /* paged attention: shared-memory pipeline depth in pages (2..5) */
-    int att_prefetch; /* paged attention: pages prefetched into L2 beyond the stages */
+    int att_stages; /* paged attention: shared-memory pipeline depth in pages (2..5) */
 } cuda_backend;
 
 static inline cuda_backend *cuda_impl(be_backend *be) {
