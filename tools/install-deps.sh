@@ -27,7 +27,9 @@ if ((${#missing[@]})); then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-if [ ! -d tests/node/node_modules ] || [ tests/node/package-lock.json -nt tests/node/node_modules ]; then
+# npm ci leaves node_modules/.package-lock.json: its absence means a missing or broken install.
+marker=tests/node/node_modules/.package-lock.json
+if [ ! -f "$marker" ] || [ tests/node/package-lock.json -nt "$marker" ]; then
     echo "installing the JavaScript reference packages (tests/node)"
     (cd tests/node && npm ci --no-audit --no-fund --loglevel=error)
 fi

@@ -14,8 +14,8 @@ const OPENAI = path.join(SRC, 'tests/node/node_modules/openai/index.mjs');
 const KEY = 'test-key-123';
 
 if (!existsSync(OPENAI)) {
-  console.log('skipped: tests/node/node_modules has no openai package (run npm ci there)');
-  process.exit(77);
+  console.log('tests/node/node_modules has no openai package: run `npm ci` in tests/node (tools/install-deps.sh does)');
+  process.exit(1);
 }
 const { default: OpenAI } = await import(OPENAI);
 

@@ -1,4 +1,9 @@
-/* The CUDA backend's private parts shared by its .cu files (compiled as CUDA C by nvcc). */
+/* The CUDA backend's private parts shared by its .cu files (compiled as CUDA C by nvcc).
+ *
+ * Every op runs on the backend's one stream and returns once its kernels are queued; a launch
+ * error is reported by the op that launched, an execution error by the next `sync`. Tensors
+ * hold F32, F16 or BF16 and are read and written through cuda_load / cuda_store, so any
+ * activation dtype meets any weight dtype; arithmetic is F32 throughout. */
 #ifndef MLXCEL_BACKEND_CUDA_INTERNAL_H
 #define MLXCEL_BACKEND_CUDA_INTERNAL_H
 
@@ -9,5 +14,72 @@ extern "C" {
 #ifdef __cplusplus
 }
 #endif
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+typedef struct cuda_backend {
+    int device;
+    int sm_count;
+    cudaStream_t stream;
+    int att_stages; /* paged attention: shared-memory pipeline depth in pages (2..5) */
+} cuda_backend;
+
+static inline cuda_backend *cuda_impl(be_backend *be) {
+    return (cuda_backend *)be->impl;
+}
+
+/* Returns -1 with the CUDA error named when the last launch failed. */
+int cuda_check_launch(const char *what, base_err *err);
+
+/* Element i of a float array of dtype dt (F32, F16 or BF16), as float. */
+__device__ __forceinline__ float cuda_load(const void *p, base_dtype dt, size_t i) {
+    if (dt == BASE_DTYPE_F32) return ((const float *)p)[i];
+    if (dt == BASE_DTYPE_F16) return __half2float(((const __half *)p)[i]);
+    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+}
+
+__device__ __forceinline__ void cuda_store(void *p, base_dtype dt, size_t i, float v) {
+    if (dt == BASE_DTYPE_F32)
+        ((float *)p)[i] = v;
+    else if (dt == BASE_DTYPE_F16)
+        ((__half *)p)[i] = __float2half_rn(v);
+    else
+        ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+}
+
+/* Value k of a row of MLX affine-quantized weights: the row's words are one little-endian bit
+ * stream, value k at bits [k * bits, (k + 1) * bits); 3, 5 and 6 bits can straddle words. */
+__device__ __forceinline__ uint32_t cuda_quant_value(const uint32_t *row, int64_t k, int bits) {
+    uint64_t bit = (uint64_t)k * (uint64_t)bits;
+    uint32_t w = (uint32_t)(bit >> 5), sh = (uint32_t)(bit & 31);
+    uint32_t lo = row[w] >> sh;
+    if (sh + (uint32_t)bits > 32) lo |= row[w + 1] << (32 - sh);
+    return lo & ((1u << bits) - 1u);
+}
+
+static inline bool cuda_float_dtype(base_dtype dt) {
+    return dt == BASE_DTYPE_F32 || dt == BASE_DTYPE_F16 || dt == BASE_DTYPE_BF16;
+}
+
+/* Ops, one .cu file each family; signatures as in be_ops. */
+int cuda_embedding(be_backend *be, const be_linear *table, const be_tensor *ids, be_tensor *out,
+                   base_err *err);
+int cuda_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
+                base_err *err);
+int cuda_rmsnorm(be_backend *be, const be_tensor *x, const be_tensor *weight, float eps,
+                 be_tensor *y, base_err *err);
+int cuda_add(be_backend *be, const be_tensor *a, const be_tensor *b, be_tensor *y, base_err *err);
+int cuda_silu_mul(be_backend *be, const be_tensor *gate, const be_tensor *up, be_tensor *y,
+                  base_err *err);
+int cuda_rope(be_backend *be, be_tensor *x, int n_heads, int head_dim, const be_tensor *positions,
+              const be_tensor *inv_freq, float mscale, base_err *err);
+int cuda_kv_append(be_backend *be, const be_kv_layer *layer, const be_tensor *k, const be_tensor *v,
+                   const be_paged_batch *batch, base_err *err);
+int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
+                   const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
+                   float scale, be_tensor *out, base_err *err);
+int cuda_argmax(be_backend *be, const be_tensor *logits, be_tensor *ids, base_err *err);
 
 #endif

@@ -1,0 +1,251 @@
+/* Paged decode attention at Llama-3.1-8B geometry (32 q heads, 8 kv heads, head_dim 128, f16
+ * KV, block 32): TB/s = bytes of K and V read / kernel time, for v1 and v2 (+ merge), next to
+ * the device-to-device copy bandwidth measured in the same run as the ceiling.
+ *
+ * Pages are a random permutation of the pool, as a long-running server's would be. Each
+ * figure is the median of CUDA-event timings after warm-up; every shape's K/V is far larger
+ * than the L2, so repeated runs read device memory. Output: one line per shape,
+ * machine-readable (`shape ...`), and a table. Usage: bench_attention [reps] */
+#include "backend/cuda/cuda_internal.h"
+
+#include <algorithm>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#define NQ  32
+#define NKV 8
+#define HD  128
+#define BS  32
+
+static void die(const char *what, const base_err *err) {
+    fprintf(stderr, "bench_attention: %s: %s\n", what, err ? err->msg : "");
+    exit(1);
+}
+
+static void cuda_ok(cudaError_t e, const char *what) {
+    if (e != cudaSuccess) {
+        fprintf(stderr, "bench_attention: %s: %s\n", what, cudaGetErrorString(e));
+        exit(1);
+    }
+}
+
+/* Median milliseconds of fn over reps runs on stream s, after warm-up runs. */
+template <class F> static float time_ms(cudaStream_t s, int reps, F fn) {
+    for (int i = 0; i < 3; i++) fn();
+    cuda_ok(cudaStreamSynchronize(s), "warm-up");
+    std::vector<cudaEvent_t> ev(2 * reps);
+    for (auto &e : ev) cuda_ok(cudaEventCreate(&e), "event");
+    for (int i = 0; i < reps; i++) {
+        cudaEventRecord(ev[2 * i], s);
+        fn();
+        cudaEventRecord(ev[2 * i + 1], s);
+    }
+    cuda_ok(cudaStreamSynchronize(s), "timed runs");
+    std::vector<float> ms(reps);
+    for (int i = 0; i < reps; i++) cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]);
+    for (auto &e : ev) cudaEventDestroy(e);
+    std::sort(ms.begin(), ms.end());
+    return ms[reps / 2];
+}
+
+/* The v2 chunking the planner makes: the largest pages per chunk whose chunks x kv heads x
+ * rows still reach the target. */
+static int plan_ppc(int pages, int batch, int target) {
+    int best = 1;
+    for (int ppc = 1; ppc <= pages; ppc++)
+        if ((int64_t)((pages + ppc - 1) / ppc) * NKV * batch >= target) best = ppc;
+    return best;
+}
+
+int main(int argc, char **argv) {
+    int reps = argc > 1 ? atoi(argv[1]) : 50;
+    be_backend *be = NULL;
+    base_err err = {{0}};
+    if (be_cuda_create(0, &be, &err)) die("backend", &err);
+    cudaStream_t st = cuda_impl(be)->stream;
+    cudaDeviceProp prop;
+    cuda_ok(cudaGetDeviceProperties(&prop, 0), "properties");
+    const char *commit = getenv("MLXCEL_COMMIT");
+    printf("device %s, %d SMs, L2 %d MB; commit %s; target CTAs %d\n", prop.name,
+           prop.multiProcessorCount, prop.l2CacheSize >> 20, commit ? commit : "unknown",
+           be->target_parallelism);
+
+    const int shapes[][2] = {{1, 131072}, {4, 16384}, {16, 8192}, {64, 4096}, {256, 2048}};
+    int64_t max_tokens = 0;
+    for (auto &s : shapes) max_tokens = std::max(max_tokens, (int64_t)s[0] * s[1]);
+    const int64_t nblocks = max_tokens / BS + 16;
+    const size_t side = (size_t)nblocks * BS * NKV * HD * 2;
+
+    be_kv_layer layer = {NULL, NULL, BASE_DTYPE_F16, nblocks, BS, NKV, HD};
+    if (be->ops->alloc(be, side, &layer.k, &err) || be->ops->alloc(be, side, &layer.v, &err))
+        die("pool", &err);
+    /* Random f16 bits in [-1, 1): fill through the device RNG-free way, a host pattern
+     * copied over the slabs in 64 MB pieces. */
+    {
+        size_t piece = 64ull << 20;
+        std::vector<uint16_t> h(piece / 2);
+        uint32_t x = 12345;
+        for (auto &v : h) {
+            x = x * 1664525u + 1013904223u;
+            v = (uint16_t)(0x3000 | ((x >> 9) & 0x0fff) | ((x >> 31) << 15));
+        }
+        for (size_t off = 0; off < side; off += piece) {
+            size_t n = std::min(piece, side - off);
+            cuda_ok(cudaMemcpy((char *)layer.k + off, h.data(), n, cudaMemcpyHostToDevice), "fill");
+            cuda_ok(cudaMemcpy((char *)layer.v + off, h.data() + 7, n - 16, cudaMemcpyHostToDevice),
+                    "fill");
+        }
+    }
+
+    /* The ceiling: a device-to-device copy, bytes read + written. */
+    float copy_ms = time_ms(st, reps, [&] {
+        cudaMemcpyAsync(layer.v, layer.k, side / 2, cudaMemcpyDeviceToDevice, st);
+    });
+    double copy_tbs = 2.0 * (side / 2) / (copy_ms * 1e-3) / 1e12;
+    printf("copy %.3f TB/s (%.1f MB read + written in %.3f ms)\n", copy_tbs, side / 1e6, copy_ms);
+
+    std::vector<int32_t> perm(nblocks);
+    for (int64_t i = 0; i < nblocks; i++) perm[i] = (int32_t)i;
+    srand(7);
+    for (int64_t i = nblocks - 1; i > 0; i--) std::swap(perm[i], perm[rand() % (i + 1)]);
+
+    /* Every shape's batch, q, output and v2 plans (at the target and at twice it), once. */
+    struct shape_run {
+        int B, L, pages;
+        be_paged_batch db;
+        void *mem[5];
+        be_tensor q, out;
+        be_decode_plan v1, v2[2];
+        double kv_bytes;
+        std::vector<uint16_t> ref; /* v1 output at the default pipeline (bf16 bits) */
+    };
+    std::vector<shape_run> runs;
+    for (auto &shape : shapes) {
+        shape_run r = {};
+        r.B = shape[0], r.L = shape[1], r.pages = r.L / BS;
+        const int B = r.B, pages = r.pages;
+        std::vector<int32_t> q_indptr(B + 1), kv_len(B, r.L), page_indptr(B + 1), last(B, BS),
+            idx((size_t)B * pages);
+        for (int b = 0; b <= B; b++) q_indptr[b] = b, page_indptr[b] = b * pages;
+        for (size_t i = 0; i < idx.size(); i++) idx[i] = perm[i];
+        const std::vector<int32_t> *src[5] = {&q_indptr, &kv_len, &page_indptr, &idx, &last};
+        for (int i = 0; i < 5; i++) {
+            size_t bytes = src[i]->size() * 4;
+            if (be->ops->alloc(be, bytes, &r.mem[i], &err) ||
+                be->ops->upload(be, r.mem[i], src[i]->data(), bytes, &err))
+                die("batch", &err);
+        }
+        r.db.n_seqs = B;
+        r.db.n_tokens = B;
+        r.db.max_q_len = 1;
+        r.db.max_kv_len = r.L;
+        r.db.q_indptr = (int32_t *)r.mem[0];
+        r.db.kv_len = (int32_t *)r.mem[1];
+        r.db.page_indptr = (int32_t *)r.mem[2];
+        r.db.page_indices = (int32_t *)r.mem[3];
+        r.db.last_page_len = (int32_t *)r.mem[4];
+        r.q = {NULL, BASE_DTYPE_BF16, B, NQ * HD};
+        r.out = r.q;
+        if (be->ops->alloc(be, (size_t)B * NQ * HD * 2, &r.q.data, &err) ||
+            be->ops->alloc(be, (size_t)B * NQ * HD * 2, &r.out.data, &err))
+            die("q", &err);
+        std::vector<uint16_t> qh((size_t)B * NQ * HD);
+        for (auto &v : qh) v = base_f32_to_bf16(4.0f * (rand() / (float)RAND_MAX - 0.5f));
+        if (be->ops->upload(be, r.q.data, qh.data(), qh.size() * 2, &err)) die("q", &err);
+        r.kv_bytes = (double)B * r.L * NKV * HD * 2 * 2;
+        r.v1.kind = BE_DECODE_V1;
+        for (int k = 0; k < 2; k++) {
+            be_decode_plan &v2 = r.v2[k];
+            v2.kind = BE_DECODE_V2;
+            v2.pages_per_chunk = plan_ppc(pages, B, be->target_parallelism * (k + 1));
+            v2.max_chunks = (pages + v2.pages_per_chunk - 1) / v2.pages_per_chunk;
+            v2.workspace_bytes = (uint64_t)B * v2.max_chunks * NQ * (HD + 1) * 4;
+            if (be->ops->alloc(be, v2.workspace_bytes, &v2.workspace, &err)) die("workspace", &err);
+        }
+        runs.push_back(r);
+    }
+    const float scale = 0.08838834764831845f;
+    auto tbs = [&](shape_run &r, const be_decode_plan *plan) {
+        float ms = time_ms(st, reps, [&] {
+            if (be->ops->attention(be, &r.q, &layer, &r.db, plan, NQ, scale, &r.out, &err))
+                die("attention", &err);
+        });
+        return r.kv_bytes / (ms * 1e-3) / 1e12;
+    };
+    /* Largest relative difference of r.out from r.ref: every timed variant must compute the
+     * same function. */
+    auto out_diff = [&](shape_run &r) {
+        std::vector<uint16_t> got(r.ref.size());
+        if (be->ops->download(be, got.data(), r.out.data, got.size() * 2, &err)) die("out", &err);
+        double num = 0, den = 0;
+        for (size_t i = 0; i < got.size(); i++) {
+            double a = base_bf16_to_f32(got[i]), b = base_bf16_to_f32(r.ref[i]);
+            num += (a - b) * (a - b);
+            den += b * b;
+        }
+        return num == num ? sqrt(num / (den > 0 ? den : 1)) : INFINITY;
+    };
+    for (auto &r : runs) {
+        if (be->ops->attention(be, &r.q, &layer, &r.db, &r.v1, NQ, scale, &r.out, &err))
+            die("attention", &err);
+        r.ref.resize((size_t)r.B * NQ * HD);
+        if (be->ops->download(be, r.ref.data(), r.out.data, r.ref.size() * 2, &err))
+            die("out", &err);
+    }
+
+    /* Sweep of the shared-memory pipeline depth on v2; each variant's output is checked. */
+    cuda_backend *cb = cuda_impl(be);
+    const int def_stages = cb->att_stages;
+    printf("\nsweep: v2 TB/s by shared-memory stages (default %d)\n%-8s", def_stages, "stages");
+    for (auto &r : runs) printf(" %10dx%-6d", r.B, r.L);
+    printf(" %8s\n", "geomean");
+    double best_g = 0;
+    int best = def_stages;
+    for (int stages = 2; stages <= 4; stages++) {
+        cb->att_stages = stages;
+        double lg = 0, worst = 0;
+        printf("%-8d", stages);
+        for (auto &r : runs) {
+            double t = tbs(r, &r.v2[0]);
+            worst = std::max(worst, out_diff(r));
+            lg += log(t);
+            printf(" %17.3f", t);
+        }
+        double g = exp(lg / runs.size());
+        printf(" %8.3f  (max diff from v1 %.1e)\n", g, worst);
+        if (!(worst < 1e-2)) {
+            printf("MISMATCH: %d stages differ from v1\n", stages);
+            continue;
+        }
+        if (g > best_g) best_g = g, best = stages;
+    }
+    cb->att_stages = def_stages;
+    printf("best %d stages%s\n", best,
+           best == def_stages ? " (the default)" : "; the default differs");
+
+    printf("\n%-12s %9s | %8s %6s | %8s %6s %5s | %8s %6s %5s\n", "batch x ctx", "KV MB", "v1 TB/s",
+           "/copy", "v2 TB/s", "/copy", "ppc", "v2@2x", "/copy", "ppc");
+    for (auto &r : runs) {
+        double r1 = tbs(r, &r.v1), r2 = tbs(r, &r.v2[0]), r3 = tbs(r, &r.v2[1]);
+        char name[32];
+        snprintf(name, sizeof name, "%dx%d", r.B, r.L);
+        printf("%-12s %9.1f | %8.3f %6.2f | %8.3f %6.2f %5d | %8.3f %6.2f %5d\n", name,
+               r.kv_bytes / 1e6, r1, r1 / copy_tbs, r2, r2 / copy_tbs, r.v2[0].pages_per_chunk, r3,
+               r3 / copy_tbs, r.v2[1].pages_per_chunk);
+        fprintf(stderr, "shape %s v1_tbs %.4f v2_tbs %.4f v2x2_tbs %.4f copy_tbs %.4f\n", name, r1,
+                r2, r3, copy_tbs);
+    }
+    for (auto &r : runs) {
+        for (int i = 0; i < 5; i++) be->ops->free(be, r.mem[i]);
+        be->ops->free(be, r.q.data);
+        be->ops->free(be, r.out.data);
+        for (int k = 0; k < 2; k++) be->ops->free(be, r.v2[k].workspace);
+    }
+    be->ops->free(be, layer.k);
+    be->ops->free(be, layer.v);
+    be->ops->destroy(be);
+    return 0;
+}

@@ -1,0 +1,539 @@
+/* Paged attention: decode v1, decode v2 with its merge, and prefill rows, all through the
+ * pages of a be_paged_batch.
+ *
+ * Design: one CTA per (token row, kv head, chunk) serves the whole GQA group of that kv head
+ * (up to ATT_MAX_GROUP query heads; larger groups split into sub-groups), so each K/V byte is
+ * read once per group. Pages stream through shared memory with cp.async (the backend's
+ * att_stages deep, only the page's live tokens; two stages measured best on the H200, since
+ * a smaller footprint keeps more CTAs resident, and L2 prefetching further ahead only slowed
+ * it down: bench/RESULTS.md). Per page:
+ *   scores: NP threads per token, each holding its share of q for every head of the group in
+ *           registers (the K chunk is loaded once and used for all heads), summed by shuffles;
+ *           K chunks are swizzled in shared memory so a warp's reads fall in distinct banks;
+ *   softmax: online, one warp per head, in the log2 domain (q is pre-scaled by log2 e);
+ *   values: each thread owns 8 dims of every head and a slice of the tokens, reads 16 bytes
+ *           of V per token and the group's probabilities in one broadcast; slices are summed
+ *           once at the end.
+ * Pool offsets are 64-bit from the first multiply. A decode row follows the plan: v1 is one
+ * chunk covering all pages; v2 writes each chunk's normalized output and log-sum-exp to the
+ * workspace (layout in attn.h) and a merge kernel combines them. Prefill rows are v1 rows
+ * with a causal limit: correct, and the place where a tensor-core kernel goes next. */
+#include "backend/cuda/cuda_internal.h"
+
+#include <limits.h>
+#include <string.h>
+
+#define ATT_THREADS    128
+#define ATT_MIN_STAGES 2
+#define ATT_MAX_STAGES 5
+#define ATT_SMEM_MAX   (227 * 1024)
+#define ATT_MAX_GROUP  8
+#define ATT_GRID_MAX   65535
+#define ATT_LOG2E      1.4426950408889634f
+#define ATT_LN2        0.6931471805599453f
+
+typedef struct att_params {
+    const void *q;
+    base_dtype q_dt;
+    void *out;
+    base_dtype out_dt;
+    const void *k_pool, *v_pool;
+    int n_kv_heads, block_size, n_heads, group, n_sub;
+    const int32_t *q_indptr, *kv_len, *page_indptr, *page_indices, *first_page_offset;
+    int n_seqs, n_tokens;
+    int decode;          /* 1: serve q_len == 1 rows; 0: the others */
+    int all_decode;      /* every sequence has q_len == 1, so decode row == sequence */
+    int pages_per_chunk; /* INT_MAX for one chunk */
+    int split;           /* v2: write partial + lse instead of out */
+    int max_chunks;
+    float *partial; /* (n_decode, max_chunks, n_heads, head_dim) */
+    float *lse;     /* (n_decode, max_chunks, n_heads) */
+    float scale_log2;
+    int stages; /* shared-memory pages in flight + 1, ATT_MIN_STAGES..ATT_MAX_STAGES */
+} att_params;
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit(void) {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N> __device__ __forceinline__ void cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+/* Waits until at most n copy groups are pending (n is uniform and small). */
+__device__ __forceinline__ void cp_async_wait_n(int n) {
+    if (n <= 0)
+        cp_async_wait<0>();
+    else if (n == 1)
+        cp_async_wait<1>();
+    else if (n == 2)
+        cp_async_wait<2>();
+    else
+        cp_async_wait<3>();
+}
+
+template <typename KT> __device__ __forceinline__ float2 to_float2(uint32_t w);
+template <> __device__ __forceinline__ float2 to_float2<__half>(uint32_t w) {
+    __half2 h;
+    memcpy(&h, &w, sizeof h);
+    return __half22float2(h);
+}
+template <> __device__ __forceinline__ float2 to_float2<__nv_bfloat16>(uint32_t w) {
+    __nv_bfloat162 b;
+    memcpy(&b, &w, sizeof b);
+    return __bfloat1622float2(b);
+}
+
+template <typename KT> __device__ __forceinline__ void cvt8(uint4 raw, float *f) {
+    float2 a = to_float2<KT>(raw.x), b = to_float2<KT>(raw.y), c = to_float2<KT>(raw.z),
+           d = to_float2<KT>(raw.w);
+    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y, f[4] = c.x, f[5] = c.y, f[6] = d.x, f[7] = d.y;
+}
+
+/* Sequence of a token row: the last s with q_indptr[s] <= row. */
+__device__ int seq_of_row(const int32_t *q_indptr, int n_seqs, int row) {
+    int lo = 0, hi = n_seqs - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (q_indptr[mid] <= row)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Decode rows before sequence s (the workspace numbering); block-wide, every thread gets it. */
+__device__ int decode_rank(const att_params &p, int s) {
+    if (p.all_decode) return s;
+    __shared__ int count;
+    if (threadIdx.x == 0) count = 0;
+    __syncthreads();
+    int c = 0;
+    for (int i = threadIdx.x; i < s; i += blockDim.x) c += p.q_indptr[i + 1] - p.q_indptr[i] == 1;
+    if (c) atomicAdd(&count, c);
+    __syncthreads();
+    int r = count;
+    __syncthreads();
+    return r;
+}
+
+template <int D, int GB> struct att_geom {
+    static constexpr int CH = D / 8;             /* 16-byte chunks per token row */
+    static constexpr int NTG = ATT_THREADS / CH; /* token slices in the value phase */
+    static constexpr int RED = NTG * GB * D;     /* floats of the final slice reduction */
+    /* Score phase: NP threads share a token, each holding DPT dims of q for every head of the
+     * group in registers (DPT * GB = 64 floats at most), CPT chunks of them. */
+    static constexpr int DPT = (64 / GB < 8) ? 8 : (64 / GB > D ? D : 64 / GB);
+    static constexpr int NP = D / DPT;
+    static constexpr int CPT = DPT / 8;
+    static constexpr int TPP = ATT_THREADS / NP; /* tokens per pass */
+};
+
+/* Where chunk c of K token t lies in shared memory: the chunk's index among a thread's CPT
+ * chunks is XORed with the token, so the NP-thread groups of one warp, which read the same
+ * chunk of different tokens, hit distinct banks. */
+template <int NP, int CPT> __device__ __forceinline__ int k_swizzle(int t, int c) {
+    return (((c / NP) ^ (t % CPT)) * NP) + c % NP;
+}
+
+/* Registers, not shared memory, bound the resident CTAs (two stages at head_dim 128 take
+ * 33 KB): q and the accumulators live in registers, so four CTAs per SM; a group of 8 holds
+ * twice as many and settles for three rather than spill. */
+template <int D, int GB, typename KT>
+__global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
+    paged_attention_kernel(att_params p) {
+    using S = att_geom<D, GB>;
+    constexpr int CH = S::CH, NTG = S::NTG, NP = S::NP, CPT = S::CPT, DPT = S::DPT;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int bs = p.block_size, tid = threadIdx.x, n_st = p.stages;
+    const size_t stage_elems = (size_t)bs * D;
+    KT *kbuf = (KT *)smem;
+    KT *vbuf = kbuf + n_st * stage_elems;
+    size_t stage_bytes = 2 * n_st * stage_elems * sizeof(KT);
+    size_t red_bytes = (size_t)S::RED * sizeof(float);
+    float *red = (float *)smem;
+    float *q_s = (float *)(smem + (stage_bytes > red_bytes ? stage_bytes : red_bytes)); /* GB*D */
+    float *sc_s = q_s + GB * D;  /* (bs, GB) scores, then probabilities */
+    float *m_s = sc_s + bs * GB; /* (GB) running max, log2 domain */
+    float *l_s = m_s + GB;       /* (GB) running sum */
+    float *alpha_s = l_s + GB;   /* (GB) rescale of this page */
+
+    const int kvh = blockIdx.x / p.n_sub, sub = blockIdx.x % p.n_sub;
+    const int head0 = kvh * p.group + sub * GB;
+    const int chunk = blockIdx.y;
+    const uint64_t row_stride = (uint64_t)p.n_kv_heads * D;
+    const KT *kp = (const KT *)p.k_pool + (uint64_t)kvh * D;
+    const KT *vp = (const KT *)p.v_pool + (uint64_t)kvh * D;
+
+    for (int row = blockIdx.z; row < p.n_tokens; row += gridDim.z) {
+        const int s = seq_of_row(p.q_indptr, p.n_seqs, row);
+        const int q_len = p.q_indptr[s + 1] - p.q_indptr[s];
+        if ((q_len == 1) != (p.decode != 0)) continue;
+        const int fpo = p.first_page_offset ? p.first_page_offset[s] : 0;
+        const int n_vis = p.kv_len[s] - q_len + (row - p.q_indptr[s]) + 1;
+        const int n_pages = (fpo + n_vis + bs - 1) / bs;
+        const int64_t pb64 = (int64_t)chunk * p.pages_per_chunk;
+        if (pb64 >= n_pages) continue;
+        const int p_begin = (int)pb64;
+        const int p_end =
+            n_pages - p_begin > p.pages_per_chunk ? p_begin + p.pages_per_chunk : n_pages;
+        const int32_t *pages = p.page_indices + p.page_indptr[s];
+        const int drow = p.split ? decode_rank(p, s) : 0;
+
+        for (int i = tid; i < GB * D; i += ATT_THREADS)
+            q_s[i] = cuda_load(p.q, p.q_dt, (size_t)row * p.n_heads * D + (size_t)head0 * D + i) *
+                     p.scale_log2;
+        if (tid < GB) {
+            m_s[tid] = -INFINITY;
+            l_s[tid] = 0.0f;
+        }
+
+        /* Live token slots [lo, hi) of page pg. */
+        auto live = [&](int pg, int &lo, int &hi) {
+            lo = pg == 0 ? fpo : 0;
+            int end = fpo + n_vis - pg * bs;
+            hi = end < bs ? end : bs;
+        };
+        auto issue = [&](int stage, int pg) {
+            int lo, hi;
+            live(pg, lo, hi);
+            const uint64_t base = (uint64_t)pages[pg] * (uint64_t)bs * row_stride;
+            KT *kd = kbuf + stage * stage_elems, *vd = vbuf + stage * stage_elems;
+            for (int c = lo * CH + tid; c < hi * CH; c += ATT_THREADS) {
+                int t = c / CH, cc = c % CH;
+                uint64_t off = base + (uint64_t)t * row_stride + (uint64_t)cc * 8;
+                cp_async16(kd + t * D + k_swizzle<NP, CPT>(t, cc) * 8, kp + off);
+                cp_async16(vd + t * D + cc * 8, vp + off);
+            }
+        };
+        __syncthreads();
+        const int part = tid % NP;
+        float qr[GB][DPT];
+#pragma unroll
+        for (int h = 0; h < GB; h++)
+#pragma unroll
+            for (int k = 0; k < CPT; k++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) qr[h][k * 8 + e] = q_s[h * D + (k * NP + part) * 8 + e];
+
+        float acc[GB][8];
+#pragma unroll
+        for (int h = 0; h < GB; h++)
+#pragma unroll
+            for (int k = 0; k < 8; k++) acc[h][k] = 0.0f;
+
+        for (int st = 0; st < n_st - 1; st++) {
+            if (p_begin + st < p_end) issue(st, p_begin + st);
+            cp_async_commit();
+        }
+        for (int pg = p_begin, it = 0; pg < p_end; pg++, it++) {
+            cp_async_wait_n(n_st - 2);
+            __syncthreads();
+            if (pg + n_st - 1 < p_end) issue((it + n_st - 1) % n_st, pg + n_st - 1);
+            cp_async_commit();
+            const KT *kt = kbuf + (it % n_st) * stage_elems;
+            const KT *vt = vbuf + (it % n_st) * stage_elems;
+            int lo, hi;
+            live(pg, lo, hi);
+
+            /* scores: NP threads per token, q in registers */
+            for (int tb = 0; tb < bs; tb += S::TPP) {
+                const int t = tb + tid / NP;
+                const bool ok = t >= lo && t < hi;
+                float dot[GB];
+#pragma unroll
+                for (int h = 0; h < GB; h++) dot[h] = 0.0f;
+                if (ok) {
+#pragma unroll
+                    for (int k = 0; k < CPT; k++) {
+                        float kf[8];
+                        cvt8<KT>(
+                            *(const uint4 *)(kt + t * D + k_swizzle<NP, CPT>(t, k * NP + part) * 8),
+                            kf);
+#pragma unroll
+                        for (int h = 0; h < GB; h++)
+#pragma unroll
+                            for (int e = 0; e < 8; e++)
+                                dot[h] = fmaf(qr[h][k * 8 + e], kf[e], dot[h]);
+                    }
+                }
+#pragma unroll
+                for (int h = 0; h < GB; h++)
+#pragma unroll
+                    for (int o = NP / 2; o > 0; o >>= 1)
+                        dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], o);
+                if (part == 0 && t < bs) {
+#pragma unroll
+                    for (int h = 0; h < GB; h++) sc_s[t * GB + h] = ok ? dot[h] : -INFINITY;
+                }
+            }
+            __syncthreads();
+
+            /* online softmax: warp per head */
+            const int warp = tid >> 5, lane = tid & 31;
+            for (int h = warp; h < GB; h += ATT_THREADS / 32) {
+                float mx = -INFINITY;
+                for (int t = lo + lane; t < hi; t += 32) mx = fmaxf(mx, sc_s[t * GB + h]);
+                for (int o = 16; o > 0; o >>= 1)
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                const float m_old = m_s[h], m_new = fmaxf(m_old, mx);
+                float sum = 0.0f;
+                for (int t = lo + lane; t < hi; t += 32) {
+                    float e = exp2f(sc_s[t * GB + h] - m_new);
+                    sc_s[t * GB + h] = e;
+                    sum += e;
+                }
+                for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+                if (lane == 0) {
+                    const float a = exp2f(m_old - m_new);
+                    alpha_s[h] = a;
+                    l_s[h] = l_s[h] * a + sum;
+                    m_s[h] = m_new;
+                }
+            }
+            __syncthreads();
+
+            /* values: thread = (8 dims, token slice) */
+            const int cv = tid % CH, tg = tid / CH;
+#pragma unroll
+            for (int h = 0; h < GB; h++) {
+                const float a = alpha_s[h];
+#pragma unroll
+                for (int k = 0; k < 8; k++) acc[h][k] *= a;
+            }
+            for (int t = lo + tg; t < hi; t += NTG) {
+                float vf[8];
+                cvt8<KT>(*(const uint4 *)(vt + t * D + cv * 8), vf);
+                float pr[GB];
+#pragma unroll
+                for (int h = 0; h < GB; h++) pr[h] = sc_s[t * GB + h];
+#pragma unroll
+                for (int h = 0; h < GB; h++)
+#pragma unroll
+                    for (int k = 0; k < 8; k++) acc[h][k] = fmaf(pr[h], vf[k], acc[h][k]);
+            }
+        }
+        cp_async_wait<0>();
+        __syncthreads();
+
+        /* Sum the token slices; the stage buffers are free now. */
+        {
+            const int cv = tid % CH, tg = tid / CH;
+#pragma unroll
+            for (int h = 0; h < GB; h++)
+#pragma unroll
+                for (int k = 0; k < 8; k++) red[(tg * GB + h) * D + cv * 8 + k] = acc[h][k];
+        }
+        __syncthreads();
+        for (int i = tid; i < GB * D; i += ATT_THREADS) {
+            const int h = i / D, d = i % D;
+            float v = 0.0f;
+            for (int g = 0; g < NTG; g++) v += red[(g * GB + h) * D + d];
+            const float l = l_s[h];
+            v = l > 0.0f ? v / l : 0.0f;
+            const int hg = head0 + h;
+            if (p.split) {
+                const size_t cell = ((size_t)drow * p.max_chunks + chunk) * p.n_heads + hg;
+                p.partial[cell * D + d] = v;
+                if (d == 0) p.lse[cell] = l > 0.0f ? (m_s[h] + log2f(l)) * ATT_LN2 : -INFINITY;
+            } else {
+                cuda_store(p.out, p.out_dt, (size_t)row * p.n_heads * D + (size_t)hg * D + d, v);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+/* Combines a decode row's chunks: weights exp(lse_c - max) over its own chunk count. */
+template <int D> __global__ void __launch_bounds__(D) merge_kernel(att_params p) {
+    const int hg = blockIdx.x, d = threadIdx.x;
+    for (int row = blockIdx.y; row < p.n_tokens; row += gridDim.y) {
+        const int s = seq_of_row(p.q_indptr, p.n_seqs, row);
+        if (p.q_indptr[s + 1] - p.q_indptr[s] != 1) continue;
+        const int drow = decode_rank(p, s);
+        const int fpo = p.first_page_offset ? p.first_page_offset[s] : 0;
+        const int n_pages = (fpo + p.kv_len[s] + p.block_size - 1) / p.block_size;
+        const int n_chunks = (n_pages + p.pages_per_chunk - 1) / p.pages_per_chunk;
+        const size_t cell0 = (size_t)drow * p.max_chunks * p.n_heads + hg;
+        float mx = -INFINITY;
+        for (int c = 0; c < n_chunks; c++) mx = fmaxf(mx, p.lse[cell0 + (size_t)c * p.n_heads]);
+        float num = 0.0f, den = 0.0f;
+        for (int c = 0; c < n_chunks; c++) {
+            const size_t cell = cell0 + (size_t)c * p.n_heads;
+            const float w = mx == -INFINITY ? 0.0f : __expf(p.lse[cell] - mx);
+            num += w * p.partial[cell * D + d];
+            den += w;
+        }
+        cuda_store(p.out, p.out_dt, (size_t)row * p.n_heads * D + (size_t)hg * D + d,
+                   den > 0.0f ? num / den : 0.0f);
+    }
+}
+
+static size_t att_smem_bytes(int head_dim, int gb, int block_size, int n_stages, size_t kv_size) {
+    size_t stages = 2 * (size_t)n_stages * block_size * head_dim * kv_size;
+    size_t red = (size_t)(ATT_THREADS / (head_dim / 8)) * gb * head_dim * sizeof(float);
+    return (stages > red ? stages : red) +
+           ((size_t)gb * head_dim + (size_t)block_size * gb + 3 * gb) * sizeof(float);
+}
+
+template <int D, int GB, typename KT>
+static int launch_attention(const att_params &p, dim3 grid, size_t smem, cudaStream_t st,
+                            base_err *err) {
+    auto kern = paged_attention_kernel<D, GB, KT>;
+    cudaError_t e =
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess)
+        return base_fail(err, "cuda: attention: %zu bytes of shared memory: %s", smem,
+                         cudaGetErrorString(e));
+    kern<<<grid, ATT_THREADS, smem, st>>>(p);
+    return cuda_check_launch("attention", err);
+}
+
+template <int D, typename KT>
+static int dispatch_group(const att_params &p, int gb, dim3 grid, size_t smem, cudaStream_t st,
+                          base_err *err) {
+    switch (gb) {
+    case 8:
+        return launch_attention<D, 8, KT>(p, grid, smem, st, err);
+    case 4:
+        return launch_attention<D, 4, KT>(p, grid, smem, st, err);
+    case 2:
+        return launch_attention<D, 2, KT>(p, grid, smem, st, err);
+    default:
+        return launch_attention<D, 1, KT>(p, grid, smem, st, err);
+    }
+}
+
+template <typename KT>
+static int dispatch(const att_params &p, int head_dim, int gb, dim3 grid, size_t smem,
+                    cudaStream_t st, base_err *err) {
+    switch (head_dim) {
+    case 64:
+        return dispatch_group<64, KT>(p, gb, grid, smem, st, err);
+    case 128:
+        return dispatch_group<128, KT>(p, gb, grid, smem, st, err);
+    default:
+        return dispatch_group<256, KT>(p, gb, grid, smem, st, err);
+    }
+}
+
+static int run_pass(const att_params &p, const be_kv_layer *layer, int chunks, cudaStream_t st,
+                    base_err *err) {
+    int gb = p.group / p.n_sub;
+    dim3 grid((unsigned)(p.n_kv_heads * p.n_sub), (unsigned)chunks,
+              (unsigned)(p.n_tokens < ATT_GRID_MAX ? p.n_tokens : ATT_GRID_MAX));
+    size_t smem = att_smem_bytes(layer->head_dim, gb, layer->block_size, p.stages, 2);
+    if (layer->dtype == BASE_DTYPE_F16)
+        return dispatch<__half>(p, layer->head_dim, gb, grid, smem, st, err);
+    return dispatch<__nv_bfloat16>(p, layer->head_dim, gb, grid, smem, st, err);
+}
+
+static int run_merge(const att_params &p, int head_dim, cudaStream_t st, base_err *err) {
+    dim3 grid((unsigned)p.n_heads,
+              (unsigned)(p.n_tokens < ATT_GRID_MAX ? p.n_tokens : ATT_GRID_MAX));
+    switch (head_dim) {
+    case 64:
+        merge_kernel<64><<<grid, 64, 0, st>>>(p);
+        break;
+    case 128:
+        merge_kernel<128><<<grid, 128, 0, st>>>(p);
+        break;
+    default:
+        merge_kernel<256><<<grid, 256, 0, st>>>(p);
+        break;
+    }
+    return cuda_check_launch("attention merge", err);
+}
+
+/* A v2 plan this launch can serve: chunks within the grid and covering the longest sequence,
+ * and a workspace that holds every possible decode row (n_seqs bounds them, exact when all
+ * rows decode; the lse array starts after n_seqs rows of partials). Anything else runs as
+ * v1, which computes the same function; so does a gather plan. */
+static bool v2_usable(const be_decode_plan *plan, const be_paged_batch *batch, int n_heads,
+                      int head_dim, int block_size) {
+    if (!plan || plan->kind != BE_DECODE_V2 || !plan->workspace) return false;
+    if (plan->pages_per_chunk < 1 || plan->max_chunks < 1 || plan->max_chunks > ATT_GRID_MAX)
+        return false;
+    /* A first-page offset can add one page to the longest sequence. */
+    int64_t span = (int64_t)batch->max_kv_len + (batch->first_page_offset ? block_size - 1 : 0);
+    int64_t longest_pages = (span + block_size - 1) / block_size;
+    if ((int64_t)plan->max_chunks * plan->pages_per_chunk < longest_pages) return false;
+    uint64_t cells = (uint64_t)batch->n_seqs * (uint64_t)plan->max_chunks * (uint64_t)n_heads;
+    return cells * (uint64_t)(head_dim + 1) * sizeof(float) <= plan->workspace_bytes;
+}
+
+int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
+                   const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
+                   float scale, be_tensor *out, base_err *err) {
+    const int hd = layer->head_dim, nkv = layer->n_kv_heads;
+    if (hd != 64 && hd != 128 && hd != 256)
+        return base_fail(err, "cuda: attention: head_dim %d (64, 128 or 256)", hd);
+    if (nkv < 1 || n_heads % nkv)
+        return base_fail(err, "cuda: attention: %d query heads over %d kv heads", n_heads, nkv);
+    if (layer->dtype != BASE_DTYPE_F16 && layer->dtype != BASE_DTYPE_BF16)
+        return base_fail(err, "cuda: attention: pool dtype %s (F16 or BF16 on CUDA)",
+                         base_dtype_name(layer->dtype));
+    if (!cuda_float_dtype(q->dtype) || !cuda_float_dtype(out->dtype) ||
+        q->cols != (int64_t)n_heads * hd || out->cols != q->cols || q->rows != batch->n_tokens ||
+        out->rows != q->rows)
+        return base_fail(err,
+                         "cuda: attention: q [%lld, %lld] / out [%lld, %lld] for %d tokens "
+                         "of %d heads x %d",
+                         (long long)q->rows, (long long)q->cols, (long long)out->rows,
+                         (long long)out->cols, batch->n_tokens, n_heads, hd);
+    if (batch->n_tokens == 0 || batch->n_seqs == 0) return 0;
+    const int group = n_heads / nkv;
+    int gb = ATT_MAX_GROUP;
+    while (group % gb) gb >>= 1;
+    /* Fewer stages when a large block would not fit. */
+    int stages = cuda_impl(be)->att_stages;
+    while (stages > ATT_MIN_STAGES &&
+           att_smem_bytes(hd, gb, layer->block_size, stages, 2) > ATT_SMEM_MAX)
+        stages--;
+    if (att_smem_bytes(hd, gb, layer->block_size, stages, 2) > ATT_SMEM_MAX)
+        return base_fail(err, "cuda: attention: block size %d too large for shared memory",
+                         layer->block_size);
+
+    att_params p = {};
+    p.q = q->data;
+    p.q_dt = q->dtype;
+    p.out = out->data;
+    p.out_dt = out->dtype;
+    p.k_pool = layer->k;
+    p.v_pool = layer->v;
+    p.n_kv_heads = nkv;
+    p.block_size = layer->block_size;
+    p.n_heads = n_heads;
+    p.group = group;
+    p.n_sub = group / gb;
+    p.q_indptr = batch->q_indptr;
+    p.kv_len = batch->kv_len;
+    p.page_indptr = batch->page_indptr;
+    p.page_indices = batch->page_indices;
+    p.first_page_offset = batch->first_page_offset;
+    p.n_seqs = batch->n_seqs;
+    p.n_tokens = batch->n_tokens;
+    p.all_decode = batch->max_q_len == 1;
+    p.pages_per_chunk = INT_MAX;
+    p.scale_log2 = scale * ATT_LOG2E;
+    p.stages = stages;
+    cudaStream_t st = cuda_impl(be)->stream;
+
+    if (batch->max_q_len > 1) {
+        p.decode = 0;
+        if (run_pass(p, layer, 1, st, err)) return -1;
+    }
+    p.decode = 1;
+    if (!v2_usable(plan, batch, n_heads, hd, layer->block_size))
+        return run_pass(p, layer, 1, st, err);
+    p.split = 1;
+    p.pages_per_chunk = plan->pages_per_chunk;
+    p.max_chunks = plan->max_chunks;
+    p.partial = (float *)plan->workspace;
+    p.lse = p.partial + (size_t)batch->n_seqs * plan->max_chunks * n_heads * hd;
+    if (run_pass(p, layer, plan->max_chunks, st, err)) return -1;
+    return run_merge(p, hd, st, err);
+}

@@ -1,0 +1,152 @@
+/* The CUDA backend object: device selection, memory, the op table. All work goes to one
+ * stream owned by the backend, so ops are ordered without host synchronization; only
+ * `download` and `sync` wait. */
+#include "backend/cuda/cuda_internal.h"
+
+#include <stdlib.h>
+
+/* Resident CTAs per SM the decode kernel's launch bounds ask for (groups up to 4): the plan's
+ * target counts CTAs, so the device is full at SMs times this. */
+#define CUDA_CTAS_PER_SM 4
+/* Paged attention shared-memory pipeline depth in pages, the best of bench/bench_attention's
+ * sweep on the H200 (bench/RESULTS.md). */
+#define CUDA_ATT_STAGES 2
+
+int cuda_check_launch(const char *what, base_err *err) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return base_fail(err, "cuda: %s: %s", what, cudaGetErrorString(e));
+    return 0;
+}
+
+static int cuda_fail(base_err *err, const char *what, cudaError_t e) {
+    return base_fail(err, "cuda: %s: %s", what, cudaGetErrorString(e));
+}
+
+static void cuda_destroy(be_backend *be) {
+    cuda_backend *c = cuda_impl(be);
+    cudaStreamSynchronize(c->stream);
+    cudaStreamDestroy(c->stream);
+    free(c);
+    free(be);
+}
+
+static int cuda_alloc(be_backend *, size_t bytes, void **ptr, base_err *err) {
+    cudaError_t e = cudaMalloc(ptr, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        *ptr = NULL;
+        return base_fail(err, "cuda: allocating %zu bytes: %s", bytes, cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+/* cudaFree waits for the device, so work still queued that reads ptr has finished. */
+static void cuda_free(be_backend *, void *ptr) {
+    if (ptr) cudaFree(ptr);
+}
+
+/* A pageable source is staged before cudaMemcpyAsync returns, so the caller may reuse it. */
+static int cuda_upload(be_backend *be, void *dst, const void *src, size_t bytes, base_err *err) {
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cuda_impl(be)->stream);
+    return e == cudaSuccess ? 0 : cuda_fail(err, "upload", e);
+}
+
+static int cuda_download(be_backend *be, void *dst, const void *src, size_t bytes, base_err *err) {
+    cudaStream_t s = cuda_impl(be)->stream;
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+    return e == cudaSuccess ? 0 : cuda_fail(err, "download", e);
+}
+
+static int cuda_copy(be_backend *be, void *dst, const void *src, size_t bytes, base_err *err) {
+    cudaError_t e =
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_impl(be)->stream);
+    return e == cudaSuccess ? 0 : cuda_fail(err, "copy", e);
+}
+
+/* The copy is synchronous: the host bytes may be unmapped as soon as this returns. The caller
+ * frees *dev with `free`. */
+static int cuda_map_weights(be_backend *be, const void *host, size_t bytes, const void **dev,
+                            base_err *err) {
+    void *d = NULL;
+    if (cuda_alloc(be, bytes, &d, err)) return base_fail_wrap(err, "weights");
+    cudaError_t e = cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+        cudaFree(d);
+        return cuda_fail(err, "uploading weights", e);
+    }
+    *dev = d;
+    return 0;
+}
+
+static int cuda_sync(be_backend *be, base_err *err) {
+    cudaError_t e = cudaStreamSynchronize(cuda_impl(be)->stream);
+    return e == cudaSuccess ? 0 : cuda_fail(err, "sync", e);
+}
+
+static int cuda_memory_info(be_backend *, uint64_t *free_bytes, uint64_t *total_bytes) {
+    size_t f = 0, t = 0;
+    if (cudaMemGetInfo(&f, &t) != cudaSuccess) return -1;
+    *free_bytes = f;
+    *total_bytes = t;
+    return 0;
+}
+
+static const be_ops cuda_ops = {
+    .destroy = cuda_destroy,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .copy = cuda_copy,
+    .map_weights = cuda_map_weights,
+    .sync = cuda_sync,
+    .memory_info = cuda_memory_info,
+    .embedding = cuda_embedding,
+    .matmul = cuda_matmul,
+    .rmsnorm = cuda_rmsnorm,
+    .add = cuda_add,
+    .silu_mul = cuda_silu_mul,
+    .rope = cuda_rope,
+    .kv_append = cuda_kv_append,
+    .attention = cuda_attention,
+    .argmax = cuda_argmax,
+};
+
+/* The caller owns *out and releases it with be_destroy (or ops->destroy). */
+extern "C" int be_cuda_create(int device, be_backend **out, base_err *err) {
+    *out = NULL;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess)
+        return base_fail(err, "cuda: no usable device: %s", cudaGetErrorString(e));
+    if (n == 0) return base_fail(err, "cuda: no CUDA device present");
+    if (device < 0 || device >= n)
+        return base_fail(err, "cuda: device %d out of range (%d present)", device, n);
+    if ((e = cudaSetDevice(device)) != cudaSuccess) return cuda_fail(err, "selecting device", e);
+    cudaDeviceProp prop;
+    if ((e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess)
+        return cuda_fail(err, "reading device properties", e);
+    cuda_backend *c = (cuda_backend *)calloc(1, sizeof *c);
+    be_backend *be = (be_backend *)calloc(1, sizeof *be);
+    if (!c || !be) {
+        free(c);
+        free(be);
+        return base_fail(err, "cuda: out of host memory");
+    }
+    c->device = device;
+    c->sm_count = prop.multiProcessorCount;
+    c->att_stages = CUDA_ATT_STAGES;
+    if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        free(c);
+        free(be);
+        return cuda_fail(err, "creating stream", e);
+    }
+    be->name = "cuda";
+    be->ops = &cuda_ops;
+    be->act_dtype = BASE_DTYPE_BF16;
+    be->n_threads = 1;
+    be->target_parallelism = c->sm_count * CUDA_CTAS_PER_SM;
+    be->impl = c;
+    *out = be;
+    return 0;
+}

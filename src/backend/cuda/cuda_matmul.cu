@@ -1,0 +1,272 @@
+/* Matmul y [n, out] = x [n, in] W^T (+ bias) for dense F32/F16/BF16 weights and MLX affine
+ * quantized weights (bits 2, 3, 4, 5, 6, 8; groups 32, 64, 128).
+ *
+ * Design: decode is bound by reading the weights once, so the kernel is a GEMV that serves up
+ * to 16 rows of x in one pass over W. A warp owns GEMV_R output features; each lane walks the
+ * input dimension in units (32 quantized values = `bits` words, which lie in one group, or 8
+ * dense values = one 16-byte load), dequantizes the unit in registers and multiplies it into
+ * every row of x, accumulating in F32; the warp sums its lanes at the end. 4- and 8-bit units
+ * are whole 16-byte loads; 2 and 6 bits use 8-byte loads, 3 and 5 bits 4-byte loads. Longer
+ * batches (prefill) take one pass per 16 rows: correct, and the place where a tensor-core
+ * GEMM goes next. */
+#include "backend/cuda/cuda_internal.h"
+
+#include <string.h>
+
+#define GEMV_WARPS  4
+#define GEMV_R      2
+#define GEMV_MAX_NR 16
+
+template <int N> __device__ __forceinline__ void load_words(const uint32_t *p, uint32_t *w) {
+    if constexpr (N % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < N / 4; i++) {
+            uint4 v = __ldg((const uint4 *)p + i);
+            w[4 * i] = v.x;
+            w[4 * i + 1] = v.y;
+            w[4 * i + 2] = v.z;
+            w[4 * i + 3] = v.w;
+        }
+    } else if constexpr (N % 2 == 0) {
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) {
+            uint2 v = __ldg((const uint2 *)p + i);
+            w[2 * i] = v.x;
+            w[2 * i + 1] = v.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; i++) w[i] = __ldg(p + i);
+    }
+}
+
+/* Eight consecutive values of a 16-byte-aligned float array as float. */
+__device__ __forceinline__ void load8(const void *p, base_dtype dt, size_t i, float *v) {
+    if (dt == BASE_DTYPE_F32) {
+        float4 a = __ldg((const float4 *)((const float *)p + i));
+        float4 b = __ldg((const float4 *)((const float *)p + i) + 1);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        return;
+    }
+    uint4 raw = __ldg((const uint4 *)((const uint16_t *)p + i));
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float2 f;
+        if (dt == BASE_DTYPE_F16) {
+            __half2 h;
+            memcpy(&h, &w[k], sizeof h);
+            f = __half22float2(h);
+        } else {
+            __nv_bfloat162 b;
+            memcpy(&b, &w[k], sizeof b);
+            f = __bfloat1622float2(b);
+        }
+        v[2 * k] = f.x;
+        v[2 * k + 1] = f.y;
+    }
+}
+
+/* One quantized unit: 32 values of row o from word u * BITS, all in one group. */
+template <int BITS> struct quant_unit {
+    static constexpr int U = 32;
+    const uint32_t *w;
+    const void *scales, *biases;
+    base_dtype dt;
+    int64_t words_per_row, groups_per_row;
+    int group_size;
+
+    __device__ __forceinline__ void load(int64_t o, int64_t u, float *out) const {
+        uint32_t wd[BITS];
+        load_words<BITS>(w + o * words_per_row + u * BITS, wd);
+        size_t g = (size_t)(o * groups_per_row + (u * 32) / group_size);
+        float s = cuda_load(scales, dt, g), b = cuda_load(biases, dt, g);
+#pragma unroll
+        for (int k = 0; k < 32; k++) {
+            constexpr uint32_t mask = (1u << BITS) - 1u;
+            const int bit = k * BITS, wi = bit >> 5, sh = bit & 31;
+            uint32_t q = wd[wi] >> sh;
+            if (sh + BITS > 32) q |= wd[wi + 1] << (32 - sh);
+            out[k] = fmaf(s, (float)(q & mask), b);
+        }
+    }
+};
+
+/* One dense unit: 8 values of row o (16-byte aligned rows). */
+template <base_dtype DT> struct dense_unit {
+    static constexpr int U = 8;
+    const void *w;
+    int64_t in;
+
+    __device__ __forceinline__ void load(int64_t o, int64_t u, float *out) const {
+        load8(w, DT, (size_t)(o * in + u * 8), out);
+    }
+};
+
+template <class Unit, int NR>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_kernel(Unit unit, int64_t units, int64_t out_features, const void *x, base_dtype x_dt,
+                int64_t in, int nr, const void *bias, base_dtype bias_dt, void *y, base_dtype y_dt,
+                int64_t y_stride) {
+    constexpr int U = Unit::U;
+    const int lane = threadIdx.x & 31;
+    const int64_t o0 = ((int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_R;
+    if (o0 >= out_features) return;
+    float acc[GEMV_R][NR];
+#pragma unroll
+    for (int j = 0; j < GEMV_R; j++)
+#pragma unroll
+        for (int r = 0; r < NR; r++) acc[j][r] = 0.0f;
+
+    for (int64_t u = lane; u < units; u += 32) {
+        float w[GEMV_R][U];
+#pragma unroll
+        for (int j = 0; j < GEMV_R; j++) {
+            if (o0 + j < out_features) {
+                unit.load(o0 + j, u, w[j]);
+            } else {
+#pragma unroll
+                for (int k = 0; k < U; k++) w[j][k] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            if (r >= nr) break;
+#pragma unroll
+            for (int kc = 0; kc < U / 8; kc++) {
+                float xv[8];
+                load8(x, x_dt, (size_t)(r * in + u * U + kc * 8), xv);
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+#pragma unroll
+                    for (int j = 0; j < GEMV_R; j++)
+                        acc[j][r] = fmaf(w[j][kc * 8 + k], xv[k], acc[j][r]);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < GEMV_R; j++) {
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            float v = acc[j][r];
+            for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
+            if (lane == 0 && r < nr && o0 + j < out_features) {
+                if (bias) v += cuda_load(bias, bias_dt, (size_t)(o0 + j));
+                cuda_store(y, y_dt, (size_t)(r * y_stride + o0 + j), v);
+            }
+        }
+    }
+}
+
+/* Launches one pass per GEMV_MAX_NR rows of x; NR is the smallest template that holds them. */
+template <class Unit>
+static int gemv_launch(be_backend *be, const Unit &unit, int64_t units, const be_tensor *x,
+                       const be_linear *w, be_tensor *y, base_err *err) {
+    cudaStream_t s = cuda_impl(be)->stream;
+    unsigned grid = (unsigned)((w->out + GEMV_WARPS * GEMV_R - 1) / (GEMV_WARPS * GEMV_R));
+    size_t xs = base_dtype_size(x->dtype), ys = base_dtype_size(y->dtype);
+    for (int64_t r0 = 0; r0 < x->rows; r0 += GEMV_MAX_NR) {
+        int nr = (int)(x->rows - r0 < GEMV_MAX_NR ? x->rows - r0 : GEMV_MAX_NR);
+        const char *xp = (const char *)x->data + (size_t)r0 * (size_t)w->in * xs;
+        char *yp = (char *)y->data + (size_t)r0 * (size_t)w->out * ys;
+#define GEMV_ARGS                                                                                  \
+    unit, units, w->out, xp, x->dtype, w->in, nr, w->bias, w->bias_dtype, yp, y->dtype, w->out
+        if (nr == 1)
+            gemv_kernel<Unit, 1><<<grid, GEMV_WARPS * 32, 0, s>>>(GEMV_ARGS);
+        else if (nr <= 4)
+            gemv_kernel<Unit, 4><<<grid, GEMV_WARPS * 32, 0, s>>>(GEMV_ARGS);
+        else if (nr <= 8)
+            gemv_kernel<Unit, 8><<<grid, GEMV_WARPS * 32, 0, s>>>(GEMV_ARGS);
+        else
+            gemv_kernel<Unit, 16><<<grid, GEMV_WARPS * 32, 0, s>>>(GEMV_ARGS);
+#undef GEMV_ARGS
+        if (cuda_check_launch("matmul", err)) return -1;
+    }
+    return 0;
+}
+
+template <int BITS>
+static int quant_launch(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
+                        base_err *err) {
+    quant_unit<BITS> u;
+    u.w = (const uint32_t *)w->weight;
+    u.scales = w->scales;
+    u.biases = w->biases;
+    u.dt = w->dtype;
+    u.words_per_row = w->in * BITS / 32;
+    u.groups_per_row = w->in / w->group_size;
+    u.group_size = w->group_size;
+    return gemv_launch(be, u, w->in / 32, x, w, y, err);
+}
+
+template <base_dtype DT>
+static int dense_launch(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
+                        base_err *err) {
+    dense_unit<DT> u;
+    u.w = w->weight;
+    u.in = w->in;
+    return gemv_launch(be, u, w->in / 8, x, w, y, err);
+}
+
+static bool aligned(const void *p, size_t a) {
+    return ((uintptr_t)p & (a - 1)) == 0;
+}
+
+static int check_args(const be_tensor *x, const be_linear *w, const be_tensor *y, base_err *err) {
+    if (!cuda_float_dtype(x->dtype) || !cuda_float_dtype(y->dtype) || !cuda_float_dtype(w->dtype))
+        return base_fail(err, "cuda: matmul: x, y and weights must be F32, F16 or BF16");
+    if (w->bias && !cuda_float_dtype(w->bias_dtype))
+        return base_fail(err, "cuda: matmul: bias dtype %s", base_dtype_name(w->bias_dtype));
+    if (x->cols != w->in || y->cols != w->out || x->rows != y->rows)
+        return base_fail(err, "cuda: matmul: x [%lld, %lld] W [%lld, %lld] y [%lld, %lld]",
+                         (long long)x->rows, (long long)x->cols, (long long)w->out,
+                         (long long)w->in, (long long)y->rows, (long long)y->cols);
+    /* Units read x eight values at a time with 16-byte loads. */
+    if (w->in % 8 || !aligned(x->data, 16))
+        return base_fail(err, "cuda: matmul: input dim %lld (a multiple of 8, 16-byte aligned)",
+                         (long long)w->in);
+    return 0;
+}
+
+int cuda_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
+                base_err *err) {
+    if (check_args(x, w, y, err)) return -1;
+    if (x->rows == 0 || w->out == 0) return 0;
+    if (w->bits == 0) {
+        if (!aligned(w->weight, 16))
+            return base_fail(err, "cuda: matmul: dense weight is not 16-byte aligned");
+        switch (w->dtype) {
+        case BASE_DTYPE_F32:
+            return dense_launch<BASE_DTYPE_F32>(be, x, w, y, err);
+        case BASE_DTYPE_F16:
+            return dense_launch<BASE_DTYPE_F16>(be, x, w, y, err);
+        default:
+            return dense_launch<BASE_DTYPE_BF16>(be, x, w, y, err);
+        }
+    }
+    int g = w->group_size;
+    if ((g != 32 && g != 64 && g != 128) || w->in % g)
+        return base_fail(err, "cuda: matmul: group size %d for input dim %lld", g,
+                         (long long)w->in);
+    /* A unit of BITS words is loaded with the widest access its offsets allow. */
+    size_t need = w->bits % 4 == 0 ? 16 : (w->bits % 2 == 0 ? 8 : 4);
+    if (!aligned(w->weight, need))
+        return base_fail(err, "cuda: matmul: %d-bit weight is not %zu-byte aligned", w->bits, need);
+    switch (w->bits) {
+    case 2:
+        return quant_launch<2>(be, x, w, y, err);
+    case 3:
+        return quant_launch<3>(be, x, w, y, err);
+    case 4:
+        return quant_launch<4>(be, x, w, y, err);
+    case 5:
+        return quant_launch<5>(be, x, w, y, err);
+    case 6:
+        return quant_launch<6>(be, x, w, y, err);
+    case 8:
+        return quant_launch<8>(be, x, w, y, err);
+    default:
+        return base_fail(err, "cuda: matmul: unsupported bits %d", w->bits);
+    }
+}

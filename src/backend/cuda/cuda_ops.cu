@@ -1,0 +1,285 @@
+/* Row and elementwise ops: embedding, RMSNorm, add, SiLU-mul, RoPE, KV append, argmax.
+ *
+ * These are memory-bound and small next to the matmuls and attention, so each is the plain
+ * version: one thread per element, or one block per row where a row reduction is needed,
+ * with F32 arithmetic whatever the tensor dtypes. Fusing them into their neighbours
+ * (residual + RMSNorm, RoPE + append) is where their time goes next. */
+#include "backend/cuda/cuda_internal.h"
+
+#define ROW_THREADS  256
+#define ELEM_THREADS 256
+
+static unsigned grid_for(int64_t n) {
+    int64_t b = (n + ELEM_THREADS - 1) / ELEM_THREADS;
+    return (unsigned)(b < 1 ? 1 : (b > 1048576 ? 1048576 : b));
+}
+
+static int check_float(const be_tensor *t, const char *name, base_err *err) {
+    if (!cuda_float_dtype(t->dtype))
+        return base_fail(err, "cuda: %s: dtype %s is not F32, F16 or BF16", name,
+                         base_dtype_name(t->dtype));
+    return 0;
+}
+
+static int same_shape(const be_tensor *a, const be_tensor *b, const char *what, base_err *err) {
+    if (a->rows != b->rows || a->cols != b->cols)
+        return base_fail(err, "cuda: %s: shape [%lld, %lld] vs [%lld, %lld]", what,
+                         (long long)a->rows, (long long)a->cols, (long long)b->rows,
+                         (long long)b->cols);
+    return 0;
+}
+
+/* Block-wide sum; every thread gets the total. */
+__device__ float block_sum(float v) {
+    __shared__ float part[32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    int nw = (blockDim.x + 31) >> 5;
+    v = lane < nw ? part[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    return v;
+}
+
+/* ---- embedding ---- */
+
+__global__ void embedding_kernel(be_linear t, const int32_t *ids, int64_t n, void *out,
+                                 base_dtype out_dt) {
+    int64_t total = n * t.in;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / t.in, c = i % t.in;
+        int64_t id = ids[r];
+        float v = 0.0f;
+        if (id >= 0 && id < t.out) {
+            if (t.bits == 0) {
+                v = cuda_load(t.weight, t.dtype, (size_t)(id * t.in + c));
+            } else {
+                const uint32_t *row = (const uint32_t *)t.weight + id * (t.in * t.bits / 32);
+                size_t g = (size_t)(id * (t.in / t.group_size) + c / t.group_size);
+                v = cuda_load(t.scales, t.dtype, g) * (float)cuda_quant_value(row, c, t.bits) +
+                    cuda_load(t.biases, t.dtype, g);
+            }
+        }
+        cuda_store(out, out_dt, (size_t)i, v);
+    }
+}
+
+int cuda_embedding(be_backend *be, const be_linear *table, const be_tensor *ids, be_tensor *out,
+                   base_err *err) {
+    if (ids->dtype != BASE_DTYPE_I32) return base_fail(err, "cuda: embedding: ids must be I32");
+    if (check_float(out, "embedding output", err)) return -1;
+    if (out->rows != ids->rows || out->cols != table->in)
+        return base_fail(err, "cuda: embedding: output [%lld, %lld] for %lld ids of dim %lld",
+                         (long long)out->rows, (long long)out->cols, (long long)ids->rows,
+                         (long long)table->in);
+    int64_t total = out->rows * out->cols;
+    if (total == 0) return 0;
+    embedding_kernel<<<grid_for(total), ELEM_THREADS, 0, cuda_impl(be)->stream>>>(
+        *table, (const int32_t *)ids->data, ids->rows, out->data, out->dtype);
+    return cuda_check_launch("embedding", err);
+}
+
+/* ---- RMSNorm ---- */
+
+__global__ void rmsnorm_kernel(const void *x, base_dtype x_dt, const void *w, base_dtype w_dt,
+                               float eps, int64_t cols, void *y, base_dtype y_dt) {
+    size_t base = (size_t)blockIdx.x * (size_t)cols;
+    float ss = 0.0f;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+        float v = cuda_load(x, x_dt, base + c);
+        ss += v * v;
+    }
+    float inv = rsqrtf(block_sum(ss) / (float)cols + eps);
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+        cuda_store(y, y_dt, base + c, cuda_load(x, x_dt, base + c) * inv * cuda_load(w, w_dt, c));
+}
+
+int cuda_rmsnorm(be_backend *be, const be_tensor *x, const be_tensor *weight, float eps,
+                 be_tensor *y, base_err *err) {
+    if (check_float(x, "rmsnorm input", err) || check_float(y, "rmsnorm output", err) ||
+        check_float(weight, "rmsnorm weight", err) || same_shape(x, y, "rmsnorm", err))
+        return -1;
+    if (weight->rows * weight->cols != x->cols)
+        return base_fail(err, "cuda: rmsnorm: weight has %lld values for %lld columns",
+                         (long long)(weight->rows * weight->cols), (long long)x->cols);
+    if (x->rows == 0) return 0;
+    rmsnorm_kernel<<<(unsigned)x->rows, ROW_THREADS, 0, cuda_impl(be)->stream>>>(
+        x->data, x->dtype, weight->data, weight->dtype, eps, x->cols, y->data, y->dtype);
+    return cuda_check_launch("rmsnorm", err);
+}
+
+/* ---- add, silu_mul ---- */
+
+__global__ void binary_kernel(const void *a, base_dtype a_dt, const void *b, base_dtype b_dt,
+                              void *y, base_dtype y_dt, int64_t n, int silu) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float u = cuda_load(a, a_dt, (size_t)i), v = cuda_load(b, b_dt, (size_t)i);
+        cuda_store(y, y_dt, (size_t)i, silu ? u / (1.0f + __expf(-u)) * v : u + v);
+    }
+}
+
+static int binary(be_backend *be, const be_tensor *a, const be_tensor *b, be_tensor *y, int silu,
+                  const char *what, base_err *err) {
+    if (check_float(a, what, err) || check_float(b, what, err) || check_float(y, what, err) ||
+        same_shape(a, b, what, err) || same_shape(a, y, what, err))
+        return -1;
+    int64_t n = a->rows * a->cols;
+    if (n == 0) return 0;
+    binary_kernel<<<grid_for(n), ELEM_THREADS, 0, cuda_impl(be)->stream>>>(
+        a->data, a->dtype, b->data, b->dtype, y->data, y->dtype, n, silu);
+    return cuda_check_launch(what, err);
+}
+
+int cuda_add(be_backend *be, const be_tensor *a, const be_tensor *b, be_tensor *y, base_err *err) {
+    return binary(be, a, b, y, 0, "add", err);
+}
+
+int cuda_silu_mul(be_backend *be, const be_tensor *gate, const be_tensor *up, be_tensor *y,
+                  base_err *err) {
+    return binary(be, gate, up, y, 1, "silu_mul", err);
+}
+
+/* ---- RoPE ---- */
+
+/* One thread per (token, head, pair i): rotates x[i] with x[i + half]. The angle is formed in
+ * F32 as the CPU does; sincosf (not the fast intrinsic) keeps large positions accurate. */
+__global__ void rope_kernel(void *x, base_dtype dt, int n_heads, int head_dim, int64_t n,
+                            const int32_t *pos, const float *inv_freq, float mscale) {
+    int half = head_dim / 2;
+    int64_t total = n * n_heads * half;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int p = (int)(i % half);
+        int64_t th = i / half;
+        int64_t t = th / n_heads;
+        size_t base = (size_t)th * head_dim;
+        float s, c;
+        sincosf((float)pos[t] * inv_freq[p], &s, &c);
+        s *= mscale;
+        c *= mscale;
+        float x1 = cuda_load(x, dt, base + p), x2 = cuda_load(x, dt, base + p + half);
+        cuda_store(x, dt, base + p, x1 * c - x2 * s);
+        cuda_store(x, dt, base + p + half, x2 * c + x1 * s);
+    }
+}
+
+int cuda_rope(be_backend *be, be_tensor *x, int n_heads, int head_dim, const be_tensor *positions,
+              const be_tensor *inv_freq, float mscale, base_err *err) {
+    if (check_float(x, "rope input", err)) return -1;
+    if (positions->dtype != BASE_DTYPE_I32 || inv_freq->dtype != BASE_DTYPE_F32)
+        return base_fail(err, "cuda: rope: positions must be I32 and inv_freq F32");
+    if (head_dim % 2 || (int64_t)n_heads * head_dim != x->cols || positions->rows != x->rows ||
+        inv_freq->rows * inv_freq->cols != head_dim / 2)
+        return base_fail(err, "cuda: rope: x [%lld, %lld] does not match %d heads of %d",
+                         (long long)x->rows, (long long)x->cols, n_heads, head_dim);
+    int64_t total = x->rows * n_heads * (head_dim / 2);
+    if (total == 0) return 0;
+    rope_kernel<<<grid_for(total), ELEM_THREADS, 0, cuda_impl(be)->stream>>>(
+        x->data, x->dtype, n_heads, head_dim, x->rows, (const int32_t *)positions->data,
+        (const float *)inv_freq->data, mscale);
+    return cuda_check_launch("rope", err);
+}
+
+/* ---- KV append ---- */
+
+/* One thread per (token, element); the pool offset is 64-bit from the first multiply. A
+ * negative slot marks a padding row that writes nothing. */
+__global__ void kv_append_kernel(void *kp, void *vp, base_dtype pool_dt, const void *k,
+                                 base_dtype k_dt, const void *v, base_dtype v_dt,
+                                 const int64_t *slots, int64_t n, int64_t width) {
+    int64_t total = n * width;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t = i / width, e = i % width;
+        int64_t slot = slots[t];
+        if (slot < 0) continue;
+        size_t off = (size_t)((uint64_t)slot * (uint64_t)width + (uint64_t)e);
+        cuda_store(kp, pool_dt, off, cuda_load(k, k_dt, (size_t)i));
+        cuda_store(vp, pool_dt, off, cuda_load(v, v_dt, (size_t)i));
+    }
+}
+
+int cuda_kv_append(be_backend *be, const be_kv_layer *layer, const be_tensor *k, const be_tensor *v,
+                   const be_paged_batch *batch, base_err *err) {
+    int64_t width = (int64_t)layer->n_kv_heads * layer->head_dim;
+    if (check_float(k, "kv_append k", err) || check_float(v, "kv_append v", err) ||
+        same_shape(k, v, "kv_append", err))
+        return -1;
+    if (layer->dtype != BASE_DTYPE_F16 && layer->dtype != BASE_DTYPE_BF16)
+        return base_fail(err, "cuda: kv_append: pool dtype %s (F16 or BF16 on CUDA)",
+                         base_dtype_name(layer->dtype));
+    if (k->cols != width || k->rows != batch->n_tokens)
+        return base_fail(err, "cuda: kv_append: k [%lld, %lld] for %d tokens of width %lld",
+                         (long long)k->rows, (long long)k->cols, batch->n_tokens, (long long)width);
+    int64_t total = k->rows * width;
+    if (total == 0) return 0;
+    kv_append_kernel<<<grid_for(total), ELEM_THREADS, 0, cuda_impl(be)->stream>>>(
+        layer->k, layer->v, layer->dtype, k->data, k->dtype, v->data, v->dtype, batch->slots,
+        k->rows, width);
+    return cuda_check_launch("kv_append", err);
+}
+
+/* ---- argmax ---- */
+
+/* One block per row; ties go to the lowest index, as the CPU sampler does. NaN never wins. */
+__global__ void argmax_kernel(const void *x, base_dtype dt, int64_t cols, int32_t *ids) {
+    __shared__ float best_v[32];
+    __shared__ int32_t best_i[32];
+    size_t base = (size_t)blockIdx.x * (size_t)cols;
+    float bv = -INFINITY;
+    int32_t bi = 0;
+    bool any = false;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+        float v = cuda_load(x, dt, base + c);
+        if (!any || v > bv) {
+            if (v == v) {
+                bv = v;
+                bi = (int32_t)c;
+                any = true;
+            }
+        }
+    }
+    if (!any) bi = INT32_MAX;
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        best_v[warp] = bv;
+        best_i[warp] = bi;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        int nw = (blockDim.x + 31) >> 5;
+        bv = lane < nw ? best_v[lane] : -INFINITY;
+        bi = lane < nw ? best_i[lane] : INT32_MAX;
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) ids[blockIdx.x] = bi == INT32_MAX ? 0 : bi;
+    }
+}
+
+int cuda_argmax(be_backend *be, const be_tensor *logits, be_tensor *ids, base_err *err) {
+    if (check_float(logits, "argmax logits", err)) return -1;
+    if (ids->dtype != BASE_DTYPE_I32 || ids->rows != logits->rows)
+        return base_fail(err, "cuda: argmax: ids must be I32 [%lld, 1]", (long long)logits->rows);
+    if (logits->rows == 0) return 0;
+    argmax_kernel<<<(unsigned)logits->rows, ROW_THREADS, 0, cuda_impl(be)->stream>>>(
+        logits->data, logits->dtype, logits->cols, (int32_t *)ids->data);
+    return cuda_check_launch("argmax", err);
+}

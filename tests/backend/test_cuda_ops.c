@@ -1,0 +1,388 @@
+/* The CUDA backend's row, elementwise and matmul ops against double-precision references
+ * written here, by normalized error; skipped when no CUDA device is present. */
+#include "test_cuda_util.h"
+
+#include <math.h>
+
+static const base_dtype act_types[] = {BASE_DTYPE_F32, BASE_DTYPE_F16, BASE_DTYPE_BF16};
+
+static void test_rmsnorm(be_backend *be) {
+    for (int a = 0; a < 3; a++) {
+        base_dtype dt = act_types[a];
+        int rows = 5, cols = 300;
+        float *x = malloc(sizeof(float) * rows * cols), w[300];
+        tc_fill(x, (size_t)rows * cols, 3.0f);
+        tc_fill(w, cols, 1.0f);
+        tc_round(x, (size_t)rows * cols, dt);
+        tc_round(w, cols, BASE_DTYPE_BF16);
+        double *ref = malloc(sizeof(double) * rows * cols);
+        for (int r = 0; r < rows; r++) {
+            double ss = 0;
+            for (int c = 0; c < cols; c++) ss += (double)x[r * cols + c] * x[r * cols + c];
+            double inv = 1.0 / sqrt(ss / cols + 1e-5);
+            for (int c = 0; c < cols; c++) ref[r * cols + c] = x[r * cols + c] * inv * w[c];
+        }
+        be_tensor tx = tc_tensor(be, x, dt, rows, cols);
+        be_tensor tw = tc_tensor(be, w, BASE_DTYPE_BF16, 1, cols);
+        be_tensor ty = tc_poisoned(be, dt, rows, cols);
+        base_err err = {{0}};
+        CHECK_MSG(be->ops->rmsnorm(be, &tx, &tw, 1e-5f, &ty, &err) == 0, "%s", err.msg);
+        double e = tc_err(be, &ty, ref);
+        CHECK_MSG(e < tc_tol(dt), "rmsnorm %s err %g", base_dtype_name(dt), e);
+        /* y may alias x */
+        CHECK(be->ops->rmsnorm(be, &tx, &tw, 1e-5f, &tx, &err) == 0);
+        e = tc_err(be, &tx, ref);
+        CHECK_MSG(e < tc_tol(dt), "rmsnorm in place %s err %g", base_dtype_name(dt), e);
+        be->ops->free(be, tx.data);
+        be->ops->free(be, tw.data);
+        be->ops->free(be, ty.data);
+        free(x);
+        free(ref);
+    }
+}
+
+static void test_binary(be_backend *be) {
+    for (int a = 0; a < 3; a++) {
+        base_dtype dt = act_types[a];
+        int n = 1000;
+        float x[1000], y[1000];
+        double add[1000], sm[1000];
+        tc_fill(x, n, 6.0f);
+        tc_fill(y, n, 2.0f);
+        tc_round(x, n, dt);
+        tc_round(y, n, dt);
+        for (int i = 0; i < n; i++) {
+            add[i] = (double)x[i] + y[i];
+            sm[i] = x[i] / (1.0 + exp(-(double)x[i])) * y[i];
+        }
+        be_tensor tx = tc_tensor(be, x, dt, 4, 250), ty = tc_tensor(be, y, dt, 4, 250);
+        be_tensor to = tc_poisoned(be, dt, 4, 250);
+        base_err err = {{0}};
+        CHECK(be->ops->add(be, &tx, &ty, &to, &err) == 0);
+        double e = tc_err(be, &to, add);
+        CHECK_MSG(e < tc_tol(dt), "add %s err %g", base_dtype_name(dt), e);
+        CHECK(be->ops->silu_mul(be, &tx, &ty, &to, &err) == 0);
+        e = tc_err(be, &to, sm);
+        CHECK_MSG(e < tc_tol(dt), "silu_mul %s err %g", base_dtype_name(dt), e);
+        be_tensor bad = {ty.data, dt, 5, 200};
+        CHECK(be->ops->add(be, &tx, &bad, &to, &err) == -1 && strstr(err.msg, "add"));
+        be->ops->free(be, tx.data);
+        be->ops->free(be, ty.data);
+        be->ops->free(be, to.data);
+    }
+}
+
+static void test_rope(be_backend *be) {
+    int n = 3, heads = 4, hd = 64, half = 32;
+    int32_t pos[3] = {0, 7, 4000};
+    float inv[32], x[3 * 4 * 64];
+    for (int i = 0; i < half; i++) inv[i] = (float)pow(10000.0, -2.0 * i / hd);
+    for (int a = 0; a < 3; a++) {
+        base_dtype dt = act_types[a];
+        tc_fill(x, sizeof x / sizeof x[0], 2.0f);
+        tc_round(x, sizeof x / sizeof x[0], dt);
+        double ref[3 * 4 * 64];
+        float ms = 1.25f;
+        for (int t = 0; t < n; t++)
+            for (int h = 0; h < heads; h++)
+                for (int i = 0; i < half; i++) {
+                    int b = (t * heads + h) * hd;
+                    double ang = (double)((float)pos[t] * inv[i]);
+                    double c = cos(ang) * ms, s = sin(ang) * ms;
+                    ref[b + i] = x[b + i] * c - x[b + i + half] * s;
+                    ref[b + i + half] = x[b + i + half] * c + x[b + i] * s;
+                }
+        be_tensor tx = tc_tensor(be, x, dt, n, heads * hd);
+        be_tensor tf = tc_tensor(be, inv, BASE_DTYPE_F32, 1, half);
+        be_tensor tp = {tc_dev_bytes(be, pos, sizeof pos), BASE_DTYPE_I32, n, 1};
+        base_err err = {{0}};
+        CHECK_MSG(be->ops->rope(be, &tx, heads, hd, &tp, &tf, ms, &err) == 0, "%s", err.msg);
+        double e = tc_err(be, &tx, ref);
+        CHECK_MSG(e < tc_tol(dt) + 1e-5, "rope %s err %g", base_dtype_name(dt), e);
+        be->ops->free(be, tx.data);
+        be->ops->free(be, tf.data);
+        be->ops->free(be, tp.data);
+    }
+}
+
+static void test_argmax(be_backend *be) {
+    int rows = 3, cols = 5000;
+    float *x = malloc(sizeof(float) * rows * cols);
+    tc_fill(x, (size_t)rows * cols, 1.0f);
+    int32_t want[3] = {4321, 17, 4999};
+    x[0 * cols + 4321] = 5.0f;
+    x[1 * cols + 17] = 5.0f;
+    x[1 * cols + 3000] = 5.0f; /* a tie goes to the lower index */
+    x[2 * cols + 4999] = 5.0f;
+    x[2 * cols + 10] = NAN; /* NaN never wins */
+    for (int a = 0; a < 3; a++) {
+        be_tensor tx = tc_tensor(be, x, act_types[a], rows, cols);
+        be_tensor ti = {NULL, BASE_DTYPE_I32, rows, 1};
+        base_err err = {{0}};
+        CHECK(be->ops->alloc(be, sizeof want, &ti.data, &err) == 0);
+        CHECK(be->ops->argmax(be, &tx, &ti, &err) == 0);
+        int32_t got[3] = {-1, -1, -1};
+        CHECK(be->ops->sync(be, &err) == 0);
+        CHECK(be->ops->download(be, got, ti.data, sizeof got, &err) == 0);
+        for (int r = 0; r < rows; r++)
+            CHECK_MSG(got[r] == want[r], "argmax %s row %d: %d", base_dtype_name(act_types[a]), r,
+                      got[r]);
+        be->ops->free(be, tx.data);
+        be->ops->free(be, ti.data);
+    }
+    free(x);
+}
+
+/* Value k of a little-endian bit stream of `bits`-bit values, read bit by bit. */
+static uint32_t stream_value(const uint8_t *bytes, int64_t k, int bits) {
+    uint32_t v = 0;
+    for (int b = 0; b < bits; b++) {
+        int64_t bit = k * bits + b;
+        v |= (uint32_t)((bytes[bit / 8] >> (bit % 8)) & 1) << b;
+    }
+    return v;
+}
+
+/* A random quantized (bits > 0) or dense linear layer in host memory, its dequantized
+ * weights in *wf (out x in), and a device copy in *dev. */
+typedef struct host_linear {
+    be_linear host, dev;
+    float *wf;
+    void *bufs[4];
+} host_linear;
+
+static void make_linear(be_backend *be, host_linear *L, int64_t out, int64_t in, int bits,
+                        int group, base_dtype dt, bool bias) {
+    memset(L, 0, sizeof *L);
+    be_linear *h = &L->host;
+    h->out = out, h->in = in, h->bits = bits, h->group_size = group, h->dtype = dt;
+    L->wf = malloc(sizeof(float) * out * in);
+    base_err err = {{0}};
+    size_t wbytes;
+    if (bits == 0) {
+        wbytes = (size_t)(out * in) * base_dtype_size(dt);
+        void *w = malloc(wbytes);
+        for (int64_t i = 0; i < out * in; i++) {
+            base_store_float(w, dt, (size_t)i, tc_uniform());
+            L->wf[i] = base_load_float(w, dt, (size_t)i);
+        }
+        h->weight = w;
+    } else {
+        wbytes = (size_t)(out * in * bits / 8);
+        uint8_t *w = malloc(wbytes);
+        for (size_t i = 0; i < wbytes; i++) w[i] = (uint8_t)tc_u32();
+        int64_t ng = in / group;
+        void *s = malloc((size_t)(out * ng) * base_dtype_size(dt));
+        void *b = malloc((size_t)(out * ng) * base_dtype_size(dt));
+        for (int64_t i = 0; i < out * ng; i++) {
+            base_store_float(s, dt, (size_t)i, 0.05f * tc_uniform());
+            base_store_float(b, dt, (size_t)i, 0.1f * tc_uniform());
+        }
+        for (int64_t o = 0; o < out; o++)
+            for (int64_t i = 0; i < in; i++) {
+                size_t g = (size_t)(o * ng + i / group);
+                L->wf[o * in + i] = base_load_float(s, dt, g) *
+                                        (float)stream_value(w + o * in * bits / 8, i, bits) +
+                                    base_load_float(b, dt, g);
+            }
+        h->weight = w, h->scales = s, h->biases = b;
+        CHECK(be->ops->map_weights(be, s, (size_t)(out * ng) * base_dtype_size(dt), &L->dev.scales,
+                                   &err) == 0);
+        CHECK(be->ops->map_weights(be, b, (size_t)(out * ng) * base_dtype_size(dt), &L->dev.biases,
+                                   &err) == 0);
+    }
+    L->dev = (be_linear){.out = out,
+                         .in = in,
+                         .bits = bits,
+                         .group_size = group,
+                         .dtype = dt,
+                         .scales = L->dev.scales,
+                         .biases = L->dev.biases};
+    CHECK(be->ops->map_weights(be, h->weight, wbytes, &L->dev.weight, &err) == 0);
+    if (bias) {
+        float *bb = malloc(sizeof(float) * out);
+        tc_fill(bb, (size_t)out, 1.0f);
+        h->bias = bb;
+        h->bias_dtype = BASE_DTYPE_F32;
+        CHECK(be->ops->map_weights(be, bb, sizeof(float) * out, &L->dev.bias, &err) == 0);
+        L->dev.bias_dtype = BASE_DTYPE_F32;
+    }
+}
+
+static void free_linear(be_backend *be, host_linear *L) {
+    be->ops->free(be, (void *)L->dev.weight);
+    be->ops->free(be, (void *)L->dev.scales);
+    be->ops->free(be, (void *)L->dev.biases);
+    be->ops->free(be, (void *)L->dev.bias);
+    free((void *)L->host.weight);
+    free((void *)L->host.scales);
+    free((void *)L->host.biases);
+    free((void *)L->host.bias);
+    free(L->wf);
+}
+
+static void check_matmul(be_backend *be, host_linear *L, int n, base_dtype x_dt, base_dtype y_dt,
+                         const char *what) {
+    int64_t in = L->host.in, out = L->host.out;
+    float *x = malloc(sizeof(float) * n * in);
+    tc_fill(x, (size_t)(n * in), 1.0f);
+    tc_round(x, (size_t)(n * in), x_dt);
+    double *ref = malloc(sizeof(double) * n * out);
+    const float *bias = L->host.bias;
+    for (int r = 0; r < n; r++)
+        for (int64_t o = 0; o < out; o++) {
+            double s = bias ? bias[o] : 0.0;
+            for (int64_t i = 0; i < in; i++) s += (double)x[r * in + i] * L->wf[o * in + i];
+            ref[r * out + o] = s;
+        }
+    be_tensor tx = tc_tensor(be, x, x_dt, n, in);
+    be_tensor ty = tc_poisoned(be, y_dt, n, out);
+    base_err err = {{0}};
+    CHECK_MSG(be->ops->matmul(be, &tx, &L->dev, &ty, &err) == 0, "%s: %s", what, err.msg);
+    double e = tc_err(be, &ty, ref);
+    CHECK_MSG(e < tc_tol(y_dt) * (y_dt == BASE_DTYPE_F32 ? 10 : 1), "%s n=%d x %s y %s: err %g",
+              what, n, base_dtype_name(x_dt), base_dtype_name(y_dt), e);
+    be->ops->free(be, tx.data);
+    be->ops->free(be, ty.data);
+    free(x);
+    free(ref);
+}
+
+static void test_matmul_dense(be_backend *be) {
+    for (int w = 0; w < 3; w++) {
+        host_linear L;
+        make_linear(be, &L, 37, 200, 0, 0, act_types[w], w == 1);
+        char what[64];
+        snprintf(what, sizeof what, "dense %s", base_dtype_name(act_types[w]));
+        int ns[] = {1, 3, 16, 21};
+        for (int i = 0; i < 4; i++)
+            check_matmul(be, &L, ns[i], BASE_DTYPE_BF16, BASE_DTYPE_F32, what);
+        check_matmul(be, &L, 2, BASE_DTYPE_F32, BASE_DTYPE_BF16, what);
+        check_matmul(be, &L, 5, BASE_DTYPE_F16, BASE_DTYPE_F16, what);
+        free_linear(be, &L);
+    }
+}
+
+static void test_matmul_quant(be_backend *be) {
+    const int bits[] = {2, 3, 4, 5, 6, 8}, groups[] = {32, 64, 128};
+    for (int b = 0; b < 6; b++)
+        for (int g = 0; g < 3; g++) {
+            host_linear L;
+            base_dtype sdt = (b + g) % 2 ? BASE_DTYPE_F16 : BASE_DTYPE_BF16;
+            /* in = 384 is three 128-value groups: units cross no group, rows are not powers
+             * of two, and out = 19 leaves a partial warp of output rows. */
+            make_linear(be, &L, 19, 384, bits[b], groups[g], sdt, g == 1);
+            char what[64];
+            snprintf(what, sizeof what, "q%d g%d", bits[b], groups[g]);
+            int ns[] = {1, 4, 7, 16, 19};
+            for (int i = 0; i < 5; i++)
+                check_matmul(be, &L, ns[i], BASE_DTYPE_BF16, BASE_DTYPE_F32, what);
+            check_matmul(be, &L, 3, BASE_DTYPE_F32, BASE_DTYPE_BF16, what);
+            free_linear(be, &L);
+        }
+    /* Rejected, not crashed: a group size MLX never writes. */
+    host_linear L;
+    make_linear(be, &L, 4, 96, 4, 32, BASE_DTYPE_BF16, false);
+    L.dev.group_size = 48;
+    float x[96] = {0};
+    be_tensor tx = tc_tensor(be, x, BASE_DTYPE_BF16, 1, 96),
+              ty = tc_poisoned(be, BASE_DTYPE_F32, 1, 4);
+    base_err err = {{0}};
+    CHECK(be->ops->matmul(be, &tx, &L.dev, &ty, &err) == -1 && strstr(err.msg, "group size"));
+    be->ops->free(be, tx.data);
+    be->ops->free(be, ty.data);
+    free_linear(be, &L);
+}
+
+static void test_embedding(be_backend *be) {
+    int32_t ids[4] = {5, 0, 18, 5};
+    for (int q = 0; q < 3; q++) {
+        host_linear L;
+        int bits = q == 0 ? 0 : (q == 1 ? 4 : 3);
+        make_linear(be, &L, 19, 128, bits, 64, BASE_DTYPE_BF16, false);
+        double ref[4 * 128];
+        for (int r = 0; r < 4; r++)
+            for (int c = 0; c < 128; c++) ref[r * 128 + c] = L.wf[ids[r] * 128 + c];
+        be_tensor ti = {tc_dev_bytes(be, ids, sizeof ids), BASE_DTYPE_I32, 4, 1};
+        be_tensor to = tc_poisoned(be, BASE_DTYPE_F32, 4, 128);
+        base_err err = {{0}};
+        CHECK_MSG(be->ops->embedding(be, &L.dev, &ti, &to, &err) == 0, "%s", err.msg);
+        double e = tc_err(be, &to, ref);
+        CHECK_MSG(e < 1e-6, "embedding bits %d err %g", bits, e);
+        be->ops->free(be, ti.data);
+        be->ops->free(be, to.data);
+        free_linear(be, &L);
+    }
+}
+
+static void test_kv_append(be_backend *be) {
+    int nkv = 2, hd = 64, bs = 16, nblocks = 5, n = 3;
+    int64_t width = nkv * hd, slots[3] = {4 * 16 + 15, 0, 2 * 16 + 7};
+    float k[3 * 128], v[3 * 128];
+    tc_fill(k, sizeof k / sizeof k[0], 1.0f);
+    tc_fill(v, sizeof v / sizeof v[0], 1.0f);
+    size_t pool_elems = (size_t)nblocks * bs * width;
+    for (int d = 0; d < 2; d++) {
+        base_dtype pdt = d ? BASE_DTYPE_BF16 : BASE_DTYPE_F16;
+        size_t bytes = pool_elems * 2;
+        uint8_t *init = malloc(bytes);
+        memset(init, 0x3c, bytes);
+        be_kv_layer layer = {tc_dev_bytes(be, init, bytes),
+                             tc_dev_bytes(be, init, bytes),
+                             pdt,
+                             nblocks,
+                             bs,
+                             nkv,
+                             hd};
+        be_paged_batch batch = {.n_tokens = n, .slots = tc_dev_bytes(be, slots, sizeof slots)};
+        be_tensor tk = tc_tensor(be, k, BASE_DTYPE_BF16, n, width);
+        be_tensor tv = tc_tensor(be, v, BASE_DTYPE_F32, n, width);
+        base_err err = {{0}};
+        CHECK_MSG(be->ops->kv_append(be, &layer, &tk, &tv, &batch, &err) == 0, "%s", err.msg);
+        uint8_t *gk = malloc(bytes), *gv = malloc(bytes);
+        CHECK(be->ops->sync(be, &err) == 0);
+        CHECK(be->ops->download(be, gk, layer.k, bytes, &err) == 0);
+        CHECK(be->ops->download(be, gv, layer.v, bytes, &err) == 0);
+        /* Expected pool: init everywhere, the rows at the slots replaced. */
+        uint8_t *wk = malloc(bytes), *wv = malloc(bytes);
+        memcpy(wk, init, bytes);
+        memcpy(wv, init, bytes);
+        float kr[3 * 128];
+        memcpy(kr, k, sizeof kr);
+        tc_round(kr, 3 * 128, BASE_DTYPE_BF16);
+        for (int t = 0; t < n; t++)
+            for (int e = 0; e < width; e++) {
+                base_store_float(wk, pdt, (size_t)(slots[t] * width + e), kr[t * width + e]);
+                base_store_float(wv, pdt, (size_t)(slots[t] * width + e), v[t * width + e]);
+            }
+        CHECK_MSG(memcmp(gk, wk, bytes) == 0, "kv_append k %s", base_dtype_name(pdt));
+        CHECK_MSG(memcmp(gv, wv, bytes) == 0, "kv_append v %s", base_dtype_name(pdt));
+        be->ops->free(be, layer.k);
+        be->ops->free(be, layer.v);
+        be->ops->free(be, (void *)batch.slots);
+        be->ops->free(be, tk.data);
+        be->ops->free(be, tv.data);
+        free(init), free(gk), free(gv), free(wk), free(wv);
+    }
+}
+
+int main(void) {
+    be_backend *be = tc_backend();
+    if (!be) return 0;
+    CHECK(strcmp(be->name, "cuda") == 0);
+    CHECK(be->target_parallelism > 0);
+    uint64_t fr = 0, tot = 0;
+    CHECK(be->ops->memory_info(be, &fr, &tot) == 0 && fr > 0 && tot >= fr);
+    test_rmsnorm(be);
+    test_binary(be);
+    test_rope(be);
+    test_argmax(be);
+    test_embedding(be);
+    test_kv_append(be);
+    test_matmul_dense(be);
+    test_matmul_quant(be);
+    base_err err = {{0}};
+    CHECK_MSG(be->ops->sync(be, &err) == 0, "%s", err.msg);
+    be->ops->destroy(be);
+    TEST_MAIN_END();
+}
