@@ -48,13 +48,17 @@ const extra = new Map([
 for (const [name, data] of extra)
   files.set(name, { data, sha256: crypto.createHash('sha256').update(data).digest('hex') });
 
-let cutsLeft = 1;
+// cut-once cuts the first LFS response after the mode file switched to it.
+let cutsLeft = 0;
+let lastMode = 'normal';
 const mode = () => {
+  let m = 'normal';
   try {
-    return fs.readFileSync(path.join(args.state, 'mode'), 'utf8').trim() || 'normal';
-  } catch {
-    return 'normal';
-  }
+    m = fs.readFileSync(path.join(args.state, 'mode'), 'utf8').trim() || 'normal';
+  } catch {}
+  if (m !== lastMode) cutsLeft = 1;
+  lastMode = m;
+  return m;
 };
 
 function listing(m) {
@@ -120,7 +124,7 @@ function serveBlob(req, res, f, lfs) {
     res.end(f.data.subarray(start));
     return log(req, status, size - start);
   }
-  cutsLeft--;
+  if (m === 'cut-once') cutsLeft--;
   const part = f.data.subarray(start, Math.max(start, CUT));
   log(req, status, part.length);
   res.write(part, () => res.socket.destroy());

@@ -53,6 +53,8 @@ mode() { echo "$1" >"$t/hub/mode"; }
 log_lines() { wc -l <"$t/hub/log" 2>/dev/null || echo 0; }
 # Requests made since line $1 of the log whose path contains $2.
 log_since() { tail -n +"$(($1 + 1))" "$t/hub/log" | grep -F -- "$2"; }
+# True when such a request's log line matches the regex $3.
+log_since_has() { log_since "$1" "$2" | grep -q -- "$3"; }
 size() { stat -c %s "$1"; }
 lfs_size=$(size "$payload/model.safetensors")
 
@@ -106,17 +108,20 @@ check "the resumed download succeeds: $(cat "$t/err")" [ "$rc" = 0 ]
 check "the resumed file is byte-exact" cmp -s "$payload/model.safetensors" "$a/model.safetensors"
 check "the resume made one request for the LFS file" [ "$(log_since "$before" /cdn/ | wc -l)" = 1 ]
 check "the resume asked for the missing range only and got it" \
-    log_since "$before" /cdn/ | grep -q "\"range\":\"bytes=100000-\",\"auth\":null,\"status\":206,\"sent\":$((lfs_size - 100000))}"
+    log_since_has "$before" /cdn/ "\"range\":\"bytes=100000-\",\"auth\":null,\"status\":206,\"sent\":$((lfs_size - 100000))}"
 
-# 4. A cut within one run is retried from where it stopped.
+# 4. A cut within one run is retried from where it stopped; a stale file of the wrong size
+# left in an unfinished model's directory is fetched again.
 run rm acme/tiny
+mkdir -p "$a" && echo '{}' >"$a/config.json"
 mode cut-once
 before=$(log_lines)
 run inspect -m acme/tiny
 check "a download cut once completes in the same run: $(cat "$t/err")" [ "$rc" = 0 ]
 check "the retry resumed at the cut" \
-    log_since "$before" /cdn/ | grep -q '"range":"bytes=100000-".*"status":206'
+    log_since_has "$before" /cdn/ '"range":"bytes=100000-".*"status":206'
 check "the retried file is byte-exact" cmp -s "$payload/model.safetensors" "$a/model.safetensors"
+check "a stale file is replaced" cmp -s "$payload/config.json" "$a/config.json"
 
 # 5. A wrong sha256 or a wrong size deletes the download and leaves nothing in place.
 run rm acme/tiny
