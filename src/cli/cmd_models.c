@@ -16,6 +16,9 @@ bool cli_take_model(cli_parser *p, const char **model, bool *offline) {
 }
 
 int cli_model_resolve(const char **model, bool offline, char *dir, size_t dir_size, base_err *err) {
+    /* What cannot be a repo id is a path: the loader then names the file missing there. */
+    hub_repo_id id;
+    if (!base_dir_exists(*model) && hub_repo_parse(*model, &id, NULL)) return 0;
     hub_options o;
     if (hub_options_from_env(&o, err)) return -1;
     o.offline |= offline;

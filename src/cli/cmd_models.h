@@ -12,7 +12,8 @@ int cli_cmd_rm(int argc, char **argv);
 bool cli_take_model(cli_parser *p, const char **model, bool *offline);
 /* Replaces *model by the directory that holds it, downloading it into the store when needed
  * (an error when offline). The directory is written into dir (dir_size bytes, caller's), and
- * *model then points at dir. */
+ * *model then points at dir. A name that is neither a directory nor a repo id is left as it
+ * is, for the loader to report. */
 int cli_model_resolve(const char **model, bool offline, char *dir, size_t dir_size, base_err *err);
 
 #endif
