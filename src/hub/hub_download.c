@@ -243,7 +243,9 @@ static int list_files(http_req *r, const hub_options *o, const char *repo, file_
             rc = base_fail(err, "%s: %s", url, http_error(r, cc));
         else if (status != 200)
             rc = base_fail(err, "%s: HTTP %ld%s", url, status, status_hint(status));
-        else if (!json_is_array(root = json_loadb(io.body ? io.body : "", io.len, 0, NULL)))
+        else
+            root = json_loadb(io.body ? io.body : "", io.len, 0, NULL);
+        if (rc == 0 && !json_is_array(root))
             rc = base_fail(err, "%s: the file listing is not a JSON array", url);
         size_t i;
         json_t *e;
