@@ -134,6 +134,7 @@ typedef struct be_ops {
 
 struct be_backend {
     const char *name; /* "cpu", "cuda" */
+    char device[128]; /* what it runs on, for reports: the CPU model, the GPU's name */
     const be_ops *ops;
     base_dtype act_dtype;   /* activations dtype the backend computes in */
     int n_threads;          /* CPU worker threads (1 for GPU backends) */

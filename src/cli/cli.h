@@ -65,6 +65,8 @@ int cli_cmd_generate(int argc, char **argv);
 int cli_cmd_logits(int argc, char **argv);
 int cli_cmd_quantize(int argc, char **argv);
 int cli_cmd_run(int argc, char **argv);
+int cli_cmd_bench(int argc, char **argv);
+int cli_cmd_arch(int argc, char **argv);
 int cli_cmd_inspect(int argc, char **argv);
 int cli_cmd_perplexity(int argc, char **argv);
 

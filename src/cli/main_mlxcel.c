@@ -1,6 +1,7 @@
 /* `mlxcel`: dispatches to a subcommand. */
 #include "cli/cli.h"
 #include "cli/cmd_models.h"
+#include "io/io.h"
 #include "cli/cmd_tokenize.h"
 
 #include <string.h>
@@ -12,6 +13,8 @@ typedef struct cli_command {
 } cli_command;
 
 static const cli_command g_commands[] = {
+    {"arch", cli_cmd_arch, "list the supported model families and weight formats"},
+    {"bench", cli_cmd_bench, "prompt and generation throughput against the memory ceiling"},
     {"detokenize", cli_cmd_detokenize, "print the text of token ids"},
     {"generate", cli_cmd_generate, "generate a continuation of a prompt"},
     {"inspect", cli_cmd_inspect, "memory breakdown of a model: weights, KV blocks, context"},
@@ -25,6 +28,16 @@ static const cli_command g_commands[] = {
     {"tokenize", cli_cmd_tokenize, "print the token ids of stdin as a JSON array"},
     {NULL, NULL, NULL},
 };
+
+int cli_cmd_arch(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--help") != 0 && strcmp(argv[1], "-h") != 0)
+        return cli_usage_fail("arch: unexpected argument '%s'", argv[1]);
+    printf("families: %s\n", io_arch_supported_list());
+    printf("weights:  dense F32, F16, BF16; MLX affine-quantized, bits 2, 3, 4, 5, 6, 8 with "
+           "group sizes 32, 64, 128 (per-module overrides)\n");
+    printf("rope:     default, linear, dynamic, llama3, yarn\n");
+    return CLI_OK;
+}
 
 static void print_usage(FILE *f) {
     fprintf(f, "usage: mlxcel <command> [options]\n\ncommands:\n");

@@ -127,6 +127,17 @@ int engine_generate(engine_runtime *rt, const int32_t *prompt, int n_prompt, int
                     const engine_sampling *sampling, engine_token_fn on_token, void *ctx,
                     engine_generate_result *res, base_err *err);
 
+/* ---- measurements (mlxcel bench) ---- */
+
+/* Seconds to run a prompt of n_tokens (fixed pseudo-random ids) through the model. */
+int engine_bench_prefill(engine_runtime *rt, int n_tokens, double *seconds, base_err *err);
+/* Seconds for n_steps decode steps of n_seqs sequences at once (after a first token each). */
+int engine_bench_decode(engine_runtime *rt, int n_seqs, int n_steps, double *seconds,
+                        base_err *err);
+/* The backend's copy bandwidth (bytes read + written per second, best of 4 copies of
+ * 256 MiB): the ceiling a decode step's weight reads are measured against. */
+int engine_bench_copy_bandwidth(be_backend *be, double *bytes_per_second, base_err *err);
+
 /* ---- prompts: tokenizer + chat template of a model directory ---- */
 
 typedef struct engine_prompter {
@@ -153,5 +164,115 @@ int engine_prompter_encode_chat(const engine_prompter *p, const json_t *messages
 /* Tokenizes plain text with the tokenizer's special tokens (e.g. BOS) added. */
 int engine_prompter_encode_text(const engine_prompter *p, const char *text, int32_t **ids, int *n,
                                 base_err *err);
+
+/* ---- the scheduler ---- */
+
+/* Continuous batching on a thread of its own. Each step packs, under a token budget, one
+ * decode row for every running sequence and then prefill chunks of the running sequences
+ * still reading their prompt, oldest first, then admits waiting requests (oldest first) while
+ * fewer than n_parallel run. A request's KV is its prompt plus everything generated; when
+ * the pool runs out of blocks the newest running sequence is preempted: its blocks are freed
+ * and it goes back to the head of the queue, to be recomputed (reusing whatever prefix the
+ * cache still holds) with its sampler state kept. Prompts adopt cached prefixes through the
+ * pool. Cancellation frees the sequence's blocks before the next step. */
+
+typedef struct engine_sched_options {
+    int n_parallel;           /* running sequences at most */
+    int max_batch_tokens;     /* tokens per step; <= 0: 2048 (raised to n_parallel when below) */
+    int prefill_chunk;        /* prompt tokens of one sequence per step; <= 0: 512 */
+    int max_queue;            /* requests waiting to start, at most; <= 0: no limit */
+    int ctx_size;             /* per-sequence limit on prompt + generated tokens */
+    const tok_tokenizer *tok; /* detokenizes and matches stop strings; NULL: token ids only
+                                 (not owned, must outlive the scheduler) */
+    int n_eos;
+    const int32_t *eos_ids; /* (n_eos) ids that end generation, besides the model config's;
+                               copied */
+} engine_sched_options;
+
+typedef enum {
+    ENGINE_FINISH_NONE = 0, /* more events follow */
+    ENGINE_FINISH_STOP,     /* an EOS id or a stop string */
+    ENGINE_FINISH_LENGTH,   /* max_tokens or the context limit */
+    ENGINE_FINISH_CANCELLED,
+    ENGINE_FINISH_ERROR, /* message in engine_event.error */
+} engine_finish;
+
+#define ENGINE_MAX_TOP_LOGPROBS 20
+
+/* One generated token (token >= 0) and/or the end of the request (finish != NONE). The text
+ * is what may be shown now: the detokenizer's output minus anything that could still turn
+ * into a stop string; a matched stop string is never shown. Pointers are valid during the
+ * callback only. */
+typedef struct engine_event {
+    uint64_t id;
+    int32_t token; /* -1 on a final event that carries no token */
+    const char *text;
+    size_t text_len;
+    float logprob;                               /* of token, from the raw logits */
+    int n_top;                                   /* top alternatives, when asked */
+    int32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];    /* (n_top) most likely first */
+    float top_logprobs[ENGINE_MAX_TOP_LOGPROBS]; /* (n_top) */
+    engine_finish finish;
+    int n_prompt, n_generated, n_cached; /* n_cached: prompt tokens adopted from the cache */
+    double seconds_to_first_token;       /* from submission; set once a token exists */
+    const char *error;                   /* ENGINE_FINISH_ERROR only */
+} engine_event;
+
+/* Called on the scheduler's thread; it must not block for long and must not call back into
+ * the scheduler but for engine_cancel. Every submitted request gets exactly one final event
+ * (finish != NONE), after which its ctx is never touched again. */
+typedef void (*engine_event_fn)(void *ctx, const engine_event *ev);
+
+typedef struct engine_request {
+    const int32_t *prompt; /* (n_prompt) copied */
+    int n_prompt;
+    int max_tokens;           /* <= 0: up to the context limit */
+    engine_sampling sampling; /* logit_bias copied */
+    int n_stop;
+    const char *const *stop; /* (n_stop) stop strings, copied */
+    bool logprobs;           /* report each token's log-probability */
+    int top_logprobs;        /* alternatives per token, 0 .. ENGINE_MAX_TOP_LOGPROBS */
+    bool ignore_eos;
+    engine_event_fn on_event;
+    void *ctx;
+} engine_request;
+
+typedef enum {
+    ENGINE_REJECT_NONE = 0,
+    ENGINE_REJECT_INVALID, /* bad prompt or parameters: the client's fault */
+    ENGINE_REJECT_BUSY,    /* the queue is full: try later */
+    ENGINE_REJECT_STOPPED, /* the scheduler is shutting down */
+} engine_reject;
+
+typedef struct engine_sched_stats {
+    int running, waiting;
+    uint64_t requests_done, requests_cancelled, preemptions, steps;
+    uint64_t computed_tokens, cached_tokens,
+        generated_tokens; /* through the model, adopted from the prefix cache, sampled */
+    double step_seconds, forward_seconds; /* summed over steps; the rest is scheduling,
+                                             sampling and detokenizing */
+    kv_pool_stats pool;                   /* as of the end of the last step */
+} engine_sched_stats;
+
+typedef struct engine_sched engine_sched;
+
+/* Starts the step thread over rt (not owned; it must outlive the scheduler, and nothing
+ * else may use its pool meanwhile). */
+int engine_sched_start(engine_runtime *rt, const engine_sched_options *o, engine_sched **out,
+                       base_err *err);
+/* Cancels everything (each request gets its final event), joins the thread and frees. */
+void engine_sched_stop(engine_sched *s);
+/* Queues a request. On failure *why says whose fault it is and err says what. */
+int engine_submit(engine_sched *s, const engine_request *r, uint64_t *id, engine_reject *why,
+                  base_err *err);
+/* Ends a request early: its blocks are freed before the next step and its final event says
+ * CANCELLED (unless it had already finished). Unknown ids are ignored. Any thread. */
+void engine_cancel(engine_sched *s, uint64_t id);
+engine_sched_stats engine_sched_get_stats(engine_sched *s);
+/* Test hook: the next steps run only while `steps` > 0 (each step decrements it); < 0: free
+ * running. Lets a test stage requests and inspect the pool between steps. */
+void engine_sched_set_step_limit(engine_sched *s, int64_t steps);
+/* Blocks until the step thread is idle (nothing runnable or the step limit reached). */
+void engine_sched_wait_idle(engine_sched *s);
 
 #endif

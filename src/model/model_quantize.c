@@ -2,8 +2,9 @@
  * every Linear and Embedding weight whose input size is a multiple of the group size becomes
  * `weight` (uint32, each row a little-endian bit stream), `scales` and `biases` (the weight's
  * dtype); everything else is copied; config.json gains `quantization` and
- * `quantization_config`. Per group the scale and bias follow MLX's affine rule: the edge of
- * larger magnitude is represented exactly, and zero stays exact when it can. */
+ * `quantization_config`. Per group the scale and bias follow MLX's affine rule (the edge of
+ * larger magnitude is represented exactly, and zero stays exact when it can), computed as
+ * MLX's CPU kernel does, so that the output is byte for byte what MLX writes. */
 #include "model/model.h"
 
 #include <jansson.h>
@@ -12,10 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Quantizes one group of n floats: fills q (n values in [0, 2^bits - 1]), scale and bias
- * (already rounded to `dt`, and q computed against the rounded values). */
-static void quantize_group(const float *w, int n, int bits, base_dtype dt, uint32_t *q,
-                           float *scale_out, float *bias_out) {
+/* Quantizes one group of n floats as MLX's CPU kernel does, in float32: fills q (n values in
+ * [0, 2^bits - 1]), scale and bias. The codes come from the float32 scale and bias; the
+ * caller stores those rounded to the weight dtype, as MLX does. */
+static void quantize_group(const float *w, int n, int bits, uint32_t *q, float *scale_out,
+                           float *bias_out) {
     float lo = w[0], hi = w[0];
     for (int i = 1; i < n; i++) {
         lo = w[i] < lo ? w[i] : lo;
@@ -30,19 +32,8 @@ static void quantize_group(const float *w, int n, int bits, base_dtype dt, uint3
     float q0 = rintf(edge / scale);
     if (q0 != 0) scale = edge / q0;
     float bias = q0 == 0 ? 0.0f : edge;
-    /* round through the stored dtype so that dequantization sees exactly these values */
-    uint16_t tmp[2];
-    float stored[2] = {scale, bias};
-    if (dt != BASE_DTYPE_F32) {
-        for (int i = 0; i < 2; i++) {
-            base_store_float(tmp, dt, (size_t)i, stored[i]);
-            stored[i] = base_load_float(tmp, dt, (size_t)i);
-        }
-    }
-    scale = stored[0];
-    bias = stored[1];
     for (int i = 0; i < n; i++) {
-        float v = scale != 0 ? rintf((w[i] - bias) / scale) : 0;
+        float v = rintf((w[i] - bias) / scale);
         q[i] = v < 0 ? 0 : v > n_bins ? (uint32_t)n_bins : (uint32_t)v;
     }
     *scale_out = scale;
@@ -75,7 +66,7 @@ static void quantize_matrix(const io_tensor *t, int bits, int group, quant_out *
             for (int i = 0; i < group; i++)
                 w[i] = base_load_float(t->data, t->dtype, (size_t)(r * cols + g * group + i));
             float s, b;
-            quantize_group(w, group, bits, t->dtype, q, &s, &b);
+            quantize_group(w, group, bits, q, &s, &b);
             base_store_float(o->scales, t->dtype, (size_t)(r * groups + g), s);
             base_store_float(o->biases, t->dtype, (size_t)(r * groups + g), b);
             for (int i = 0; i < group; i++) put_bits(row, &pos, q[i], bits);

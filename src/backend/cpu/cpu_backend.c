@@ -137,6 +137,23 @@ static const be_ops cpu_ops = {
     .argmax = cpu_argmax,
 };
 
+/* The "model name" line of /proc/cpuinfo, or "unknown CPU". */
+static void cpu_model_name(char *buf, size_t size) {
+    snprintf(buf, size, "unknown CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (strncmp(line, "model name", 10) != 0 || !colon) continue;
+        colon += 1 + (colon[1] == ' ');
+        colon[strcspn(colon, "\n")] = 0;
+        snprintf(buf, size, "%s", colon);
+        break;
+    }
+    fclose(f);
+}
+
 int be_cpu_create(int n_threads, be_backend **out, base_err *err) {
     *out = NULL;
     cpu_isa isa;
@@ -154,6 +171,7 @@ int be_cpu_create(int n_threads, be_backend **out, base_err *err) {
     impl->isa = isa;
     impl->krn = cpu_isa_kernels(isa);
     be->name = "cpu";
+    cpu_model_name(be->device, sizeof be->device);
     be->ops = &cpu_ops;
     be->act_dtype = BASE_DTYPE_F32;
     be->n_threads = base_pool_threads(pool);

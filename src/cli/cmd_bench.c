@@ -1,0 +1,157 @@
+/* `mlxcel bench`: llama-bench style throughput table, with decode measured against the
+ * backend's copy bandwidth measured in the same run. */
+#include "cli/cli_runtime.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *g_help =
+    "usage: mlxcel bench -m MODEL [-p 512] [-n 128] [-b 1,8,64] [-r 3] [--json] [options]\n"
+    "\n"
+    "Measures prompt processing (ppP: a P-token prompt) and token generation (tgN: N decode\n"
+    "steps of B sequences at once, after a first token each), best of R runs. Decode is also\n"
+    "given as weight bytes read per second and as a share of the backend's copy bandwidth\n"
+    "measured in the same run (read + write of 256 MiB), its memory ceiling.\n"
+    "\n"
+    "options:\n"
+    "%s"
+    "  -p, --n-prompt P         prompt tokens (default 512; 0 = skip)\n"
+    "  -n, --n-gen N            decode steps (default 128; 0 = skip)\n"
+    "  -b, --batch LIST         concurrent sequences for tgN, comma-separated (default 1)\n"
+    "  -r, --repetitions R      runs of each test, the best is kept (default 3)\n"
+    "      --json               one JSON object per test, one per line\n"
+    "\n"
+    "example:\n"
+    "  mlxcel bench -m models/demo -p 512 -n 128 -b 1,8 -t 2\n";
+
+typedef struct bench_row {
+    char test[32];
+    int batch;
+    double tok_per_s;
+    double gb_per_s;      /* decode only */
+    double ceiling_share; /* decode only */
+} bench_row;
+
+static void print_row(const char *model_dir, const engine_runtime *rt, const bench_row *r,
+                      bool json) {
+    const be_backend *be = rt->be;
+    if (json) {
+        json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:s, s:i, s:f}", "model", model_dir, "backend",
+                              be->name, "device", be->device, "threads", be->n_threads, "test",
+                              r->test, "batch", r->batch, "tok_per_s", r->tok_per_s);
+        if (r->gb_per_s > 0) {
+            json_object_set_new(o, "weight_gb_per_s", json_real(r->gb_per_s));
+            json_object_set_new(o, "copy_bandwidth_share", json_real(r->ceiling_share));
+        }
+        char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        printf("%s\n", s);
+        free(s);
+        json_decref(o);
+        return;
+    }
+    printf("| %-24s | %-4s | %7d | %-10s | %5d | %10.1f |", model_dir, be->name, be->n_threads,
+           r->test, r->batch, r->tok_per_s);
+    if (r->gb_per_s > 0)
+        printf(" %8.2f | %5.1f%% |\n", r->gb_per_s, 100.0 * r->ceiling_share);
+    else
+        printf(" %8s | %6s |\n", "-", "-");
+}
+
+static int parse_batches(const char *s, int *out, int max, int *n) {
+    *n = 0;
+    while (*s && *n < max) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 1 || v > 4096 || (*end && *end != ',')) return -1;
+        out[(*n)++] = (int)v;
+        s = *end ? end + 1 : end;
+    }
+    return *n ? 0 : -1;
+}
+
+static int run_bench(const char *model_dir, engine_runtime *rt, long n_prompt, long n_gen,
+                     const int *batches, int n_batches, long reps, bool json, base_err *err) {
+    double copy_bw;
+    if (engine_bench_copy_bandwidth(rt->be, &copy_bw, err)) return -1;
+    uint64_t step_bytes = model_decode_bytes(rt->model);
+    if (!json) {
+        printf("device: %s (%s backend); commit %s; copy bandwidth %.2f GB/s (read + write)\n",
+               rt->be->device, rt->be->name, MLXCEL_GIT_COMMIT, copy_bw / 1e9);
+        printf("model: %s, %llu weight bytes, %llu read per decode step\n\n", model_dir,
+               (unsigned long long)model_weight_bytes(rt->model), (unsigned long long)step_bytes);
+        printf("| %-24s | %-4s | %7s | %-10s | %5s | %10s | %8s | %6s |\n", "model", "dev",
+               "threads", "test", "batch", "tok/s", "GB/s", "of bw");
+        printf("|%s|------|---------|------------|-------|------------|----------|--------|\n",
+               "--------------------------");
+    }
+    if (n_prompt > 0) {
+        bench_row r = {.batch = 1};
+        snprintf(r.test, sizeof r.test, "pp%ld", n_prompt);
+        for (long i = 0; i < reps; i++) {
+            double sec;
+            if (engine_bench_prefill(rt, (int)n_prompt, &sec, err)) return -1;
+            if (sec > 0 && n_prompt / sec > r.tok_per_s) r.tok_per_s = (double)n_prompt / sec;
+        }
+        print_row(model_dir, rt, &r, json);
+    }
+    for (int b = 0; b < n_batches && n_gen > 0; b++) {
+        bench_row r = {.batch = batches[b]};
+        snprintf(r.test, sizeof r.test, "tg%ld", n_gen);
+        double best = 0;
+        for (long i = 0; i < reps; i++) {
+            double sec;
+            if (engine_bench_decode(rt, batches[b], (int)n_gen, &sec, err)) return -1;
+            if (sec > 0 && (best == 0 || sec < best)) best = sec;
+        }
+        r.tok_per_s = (double)n_gen * batches[b] / best;
+        r.gb_per_s = (double)step_bytes * (double)n_gen / best / 1e9;
+        r.ceiling_share = copy_bw > 0 ? r.gb_per_s * 1e9 / copy_bw : 0;
+        print_row(model_dir, rt, &r, json);
+    }
+    return 0;
+}
+
+int cli_cmd_bench(int argc, char **argv) {
+    cli_runtime_flags rtf;
+    cli_runtime_init(&rtf);
+    long n_prompt = 512, n_gen = 128, reps = 3;
+    const char *batch_list = "1";
+    bool json = false;
+    cli_parser p;
+    cli_parser_init(&p, "bench", argc, argv);
+    while (cli_next(&p)) {
+        if (cli_flag(&p, "-h", "--help")) {
+            printf(g_help, cli_runtime_help());
+            return CLI_OK;
+        }
+        if (cli_take_runtime(&p, &rtf) ||
+            cli_take_int(&p, "-p", "--n-prompt", 0, 1 << 20, &n_prompt) ||
+            cli_take_int(&p, "-n", "--n-gen", 0, 1 << 20, &n_gen) ||
+            cli_take_int(&p, "-r", "--repetitions", 1, 1000, &reps) ||
+            cli_take(&p, "-b", "--batch", &batch_list))
+            continue;
+        if (cli_flag(&p, NULL, "--json")) {
+            json = true;
+            continue;
+        }
+        cli_unknown(&p);
+    }
+    if (cli_done(&p)) return CLI_USAGE;
+    if (!rtf.model) return cli_usage_fail("bench: -m MODEL is required");
+    int batches[64], n_batches;
+    if (parse_batches(batch_list, batches, 64, &n_batches))
+        return cli_usage_fail("bench: -b wants comma-separated batch sizes in [1, 4096], got '%s'",
+                              batch_list);
+    int max_batch = 1;
+    for (int i = 0; i < n_batches; i++) max_batch = batches[i] > max_batch ? batches[i] : max_batch;
+    if (rtf.opts.ctx_size <= 0)
+        rtf.opts.ctx_size = (int)(n_prompt > n_gen + 1 ? n_prompt : n_gen + 1);
+    rtf.opts.n_parallel = max_batch;
+    base_err err;
+    engine_runtime *rt;
+    if (engine_runtime_open(rtf.model, &rtf.opts, &rt, &err)) return cli_fail(&err);
+    int rc = run_bench(rtf.model, rt, n_prompt, n_gen, batches, n_batches, reps, json, &err);
+    engine_runtime_close(rt);
+    return rc ? cli_fail(&err) : CLI_OK;
+}

@@ -1,0 +1,273 @@
+/* `mlxcel-server`: flags (llama-server's spellings, and its LLAMA_ARG_* environment variables
+ * underneath them), startup, and shutdown on SIGINT or SIGTERM. The HTTP port opens before the
+ * model loads so that /health can say 503 meanwhile. */
+#include "cli/cmd_server.h"
+#include "cli/cli_runtime.h"
+#include "server/server.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct server_flags {
+    cli_runtime_flags rt;
+    server_options srv;
+    engine_sched_options sched;
+    const char *template_file;
+    bool help;
+} server_flags;
+
+/* Environment variable -> flag; a boolean flag's variable takes 1/true/on to set it. */
+static const struct {
+    const char *env, *flag;
+    bool boolean;
+} g_env[] = {
+    {"LLAMA_ARG_MODEL", "--model", false},
+    {"LLAMA_ARG_HOST", "--host", false},
+    {"LLAMA_ARG_PORT", "--port", false},
+    {"LLAMA_ARG_CTX_SIZE", "--ctx-size", false},
+    {"LLAMA_ARG_N_PARALLEL", "--parallel", false},
+    {"LLAMA_ARG_THREADS", "--threads", false},
+    {"LLAMA_ARG_N_PREDICT", "--n-predict", false},
+    {"LLAMA_ARG_API_KEY", "--api-key", false},
+    {"LLAMA_ARG_ENDPOINT_METRICS", "--metrics", true},
+    {"LLAMA_ARG_CHAT_TEMPLATE_FILE", "--chat-template-file", false},
+    {"LLAMA_ARG_TIMEOUT", "--timeout", false},
+    {"LLAMA_ARG_ALIAS", "--alias", false},
+    {"LLAMA_ARG_DEVICE", "--device", false},
+    {"LLAMA_ARG_KV_CACHE_BUDGET", "--kv-cache-budget", false},
+    {"LLAMA_ARG_MAX_QUEUE", "--max-queue", false},
+    {"LLAMA_ARG_MAX_BATCH_TOKENS", "--max-batch-tokens", false},
+    {"LLAMA_ARG_PREFILL_CHUNK_SIZE", "--prefill-chunk-size", false},
+};
+
+static const char g_help[] =
+    "usage: mlxcel-server -m MODEL [options]\n"
+    "\n"
+    "OpenAI-compatible server: POST /v1/chat/completions, /v1/completions, /completion,\n"
+    "/tokenize, /detokenize, /apply-template; GET /v1/models, /health, /metrics, /slots, /props.\n"
+    "\n"
+    "%s"
+    "  -np, --parallel N        sequences generated at once (default 4). -c is the limit of\n"
+    "                           EACH sequence, not a total divided among them (llama-server\n"
+    "                           divides it); the KV pool is sized for N full sequences unless\n"
+    "                           --kv-cache-budget says otherwise, and sequences then share it\n"
+    "  -n, --n-predict N        default max_tokens of a request (default: up to the context)\n"
+    "      --host ADDR          address to listen on (default 127.0.0.1)\n"
+    "      --port N             port (default 8080; 0 picks a free one)\n"
+    "      --api-key KEY        require 'Authorization: Bearer KEY' (not on /health)\n"
+    "      --alias NAME         model name in responses (default: the directory's name)\n"
+    "      --metrics            serve Prometheus metrics on GET /metrics\n"
+    "      --chat-template-file F  a Jinja chat template replacing the model's\n"
+    "      --timeout S          close connections idle for S seconds (default 600)\n"
+    "      --max-queue N        requests waiting to start, at most; more get 503 (default 256)\n"
+    "      --max-batch-tokens N tokens per scheduler step, decode rows and prefill chunks\n"
+    "                           together (default 2048)\n"
+    "      --prefill-chunk-size N  prompt tokens of one sequence per step (default 512)\n"
+    "      --max-body BYTES     largest request body; more gets 413 (default 8 MiB)\n"
+    "      --temp, --top-k, --top-p, --min-p, --repeat-penalty, --seed\n"
+    "                           sampling defaults for requests that leave them out\n"
+    "  -h, --help               this help\n"
+    "\n"
+    "Every flag can also come from the environment as llama-server names it (LLAMA_ARG_MODEL,\n"
+    "LLAMA_ARG_HOST, LLAMA_ARG_PORT, LLAMA_ARG_CTX_SIZE, LLAMA_ARG_N_PARALLEL, LLAMA_ARG_THREADS,\n"
+    "LLAMA_ARG_N_PREDICT, LLAMA_ARG_API_KEY, LLAMA_ARG_ENDPOINT_METRICS, LLAMA_ARG_TIMEOUT,\n"
+    "LLAMA_ARG_CHAT_TEMPLATE_FILE, LLAMA_ARG_ALIAS, LLAMA_ARG_KV_CACHE_BUDGET,\n"
+    "LLAMA_ARG_MAX_QUEUE, LLAMA_ARG_MAX_BATCH_TOKENS, LLAMA_ARG_PREFILL_CHUNK_SIZE); a flag on\n"
+    "the command line wins.\n"
+    "\n"
+    "examples:\n"
+    "  mlxcel-server -m models/demo\n"
+    "  mlxcel-server -m ~/models/Qwen3-4B-4bit -c 8192 -np 8 --port 9000 --metrics\n"
+    "  LLAMA_ARG_API_KEY=secret mlxcel-server -m models/demo --host 0.0.0.0\n"
+    "  curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+    "       -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'\n";
+
+static bool take_server_flag(cli_parser *p, server_flags *f) {
+    long v;
+    if (cli_take_int(p, "-np", "--parallel", 1, 4096, &v)) {
+        f->rt.opts.n_parallel = f->sched.n_parallel = (int)v;
+        return true;
+    }
+    if (cli_take_int(p, "-n", "--n-predict", -1, INT32_MAX, &v)) {
+        f->srv.n_predict = (int)v;
+        return true;
+    }
+    if (cli_take(p, NULL, "--host", &f->srv.host)) return true;
+    if (cli_take_int(p, NULL, "--port", 0, 65535, &v)) {
+        f->srv.port = (int)v;
+        return true;
+    }
+    if (cli_take(p, NULL, "--api-key", &f->srv.api_key)) return true;
+    if (cli_take(p, "-a", "--alias", &f->srv.model_id)) return true;
+    if (cli_flag(p, NULL, "--metrics")) {
+        f->srv.metrics = true;
+        return true;
+    }
+    if (cli_take(p, NULL, "--chat-template-file", &f->template_file)) return true;
+    if (cli_take_int(p, "-to", "--timeout", 0, 1 << 30, &v)) {
+        f->srv.timeout_s = (int)v;
+        return true;
+    }
+    if (cli_take_int(p, NULL, "--max-queue", 0, 1 << 30, &v)) {
+        f->sched.max_queue = (int)v;
+        return true;
+    }
+    if (cli_take_int(p, NULL, "--max-batch-tokens", 1, 1 << 24, &v)) {
+        f->sched.max_batch_tokens = (int)v;
+        return true;
+    }
+    if (cli_take_int(p, NULL, "--prefill-chunk-size", 1, 1 << 24, &v)) {
+        f->sched.prefill_chunk = (int)v;
+        return true;
+    }
+    if (cli_take_int(p, NULL, "--max-body", 1024, 1L << 34, &v)) {
+        f->srv.max_body = (size_t)v;
+        return true;
+    }
+    return false;
+}
+
+static void defaults(server_flags *f) {
+    memset(f, 0, sizeof *f);
+    cli_runtime_init(&f->rt);
+    f->rt.opts.n_parallel = f->sched.n_parallel = 4;
+    f->srv.host = "127.0.0.1";
+    f->srv.port = 8080;
+    f->srv.timeout_s = 600;
+    f->srv.max_body = 8u << 20;
+    f->sched.max_queue = 256;
+    engine_sampling_defaults(&f->srv.defaults);
+}
+
+/* argv with the environment's flags first, so that the command line's come later and win.
+ * The returned array (caller frees) points into argv and the environment. */
+static char **merge_env(int argc, char **argv, int *out_argc) {
+    char **v = base_xcalloc((size_t)argc + 2 * (sizeof g_env / sizeof *g_env) + 1, sizeof *v);
+    int n = 0;
+    v[n++] = argv[0];
+    for (size_t i = 0; i < sizeof g_env / sizeof *g_env; i++) {
+        char *val = getenv(g_env[i].env);
+        if (!val) continue;
+        if (g_env[i].boolean) {
+            if (strcmp(val, "1") == 0 || strcmp(val, "true") == 0 || strcmp(val, "on") == 0)
+                v[n++] = (char *)g_env[i].flag;
+            continue;
+        }
+        v[n++] = (char *)g_env[i].flag;
+        v[n++] = val;
+    }
+    for (int i = 1; i < argc; i++) v[n++] = argv[i];
+    *out_argc = n;
+    return v;
+}
+
+static int parse(int argc, char **argv, server_flags *f) {
+    int n;
+    char **v = merge_env(argc, argv, &n);
+    cli_parser p;
+    cli_parser_init(&p, "mlxcel-server", n, v);
+    while (cli_next(&p)) {
+        if (cli_flag(&p, "-h", "--help")) {
+            f->help = true;
+            continue;
+        }
+        if (cli_take_runtime(&p, &f->rt) || take_server_flag(&p, f) ||
+            cli_take_sampling(&p, &f->srv.defaults))
+            continue;
+        cli_unknown(&p);
+    }
+    int rc = cli_done(&p);
+    free(v);
+    if (rc == CLI_OK && !f->help && !f->rt.model)
+        rc = cli_usage_fail("mlxcel-server: -m MODEL is required (see --help)");
+    return rc;
+}
+
+static const char *base_name(const char *path) {
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    const char *s = path + n;
+    while (s > path && s[-1] != '/') s--;
+    return s;
+}
+
+static void print_startup(const char *model_dir, const engine_runtime *rt, const server *srv,
+                          const server_options *so, int n_threads) {
+    const engine_kv_plan *k = &rt->kv_plan;
+    const io_model_config *c = model_config(rt->model);
+    fprintf(stderr,
+            "mlxcel-server: model %s (%s, %d layers), backend %s, %d threads, context %d per "
+            "sequence x %d parallel, KV %lld blocks of %d tokens (%lld tokens, %.1f MiB); "
+            "listening on http://%s:%d\n",
+            model_dir, c->model_type, c->num_hidden_layers, rt->be->name, n_threads, k->ctx_size,
+            k->n_parallel, (long long)k->kv_blocks, k->geom.block_size,
+            (long long)k->kv_blocks * k->geom.block_size,
+            (double)k->kv_blocks * (double)k->kv_bytes_per_block / (1 << 20), so->host,
+            server_port(srv));
+}
+
+typedef struct loaded {
+    engine_runtime *rt;
+    engine_prompter *pr;
+    engine_sched *sched;
+    int32_t *eos;
+} loaded;
+
+static int load(server_flags *f, loaded *L, base_err *err) {
+    if (engine_runtime_open(f->rt.model, &f->rt.opts, &L->rt, err) ||
+        engine_prompter_open(f->rt.model, f->template_file, &L->pr, err))
+        return -1;
+    int n_eos;
+    server_extra_eos(f->rt.model, L->pr, &L->eos, &n_eos);
+    f->sched.tok = L->pr->tok;
+    f->sched.eos_ids = L->eos;
+    f->sched.n_eos = n_eos;
+    f->sched.ctx_size = L->rt->kv_plan.ctx_size;
+    return engine_sched_start(L->rt, &f->sched, &L->sched, err);
+}
+
+static void unload(loaded *L) {
+    engine_sched_stop(L->sched);
+    engine_prompter_close(L->pr);
+    engine_runtime_close(L->rt);
+    free(L->eos);
+}
+
+int cli_cmd_server(int argc, char **argv) {
+    server_flags f;
+    defaults(&f);
+    int rc = parse(argc, argv, &f);
+    if (rc != CLI_OK) return rc;
+    if (f.help) {
+        printf(g_help, cli_runtime_help());
+        return CLI_OK;
+    }
+    if (!f.srv.model_id) f.srv.model_id = base_name(f.rt.model);
+    /* signals are taken by sigwait below; every thread started from here inherits the mask */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    base_err err;
+    server *srv;
+    if (server_start(&f.srv, &srv, &err)) return cli_fail(&err);
+    loaded L = {0};
+    if (load(&f, &L, &err)) {
+        server_stop(srv);
+        unload(&L);
+        return cli_fail(&err);
+    }
+    server_attach(srv, L.rt, L.pr, L.sched);
+    print_startup(f.rt.model, L.rt, srv, &f.srv,
+                  f.rt.opts.n_threads > 0 ? f.rt.opts.n_threads : base_cpu_count());
+    int sig;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "mlxcel-server: stopping\n");
+    server_stop(srv);
+    unload(&L);
+    return CLI_OK;
+}

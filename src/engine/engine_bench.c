@@ -1,0 +1,92 @@
+/* Throughput measurements for `mlxcel bench`: prompt processing, batched decode, and the
+ * backend's copy bandwidth as the ceiling, all on the runtime as loaded. */
+#include "engine/engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Token ids for benchmarks: spread over the vocabulary, never zero. */
+static void bench_tokens(int32_t *ids, int n, int vocab, uint32_t seed) {
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        ids[i] = 1 + (int32_t)(seed >> 8) % (vocab - 1);
+    }
+}
+
+int engine_bench_prefill(engine_runtime *rt, int n_tokens, double *seconds, base_err *err) {
+    int vocab = model_config(rt->model)->vocab_size;
+    int32_t *ids = base_xmalloc((size_t)n_tokens * sizeof *ids);
+    float *logits = base_xmalloc((size_t)vocab * sizeof *logits);
+    bench_tokens(ids, n_tokens, vocab, 7);
+    double t0 = base_now();
+    int rc = engine_prefill_logits(rt, ids, n_tokens, NULL, logits, err);
+    *seconds = base_now() - t0;
+    free(ids);
+    free(logits);
+    return rc;
+}
+
+int engine_bench_decode(engine_runtime *rt, int n_seqs, int n_steps, double *seconds,
+                        base_err *err) {
+    const io_model_config *c = model_config(rt->model);
+    kv_seq **seqs = base_xcalloc((size_t)n_seqs, sizeof *seqs);
+    int32_t *ids = base_xmalloc((size_t)n_seqs * sizeof *ids);
+    int *q_lens = base_xmalloc((size_t)n_seqs * sizeof *q_lens);
+    int32_t *rows = base_xmalloc((size_t)n_seqs * sizeof *rows);
+    float *logits = base_xmalloc((size_t)n_seqs * c->vocab_size * sizeof *logits);
+    for (int s = 0; s < n_seqs; s++) {
+        seqs[s] = kv_seq_create(rt->pool);
+        q_lens[s] = 1;
+        rows[s] = s;
+    }
+    int rc = 0;
+    double t0 = 0;
+    /* step 0 writes each sequence's first token and is not timed (it is a 1-token prefill) */
+    for (int step = 0; step <= n_steps && rc == 0; step++) {
+        if (step == 1) t0 = base_now();
+        bench_tokens(ids, n_seqs, c->vocab_size, 11u + (uint32_t)step);
+        for (int s = 0; s < n_seqs && rc == 0; s++)
+            rc = kv_seq_append(rt->pool, seqs[s], &ids[s], 1, err);
+        kv_batch batch;
+        if (rc == 0) rc = kv_batch_build(rt->pool, seqs, q_lens, n_seqs, &batch, err);
+        if (rc) break;
+        rc = model_forward(rt->model, rt->pool, &batch, ids, rows, n_seqs, logits, err);
+        kv_batch_free(&batch);
+    }
+    *seconds = base_now() - t0;
+    for (int s = 0; s < n_seqs; s++) kv_seq_free(rt->pool, seqs[s]);
+    free(seqs);
+    free(ids);
+    free(q_lens);
+    free(rows);
+    free(logits);
+    return rc;
+}
+
+int engine_bench_copy_bandwidth(be_backend *be, double *bytes_per_second, base_err *err) {
+    /* large enough to leave every cache, small enough for any machine we run on */
+    const size_t bytes = (size_t)256 << 20;
+    void *a = NULL, *b = NULL;
+    int rc = be->ops->alloc(be, bytes, &a, err);
+    if (rc == 0) rc = be->ops->alloc(be, bytes, &b, err);
+    if (rc == 0) {
+        /* real data: untouched pages can all map to one zero page and read from cache */
+        uint32_t *host = base_xmalloc(bytes);
+        for (size_t i = 0; i < bytes / 4; i++) host[i] = (uint32_t)(i * 2654435761u);
+        rc = be->ops->upload(be, a, host, bytes, err);
+        free(host);
+    }
+    double best = 0;
+    for (int rep = 0; rep < 5 && rc == 0; rep++) {
+        /* the first copy also faults the pages in and is not counted */
+        double t0 = base_now();
+        rc = be->ops->copy(be, b, a, bytes, err);
+        if (rc == 0) rc = be->ops->sync(be, err);
+        double dt = base_now() - t0;
+        if (rep > 0 && dt > 0 && 2.0 * (double)bytes / dt > best) best = 2.0 * (double)bytes / dt;
+    }
+    if (a) be->ops->free(be, a);
+    if (b) be->ops->free(be, b);
+    *bytes_per_second = best;
+    return rc;
+}

@@ -1,0 +1,707 @@
+/* The scheduler: a request queue and the step loop on its own thread (continuous batching with
+ * chunked prefill, prefix adoption and preemption by recompute).
+ *
+ * Every request keeps its whole token history (prompt, then generated ids) and a count of how
+ * many of them are in its KV sequence. What is not yet in the KV is "pending": the prompt
+ * before prefill, one token (the last sampled) while decoding. A step gives every running
+ * sequence a slice of its pending tokens; a sequence whose slice reaches the end of its
+ * history gets a logits row and samples its next token. Prefill and decode are therefore the
+ * same thing at different lengths, and a preempted request (KV dropped, pending = everything)
+ * needs no special path to come back.
+ *
+ * Locking: `mu` guards the waiting queue, the cancel list, the step limit, the idle flag and
+ * the stats snapshot. The running set, the pool and the model belong to the step thread. */
+#include "engine/engine.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SCHED_DEFAULT_BATCH_TOKENS  2048
+#define SCHED_DEFAULT_PREFILL_CHUNK 512
+
+typedef struct sreq {
+    uint64_t id;
+    uint64_t admit_order;    /* larger = admitted later; preemption takes the largest */
+    engine_request r;        /* prompt and stop point into the owned copies below */
+    engine_logit_bias *bias; /* (r.sampling.n_logit_bias) owned */
+    char **stop;             /* (n_stop) owned */
+    size_t *stop_len;        /* (n_stop) */
+    int n_stop;
+    int32_t *tokens; /* (cap) prompt then generated ids */
+    int n_tokens, cap, n_prompt, n_generated, max_generated;
+    int n_cached;  /* prompt tokens adopted at first admission */
+    bool admitted; /* ever admitted (n_cached counted) */
+    kv_seq *seq;   /* NULL while waiting */
+    engine_sampler *sampler;
+    tok_stream *stream; /* NULL without a tokenizer */
+    char *held;         /* (held_cap) text not shown yet: it may still become a stop string */
+    size_t held_len, held_cap;
+    double t_submit, ttft;
+} sreq;
+
+/* A step's share for one running request. */
+typedef struct step_entry {
+    sreq *q;
+    int q_len;
+} step_entry;
+
+struct engine_sched {
+    engine_runtime *rt;
+    engine_sched_options o;
+    int32_t *eos; /* (n_eos) model config's ids and the caller's */
+    int n_eos;
+    int vocab;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t wake; /* work arrived, a cancel, a stop, the step limit changed */
+    pthread_cond_t idle_cv;
+    /* under mu */
+    sreq **waiting; /* (n_waiting) head first; capacity waiting_cap */
+    int n_waiting, waiting_cap;
+    uint64_t *cancels; /* (n_cancels) ids to cancel */
+    int n_cancels, cancels_cap;
+    int64_t step_limit;
+    bool stopping, idle;
+    uint64_t next_id;
+    engine_sched_stats stats;
+    /* step thread only */
+    sreq **running; /* (n_running) admission order; capacity o.n_parallel */
+    int n_running;
+    uint64_t admit_counter;
+    step_entry *entries;  /* (o.n_parallel) this step's slices */
+    kv_seq **seqs;        /* (o.n_parallel) the entries' sequences, for the batch */
+    int *q_lens;          /* (o.n_parallel) */
+    int32_t *out_rows;    /* (o.n_parallel) batch rows whose logits are wanted */
+    int32_t *step_tokens; /* (o.max_batch_tokens) the step's new tokens, entry order */
+    float *logits;        /* (o.n_parallel, vocab) */
+    float *scratch;       /* (vocab) raw logits kept for log-probabilities */
+};
+
+/* ---- requests ---- */
+
+static void sreq_free(sreq *q) {
+    if (!q) return;
+    free(q->bias);
+    for (int i = 0; i < q->n_stop; i++) free(q->stop[i]);
+    free(q->stop);
+    free(q->stop_len);
+    free(q->tokens);
+    engine_sampler_free(q->sampler);
+    if (q->stream) tok_stream_free(q->stream);
+    free(q->held);
+    free(q);
+}
+
+static int check_request(const engine_sched *s, const engine_request *r, base_err *err) {
+    if (!r->on_event) return base_fail(err, "request: no event callback");
+    if (r->n_prompt <= 0) return base_fail(err, "the prompt is empty");
+    if (r->n_prompt >= s->o.ctx_size)
+        return base_fail(err,
+                         "the prompt has %d tokens; the context holds %d per sequence (-c) and "
+                         "needs room for at least one generated token",
+                         r->n_prompt, s->o.ctx_size);
+    for (int i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= s->vocab)
+            return base_fail(err, "prompt token %d at position %d is outside the vocabulary (%d)",
+                             r->prompt[i], i, s->vocab);
+    if (r->top_logprobs < 0 || r->top_logprobs > ENGINE_MAX_TOP_LOGPROBS)
+        return base_fail(err, "top_logprobs must be in 0..%d, got %d", ENGINE_MAX_TOP_LOGPROBS,
+                         r->top_logprobs);
+    for (int i = 0; i < r->n_stop; i++)
+        if (!r->stop[i] || !r->stop[i][0]) return base_fail(err, "stop string %d is empty", i);
+    return 0;
+}
+
+/* Copies everything the caller passed (the request outlives the caller's buffers). */
+static int sreq_new(const engine_sched *s, const engine_request *r, sreq **out, base_err *err) {
+    if (check_request(s, r, err)) return -1;
+    sreq *q = base_xcalloc(1, sizeof *q);
+    q->r = *r;
+    if (r->sampling.n_logit_bias > 0) {
+        size_t nb = (size_t)r->sampling.n_logit_bias * sizeof *q->bias;
+        q->bias = base_xmalloc(nb);
+        memcpy(q->bias, r->sampling.logit_bias, nb);
+    }
+    q->r.sampling.logit_bias = q->bias;
+    if (engine_sampler_new(&q->r.sampling, s->vocab, &q->sampler, err)) {
+        sreq_free(q);
+        return -1;
+    }
+    q->n_stop = s->o.tok ? r->n_stop : 0;
+    q->stop = base_xcalloc((size_t)q->n_stop + 1, sizeof *q->stop);
+    q->stop_len = base_xcalloc((size_t)q->n_stop + 1, sizeof *q->stop_len);
+    for (int i = 0; i < q->n_stop; i++) {
+        q->stop[i] = base_xstrdup(r->stop[i]);
+        q->stop_len[i] = strlen(r->stop[i]);
+    }
+    q->r.stop = NULL;
+    q->r.n_stop = q->n_stop;
+    q->n_prompt = q->n_tokens = r->n_prompt;
+    int room = s->o.ctx_size - r->n_prompt;
+    q->max_generated = r->max_tokens > 0 && r->max_tokens < room ? r->max_tokens : room;
+    q->cap = r->n_prompt + (q->max_generated < 256 ? q->max_generated : 256);
+    q->tokens = base_xmalloc((size_t)q->cap * sizeof *q->tokens);
+    memcpy(q->tokens, r->prompt, (size_t)r->n_prompt * sizeof *q->tokens);
+    q->r.prompt = NULL;
+    if (s->o.tok) q->stream = tok_stream_new(s->o.tok, true);
+    q->t_submit = base_now();
+    *out = q;
+    return 0;
+}
+
+static void push_token(sreq *q, int32_t t) {
+    if (q->n_tokens == q->cap) {
+        q->cap *= 2;
+        q->tokens = base_xrealloc(q->tokens, (size_t)q->cap * sizeof *q->tokens);
+    }
+    q->tokens[q->n_tokens++] = t;
+}
+
+static void held_append(sreq *q, const char *text, size_t len) {
+    if (q->held_len + len + 1 > q->held_cap) {
+        q->held_cap = (q->held_len + len + 1) * 2;
+        q->held = base_xrealloc(q->held, q->held_cap);
+    }
+    memcpy(q->held + q->held_len, text, len);
+    q->held_len += len;
+    q->held[q->held_len] = 0;
+}
+
+/* How many bytes of the held text can be shown: up to the earliest stop string (*hit), else
+ * all but the longest tail that is the start of a stop string (all of it when final). */
+static size_t stop_scan(const sreq *q, bool final, bool *hit) {
+    size_t show = q->held_len;
+    *hit = false;
+    for (int i = 0; i < q->n_stop; i++) {
+        const char *p = memmem(q->held, q->held_len, q->stop[i], q->stop_len[i]);
+        if (p && (size_t)(p - q->held) <= show) {
+            show = (size_t)(p - q->held);
+            *hit = true;
+        }
+    }
+    if (*hit || final) return show;
+    size_t hold = 0;
+    for (int i = 0; i < q->n_stop; i++) {
+        size_t k = q->stop_len[i] - 1 < q->held_len ? q->stop_len[i] - 1 : q->held_len;
+        for (; k > hold; k--)
+            if (memcmp(q->held + q->held_len - k, q->stop[i], k) == 0) break;
+        if (k > hold) hold = k;
+    }
+    return q->held_len - hold;
+}
+
+/* ---- events ---- */
+
+static engine_event event_for(const sreq *q) {
+    return (engine_event){.id = q->id,
+                          .token = -1,
+                          .n_prompt = q->n_prompt,
+                          .n_generated = q->n_generated,
+                          .n_cached = q->n_cached,
+                          .seconds_to_first_token = q->ttft};
+}
+
+static void snapshot_stats(engine_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    s->stats.pool = kv_pool_get_stats(s->rt->pool);
+    s->stats.running = s->n_running;
+    s->stats.waiting = s->n_waiting;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Frees the request's KV (so that the pool shows it before the client hears of the end),
+ * sends the final event and frees the request. `ev` may carry the last token. */
+static void finish(engine_sched *s, sreq *q, engine_event *ev, engine_finish why,
+                   const char *error) {
+    if (q->seq) kv_seq_free(s->rt->pool, q->seq);
+    q->seq = NULL;
+    pthread_mutex_lock(&s->mu);
+    if (why == ENGINE_FINISH_CANCELLED)
+        s->stats.requests_cancelled++;
+    else
+        s->stats.requests_done++;
+    pthread_mutex_unlock(&s->mu);
+    snapshot_stats(s);
+    ev->finish = why;
+    ev->error = error;
+    q->r.on_event(q->r.ctx, ev);
+    sreq_free(q);
+}
+
+static void finish_plain(engine_sched *s, sreq *q, engine_finish why, const char *error) {
+    engine_event ev = event_for(q);
+    finish(s, q, &ev, why, error);
+}
+
+/* ---- queue and running set ---- */
+
+static void waiting_insert(engine_sched *s, int at, sreq *q) {
+    if (s->n_waiting == s->waiting_cap) {
+        s->waiting_cap = s->waiting_cap ? 2 * s->waiting_cap : 16;
+        s->waiting = base_xrealloc(s->waiting, (size_t)s->waiting_cap * sizeof *s->waiting);
+    }
+    memmove(s->waiting + at + 1, s->waiting + at, (size_t)(s->n_waiting - at) * sizeof(sreq *));
+    s->waiting[at] = q;
+    s->n_waiting++;
+}
+
+static sreq *waiting_remove(engine_sched *s, int at) {
+    sreq *q = s->waiting[at];
+    memmove(s->waiting + at, s->waiting + at + 1, (size_t)(s->n_waiting - at - 1) * sizeof(sreq *));
+    s->n_waiting--;
+    return q;
+}
+
+static void running_remove(engine_sched *s, sreq *q) {
+    for (int i = 0; i < s->n_running; i++)
+        if (s->running[i] == q) {
+            memmove(s->running + i, s->running + i + 1,
+                    (size_t)(s->n_running - i - 1) * sizeof(sreq *));
+            s->n_running--;
+            return;
+        }
+}
+
+/* Drops the request's KV and puts it at the head of the queue, to be recomputed. */
+static void preempt(engine_sched *s, sreq *q) {
+    kv_seq_free(s->rt->pool, q->seq);
+    q->seq = NULL;
+    running_remove(s, q);
+    pthread_mutex_lock(&s->mu);
+    waiting_insert(s, 0, q);
+    s->stats.preemptions++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void apply_cancels(engine_sched *s, const uint64_t *ids, int n) {
+    for (int k = 0; k < n; k++) {
+        sreq *q = NULL;
+        pthread_mutex_lock(&s->mu);
+        for (int i = 0; i < s->n_waiting && !q; i++)
+            if (s->waiting[i]->id == ids[k]) q = waiting_remove(s, i);
+        pthread_mutex_unlock(&s->mu);
+        for (int i = 0; i < s->n_running && !q; i++)
+            if (s->running[i]->id == ids[k]) {
+                q = s->running[i];
+                running_remove(s, q);
+            }
+        if (q) finish_plain(s, q, ENGINE_FINISH_CANCELLED, NULL);
+    }
+}
+
+/* ---- one step ---- */
+
+static int pending(const sreq *q) {
+    return q->n_tokens - kv_seq_len(q->seq);
+}
+
+/* Takes q out of the step's plan, giving its tokens back to the budget. */
+static void entries_remove(step_entry *e, int *n, const sreq *q, int *budget) {
+    for (int i = 0; i < *n; i++)
+        if (e[i].q == q) {
+            *budget += e[i].q_len;
+            memmove(e + i, e + i + 1, (size_t)(*n - i - 1) * sizeof *e);
+            (*n)--;
+            return;
+        }
+}
+
+/* Reserves q_len slots for q, preempting the newest running requests while blocks are short.
+ * Returns false when q itself had to go (preempted, or failed when it runs alone). */
+static bool reserve(engine_sched *s, sreq *q, int q_len, int *n_entries, int *budget,
+                    bool *preempted) {
+    base_err err;
+    for (;;) {
+        int have = kv_seq_len(q->seq);
+        if (kv_seq_append(s->rt->pool, q->seq, q->tokens + have, q_len, &err) == 0) return true;
+        /* the running set is in admission order: the newest is last */
+        sreq *victim = s->running[s->n_running - 1];
+        if (victim == q && s->n_running == 1) {
+            running_remove(s, q);
+            finish_plain(s, q, ENGINE_FINISH_ERROR, err.msg);
+            return false;
+        }
+        entries_remove(s->entries, n_entries, victim, budget);
+        preempt(s, victim);
+        *preempted = true;
+        if (victim == q) return false;
+    }
+}
+
+/* Plans the step: decode rows first (every running request that has one token pending), then
+ * prefill slices of running requests, oldest first. Returns the number of entries. */
+static int plan_running(engine_sched *s, int *budget, bool *preempted) {
+    int n = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i<s->n_running && * budget> 0; i++) {
+            sreq *q = s->running[i];
+            int p = pending(q);
+            if (p <= 0 || (pass == 0) != (p == 1)) continue;
+            int len = p < s->o.prefill_chunk ? p : s->o.prefill_chunk;
+            if (len > *budget) len = *budget;
+            if (!reserve(s, q, len, &n, budget, preempted)) {
+                i--; /* the running set shifted down under us */
+                continue;
+            }
+            s->entries[n++] = (step_entry){q, len};
+            *budget -= len;
+        }
+    }
+    return n;
+}
+
+/* Admits waiting requests while there is room, budget and blocks; a request that does not fit
+ * goes back to the head of the queue (admission never preempts). */
+static int admit(engine_sched *s, int n, int *budget) {
+    while (s->n_running<s->o.n_parallel && * budget> 0) {
+        pthread_mutex_lock(&s->mu);
+        sreq *q = s->n_waiting ? waiting_remove(s, 0) : NULL;
+        pthread_mutex_unlock(&s->mu);
+        if (!q) break;
+        q->seq = kv_seq_create(s->rt->pool);
+        int adopted = kv_seq_adopt_prefix(s->rt->pool, q->seq, q->tokens, q->n_tokens);
+        if (!q->admitted) q->n_cached = adopted < q->n_prompt ? adopted : q->n_prompt;
+        int p = pending(q);
+        int len = p < s->o.prefill_chunk ? p : s->o.prefill_chunk;
+        if (len > *budget) len = *budget;
+        base_err err;
+        if (kv_seq_append(s->rt->pool, q->seq, q->tokens + adopted, len, &err)) {
+            kv_seq_free(s->rt->pool, q->seq);
+            q->seq = NULL;
+            pthread_mutex_lock(&s->mu);
+            waiting_insert(s, 0, q);
+            pthread_mutex_unlock(&s->mu);
+            break;
+        }
+        if (!q->admitted) {
+            pthread_mutex_lock(&s->mu);
+            s->stats.cached_tokens += (uint64_t)q->n_cached;
+            pthread_mutex_unlock(&s->mu);
+        }
+        q->admitted = true;
+        q->admit_order = ++s->admit_counter;
+        s->running[s->n_running++] = q;
+        s->entries[n++] = (step_entry){q, len};
+        *budget -= len;
+    }
+    return n;
+}
+
+/* Shows what the stop strings allow of the held text, then the final flush when done. */
+static void emit_text(sreq *q, engine_event *ev, bool final, bool *stop_hit) {
+    size_t show = stop_scan(q, final, stop_hit);
+    ev->text = q->held;
+    ev->text_len = show;
+}
+
+/* After the event was delivered: drops the shown text from the held buffer. */
+static void consume_text(sreq *q, size_t shown) {
+    if (shown == 0) return;
+    memmove(q->held, q->held + shown, q->held_len - shown);
+    q->held_len -= shown;
+    q->held[q->held_len] = 0;
+}
+
+static bool is_eos(const engine_sched *s, int32_t t) {
+    for (int i = 0; i < s->n_eos; i++)
+        if (s->eos[i] == t) return true;
+    return false;
+}
+
+/* Adds the detokenizer's piece for t (and its flush when final) to the held text. */
+static int detok(sreq *q, int32_t t, bool final, base_err *err) {
+    char *piece = NULL;
+    size_t len = 0;
+    if (t >= 0) {
+        if (tok_stream_push(q->stream, t, &piece, &len, err)) return -1;
+        held_append(q, piece, len);
+        free(piece);
+    }
+    if (final) {
+        if (tok_stream_flush(q->stream, &piece, &len, err)) return -1;
+        held_append(q, piece, len);
+        free(piece);
+    }
+    return 0;
+}
+
+/* Samples q's next token from its logits row (modified in place) and tells the client.
+ * Returns true when the request finished (it is then out of the running set and freed). */
+static bool sample_one(engine_sched *s, sreq *q, float *logits) {
+    if (q->r.logprobs) memcpy(s->scratch, logits, (size_t)s->vocab * sizeof *logits);
+    int32_t t = engine_sampler_next(q->sampler, logits, q->tokens, q->n_tokens);
+    push_token(q, t);
+    if (++q->n_generated == 1) q->ttft = base_now() - q->t_submit;
+    engine_event ev = event_for(q);
+    ev.token = t;
+    if (q->r.logprobs) {
+        ev.n_top = q->r.top_logprobs;
+        ev.logprob =
+            engine_logprobs(s->scratch, s->vocab, t, ev.n_top, ev.top_ids, ev.top_logprobs);
+    }
+    bool eos = !q->r.ignore_eos && is_eos(s, t);
+    engine_finish why = eos                                  ? ENGINE_FINISH_STOP
+                        : q->n_generated == q->max_generated ? ENGINE_FINISH_LENGTH
+                        : q->n_tokens >= s->o.ctx_size       ? ENGINE_FINISH_LENGTH
+                                                             : ENGINE_FINISH_NONE;
+    if (q->stream) {
+        base_err err;
+        if (detok(q, eos ? -1 : t, why != ENGINE_FINISH_NONE, &err)) {
+            running_remove(s, q);
+            finish(s, q, &ev, ENGINE_FINISH_ERROR, err.msg);
+            return true;
+        }
+        bool hit;
+        emit_text(q, &ev, why != ENGINE_FINISH_NONE, &hit);
+        if (hit) why = ENGINE_FINISH_STOP;
+    }
+    if (why == ENGINE_FINISH_NONE) {
+        q->r.on_event(q->r.ctx, &ev);
+        consume_text(q, ev.text_len);
+        return false;
+    }
+    running_remove(s, q);
+    finish(s, q, &ev, why, NULL);
+    return true;
+}
+
+/* Builds the batch of the planned entries, runs the model and commits the written KV. The
+ * logits rows are those of the entries whose slice reaches the end of their history, in
+ * entry order. */
+static int run_forward(engine_sched *s, int n, double *fwd_seconds, base_err *err) {
+    int off = 0, n_out = 0;
+    for (int i = 0; i < n; i++) {
+        sreq *q = s->entries[i].q;
+        int len = s->entries[i].q_len, start = kv_seq_len(q->seq) - len;
+        s->seqs[i] = q->seq;
+        s->q_lens[i] = len;
+        memcpy(s->step_tokens + off, q->tokens + start, (size_t)len * sizeof *s->step_tokens);
+        if (start + len == q->n_tokens) s->out_rows[n_out++] = off + len - 1;
+        off += len;
+    }
+    kv_batch batch;
+    if (kv_batch_build(s->rt->pool, s->seqs, s->q_lens, n, &batch, err)) return -1;
+    double t0 = base_now();
+    int rc = model_forward(s->rt->model, s->rt->pool, &batch, s->step_tokens, s->out_rows, n_out,
+                           s->logits, err);
+    *fwd_seconds = base_now() - t0;
+    kv_batch_free(&batch);
+    if (rc) return -1;
+    for (int i = 0; i < n; i++) kv_seq_commit(s->rt->pool, s->seqs[i]);
+    return 0;
+}
+
+static void step(engine_sched *s) {
+    double t0 = base_now();
+    int budget = s->o.max_batch_tokens;
+    bool preempted = false;
+    int n = plan_running(s, &budget, &preempted);
+    if (!preempted) n = admit(s, n, &budget);
+    double fwd = 0;
+    base_err err;
+    if (n > 0 && run_forward(s, n, &fwd, &err)) {
+        for (int i = 0; i < n; i++) {
+            running_remove(s, s->entries[i].q);
+            finish_plain(s, s->entries[i].q, ENGINE_FINISH_ERROR, err.msg);
+        }
+        n = 0;
+    }
+    uint64_t computed = 0;
+    int row = 0;
+    for (int i = 0; i < n; i++) {
+        sreq *q = s->entries[i].q;
+        computed += (uint64_t)s->entries[i].q_len;
+        if (pending(q) == 0) sample_one(s, q, s->logits + (size_t)row++ * s->vocab);
+    }
+    pthread_mutex_lock(&s->mu);
+    s->stats.steps++;
+    s->stats.generated_tokens += (uint64_t)row;
+    s->stats.computed_tokens += computed;
+    s->stats.step_seconds += base_now() - t0;
+    s->stats.forward_seconds += fwd;
+    pthread_mutex_unlock(&s->mu);
+    snapshot_stats(s);
+}
+
+/* ---- the thread ---- */
+
+static bool runnable(const engine_sched *s) {
+    return (s->n_waiting > 0 || s->n_running > 0) && s->step_limit != 0;
+}
+
+static void *sched_main(void *arg) {
+    engine_sched *s = arg;
+    uint64_t *cancels = NULL;
+    int cap = 0;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->stopping && s->n_cancels == 0 && !runnable(s)) {
+            s->idle = true;
+            pthread_cond_broadcast(&s->idle_cv);
+            pthread_cond_wait(&s->wake, &s->mu);
+        }
+        s->idle = false;
+        if (s->stopping) break;
+        int n = s->n_cancels;
+        if (n > cap) {
+            cap = s->cancels_cap;
+            cancels = base_xrealloc(cancels, (size_t)cap * sizeof *cancels);
+        }
+        if (n) memcpy(cancels, s->cancels, (size_t)n * sizeof *cancels);
+        s->n_cancels = 0;
+        bool go = runnable(s);
+        if (go && s->step_limit > 0) s->step_limit--;
+        pthread_mutex_unlock(&s->mu);
+        apply_cancels(s, cancels, n);
+        if (go) step(s);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    free(cancels);
+    while (s->n_running > 0) {
+        sreq *q = s->running[s->n_running - 1];
+        s->n_running--;
+        finish_plain(s, q, ENGINE_FINISH_CANCELLED, NULL);
+    }
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        sreq *q = s->n_waiting ? waiting_remove(s, 0) : NULL;
+        pthread_mutex_unlock(&s->mu);
+        if (!q) break;
+        finish_plain(s, q, ENGINE_FINISH_CANCELLED, NULL);
+    }
+    return NULL;
+}
+
+static void resolve_options(const engine_runtime *rt, const engine_sched_options *in,
+                            engine_sched_options *o) {
+    *o = *in;
+    if (o->n_parallel <= 0) o->n_parallel = rt->kv_plan.n_parallel > 0 ? rt->kv_plan.n_parallel : 1;
+    if (o->max_batch_tokens <= 0) o->max_batch_tokens = SCHED_DEFAULT_BATCH_TOKENS;
+    /* every running sequence must get its decode row in every step */
+    if (o->max_batch_tokens < o->n_parallel) o->max_batch_tokens = o->n_parallel;
+    if (o->prefill_chunk <= 0) o->prefill_chunk = SCHED_DEFAULT_PREFILL_CHUNK;
+    if (o->ctx_size <= 0 || o->ctx_size > rt->kv_plan.ctx_size) o->ctx_size = rt->kv_plan.ctx_size;
+}
+
+int engine_sched_start(engine_runtime *rt, const engine_sched_options *opts, engine_sched **out,
+                       base_err *err) {
+    engine_sched *s = base_xcalloc(1, sizeof *s);
+    s->rt = rt;
+    resolve_options(rt, opts, &s->o);
+    const io_model_config *c = model_config(rt->model);
+    s->vocab = c->vocab_size;
+    s->eos = base_xmalloc((size_t)(c->n_eos + opts->n_eos + 1) * sizeof *s->eos);
+    for (int i = 0; i < c->n_eos; i++) s->eos[s->n_eos++] = c->eos_token_ids[i];
+    for (int i = 0; i < opts->n_eos; i++)
+        if (opts->eos_ids[i] >= 0) s->eos[s->n_eos++] = opts->eos_ids[i];
+    s->o.eos_ids = s->eos;
+    s->o.n_eos = s->n_eos;
+    int np = s->o.n_parallel;
+    s->running = base_xcalloc((size_t)np, sizeof *s->running);
+    s->entries = base_xcalloc((size_t)np, sizeof *s->entries);
+    s->seqs = base_xcalloc((size_t)np, sizeof *s->seqs);
+    s->q_lens = base_xcalloc((size_t)np, sizeof *s->q_lens);
+    s->out_rows = base_xcalloc((size_t)np, sizeof *s->out_rows);
+    s->step_tokens = base_xmalloc((size_t)s->o.max_batch_tokens * sizeof *s->step_tokens);
+    s->logits = base_xmalloc((size_t)np * s->vocab * sizeof *s->logits);
+    s->scratch = base_xmalloc((size_t)s->vocab * sizeof *s->scratch);
+    s->step_limit = -1;
+    s->next_id = 1;
+    s->stats.pool = kv_pool_get_stats(rt->pool);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->wake, NULL);
+    pthread_cond_init(&s->idle_cv, NULL);
+    if (pthread_create(&s->thread, NULL, sched_main, s)) {
+        s->thread = 0;
+        engine_sched_stop(s);
+        return base_fail(err, "scheduler: cannot start its thread");
+    }
+    *out = s;
+    return 0;
+}
+
+void engine_sched_stop(engine_sched *s) {
+    if (!s) return;
+    if (s->thread) {
+        pthread_mutex_lock(&s->mu);
+        s->stopping = true;
+        pthread_cond_signal(&s->wake);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+    }
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->wake);
+    pthread_cond_destroy(&s->idle_cv);
+    free(s->eos);
+    free(s->waiting);
+    free(s->cancels);
+    free(s->running);
+    free(s->entries);
+    free(s->seqs);
+    free(s->q_lens);
+    free(s->out_rows);
+    free(s->step_tokens);
+    free(s->logits);
+    free(s->scratch);
+    free(s);
+}
+
+int engine_submit(engine_sched *s, const engine_request *r, uint64_t *id, engine_reject *why,
+                  base_err *err) {
+    sreq *q;
+    *why = ENGINE_REJECT_INVALID;
+    if (sreq_new(s, r, &q, err)) return -1;
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping)
+        *why = ENGINE_REJECT_STOPPED;
+    else if (s->o.max_queue > 0 && s->n_waiting >= s->o.max_queue)
+        *why = ENGINE_REJECT_BUSY;
+    else
+        *why = ENGINE_REJECT_NONE;
+    if (*why == ENGINE_REJECT_NONE) {
+        q->id = *id = s->next_id++;
+        waiting_insert(s, s->n_waiting, q);
+        s->stats.waiting = s->n_waiting;
+        pthread_cond_signal(&s->wake);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (*why == ENGINE_REJECT_NONE) return 0;
+    sreq_free(q);
+    if (*why == ENGINE_REJECT_BUSY)
+        return base_fail(err, "the queue is full (%d waiting; --max-queue)", s->o.max_queue);
+    return base_fail(err, "the server is shutting down");
+}
+
+void engine_cancel(engine_sched *s, uint64_t id) {
+    pthread_mutex_lock(&s->mu);
+    if (s->n_cancels == s->cancels_cap) {
+        s->cancels_cap = s->cancels_cap ? 2 * s->cancels_cap : 16;
+        s->cancels = base_xrealloc(s->cancels, (size_t)s->cancels_cap * sizeof *s->cancels);
+    }
+    s->cancels[s->n_cancels++] = id;
+    pthread_cond_signal(&s->wake);
+    pthread_mutex_unlock(&s->mu);
+}
+
+engine_sched_stats engine_sched_get_stats(engine_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    engine_sched_stats st = s->stats;
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+void engine_sched_set_step_limit(engine_sched *s, int64_t steps) {
+    pthread_mutex_lock(&s->mu);
+    s->step_limit = steps;
+    s->idle = false;
+    pthread_cond_signal(&s->wake);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void engine_sched_wait_idle(engine_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    while (!s->idle) pthread_cond_wait(&s->idle_cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}

@@ -1,0 +1,225 @@
+/* Request fields to an engine request: types and ranges checked field by field, so that a
+ * 400 names the field at fault. Absent and null fields keep the server's defaults. */
+#include "server/server_params.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static json_t *field(json_t *b, const char *key) {
+    json_t *v = json_object_get(b, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+static int get_number(json_t *b, const char *key, double lo, double hi, double *out,
+                      base_err *err) {
+    json_t *v = field(b, key);
+    if (!v) return 0;
+    if (!json_is_number(v)) return base_fail(err, "'%s' must be a number", key);
+    double d = json_number_value(v);
+    if (!(d >= lo && d <= hi)) return base_fail(err, "'%s' must be in [%g, %g]", key, lo, hi);
+    *out = d;
+    return 0;
+}
+
+static int get_float(json_t *b, const char *key, double lo, double hi, float *out, base_err *err) {
+    double d = *out;
+    if (get_number(b, key, lo, hi, &d, err)) return -1;
+    *out = (float)d;
+    return 0;
+}
+
+static int get_int(json_t *b, const char *key, long long lo, long long hi, long long *out,
+                   base_err *err) {
+    json_t *v = field(b, key);
+    if (!v) return 0;
+    if (!json_is_integer(v)) return base_fail(err, "'%s' must be an integer", key);
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi) return base_fail(err, "'%s' must be in [%lld, %lld]", key, lo, hi);
+    *out = x;
+    return 0;
+}
+
+static int get_bool(json_t *b, const char *key, bool *out, base_err *err) {
+    json_t *v = field(b, key);
+    if (!v) return 0;
+    if (!json_is_boolean(v)) return base_fail(err, "'%s' must be true or false", key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+static int parse_stop(json_t *b, server_params *p, base_err *err) {
+    json_t *v = field(b, "stop");
+    if (!v) return 0;
+    if (json_is_string(v)) {
+        p->stop[p->n_stop++] = json_string_value(v);
+        return 0;
+    }
+    if (!json_is_array(v) || json_array_size(v) > SERVER_MAX_STOP)
+        return base_fail(err, "'stop' must be a string or an array of at most %d strings",
+                         SERVER_MAX_STOP);
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e) {
+        if (!json_is_string(e) || !json_string_length(e))
+            return base_fail(err, "'stop[%zu]' must be a non-empty string", i);
+        p->stop[p->n_stop++] = json_string_value(e);
+    }
+    return 0;
+}
+
+static int parse_logit_bias(json_t *b, int vocab, server_params *p, base_err *err) {
+    json_t *v = field(b, "logit_bias");
+    if (!v) return 0;
+    if (!json_is_object(v)) return base_fail(err, "'logit_bias' must be an object");
+    p->bias = base_xcalloc(json_object_size(v) + 1, sizeof *p->bias);
+    const char *key;
+    json_t *e;
+    json_object_foreach(v, key, e) {
+        char *end;
+        long t = strtol(key, &end, 10);
+        if (end == key || *end || t < 0 || t >= vocab)
+            return base_fail(err, "'logit_bias' key '%s' is not a token id below %d", key, vocab);
+        if (!json_is_number(e) && !json_is_false(e))
+            return base_fail(err, "'logit_bias[%s]' must be a number or false", key);
+        float bias = json_is_false(e) ? -INFINITY : (float)json_number_value(e);
+        p->bias[p->req.sampling.n_logit_bias++] = (engine_logit_bias){(int32_t)t, bias};
+    }
+    p->req.sampling.logit_bias = p->bias;
+    return 0;
+}
+
+static int parse_sampling(json_t *b, server_params *p, base_err *err) {
+    engine_sampling *s = &p->req.sampling;
+    long long top_k = s->top_k, last_n = s->repeat_last_n, seed = -1;
+    if (get_float(b, "temperature", 0, 1e6, &s->temperature, err) ||
+        get_float(b, "top_p", 0, 1, &s->top_p, err) ||
+        get_float(b, "min_p", 0, 1, &s->min_p, err) ||
+        get_float(b, "presence_penalty", -2, 2, &s->presence_penalty, err) ||
+        get_float(b, "frequency_penalty", -2, 2, &s->frequency_penalty, err) ||
+        get_float(b, "repeat_penalty", 1e-6, 1e6, &s->repeat_penalty, err) ||
+        get_int(b, "top_k", 0, INT32_MAX, &top_k, err) ||
+        get_int(b, "repeat_last_n", -1, INT32_MAX, &last_n, err) ||
+        get_int(b, "seed", INT64_MIN, INT64_MAX, &seed, err))
+        return -1;
+    s->top_k = (int)top_k;
+    s->repeat_last_n = (int)last_n;
+    /* -1 is llama-server's "random seed" */
+    if (field(b, "seed") && seed != -1) s->seed = (uint64_t)seed;
+    return 0;
+}
+
+static int parse_format(json_t *b, base_err *err) {
+    json_t *v = field(b, "response_format");
+    if (!v) return 0;
+    json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
+    if (!json_is_string(t)) return base_fail(err, "'response_format' must be {\"type\": ...}");
+    if (strcmp(json_string_value(t), "text") != 0)
+        return base_fail(err, "'response_format' type '%s' is not supported (only 'text')",
+                         json_string_value(t));
+    return 0;
+}
+
+static int parse_logprobs(json_t *b, server_kind kind, server_params *p, base_err *err) {
+    long long top = 0;
+    json_t *v = field(b, "logprobs");
+    if (kind == SERVER_CHAT) {
+        if (get_bool(b, "logprobs", &p->req.logprobs, err) ||
+            get_int(b, "top_logprobs", 0, ENGINE_MAX_TOP_LOGPROBS, &top, err))
+            return -1;
+        if (top > 0 && !p->req.logprobs)
+            return base_fail(err, "'top_logprobs' needs 'logprobs': true");
+    } else if (v) {
+        if (get_int(b, "logprobs", 0, ENGINE_MAX_TOP_LOGPROBS, &top, err)) return -1;
+        p->req.logprobs = true;
+    }
+    p->req.top_logprobs = (int)top;
+    return 0;
+}
+
+static int parse_limits(json_t *b, const server_options *o, server_params *p, base_err *err) {
+    long long max_tokens = o->n_predict, n = 1;
+    if (get_int(b, "max_tokens", -1, INT32_MAX, &max_tokens, err) ||
+        get_int(b, "max_completion_tokens", -1, INT32_MAX, &max_tokens, err) ||
+        get_int(b, "n_predict", -1, INT32_MAX, &max_tokens, err) || get_int(b, "n", 1, 1, &n, err))
+        return -1;
+    if (field(b, "max_tokens") && max_tokens == 0)
+        return base_fail(err, "'max_tokens' must be at least 1");
+    p->req.max_tokens = (int)max_tokens;
+    return 0;
+}
+
+static int parse_stream(json_t *b, server_params *p, base_err *err) {
+    if (get_bool(b, "stream", &p->stream, err)) return -1;
+    json_t *so = field(b, "stream_options");
+    if (!so) return 0;
+    if (!json_is_object(so)) return base_fail(err, "'stream_options' must be an object");
+    return get_bool(so, "include_usage", &p->include_usage, err);
+}
+
+/* The prompt of /v1/completions and /completion: a string, an array of token ids, or an
+ * array holding one string. */
+static int parse_text_prompt(json_t *b, const engine_prompter *pr, int vocab, server_params *p,
+                             base_err *err) {
+    json_t *v = field(b, "prompt");
+    if (json_is_array(v) && json_array_size(v) == 1 && json_is_string(json_array_get(v, 0)))
+        v = json_array_get(v, 0);
+    if (json_is_string(v))
+        return engine_prompter_encode_text(pr, json_string_value(v), &p->ids, &p->n_ids, err);
+    if (!json_is_array(v) || json_array_size(v) == 0)
+        return base_fail(err, "'prompt' must be a string or a non-empty array of token ids");
+    p->n_ids = (int)json_array_size(v);
+    p->ids = base_xmalloc((size_t)p->n_ids * sizeof *p->ids);
+    for (int i = 0; i < p->n_ids; i++) {
+        json_t *e = json_array_get(v, (size_t)i);
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= vocab)
+            return base_fail(err, "'prompt[%d]' must be a token id below %d", i, vocab);
+        p->ids[i] = (int32_t)json_integer_value(e);
+    }
+    return 0;
+}
+
+static int parse_prompt(json_t *b, server_kind kind, const engine_prompter *pr, int vocab,
+                        server_params *p, base_err *err) {
+    if (kind != SERVER_CHAT) return parse_text_prompt(b, pr, vocab, p, err);
+    json_t *m = field(b, "messages");
+    if (!json_is_array(m) || json_array_size(m) == 0)
+        return base_fail(err, "'messages' must be a non-empty array");
+    size_t i;
+    json_t *e;
+    json_array_foreach(m, i, e) {
+        if (!json_is_object(e) || !json_is_string(json_object_get(e, "role")))
+            return base_fail(err, "'messages[%zu]' must be an object with a string 'role'", i);
+    }
+    json_t *extra = field(b, "chat_template_kwargs");
+    if (extra && !json_is_object(extra))
+        return base_fail(err, "'chat_template_kwargs' must be an object");
+    return engine_prompter_encode_chat(pr, m, true, extra, &p->ids, &p->n_ids, err);
+}
+
+int server_params_parse(json_t *b, server_kind kind, const server_options *o,
+                        const engine_prompter *pr, int vocab, server_params *p, base_err *err) {
+    memset(p, 0, sizeof *p);
+    p->kind = kind;
+    p->req.sampling = o->defaults;
+    /* a request without a seed gets a fresh one, not the server's */
+    engine_sampling fresh;
+    engine_sampling_defaults(&fresh);
+    p->req.sampling.seed = fresh.seed ^ (uint64_t)(uintptr_t)p;
+    p->req.stop = p->stop;
+    if (parse_sampling(b, p, err) || parse_limits(b, o, p, err) || parse_stream(b, p, err) ||
+        parse_stop(b, p, err) || parse_logit_bias(b, vocab, p, err) ||
+        parse_logprobs(b, kind, p, err) || parse_format(b, err) ||
+        get_bool(b, "ignore_eos", &p->req.ignore_eos, err) ||
+        parse_prompt(b, kind, pr, vocab, p, err))
+        return -1;
+    p->req.n_stop = p->n_stop;
+    p->req.prompt = p->ids;
+    p->req.n_prompt = p->n_ids;
+    return 0;
+}
+
+void server_params_free(server_params *p) {
+    free(p->ids);
+    free(p->bias);
+}

@@ -1,0 +1,201 @@
+/* The routes that generate nothing: models, tokenize, detokenize, apply-template, metrics,
+ * slots and props. */
+#include "server/server_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+bool server_is_info_route(const char *method, const char *url) {
+    static const char *get[] = {"/v1/models", "/models", "/metrics", "/slots", "/props"};
+    static const char *post[] = {"/tokenize", "/detokenize", "/apply-template"};
+    bool is_get = strcmp(method, "GET") == 0, is_post = strcmp(method, "POST") == 0;
+    for (size_t i = 0; is_get && i < sizeof get / sizeof *get; i++)
+        if (strcmp(url, get[i]) == 0) return true;
+    for (size_t i = 0; is_post && i < sizeof post / sizeof *post; i++)
+        if (strcmp(url, post[i]) == 0) return true;
+    return false;
+}
+
+static enum MHD_Result models(server *s, struct MHD_Connection *c) {
+    const io_model_config *cfg = model_config(s->rt->model);
+    json_t *m = json_pack("{s:s,s:s,s:I,s:s,s:{s:i,s:i,s:i}}", "id", s->o.model_id, "object",
+                          "model", "created", (json_int_t)s->created, "owned_by", "mlxcel", "meta",
+                          "vocab_size", cfg->vocab_size, "n_ctx", s->rt->kv_plan.ctx_size,
+                          "n_ctx_train", cfg->max_position_embeddings);
+    return server_reply_json(c, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", m));
+}
+
+static enum MHD_Result tokenize(server *s, struct MHD_Connection *c, json_t *b) {
+    json_t *content = json_object_get(b, "content");
+    json_t *special = json_object_get(b, "add_special");
+    if (!json_is_string(content))
+        return server_reply_error(c, 400, "invalid_request_error", "'content' must be a string");
+    if (special && !json_is_boolean(special))
+        return server_reply_error(c, 400, "invalid_request_error",
+                                  "'add_special' must be true or false");
+    int32_t *ids = NULL;
+    size_t n = 0;
+    base_err err;
+    if (tok_encode(s->pr->tok, json_string_value(content), json_string_length(content),
+                   json_is_true(special), &ids, &n, &err))
+        return server_reply_error(c, 400, "invalid_request_error", "%s", err.msg);
+    json_t *arr = json_array();
+    for (size_t i = 0; i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
+    free(ids);
+    return server_reply_json(c, 200, json_pack("{s:o}", "tokens", arr));
+}
+
+static enum MHD_Result detokenize(server *s, struct MHD_Connection *c, json_t *b) {
+    json_t *tokens = json_object_get(b, "tokens");
+    if (!json_is_array(tokens))
+        return server_reply_error(c, 400, "invalid_request_error",
+                                  "'tokens' must be an array of token ids");
+    size_t n = json_array_size(tokens);
+    int32_t *ids = base_xmalloc((n + 1) * sizeof *ids);
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_array_get(tokens, i);
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX) {
+            free(ids);
+            return server_reply_error(c, 400, "invalid_request_error",
+                                      "'tokens[%zu]' must be a token id", i);
+        }
+        ids[i] = (int32_t)json_integer_value(e);
+    }
+    char *text = NULL;
+    size_t len = 0;
+    base_err err;
+    int rc = tok_decode(s->pr->tok, ids, n, false, &text, &len, &err);
+    free(ids);
+    if (rc) return server_reply_error(c, 400, "invalid_request_error", "%s", err.msg);
+    json_t *o = json_pack("{s:s%}", "content", text, len);
+    free(text);
+    return server_reply_json(c, 200, o);
+}
+
+static enum MHD_Result apply_template(server *s, struct MHD_Connection *c, json_t *b) {
+    json_t *m = json_object_get(b, "messages");
+    if (!json_is_array(m))
+        return server_reply_error(c, 400, "invalid_request_error", "'messages' must be an array");
+    char *prompt = NULL;
+    base_err err;
+    if (engine_prompter_render(s->pr, m, true, NULL, &prompt, &err))
+        return server_reply_error(c, 400, "invalid_request_error", "%s", err.msg);
+    json_t *o = json_pack("{s:s}", "prompt", prompt);
+    free(prompt);
+    return server_reply_json(c, 200, o);
+}
+
+static json_t *kv_json(const kv_pool_stats *p) {
+    return json_pack("{s:I,s:I,s:I,s:I}", "capacity", (json_int_t)p->capacity, "free",
+                     (json_int_t)p->free, "cached", (json_int_t)p->cached, "referenced",
+                     (json_int_t)p->referenced);
+}
+
+static enum MHD_Result slots(server *s, struct MHD_Connection *c) {
+    engine_sched_stats st = engine_sched_get_stats(s->sched);
+    json_t *arr = json_array();
+    for (int i = 0; i < s->rt->kv_plan.n_parallel; i++)
+        json_array_append_new(arr,
+                              json_pack("{s:i,s:i,s:b}", "id", i, "n_ctx", s->rt->kv_plan.ctx_size,
+                                        "is_processing", i < st.running));
+    return server_reply_json(c, 200, arr);
+}
+
+static enum MHD_Result props(server *s, struct MHD_Connection *c) {
+    engine_sched_stats st = engine_sched_get_stats(s->sched);
+    const engine_sampling *d = &s->o.defaults;
+    json_t *params = json_pack("{s:f,s:i,s:f,s:f,s:f,s:i}", "temperature", d->temperature, "top_k",
+                               d->top_k, "top_p", d->top_p, "min_p", d->min_p, "repeat_penalty",
+                               d->repeat_penalty, "n_predict", s->o.n_predict);
+    json_t *o = json_pack("{s:{s:i,s:o},s:i,s:s,s:s,s:o,s:i,s:i}", "default_generation_settings",
+                          "n_ctx", s->rt->kv_plan.ctx_size, "params", params, "total_slots",
+                          s->rt->kv_plan.n_parallel, "model_alias", s->o.model_id, "backend",
+                          s->rt->be->name, "kv_cache", kv_json(&st.pool), "requests_running",
+                          st.running, "requests_waiting", st.waiting);
+    return server_reply_json(c, 200, o);
+}
+
+static void metric(char **buf, size_t *len, size_t *cap, const char *type, const char *name,
+                   const char *help, double value) {
+    char line[512];
+    int n = snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name,
+                     type, name, value);
+    if (*len + (size_t)n + 1 > *cap) {
+        *cap = (*len + (size_t)n + 1) * 2;
+        *buf = base_xrealloc(*buf, *cap);
+    }
+    memcpy(*buf + *len, line, (size_t)n + 1);
+    *len += (size_t)n;
+}
+
+static enum MHD_Result metrics(server *s, struct MHD_Connection *c) {
+    if (!s->o.metrics)
+        return server_reply_error(c, 501, "not_supported_error",
+                                  "metrics are off (start the server with --metrics)");
+    engine_sched_stats st = engine_sched_get_stats(s->sched);
+    char *b = NULL;
+    size_t len = 0, cap = 0;
+    metric(&b, &len, &cap, "counter", "mlxcel_http_requests_total", "HTTP requests received",
+           (double)__atomic_load_n(&s->n_requests, __ATOMIC_RELAXED));
+    metric(&b, &len, &cap, "counter", "mlxcel_requests_finished_total",
+           "generation requests finished", (double)st.requests_done);
+    metric(&b, &len, &cap, "counter", "mlxcel_requests_cancelled_total",
+           "generation requests cancelled", (double)st.requests_cancelled);
+    metric(&b, &len, &cap, "gauge", "mlxcel_requests_processing", "sequences running", st.running);
+    metric(&b, &len, &cap, "gauge", "mlxcel_requests_deferred", "requests waiting", st.waiting);
+    metric(&b, &len, &cap, "counter", "mlxcel_tokens_computed_total",
+           "tokens through the model (prompt and decode)", (double)st.computed_tokens);
+    metric(&b, &len, &cap, "counter", "mlxcel_prompt_tokens_cached_total",
+           "prompt tokens adopted from the prefix cache", (double)st.cached_tokens);
+    metric(&b, &len, &cap, "counter", "mlxcel_tokens_predicted_total", "tokens generated",
+           (double)st.generated_tokens);
+    metric(&b, &len, &cap, "counter", "mlxcel_preemptions_total",
+           "sequences preempted for lack of KV blocks", (double)st.preemptions);
+    metric(&b, &len, &cap, "counter", "mlxcel_steps_total", "scheduler steps", (double)st.steps);
+    metric(&b, &len, &cap, "counter", "mlxcel_step_seconds_total", "time in scheduler steps",
+           st.step_seconds);
+    metric(&b, &len, &cap, "counter", "mlxcel_forward_seconds_total",
+           "time in the model's forward pass", st.forward_seconds);
+    metric(&b, &len, &cap, "gauge", "mlxcel_kv_blocks_capacity", "KV blocks in the pool",
+           (double)st.pool.capacity);
+    metric(&b, &len, &cap, "gauge", "mlxcel_kv_blocks_free", "KV blocks free",
+           (double)st.pool.free);
+    metric(&b, &len, &cap, "gauge", "mlxcel_kv_blocks_cached",
+           "KV blocks held only by the prefix cache", (double)st.pool.cached);
+    metric(&b, &len, &cap, "gauge", "mlxcel_kv_blocks_referenced", "KV blocks held by sequences",
+           (double)st.pool.referenced);
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, b, MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4");
+    enum MHD_Result rc = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    return rc;
+}
+
+enum MHD_Result server_route_info(server *s, struct MHD_Connection *c, const char *url,
+                                  json_t *body) {
+    if (strcmp(url, "/v1/models") == 0 || strcmp(url, "/models") == 0) return models(s, c);
+    if (strcmp(url, "/tokenize") == 0) return tokenize(s, c, body);
+    if (strcmp(url, "/detokenize") == 0) return detokenize(s, c, body);
+    if (strcmp(url, "/apply-template") == 0) return apply_template(s, c, body);
+    if (strcmp(url, "/metrics") == 0) return metrics(s, c);
+    if (strcmp(url, "/slots") == 0) return slots(s, c);
+    return props(s, c);
+}
+
+void server_extra_eos(const char *model_dir, const engine_prompter *pr, int32_t **ids, int *n) {
+    *ids = base_xmalloc(17 * sizeof **ids);
+    *n = 0;
+    if (tok_eos_id(pr->tok) >= 0) (*ids)[(*n)++] = tok_eos_id(pr->tok);
+    char *path = base_path_join(model_dir, "generation_config.json");
+    json_t *g = json_load_file(path, 0, NULL);
+    free(path);
+    json_t *e = json_object_get(g, "eos_token_id");
+    if (json_is_integer(e)) (*ids)[(*n)++] = (int32_t)json_integer_value(e);
+    size_t i;
+    json_t *v;
+    if (json_is_array(e)) json_array_foreach(e, i, v) {
+            if (json_is_integer(v) && *n < 17) (*ids)[(*n)++] = (int32_t)json_integer_value(v);
+        }
+    json_decref(g);
+}
