@@ -9,26 +9,26 @@
 
 static int test_passed, test_failed;
 
-#define CHECK(cond)                                                                          \
-    do {                                                                                     \
-        if (cond) {                                                                          \
-            test_passed++;                                                                   \
-        } else {                                                                             \
-            test_failed++;                                                                   \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);         \
-        }                                                                                    \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (cond) {                                                                                \
+            test_passed++;                                                                         \
+        } else {                                                                                   \
+            test_failed++;                                                                         \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
+        }                                                                                          \
     } while (0)
 
-#define CHECK_MSG(cond, ...)                                                                 \
-    do {                                                                                     \
-        if (cond) {                                                                          \
-            test_passed++;                                                                   \
-        } else {                                                                             \
-            test_failed++;                                                                   \
-            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);         \
-            fprintf(stderr, __VA_ARGS__);                                                    \
-            fputc('\n', stderr);                                                             \
-        }                                                                                    \
+#define CHECK_MSG(cond, ...)                                                                       \
+    do {                                                                                           \
+        if (cond) {                                                                                \
+            test_passed++;                                                                         \
+        } else {                                                                                   \
+            test_failed++;                                                                         \
+            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);               \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+        }                                                                                          \
     } while (0)
 
 /* ||a - b|| / ||b|| over n floats (b all zero: ||a||). */
@@ -49,10 +49,10 @@ static inline const char *test_source_dir(void) {
     return s ? s : ".";
 }
 
-#define TEST_MAIN_END()                                                                      \
-    do {                                                                                     \
-        printf("%d passed, %d failed\n", test_passed, test_failed);                          \
-        return test_failed ? 1 : 0;                                                          \
+#define TEST_MAIN_END()                                                                            \
+    do {                                                                                           \
+        printf("%d passed, %d failed\n", test_passed, test_failed);                                \
+        return test_failed ? 1 : 0;                                                                \
     } while (0)
 
 #endif

@@ -6,6 +6,8 @@
 
 #include "base/base.h"
 
+#include <jansson.h>
+
 #include <stdio.h>
 
 enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
@@ -52,6 +54,9 @@ int cli_done(cli_parser *p);
 /* Parses "1,2,3" into ids (caller frees); a usage error names `flag` on bad input. */
 int cli_parse_ids(const char *flag, const char *text, int32_t **ids, int *n, char *msg,
                   size_t msg_size);
+
+/* Prints o as one compact line on stdout (keys in insertion order) and releases it. */
+void cli_print_json(json_t *o);
 
 /* Prints "mlxcel: error: <msg>" and returns CLI_FAIL. */
 int cli_fail(const base_err *err);

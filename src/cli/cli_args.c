@@ -156,3 +156,10 @@ int cli_usage_fail(const char *fmt, ...) {
     fputc('\n', stderr);
     return CLI_USAGE;
 }
+
+void cli_print_json(json_t *o) {
+    char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (s) printf("%s\n", s);
+    free(s);
+    json_decref(o);
+}

@@ -44,10 +44,7 @@ static void print_row(const char *model_dir, const engine_runtime *rt, const ben
             json_object_set_new(o, "weight_gb_per_s", json_real(r->gb_per_s));
             json_object_set_new(o, "copy_bandwidth_share", json_real(r->ceiling_share));
         }
-        char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
-        printf("%s\n", s);
-        free(s);
-        json_decref(o);
+        cli_print_json(o);
         return;
     }
     printf("| %-24s | %-4s | %7d | %-10s | %5d | %10.1f |", model_dir, be->name, be->n_threads,

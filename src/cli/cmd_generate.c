@@ -52,10 +52,7 @@ static void print_json_result(const engine_generate_result *res, int n_prompt, c
     json_object_set_new(o, "stopped_by_eos", json_boolean(res->stopped_by_eos));
     json_object_set_new(o, "prefill_seconds", json_real(res->prefill_seconds));
     json_object_set_new(o, "decode_seconds", json_real(res->decode_seconds));
-    char *s = json_dumps(o, JSON_COMPACT);
-    printf("%s\n", s);
-    free(s);
-    json_decref(o);
+    cli_print_json(o);
 }
 
 int cli_cmd_generate(int argc, char **argv) {

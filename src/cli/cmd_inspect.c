@@ -33,10 +33,7 @@ static void print_plan(const char *model_dir, const io_model_config *c, const en
                       "decode_workspace_reserve_bytes", (json_int_t)p->reserve_bytes,
                       "kv_budget_bytes", (json_int_t)p->budget_bytes, "kv_blocks",
                       (json_int_t)p->kv_blocks, "context_fits_per_seq", (json_int_t)fit);
-        char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
-        printf("%s\n", s);
-        free(s);
-        json_decref(o);
+        cli_print_json(o);
         return;
     }
     printf("model            %s (%s, %d layers, %d/%d heads, head_dim %d)\n", model_dir,
