@@ -1,5 +1,6 @@
 /* Flags shared by every subcommand that runs a model. */
 #include "cli/cli_runtime.h"
+#include "cli/cmd_models.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +13,7 @@ void cli_runtime_init(cli_runtime_flags *f) {
 bool cli_take_runtime(cli_parser *p, cli_runtime_flags *f) {
     long v;
     const char *s;
-    if (cli_take(p, "-m", "--model", &f->model)) return true;
+    if (cli_take_model(p, &f->model, &f->offline)) return true;
     if (cli_take(p, NULL, "--device", &f->opts.device)) return true;
     if (cli_take_int(p, "-t", "--threads", 1, 1024, &v)) {
         f->opts.n_threads = (int)v;
@@ -43,7 +44,9 @@ bool cli_take_runtime(cli_parser *p, cli_runtime_flags *f) {
 }
 
 const char *cli_runtime_help(void) {
-    return "  -m, --model DIR          model directory (config.json + *.safetensors)\n"
+    return "  -m, --model M            a model directory, a Hugging Face repo id owner/name, or a\n"
+           "                           name (mlx-community/name); downloaded when missing\n"
+           "      --offline            never download (also HF_HUB_OFFLINE=1)\n"
            "  -t, --threads N          CPU threads (default: all cores)\n"
            "      --device D           auto, cpu or cuda (default: auto)\n"
            "  -c, --ctx-size N         context limit per sequence (default: the model's, at "
@@ -52,6 +55,10 @@ const char *cli_runtime_help(void) {
            "      --kv-dtype T         f16, bf16 or f32 KV cache (default: f32 on the CPU, f16 "
            "on CUDA)\n"
            "      --kv-cache-budget B  bytes for the KV pool, or auto\n";
+}
+
+int cli_runtime_resolve(cli_runtime_flags *f, base_err *err) {
+    return cli_model_resolve(&f->model, f->offline, f->model_dir, sizeof f->model_dir, err);
 }
 
 bool cli_take_sampling(cli_parser *p, engine_sampling *s) {

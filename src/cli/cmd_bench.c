@@ -147,7 +147,8 @@ int cli_cmd_bench(int argc, char **argv) {
     rtf.opts.n_parallel = max_batch;
     base_err err;
     engine_runtime *rt;
-    if (engine_runtime_open(rtf.model, &rtf.opts, &rt, &err)) return cli_fail(&err);
+    if (cli_runtime_resolve(&rtf, &err) || engine_runtime_open(rtf.model, &rtf.opts, &rt, &err))
+        return cli_fail(&err);
     int rc = run_bench(rtf.model, rt, n_prompt, n_gen, batches, n_batches, reps, json, &err);
     engine_runtime_close(rt);
     return rc ? cli_fail(&err) : CLI_OK;

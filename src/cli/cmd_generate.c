@@ -82,6 +82,7 @@ int cli_cmd_generate(int argc, char **argv) {
     if (!f.tokens == !f.prompt)
         return cli_usage_fail("generate: give a prompt with either -p TEXT or --tokens IDS");
     base_err err;
+    if (cli_runtime_resolve(&f.rt, &err)) return cli_fail(&err);
     engine_prompter *pr = NULL;
     int32_t *prompt;
     int n_prompt;
@@ -161,7 +162,7 @@ int cli_cmd_logits(int argc, char **argv) {
     if (rtf.opts.ctx_size <= 0) rtf.opts.ctx_size = n;
     base_err err;
     engine_runtime *rt;
-    if (engine_runtime_open(rtf.model, &rtf.opts, &rt, &err)) {
+    if (cli_runtime_resolve(&rtf, &err) || engine_runtime_open(rtf.model, &rtf.opts, &rt, &err)) {
         free(ids);
         return cli_fail(&err);
     }

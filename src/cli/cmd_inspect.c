@@ -80,7 +80,8 @@ int cli_cmd_inspect(int argc, char **argv) {
     uint64_t weights;
     be_backend *be = NULL;
     engine_kv_plan plan;
-    if (io_config_load(rtf.model, &cfg, &err)) return cli_fail(&err);
+    if (cli_runtime_resolve(&rtf, &err) || io_config_load(rtf.model, &cfg, &err))
+        return cli_fail(&err);
     int rc = io_checkpoint_peek_bytes(rtf.model, &weights, &err);
     if (rc == 0) rc = engine_backend_open(&rtf.opts, &be, &err);
     if (rc == 0) rc = engine_plan_kv(&cfg, weights, be, &rtf.opts, &plan, &err);

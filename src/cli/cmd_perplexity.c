@@ -58,6 +58,7 @@ int cli_cmd_perplexity(int argc, char **argv) {
     if (!rtf.model || !file) return cli_usage_fail("perplexity: -m MODEL and -f FILE are required");
     if (rtf.opts.ctx_size <= 0) rtf.opts.ctx_size = 512;
     base_err err;
+    if (cli_runtime_resolve(&rtf, &err)) return cli_fail(&err);
     char *text;
     if (base_read_file(file, &text, NULL, &err)) return cli_fail(&err);
     engine_prompter *pr;

@@ -184,9 +184,10 @@ int cli_cmd_run(int argc, char **argv) {
         cli_unknown(&p);
     }
     if (cli_done(&p)) return CLI_USAGE;
+    base_err err;
+    if (rtf.model && cli_runtime_resolve(&rtf, &err)) return cli_fail(&err);
     char demo[PATH_MAX];
     const char *dir = rtf.model ? rtf.model : demo_model_dir(demo, sizeof demo);
-    base_err err;
     if (engine_prompter_open(dir, NULL, &s.pr, &err)) return cli_fail(&err);
     if (engine_runtime_open(dir, &rtf.opts, &s.rt, &err)) {
         engine_prompter_close(s.pr);

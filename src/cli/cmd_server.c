@@ -216,7 +216,8 @@ typedef struct loaded {
 } loaded;
 
 static int load(server_flags *f, loaded *L, base_err *err) {
-    if (engine_runtime_open(f->rt.model, &f->rt.opts, &L->rt, err) ||
+    if (cli_runtime_resolve(&f->rt, err) ||
+        engine_runtime_open(f->rt.model, &f->rt.opts, &L->rt, err) ||
         engine_prompter_open(f->rt.model, f->template_file, &L->pr, err))
         return -1;
     int n_eos;

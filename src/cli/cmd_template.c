@@ -2,7 +2,9 @@
  * prompt byte for byte, as transformers' apply_chat_template(tokenize=False) would. */
 #include "chat/chat.h"
 #include "cli/cli.h"
+#include "cli/cmd_models.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,7 +14,10 @@ static void print_help(FILE *f) {
                "Prints the prompt that MODEL_DIR's chat template makes of a conversation, with\n"
                "nothing added (no trailing newline). MODEL_DIR needs tokenizer_config.json.\n"
                "\n"
-               "  -m, --model DIR              model or tokenizer directory\n"
+               "  -m, --model M                model or tokenizer directory, or a Hugging\n"
+               "                               Face repo id owner/name, or a name\n"
+               "                               (mlx-community/name)\n"
+               "  --offline                    never download (also HF_HUB_OFFLINE=1)\n"
                "  --messages FILE.json         a JSON array of messages, or an object\n"
                "                               {\"messages\": [...], \"tools\": [...], ...kwargs}\n"
                "  --no-generation-prompt       add_generation_prompt=false (default true)\n"
@@ -87,7 +92,8 @@ static int render(const char *model, const char *messages_path, const char *temp
 
 int cli_cmd_template(int argc, char **argv) {
     const char *model = NULL, *messages = NULL, *template_path = NULL, *kwargs_text = NULL;
-    bool gen_prompt = true;
+    bool gen_prompt = true, offline = false;
+    char dir[PATH_MAX];
     cli_parser p;
     cli_parser_init(&p, "template", argc, argv);
     while (cli_next(&p)) {
@@ -95,7 +101,7 @@ int cli_cmd_template(int argc, char **argv) {
             print_help(stdout);
             return CLI_OK;
         }
-        if (cli_take(&p, "-m", "--model", &model)) continue;
+        if (cli_take_model(&p, &model, &offline)) continue;
         if (cli_take(&p, NULL, "--messages", &messages)) continue;
         if (cli_take(&p, NULL, "--chat-template-file", &template_path)) continue;
         if (cli_take(&p, NULL, "--kwargs", &kwargs_text)) continue;
@@ -118,7 +124,8 @@ int cli_cmd_template(int argc, char **argv) {
         }
     }
     base_err err;
-    int rc = render(model, messages, template_path, kwargs, gen_prompt, &err);
+    int rc = cli_model_resolve(&model, offline, dir, sizeof dir, &err);
+    if (rc == 0) rc = render(model, messages, template_path, kwargs, gen_prompt, &err);
     json_decref(kwargs);
     return rc ? cli_fail(&err) : CLI_OK;
 }

@@ -2,8 +2,10 @@
 #include "cli/cmd_tokenize.h"
 
 #include "cli/cli.h"
+#include "cli/cmd_models.h"
 #include "tokenizer/tokenizer.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,7 +14,9 @@ static const char k_tokenize_help[] =
     "\n"
     "Reads all of stdin and prints its token ids as one JSON array on one line.\n"
     "\n"
-    "  -m, --model DIR   directory with tokenizer.json (and tokenizer_config.json)\n"
+    "  -m, --model M     directory with tokenizer.json (and tokenizer_config.json), or a\n"
+    "                    Hugging Face repo id owner/name, or a name (mlx-community/name)\n"
+    "  --offline         never download (also HF_HUB_OFFLINE=1)\n"
     "  --no-special      do not add the post-processor's special tokens (e.g. BOS)\n"
     "  -h, --help        show this help\n"
     "\n"
@@ -24,7 +28,9 @@ static const char k_detokenize_help[] =
     "\n"
     "Prints the text of the token ids, with nothing added (no newline).\n"
     "\n"
-    "  -m, --model DIR   directory with tokenizer.json (and tokenizer_config.json)\n"
+    "  -m, --model M     directory with tokenizer.json (and tokenizer_config.json), or a\n"
+    "                    Hugging Face repo id owner/name, or a name (mlx-community/name)\n"
+    "  --offline         never download (also HF_HUB_OFFLINE=1)\n"
     "  --tokens IDS      comma-separated token ids\n"
     "  --skip-special    leave special tokens out of the text\n"
     "  -h, --help        show this help\n"
@@ -52,7 +58,8 @@ static int read_stdin(char **data, size_t *len, base_err *err) {
 
 int cli_cmd_tokenize(int argc, char **argv) {
     const char *model = NULL;
-    bool special = true;
+    bool special = true, offline = false;
+    char dir[PATH_MAX];
     cli_parser p;
     cli_parser_init(&p, "tokenize", argc, argv);
     while (cli_next(&p)) {
@@ -60,7 +67,7 @@ int cli_cmd_tokenize(int argc, char **argv) {
             fputs(k_tokenize_help, stdout);
             return CLI_OK;
         }
-        if (cli_take(&p, "-m", "--model", &model)) continue;
+        if (cli_take_model(&p, &model, &offline)) continue;
         if (cli_flag(&p, NULL, "--no-special")) {
             special = false;
             continue;
@@ -72,7 +79,8 @@ int cli_cmd_tokenize(int argc, char **argv) {
 
     base_err err;
     tok_tokenizer *tok;
-    if (tok_load(model, &tok, &err)) return cli_fail(&err);
+    if (cli_model_resolve(&model, offline, dir, sizeof dir, &err) || tok_load(model, &tok, &err))
+        return cli_fail(&err);
     char *text = NULL;
     size_t len = 0, n = 0;
     int32_t *ids = NULL;
@@ -92,7 +100,8 @@ int cli_cmd_tokenize(int argc, char **argv) {
 
 int cli_cmd_detokenize(int argc, char **argv) {
     const char *model = NULL, *tokens = NULL;
-    bool skip = false;
+    bool skip = false, offline = false;
+    char dir[PATH_MAX];
     cli_parser p;
     cli_parser_init(&p, "detokenize", argc, argv);
     while (cli_next(&p)) {
@@ -100,7 +109,7 @@ int cli_cmd_detokenize(int argc, char **argv) {
             fputs(k_detokenize_help, stdout);
             return CLI_OK;
         }
-        if (cli_take(&p, "-m", "--model", &model)) continue;
+        if (cli_take_model(&p, &model, &offline)) continue;
         if (cli_take(&p, NULL, "--tokens", &tokens)) continue;
         if (cli_flag(&p, NULL, "--skip-special")) {
             skip = true;
@@ -119,7 +128,7 @@ int cli_cmd_detokenize(int argc, char **argv) {
 
     base_err err;
     tok_tokenizer *tok;
-    if (tok_load(model, &tok, &err)) {
+    if (cli_model_resolve(&model, offline, dir, sizeof dir, &err) || tok_load(model, &tok, &err)) {
         free(ids);
         return cli_fail(&err);
     }

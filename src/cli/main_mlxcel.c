@@ -1,5 +1,6 @@
 /* `mlxcel`: dispatches to a subcommand. */
 #include "cli/cli.h"
+#include "cli/cmd_models.h"
 #include "io/io.h"
 #include "cli/cmd_tokenize.h"
 
@@ -17,9 +18,11 @@ static const cli_command g_commands[] = {
     {"detokenize", cli_cmd_detokenize, "print the text of token ids"},
     {"generate", cli_cmd_generate, "generate a continuation of a prompt"},
     {"inspect", cli_cmd_inspect, "memory breakdown of a model: weights, KV blocks, context"},
+    {"list", cli_cmd_list, "models in the store and the Hugging Face cache, with sizes"},
     {"logits", cli_cmd_logits, "write the logits of every position to a .npy file"},
     {"perplexity", cli_cmd_perplexity, "perplexity of a text file"},
     {"quantize", cli_cmd_quantize, "convert a bf16/f16 checkpoint to MLX affine bits"},
+    {"rm", cli_cmd_rm, "delete a model from the store"},
     {"run", cli_cmd_run, "chat with a model (the demo model when none is given)"},
     {"template", cli_cmd_template, "render a model's chat template over a conversation"},
     {"tokenize", cli_cmd_tokenize, "print the token ids of stdin as a JSON array"},
