@@ -48,8 +48,9 @@ static const char *demo_model_dir(char *buf, size_t size) {
         exe[n] = 0;
         char *slash = strrchr(exe, '/');
         if (slash) *slash = 0;
-        int len = snprintf(buf, size, "%.*s/../../models/demo", (int)(size - 32), exe);
-        if (len > 0 && (size_t)len < size && base_dir_exists(buf)) return buf;
+        char guess[PATH_MAX + 32];
+        snprintf(guess, sizeof guess, "%s/../../models/demo", exe);
+        if (realpath(guess, buf) && base_dir_exists(buf)) return buf;
     }
     snprintf(buf, size, "%s/models/demo", MLXCEL_SOURCE_DIR);
     return buf;
@@ -194,6 +195,11 @@ int cli_cmd_run(int argc, char **argv) {
         return cli_fail(&err);
     }
     s.max_new = n_predict < 0 ? s.rt->kv_plan.ctx_size : (int)n_predict;
+    if (!prompt || isatty(STDERR_FILENO)) {
+        char desc[512];
+        engine_runtime_describe(s.rt, dir, desc, sizeof desc);
+        fprintf(stderr, "mlxcel: %s\n", desc);
+    }
     s.messages = json_array();
     struct sigaction sa = {.sa_handler = on_sigint};
     sigaction(SIGINT, &sa, NULL);

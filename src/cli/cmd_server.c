@@ -194,17 +194,10 @@ static const char *base_name(const char *path) {
 }
 
 static void print_startup(const char *model_dir, const engine_runtime *rt, const server *srv,
-                          const server_options *so, int n_threads) {
-    const engine_kv_plan *k = &rt->kv_plan;
-    const io_model_config *c = model_config(rt->model);
-    fprintf(stderr,
-            "mlxcel-server: model %s (%s, %d layers), backend %s, %d threads, context %d per "
-            "sequence x %d parallel, KV %lld blocks of %d tokens (%lld tokens, %.1f MiB); "
-            "listening on http://%s:%d\n",
-            model_dir, c->model_type, c->num_hidden_layers, rt->be->name, n_threads, k->ctx_size,
-            k->n_parallel, (long long)k->kv_blocks, k->geom.block_size,
-            (long long)k->kv_blocks * k->geom.block_size,
-            (double)k->kv_blocks * (double)k->kv_bytes_per_block / (1 << 20), so->host,
+                          const server_options *so) {
+    char desc[512];
+    engine_runtime_describe(rt, model_dir, desc, sizeof desc);
+    fprintf(stderr, "mlxcel-server: %s; listening on http://%s:%d\n", desc, so->host,
             server_port(srv));
 }
 
@@ -263,8 +256,7 @@ int cli_cmd_server(int argc, char **argv) {
         return cli_fail(&err);
     }
     server_attach(srv, L.rt, L.pr, L.sched);
-    print_startup(f.rt.model, L.rt, srv, &f.srv,
-                  f.rt.opts.n_threads > 0 ? f.rt.opts.n_threads : base_cpu_count());
+    print_startup(f.rt.model, L.rt, srv, &f.srv);
     int sig;
     sigwait(&sigs, &sig);
     fprintf(stderr, "mlxcel-server: stopping\n");

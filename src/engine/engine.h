@@ -103,6 +103,9 @@ int engine_backend_open(const engine_options *opts, be_backend **be, base_err *e
 int engine_runtime_open(const char *model_dir, const engine_options *opts, engine_runtime **out,
                         base_err *err);
 void engine_runtime_close(engine_runtime *rt);
+/* One line for startup messages: model, backend, threads, context, KV capacity. */
+void engine_runtime_describe(const engine_runtime *rt, const char *model_dir, char *buf,
+                             size_t size);
 
 /* ---- one sequence, synchronously (CLI generate, logits, perplexity) ---- */
 

@@ -2,6 +2,7 @@
  * prefill and generation on top (the CLI's generate, logits and perplexity). */
 #include "engine/engine.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,6 +47,19 @@ int engine_runtime_open(const char *model_dir, const engine_options *o, engine_r
     }
     *out = rt;
     return 0;
+}
+
+void engine_runtime_describe(const engine_runtime *rt, const char *model_dir, char *buf,
+                             size_t size) {
+    const engine_kv_plan *k = &rt->kv_plan;
+    const io_model_config *c = model_config(rt->model);
+    snprintf(buf, size,
+             "model %s (%s, %d layers), backend %s (%s), %d threads, context %d per sequence x %d "
+             "parallel, KV %lld blocks of %d tokens (%lld tokens, %.1f MiB)",
+             model_dir, c->model_type, c->num_hidden_layers, rt->be->name, rt->be->device,
+             rt->be->n_threads, k->ctx_size, k->n_parallel, (long long)k->kv_blocks,
+             k->geom.block_size, (long long)k->kv_blocks * k->geom.block_size,
+             (double)k->kv_blocks * (double)k->kv_bytes_per_block / (1 << 20));
 }
 
 void engine_runtime_close(engine_runtime *rt) {
