@@ -61,6 +61,16 @@ static const char g_help[] =
     "      --metrics            serve Prometheus metrics on GET /metrics\n"
     "      --chat-template-file F  a Jinja chat template replacing the model's\n"
     "      --timeout S          close connections idle for S seconds (default 600)\n"
+    "      --read-timeout S     a request's headers and body must arrive within S seconds of\n"
+    "                           the connection opening or of its previous response, or the\n"
+    "                           connection is closed (default 30; 0: no limit)\n"
+    "      --max-connections N  connections open at once; more are closed at once\n"
+    "                           (default 512)\n"
+    "      --max-connections-per-ip N  the same, from one client address (default: no limit)\n"
+    "      --max-header BYTES   request line and headers, at most (default 32 KiB; more gets\n"
+    "                           431)\n"
+    "      --cors ORIGIN        allow browsers from ORIGIN ('*' for any): Access-Control-*\n"
+    "                           headers and OPTIONS preflight answers (default: none)\n"
     "      --max-queue N        requests waiting to start, at most; more get 503 (default 256)\n"
     "      --max-batch-tokens N tokens per scheduler step, decode rows and prefill chunks\n"
     "                           together (default 2048)\n"
@@ -110,6 +120,23 @@ static bool take_server_flag(cli_parser *p, server_flags *f) {
         f->srv.timeout_s = (int)v;
         return true;
     }
+    if (cli_take_int(p, NULL, "--read-timeout", 0, 1 << 30, &v)) {
+        f->srv.read_timeout_s = (int)v;
+        return true;
+    }
+    if (cli_take_int(p, NULL, "--max-connections", 1, 1 << 20, &v)) {
+        f->srv.max_connections = (unsigned)v;
+        return true;
+    }
+    if (cli_take_int(p, NULL, "--max-connections-per-ip", 0, 1 << 20, &v)) {
+        f->srv.max_connections_ip = (unsigned)v;
+        return true;
+    }
+    if (cli_take_int(p, NULL, "--max-header", 4096, 1 << 30, &v)) {
+        f->srv.max_header = (size_t)v;
+        return true;
+    }
+    if (cli_take(p, NULL, "--cors", &f->srv.cors_origin)) return true;
     if (cli_take_int(p, NULL, "--max-queue", 0, 1 << 30, &v)) {
         f->sched.max_queue = (int)v;
         return true;
@@ -136,6 +163,9 @@ static void defaults(server_flags *f) {
     f->srv.host = "127.0.0.1";
     f->srv.port = 8080;
     f->srv.timeout_s = 600;
+    f->srv.read_timeout_s = 30;
+    f->srv.max_connections = 512;
+    f->srv.max_header = 32u << 10;
     f->srv.max_body = 8u << 20;
     f->sched.max_queue = 256;
     engine_sampling_defaults(&f->srv.defaults);

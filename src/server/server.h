@@ -1,23 +1,31 @@
 /* server: the OpenAI-compatible HTTP server (libmicrohttpd): /v1/chat/completions,
  * /v1/completions and /v1/models, llama-server's /completion, /tokenize, /detokenize,
  * /apply-template, /health, /metrics, /slots and /props; SSE streaming, bearer-key auth,
- * body and queue limits, and OpenAI-shaped errors. Touches no tensors: generation goes
- * through the engine's scheduler. */
+ * header, body, connection and read-time limits, opt-in CORS, and OpenAI-shaped errors.
+ * Touches no tensors: generation goes through the engine's scheduler. */
 #ifndef MLXCEL_SERVER_H
 #define MLXCEL_SERVER_H
 
 #include "engine/engine.h"
 
 typedef struct server_options {
-    const char *host;         /* numeric IPv4 or IPv6 address to bind */
-    int port;                 /* 0: any free port (server_port says which) */
-    const char *api_key;      /* NULL: no auth */
-    bool metrics;             /* serve GET /metrics */
-    int timeout_s;            /* idle connection timeout; <= 0: none */
-    size_t max_body;          /* bytes; larger requests get 413 */
-    int n_predict;            /* default max_tokens; <= 0: up to the context */
-    engine_sampling defaults; /* sampling when a request leaves a field out */
-    const char *model_id;     /* the name /v1/models reports */
+    const char *host;    /* numeric IPv4 or IPv6 address to bind */
+    int port;            /* 0: any free port (server_port says which) */
+    const char *api_key; /* NULL: no auth */
+    bool metrics;        /* serve GET /metrics */
+    int timeout_s;       /* idle connection timeout; <= 0: none */
+    /* a request's line, headers and body must all arrive within this many seconds of the
+     * connection opening or of its previous response, however steadily the bytes trickle in;
+     * slower connections are closed. <= 0: no limit */
+    int read_timeout_s;
+    size_t max_body;             /* bytes; larger requests get 413 */
+    size_t max_header;           /* bytes of request line and headers; 0: the library's */
+    unsigned max_connections;    /* open at once; 0: the library's default */
+    unsigned max_connections_ip; /* open at once from one address; 0: no limit */
+    const char *cors_origin;     /* Access-Control-Allow-Origin; NULL: no CORS headers */
+    int n_predict;               /* default max_tokens; <= 0: up to the context */
+    engine_sampling defaults;    /* sampling when a request leaves a field out */
+    const char *model_id;        /* the name /v1/models reports */
 } server_options;
 
 typedef struct server server;

@@ -361,12 +361,12 @@ static void stream_free(void *cls) {
     job_release(j);
 }
 
-static enum MHD_Result reply_stream(struct MHD_Connection *c, job *j) {
+static enum MHD_Result reply_stream(server *s, struct MHD_Connection *c, job *j) {
     struct MHD_Response *r =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, j, stream_free);
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
-    enum MHD_Result rc = MHD_queue_response(c, 200, r);
+    enum MHD_Result rc = server_queue(s, c, 200, r);
     MHD_destroy_response(r);
     return rc;
 }
@@ -379,9 +379,9 @@ static enum MHD_Result reply_whole(server *s, struct MHD_Connection *c, job *j) 
     if (gone || j->finish == ENGINE_FINISH_CANCELLED)
         rc = MHD_NO;
     else if (j->finish == ENGINE_FINISH_ERROR)
-        rc = server_reply_error(c, 500, "server_error", "%s", j->error ? j->error : "failed");
+        rc = server_reply_error(s, c, 500, "server_error", "%s", j->error ? j->error : "failed");
     else
-        rc = server_reply_json(c, 200, final_body(s, j));
+        rc = server_reply_json(s, c, 200, final_body(s, j));
     pthread_mutex_unlock(&j->mu);
     job_release(j);
     return rc;
@@ -427,7 +427,7 @@ enum MHD_Result server_route_generate(server *s, struct MHD_Connection *c, const
     int vocab = model_config(s->rt->model)->vocab_size;
     if (server_params_parse(body, route_kind(url), &s->o, s->pr, vocab, &p, &err)) {
         server_params_free(&p);
-        return server_reply_error(c, 400, "invalid_request_error", "%s", err.msg);
+        return server_reply_error(s, c, 400, "invalid_request_error", "%s", err.msg);
     }
     job *j = job_new(s, c, &p);
     p.req.on_event = on_event;
@@ -439,8 +439,8 @@ enum MHD_Result server_route_generate(server *s, struct MHD_Connection *c, const
         j->refs = 1;
         job_release(j);
         if (why == ENGINE_REJECT_INVALID)
-            return server_reply_error(c, 400, "invalid_request_error", "%s", err.msg);
-        return server_reply_error(c, 503, "unavailable_error", "%s", err.msg);
+            return server_reply_error(s, c, 400, "invalid_request_error", "%s", err.msg);
+        return server_reply_error(s, c, 503, "unavailable_error", "%s", err.msg);
     }
-    return j->stream ? reply_stream(c, j) : reply_whole(s, c, j);
+    return j->stream ? reply_stream(s, c, j) : reply_whole(s, c, j);
 }

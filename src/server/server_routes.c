@@ -23,33 +23,33 @@ static enum MHD_Result models(server *s, struct MHD_Connection *c) {
                           "model", "created", (json_int_t)s->created, "owned_by", "mlxcel", "meta",
                           "vocab_size", cfg->vocab_size, "n_ctx", s->rt->kv_plan.ctx_size,
                           "n_ctx_train", cfg->max_position_embeddings);
-    return server_reply_json(c, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", m));
+    return server_reply_json(s, c, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", m));
 }
 
 static enum MHD_Result tokenize(server *s, struct MHD_Connection *c, json_t *b) {
     json_t *content = json_object_get(b, "content");
     json_t *special = json_object_get(b, "add_special");
     if (!json_is_string(content))
-        return server_reply_error(c, 400, "invalid_request_error", "'content' must be a string");
+        return server_reply_error(s, c, 400, "invalid_request_error", "'content' must be a string");
     if (special && !json_is_boolean(special))
-        return server_reply_error(c, 400, "invalid_request_error",
+        return server_reply_error(s, c, 400, "invalid_request_error",
                                   "'add_special' must be true or false");
     int32_t *ids = NULL;
     size_t n = 0;
     base_err err;
     if (tok_encode(s->pr->tok, json_string_value(content), json_string_length(content),
                    json_is_true(special), &ids, &n, &err))
-        return server_reply_error(c, 400, "invalid_request_error", "%s", err.msg);
+        return server_reply_error(s, c, 400, "invalid_request_error", "%s", err.msg);
     json_t *arr = json_array();
     for (size_t i = 0; i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
     free(ids);
-    return server_reply_json(c, 200, json_pack("{s:o}", "tokens", arr));
+    return server_reply_json(s, c, 200, json_pack("{s:o}", "tokens", arr));
 }
 
 static enum MHD_Result detokenize(server *s, struct MHD_Connection *c, json_t *b) {
     json_t *tokens = json_object_get(b, "tokens");
     if (!json_is_array(tokens))
-        return server_reply_error(c, 400, "invalid_request_error",
+        return server_reply_error(s, c, 400, "invalid_request_error",
                                   "'tokens' must be an array of token ids");
     size_t n = json_array_size(tokens);
     int32_t *ids = base_xmalloc((n + 1) * sizeof *ids);
@@ -57,7 +57,7 @@ static enum MHD_Result detokenize(server *s, struct MHD_Connection *c, json_t *b
         json_t *e = json_array_get(tokens, i);
         if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX) {
             free(ids);
-            return server_reply_error(c, 400, "invalid_request_error",
+            return server_reply_error(s, c, 400, "invalid_request_error",
                                       "'tokens[%zu]' must be a token id", i);
         }
         ids[i] = (int32_t)json_integer_value(e);
@@ -67,23 +67,24 @@ static enum MHD_Result detokenize(server *s, struct MHD_Connection *c, json_t *b
     base_err err;
     int rc = tok_decode(s->pr->tok, ids, n, false, &text, &len, &err);
     free(ids);
-    if (rc) return server_reply_error(c, 400, "invalid_request_error", "%s", err.msg);
+    if (rc) return server_reply_error(s, c, 400, "invalid_request_error", "%s", err.msg);
     json_t *o = json_pack("{s:s%}", "content", text, len);
     free(text);
-    return server_reply_json(c, 200, o);
+    return server_reply_json(s, c, 200, o);
 }
 
 static enum MHD_Result apply_template(server *s, struct MHD_Connection *c, json_t *b) {
     json_t *m = json_object_get(b, "messages");
     if (!json_is_array(m))
-        return server_reply_error(c, 400, "invalid_request_error", "'messages' must be an array");
+        return server_reply_error(s, c, 400, "invalid_request_error",
+                                  "'messages' must be an array");
     char *prompt = NULL;
     base_err err;
     if (engine_prompter_render(s->pr, m, true, NULL, &prompt, &err))
-        return server_reply_error(c, 400, "invalid_request_error", "%s", err.msg);
+        return server_reply_error(s, c, 400, "invalid_request_error", "%s", err.msg);
     json_t *o = json_pack("{s:s}", "prompt", prompt);
     free(prompt);
-    return server_reply_json(c, 200, o);
+    return server_reply_json(s, c, 200, o);
 }
 
 static json_t *kv_json(const kv_pool_stats *p) {
@@ -99,7 +100,7 @@ static enum MHD_Result slots(server *s, struct MHD_Connection *c) {
         json_array_append_new(arr,
                               json_pack("{s:i,s:i,s:b}", "id", i, "n_ctx", s->rt->kv_plan.ctx_size,
                                         "is_processing", i < st.running));
-    return server_reply_json(c, 200, arr);
+    return server_reply_json(s, c, 200, arr);
 }
 
 static enum MHD_Result props(server *s, struct MHD_Connection *c) {
@@ -113,7 +114,7 @@ static enum MHD_Result props(server *s, struct MHD_Connection *c) {
                           s->rt->kv_plan.n_parallel, "model_alias", s->o.model_id, "backend",
                           s->rt->be->name, "kv_cache", kv_json(&st.pool), "requests_running",
                           st.running, "requests_waiting", st.waiting);
-    return server_reply_json(c, 200, o);
+    return server_reply_json(s, c, 200, o);
 }
 
 static void metric(char **buf, size_t *len, size_t *cap, const char *type, const char *name,
@@ -131,13 +132,16 @@ static void metric(char **buf, size_t *len, size_t *cap, const char *type, const
 
 static enum MHD_Result metrics(server *s, struct MHD_Connection *c) {
     if (!s->o.metrics)
-        return server_reply_error(c, 501, "not_supported_error",
+        return server_reply_error(s, c, 501, "not_supported_error",
                                   "metrics are off (start the server with --metrics)");
     engine_sched_stats st = engine_sched_get_stats(s->sched);
     char *b = NULL;
     size_t len = 0, cap = 0;
     metric(&b, &len, &cap, "counter", "mlxcel_http_requests_total", "HTTP requests received",
            (double)__atomic_load_n(&s->n_requests, __ATOMIC_RELAXED));
+    metric(&b, &len, &cap, "counter", "mlxcel_http_read_timeouts_total",
+           "connections closed because a request did not arrive within --read-timeout",
+           (double)__atomic_load_n(&s->n_dropped, __ATOMIC_RELAXED));
     metric(&b, &len, &cap, "counter", "mlxcel_requests_finished_total",
            "generation requests finished", (double)st.requests_done);
     metric(&b, &len, &cap, "counter", "mlxcel_requests_cancelled_total",
@@ -167,7 +171,7 @@ static enum MHD_Result metrics(server *s, struct MHD_Connection *c) {
            (double)st.pool.referenced);
     struct MHD_Response *r = MHD_create_response_from_buffer(len, b, MHD_RESPMEM_MUST_FREE);
     MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4");
-    enum MHD_Result rc = MHD_queue_response(c, 200, r);
+    enum MHD_Result rc = server_queue(s, c, 200, r);
     MHD_destroy_response(r);
     return rc;
 }
