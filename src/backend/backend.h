@@ -149,9 +149,4 @@ int be_cpu_create(int n_threads, be_backend **out, base_err *err);
 int be_cuda_create(int device, be_backend **out, base_err *err);
 void be_destroy(be_backend *be);
 
-/* Bytes of a be_tensor. */
-static inline size_t be_tensor_bytes(const be_tensor *t) {
-    return (size_t)t->rows * (size_t)t->cols * base_dtype_size(t->dtype);
-}
-
 #endif

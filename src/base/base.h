@@ -28,7 +28,6 @@ int base_fail_wrap(base_err *err, const char *fmt, ...) __attribute__((format(pr
 
 typedef enum { BASE_LOG_ERROR = 0, BASE_LOG_WARN, BASE_LOG_INFO, BASE_LOG_DEBUG } base_log_level;
 void base_log_set_level(base_log_level level);
-base_log_level base_log_get_level(void);
 void base_log(base_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- dtypes ---- */

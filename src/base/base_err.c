@@ -37,10 +37,6 @@ void base_log_set_level(base_log_level level) {
     g_log_level = level;
 }
 
-base_log_level base_log_get_level(void) {
-    return g_log_level;
-}
-
 void base_log(base_log_level level, const char *fmt, ...) {
     if (level > g_log_level) return;
     static const char *names[] = {"error", "warning", "info", "debug"};

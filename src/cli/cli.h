@@ -55,6 +55,9 @@ int cli_done(cli_parser *p);
 int cli_parse_ids(const char *flag, const char *text, int32_t **ids, int *n, char *msg,
                   size_t msg_size);
 
+/* Sets the log level from MLXCEL_LOG_LEVEL (error, warn, info, debug; default warn). */
+void cli_log_from_env(void);
+
 /* Prints o as one compact line on stdout (keys in insertion order) and releases it. */
 void cli_print_json(json_t *o);
 

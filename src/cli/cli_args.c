@@ -163,3 +163,10 @@ void cli_print_json(json_t *o) {
     free(s);
     json_decref(o);
 }
+
+void cli_log_from_env(void) {
+    static const char *const names[] = {"error", "warn", "info", "debug"};
+    const char *v = getenv("MLXCEL_LOG_LEVEL");
+    for (int i = 0; v && i < 4; i++)
+        if (strcmp(v, names[i]) == 0) base_log_set_level((base_log_level)i);
+}

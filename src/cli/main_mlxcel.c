@@ -47,6 +47,7 @@ static void print_usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    cli_log_from_env();
     if (argc < 2) {
         print_usage(stderr);
         return CLI_USAGE;

@@ -48,7 +48,6 @@ int kv_pool_create(be_backend *be, const kv_geometry *geom, int64_t num_blocks, 
 void kv_pool_destroy(kv_pool *pool);
 const kv_geometry *kv_pool_geometry(const kv_pool *pool);
 const be_kv_layer *kv_pool_layer(const kv_pool *pool, int layer);
-int64_t kv_pool_capacity(const kv_pool *pool);
 
 typedef struct kv_pool_stats {
     int64_t capacity, free, cached, referenced;

@@ -264,10 +264,6 @@ const be_kv_layer *kv_pool_layer(const kv_pool *pool, int layer) {
     return &pool->layers[layer];
 }
 
-int64_t kv_pool_capacity(const kv_pool *pool) {
-    return pool->capacity;
-}
-
 void kv_pool_set_hash_mask(kv_pool *pool, uint64_t mask) {
     pool->hash_mask = mask;
 }

@@ -21,14 +21,11 @@ int model_load(const char *dir, be_backend *be, model **out, base_err *err);
 void model_free(model *m);
 
 const io_model_config *model_config(const model *m);
-be_backend *model_backend(const model *m);
 /* Bytes of all weight tensors as stored. */
 uint64_t model_weight_bytes(const model *m);
 /* Weight bytes one decode step reads: every linear layer (packed weights, scales, biases,
  * linear biases), every norm, the output head, and one row of the embedding table. */
 uint64_t model_decode_bytes(const model *m);
-/* The pool geometry this model needs, for a block size and KV dtype. */
-kv_geometry model_kv_geometry(const model *m, int block_size, base_dtype dtype);
 
 /* The decode plan's workspace for up to max_seqs sequences of max_ctx tokens in blocks of
  * block_size; the model allocates it in the backend (call again to grow). */

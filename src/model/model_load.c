@@ -206,10 +206,6 @@ const io_model_config *model_config(const model *m) {
     return &m->cfg;
 }
 
-be_backend *model_backend(const model *m) {
-    return m->be;
-}
-
 uint64_t model_weight_bytes(const model *m) {
     return io_checkpoint_bytes(m->ck);
 }
@@ -238,12 +234,4 @@ uint64_t model_decode_bytes(const model *m) {
                  vector_bytes(&L->q_norm) + vector_bytes(&L->k_norm);
     }
     return bytes;
-}
-
-kv_geometry model_kv_geometry(const model *m, int block_size, base_dtype dtype) {
-    return (kv_geometry){.n_layers = m->cfg.num_hidden_layers,
-                         .n_kv_heads = m->cfg.num_key_value_heads,
-                         .head_dim = m->cfg.head_dim,
-                         .block_size = block_size,
-                         .dtype = dtype};
 }
