@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all test deps demo clean format
+.PHONY: all test deps demo fuzz clean format
 all: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
@@ -21,6 +21,12 @@ test: deps all
 # The main job: the embedded demo model continues a story.
 demo: deps all
 	$(BUILD)/bin/mlxcel run -p "Once upon a time" -n 60
+
+# Builds the fuzz targets with clang and the sanitizers (build-fuzz/) and runs each for
+# FUZZ_SECONDS; see fuzz/run.sh.
+FUZZ_SECONDS ?= 60
+fuzz:
+	FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run.sh
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu' '*.cuh')

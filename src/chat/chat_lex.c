@@ -267,7 +267,8 @@ static int lex_number(lexer *L) {
     }
     if (L->pos + 1 < L->m.len && s[L->pos] == '.' && isdigit((unsigned char)s[L->pos + 1])) {
         is_float = true;
-        buf[n++] = s[L->pos++];
+        if (n < sizeof buf - 1) buf[n++] = s[L->pos];
+        L->pos++;
         while (L->pos < L->m.len && (isdigit((unsigned char)s[L->pos]) || s[L->pos] == '_')) {
             if (s[L->pos] != '_' && n < sizeof buf - 1) buf[n++] = s[L->pos];
             L->pos++;

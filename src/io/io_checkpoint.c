@@ -41,6 +41,16 @@ static int check_weight_map(const io_checkpoint *ck, const char *dir, const char
     return 0;
 }
 
+/* The first tensor the index maps to shard, so that a missing shard error names one. */
+static const char *first_mapped_to(json_t *map, const char *shard) {
+    const char *name;
+    json_t *v;
+    json_object_foreach(map, name, v) {
+        if (strcmp(json_string_value(v), shard) == 0) return name;
+    }
+    return "?";
+}
+
 static int open_indexed(io_checkpoint *ck, const char *dir, const char *index_path, bool map_data,
                         base_err *err) {
     char *text = NULL;
@@ -76,7 +86,8 @@ static int open_indexed(io_checkpoint *ck, const char *dir, const char *index_pa
             if (i > 0 && strcmp(shards[i], shards[i - 1]) == 0) continue;
             char *path = base_path_join(dir, shards[i]);
             if (!base_file_exists(path))
-                rc = base_fail(err, "%s: shard '%s' not found", index_path, shards[i]);
+                rc = base_fail(err, "%s: shard '%s' not found (it holds tensor '%s')", index_path,
+                               shards[i], first_mapped_to(map, shards[i]));
             else
                 rc = io_ck_add_file(ck, path, map_data, err);
             free(path);

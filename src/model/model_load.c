@@ -176,6 +176,49 @@ int model_bind_weights(model *m, base_err *err) {
     return 0;
 }
 
+/* Weights with NaN or Inf load fine and then poison every logit, which looks like a broken
+ * kernel; a warning at load names the tensor instead. To stay cheap on multi-gigabyte
+ * checkpoints, a tensor of up to FINITE_FULL_SCAN elements (norms, biases, small scales) is
+ * read whole, and a larger one (the matrices) at FINITE_SAMPLES evenly spaced elements, its
+ * first and last included. Tested on the bits: no conversion, any alignment. */
+#define FINITE_FULL_SCAN (1 << 16)
+#define FINITE_SAMPLES   1024
+
+static bool element_finite(const uint8_t *p, base_dtype dt) {
+    if (dt == BASE_DTYPE_F32) {
+        uint32_t u;
+        memcpy(&u, p, 4);
+        return (u & 0x7f800000u) != 0x7f800000u;
+    }
+    uint16_t h;
+    memcpy(&h, p, 2);
+    uint16_t exp_mask = dt == BASE_DTYPE_F16 ? 0x7c00u : 0x7f80u;
+    return (h & exp_mask) != exp_mask;
+}
+
+/* Logs a warning for each float tensor where NaN or Inf is found. */
+static void model_warn_non_finite(const io_checkpoint *ck) {
+    for (size_t i = 0; i < io_checkpoint_count(ck); i++) {
+        const io_tensor *t = io_checkpoint_at(ck, i);
+        if (!is_float_dtype(t->dtype) || t->nbytes == 0) continue;
+        size_t esize = base_dtype_size(t->dtype);
+        uint64_t n = t->nbytes / esize;
+        uint64_t checks = n <= FINITE_FULL_SCAN ? n : FINITE_SAMPLES;
+        const uint8_t *data = t->data;
+        for (uint64_t k = 0; k < checks; k++) {
+            uint64_t idx = checks == n ? k : k * (n - 1) / (checks - 1);
+            if (!element_finite(data + idx * esize, t->dtype)) {
+                base_log(BASE_LOG_WARN,
+                         "%s: tensor %s holds NaN or Inf (element %llu; %s of its %llu values "
+                         "checked)",
+                         t->file, t->name, (unsigned long long)idx,
+                         checks == n ? "all" : "evenly spaced samples", (unsigned long long)n);
+                break;
+            }
+        }
+    }
+}
+
 int model_load(const char *dir, be_backend *be, model **out, base_err *err) {
     model *m = base_xcalloc(1, sizeof *m);
     m->be = be;
@@ -187,6 +230,7 @@ int model_load(const char *dir, be_backend *be, model **out, base_err *err) {
         model_free(m);
         return -1;
     }
+    model_warn_non_finite(m->ck);
     int half = m->cfg.head_dim / 2;
     float *freqs = base_xmalloc((size_t)half * sizeof *freqs);
     model_rope_freqs(&m->cfg, m->cfg.max_position_embeddings, freqs, &m->rope_mscale);

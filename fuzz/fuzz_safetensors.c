@@ -1,0 +1,8 @@
+/* libFuzzer entry point: see fuzz_safetensors in fuzz_targets.h. */
+#include "fuzz_targets.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    return fuzz_safetensors(data, size);
+}

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (fuzz/fuzz_*.c) with clang, AddressSanitizer and
+# UndefinedBehaviorSanitizer in their own build directory, then runs each for FUZZ_SECONDS
+# (default 60) over a working copy of its seed corpus (fuzz/corpus/<target>/).
+#
+#   fuzz/run.sh [TARGET...]        all targets when none is named (e.g. `fuzz/run.sh npy chat`)
+#   FUZZ_SECONDS=0 fuzz/run.sh     build only
+#
+# Crashing inputs land in build-fuzz/artifacts/<target>/; replay one with
+# `build-fuzz/fuzz_<target> FILE`, then save it under tests/fuzz_regress/<target>/ so that
+# `make test` keeps replaying it. Exits 1 when any target found a crash.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+seconds=${FUZZ_SECONDS:-60}
+build=${FUZZ_BUILD:-build-fuzz}
+jobs=${FUZZ_BUILD_JOBS:-2}
+
+flags="-g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined"
+
+# libFuzzer's runtime ships with clang (Debian: libclang-rt-dev); install it when missing.
+probe=$(mktemp -d)
+trap 'rm -rf "$probe"' EXIT
+echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' >"$probe/p.c"
+if ! clang -fsanitize=fuzzer "$probe/p.c" -o "$probe/p" 2>/dev/null; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "mlxcel: error: clang with libFuzzer is missing (apt-get install clang libclang-rt-dev)" >&2
+        exit 1
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libclang-rt-dev >/dev/null
+fi
+
+# Only the modules the targets reach are built (the parsers, not the backends), each file
+# with coverage instrumentation for the fuzzer.
+modules=(base io tokenizer chat)
+cflags="$flags -std=c11 -D_GNU_SOURCE -Isrc -Iinclude $(pkg-config --cflags jansson libpcre2-8 libutf8proc)"
+rm -rf "$build/obj"
+mkdir -p "$build/obj"
+for m in "${modules[@]}"; do ls src/"$m"/*.c; done |
+    xargs -P "$jobs" -I{} sh -c 'o="$0/obj/$(echo "$1" | tr / _).o"; exec clang $2 -fsanitize=fuzzer-no-link -c "$1" -o "$o"' \
+        "$build" {} "$cflags"
+rm -f "$build/libfuzzcore.a"
+ar rcs "$build/libfuzzcore.a" "$build"/obj/*.o
+libs="$(pkg-config --libs jansson libpcre2-8 libutf8proc) -lm -lpthread"
+
+if (($# == 0)); then
+    set -- $(ls fuzz/fuzz_*.c | sed 's|fuzz/fuzz_\(.*\)\.c|\1|')
+fi
+for t in "$@"; do
+    [ -f "fuzz/fuzz_$t.c" ] || { echo "mlxcel: error: no fuzz target '$t'" >&2; exit 2; }
+    # shellcheck disable=SC2086
+    clang $cflags -fsanitize=fuzzer -DFUZZ_SOURCE_DIR="\"$root\"" "fuzz/fuzz_$t.c" \
+        "$build/libfuzzcore.a" $libs -o "$build/fuzz_$t"
+done
+((seconds > 0)) || exit 0
+
+failed=()
+for t in "$@"; do
+    mkdir -p "$build/corpus/$t" "$build/artifacts/$t" "$build/logs"
+    dict=()
+    [ -f "fuzz/$t.dict" ] && dict=("-dict=fuzz/$t.dict")
+    echo "== fuzz $t (${seconds}s)"
+    if "$build/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2560 \
+        -print_final_stats=1 -artifact_prefix="$build/artifacts/$t/" "${dict[@]}" \
+        "$build/corpus/$t" "fuzz/corpus/$t" >"$build/logs/$t.log" 2>&1; then
+        grep -E '^#[0-9]+[[:space:]]+DONE' "$build/logs/$t.log" | tail -1 || true
+    else
+        failed+=("$t")
+        tail -n 60 "$build/logs/$t.log"
+    fi
+done
+if ((${#failed[@]})); then
+    echo "mlxcel: error: fuzz targets failed: ${failed[*]} (inputs under $build/artifacts/)" >&2
+    exit 1
+fi
