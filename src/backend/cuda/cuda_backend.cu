@@ -25,6 +25,8 @@ static int cuda_fail(base_err *err, const char *what, cudaError_t e) {
 static void cuda_destroy(be_backend *be) {
     cuda_backend *c = cuda_impl(be);
     cudaStreamSynchronize(c->stream);
+    cublasDestroy(c->blas);
+    cudaFree(c->wtmp);
     cudaStreamDestroy(c->stream);
     free(c);
     free(be);
@@ -140,6 +142,15 @@ extern "C" int be_cuda_create(int device, be_backend **out, base_err *err) {
         free(c);
         free(be);
         return cuda_fail(err, "creating stream", e);
+    }
+    cublasStatus_t bs = cublasCreate(&c->blas);
+    if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetStream(c->blas, c->stream);
+    if (bs != CUBLAS_STATUS_SUCCESS) {
+        if (c->blas) cublasDestroy(c->blas);
+        cudaStreamDestroy(c->stream);
+        free(c);
+        free(be);
+        return base_fail(err, "cuda: creating the cuBLAS handle: %s", cublasGetStatusString(bs));
     }
     be->name = "cuda";
     be->ops = &cuda_ops;

@@ -6,9 +6,13 @@
  * input dimension in units (32 quantized values = `bits` words, which lie in one group, or 8
  * dense values = one 16-byte load), dequantizes the unit in registers and multiplies it into
  * every row of x, accumulating in F32; the warp sums its lanes at the end. 4- and 8-bit units
- * are whole 16-byte loads; 2 and 6 bits use 8-byte loads, 3 and 5 bits 4-byte loads. Longer
- * batches (prefill) take one pass per 16 rows: correct, and the place where a tensor-core
- * GEMM goes next. */
+ * are whole 16-byte loads; 2 and 6 bits use 8-byte loads, 3 and 5 bits 4-byte loads.
+ *
+ * From GEMM_MIN_ROWS rows of BF16 x (prefill, large decode batches) the GEMV's cost grows with
+ * the rows (one pass over W per 16 rows, every multiply on the CUDA cores), so W is instead
+ * dequantized once into a BF16 scratch and multiplied by cuBLAS on the tensor cores with F32
+ * accumulation. That rounds each weight to BF16 (relative 2^-9), as MLX's own quantized
+ * matmul does when it works in the activations' dtype. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <string.h>
@@ -16,6 +20,10 @@
 #define GEMV_WARPS  4
 #define GEMV_R      2
 #define GEMV_MAX_NR 16
+/* Rows of x from which the dequantize + cuBLAS path runs: at 64 rows the GEMV reads W four
+ * times and does 64 multiplies per weight on the CUDA cores, while the dequantization writes
+ * and re-reads 4 bytes per weight once. */
+#define GEMM_MIN_ROWS 64
 
 template <int N> __device__ __forceinline__ void load_words(const uint32_t *p, uint32_t *w) {
     if constexpr (N % 4 == 0) {
@@ -209,6 +217,94 @@ static int dense_launch(be_backend *be, const be_tensor *x, const be_linear *w, 
     return gemv_launch(be, u, w->in / 8, x, w, y, err);
 }
 
+/* W as BF16 [out, in], 8 values per thread with one 16-byte store (in % 8 == 0 and a group
+ * holds a multiple of 8 values, so the 8 share a group). */
+__global__ void dequant_bf16_kernel(be_linear w, __nv_bfloat16 *out) {
+    const int64_t per_row = w.in / 8, n = w.out * per_row;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t o = i / per_row, c0 = (i % per_row) * 8;
+        __align__(16) __nv_bfloat16 v[8];
+        if (w.bits == 0) {
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                v[k] =
+                    __float2bfloat16_rn(cuda_load(w.weight, w.dtype, (size_t)(o * w.in + c0 + k)));
+        } else {
+            const uint32_t *row = (const uint32_t *)w.weight + o * (w.in * w.bits / 32);
+            const size_t g = (size_t)(o * (w.in / w.group_size) + c0 / w.group_size);
+            const float sc = cuda_load(w.scales, w.dtype, g), bi = cuda_load(w.biases, w.dtype, g);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                v[k] =
+                    __float2bfloat16_rn(fmaf(sc, (float)cuda_quant_value(row, c0 + k, w.bits), bi));
+        }
+        *(uint4 *)(out + o * w.in + c0) = *(const uint4 *)v;
+    }
+}
+
+__global__ void add_bias_kernel(void *y, base_dtype y_dt, int64_t rows, int64_t cols,
+                                const void *bias, base_dtype bias_dt) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < rows * cols;
+         i += (int64_t)gridDim.x * blockDim.x)
+        cuda_store(y, y_dt, (size_t)i,
+                   cuda_load(y, y_dt, (size_t)i) + cuda_load(bias, bias_dt, (size_t)(i % cols)));
+}
+
+static unsigned elem_grid(int64_t n) {
+    int64_t blocks = (n + 255) / 256;
+    return (unsigned)(blocks < 65535 * 16 ? blocks : 65535 * 16);
+}
+
+/* y = x W^T on the tensor cores: W (dequantized to the backend's scratch unless it is BF16
+ * already) is column-major [in, out] to cuBLAS, x column-major [in, rows], y [out, rows]. */
+static int gemm_launch(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
+                       base_err *err) {
+    cuda_backend *c = cuda_impl(be);
+    const void *a = w->weight;
+    if (w->bits != 0 || w->dtype != BASE_DTYPE_BF16) {
+        size_t bytes = (size_t)w->out * (size_t)w->in * sizeof(__nv_bfloat16);
+        if (bytes > c->wtmp_bytes) {
+            /* cudaFree waits for queued work that still reads the old scratch. */
+            cudaFree(c->wtmp);
+            c->wtmp = NULL;
+            c->wtmp_bytes = 0;
+            cudaError_t e = cudaMalloc(&c->wtmp, bytes);
+            if (e != cudaSuccess)
+                return base_fail(err, "cuda: matmul: %zu bytes of BF16 weight scratch: %s", bytes,
+                                 cudaGetErrorString(e));
+            c->wtmp_bytes = bytes;
+        }
+        dequant_bf16_kernel<<<elem_grid(w->out * w->in / 8), 256, 0, c->stream>>>(
+            *w, (__nv_bfloat16 *)c->wtmp);
+        if (cuda_check_launch("matmul dequantize", err)) return -1;
+        a = c->wtmp;
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    cudaDataType_t yt = y->dtype == BASE_DTYPE_F32 ? CUDA_R_32F : CUDA_R_16BF;
+    cublasStatus_t st =
+        cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->out, (int)x->rows, (int)w->in,
+                     &alpha, a, CUDA_R_16BF, (int)w->in, x->data, CUDA_R_16BF, (int)w->in, &beta,
+                     y->data, yt, (int)w->out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return base_fail(err, "cuda: matmul: cuBLAS GEMM [%lld x %lld] x [%lld]: %s",
+                         (long long)w->out, (long long)w->in, (long long)x->rows,
+                         cublasGetStatusString(st));
+    if (w->bias) {
+        add_bias_kernel<<<elem_grid(y->rows * y->cols), 256, 0, c->stream>>>(
+            y->data, y->dtype, y->rows, y->cols, w->bias, w->bias_dtype);
+        if (cuda_check_launch("matmul bias", err)) return -1;
+    }
+    return 0;
+}
+
+/* The GEMM path takes BF16 activations into BF16 or F32 outputs, with cuBLAS's int sizes. */
+static bool gemm_fits(const be_tensor *x, const be_linear *w, const be_tensor *y) {
+    return x->rows >= GEMM_MIN_ROWS && x->dtype == BASE_DTYPE_BF16 &&
+           (y->dtype == BASE_DTYPE_BF16 || y->dtype == BASE_DTYPE_F32) && w->in <= INT32_MAX &&
+           w->out <= INT32_MAX && x->rows <= INT32_MAX;
+}
+
 static bool aligned(const void *p, size_t a) {
     return ((uintptr_t)p & (a - 1)) == 0;
 }
@@ -236,6 +332,7 @@ int cuda_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tenso
     if (w->bits == 0) {
         if (!aligned(w->weight, 16))
             return base_fail(err, "cuda: matmul: dense weight is not 16-byte aligned");
+        if (gemm_fits(x, w, y)) return gemm_launch(be, x, w, y, err);
         switch (w->dtype) {
         case BASE_DTYPE_F32:
             return dense_launch<BASE_DTYPE_F32>(be, x, w, y, err);
@@ -253,6 +350,8 @@ int cuda_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tenso
     size_t need = w->bits % 4 == 0 ? 16 : (w->bits % 2 == 0 ? 8 : 4);
     if (!aligned(w->weight, need))
         return base_fail(err, "cuda: matmul: %d-bit weight is not %zu-byte aligned", w->bits, need);
+    if (w->bits >= 2 && w->bits <= 8 && w->bits != 7 && gemm_fits(x, w, y))
+        return gemm_launch(be, x, w, y, err);
     switch (w->bits) {
     case 2:
         return quant_launch<2>(be, x, w, y, err);
