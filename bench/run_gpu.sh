@@ -108,7 +108,7 @@ timeout 200 "$MLX" bench -m "$MODEL" -p 2048 -n 0 -r 3 --device cuda 2>&1 |
 # One decode step's kernels, for where the time goes (Nsight Compute, where it can read the
 # counters): skip the first steps' launches, profile about one step's worth. NCU=0 skips it.
 if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null; then
-    timeout 240 ncu --clock-control none --launch-skip 2000 --launch-count 600 --csv \
+    timeout 150 ncu --clock-control none --launch-skip 2000 --launch-count 540 --csv \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
         "$MLX" bench -m "$MODEL" -p 0 -n 8 -b 1 -r 1 --device cuda > "$OUT/ncu_decode.csv" 2>&1
     log "ncu rc $?"
