@@ -28,6 +28,8 @@ typedef struct cuda_backend {
     int att_stages;      /* paged attention: shared-memory pipeline depth in pages (2..5) */
     void *wtmp;          /* (wtmp_bytes) a weight dequantized to BF16 for the GEMM path */
     size_t wtmp_bytes;
+    void *xtmp; /* (xtmp_bytes) the GEMM path's input rows as BF16 */
+    size_t xtmp_bytes;
 } cuda_backend;
 
 static inline cuda_backend *cuda_impl(be_backend *be) {
