@@ -134,9 +134,10 @@ template <base_dtype DT> struct dense_unit {
     }
 };
 
-/* Units a lane fetches before decoding any: one unit per row in flight left the 4-bit GEMV at
- * about a quarter of the H200's copy bandwidth (ncu, bench/RESULTS.md). */
-#define GEMV_UNROLL 4
+/* Units a lane fetches before decoding any. */
+#ifndef GEMV_UNROLL
+#define GEMV_UNROLL 1
+#endif
 
 template <class Unit, int NR>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
