@@ -134,7 +134,8 @@ template <base_dtype DT> struct dense_unit {
     }
 };
 
-/* Units a lane fetches before decoding any. */
+/* Units a lane fetches before decoding any: 2 and 4 ran slower on the H200 (registers cost
+ * resident warps; bench/RESULTS.md). A build may set it to measure again. */
 #ifndef GEMV_UNROLL
 #define GEMV_UNROLL 1
 #endif
