@@ -1,5 +1,5 @@
 /* CUDA paged attention (decode v1, v2 + merge, prefill rows) against a dense double-precision
- * reference on random geometries: GQA groups 1 to 16, head_dim 64/128/256, f16 and bf16 pools,
+ * reference on random geometries: GQA groups 1 to 16, head_dim 32/64/128/256, f16 and bf16 pools,
  * scattered pages, lengths that are not multiples of the block size, a first-page offset, and
  * mixed prefill + decode batches. Pool slots no live token occupies hold NaN, so reading one
  * shows. Skipped when no CUDA device is present. */
@@ -209,6 +209,8 @@ int main(void) {
         {6, 1, 64, 8, BASE_DTYPE_BF16, BASE_DTYPE_F32},
         {4, 8, 128, 32, BASE_DTYPE_F16, BASE_DTYPE_BF16},
         {2, 2, 256, 32, BASE_DTYPE_BF16, BASE_DTYPE_F16},
+        {2, 2, 32, 32, BASE_DTYPE_F16, BASE_DTYPE_BF16},
+        {8, 1, 32, 16, BASE_DTYPE_BF16, BASE_DTYPE_F32},
     };
     /* decode rows of assorted lengths, one with a first-page offset, a fresh prompt and a
      * chunked-prefill continuation */

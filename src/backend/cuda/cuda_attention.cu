@@ -411,6 +411,8 @@ template <typename KT>
 static int dispatch(const att_params &p, int head_dim, int gb, dim3 grid, size_t smem,
                     cudaStream_t st, base_err *err) {
     switch (head_dim) {
+    case 32:
+        return dispatch_group<32, KT>(p, gb, grid, smem, st, err);
     case 64:
         return dispatch_group<64, KT>(p, gb, grid, smem, st, err);
     case 128:
@@ -435,6 +437,9 @@ static int run_merge(const att_params &p, int head_dim, cudaStream_t st, base_er
     dim3 grid((unsigned)p.n_heads,
               (unsigned)(p.n_tokens < ATT_GRID_MAX ? p.n_tokens : ATT_GRID_MAX));
     switch (head_dim) {
+    case 32:
+        merge_kernel<32><<<grid, 32, 0, st>>>(p);
+        break;
     case 64:
         merge_kernel<64><<<grid, 64, 0, st>>>(p);
         break;
@@ -469,8 +474,8 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
                    const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
                    float scale, be_tensor *out, base_err *err) {
     const int hd = layer->head_dim, nkv = layer->n_kv_heads;
-    if (hd != 64 && hd != 128 && hd != 256)
-        return base_fail(err, "cuda: attention: head_dim %d (64, 128 or 256)", hd);
+    if (hd != 32 && hd != 64 && hd != 128 && hd != 256)
+        return base_fail(err, "cuda: attention: head_dim %d (32, 64, 128 or 256)", hd);
     if (nkv < 1 || n_heads % nkv)
         return base_fail(err, "cuda: attention: %d query heads over %d kv heads", n_heads, nkv);
     if (layer->dtype != BASE_DTYPE_F16 && layer->dtype != BASE_DTYPE_BF16)

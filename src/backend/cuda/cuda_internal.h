@@ -15,6 +15,7 @@ extern "C" {
 }
 #endif
 
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -23,7 +24,12 @@ typedef struct cuda_backend {
     int device;
     int sm_count;
     cudaStream_t stream;
-    int att_stages; /* paged attention: shared-memory pipeline depth in pages (2..5) */
+    cublasHandle_t blas; /* bound to `stream` */
+    int att_stages;      /* paged attention: shared-memory pipeline depth in pages (2..5) */
+    void *wtmp;          /* (wtmp_bytes) a weight dequantized to BF16 for the GEMM path */
+    size_t wtmp_bytes;
+    void *xtmp; /* (xtmp_bytes) the GEMM path's input rows as BF16 */
+    size_t xtmp_bytes;
 } cuda_backend;
 
 static inline cuda_backend *cuda_impl(be_backend *be) {

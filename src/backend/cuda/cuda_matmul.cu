@@ -6,9 +6,13 @@
  * input dimension in units (32 quantized values = `bits` words, which lie in one group, or 8
  * dense values = one 16-byte load), dequantizes the unit in registers and multiplies it into
  * every row of x, accumulating in F32; the warp sums its lanes at the end. 4- and 8-bit units
- * are whole 16-byte loads; 2 and 6 bits use 8-byte loads, 3 and 5 bits 4-byte loads. Longer
- * batches (prefill) take one pass per 16 rows: correct, and the place where a tensor-core
- * GEMM goes next. */
+ * are whole 16-byte loads; 2 and 6 bits use 8-byte loads, 3 and 5 bits 4-byte loads.
+ *
+ * From GEMM_MIN_ROWS rows of x (prefill, large decode batches) the GEMV's cost grows with the
+ * rows (one pass over W per 16 rows, every multiply on the CUDA cores), so W is instead
+ * dequantized once into a BF16 scratch and multiplied by cuBLAS on the tensor cores with F32
+ * accumulation. That rounds each weight and input to BF16 (relative 2^-9), as a BF16 model's
+ * inference does at every matmul. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <string.h>
@@ -16,6 +20,10 @@
 #define GEMV_WARPS  4
 #define GEMV_R      2
 #define GEMV_MAX_NR 16
+/* Rows of x from which the dequantize + cuBLAS path runs: at 64 rows the GEMV reads W four
+ * times and does 64 multiplies per weight on the CUDA cores, while the dequantization writes
+ * and re-reads 4 bytes per weight once. */
+#define GEMM_MIN_ROWS 64
 
 template <int N> __device__ __forceinline__ void load_words(const uint32_t *p, uint32_t *w) {
     if constexpr (N % 4 == 0) {
@@ -68,27 +76,42 @@ __device__ __forceinline__ void load8(const void *p, base_dtype dt, size_t i, fl
     }
 }
 
-/* One quantized unit: 32 values of row o from word u * BITS, all in one group. */
+/* q < 2^23 as float, exactly: placed in the mantissa of 2^23, then 2^23 subtracted. The
+ * integer-to-float instruction runs at an eighth of the FMA rate; one per weight would cost an
+ * 8B model's single-row step about 1.8 ms on an H200, more than reading its weights. */
+__device__ __forceinline__ float small_u2f(uint32_t q) {
+    return __uint_as_float(0x4B000000u | q) - 8388608.0f;
+}
+
+/* One quantized unit: 32 values of row o from word u * BITS, all in one group. `fetch` issues
+ * the unit's loads, `decode` turns them into values, so that a lane can have several units'
+ * loads in flight before it waits on any. */
 template <int BITS> struct quant_unit {
     static constexpr int U = 32;
+    struct raw_t {
+        uint32_t w[BITS];
+        float s, b;
+    };
     const uint32_t *w;
     const void *scales, *biases;
     base_dtype dt;
     int64_t words_per_row, groups_per_row;
     int group_size;
 
-    __device__ __forceinline__ void load(int64_t o, int64_t u, float *out) const {
-        uint32_t wd[BITS];
-        load_words<BITS>(w + o * words_per_row + u * BITS, wd);
+    __device__ __forceinline__ void fetch(int64_t o, int64_t u, raw_t &r) const {
+        load_words<BITS>(w + o * words_per_row + u * BITS, r.w);
         size_t g = (size_t)(o * groups_per_row + (u * 32) / group_size);
-        float s = cuda_load(scales, dt, g), b = cuda_load(biases, dt, g);
+        r.s = cuda_load(scales, dt, g);
+        r.b = cuda_load(biases, dt, g);
+    }
+    __device__ __forceinline__ void decode(const raw_t &r, float *out) const {
 #pragma unroll
         for (int k = 0; k < 32; k++) {
             constexpr uint32_t mask = (1u << BITS) - 1u;
             const int bit = k * BITS, wi = bit >> 5, sh = bit & 31;
-            uint32_t q = wd[wi] >> sh;
-            if (sh + BITS > 32) q |= wd[wi + 1] << (32 - sh);
-            out[k] = fmaf(s, (float)(q & mask), b);
+            uint32_t q = r.w[wi] >> sh;
+            if (sh + BITS > 32) q |= r.w[wi + 1] << (32 - sh);
+            out[k] = fmaf(r.s, small_u2f(q & mask), r.b);
         }
     }
 };
@@ -96,13 +119,26 @@ template <int BITS> struct quant_unit {
 /* One dense unit: 8 values of row o (16-byte aligned rows). */
 template <base_dtype DT> struct dense_unit {
     static constexpr int U = 8;
+    struct raw_t {
+        float v[8];
+    };
     const void *w;
     int64_t in;
 
-    __device__ __forceinline__ void load(int64_t o, int64_t u, float *out) const {
-        load8(w, DT, (size_t)(o * in + u * 8), out);
+    __device__ __forceinline__ void fetch(int64_t o, int64_t u, raw_t &r) const {
+        load8(w, DT, (size_t)(o * in + u * 8), r.v);
+    }
+    __device__ __forceinline__ void decode(const raw_t &r, float *out) const {
+#pragma unroll
+        for (int k = 0; k < 8; k++) out[k] = r.v[k];
     }
 };
+
+/* Units a lane fetches before decoding any: 2 and 4 ran slower on the H200 (registers cost
+ * resident warps; bench/RESULTS.md). A build may set it to measure again. */
+#ifndef GEMV_UNROLL
+#define GEMV_UNROLL 1
+#endif
 
 template <class Unit, int NR>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
@@ -119,29 +155,36 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
         for (int r = 0; r < NR; r++) acc[j][r] = 0.0f;
 
-    for (int64_t u = lane; u < units; u += 32) {
-        float w[GEMV_R][U];
+    for (int64_t ub = lane; ub < units; ub += 32 * GEMV_UNROLL) {
+        typename Unit::raw_t raw[GEMV_UNROLL][GEMV_R];
 #pragma unroll
-        for (int j = 0; j < GEMV_R; j++) {
-            if (o0 + j < out_features) {
-                unit.load(o0 + j, u, w[j]);
-            } else {
+        for (int i = 0; i < GEMV_UNROLL; i++)
 #pragma unroll
-                for (int k = 0; k < U; k++) w[j][k] = 0.0f;
+            for (int j = 0; j < GEMV_R; j++) {
+                raw[i][j] = {};
+                if (ub + i * 32 < units && o0 + j < out_features)
+                    unit.fetch(o0 + j, ub + i * 32, raw[i][j]);
             }
-        }
 #pragma unroll
-        for (int r = 0; r < NR; r++) {
-            if (r >= nr) break;
+        for (int i = 0; i < GEMV_UNROLL; i++) {
+            const int64_t u = ub + i * 32;
+            if (u >= units) break;
+            float w[GEMV_R][U];
 #pragma unroll
-            for (int kc = 0; kc < U / 8; kc++) {
-                float xv[8];
-                load8(x, x_dt, (size_t)(r * in + u * U + kc * 8), xv);
+            for (int j = 0; j < GEMV_R; j++) unit.decode(raw[i][j], w[j]);
 #pragma unroll
-                for (int k = 0; k < 8; k++)
+            for (int r = 0; r < NR; r++) {
+                if (r >= nr) break;
 #pragma unroll
-                    for (int j = 0; j < GEMV_R; j++)
-                        acc[j][r] = fmaf(w[j][kc * 8 + k], xv[k], acc[j][r]);
+                for (int kc = 0; kc < U / 8; kc++) {
+                    float xv[8];
+                    load8(x, x_dt, (size_t)(r * in + u * U + kc * 8), xv);
+#pragma unroll
+                    for (int k = 0; k < 8; k++)
+#pragma unroll
+                        for (int j = 0; j < GEMV_R; j++)
+                            acc[j][r] = fmaf(w[j][kc * 8 + k], xv[k], acc[j][r]);
+                }
             }
         }
     }
@@ -209,6 +252,121 @@ static int dense_launch(be_backend *be, const be_tensor *x, const be_linear *w, 
     return gemv_launch(be, u, w->in / 8, x, w, y, err);
 }
 
+/* W as BF16 [out, in], 8 values per thread with one 16-byte store (in % 8 == 0 and a group
+ * holds a multiple of 8 values, so the 8 share a group). */
+__global__ void dequant_bf16_kernel(be_linear w, __nv_bfloat16 *out) {
+    const int64_t per_row = w.in / 8, n = w.out * per_row;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t o = i / per_row, c0 = (i % per_row) * 8;
+        __align__(16) __nv_bfloat16 v[8];
+        if (w.bits == 0) {
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                v[k] =
+                    __float2bfloat16_rn(cuda_load(w.weight, w.dtype, (size_t)(o * w.in + c0 + k)));
+        } else {
+            const uint32_t *row = (const uint32_t *)w.weight + o * (w.in * w.bits / 32);
+            const size_t g = (size_t)(o * (w.in / w.group_size) + c0 / w.group_size);
+            const float sc = cuda_load(w.scales, w.dtype, g), bi = cuda_load(w.biases, w.dtype, g);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                v[k] =
+                    __float2bfloat16_rn(fmaf(sc, (float)cuda_quant_value(row, c0 + k, w.bits), bi));
+        }
+        *(uint4 *)(out + o * w.in + c0) = *(const uint4 *)v;
+    }
+}
+
+__global__ void add_bias_kernel(void *y, base_dtype y_dt, int64_t rows, int64_t cols,
+                                const void *bias, base_dtype bias_dt) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < rows * cols;
+         i += (int64_t)gridDim.x * blockDim.x)
+        cuda_store(y, y_dt, (size_t)i,
+                   cuda_load(y, y_dt, (size_t)i) + cuda_load(bias, bias_dt, (size_t)(i % cols)));
+}
+
+static unsigned elem_grid(int64_t n) {
+    int64_t blocks = (n + 255) / 256;
+    return (unsigned)(blocks < 65535 * 16 ? blocks : 65535 * 16);
+}
+
+__global__ void to_bf16_kernel(const void *x, base_dtype dt, int64_t n, __nv_bfloat16 *out) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = __float2bfloat16_rn(cuda_load(x, dt, (size_t)i));
+}
+
+/* Grows one of the backend's scratch buffers to at least `bytes`. */
+static int scratch(void **buf, size_t *cap, size_t bytes, base_err *err) {
+    if (bytes <= *cap) return 0;
+    /* cudaFree waits for queued work that still reads the old buffer. */
+    cudaFree(*buf);
+    *buf = NULL;
+    *cap = 0;
+    cudaError_t e = cudaMalloc(buf, bytes);
+    if (e != cudaSuccess)
+        return base_fail(err, "cuda: matmul: %zu bytes of GEMM scratch: %s", bytes,
+                         cudaGetErrorString(e));
+    *cap = bytes;
+    return 0;
+}
+
+/* y = x W^T through cuBLAS, which sees W as column-major [in, out], x as [in, rows] and y as
+ * [out, rows]. F32 weights with F32 x stay F32 (exact F32 GEMM); otherwise both operands go
+ * to BF16 (W dequantized, x rounded, each in the backend's scratch unless BF16 already) for
+ * the tensor cores, accumulating in F32. */
+static int gemm_launch(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
+                       base_err *err) {
+    cuda_backend *c = cuda_impl(be);
+    const void *a = w->weight, *b = x->data;
+    cudaDataType_t t = CUDA_R_16BF;
+    if (w->bits == 0 && w->dtype == BASE_DTYPE_F32 && x->dtype == BASE_DTYPE_F32) {
+        t = CUDA_R_32F;
+    } else {
+        if (w->bits != 0 || w->dtype != BASE_DTYPE_BF16) {
+            size_t bytes = (size_t)w->out * (size_t)w->in * sizeof(__nv_bfloat16);
+            if (scratch(&c->wtmp, &c->wtmp_bytes, bytes, err)) return -1;
+            dequant_bf16_kernel<<<elem_grid(w->out * w->in / 8), 256, 0, c->stream>>>(
+                *w, (__nv_bfloat16 *)c->wtmp);
+            if (cuda_check_launch("matmul dequantize", err)) return -1;
+            a = c->wtmp;
+        }
+        if (x->dtype != BASE_DTYPE_BF16) {
+            int64_t n = x->rows * x->cols;
+            if (scratch(&c->xtmp, &c->xtmp_bytes, (size_t)n * sizeof(__nv_bfloat16), err))
+                return -1;
+            to_bf16_kernel<<<elem_grid(n), 256, 0, c->stream>>>(x->data, x->dtype, n,
+                                                                (__nv_bfloat16 *)c->xtmp);
+            if (cuda_check_launch("matmul input to BF16", err)) return -1;
+            b = c->xtmp;
+        }
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    cudaDataType_t yt = y->dtype == BASE_DTYPE_F32 ? CUDA_R_32F : CUDA_R_16BF;
+    cublasStatus_t st =
+        cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->out, (int)x->rows, (int)w->in,
+                     &alpha, a, t, (int)w->in, b, t, (int)w->in, &beta, y->data, yt, (int)w->out,
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return base_fail(err, "cuda: matmul: cuBLAS GEMM [%lld x %lld] x [%lld]: %s",
+                         (long long)w->out, (long long)w->in, (long long)x->rows,
+                         cublasGetStatusString(st));
+    if (w->bias) {
+        add_bias_kernel<<<elem_grid(y->rows * y->cols), 256, 0, c->stream>>>(
+            y->data, y->dtype, y->rows, y->cols, w->bias, w->bias_dtype);
+        if (cuda_check_launch("matmul bias", err)) return -1;
+    }
+    return 0;
+}
+
+/* The GEMM path writes BF16 or F32 outputs and takes cuBLAS's int sizes. */
+static bool gemm_fits(const be_tensor *x, const be_linear *w, const be_tensor *y) {
+    return x->rows >= GEMM_MIN_ROWS &&
+           (y->dtype == BASE_DTYPE_BF16 || y->dtype == BASE_DTYPE_F32) && w->in <= INT32_MAX &&
+           w->out <= INT32_MAX && x->rows <= INT32_MAX;
+}
+
 static bool aligned(const void *p, size_t a) {
     return ((uintptr_t)p & (a - 1)) == 0;
 }
@@ -236,6 +394,7 @@ int cuda_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tenso
     if (w->bits == 0) {
         if (!aligned(w->weight, 16))
             return base_fail(err, "cuda: matmul: dense weight is not 16-byte aligned");
+        if (gemm_fits(x, w, y)) return gemm_launch(be, x, w, y, err);
         switch (w->dtype) {
         case BASE_DTYPE_F32:
             return dense_launch<BASE_DTYPE_F32>(be, x, w, y, err);
@@ -253,6 +412,8 @@ int cuda_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tenso
     size_t need = w->bits % 4 == 0 ? 16 : (w->bits % 2 == 0 ? 8 : 4);
     if (!aligned(w->weight, need))
         return base_fail(err, "cuda: matmul: %d-bit weight is not %zu-byte aligned", w->bits, need);
+    if (w->bits >= 2 && w->bits <= 8 && w->bits != 7 && gemm_fits(x, w, y))
+        return gemm_launch(be, x, w, y, err);
     switch (w->bits) {
     case 2:
         return quant_launch<2>(be, x, w, y, err);
