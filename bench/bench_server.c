@@ -3,7 +3,8 @@
  * C, output tokens/s, time to first token (mean and worst), and the share of step time spent
  * outside the model's forward pass (batching, sampling, bookkeeping).
  *
- *   build/bench/bench_server [MODEL_DIR] [THREADS]   (default tests/fixtures/llama_bf16, 2) */
+ *   build/bench/bench_server [MODEL_DIR] [THREADS] [DEVICE]
+ *       (defaults tests/fixtures/llama_bf16, 2, cpu; DEVICE cuda runs on the GPU) */
 #include "engine/engine.h"
 
 #include <pthread.h>
@@ -30,10 +31,10 @@ static void on_event(void *ctx, const engine_event *ev) {
     pthread_mutex_unlock(&r->mu);
 }
 
-static int bench_one(const char *model_dir, int threads, int clients) {
+static int bench_one(const char *model_dir, const char *device, int threads, int clients) {
     engine_options o;
     engine_options_defaults(&o);
-    o.device = "cpu";
+    o.device = device;
     o.n_threads = threads;
     o.ctx_size = PROMPT + GEN;
     o.n_parallel = clients;
@@ -87,12 +88,13 @@ static int bench_one(const char *model_dir, int threads, int clients) {
 int main(int argc, char **argv) {
     const char *model_dir = argc > 1 ? argv[1] : "tests/fixtures/llama_bf16";
     int threads = argc > 2 ? atoi(argv[2]) : 2;
-    printf("model %s, cpu, %d threads, prompt %d, generated %d per client\n\n", model_dir, threads,
-           PROMPT, GEN);
+    const char *device = argc > 3 ? argv[3] : "cpu";
+    printf("model %s, %s, %d threads, prompt %d, generated %d per client\n\n", model_dir, device,
+           threads, PROMPT, GEN);
     printf("| clients | output tok/s | TTFT mean ms | TTFT max ms | outside forward | steps |\n");
     printf("|---|---|---|---|---|---|\n");
     static const int clients[] = {1, 4, 16, 64};
     for (size_t i = 0; i < sizeof clients / sizeof *clients; i++)
-        if (bench_one(model_dir, threads, clients[i])) return 1;
+        if (bench_one(model_dir, device, threads, clients[i])) return 1;
     return 0;
 }
