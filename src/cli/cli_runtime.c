@@ -2,12 +2,24 @@
 #include "cli/cli_runtime.h"
 #include "cli/cmd_models.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+/* A progress bar on stderr while the model loads, only on a terminal. */
+static void load_progress(void *ctx, int done, int total) {
+    (void)ctx;
+    int width = 30, fill = total ? done * width / total : width;
+    fprintf(stderr, "\rloading [%.*s%*s] %d/%d layers", fill, "##############################",
+            width - fill, "", done, total);
+    if (done == total) fputs("\r\033[K", stderr);
+}
 
 void cli_runtime_init(cli_runtime_flags *f) {
     memset(f, 0, sizeof *f);
     engine_options_defaults(&f->opts);
+    if (isatty(STDERR_FILENO)) f->opts.on_load = load_progress;
 }
 
 bool cli_take_runtime(cli_parser *p, cli_runtime_flags *f) {

@@ -42,7 +42,10 @@ static const char *g_list_help =
     "disk. A store download that was cut short shows as partial; running the model resumes it.\n"
     "\n"
     "options:\n"
-    "      --json               one JSON array of {name, source, complete, bytes, path}\n";
+    "      --json               one JSON array of {name, source, complete, bytes, path}\n"
+    "\n"
+    "example:\n"
+    "  mlxcel list\n";
 
 static const char *source_name(const hub_model *m) {
     if (m->source == HUB_SOURCE_HF_CACHE) return "hf-cache";
@@ -116,7 +119,10 @@ static const char *g_rm_help =
     "usage: mlxcel rm NAME...\n"
     "\n"
     "Deletes models (owner/name, or a name meaning mlx-community/name) from mlxcel's store,\n"
-    "finished or partial. The Hugging Face cache is never modified.\n";
+    "finished or partial. The Hugging Face cache is never modified.\n"
+    "\n"
+    "example:\n"
+    "  mlxcel rm mlx-community/Llama-3.2-1B-Instruct-4bit\n";
 
 int cli_cmd_rm(int argc, char **argv) {
     const char **names = base_xcalloc((size_t)argc, sizeof *names);

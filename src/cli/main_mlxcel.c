@@ -30,8 +30,12 @@ static const cli_command g_commands[] = {
 };
 
 int cli_cmd_arch(int argc, char **argv) {
-    if (argc > 1 && strcmp(argv[1], "--help") != 0 && strcmp(argv[1], "-h") != 0)
-        return cli_usage_fail("arch: unexpected argument '%s'", argv[1]);
+    if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        printf("usage: mlxcel arch\n\nLists the model families, weight formats and RoPE scalings "
+               "mlxcel runs.\n\nexample:\n  mlxcel arch\n");
+        return CLI_OK;
+    }
+    if (argc > 1) return cli_usage_fail("arch: unexpected argument '%s'", argv[1]);
     printf("families: %s\n", io_arch_supported_list());
     printf("weights:  dense F32, F16, BF16; MLX affine-quantized, bits 2, 3, 4, 5, 6, 8 with "
            "group sizes 32, 64, 128 (per-module overrides)\n");

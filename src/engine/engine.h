@@ -56,14 +56,16 @@ float engine_logprobs(const float *logits, int vocab, int32_t chosen, int top_n,
 /* ---- runtime ---- */
 
 typedef struct engine_options {
-    const char *device;    /* "auto" (CUDA when present, else CPU), "cpu", "cuda" */
-    int n_threads;         /* CPU threads; <= 0: core count */
-    int ctx_size;          /* per-sequence context limit; <= 0: the model's maximum */
-    int n_parallel;        /* sequences served at once (sizes the pool in "auto") */
-    int kv_block_size;     /* <= 0: KV_DEFAULT_BLOCK_SIZE */
-    base_dtype kv_dtype;   /* F16, BF16 or F32; BASE_DTYPE_COUNT = backend default */
-    const char *kv_budget; /* "auto", bytes ("8G", "512Mi"), or NULL = enough for
-                              n_parallel x ctx_size */
+    const char *device;        /* "auto" (CUDA when present, else CPU), "cpu", "cuda" */
+    int n_threads;             /* CPU threads; <= 0: core count */
+    int ctx_size;              /* per-sequence context limit; <= 0: the model's maximum */
+    int n_parallel;            /* sequences served at once (sizes the pool in "auto") */
+    int kv_block_size;         /* <= 0: KV_DEFAULT_BLOCK_SIZE */
+    base_dtype kv_dtype;       /* F16, BF16 or F32; BASE_DTYPE_COUNT = backend default */
+    const char *kv_budget;     /* "auto", bytes ("8G", "512Mi"), or NULL = enough for
+                                  n_parallel x ctx_size */
+    model_progress_fn on_load; /* NULL, or told as the model loads */
+    void *on_load_ctx;
 } engine_options;
 
 void engine_options_defaults(engine_options *o);

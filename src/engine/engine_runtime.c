@@ -33,7 +33,8 @@ int engine_backend_open(const engine_options *o, be_backend **be, base_err *err)
 int engine_runtime_open(const char *model_dir, const engine_options *o, engine_runtime **out,
                         base_err *err) {
     engine_runtime *rt = base_xcalloc(1, sizeof *rt);
-    if (engine_backend_open(o, &rt->be, err) || model_load(model_dir, rt->be, &rt->model, err) ||
+    if (engine_backend_open(o, &rt->be, err) ||
+        model_load(model_dir, rt->be, o->on_load, o->on_load_ctx, &rt->model, err) ||
         engine_plan_kv(model_config(rt->model), model_weight_bytes(rt->model), rt->be, o,
                        &rt->kv_plan, err)) {
         engine_runtime_close(rt);

@@ -13,11 +13,16 @@
 
 typedef struct model model;
 
+/* Called as loading goes (done of total steps: the layers' weights), e.g. for a progress bar
+ * while a large model is uploaded to a GPU. */
+typedef void (*model_progress_fn)(void *ctx, int done, int total);
+
 /* Loads config.json and the safetensors in dir, binds every tensor the architecture needs
  * (a missing tensor, a wrong shape or dtype, or a quantization that disagrees with config.json
  * is an error naming the tensor) and maps the weights into the backend. The model keeps `be`
  * (not owned) and owns the checkpoint mmaps. */
-int model_load(const char *dir, be_backend *be, model **out, base_err *err);
+int model_load(const char *dir, be_backend *be, model_progress_fn progress, void *progress_ctx,
+               model **out, base_err *err);
 void model_free(model *m);
 
 const io_model_config *model_config(const model *m);

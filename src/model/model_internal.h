@@ -29,8 +29,10 @@ typedef struct model_scratch {
 
 struct model {
     io_model_config cfg;
-    io_checkpoint *ck;    /* owned */
-    be_backend *be;       /* not owned */
+    io_checkpoint *ck;          /* owned */
+    be_backend *be;             /* not owned */
+    model_progress_fn progress; /* may be NULL; used only while loading */
+    void *progress_ctx;
     be_linear embed;      /* (vocab, hidden) */
     be_linear lm_head;    /* (vocab, hidden); == embed when tied */
     be_tensor final_norm; /* (1, hidden) */

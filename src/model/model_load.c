@@ -171,8 +171,10 @@ int model_bind_weights(model *m, base_err *err) {
         return -1;
     }
     m->layers = base_xcalloc((size_t)c->num_hidden_layers, sizeof *m->layers);
-    for (int l = 0; l < c->num_hidden_layers; l++)
+    for (int l = 0; l < c->num_hidden_layers; l++) {
         if (bind_layer(m, l, err)) return -1;
+        if (m->progress) m->progress(m->progress_ctx, l + 1, c->num_hidden_layers);
+    }
     return 0;
 }
 
@@ -219,9 +221,12 @@ static void model_warn_non_finite(const io_checkpoint *ck) {
     }
 }
 
-int model_load(const char *dir, be_backend *be, model **out, base_err *err) {
+int model_load(const char *dir, be_backend *be, model_progress_fn progress, void *progress_ctx,
+               model **out, base_err *err) {
     model *m = base_xcalloc(1, sizeof *m);
     m->be = be;
+    m->progress = progress;
+    m->progress_ctx = progress_ctx;
     if (io_config_load(dir, &m->cfg, err)) {
         free(m);
         return -1;

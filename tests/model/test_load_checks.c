@@ -73,7 +73,7 @@ static int load_capture(const char *dir, base_err *err, char *log, size_t log_si
     int saved = dup(2), fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     dup2(fd, 2);
     model *m = NULL;
-    int rc = model_load(dir, be, &m, err);
+    int rc = model_load(dir, be, NULL, NULL, &m, err);
     fflush(stderr);
     dup2(saved, 2);
     close(saved);
