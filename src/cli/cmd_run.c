@@ -80,13 +80,27 @@ static bool print_token(void *ctx, int32_t token) {
 }
 
 /* Sends one user message and streams the reply; the reply joins the conversation. */
+/* Tokens kept free for the reply when old turns must make room for a new one. */
+#define RUN_REPLY_ROOM 128
+
+/* Encodes the conversation for the next reply. When it no longer fits the context, the
+ * oldest turns are dropped (the newest message always stays), as a chat UI scrolls. */
+static int encode_turn(run_session *s, const char *text, int32_t **ids, int *n, base_err *err) {
+    if (s->raw || !s->pr->tmpl) return engine_prompter_encode_text(s->pr, text, ids, n, err);
+    int room = s->rt->kv_plan.ctx_size - RUN_REPLY_ROOM;
+    for (;;) {
+        if (engine_prompter_encode_chat(s->pr, s->messages, true, NULL, ids, n, err)) return -1;
+        if (*n <= room || json_array_size(s->messages) <= 1) return 0;
+        free(*ids);
+        json_array_remove(s->messages, 0);
+    }
+}
+
 static int run_turn(run_session *s, const char *text, base_err *err) {
     int32_t *ids;
     int n;
     json_array_append_new(s->messages, json_pack("{s:s, s:s}", "role", "user", "content", text));
-    int rc = s->raw || !s->pr->tmpl
-                 ? engine_prompter_encode_text(s->pr, text, &ids, &n, err)
-                 : engine_prompter_encode_chat(s->pr, s->messages, true, NULL, &ids, &n, err);
+    int rc = encode_turn(s, text, &ids, &n, err);
     if (rc) return -1;
     s->stream = tok_stream_new(s->pr->tok, true);
     engine_generate_result res;
