@@ -52,6 +52,7 @@ static int parse_stop(json_t *b, server_params *p, base_err *err) {
     json_t *v = field(b, "stop");
     if (!v) return 0;
     if (json_is_string(v)) {
+        if (!json_string_length(v)) return base_fail(err, "'stop' must be a non-empty string");
         p->stop[p->n_stop++] = json_string_value(v);
         return 0;
     }
@@ -80,9 +81,12 @@ static int parse_logit_bias(json_t *b, int vocab, server_params *p, base_err *er
         long t = strtol(key, &end, 10);
         if (end == key || *end || t < 0 || t >= vocab)
             return base_fail(err, "'logit_bias' key '%s' is not a token id below %d", key, vocab);
-        if (!json_is_number(e) && !json_is_false(e))
-            return base_fail(err, "'logit_bias[%s]' must be a number or false", key);
-        float bias = json_is_false(e) ? -INFINITY : (float)json_number_value(e);
+        /* bounded so that biases added to a logit, however many name one token, stay
+         * finite: +inf would leave the sampler's softmax all NaN */
+        double d = json_is_number(e) ? json_number_value(e) : 0;
+        if ((!json_is_number(e) && !json_is_false(e)) || !(fabs(d) <= 1e6))
+            return base_fail(err, "'logit_bias[%s]' must be false or a number in [-1e6, 1e6]", key);
+        float bias = json_is_false(e) ? -INFINITY : (float)d;
         p->bias[p->req.sampling.n_logit_bias++] = (engine_logit_bias){(int32_t)t, bias};
     }
     p->req.sampling.logit_bias = p->bias;
