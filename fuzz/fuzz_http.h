@@ -95,15 +95,15 @@ static inline void fuzz_http_check_params(const fuzz_http_state *st, server_kind
         fuzz_require(t >= 0 && t < st->vocab, "a logit_bias token outside the vocabulary");
         st->bias_sum[t] += s->logit_bias[i].bias;
     }
-    /* the sampler adds the biases to the logits: a finite logit must stay finite, or become
-     * -inf (a ban), else softmax turns to NaN and the draw picks an arbitrary token */
+    /* the sampler adds the biases to the logits: a logit must stay finite, or become -inf (a
+     * ban), else softmax turns to NaN and the draw picks an arbitrary token */
     bool finite = true;
     for (int i = 0; i < s->n_logit_bias; i++) {
         float b = st->bias_sum[s->logit_bias[i].token];
-        if (isnan(b) || b == INFINITY) finite = false;
+        if (!(b == -INFINITY || fabsf(b) <= 1e30f)) finite = false;
         st->bias_sum[s->logit_bias[i].token] = 0;
     }
-    fuzz_require(finite, "logit biases add up to +inf or NaN");
+    fuzz_require(finite, "logit biases add up to +inf, NaN, or near the float limit");
     engine_sampler *smp = NULL;
     base_err err = {{0}};
     if (engine_sampler_new(s, st->vocab, &smp, &err) != 0) {
