@@ -52,6 +52,7 @@ static int parse_stop(json_t *b, server_params *p, base_err *err) {
     json_t *v = field(b, "stop");
     if (!v) return 0;
     if (json_is_string(v)) {
+        if (!json_string_length(v)) return base_fail(err, "'stop' must be a non-empty string");
         p->stop[p->n_stop++] = json_string_value(v);
         return 0;
     }
@@ -80,9 +81,12 @@ static int parse_logit_bias(json_t *b, int vocab, server_params *p, base_err *er
         long t = strtol(key, &end, 10);
         if (end == key || *end || t < 0 || t >= vocab)
             return base_fail(err, "'logit_bias' key '%s' is not a token id below %d", key, vocab);
-        if (!json_is_number(e) && !json_is_false(e))
-            return base_fail(err, "'logit_bias[%s]' must be a number or false", key);
-        float bias = json_is_false(e) ? -INFINITY : (float)json_number_value(e);
+        /* bounded so that biases added to a logit, however many name one token, stay
+         * finite: +inf would leave the sampler's softmax all NaN */
+        double d = json_is_number(e) ? json_number_value(e) : 0;
+        if ((!json_is_number(e) && !json_is_false(e)) || !(fabs(d) <= 1e6))
+            return base_fail(err, "'logit_bias[%s]' must be false or a number in [-1e6, 1e6]", key);
+        float bias = json_is_false(e) ? -INFINITY : (float)d;
         p->bias[p->req.sampling.n_logit_bias++] = (engine_logit_bias){(int32_t)t, bias};
     }
     p->req.sampling.logit_bias = p->bias;
@@ -222,4 +226,55 @@ int server_params_parse(json_t *b, server_kind kind, const server_options *o,
 void server_params_free(server_params *p) {
     free(p->ids);
     free(p->bias);
+}
+
+int server_body_tokenize(const engine_prompter *pr, json_t *b, json_t **out, base_err *err) {
+    json_t *content = json_object_get(b, "content");
+    json_t *special = json_object_get(b, "add_special");
+    if (!json_is_string(content)) return base_fail(err, "'content' must be a string");
+    if (special && !json_is_boolean(special))
+        return base_fail(err, "'add_special' must be true or false");
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (tok_encode(pr->tok, json_string_value(content), json_string_length(content),
+                   json_is_true(special), &ids, &n, err))
+        return -1;
+    json_t *arr = json_array();
+    for (size_t i = 0; i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
+    free(ids);
+    *out = json_pack("{s:o}", "tokens", arr);
+    return 0;
+}
+
+int server_body_detokenize(const engine_prompter *pr, json_t *b, json_t **out, base_err *err) {
+    json_t *tokens = json_object_get(b, "tokens");
+    if (!json_is_array(tokens)) return base_fail(err, "'tokens' must be an array of token ids");
+    size_t n = json_array_size(tokens);
+    int32_t *ids = base_xmalloc((n + 1) * sizeof *ids);
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_array_get(tokens, i);
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX) {
+            free(ids);
+            return base_fail(err, "'tokens[%zu]' must be a token id", i);
+        }
+        ids[i] = (int32_t)json_integer_value(e);
+    }
+    char *text = NULL;
+    size_t len = 0;
+    int rc = tok_decode(pr->tok, ids, n, false, &text, &len, err);
+    free(ids);
+    if (rc) return -1;
+    *out = json_pack("{s:s%}", "content", text, len);
+    free(text);
+    return 0;
+}
+
+int server_body_apply_template(const engine_prompter *pr, json_t *b, json_t **out, base_err *err) {
+    json_t *m = json_object_get(b, "messages");
+    if (!json_is_array(m)) return base_fail(err, "'messages' must be an array");
+    char *prompt = NULL;
+    if (engine_prompter_render(pr, m, true, NULL, &prompt, err)) return -1;
+    *out = json_pack("{s:s}", "prompt", prompt);
+    free(prompt);
+    return 0;
 }

@@ -1,4 +1,6 @@
-/* A generation request's JSON body parsed into an engine request. */
+/* Request bodies to work, without the HTTP around them: a generation request's JSON body
+ * parsed into an engine request, and the bodies of /tokenize, /detokenize and /apply-template
+ * turned into their responses. */
 #ifndef MLXCEL_SERVER_PARAMS_H
 #define MLXCEL_SERVER_PARAMS_H
 
@@ -26,5 +28,13 @@ typedef struct server_params {
 int server_params_parse(json_t *body, server_kind kind, const server_options *o,
                         const engine_prompter *pr, int vocab, server_params *p, base_err *err);
 void server_params_free(server_params *p);
+
+/* The response object of /tokenize ({"tokens"}), /detokenize ({"content"}) and /apply-template
+ * ({"prompt"}) for a request body. *out: caller decrefs. On failure err says what is wrong
+ * with the body (the client's fault: a 400). */
+int server_body_tokenize(const engine_prompter *pr, json_t *body, json_t **out, base_err *err);
+int server_body_detokenize(const engine_prompter *pr, json_t *body, json_t **out, base_err *err);
+int server_body_apply_template(const engine_prompter *pr, json_t *body, json_t **out,
+                               base_err *err);
 
 #endif

@@ -1,6 +1,7 @@
 /* The routes that generate nothing: models, tokenize, detokenize, apply-template, metrics,
  * slots and props. */
 #include "server/server_internal.h"
+#include "server/server_params.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,64 +27,14 @@ static enum MHD_Result models(server *s, struct MHD_Connection *c) {
     return server_reply_json(s, c, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", m));
 }
 
-static enum MHD_Result tokenize(server *s, struct MHD_Connection *c, json_t *b) {
-    json_t *content = json_object_get(b, "content");
-    json_t *special = json_object_get(b, "add_special");
-    if (!json_is_string(content))
-        return server_reply_error(s, c, 400, "invalid_request_error", "'content' must be a string");
-    if (special && !json_is_boolean(special))
-        return server_reply_error(s, c, 400, "invalid_request_error",
-                                  "'add_special' must be true or false");
-    int32_t *ids = NULL;
-    size_t n = 0;
+/* The routes that only turn the body into a response; a body at fault gets a 400. */
+static enum MHD_Result body_route(server *s, struct MHD_Connection *c, json_t *b,
+                                  int (*handle)(const engine_prompter *, json_t *, json_t **,
+                                                base_err *)) {
+    json_t *o = NULL;
     base_err err;
-    if (tok_encode(s->pr->tok, json_string_value(content), json_string_length(content),
-                   json_is_true(special), &ids, &n, &err))
+    if (handle(s->pr, b, &o, &err))
         return server_reply_error(s, c, 400, "invalid_request_error", "%s", err.msg);
-    json_t *arr = json_array();
-    for (size_t i = 0; i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
-    free(ids);
-    return server_reply_json(s, c, 200, json_pack("{s:o}", "tokens", arr));
-}
-
-static enum MHD_Result detokenize(server *s, struct MHD_Connection *c, json_t *b) {
-    json_t *tokens = json_object_get(b, "tokens");
-    if (!json_is_array(tokens))
-        return server_reply_error(s, c, 400, "invalid_request_error",
-                                  "'tokens' must be an array of token ids");
-    size_t n = json_array_size(tokens);
-    int32_t *ids = base_xmalloc((n + 1) * sizeof *ids);
-    for (size_t i = 0; i < n; i++) {
-        json_t *e = json_array_get(tokens, i);
-        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX) {
-            free(ids);
-            return server_reply_error(s, c, 400, "invalid_request_error",
-                                      "'tokens[%zu]' must be a token id", i);
-        }
-        ids[i] = (int32_t)json_integer_value(e);
-    }
-    char *text = NULL;
-    size_t len = 0;
-    base_err err;
-    int rc = tok_decode(s->pr->tok, ids, n, false, &text, &len, &err);
-    free(ids);
-    if (rc) return server_reply_error(s, c, 400, "invalid_request_error", "%s", err.msg);
-    json_t *o = json_pack("{s:s%}", "content", text, len);
-    free(text);
-    return server_reply_json(s, c, 200, o);
-}
-
-static enum MHD_Result apply_template(server *s, struct MHD_Connection *c, json_t *b) {
-    json_t *m = json_object_get(b, "messages");
-    if (!json_is_array(m))
-        return server_reply_error(s, c, 400, "invalid_request_error",
-                                  "'messages' must be an array");
-    char *prompt = NULL;
-    base_err err;
-    if (engine_prompter_render(s->pr, m, true, NULL, &prompt, &err))
-        return server_reply_error(s, c, 400, "invalid_request_error", "%s", err.msg);
-    json_t *o = json_pack("{s:s}", "prompt", prompt);
-    free(prompt);
     return server_reply_json(s, c, 200, o);
 }
 
@@ -179,9 +130,10 @@ static enum MHD_Result metrics(server *s, struct MHD_Connection *c) {
 enum MHD_Result server_route_info(server *s, struct MHD_Connection *c, const char *url,
                                   json_t *body) {
     if (strcmp(url, "/v1/models") == 0 || strcmp(url, "/models") == 0) return models(s, c);
-    if (strcmp(url, "/tokenize") == 0) return tokenize(s, c, body);
-    if (strcmp(url, "/detokenize") == 0) return detokenize(s, c, body);
-    if (strcmp(url, "/apply-template") == 0) return apply_template(s, c, body);
+    if (strcmp(url, "/tokenize") == 0) return body_route(s, c, body, server_body_tokenize);
+    if (strcmp(url, "/detokenize") == 0) return body_route(s, c, body, server_body_detokenize);
+    if (strcmp(url, "/apply-template") == 0)
+        return body_route(s, c, body, server_body_apply_template);
     if (strcmp(url, "/metrics") == 0) return metrics(s, c);
     if (strcmp(url, "/slots") == 0) return slots(s, c);
     return props(s, c);

@@ -2,7 +2,7 @@
  * (tests/fuzz_regress/<target>/) and every seed (fuzz/corpus/<target>/). A bug that comes
  * back crashes this test, or aborts it naming the broken promise; the sanitizer build in CI
  * catches the memory errors a plain build would survive. */
-#include "../../fuzz/fuzz_targets.h"
+#include "../../fuzz/fuzz_http.h"
 #include "test.h"
 
 #include <dirent.h>
@@ -19,6 +19,7 @@ static const regress_target targets[] = {
     {"bpe", fuzz_bpe},
     {"chat", fuzz_chat},
     {"npy", fuzz_npy},
+    {"http_body", fuzz_http_body},
 };
 
 static int name_cmp(const void *a, const void *b) {
