@@ -27,8 +27,12 @@ const KEY = 'soak-key-0123456789';
 const SEED = Number(process.env.MLXCEL_SOAK_SEED ?? Math.floor(Math.random() * 2 ** 32));
 const N_REQUESTS = Number(process.env.MLXCEL_SOAK_REQUESTS ?? 400);
 const N_CLIENTS = 32;
-const LOAD_S = 60; // no new requests after this; a healthy run needs about half of it
-const REQUEST_TIMEOUT_MS = 30_000;
+// Sanitizer builds run several times slower: their tests.cmake sets this factor, which
+// stretches the time the load may take and the per-request patience, never the server's own
+// deadlines (read timeout, slow-client drop) that the checks measure.
+const TIME_SCALE = Number(process.env.MLXCEL_SOAK_TIME_SCALE ?? 1);
+const LOAD_S = 60 * TIME_SCALE; // no new requests after this; a healthy run needs about half of it
+const REQUEST_TIMEOUT_MS = 30_000 * TIME_SCALE;
 const MAX_BODY = 65536;
 const READ_TIMEOUT_S = 2;
 const PER_IP = 48;
@@ -69,7 +73,7 @@ const watchdog = setTimeout(() => {
   console.error('soak: timed out');
   for (const c of children) c.kill('SIGKILL');
   process.exit(1);
-}, 115_000);
+}, 115_000 * TIME_SCALE);
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 function startServer(args) {
@@ -210,7 +214,7 @@ async function metrics(port) {
 }
 
 async function alive(port, what) {
-  const r = await call(port, 'GET', '/health', undefined, {}, { timeoutMs: 10_000 });
+  const r = await call(port, 'GET', '/health', undefined, {}, { timeoutMs: 10_000 * TIME_SCALE });
   check(r.status === 200, `${what}: the server answers /health afterwards (${r.status ?? r.error})`);
 }
 
@@ -403,7 +407,7 @@ function judgeOdd(o, r) {
 
 async function oddPart(port) {
   for (const o of ODD) {
-    const r = await call(port, 'POST', o.route ?? '/v1/chat/completions', o.body, {}, { timeoutMs: 30_000 });
+    const r = await call(port, 'POST', o.route ?? '/v1/chat/completions', o.body, {}, { timeoutMs: REQUEST_TIMEOUT_MS });
     const bad = judgeOdd(o, r);
     check(!bad, bad ?? o.what);
     await alive(port, o.what);
