@@ -482,10 +482,11 @@ static cv fold_case(chat_render *R, cv v, bool ignore_case) {
     X(count)                                                                                       \
     X(d)                                                                                           \
     X(default)                                                                                     \
-    X(dictsort) X(first) X(float) X(format) X(indent) X(int) X(items) X(join) X(last) X(length)    \
-        X(list) X(lower) X(map) X(max) X(min) X(reject) X(rejectattr) X(replace) X(reverse)        \
-            X(round) X(safe) X(select) X(selectattr) X(sort) X(string) X(sum) X(title) X(tojson)   \
-                X(trim) X(unique) X(upper) X(wordcount)
+    X(dictsort)                                                                                    \
+    X(first) X(float) X(format) X(indent) X(int) X(items) X(join) X(last) X(length) X(list)        \
+        X(lower) X(map) X(max) X(min) X(reject) X(rejectattr) X(replace) X(reverse) X(round)       \
+            X(safe) X(select) X(selectattr) X(sort) X(string) X(sum) X(title) X(tojson) X(trim)    \
+                X(unique) X(upper) X(wordcount)
 
 #define FILTER_ENUM(n) F_##n,
 enum { FILTERS(FILTER_ENUM) F_COUNT };
@@ -953,9 +954,10 @@ int chat_apply_filter(chat_render *R, int line, int id, cv x, const chat_args *A
     X(divisibleby)                                                                                 \
     X(eq)                                                                                          \
     X(equalto)                                                                                     \
-    X(escaped) X(even) X(false) X(float) X(ge) X(greaterthan) X(gt) X(in) X(integer) X(iterable)   \
-        X(le) X(lessthan) X(lower) X(lt) X(mapping) X(ne) X(none) X(number) X(odd) X(sameas)       \
-            X(sequence) X(string) X(true) X(undefined) X(upper)
+    X(escaped)                                                                                     \
+    X(even) X(false) X(float) X(ge) X(greaterthan) X(gt) X(in) X(integer) X(iterable) X(le)        \
+        X(lessthan) X(lower) X(lt) X(mapping) X(ne) X(none) X(number) X(odd) X(sameas) X(sequence) \
+            X(string) X(true) X(undefined) X(upper)
 
 #define TEST_ENUM(n) TS_##n,
 enum { TESTS(TEST_ENUM) TS_COUNT };
