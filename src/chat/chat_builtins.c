@@ -475,18 +475,16 @@ static cv fold_case(chat_render *R, cv v, bool ignore_case) {
 
 /* ---- filters ---- */
 
-#define FILTERS(X)                                                                                 \
-    X(abs)                                                                                         \
-    X(attr)                                                                                        \
-    X(capitalize)                                                                                  \
-    X(count)                                                                                       \
-    X(d)                                                                                           \
-    X(default)                                                                                     \
-    X(dictsort)                                                                                    \
-    X(first) X(float) X(format) X(indent) X(int) X(items) X(join) X(last) X(length) X(list)        \
-        X(lower) X(map) X(max) X(min) X(reject) X(rejectattr) X(replace) X(reverse) X(round)       \
-            X(safe) X(select) X(selectattr) X(sort) X(string) X(sum) X(title) X(tojson) X(trim)    \
-                X(unique) X(upper) X(wordcount)
+/* One name a line would be long; clang-format cannot settle on a layout for a packed
+ * list, so it leaves this one alone. */
+/* clang-format off */
+#define FILTERS(X) \
+    X(abs) X(attr) X(capitalize) X(count) X(d) X(default) X(dictsort) X(first) \
+    X(float) X(format) X(indent) X(int) X(items) X(join) X(last) X(length) \
+    X(list) X(lower) X(map) X(max) X(min) X(reject) X(rejectattr) X(replace) \
+    X(reverse) X(round) X(safe) X(select) X(selectattr) X(sort) X(string) X(sum) \
+    X(title) X(tojson) X(trim) X(unique) X(upper) X(wordcount)
+/* clang-format on */
 
 #define FILTER_ENUM(n) F_##n,
 enum { FILTERS(FILTER_ENUM) F_COUNT };
@@ -947,17 +945,15 @@ int chat_apply_filter(chat_render *R, int line, int id, cv x, const chat_args *A
 
 /* ---- tests ---- */
 
-#define TESTS(X)                                                                                   \
-    X(boolean)                                                                                     \
-    X(callable)                                                                                    \
-    X(defined)                                                                                     \
-    X(divisibleby)                                                                                 \
-    X(eq)                                                                                          \
-    X(equalto)                                                                                     \
-    X(escaped)                                                                                     \
-    X(even) X(false) X(float) X(ge) X(greaterthan) X(gt) X(in) X(integer) X(iterable) X(le)        \
-        X(lessthan) X(lower) X(lt) X(mapping) X(ne) X(none) X(number) X(odd) X(sameas) X(sequence) \
-            X(string) X(true) X(undefined) X(upper)
+/* One name a line would be long; clang-format cannot settle on a layout for a packed
+ * list, so it leaves this one alone. */
+/* clang-format off */
+#define TESTS(X) \
+    X(boolean) X(callable) X(defined) X(divisibleby) X(eq) X(equalto) X(escaped) X(even) \
+    X(false) X(float) X(ge) X(greaterthan) X(gt) X(in) X(integer) X(iterable) \
+    X(le) X(lessthan) X(lower) X(lt) X(mapping) X(ne) X(none) X(number) \
+    X(odd) X(sameas) X(sequence) X(string) X(true) X(undefined) X(upper)
+/* clang-format on */
 
 #define TEST_ENUM(n) TS_##n,
 enum { TESTS(TEST_ENUM) TS_COUNT };
