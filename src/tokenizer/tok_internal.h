@@ -33,7 +33,8 @@ void tok_pieces_push(tok_pieces *p, const char *data, size_t len, uint8_t flags)
 /* Appends bytes to the last piece (which must exist). */
 void tok_pieces_extend(tok_pieces *p, const char *data, size_t len);
 static inline const char *tok_piece(const tok_pieces *p, size_t i) {
-    return p->buf + p->off[i];
+    /* pieces can all be empty before any byte is stored; NULL + 0 is undefined in C */
+    return p->buf ? p->buf + p->off[i] : "";
 }
 
 /* ---- a growable byte buffer and id vector ---- */
