@@ -5,66 +5,15 @@
  * must equal transformers' up to the first step whose top-2 margin is not clear of the measured
  * error. Each fixture runs with the planner's choice at block 32 and with the split (v2) decode
  * path forced at block 16. Skipped when no CUDA device can be opened. */
-#include "test.h"
+#include "fixture_ref.h"
 
 #include "engine/engine.h"
-#include "io/io.h"
-
-#include <dirent.h>
-#include <jansson.h>
-#include <string.h>
 
 #define LOGITS_TOL 2e-2
 /* A step's margin (over the row's RMS) is clear when it exceeds this many times the measured
  * relative error: the difference of two logits' errors has an RMS of about sqrt(2) times the
  * error, so 4 times is 2.8 of those. */
 #define MARGIN_FACTOR 4.0
-
-typedef struct fixture_ref {
-    int32_t *tokens, *greedy;
-    double *margin_rel; /* (n_greedy) top-2 margin of each greedy step over the row's RMS */
-    int n_tokens, n_greedy;
-} fixture_ref;
-
-static int32_t *read_ids(json_t *arr, int *n) {
-    *n = (int)json_array_size(arr);
-    int32_t *ids = malloc((size_t)(*n ? *n : 1) * sizeof *ids);
-    for (int i = 0; i < *n; i++)
-        ids[i] = (int32_t)json_integer_value(json_array_get(arr, (size_t)i));
-    return ids;
-}
-
-static int load_ref(const char *dir, fixture_ref *ref) {
-    char *path = base_path_join(dir, "reference.json");
-    json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
-    free(path);
-    if (!root) return -1;
-    ref->tokens = read_ids(json_object_get(root, "tokens"), &ref->n_tokens);
-    ref->greedy = read_ids(json_object_get(root, "greedy"), &ref->n_greedy);
-    json_t *m = json_object_get(root, "greedy_top2_margin_rel");
-    ref->margin_rel = calloc((size_t)(ref->n_greedy ? ref->n_greedy : 1), sizeof(double));
-    int ok = json_array_size(m) == (size_t)ref->n_greedy;
-    for (int i = 0; ok && i < ref->n_greedy; i++)
-        ref->margin_rel[i] = json_number_value(json_array_get(m, (size_t)i));
-    json_decref(root);
-    return ok ? 0 : -1;
-}
-
-static void free_ref(fixture_ref *ref) {
-    free(ref->tokens);
-    free(ref->greedy);
-    free(ref->margin_rel);
-}
-
-static double max_position_error(const float *ours, const float *ref, int n, int vocab) {
-    double worst = 0;
-    for (int i = 0; i < n; i++) {
-        double e = test_rel_err(ours + (size_t)i * vocab, ref + (size_t)i * vocab, (size_t)vocab);
-        if (e > worst) worst = e;
-    }
-    return worst;
-}
 
 /* The logits of every position of tokens, one decode step per token (n x vocab into out). */
 static int decode_logits(engine_runtime *rt, const int32_t *tokens, int n, float *out,
@@ -93,24 +42,14 @@ static int clear_steps(const fixture_ref *ref, double e) {
 }
 
 static void run_fixture(const char *name, const char *dir, const char *variant, int block_size) {
-    fixture_ref ref = {0};
-    if (load_ref(dir, &ref)) {
-        CHECK_MSG(0, "%s: cannot read reference.json", name);
-        free_ref(&ref);
-        return;
-    }
-    float *want;
-    int64_t shape[8];
-    int ndim;
+    fixture_ref ref;
     base_err err;
-    char *npy = base_path_join(dir, "logits.npy");
-    int rc = io_npy_read_f32(npy, &want, shape, &ndim, &err);
-    free(npy);
-    CHECK_MSG(rc == 0, "%s: %s", name, err.msg);
-    if (rc) {
-        free_ref(&ref);
+    if (fixture_ref_load(dir, &ref, &err)) {
+        CHECK_MSG(0, "%s: %s", name, err.msg);
         return;
     }
+    float *want = ref.logits;
+    int rc;
 
     engine_options o;
     engine_options_defaults(&o);
@@ -122,13 +61,13 @@ static void run_fixture(const char *name, const char *dir, const char *variant, 
     CHECK_MSG(rc == 0, "%s: %s", name, err.msg);
     if (rc == 0) {
         int vocab = model_config(rt->model)->vocab_size;
-        CHECK(ndim == 2 && shape[0] == ref.n_tokens && shape[1] == vocab);
+        CHECK(ref.vocab == vocab);
         double e = 1.0;
         float *got;
         rc = engine_prefill_logits(rt, ref.tokens, ref.n_tokens, &got, NULL, &err);
         CHECK_MSG(rc == 0, "%s: %s", name, err.msg);
         if (rc == 0) {
-            e = max_position_error(got, want, ref.n_tokens, vocab);
+            e = fixture_max_position_error(got, want, ref.n_tokens, vocab);
             printf("  %-20s %-4s block %2d  max rel err prefill %.2e", name, variant, block_size,
                    e);
             CHECK_MSG(e < LOGITS_TOL, "%s (%s): prefill logits rel err %.3e", name, variant, e);
@@ -137,7 +76,8 @@ static void run_fixture(const char *name, const char *dir, const char *variant, 
             if (model_config(rt->model)->rope_scaling.type != IO_ROPE_DYNAMIC) {
                 rc = decode_logits(rt, ref.tokens, ref.n_tokens, got, &err);
                 CHECK_MSG(rc == 0, "%s: %s", name, err.msg);
-                double ed = rc == 0 ? max_position_error(got, want, ref.n_tokens, vocab) : 1.0;
+                double ed =
+                    rc == 0 ? fixture_max_position_error(got, want, ref.n_tokens, vocab) : 1.0;
                 printf(" decode %.2e", ed);
                 CHECK_MSG(ed < LOGITS_TOL, "%s (%s): decode logits rel err %.3e", name, variant,
                           ed);
@@ -165,12 +105,7 @@ static void run_fixture(const char *name, const char *dir, const char *variant, 
         CHECK_MSG(kv_pool_check(rt->pool, &perr) == 0, "%s: %s", name, perr.msg);
         engine_runtime_close(rt);
     }
-    free(want);
-    free_ref(&ref);
-}
-
-static int cmp_str(const void *a, const void *b) {
-    return strcmp(*(char *const *)a, *(char *const *)b);
+    fixture_ref_free(&ref);
 }
 
 int main(void) {
@@ -183,21 +118,9 @@ int main(void) {
     be_destroy(probe);
 
     char *root = base_path_join(test_source_dir(), "tests/fixtures");
-    DIR *d = opendir(root);
-    CHECK_MSG(d != NULL, "no fixtures directory at %s", root);
     char *names[256];
-    int n = 0;
-    for (struct dirent *e; d && (e = readdir(d)) && n < 256;) {
-        if (e->d_name[0] == '.') continue;
-        char *dir = base_path_join(root, e->d_name);
-        char *ref = base_path_join(dir, "reference.json");
-        if (base_file_exists(ref)) names[n++] = base_xstrdup(e->d_name);
-        free(ref);
-        free(dir);
-    }
-    if (d) closedir(d);
-    qsort(names, (size_t)n, sizeof *names, cmp_str);
-    CHECK_MSG(n >= 10, "expected the committed fixtures, found %d", n);
+    int n = fixture_list(root, names, 256);
+    CHECK_MSG(n >= 10, "expected the committed fixtures under %s, found %d", root, n);
     static const struct {
         const char *native;
         const char *label;
