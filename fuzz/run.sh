@@ -73,7 +73,7 @@ for t in "$@"; do
     # FUZZ_DETERMINISTIC=1 (CI): a fixed seed and a fixed number of runs instead of a time
     # limit, so that the same code gives the same verdict on every machine and every run.
     limit=(-max_total_time="$seconds")
-    if [ "${FUZZ_DETERMINISTIC:-0}" = 1 ]; then limit=(-seed=1 -runs="${runs[$t]:-100000}"); fi
+    if [ "${FUZZ_DETERMINISTIC:-0}" = 1 ]; then limit=(-seed=1 -reload=0 -runs="${runs[$t]:-100000}"); fi
     if "$build/fuzz_$t" "${limit[@]}" -timeout=10 -rss_limit_mb=2560 \
         -print_final_stats=1 -artifact_prefix="$build/artifacts/$t/" "${dict[@]}" \
         "$build/corpus/$t" "fuzz/corpus/$t" >"$build/logs/$t.log" 2>&1; then
