@@ -27,6 +27,7 @@ for name in "$@"; do
     rc=0
     (cd "$build" && MLXCEL_SOURCE_DIR=$root MLXCEL_BIN_DIR=$build/bin \
         timeout "$limit" valgrind --error-exitcode=1 --leak-check=full \
+        --suppressions="$root/tools/valgrind.supp" \
         --log-file="$log" "$bin" >"$logs/$name.out" 2>&1) || rc=$?
     summary=$(grep -E 'ERROR SUMMARY' "$log" | tail -1 | sed 's/^==[0-9]*== //' || true)
     lost=$(grep -E 'definitely lost:' "$log" | tail -1 | sed 's/^==[0-9]*== *//' || true)
