@@ -553,13 +553,14 @@ static cnode *parse_not(parser *P) {
     return parse_compare(P);
 }
 
-static cnode *parse_and(parser *P) {
-    cnode *n = parse_not(P);
-    while (n && is_name(P, "and")) {
+/* A left-associative chain of `word`-joined operands parsed by `operand`: a word b word c. */
+static cnode *parse_word_chain(parser *P, cnode *(*operand)(parser *), const char *word, int kind) {
+    cnode *n = operand(P);
+    while (n && is_name(P, word)) {
         int line = cur(P)->line;
         P->i++;
-        cnode *r = parse_not(P);
-        cnode *m = r ? node(P, N_AND, line) : NULL;
+        cnode *r = operand(P);
+        cnode *m = r ? node(P, kind, line) : NULL;
         if (m) {
             m->a = n;
             m->b = r;
@@ -569,20 +570,12 @@ static cnode *parse_and(parser *P) {
     return n;
 }
 
+static cnode *parse_and(parser *P) {
+    return parse_word_chain(P, parse_not, "and", N_AND);
+}
+
 static cnode *parse_or(parser *P) {
-    cnode *n = parse_and(P);
-    while (n && is_name(P, "or")) {
-        int line = cur(P)->line;
-        P->i++;
-        cnode *r = parse_and(P);
-        cnode *m = r ? node(P, N_OR, line) : NULL;
-        if (m) {
-            m->a = n;
-            m->b = r;
-        }
-        n = m;
-    }
-    return n;
+    return parse_word_chain(P, parse_and, "or", N_OR);
 }
 
 static cnode *parse_expr(parser *P) {
