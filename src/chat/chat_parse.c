@@ -554,7 +554,8 @@ static cnode *parse_not(parser *P) {
 }
 
 /* A left-associative chain of `word`-joined operands parsed by `operand`: a word b word c. */
-static cnode *parse_word_chain(parser *P, cnode *(*operand)(parser *), const char *word, int kind) {
+static cnode *parse_word_chain(parser *P, cnode *(*operand)(parser *), const char *word,
+                               cnode_kind kind) {
     cnode *n = operand(P);
     while (n && is_name(P, word)) {
         int line = cur(P)->line;
