@@ -2,11 +2,13 @@
 # For build machines without package access (e.g. a GPU host with only the CUDA toolkit):
 # run this where Debian's archive is reachable; it downloads the -dev and runtime packages
 # mlxcel links against and unpacks them into .deps/root (git-ignored). Copy .deps along and
-# configure with  cmake -DMLXCEL_DEPS_PREFIX=$PWD/.deps/root  (`make CMAKE_ARGS=...`).
+# configure with  cmake -DMLXCEL_DEPS_PREFIX=$PWD/.deps/root  (`make CMAKE_ARGS=...`). CMake finds
+# the libraries through pkg-config, so pkgconf comes too: put .deps/root/usr/bin on PATH and
+# .deps/root/usr/lib/x86_64-linux-gnu on LD_LIBRARY_PATH there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pkgs=(libjansson-dev libjansson4 libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0
-      libpcre2-posix3 libutf8proc-dev libutf8proc2)
+      libpcre2-posix3 libutf8proc-dev libutf8proc2 pkgconf pkgconf-bin libpkgconf3)
 rm -rf .deps && mkdir -p .deps/debs .deps/root
 (cd .deps/debs && apt-get download "${pkgs[@]}" 2>/dev/null)
 for f in .deps/debs/*.deb; do dpkg -x "$f" .deps/root; done
