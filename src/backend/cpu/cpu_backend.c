@@ -167,7 +167,7 @@ static void cpu_model_name(char *buf, size_t size) {
 
 int be_cpu_create(int n_threads, be_backend **out, base_err *err) {
     *out = NULL;
-    cpu_isa isa;
+    cpu_isa isa = CPU_ISA_PORTABLE;
     if (cpu_pick_isa(&isa, err)) return -1;
     be_backend *be = calloc(1, sizeof *be);
     cpu_impl *impl = calloc(1, sizeof *impl);
