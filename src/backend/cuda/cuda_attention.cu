@@ -1,6 +1,10 @@
 /* Paged attention: decode v1, decode v2 with its merge, and prefill rows, all through the
  * pages of a be_paged_batch.
  *
+ * Decode rows (q_len == 1) at head_dim 64 or 128, groups of up to 16 query heads and blocks of
+ * a multiple of 16 tokens run on the tensor cores (paged_decode_mma_kernel, described there).
+ * Everything else runs on paged_attention_kernel, in F32:
+ *
  * Design: one CTA per (token row, kv head, chunk) serves the whole GQA group of that kv head
  * (up to ATT_MAX_GROUP query heads; larger groups split into sub-groups), so each K/V byte is
  * read once per group. Pages stream through shared memory with cp.async (the backend's
@@ -16,8 +20,8 @@
  *           once at the end.
  * Pool offsets are 64-bit from the first multiply. A decode row follows the plan: v1 is one
  * chunk covering all pages; v2 writes each chunk's normalized output and log-sum-exp to the
- * workspace (layout in attn.h) and a merge kernel combines them. Prefill rows are v1 rows
- * with a causal limit: correct, and the place where a tensor-core kernel goes next. */
+ * workspace (layout in attn.h) and a merge kernel combines them, whichever kernel wrote them.
+ * Prefill rows are v1 rows with a causal limit. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <limits.h>
@@ -351,15 +355,18 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
 /* ---- Decode rows on the tensor cores ----
  *
  * One CTA per (decode row, kv head, chunk) serves the group's query heads as the 16 M rows of
- * mma.sync m16n8k16 (rows past the group hold zeros). Each of the ATT_TC_WARPS warps takes
- * every ATT_TC_WARPS-th page of the chunk and streams it through its own shared-memory
- * stages, so the main loop needs no block-wide barrier; the warps' softmax states are
- * combined once at the end. Per page: S = Q K^T with a page of K (BS tokens) as N, K read by
+ * mma.sync m16n8k16 (rows past the group hold zeros). The chunk's pages are cut into tiles of
+ * 16 tokens; each of the ATT_TC_WARPS warps takes every ATT_TC_WARPS-th tile and streams it
+ * through its own att_stages shared-memory stages with 16-byte cp.async copies, so the main
+ * loop needs no block-wide barrier (split-K inside the CTA); the warps' softmax states are
+ * combined once at the end. Per tile: S = Q K^T with the tile's 16 tokens as N, K read by
  * ldmatrix from rows whose 16-byte chunks are XOR-swizzled by the token; softmax online in
  * F32 in the log2 domain on the accumulators; O += P V with P taken from the S accumulators
- * as the A operand in registers and V read by ldmatrix.trans. Dead slots of a page (before
- * the first-page offset, past the last token) are zero-filled by cp.async, since the pool
- * may hold NaN there and 0 * NaN would reach the output.
+ * as the A operand in registers and V read by ldmatrix.trans. Tiles of 16 tokens rather than
+ * pages keep a stage at 8 KB (head_dim 128), so two or three CTAs of 4 warps stay resident
+ * per SM with every warp's next tiles in flight. Dead slots (before the first-page offset,
+ * past the last token) are zero-filled by cp.async, since the pool may hold NaN there and
+ * 0 * NaN would reach the output.
  *
  * MMA inputs are the pool's dtype. SPLIT > 1 carries q and P as that many terms (the value
  * rounded, then the rounded remainder, ...), each a separate MMA into the same F32
@@ -367,6 +374,7 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
  * the pool's dtype, are read once. */
 #define ATT_TC_WARPS 4
 #define ATT_TC_ROWS  16
+#define ATT_TC_TILE  16
 
 template <typename KT> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
 template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
@@ -436,29 +444,29 @@ __device__ __forceinline__ void cp_async16_zfill(void *smem, const void *gmem, b
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
 
-/* Shared memory of the tensor-core decode kernel: every warp's stages of K and V pages, which
+/* Shared memory of the tensor-core decode kernel: every warp's stages of K and V tiles, which
  * the final combine of (ATT_TC_WARPS, 16) rows of D floats plus their max and sum reuses. */
-static size_t att_tc_smem_bytes(int head_dim, int block_size, int n_stages) {
-    size_t stages = (size_t)ATT_TC_WARPS * n_stages * 2 * block_size * head_dim * 2;
+static size_t att_tc_smem_bytes(int head_dim, int n_stages) {
+    size_t stages = (size_t)ATT_TC_WARPS * n_stages * 2 * ATT_TC_TILE * head_dim * 2;
     size_t red = (size_t)ATT_TC_WARPS * ATT_TC_ROWS * (head_dim + 2) * sizeof(float);
     return stages > red ? stages : red;
 }
 
-/* One resident CTA per SM at head_dim 128: shared memory, not registers, is the limit, and
- * SPLIT 3 keeps 96 registers of q terms. */
-template <int D, int BS, int SPLIT, typename KT>
-__global__ void __launch_bounds__(ATT_TC_WARPS * 32, 1) paged_decode_mma_kernel(att_params p) {
-    constexpr int CH = D / 8;    /* 16-byte chunks per token row */
-    constexpr int KS = D / 16;   /* k-steps of Q K^T */
-    constexpr int NT = BS / 8;   /* n-tiles of scores per page */
-    constexpr int NO = D / 8;    /* n-tiles of the output */
-    constexpr int PAGE = BS * D; /* elements of one page of K (or of V) */
-    static_assert(CH % 8 == 0 && BS % 16 == 0, "swizzle and k-steps need these");
+/* Two resident CTAs per SM at least: q's terms and the output accumulators live in registers
+ * (head_dim 128: 162 in single terms, 234 with three bf16 terms, none spilled), and two
+ * stages of 16-token tiles take 64 KB. */
+template <int D, int SPLIT, typename KT>
+__global__ void __launch_bounds__(ATT_TC_WARPS * 32, 2) paged_decode_mma_kernel(att_params p) {
+    constexpr int CH = D / 8;             /* 16-byte chunks per token row */
+    constexpr int KS = D / 16;            /* k-steps of Q K^T */
+    constexpr int NO = D / 8;             /* n-tiles of the output */
+    constexpr int TILE = ATT_TC_TILE * D; /* elements of one tile of K (or of V) */
+    static_assert(CH % 8 == 0 && ATT_TC_TILE == 16, "swizzle and the P V k-step need these");
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, c4 = lane & 3;
-    const int n_st = p.stages;
-    KT *wbuf = (KT *)smem + (size_t)warp * n_st * 2 * PAGE;
+    const int n_st = p.stages, bs = p.block_size, tpp = bs / ATT_TC_TILE;
+    KT *wbuf = (KT *)smem + (size_t)warp * n_st * 2 * TILE;
     const int kvh = blockIdx.x, chunk = blockIdx.y;
     const int head0 = kvh * p.group;
     const uint64_t row_stride = (uint64_t)p.n_kv_heads * D;
@@ -470,7 +478,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 1) paged_decode_mma_kernel(
         if (p.q_indptr[s + 1] - p.q_indptr[s] != 1) continue;
         const int fpo = p.first_page_offset ? p.first_page_offset[s] : 0;
         const int n_vis = p.kv_len[s];
-        const int n_pages = (fpo + n_vis + BS - 1) / BS;
+        const int n_pages = (fpo + n_vis + bs - 1) / bs;
         const int64_t pb64 = (int64_t)chunk * p.pages_per_chunk;
         if (pb64 >= n_pages) continue;
         const int p_begin = (int)pb64;
@@ -478,6 +486,11 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 1) paged_decode_mma_kernel(
             n_pages - p_begin > p.pages_per_chunk ? p_begin + p.pages_per_chunk : n_pages;
         const int32_t *pages = p.page_indices + p.page_indptr[s];
         const int drow = p.split ? decode_rank(p, s) : 0;
+        /* Tiles [t_begin, t_end) of the chunk that hold a live token; tile T covers the
+         * sequence's slots [16T, 16T + 16), slot u live when fpo <= u < fpo + n_vis. */
+        const int t_begin = p_begin == 0 ? fpo / ATT_TC_TILE : p_begin * tpp;
+        const int t_live = (fpo + n_vis + ATT_TC_TILE - 1) / ATT_TC_TILE;
+        const int t_end = p_end * tpp < t_live ? p_end * tpp : t_live;
 
         /* q as A fragments: registers r hold rows g (+8 for odd r), columns 2 * c4 (+8 for
          * r >= 2) of each k-step. */
@@ -504,25 +517,18 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 1) paged_decode_mma_kernel(
         for (int n = 0; n < NO; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
-        const int span = p_end - p_begin;
+        const int span = t_end - t_begin;
         const int n_my = span > warp ? (span - warp + ATT_TC_WARPS - 1) / ATT_TC_WARPS : 0;
-        /* Live token slots [lo, hi) of this warp's i-th page. */
-        auto live = [&](int i, int &lo, int &hi) {
-            const int pg = p_begin + warp + i * ATT_TC_WARPS;
-            lo = pg == 0 ? fpo : 0;
-            const int end = fpo + n_vis - pg * BS;
-            hi = end < BS ? end : BS;
-        };
         auto issue = [&](int i) {
-            int lo, hi;
-            live(i, lo, hi);
-            const int pg = p_begin + warp + i * ATT_TC_WARPS;
-            const uint64_t base = (uint64_t)pages[pg] * (uint64_t)BS * row_stride;
-            KT *kd = wbuf + (size_t)(i % n_st) * 2 * PAGE, *vd = kd + PAGE;
-#pragma unroll 4
-            for (int c = lane; c < BS * CH; c += 32) {
+            const int tile = t_begin + warp + i * ATT_TC_WARPS;
+            const int u0 = tile * ATT_TC_TILE;
+            const uint64_t base =
+                ((uint64_t)pages[tile / tpp] * (uint64_t)bs + (uint64_t)(u0 % bs)) * row_stride;
+            KT *kd = wbuf + (size_t)(i % n_st) * 2 * TILE, *vd = kd + TILE;
+#pragma unroll
+            for (int c = lane; c < ATT_TC_TILE * CH; c += 32) {
                 const int t = c / CH, cc = c % CH;
-                const bool ok = t >= lo && t < hi;
+                const bool ok = u0 + t >= fpo && u0 + t < fpo + n_vis;
                 const uint64_t off = ok ? base + (uint64_t)t * row_stride + (uint64_t)cc * 8 : 0;
                 const int so = (t * CH + (cc ^ (t & 7))) * 8;
                 cp_async16_zfill(kd + so, kp + off, ok);
@@ -539,19 +545,18 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 1) paged_decode_mma_kernel(
             cp_async_commit();
             cp_async_wait_n(n_st - 1);
             __syncwarp();
-            const KT *kt = wbuf + (size_t)(i % n_st) * 2 * PAGE, *vt = kt + PAGE;
-            int lo, hi;
-            live(i, lo, hi);
+            const KT *kt = wbuf + (size_t)(i % n_st) * 2 * TILE, *vt = kt + TILE;
+            const int u0 = (t_begin + warp + i * ATT_TC_WARPS) * ATT_TC_TILE;
 
-            float sc[NT][4];
+            float sc[2][4];
 #pragma unroll
-            for (int n = 0; n < NT; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+            for (int n = 0; n < 2; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
                 /* x4: matrices 0..3 are chunks 4kk..4kk+3 of tokens 8n..8n+7, the B fragments of
                  * k-steps 2kk and 2kk+1. */
 #pragma unroll
             for (int kk = 0; kk < KS / 2; kk++)
 #pragma unroll
-                for (int n = 0; n < NT; n++) {
+                for (int n = 0; n < 2; n++) {
                     const int t = n * 8 + (lane & 7), cc = kk * 4 + (lane >> 3);
                     uint32_t b[4];
                     ldmatrix_x4(b, kt + (t * CH + (cc ^ (t & 7))) * 8);
@@ -566,11 +571,12 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 1) paged_decode_mma_kernel(
              * row sum stays per thread until the end. */
             float mx[2] = {m[0], m[1]};
 #pragma unroll
-            for (int n = 0; n < NT; n++)
+            for (int n = 0; n < 2; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const int t = n * 8 + c4 * 2 + (e & 1);
-                    const float v = t >= lo && t < hi ? sc[n][e] * p.scale_log2 : -INFINITY;
+                    const int u = u0 + n * 8 + c4 * 2 + (e & 1);
+                    const float v =
+                        u >= fpo && u < fpo + n_vis ? sc[n][e] * p.scale_log2 : -INFINITY;
                     sc[n][e] = v;
                     mx[e >> 1] = fmaxf(mx[e >> 1], v);
                 }
@@ -585,7 +591,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 1) paged_decode_mma_kernel(
                 l[r] *= alpha[r];
             }
 #pragma unroll
-            for (int n = 0; n < NT; n++)
+            for (int n = 0; n < 2; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const float base = m[e >> 1] == -INFINITY ? 0.0f : m[e >> 1];
@@ -593,33 +599,32 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 1) paged_decode_mma_kernel(
                     sc[n][e] = pe;
                     l[e >> 1] += pe;
                 }
+            /* Once the running max settles, tiles leave it alone: skip the rescale then. */
+            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-            for (int n = 0; n < NO; n++) {
-                o[n][0] *= alpha[0], o[n][1] *= alpha[0];
-                o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+                for (int n = 0; n < NO; n++) {
+                    o[n][0] *= alpha[0], o[n][1] *= alpha[0];
+                    o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+                }
             }
 
-            /* O += P V: tokens 16j..16j+15 are n-tiles 2j and 2j+1 of S, which is the A
+            /* O += P V: the tile's 16 tokens are n-tiles 0 and 1 of S, which is the A
              * fragment's layout; x4.trans matrices are (tokens +0/+8) x (dims 16dp +0/+8). */
+            uint32_t pa[4][SPLIT];
+            split2<KT, SPLIT>(sc[0][0], sc[0][1], pa[0]);
+            split2<KT, SPLIT>(sc[0][2], sc[0][3], pa[1]);
+            split2<KT, SPLIT>(sc[1][0], sc[1][1], pa[2]);
+            split2<KT, SPLIT>(sc[1][2], sc[1][3], pa[3]);
 #pragma unroll
-            for (int j = 0; j < BS / 16; j++) {
-                uint32_t pa[4][SPLIT];
-                split2<KT, SPLIT>(sc[2 * j][0], sc[2 * j][1], pa[0]);
-                split2<KT, SPLIT>(sc[2 * j][2], sc[2 * j][3], pa[1]);
-                split2<KT, SPLIT>(sc[2 * j + 1][0], sc[2 * j + 1][1], pa[2]);
-                split2<KT, SPLIT>(sc[2 * j + 1][2], sc[2 * j + 1][3], pa[3]);
+            for (int dp = 0; dp < D / 16; dp++) {
+                const int t = ((lane >> 3) & 1) * 8 + (lane & 7), cc = dp * 2 + (lane >> 4);
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, vt + (t * CH + (cc ^ (t & 7))) * 8);
 #pragma unroll
-                for (int dp = 0; dp < D / 16; dp++) {
-                    const int t = j * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
-                    const int cc = dp * 2 + (lane >> 4);
-                    uint32_t b[4];
-                    ldmatrix_x4_trans(b, vt + (t * CH + (cc ^ (t & 7))) * 8);
-#pragma unroll
-                    for (int sp = 0; sp < SPLIT; sp++) {
-                        const uint32_t a[4] = {pa[0][sp], pa[1][sp], pa[2][sp], pa[3][sp]};
-                        mma16816<KT>(o[2 * dp], a, b[0], b[1]);
-                        mma16816<KT>(o[2 * dp + 1], a, b[2], b[3]);
-                    }
+                for (int sp = 0; sp < SPLIT; sp++) {
+                    const uint32_t a[4] = {pa[0][sp], pa[1][sp], pa[2][sp], pa[3][sp]};
+                    mma16816<KT>(o[2 * dp], a, b[0], b[1]);
+                    mma16816<KT>(o[2 * dp + 1], a, b[2], b[3]);
                 }
             }
             __syncwarp();
@@ -750,10 +755,10 @@ static int dispatch(const att_params &p, int head_dim, int gb, dim3 grid, size_t
     }
 }
 
-template <int D, int BS, int SPLIT, typename KT>
+template <int D, int SPLIT, typename KT>
 static int launch_decode_mma(const att_params &p, dim3 grid, size_t smem, cudaStream_t st,
                              base_err *err) {
-    auto kern = paged_decode_mma_kernel<D, BS, SPLIT, KT>;
+    auto kern = paged_decode_mma_kernel<D, SPLIT, KT>;
     cudaError_t e =
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
@@ -763,51 +768,40 @@ static int launch_decode_mma(const att_params &p, dim3 grid, size_t smem, cudaSt
     return cuda_check_launch("attention (tensor cores)", err);
 }
 
-template <int D, int BS, typename KT>
+template <int D, typename KT>
 static int dispatch_mma_split(const att_params &p, bool exact, dim3 grid, size_t smem,
                               cudaStream_t st, base_err *err) {
     /* Two f16 terms carry 22 bits, three bf16 terms 24: an F32 float's worth either way. */
     constexpr int FULL = std::is_same<KT, __half>::value ? 2 : 3;
-    if (exact) return launch_decode_mma<D, BS, FULL, KT>(p, grid, smem, st, err);
-    return launch_decode_mma<D, BS, 1, KT>(p, grid, smem, st, err);
+    if (exact) return launch_decode_mma<D, FULL, KT>(p, grid, smem, st, err);
+    return launch_decode_mma<D, 1, KT>(p, grid, smem, st, err);
 }
 
-/* The tensor-core decode kernel takes head_dim 64 or 128, groups of up to 16 and blocks of 16
- * or 32 tokens whose stages fit; every other decode shape runs on paged_attention_kernel. */
+/* The tensor-core decode kernel takes head_dim 64 or 128, groups of up to 16 and blocks of a
+ * multiple of 16 tokens; every other decode shape runs on paged_attention_kernel. */
 static bool mma_decode_fits(const att_params &p, const be_kv_layer *layer) {
     return p.decode && (layer->head_dim == 64 || layer->head_dim == 128) &&
-           p.group <= ATT_TC_ROWS && (layer->block_size == 16 || layer->block_size == 32) &&
-           att_tc_smem_bytes(layer->head_dim, layer->block_size, ATT_MIN_STAGES) <= ATT_SMEM_MAX;
+           p.group <= ATT_TC_ROWS && layer->block_size % ATT_TC_TILE == 0;
 }
 
-/* Decode rows on the tensor cores, each warp att_stages pages deep (fewer when they would not
- * fit). An F32 output is owed F32 accuracy, so q and P then go in as split terms. */
+/* Decode rows on the tensor cores, each warp att_stages tiles of 16 tokens deep. An F32
+ * output is owed F32 accuracy, so q and P then go in as split terms. */
 static int run_decode_mma(const att_params &p0, const be_kv_layer *layer, int chunks,
                           cudaStream_t st, base_err *err) {
     att_params p = p0;
-    while (p.stages > ATT_MIN_STAGES &&
-           att_tc_smem_bytes(layer->head_dim, layer->block_size, p.stages) > ATT_SMEM_MAX)
+    while (p.stages > ATT_MIN_STAGES && att_tc_smem_bytes(layer->head_dim, p.stages) > ATT_SMEM_MAX)
         p.stages--;
-    const size_t smem = att_tc_smem_bytes(layer->head_dim, layer->block_size, p.stages);
+    const size_t smem = att_tc_smem_bytes(layer->head_dim, p.stages);
     const bool exact = p.out_dt == BASE_DTYPE_F32;
     dim3 grid((unsigned)p.n_kv_heads, (unsigned)chunks,
               (unsigned)(p.n_tokens < ATT_GRID_MAX ? p.n_tokens : ATT_GRID_MAX));
-    const bool f16 = layer->dtype == BASE_DTYPE_F16;
-    const int key = (layer->head_dim == 128) * 2 + (layer->block_size == 32);
-    switch (key) {
-    case 0:
-        return f16 ? dispatch_mma_split<64, 16, __half>(p, exact, grid, smem, st, err)
-                   : dispatch_mma_split<64, 16, __nv_bfloat16>(p, exact, grid, smem, st, err);
-    case 1:
-        return f16 ? dispatch_mma_split<64, 32, __half>(p, exact, grid, smem, st, err)
-                   : dispatch_mma_split<64, 32, __nv_bfloat16>(p, exact, grid, smem, st, err);
-    case 2:
-        return f16 ? dispatch_mma_split<128, 16, __half>(p, exact, grid, smem, st, err)
-                   : dispatch_mma_split<128, 16, __nv_bfloat16>(p, exact, grid, smem, st, err);
-    default:
-        return f16 ? dispatch_mma_split<128, 32, __half>(p, exact, grid, smem, st, err)
-                   : dispatch_mma_split<128, 32, __nv_bfloat16>(p, exact, grid, smem, st, err);
-    }
+    if (layer->head_dim == 64)
+        return layer->dtype == BASE_DTYPE_F16
+                   ? dispatch_mma_split<64, __half>(p, exact, grid, smem, st, err)
+                   : dispatch_mma_split<64, __nv_bfloat16>(p, exact, grid, smem, st, err);
+    return layer->dtype == BASE_DTYPE_F16
+               ? dispatch_mma_split<128, __half>(p, exact, grid, smem, st, err)
+               : dispatch_mma_split<128, __nv_bfloat16>(p, exact, grid, smem, st, err);
 }
 
 static int run_pass(const att_params &p, const be_kv_layer *layer, int chunks, cudaStream_t st,
