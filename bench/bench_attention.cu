@@ -218,36 +218,39 @@ int main(int argc, char **argv) {
     if (only) {
         for (auto &r : runs) printf("%dx%d v2 %.3f TB/s\n", r.B, r.L, tbs(r, &r.v2[0]));
     } else {
-        /* Sweep of each warp's shared-memory pipeline depth on v2; each variant's output is
-         * checked against v1's. */
+        /* Sweep of each warp's shared-memory pipeline depth on v2, with F32 and BF16
+         * activations; each F32 variant's output is checked against v1's. */
         cuda_backend *cb = cuda_impl(be);
         const int def_stages = cb->att_stages;
-        printf("\nsweep: v2 TB/s by shared-memory stages (default %d)\n%-8s", def_stages, "stages");
+        printf("\nsweep: v2 TB/s by shared-memory stages (default %d)\n%-10s", def_stages,
+               "stages");
         for (auto &r : runs) printf(" %10dx%-6d", r.B, r.L);
         printf(" %8s\n", "geomean");
-        double best_g = 0;
-        int best = def_stages;
-        for (int stages = 2; stages <= 3; stages++) {
-            cb->att_stages = stages;
-            double lg = 0, worst = 0;
-            printf("%-8d", stages);
-            for (auto &r : runs) {
-                double t = tbs(r, &r.v2[0]);
-                worst = std::max(worst, out_diff(r));
-                lg += log(t);
-                printf(" %17.3f", t);
+        for (int f32 = 1; f32 >= 0; f32--) {
+            double best_g = 0;
+            int best = def_stages;
+            for (int stages = 2; stages <= 4; stages++) {
+                cb->att_stages = stages;
+                double lg = 0, worst = 0;
+                printf("%d %-8s", stages, f32 ? "f32" : "bf16");
+                for (auto &r : runs) {
+                    double t = tbs(r, &r.v2[0], f32);
+                    if (f32) worst = std::max(worst, out_diff(r));
+                    lg += log(t);
+                    printf(" %17.3f", t);
+                }
+                double g = exp(lg / runs.size());
+                printf(" %8.3f  (max diff from v1 %.1e)\n", g, worst);
+                if (!(worst < 1e-4)) {
+                    printf("MISMATCH: %d stages differ from v1\n", stages);
+                    continue;
+                }
+                if (g > best_g) best_g = g, best = stages;
             }
-            double g = exp(lg / runs.size());
-            printf(" %8.3f  (max diff from v1 %.1e)\n", g, worst);
-            if (!(worst < 1e-4)) {
-                printf("MISMATCH: %d stages differ from v1\n", stages);
-                continue;
-            }
-            if (g > best_g) best_g = g, best = stages;
+            printf("best %d stages%s\n", best,
+                   best == def_stages ? " (the default)" : "; the default differs");
         }
         cb->att_stages = def_stages;
-        printf("best %d stages%s\n", best,
-               best == def_stages ? " (the default)" : "; the default differs");
 
         printf("\n%-12s %8s | %7s %7s %7s %4s %7s %4s | %7s %7s\n", "batch x ctx", "KV MB", "v1",
                "v2", "/copy", "ppc", "v2@2x", "ppc", "v1 bf16", "v2 bf16");

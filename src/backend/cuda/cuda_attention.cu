@@ -548,11 +548,14 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 2) paged_decode_mma_kernel(
             const KT *kt = wbuf + (size_t)(i % n_st) * 2 * TILE, *vt = kt + TILE;
             const int u0 = (t_begin + warp + i * ATT_TC_WARPS) * ATT_TC_TILE;
 
-            float sc[2][4];
+            /* Even and odd k-steps go to separate accumulators, halving the chain of
+             * dependent MMAs. x4: matrices 0..3 are chunks 4kk..4kk+3 of tokens 8n..8n+7, the
+             * B fragments of k-steps 2kk and 2kk+1. */
+            float sc[2][4], sx[2][4];
 #pragma unroll
-            for (int n = 0; n < 2; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-                /* x4: matrices 0..3 are chunks 4kk..4kk+3 of tokens 8n..8n+7, the B fragments of
-                 * k-steps 2kk and 2kk+1. */
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) sc[n][e] = sx[n][e] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < KS / 2; kk++)
 #pragma unroll
@@ -563,9 +566,13 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 2) paged_decode_mma_kernel(
 #pragma unroll
                     for (int sp = 0; sp < SPLIT; sp++) {
                         mma16816<KT>(sc[n], qa[sp][2 * kk], b[0], b[1]);
-                        mma16816<KT>(sc[n], qa[sp][2 * kk + 1], b[2], b[3]);
+                        mma16816<KT>(sx[n], qa[sp][2 * kk + 1], b[2], b[3]);
                     }
                 }
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) sc[n][e] += sx[n][e];
 
             /* Online softmax: a row's 4 threads (same g) share its max through shuffles; the
              * row sum stays per thread until the end. */
