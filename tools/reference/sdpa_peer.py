@@ -10,8 +10,9 @@ is reported with the call that gave it:
   gqa     q [B, 32, 1, 128] against K/V [B, 8, L, 128] with enable_gqa=True.
 K/V repeated to 32 heads is left out: no 4-D view can hold it without a copy, and the copy
 would read 4 times the bytes of a real cache.
-Dtypes: f16 (the benchmark's pool), and bf16 for cuDNN (REFERENCES.md's figures are bf16). Prints one machine-readable `peer shape` line
-per shape and one `peer call` line per timing. Usage: sdpa_peer.py [reps]"""
+Dtypes: f16 (the benchmark's pool), and bf16 for cuDNN (REFERENCES.md's figures are bf16).
+Prints one machine-readable `peer shape` line per shape and one `peer call` line per timing.
+Usage: sdpa_peer.py [reps]"""
 import sys
 
 import torch
