@@ -59,6 +59,7 @@ for k in "${!result[@]}"; do echo "$k: ${result[$k]}"; done | sort
 for t in $TESTS; do grep -h "CHECK failed" "$OUT/$(basename "$t").log" | head -5; done
 echo "== benchmark"
 cat "$OUT/bench.txt"
+grep -v "^shape" "$OUT/bench.lines"
 grep -v "^peer shape" "$OUT/peer.txt"
 python3 - "$OUT/bench.lines" "$OUT/peer.txt" <<'PY'
 import sys
