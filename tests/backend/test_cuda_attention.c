@@ -222,9 +222,13 @@ int main(void) {
     const seq_spec mixed[] = {{1, 1, 0},   {37, 1, 0},  {100, 1, 5},
                               {45, 45, 0}, {250, 1, 0}, {70, 9, 0}};
     const seq_spec decode_only[] = {{300, 1, 0}, {33, 1, 0}, {5, 1, 3}};
+    /* first-page offsets past the first 16-token tile (one sequence living in its second
+     * tile alone) and a long row, for blocks of 32 */
+    const seq_spec offsets[] = {{12, 1, 20}, {40, 1, 17}, {700, 1, 31}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         run_case(be, &cases[i], mixed, 6);
         run_case(be, &cases[i], decode_only, 3);
+        if (cases[i].block_size >= 32) run_case(be, &cases[i], offsets, 3);
     }
     be->ops->destroy(be);
     TEST_MAIN_END();
