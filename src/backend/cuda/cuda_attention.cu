@@ -453,8 +453,9 @@ static size_t att_tc_smem_bytes(int head_dim, int n_stages) {
 }
 
 /* Two resident CTAs per SM at least: q's terms and the output accumulators live in registers
- * (head_dim 128: 162 in single terms, 234 with three bf16 terms, none spilled), and two
- * stages of 16-token tiles take 64 KB. */
+ * (head_dim 128: 168 in single terms, which leaves room for three CTAs; 202 with two f16
+ * terms, 236 with three bf16 terms; none spilled), and two stages of 16-token tiles take
+ * 64 KB per CTA. */
 template <int D, int SPLIT, typename KT>
 __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 2) paged_decode_mma_kernel(att_params p) {
     constexpr int CH = D / 8;             /* 16-byte chunks per token row */
