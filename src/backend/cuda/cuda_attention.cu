@@ -446,18 +446,22 @@ __device__ __forceinline__ void cp_async16_zfill(void *smem, const void *gmem, b
 
 /* Shared memory of the tensor-core decode kernel: every warp's stages of K and V tiles, which
  * the final combine of (ATT_TC_WARPS, 16) rows of D floats plus their max and sum reuses. */
-static size_t att_tc_smem_bytes(int head_dim, int n_stages) {
+static __host__ __device__ size_t att_tc_work_bytes(int head_dim, int n_stages) {
     size_t stages = (size_t)ATT_TC_WARPS * n_stages * 2 * ATT_TC_TILE * head_dim * 2;
     size_t red = (size_t)ATT_TC_WARPS * ATT_TC_ROWS * (head_dim + 2) * sizeof(float);
     return stages > red ? stages : red;
 }
 
-/* Two resident CTAs per SM at least: q's terms and the output accumulators live in registers
- * (head_dim 128: 168 in single terms, which leaves room for three CTAs; 202 with two f16
- * terms, 236 with three bf16 terms; none spilled), and two stages of 16-token tiles take
- * 64 KB per CTA. */
+/* The work area, then q's terms past the first: (split - 1, 16, head_dim) swizzled. */
+static size_t att_tc_smem_bytes(int head_dim, int n_stages, int split) {
+    return att_tc_work_bytes(head_dim, n_stages) + (size_t)(split - 1) * ATT_TC_ROWS * head_dim * 2;
+}
+
+/* Three resident CTAs per SM: q's first term and the output accumulators live in registers
+ * (at most 168, none spilled at head_dim 128), and two stages of 16-token tiles take 64 KB per
+ * CTA, plus 4 KB per further term of q. */
 template <int D, int SPLIT, typename KT>
-__global__ void __launch_bounds__(ATT_TC_WARPS * 32, 2) paged_decode_mma_kernel(att_params p) {
+__global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(att_params p) {
     constexpr int CH = D / 8;             /* 16-byte chunks per token row */
     constexpr int KS = D / 16;            /* k-steps of Q K^T */
     constexpr int NO = D / 8;             /* n-tiles of the output */
@@ -468,6 +472,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 2) paged_decode_mma_kernel(
     const int g = lane >> 2, c4 = lane & 3;
     const int n_st = p.stages, bs = p.block_size, tpp = bs / ATT_TC_TILE;
     KT *wbuf = (KT *)smem + (size_t)warp * n_st * 2 * TILE;
+    KT *qs = (KT *)(smem + att_tc_work_bytes(D, n_st)); /* (SPLIT - 1, 16, D) */
     const int kvh = blockIdx.x, chunk = blockIdx.y;
     const int head0 = kvh * p.group;
     const uint64_t row_stride = (uint64_t)p.n_kv_heads * D;
@@ -493,9 +498,11 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 2) paged_decode_mma_kernel(
         const int t_live = (fpo + n_vis + ATT_TC_TILE - 1) / ATT_TC_TILE;
         const int t_end = p_end * tpp < t_live ? p_end * tpp : t_live;
 
-        /* q as A fragments: registers r hold rows g (+8 for odd r), columns 2 * c4 (+8 for
-         * r >= 2) of each k-step. */
-        uint32_t qa[SPLIT][KS][4];
+        /* q's first term as A fragments in registers: register r holds rows g (+8 for odd
+         * r), columns 2 * c4 (+8 for r >= 2) of each k-step. Later terms go to shared memory
+         * (read back by ldmatrix per tile), which keeps the registers of the split path
+         * near the single one's. */
+        uint32_t qa[KS][4];
         const size_t qbase = (size_t)row * p.n_heads * D + (size_t)head0 * D;
 #pragma unroll
         for (int ks = 0; ks < KS; ks++)
@@ -509,9 +516,13 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 2) paged_decode_mma_kernel(
                 }
                 uint32_t t[SPLIT];
                 split2<KT, SPLIT>(x, y, t);
+                qa[ks][r] = t[0];
 #pragma unroll
-                for (int sp = 0; sp < SPLIT; sp++) qa[sp][ks][r] = t[sp];
+                for (int sp = 1; sp < SPLIT; sp++)
+                    *(uint32_t *)(qs + (sp - 1) * ATT_TC_ROWS * D +
+                                  (h * CH + ((col >> 3) ^ (h & 7))) * 8 + (col & 7)) = t[sp];
             }
+        if (SPLIT > 1) __syncthreads();
 
         float o[NO][4];
 #pragma unroll
@@ -558,18 +569,32 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 2) paged_decode_mma_kernel(
 #pragma unroll
                 for (int e = 0; e < 4; e++) sc[n][e] = sx[n][e] = 0.0f;
 #pragma unroll
-            for (int kk = 0; kk < KS / 2; kk++)
+            for (int kk = 0; kk < KS / 2; kk++) {
+                /* x4 on q's rows: matrices are (rows +0/+8) x (dims +0/+8) of one k-step */
+                uint32_t qt[SPLIT > 1 ? SPLIT - 1 : 1][2][4];
+#pragma unroll
+                for (int sp = 1; sp < SPLIT; sp++)
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        const int h = ((lane >> 3) & 1) * 8 + (lane & 7);
+                        const int cc = (2 * kk + j) * 2 + (lane >> 4);
+                        ldmatrix_x4(qt[sp - 1][j], qs + (sp - 1) * ATT_TC_ROWS * D +
+                                                       (h * CH + (cc ^ (h & 7))) * 8);
+                    }
 #pragma unroll
                 for (int n = 0; n < 2; n++) {
                     const int t = n * 8 + (lane & 7), cc = kk * 4 + (lane >> 3);
                     uint32_t b[4];
                     ldmatrix_x4(b, kt + (t * CH + (cc ^ (t & 7))) * 8);
+                    mma16816<KT>(sc[n], qa[2 * kk], b[0], b[1]);
+                    mma16816<KT>(sx[n], qa[2 * kk + 1], b[2], b[3]);
 #pragma unroll
-                    for (int sp = 0; sp < SPLIT; sp++) {
-                        mma16816<KT>(sc[n], qa[sp][2 * kk], b[0], b[1]);
-                        mma16816<KT>(sx[n], qa[sp][2 * kk + 1], b[2], b[3]);
+                    for (int sp = 1; sp < SPLIT; sp++) {
+                        mma16816<KT>(sc[n], qt[sp - 1][0], b[0], b[1]);
+                        mma16816<KT>(sx[n], qt[sp - 1][1], b[2], b[3]);
                     }
                 }
+            }
 #pragma unroll
             for (int n = 0; n < 2; n++)
 #pragma unroll
@@ -779,7 +804,8 @@ static int launch_decode_mma(const att_params &p, dim3 grid, size_t smem, cudaSt
 template <int D, typename KT>
 static int dispatch_mma_split(const att_params &p, bool exact, dim3 grid, size_t smem,
                               cudaStream_t st, base_err *err) {
-    /* Two f16 terms carry 22 bits, three bf16 terms 24: an F32 float's worth either way. */
+    /* Two f16 terms carry 22 bits, three bf16 terms 24: an F32 float's worth either way
+     * (run_decode_mma sizes shared memory for the same count). */
     constexpr int FULL = std::is_same<KT, __half>::value ? 2 : 3;
     if (exact) return launch_decode_mma<D, FULL, KT>(p, grid, smem, st, err);
     return launch_decode_mma<D, 1, KT>(p, grid, smem, st, err);
@@ -797,10 +823,12 @@ static bool mma_decode_fits(const att_params &p, const be_kv_layer *layer) {
 static int run_decode_mma(const att_params &p0, const be_kv_layer *layer, int chunks,
                           cudaStream_t st, base_err *err) {
     att_params p = p0;
-    while (p.stages > ATT_MIN_STAGES && att_tc_smem_bytes(layer->head_dim, p.stages) > ATT_SMEM_MAX)
-        p.stages--;
-    const size_t smem = att_tc_smem_bytes(layer->head_dim, p.stages);
     const bool exact = p.out_dt == BASE_DTYPE_F32;
+    const int split = !exact ? 1 : layer->dtype == BASE_DTYPE_F16 ? 2 : 3;
+    while (p.stages > ATT_MIN_STAGES &&
+           att_tc_smem_bytes(layer->head_dim, p.stages, split) > ATT_SMEM_MAX)
+        p.stages--;
+    const size_t smem = att_tc_smem_bytes(layer->head_dim, p.stages, split);
     dim3 grid((unsigned)p.n_kv_heads, (unsigned)chunks,
               (unsigned)(p.n_tokens < ATT_GRID_MAX ? p.n_tokens : ATT_GRID_MAX));
     if (layer->head_dim == 64)
