@@ -14,6 +14,7 @@ Dtypes: f16 (the benchmark's pool), and bf16 for cuDNN (REFERENCES.md's figures 
 Prints one machine-readable `peer shape` line per shape and one `peer call` line per timing.
 Usage: sdpa_peer.py [reps]"""
 import sys
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +57,8 @@ def calls(batch, ctx, dtype, dev):
 
 def main():
     reps = int(sys.argv[1]) if len(sys.argv) > 1 else 50
+    # a backend that declines a call form says why at length; the `unsupported` line suffices
+    warnings.filterwarnings("ignore", category=UserWarning)
     dev = torch.device("cuda")
     print(f"peer device {torch.cuda.get_device_name(0)} torch {torch.__version__} "
           f"cudnn {torch.backends.cudnn.version()}", flush=True)
