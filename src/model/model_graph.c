@@ -24,7 +24,7 @@ bool model_graph_usable(const model *m, const model_step *st) {
     const be_paged_batch *hb = st->host;
     if (!op->capture_begin || !op->capture_end || !op->graph_launch || !op->graph_free)
         return false;
-    if (m->cfg.rope_scaling.type == IO_ROPE_DYNAMIC || hb->first_page_offset) return false;
+    if (m->cfg.rope_scaling.type == IO_ROPE_DYNAMIC) return false;
     if (hb->max_q_len != 1 || hb->n_tokens != hb->n_seqs || st->n_out != hb->n_tokens) return false;
     for (int i = 0; i < st->n_out; i++)
         if (st->out_rows[i] != i) return false;
@@ -33,7 +33,8 @@ bool model_graph_usable(const model *m, const model_step *st) {
 
 static bool key_equal(const model_graph_key *a, const model_graph_key *b) {
     return a->pool == b->pool && a->n_seqs == b->n_seqs && a->kv_bound == b->kv_bound &&
-           a->plan.kind == b->plan.kind && a->plan.pages_per_chunk == b->plan.pages_per_chunk &&
+           a->page_offsets == b->page_offsets && a->plan.kind == b->plan.kind &&
+           a->plan.pages_per_chunk == b->plan.pages_per_chunk &&
            a->plan.max_chunks == b->plan.max_chunks && a->plan.workspace == b->plan.workspace &&
            a->model_generation == b->model_generation &&
            a->backend_generation == b->backend_generation;
@@ -97,6 +98,7 @@ int model_graph_step(model *m, model_step *st, base_err *err) {
     memset(&key, 0, sizeof key);
     key.pool = st->pool;
     key.n_seqs = hb->n_seqs;
+    key.page_offsets = hb->first_page_offset != NULL;
     key.kv_bound = st->dev->max_kv_len;
     key.plan = *st->plan;
     key.model_generation = m->s.generation;

@@ -31,8 +31,9 @@ typedef struct model_scratch {
 /* A recorded decode step (model_graph.c), keyed by everything a recording holds fixed. */
 typedef struct model_graph_key {
     const kv_pool *pool;
-    int n_seqs;   /* decode rows, one per sequence, all of them logits rows */
-    int kv_bound; /* the max_kv_len the ops saw: a bucket of lengths shares one recording */
+    int n_seqs;        /* decode rows, one per sequence, all of them logits rows */
+    int kv_bound;      /* the max_kv_len the ops saw: a bucket of lengths shares one recording */
+    bool page_offsets; /* the batch has first_page_offset (it moves the arrays after it) */
     be_decode_plan plan;
     uint64_t model_generation, backend_generation;
 } model_graph_key;
