@@ -125,6 +125,8 @@ int main(void) {
         return 0;
     }
     be_destroy(probe);
+    /* A step that cannot be recorded says why at debug level. */
+    base_log_set_level(BASE_LOG_DEBUG);
     char *root = base_path_join(test_source_dir(), "tests/fixtures");
     static const char *names[] = {"llama_q4_g64", "qwen3_bf16", "qwen2_bf16"};
     unsetenv("MLXCEL_PAGED_ATTENTION_NATIVE");
