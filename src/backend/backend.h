@@ -55,7 +55,7 @@ typedef struct be_paged_batch {
     int n_seqs;
     int n_tokens;
     int max_q_len;                    /* largest q_len of any sequence (host value) */
-    int max_kv_len;                   /* largest kv_len of any sequence (host value) */
+    int max_kv_len;                   /* largest kv_len of any sequence, or a bound above it */
     const int32_t *q_indptr;          /* (n_seqs + 1) */
     const int32_t *kv_len;            /* (n_seqs) tokens in the cache including this step's */
     const int32_t *page_indptr;       /* (n_seqs + 1) */
@@ -82,6 +82,7 @@ typedef struct be_decode_plan {
 } be_decode_plan;
 
 typedef struct be_backend be_backend;
+typedef struct be_graph be_graph; /* a recorded sequence of ops (backend-defined) */
 
 typedef struct be_ops {
     void (*destroy)(be_backend *be);
@@ -130,6 +131,17 @@ typedef struct be_ops {
                      float scale, be_tensor *out, base_err *err);
     /* ids I32 [rows, 1] = argmax over each row of logits. */
     int (*argmax)(be_backend *be, const be_tensor *logits, be_tensor *ids, base_err *err);
+
+    /* Recording (optional: NULL where a backend has none). Ops queued between capture_begin
+     * and capture_end are recorded, not run; graph_launch runs the recording again with the
+     * same arguments (pointers, sizes, grids) over whatever the buffers hold by then. A
+     * recording stays valid while `generation` is unchanged and every buffer it names is
+     * alive. capture_end always ends the capture; it fails (no graph) when an op could not be
+     * recorded. */
+    int (*capture_begin)(be_backend *be, base_err *err);
+    int (*capture_end)(be_backend *be, be_graph **graph, base_err *err);
+    int (*graph_launch)(be_backend *be, be_graph *graph, base_err *err);
+    void (*graph_free)(be_backend *be, be_graph *graph);
 } be_ops;
 
 struct be_backend {
@@ -139,6 +151,7 @@ struct be_backend {
     base_dtype act_dtype;   /* activations dtype the backend computes in */
     int n_threads;          /* CPU worker threads (1 for GPU backends) */
     int target_parallelism; /* work items that fill the device: SMs x k, or CPU threads */
+    uint64_t generation;    /* bumped when the backend replaces internal scratch memory */
     void *impl;
 };
 

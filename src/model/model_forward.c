@@ -20,7 +20,11 @@ static size_t align8(size_t n) {
     return (n + 7) & ~(size_t)7;
 }
 
-static int grow(be_backend *be, void **buf, size_t bytes, base_err *err) {
+/* Replaces *buf with a larger buffer; recorded steps that name the old one are stale from
+ * then on, which the scratch generation tells them. */
+static int grow(model *m, void **buf, size_t bytes, base_err *err) {
+    be_backend *be = m->be;
+    m->s.generation++;
     if (*buf) be->ops->free(be, *buf);
     *buf = NULL;
     return be->ops->alloc(be, bytes ? bytes : 8, buf, err);
@@ -36,20 +40,20 @@ static int scratch_reserve(model *m, int n, int n_out, base_err *err) {
         size_t rows = (size_t)n;
         size_t qdim = (size_t)c->num_attention_heads * c->head_dim;
         size_t kvdim = (size_t)c->num_key_value_heads * c->head_dim;
-        TRY(grow(be, &s->x, rows * c->hidden_size * act, err));
-        TRY(grow(be, &s->h, rows * c->hidden_size * act, err));
-        TRY(grow(be, &s->q, rows * qdim * act, err));
-        TRY(grow(be, &s->k, rows * kvdim * act, err));
-        TRY(grow(be, &s->v, rows * kvdim * act, err));
-        TRY(grow(be, &s->att, rows * qdim * act, err));
-        TRY(grow(be, &s->gate, rows * c->intermediate_size * act, err));
-        TRY(grow(be, &s->up, rows * c->intermediate_size * act, err));
-        TRY(grow(be, &s->ids, rows * sizeof(int32_t), err));
+        TRY(grow(m, &s->x, rows * c->hidden_size * act, err));
+        TRY(grow(m, &s->h, rows * c->hidden_size * act, err));
+        TRY(grow(m, &s->q, rows * qdim * act, err));
+        TRY(grow(m, &s->k, rows * kvdim * act, err));
+        TRY(grow(m, &s->v, rows * kvdim * act, err));
+        TRY(grow(m, &s->att, rows * qdim * act, err));
+        TRY(grow(m, &s->gate, rows * c->intermediate_size * act, err));
+        TRY(grow(m, &s->up, rows * c->intermediate_size * act, err));
+        TRY(grow(m, &s->ids, rows * sizeof(int32_t), err));
         s->cap_tokens = n;
     }
     if (n_out > s->cap_out) {
-        TRY(grow(be, &s->out_x, (size_t)n_out * c->hidden_size * act, err));
-        TRY(grow(be, &s->logits, (size_t)n_out * c->vocab_size * sizeof(float), err));
+        TRY(grow(m, &s->out_x, (size_t)n_out * c->hidden_size * act, err));
+        TRY(grow(m, &s->logits, (size_t)n_out * c->vocab_size * sizeof(float), err));
         s->cap_out = n_out;
     }
     return 0;
@@ -66,20 +70,24 @@ static int upload_batch(model *m, const be_paged_batch *hb, be_paged_batch *dev,
         {hb->q_indptr, (size_t)(ns + 1) * 4, (const void **)&dev->q_indptr},
         {hb->kv_len, (size_t)ns * 4, (const void **)&dev->kv_len},
         {hb->page_indptr, (size_t)(ns + 1) * 4, (const void **)&dev->page_indptr},
-        {hb->page_indices, (size_t)np * 4, (const void **)&dev->page_indices},
         {hb->last_page_len, (size_t)ns * 4, (const void **)&dev->last_page_len},
         {hb->first_page_offset, hb->first_page_offset ? (size_t)ns * 4 : 0,
          (const void **)&dev->first_page_offset},
         {hb->slots, (size_t)nt * 8, (const void **)&dev->slots},
         {hb->positions, (size_t)nt * 4, (const void **)&dev->positions},
+        /* Last: the only part whose size changes from one decode step to the next, so that
+         * the others keep their addresses for a recorded step. */
+        {hb->page_indices, (size_t)np * 4, (const void **)&dev->page_indices},
     };
     size_t n_parts = sizeof parts / sizeof parts[0], total = 0;
     for (size_t i = 0; i < n_parts; i++) total += align8(parts[i].bytes);
     model_scratch *s = &m->s;
     if (total > s->cap_meta) {
-        TRY(grow(m->be, &s->meta, total, err));
-        s->meta_host = base_xrealloc(s->meta_host, total);
-        s->cap_meta = total;
+        /* Room to grow: each reallocation makes recorded steps stale. */
+        size_t cap = total + total / 2;
+        TRY(grow(m, &s->meta, cap, err));
+        s->meta_host = base_xrealloc(s->meta_host, cap);
+        s->cap_meta = cap;
     }
     *dev = *hb;
     size_t off = 0;
@@ -119,7 +127,7 @@ static int apply_rope(model *m, const be_paged_batch *hb, const be_paged_batch *
     int half = hd / 2, ns = hb->n_seqs;
     size_t table = (size_t)half * sizeof(float);
     if (ns > s->cap_inv_freq_seqs) {
-        TRY(grow(be, &s->inv_freq, (size_t)ns * table, err));
+        TRY(grow(m, &s->inv_freq, (size_t)ns * table, err));
         s->cap_inv_freq_seqs = ns;
     }
     float *host = base_xmalloc((size_t)ns * table);
@@ -231,6 +239,27 @@ static int check_step(const model *m, const kv_pool *pool, const kv_batch *batch
     return 0;
 }
 
+int model_forward_body(model *m, const model_step *st, base_err *err) {
+    const io_model_config *c = &m->cfg;
+    be_backend *be = m->be;
+    const be_paged_batch *hb = st->host;
+    int n = hb->n_tokens;
+    be_tensor ids = {m->s.ids, BASE_DTYPE_I32, n, 1};
+    be_tensor x = act_tensor(m, m->s.x, n, c->hidden_size);
+    TRY(be->ops->embedding(be, &m->embed, &ids, &x, err));
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        TRY(attention_block(m, &m->layers[l], kv_pool_layer(st->pool, l), hb, st->dev, st->plan,
+                            err));
+        TRY(mlp_block(m, &m->layers[l], n, err));
+    }
+    if (st->n_out == 0) return 0;
+    TRY(gather_rows(m, st->out_rows, st->n_out, err));
+    be_tensor ox = act_tensor(m, m->s.out_x, st->n_out, c->hidden_size);
+    be_tensor lg = {m->s.logits, BASE_DTYPE_F32, st->n_out, c->vocab_size};
+    TRY(be->ops->rmsnorm(be, &ox, &m->final_norm, c->rms_norm_eps, &ox, err));
+    return be->ops->matmul(be, &ox, &m->lm_head, &lg, err);
+}
+
 int model_forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t *tokens,
                   const int32_t *out_rows, int n_out, float *logits, base_err *err) {
     TRY(check_step(m, pool, batch, tokens, out_rows, n_out, err));
@@ -243,21 +272,14 @@ int model_forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t 
     TRY(upload_batch(m, hb, &db, err));
     TRY(be->ops->upload(be, m->s.ids, tokens, (size_t)n * sizeof(int32_t), err));
     be_decode_plan plan;
-    TRY(model_plan_step(m, pool, batch, &plan, err));
-
-    be_tensor ids = {m->s.ids, BASE_DTYPE_I32, n, 1};
-    be_tensor x = act_tensor(m, m->s.x, n, c->hidden_size);
-    TRY(be->ops->embedding(be, &m->embed, &ids, &x, err));
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        TRY(attention_block(m, &m->layers[l], kv_pool_layer(pool, l), hb, &db, &plan, err));
-        TRY(mlp_block(m, &m->layers[l], n, err));
+    model_step st = {pool, hb, &db, &plan, out_rows, n_out};
+    if (model_graph_usable(m, &st)) {
+        TRY(model_graph_step(m, &st, err));
+    } else {
+        TRY(model_plan_step(m, pool, batch, &plan, err));
+        TRY(model_forward_body(m, &st, err));
     }
     if (n_out == 0) return be->ops->sync(be, err);
-    TRY(gather_rows(m, out_rows, n_out, err));
-    be_tensor ox = act_tensor(m, m->s.out_x, n_out, c->hidden_size);
-    be_tensor lg = {m->s.logits, BASE_DTYPE_F32, n_out, c->vocab_size};
-    TRY(be->ops->rmsnorm(be, &ox, &m->final_norm, c->rms_norm_eps, &ox, err));
-    TRY(be->ops->matmul(be, &ox, &m->lm_head, &lg, err));
     TRY(be->ops->download(be, logits, m->s.logits,
                           (size_t)n_out * (size_t)c->vocab_size * sizeof(float), err));
     return be->ops->sync(be, err);
@@ -272,6 +294,7 @@ void model_free(model *m) {
                     s->logits, s->meta, s->inv_freq, m->workspace, m->inv_freq.data};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
+    model_graphs_free(m);
     for (int i = 0; i < m->n_mapped; i++) be->ops->free(be, (void *)m->mapped[i]);
     free(m->mapped);
     free(s->meta_host);

@@ -12,6 +12,9 @@
 /* Paged attention shared-memory pipeline depth in pages, the best of bench/bench_attention's
  * sweep on the H200 (bench/RESULTS.md). */
 #define CUDA_ATT_STAGES 2
+/* cuBLAS's workspace, the size its documentation advises for Hopper. Given once, so that a
+ * GEMM never allocates one itself: an allocation cannot be recorded in a graph. */
+#define CUDA_BLAS_WORKSPACE (32u << 20)
 
 int cuda_check_launch(const char *what, base_err *err) {
     cudaError_t e = cudaGetLastError();
@@ -27,6 +30,7 @@ static void cuda_destroy(be_backend *be) {
     cuda_backend *c = cuda_impl(be);
     cudaStreamSynchronize(c->stream);
     cublasDestroy(c->blas);
+    cudaFree(c->blas_ws);
     cudaFree(c->wtmp);
     cudaFree(c->xtmp);
     cudaStreamDestroy(c->stream);
@@ -114,6 +118,10 @@ static const be_ops cuda_ops = {
     .kv_append = cuda_kv_append,
     .attention = cuda_attention,
     .argmax = cuda_argmax,
+    .capture_begin = cuda_capture_begin,
+    .capture_end = cuda_capture_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_free = cuda_graph_free,
 };
 
 /* The caller owns *out and releases it with be_destroy (or ops->destroy). */
@@ -145,10 +153,19 @@ extern "C" int be_cuda_create(int device, be_backend **out, base_err *err) {
         free(be);
         return cuda_fail(err, "creating stream", e);
     }
+    if ((e = cudaMalloc(&c->blas_ws, CUDA_BLAS_WORKSPACE)) != cudaSuccess) {
+        cudaStreamDestroy(c->stream);
+        free(c);
+        free(be);
+        return cuda_fail(err, "allocating the cuBLAS workspace", e);
+    }
     cublasStatus_t bs = cublasCreate(&c->blas);
     if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetStream(c->blas, c->stream);
+    if (bs == CUBLAS_STATUS_SUCCESS)
+        bs = cublasSetWorkspace(c->blas, c->blas_ws, CUDA_BLAS_WORKSPACE);
     if (bs != CUBLAS_STATUS_SUCCESS) {
         if (c->blas) cublasDestroy(c->blas);
+        cudaFree(c->blas_ws);
         cudaStreamDestroy(c->stream);
         free(c);
         free(be);

@@ -25,6 +25,7 @@ typedef struct cuda_backend {
     int sm_count;
     cudaStream_t stream;
     cublasHandle_t blas; /* bound to `stream` */
+    void *blas_ws;       /* (CUDA_BLAS_WORKSPACE) cuBLAS's workspace, fixed so graphs can hold it */
     int att_stages;      /* paged attention: shared-memory pipeline depth in pages (2..5) */
     void *wtmp;          /* (wtmp_bytes) a weight dequantized to BF16 for the GEMM path */
     size_t wtmp_bytes;
@@ -87,5 +88,9 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
                    const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
                    float scale, be_tensor *out, base_err *err);
 int cuda_argmax(be_backend *be, const be_tensor *logits, be_tensor *ids, base_err *err);
+int cuda_capture_begin(be_backend *be, base_err *err);
+int cuda_capture_end(be_backend *be, be_graph **graph, base_err *err);
+int cuda_graph_launch(be_backend *be, be_graph *graph, base_err *err);
+void cuda_graph_free(be_backend *be, be_graph *graph);
 
 #endif

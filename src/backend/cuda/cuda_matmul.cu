@@ -297,9 +297,11 @@ __global__ void to_bf16_kernel(const void *x, base_dtype dt, int64_t n, __nv_bfl
         out[i] = __float2bfloat16_rn(cuda_load(x, dt, (size_t)i));
 }
 
-/* Grows one of the backend's scratch buffers to at least `bytes`. */
-static int scratch(void **buf, size_t *cap, size_t bytes, base_err *err) {
+/* Grows one of the backend's scratch buffers to at least `bytes`; recordings that name the
+ * old buffer are stale from then on (the generation says so). */
+static int scratch(be_backend *be, void **buf, size_t *cap, size_t bytes, base_err *err) {
     if (bytes <= *cap) return 0;
+    be->generation++;
     /* cudaFree waits for queued work that still reads the old buffer. */
     cudaFree(*buf);
     *buf = NULL;
@@ -326,7 +328,7 @@ static int gemm_launch(be_backend *be, const be_tensor *x, const be_linear *w, b
     } else {
         if (w->bits != 0 || w->dtype != BASE_DTYPE_BF16) {
             size_t bytes = (size_t)w->out * (size_t)w->in * sizeof(__nv_bfloat16);
-            if (scratch(&c->wtmp, &c->wtmp_bytes, bytes, err)) return -1;
+            if (scratch(be, &c->wtmp, &c->wtmp_bytes, bytes, err)) return -1;
             dequant_bf16_kernel<<<elem_grid(w->out * w->in / 8), 256, 0, c->stream>>>(
                 *w, (__nv_bfloat16 *)c->wtmp);
             if (cuda_check_launch("matmul dequantize", err)) return -1;
@@ -334,7 +336,7 @@ static int gemm_launch(be_backend *be, const be_tensor *x, const be_linear *w, b
         }
         if (x->dtype != BASE_DTYPE_BF16) {
             int64_t n = x->rows * x->cols;
-            if (scratch(&c->xtmp, &c->xtmp_bytes, (size_t)n * sizeof(__nv_bfloat16), err))
+            if (scratch(be, &c->xtmp, &c->xtmp_bytes, (size_t)n * sizeof(__nv_bfloat16), err))
                 return -1;
             to_bf16_kernel<<<elem_grid(n), 256, 0, c->stream>>>(x->data, x->dtype, n,
                                                                 (__nv_bfloat16 *)c->xtmp);
