@@ -6,9 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-/* Resident CTAs per SM the decode kernel's launch bounds ask for (groups up to 4): the plan's
- * target counts CTAs, so the device is full at SMs times this. */
-#define CUDA_CTAS_PER_SM 4
+/* Resident CTAs per SM of the tensor-core decode kernel (its launch bounds and shared memory
+ * allow three): the plan's target counts CTAs, so the device is full at SMs times this, and a
+ * larger target would leave a partial second wave. */
+#define CUDA_CTAS_PER_SM 3
 /* Paged attention shared-memory pipeline depth in pages, the best of bench/bench_attention's
  * sweep on the H200 (bench/RESULTS.md). */
 #define CUDA_ATT_STAGES 2
