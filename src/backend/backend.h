@@ -139,6 +139,9 @@ struct be_backend {
     base_dtype act_dtype;   /* activations dtype the backend computes in */
     int n_threads;          /* CPU worker threads (1 for GPU backends) */
     int target_parallelism; /* work items that fill the device: SMs x k, or CPU threads */
+    int prefill_chunk;      /* prompt tokens per forward step it suggests: large enough that
+                               the per-step weight traffic is paid rarely, small enough to
+                               bound activation memory */
     void *impl;
 };
 
