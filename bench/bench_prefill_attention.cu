@@ -1,12 +1,13 @@
 /* Causal paged prefill attention at Llama-3.1-8B geometry (32 q heads, 8 kv heads, head_dim
- * 128, f16 KV, block 32): TFLOP/s of the tensor-core kernel with 4 and 8 warps per CTA, for
+ * 128, f16 KV, block 32): TFLOP/s of the tensor-core kernel in each launch shape, for
  * fresh prompts (kv_len == q_len) of 1 x 2048, 1 x 8192 and 4 x 4096 tokens. FLOPs are the
  * causal half of Q K^T and P V: 2 * 2 * B * H * N^2 * D / 2, the count FlashAttention's and
  * PyTorch's benchmarks use, so tools/reference/sdpa_prefill_peer.py (cuDNN and flash SDPA,
  * is_causal, same shapes) prints comparable figures in the same run.
  *
  * Pages are a random permutation of the pool; q is F32 as the model hands it over. Each figure
- * is the median of CUDA-event timings after warm-up; both variants' outputs must agree.
+ * is the median of CUDA-event timings after warm-up; every variant's output must agree with
+ * variant 0's (the one the backend uses).
  * Output: one machine-readable line per shape (`shape ...`) and a table.
  * Usage: bench_prefill_attention [reps] */
 #include "backend/cuda/cuda_internal.h"
@@ -94,8 +95,10 @@ int main(int argc, char **argv) {
     for (int64_t i = nblocks - 1; i > 0; i--) std::swap(perm[i], perm[rand() % (i + 1)]);
     const float scale = 1.0f / sqrtf((float)HD);
 
-    printf("\n%-10s | %9s %8s | %9s %8s | %s\n", "batch x N", "4w ms", "TFLOP/s", "8w ms",
-           "TFLOP/s", "max diff");
+    const char *names[CUDA_PREFILL_VARIANTS] = {"4w x2", "4w x3", "8w x1"};
+    printf("\n%-10s", "batch x N");
+    for (int v = 0; v < CUDA_PREFILL_VARIANTS; v++) printf(" | %-5s ms TFLOP/s", names[v]);
+    printf(" | max diff\n");
     for (auto &shape : shapes) {
         const int B = shape[0], N = shape[1], pages = (N + BS - 1) / BS;
         std::vector<int32_t> q_indptr(B + 1), kv_len(B, N), page_indptr(B + 1),
@@ -116,33 +119,36 @@ int main(int argc, char **argv) {
         std::vector<float> qh(qn);
         for (auto &v : qh) v = 4.0f * (rand() / (float)RAND_MAX - 0.5f);
         be_tensor q = {dev_upload(be, qh.data(), qn * 4), BASE_DTYPE_F32, (int64_t)B * N, NQ * HD};
-        be_tensor out[2] = {q, q};
-        for (auto &o : out)
+        be_tensor out[CUDA_PREFILL_VARIANTS];
+        for (auto &o : out) {
+            o = q;
             if (be->ops->alloc(be, qn * 4, &o.data, &err)) die("out", &err);
-        const double flop = 2.0 * 2.0 * B * NQ * (double)N * N * HD / 2.0;
-        float ms[2];
-        const int warps[2] = {4, 8};
-        for (int w = 0; w < 2; w++)
-            ms[w] = time_ms(st, reps, [&] {
-                if (cuda_attention_prefill_warps(be, &q, &layer, &db, NQ, scale, &out[w], warps[w],
-                                                 &err))
-                    die("attention", &err);
-            });
-        std::vector<float> a(qn), b(qn);
-        if (be->ops->download(be, a.data(), out[0].data, qn * 4, &err) ||
-            be->ops->download(be, b.data(), out[1].data, qn * 4, &err))
-            die("download", &err);
-        double diff = 0;
-        for (size_t i = 0; i < qn; i++) {
-            const double d = fabs((double)a[i] - b[i]);
-            diff = d == d ? std::max(diff, d) : INFINITY;
         }
-        const double tf4 = flop / (ms[0] * 1e-3) / 1e12, tf8 = flop / (ms[1] * 1e-3) / 1e12;
+        const double flop = 2.0 * 2.0 * B * NQ * (double)N * N * HD / 2.0;
+        double tf[CUDA_PREFILL_VARIANTS], diff = 0;
+        std::vector<float> a(qn), b(qn);
         char name[32];
         snprintf(name, sizeof name, "%dx%d", B, N);
-        printf("%-10s | %9.3f %8.1f | %9.3f %8.1f | %.1e%s\n", name, ms[0], tf4, ms[1], tf8, diff,
-               diff < 1e-5 ? "" : "  MISMATCH");
-        printf("shape %s tflops_4w %.2f tflops_8w %.2f\n", name, tf4, tf8);
+        printf("%-10s", name);
+        for (int v = 0; v < CUDA_PREFILL_VARIANTS; v++) {
+            const float ms = time_ms(st, reps, [&] {
+                if (cuda_attention_prefill_variant(be, &q, &layer, &db, NQ, scale, &out[v], v,
+                                                   &err))
+                    die("attention", &err);
+            });
+            tf[v] = flop / (ms * 1e-3) / 1e12;
+            printf(" | %8.3f %7.1f", ms, tf[v]);
+            if (be->ops->download(be, (v ? b : a).data(), out[v].data, qn * 4, &err))
+                die("download", &err);
+            for (size_t i = 0; v && i < qn; i++) {
+                const double d = fabs((double)a[i] - b[i]);
+                diff = d == d ? std::max(diff, d) : INFINITY;
+            }
+        }
+        printf(" | %.1e%s\n", diff, diff < 1e-5 ? "" : "  MISMATCH");
+        printf("shape %s", name);
+        for (int v = 0; v < CUDA_PREFILL_VARIANTS; v++) printf(" tflops_v%d %.2f", v, tf[v]);
+        printf("\n");
         be->ops->free(be, q.data);
         for (auto &o : out) be->ops->free(be, o.data);
         be->ops->free(be, (void *)db.q_indptr);

@@ -21,7 +21,7 @@
 #define PF_BN      64 /* keys per shared-memory tile */
 #define PF_LOG2E   1.4426950408889634f
 #define PF_GRID_YZ 65535
-#define PF_WARPS   4 /* default warps per CTA (16 query rows each) */
+#define PF_VARIANT 0 /* the launch shape cuda_attention uses (pf_dispatch_variant) */
 
 typedef struct pf_params {
     const void *q;
@@ -30,6 +30,7 @@ typedef struct pf_params {
     base_dtype out_dt;
     const void *k_pool, *v_pool;
     int n_kv_heads, block_size, n_heads, group;
+    int block_shift; /* log2(block_size) when it is a power of two, else -1 */
     const int32_t *q_indptr, *kv_len, *page_indptr, *page_indices, *first_page_offset;
     float scale_log2;
 } pf_params;
@@ -86,18 +87,27 @@ template <> __device__ __forceinline__ uint32_t pf_pack<__nv_bfloat16>(float lo,
     return *(uint32_t *)&h;
 }
 
+/* 2^x by the SFU: relative error about 2^-22, within what the tests' bound allows; 2^-inf is
+ * 0 as the masked scores need. */
+__device__ __forceinline__ float pf_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* Element offset of 16-byte chunk c of row r in a [rows, D] tile: chunks XORed with r % 8. */
 template <int D> __device__ __forceinline__ int pf_swz(int r, int c) {
     return r * D + ((c ^ (r & 7)) << 3);
 }
 
-template <int D, int NW, typename KT>
-__global__ void __launch_bounds__(NW * 32) prefill_attention_kernel(pf_params p) {
+template <int D, int NW, int MINB, typename KT>
+__global__ void __launch_bounds__(NW * 32, MINB) prefill_attention_kernel(pf_params p) {
     constexpr int BM = NW * 16, CH = D / 8, NT = NW * 32, KS = D / 16, NB = PF_BN / 8;
     extern __shared__ __align__(16) unsigned char smem[];
-    KT *q_s = (KT *)smem;          /* (BM, D) */
-    KT *k_s = q_s + BM * D;        /* (2, PF_BN, D) */
-    KT *v_s = k_s + 2 * PF_BN * D; /* (2, PF_BN, D) */
+    static_assert(BM <= 2 * PF_BN, "the Q tile overlays one K/V buffer");
+    /* Two buffers of (K (PF_BN, D), V (PF_BN, D)); the Q tile (BM, D) borrows buffer 1 until
+     * its fragments are in registers, before tile 1 is issued there. */
+    KT *k_s = (KT *)smem, *v_s = k_s + PF_BN * D, *q_s = k_s + 2 * PF_BN * D;
     const int h = blockIdx.x, s = blockIdx.z, tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
     const int q0 = p.q_indptr[s], q_len = p.q_indptr[s + 1] - q0;
@@ -108,6 +118,7 @@ __global__ void __launch_bounds__(NW * 32) prefill_attention_kernel(pf_params p)
     const int kv_end = min(kv_len, past + m0 + BM); /* keys any row of the tile sees */
     const int n_kv = (kv_end + PF_BN - 1) / PF_BN;
     const int fpo = p.first_page_offset ? p.first_page_offset[s] : 0, bs = p.block_size;
+    const int shift = p.block_shift;
     const int32_t *pages = p.page_indices + p.page_indptr[s];
     const uint64_t row_stride = (uint64_t)p.n_kv_heads * D;
     const int kvh = h / p.group;
@@ -115,13 +126,15 @@ __global__ void __launch_bounds__(NW * 32) prefill_attention_kernel(pf_params p)
     const KT *vp = (const KT *)p.v_pool + (uint64_t)kvh * D;
 
     auto issue = [&](int buf, int n) {
-        KT *kd = k_s + buf * PF_BN * D, *vd = v_s + buf * PF_BN * D;
+        KT *kd = k_s + buf * 2 * PF_BN * D, *vd = v_s + buf * 2 * PF_BN * D;
         for (int c = tid; c < PF_BN * CH; c += NT) {
             const int t = c / CH, cc = c % CH, j = n * PF_BN + t;
             if (j < kv_len) {
                 const int pos = fpo + j;
+                const int pg = shift >= 0 ? pos >> shift : pos / bs;
+                const int slot = shift >= 0 ? pos & (bs - 1) : pos % bs;
                 const uint64_t off =
-                    ((uint64_t)pages[pos / bs] * bs + pos % bs) * row_stride + (uint64_t)cc * 8;
+                    ((uint64_t)pages[pg] * bs + slot) * row_stride + (uint64_t)cc * 8;
                 pf_cp_async16(kd + pf_swz<D>(t, cc), kp + off);
                 pf_cp_async16(vd + pf_swz<D>(t, cc), vp + off);
             } else {
@@ -179,7 +192,7 @@ __global__ void __launch_bounds__(NW * 32) prefill_attention_kernel(pf_params p)
         asm volatile("cp.async.wait_group 0;\n" ::);
         __syncthreads();
         if (n + 1 < n_kv) issue((n + 1) & 1, n + 1);
-        const KT *kt = k_s + (n & 1) * PF_BN * D, *vt = v_s + (n & 1) * PF_BN * D;
+        const KT *kt = k_s + (n & 1) * 2 * PF_BN * D, *vt = v_s + (n & 1) * 2 * PF_BN * D;
 
         float sc[NB][4];
 #pragma unroll
@@ -213,13 +226,13 @@ __global__ void __launch_bounds__(NW * 32) prefill_attention_kernel(pf_params p)
             for (int i = 0; i < NB; i++) mx = fmaxf(mx, fmaxf(sc[i][2 * r], sc[i][2 * r + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            alpha[r] = exp2f(m_run[r] - mx);
+            alpha[r] = pf_exp2(m_run[r] - mx);
             m_run[r] = mx;
             float sum = 0.0f;
 #pragma unroll
             for (int i = 0; i < NB; i++) {
-                sc[i][2 * r] = exp2f(sc[i][2 * r] - mx);
-                sc[i][2 * r + 1] = exp2f(sc[i][2 * r + 1] - mx);
+                sc[i][2 * r] = pf_exp2(sc[i][2 * r] - mx);
+                sc[i][2 * r + 1] = pf_exp2(sc[i][2 * r + 1] - mx);
                 sum += sc[i][2 * r] + sc[i][2 * r + 1];
             }
             l_run[r] = l_run[r] * alpha[r] + sum;
@@ -270,15 +283,11 @@ __global__ void __launch_bounds__(NW * 32) prefill_attention_kernel(pf_params p)
     }
 }
 
-template <int D, int NW> static size_t pf_smem_bytes(void) {
-    return ((size_t)NW * 16 * D + 4 * (size_t)PF_BN * D) * 2;
-}
-
-template <int D, int NW, typename KT>
+template <int D, int NW, int MINB, typename KT>
 static int pf_launch(const pf_params &p, const be_paged_batch *batch, cudaStream_t st,
                      base_err *err) {
-    auto kern = prefill_attention_kernel<D, NW, KT>;
-    const size_t smem = pf_smem_bytes<D, NW>();
+    auto kern = prefill_attention_kernel<D, NW, MINB, KT>;
+    const size_t smem = (size_t)4 * PF_BN * D * sizeof(KT);
     cudaError_t e =
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
@@ -291,11 +300,14 @@ static int pf_launch(const pf_params &p, const be_paged_batch *batch, cudaStream
     return cuda_check_launch("prefill attention", err);
 }
 
+/* Variants: 0: 4 warps, registers for 2 CTAs per SM; 1: 4 warps squeezed to 3 CTAs per SM;
+ * 2: 8 warps (128 query rows), 1 CTA per SM. */
 template <int D, typename KT>
-static int pf_dispatch_warps(const pf_params &p, const be_paged_batch *batch, int warps,
-                             cudaStream_t st, base_err *err) {
-    if (warps == 8) return pf_launch<D, 8, KT>(p, batch, st, err);
-    return pf_launch<D, 4, KT>(p, batch, st, err);
+static int pf_dispatch_variant(const pf_params &p, const be_paged_batch *batch, int variant,
+                               cudaStream_t st, base_err *err) {
+    if (variant == 1) return pf_launch<D, 4, 3, KT>(p, batch, st, err);
+    if (variant == 2) return pf_launch<D, 8, 1, KT>(p, batch, st, err);
+    return pf_launch<D, 4, 2, KT>(p, batch, st, err);
 }
 
 bool cuda_prefill_supported(const be_kv_layer *layer, const be_paged_batch *batch) {
@@ -304,9 +316,9 @@ bool cuda_prefill_supported(const be_kv_layer *layer, const be_paged_batch *batc
            batch->n_seqs <= PF_GRID_YZ && (batch->max_q_len + 63) / 64 <= PF_GRID_YZ;
 }
 
-int cuda_attention_prefill_warps(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
-                                 const be_paged_batch *batch, int n_heads, float scale,
-                                 be_tensor *out, int warps, base_err *err) {
+int cuda_attention_prefill_variant(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
+                                   const be_paged_batch *batch, int n_heads, float scale,
+                                   be_tensor *out, int variant, base_err *err) {
     pf_params p = {};
     p.q = q->data;
     p.q_dt = q->dtype;
@@ -316,6 +328,9 @@ int cuda_attention_prefill_warps(be_backend *be, const be_tensor *q, const be_kv
     p.v_pool = layer->v;
     p.n_kv_heads = layer->n_kv_heads;
     p.block_size = layer->block_size;
+    p.block_shift = -1;
+    for (int sh = 0; sh < 31; sh++)
+        if (layer->block_size == 1 << sh) p.block_shift = sh;
     p.n_heads = n_heads;
     p.group = n_heads / layer->n_kv_heads;
     p.q_indptr = batch->q_indptr;
@@ -327,16 +342,17 @@ int cuda_attention_prefill_warps(be_backend *be, const be_tensor *q, const be_kv
     cuda_backend *cb = cuda_impl(be);
     if (layer->head_dim == 64) {
         if (layer->dtype == BASE_DTYPE_F16)
-            return pf_dispatch_warps<64, __half>(p, batch, warps, cb->stream, err);
-        return pf_dispatch_warps<64, __nv_bfloat16>(p, batch, warps, cb->stream, err);
+            return pf_dispatch_variant<64, __half>(p, batch, variant, cb->stream, err);
+        return pf_dispatch_variant<64, __nv_bfloat16>(p, batch, variant, cb->stream, err);
     }
     if (layer->dtype == BASE_DTYPE_F16)
-        return pf_dispatch_warps<128, __half>(p, batch, warps, cb->stream, err);
-    return pf_dispatch_warps<128, __nv_bfloat16>(p, batch, warps, cb->stream, err);
+        return pf_dispatch_variant<128, __half>(p, batch, variant, cb->stream, err);
+    return pf_dispatch_variant<128, __nv_bfloat16>(p, batch, variant, cb->stream, err);
 }
 
 int cuda_attention_prefill(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
                            const be_paged_batch *batch, int n_heads, float scale, be_tensor *out,
                            base_err *err) {
-    return cuda_attention_prefill_warps(be, q, layer, batch, n_heads, scale, out, PF_WARPS, err);
+    return cuda_attention_prefill_variant(be, q, layer, batch, n_heads, scale, out, PF_VARIANT,
+                                          err);
 }

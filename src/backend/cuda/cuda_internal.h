@@ -94,10 +94,12 @@ bool cuda_prefill_supported(const be_kv_layer *layer, const be_paged_batch *batc
 int cuda_attention_prefill(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
                            const be_paged_batch *batch, int n_heads, float scale, be_tensor *out,
                            base_err *err);
-/* The same with the CTA's warps chosen (4 or 8, 16 query rows each), for benchmarks. */
-int cuda_attention_prefill_warps(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
-                                 const be_paged_batch *batch, int n_heads, float scale,
-                                 be_tensor *out, int warps, base_err *err);
+/* The same in launch shape `variant` (CUDA_PREFILL_VARIANTS of them: 4 warps at 2 or 3 CTAs
+ * per SM, 8 warps), for benchmarks. */
+#define CUDA_PREFILL_VARIANTS 3
+int cuda_attention_prefill_variant(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
+                                   const be_paged_batch *batch, int n_heads, float scale,
+                                   be_tensor *out, int variant, base_err *err);
 int cuda_argmax(be_backend *be, const be_tensor *logits, be_tensor *ids, base_err *err);
 
 #endif
