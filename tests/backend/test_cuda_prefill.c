@@ -79,10 +79,12 @@ static double pf_round_unit(base_dtype dt) {
 }
 
 /* ref and bound (n_tokens x H x D) for every row: q' is q * scale * log2 e rounded to the
- * pool dtype, as the kernel sees it. Decode rows are exact softmax too, with a bound of the
- * same form taken from the existing kernel's F32 path (u = 0). */
+ * pool dtype, as the kernel sees it. `extra` more keys (up to kv_len) are visible to prompt
+ * rows: 0 for the true function, 1 for a reference with the causal mask one key too wide. Decode
+ * rows are exact softmax too, with a bound of the same form taken from the existing kernel's F32
+ * path (u = 0). */
 static void pf_reference(const pf_batch *b, const pf_case *c, const float *q, const float *kf,
-                         const float *vf, float scale, double *ref, double *bound) {
+                         const float *vf, float scale, int extra, double *ref, double *bound) {
     const int D = c->head_dim, H = c->group * c->n_kv, width = c->n_kv * D;
     const double u_out = pf_round_unit(c->act_dt);
     double *sc = malloc(sizeof(double) * (size_t)(b->max_kv + 1));
@@ -91,7 +93,9 @@ static void pf_reference(const pf_batch *b, const pf_case *c, const float *q, co
         const int ql = b->q_indptr[s + 1] - b->q_indptr[s];
         const double u = ql > 1 ? pf_round_unit(c->pool_dt) : 0;
         for (int i = 0; i < ql; i++) {
-            const int row = b->q_indptr[s] + i, nvis = b->kv_len[s] - ql + i + 1;
+            const int row = b->q_indptr[s] + i;
+            int nvis = b->kv_len[s] - ql + i + 1 + (ql > 1 ? extra : 0);
+            if (nvis > b->kv_len[s]) nvis = b->kv_len[s];
             for (int h = 0; h < H; h++) {
                 const int kvh = h / c->group;
                 const float *qh = q + ((size_t)row * H + h) * D;
@@ -140,8 +144,25 @@ static void *pf_dev_i32(be_backend *be, const int32_t *x, int n) {
     return tc_dev_bytes(be, x, sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
 }
 
-/* Runs one batch; returns the number of elements outside the bound. */
-static int pf_run(be_backend *be, const pf_case *c, const pf_seq *seqs, int n_seqs) {
+/* Elements of got outside [ref - bound, ref + bound]; *worst: the index of the largest
+ * error relative to its bound, *ratio that ratio. */
+static int pf_outside(const float *got, const double *ref, const double *bound, size_t n,
+                      size_t *worst, double *ratio) {
+    int bad = 0;
+    *worst = 0;
+    *ratio = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        if (!(d <= bound[i])) bad++;
+        double r = d / (bound[i] > 0 ? bound[i] : 1e-300);
+        if (!(r <= *ratio)) *ratio = r, *worst = i;
+    }
+    return bad;
+}
+
+/* Runs one batch against the reference. With `control`, also checks that the bound would
+ * see a causal mask one key too wide, i.e. that the comparison has the power to fail. */
+static void pf_run(be_backend *be, const pf_case *c, const pf_seq *seqs, int n_seqs, int control) {
     pf_batch b;
     pf_build(seqs, n_seqs, c->block_size, &b);
     const int D = c->head_dim, H = c->group * c->n_kv, width = c->n_kv * D;
@@ -167,7 +188,7 @@ static int pf_run(be_backend *be, const pf_case *c, const pf_seq *seqs, int n_se
     tc_round(q, qn, c->act_dt);
     const float scale = 1.0f / sqrtf((float)D);
     double *ref = malloc(sizeof(double) * qn), *bound = malloc(sizeof(double) * qn);
-    pf_reference(&b, c, q, kf, vf, scale, ref, bound);
+    pf_reference(&b, c, q, kf, vf, scale, 0, ref, bound);
 
     be_kv_layer layer = {tc_dev_bytes(be, kh, pool_bytes),
                          tc_dev_bytes(be, vh, pool_bytes),
@@ -191,19 +212,13 @@ static int pf_run(be_backend *be, const pf_case *c, const pf_seq *seqs, int n_se
     be_tensor tq = tc_tensor(be, q, c->act_dt, b.n_tokens, (int64_t)H * D);
     be_tensor to = tc_poisoned(be, c->act_dt, b.n_tokens, (int64_t)H * D);
     base_err err = {{0}};
-    int bad = 0;
     int rc = be->ops->attention(be, &tq, &layer, &db, NULL, H, scale, &to, &err);
     CHECK_MSG(rc == 0, "%s", err.msg);
     CHECK_MSG(be->ops->sync(be, &err) == 0, "%s", err.msg);
     float *got = tc_read(be, &to);
-    size_t worst = 0;
-    double worst_ratio = 0;
-    for (size_t i = 0; i < qn; i++) {
-        double d = fabs((double)got[i] - ref[i]);
-        if (!(d <= bound[i])) bad++;
-        double ratio = d / (bound[i] > 0 ? bound[i] : 1e-300);
-        if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i;
-    }
+    size_t worst;
+    double worst_ratio;
+    int bad = pf_outside(got, ref, bound, qn, &worst, &worst_ratio);
     CHECK_MSG(bad == 0,
               "prefill G%d kv%d d%d bs%d pool %s act %s: %d of %zu outside the bound; worst at "
               "row %zu col %zu: got %g, ref %g, bound %g",
@@ -214,6 +229,13 @@ static int pf_run(be_backend *be, const pf_case *c, const pf_seq *seqs, int n_se
         "G%d kv%d d%-3d bs%-2d pool %-4s act %-4s: %zu elements, worst error %.3f of the bound\n",
         c->group, c->n_kv, D, c->block_size, base_dtype_name(c->pool_dt),
         base_dtype_name(c->act_dt), qn, worst_ratio);
+    if (control) {
+        pf_reference(&b, c, q, kf, vf, scale, 1, ref, bound);
+        int wrong = pf_outside(got, ref, bound, qn, &worst, &worst_ratio);
+        CHECK_MSG(wrong > 0, "a mask one key too wide stays inside the bound (G%d d%d %s)",
+                  c->group, D, base_dtype_name(c->pool_dt));
+        printf("  control, mask one key too wide: %d elements outside the bound\n", wrong);
+    }
     free(got);
     be->ops->free(be, to.data);
     be->ops->free(be, tq.data);
@@ -226,7 +248,6 @@ static int pf_run(be_backend *be, const pf_case *c, const pf_seq *seqs, int n_se
     be->ops->free(be, (void *)db.last_page_len);
     be->ops->free(be, (void *)db.first_page_offset);
     free(kh), free(vh), free(kf), free(vf), free(q), free(ref), free(bound), free(b.pages);
-    return bad;
 }
 
 int main(void) {
@@ -246,7 +267,7 @@ int main(void) {
     const pf_seq seqs[] = {{2, 2, 0},     {37, 1, 0},  {300, 300, 0}, {101, 64, 0},
                            {300, 129, 5}, {250, 1, 3}, {65, 65, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        pf_run(be, &cases[i], seqs, (int)(sizeof seqs / sizeof seqs[0]));
+        pf_run(be, &cases[i], seqs, (int)(sizeof seqs / sizeof seqs[0]), i < 2);
     be->ops->destroy(be);
     TEST_MAIN_END();
 }
