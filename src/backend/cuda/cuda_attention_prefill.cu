@@ -1,7 +1,7 @@
 /* Paged prefill attention on the tensor cores: the rows of sequences with q_len > 1.
  *
- * Design, flash-attention style: one CTA per (query head, tile of PF_BM query rows, sequence),
- * NW warps of 16 query rows each. The Q tile is loaded once (F32 activations scaled by
+ * Design, flash-attention style: one CTA per (query head, tile of 16 x NW query rows,
+ * sequence), NW warps of 16 query rows each. The Q tile is loaded once (F32 activations scaled by
  * scale * log2 e, then rounded to the pool's dtype, since mma.sync takes both operands in
  * one type) and kept in registers as A fragments. K and V stream through shared memory in
  * tiles of PF_BN tokens, double-buffered with cp.async; each token is addressed through the
@@ -21,7 +21,9 @@
 #define PF_BN      64 /* keys per shared-memory tile */
 #define PF_LOG2E   1.4426950408889634f
 #define PF_GRID_YZ 65535
-#define PF_VARIANT 0 /* the launch shape cuda_attention uses (pf_dispatch_variant) */
+/* The launch shape cuda_attention uses (pf_dispatch_variant): 8 warps measured best or level
+ * on the H200 at 8B geometry (bench/RESULTS.md). */
+#define PF_VARIANT 2
 
 typedef struct pf_params {
     const void *q;
