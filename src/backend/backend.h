@@ -152,6 +152,9 @@ struct be_backend {
     int n_threads;          /* CPU worker threads (1 for GPU backends) */
     int target_parallelism; /* work items that fill the device: SMs x k, or CPU threads */
     uint64_t generation;    /* bumped when the backend replaces internal scratch memory */
+    int prefill_chunk;      /* prompt tokens per forward step it suggests: large enough that
+                               the per-step weight traffic is paid rarely, small enough to
+                               bound activation memory */
     void *impl;
 };
 

@@ -180,6 +180,11 @@ static void run_case(be_backend *be, const att_case *c, const seq_spec *seqs, in
         CHECK_MSG(be->ops->sync(be, &err) == 0, "%s", err.msg);
         double e = tc_err(be, &to, ref);
         double tol = c->act_dt == BASE_DTYPE_F32 ? 1e-5 : tc_tol(c->act_dt);
+        /* Prompt rows at head_dim 64 and 128 run on the tensor cores with q and the softmax
+         * weights rounded to the pool dtype (test_cuda_prefill bounds that path element by
+         * element); the other rows compute in F32. */
+        if (b.max_q > 1 && (D == 64 || D == 128) && tc_tol(c->pool_dt) > tol)
+            tol = tc_tol(c->pool_dt);
         CHECK_MSG(e < tol,
                   "attention G%d kv%d d%d bs%d pool %s act %s plan %d ppc %d: err %g (seqs %d)",
                   c->group, c->n_kv, D, c->block_size, base_dtype_name(c->pool_dt),

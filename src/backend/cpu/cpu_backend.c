@@ -187,6 +187,7 @@ int be_cpu_create(int n_threads, be_backend **out, base_err *err) {
     be->act_dtype = BASE_DTYPE_F32;
     be->n_threads = base_pool_threads(pool);
     be->target_parallelism = be->n_threads;
+    be->prefill_chunk = 512;
     be->impl = impl;
     *out = be;
     return 0;

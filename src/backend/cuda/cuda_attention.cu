@@ -946,7 +946,9 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
     p.stages = stages;
     cudaStream_t st = cuda_impl(be)->stream;
 
-    if (batch->max_q_len > 1) {
+    if (batch->max_q_len > 1 && cuda_prefill_supported(layer, batch)) {
+        if (cuda_attention_prefill(be, q, layer, batch, n_heads, scale, out, err)) return -1;
+    } else if (batch->max_q_len > 1) {
         p.decode = 0;
         if (run_pass(p, layer, 1, st, err)) return -1;
     }

@@ -87,6 +87,20 @@ int cuda_kv_append(be_backend *be, const be_kv_layer *layer, const be_tensor *k,
 int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
                    const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
                    float scale, be_tensor *out, base_err *err);
+/* Tensor-core prefill attention (cuda_attention_prefill.cu): the rows of sequences with
+ * q_len > 1, causal, through the pages; decode rows are left untouched. Serves what
+ * cuda_prefill_supported accepts (head_dim 64 or 128, F16 or BF16 pools, any block size and
+ * first-page offset); arguments as cuda_attention's, already validated by it. */
+bool cuda_prefill_supported(const be_kv_layer *layer, const be_paged_batch *batch);
+int cuda_attention_prefill(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
+                           const be_paged_batch *batch, int n_heads, float scale, be_tensor *out,
+                           base_err *err);
+/* The same in launch shape `variant` (CUDA_PREFILL_VARIANTS of them: 4 warps at 2 or 3 CTAs
+ * per SM, 8 warps), for benchmarks. */
+#define CUDA_PREFILL_VARIANTS 3
+int cuda_attention_prefill_variant(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
+                                   const be_paged_batch *batch, int n_heads, float scale,
+                                   be_tensor *out, int variant, base_err *err);
 int cuda_argmax(be_backend *be, const be_tensor *logits, be_tensor *ids, base_err *err);
 int cuda_capture_begin(be_backend *be, base_err *err);
 int cuda_capture_end(be_backend *be, be_graph **graph, base_err *err);
