@@ -1,5 +1,11 @@
-# The paged decode attention benchmark (CUDA only). Not part of `all`: the GPU checks build
-# it by name (`cmake --build build --target bench_attention`).
-add_executable(bench_attention EXCLUDE_FROM_ALL ${CMAKE_SOURCE_DIR}/bench/bench_attention.cu)
-target_link_libraries(bench_attention PRIVATE mlxcel_core)
-set_target_properties(bench_attention PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+# The CUDA benchmarks (bench/*.cu): built with everything on CUDA builds so that they keep
+# compiling, never run by ctest; bench/run_gpu.sh runs them. They reach the CUDA backend's
+# internals, so they link the core library and see src/.
+foreach(name bench_attention bench_cuda_gemv bench_prefill_attention)
+  if(EXISTS ${CMAKE_SOURCE_DIR}/bench/${name}.cu)
+    add_executable(${name} ${CMAKE_SOURCE_DIR}/bench/${name}.cu)
+    target_link_libraries(${name} PRIVATE mlxcel_core)
+    target_compile_definitions(${name} PRIVATE MLXCEL_GIT_COMMIT="${MLXCEL_GIT_COMMIT}")
+    set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench)
+  endif()
+endforeach()

@@ -72,9 +72,9 @@ int main(int argc, char **argv) {
     cudaStream_t st = cuda_impl(be)->stream;
     cudaDeviceProp prop;
     cuda_ok(cudaGetDeviceProperties(&prop, 0), "properties");
-    const char *commit = getenv("MLXCEL_COMMIT");
+    const char *commit = MLXCEL_GIT_COMMIT; /* the commit CMake was configured at */
     printf("device %s, %d SMs, L2 %d MB; commit %s; target CTAs %d\n", prop.name,
-           prop.multiProcessorCount, prop.l2CacheSize >> 20, commit ? commit : "unknown",
+           prop.multiProcessorCount, prop.l2CacheSize >> 20, commit,
            be->target_parallelism);
 
     const int shapes[][2] = {{1, 131072}, {4, 16384}, {16, 8192}, {64, 4096}, {256, 2048}};

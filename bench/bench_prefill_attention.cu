@@ -70,9 +70,9 @@ int main(int argc, char **argv) {
     cudaStream_t st = cuda_impl(be)->stream;
     cudaDeviceProp prop;
     cuda_ok(cudaGetDeviceProperties(&prop, 0), "properties");
-    const char *commit = getenv("MLXCEL_COMMIT");
+    const char *commit = MLXCEL_GIT_COMMIT; /* the commit CMake was configured at */
     printf("device %s, %d SMs; commit %s; %d q / %d kv heads, head_dim %d, f16 KV, block %d\n",
-           prop.name, prop.multiProcessorCount, commit ? commit : "unknown", NQ, NKV, HD, BS);
+           prop.name, prop.multiProcessorCount, commit, NQ, NKV, HD, BS);
 
     const int shapes[][2] = {{1, 2048}, {1, 8192}, {4, 4096}};
     int64_t max_tokens = 0;
