@@ -56,8 +56,7 @@ log "commit $commit, $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem \
     --format=csv,noheader | say
 
-TESTS="test_cuda_ops test_cuda_attention test_cuda_prefill test_cuda_sample test_cuda_pool64
-       test_fixtures_cuda test_graph_cuda"
+TESTS="$(cd tests && ls backend/test_cuda_*.c model/test_*_cuda.c | xargs -n1 basename | sed 's/\.c$//' | tr '\n' ' ')"
 BENCHES="bench_server $(cd bench && ls *.cu | sed 's/\.cu$//' | tr '\n' ' ')"
 t0=$(date +%s)
 if [ ! -f "$MODEL/model.safetensors" ]; then
