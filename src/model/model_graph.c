@@ -8,7 +8,8 @@
  *
  * A key seen for the first time runs directly (one-off batch shapes are not worth recording);
  * the second time it is recorded and replayed. A key whose recording fails runs directly from
- * then on. MLXCEL_DECODE_GRAPHS=0 turns recording off. */
+ * then on. MLXCEL_DECODE_GRAPHS=0 turns recording off; such steps still plan by bucket, so that
+ * the two give the same logits. */
 #include "model/model_internal.h"
 
 #include <stdlib.h>
@@ -28,7 +29,7 @@ bool model_graph_usable(const model *m, const model_step *st) {
     if (hb->max_q_len != 1 || hb->n_tokens != hb->n_seqs || st->n_out != hb->n_tokens) return false;
     for (int i = 0; i < st->n_out; i++)
         if (st->out_rows[i] != i) return false;
-    return graphs_enabled();
+    return true;
 }
 
 static bool key_equal(const model_graph_key *a, const model_graph_key *b) {
@@ -103,6 +104,9 @@ int model_graph_step(model *m, model_step *st, base_err *err) {
     key.plan = *st->plan;
     key.model_generation = m->s.generation;
     key.backend_generation = m->be->generation;
+    /* Unrecorded, the step still takes the bucket's plan: recording on or off gives the same
+     * logits, bit for bit. */
+    if (!graphs_enabled()) return model_forward_body(m, st, err);
     bool used;
     model_graph_entry *e = entry_for(m, &key, &used);
     e->last_use = ++m->graph_clock;

@@ -3,8 +3,10 @@
  * (MLXCEL_DECODE_GRAPHS=0) and once on: the batch changes size (a sequence leaves and comes
  * back), lengths cross several page buckets, and the tokens differ every step, so a recording
  * that replayed stale arguments (a size, a page table address, a plan) would give other
- * logits. The recorded run must actually replay (counted by the model). Skipped when no CUDA
- * device can be opened. */
+ * logits. Both runs plan decode steps by length bucket, so they run the same kernels on the
+ * same data and must agree to the bit; the first GPU run, whose unrecorded steps still
+ * planned for their exact lengths, differed by up to 2e-4 through the chunking alone. The recorded
+ * run must actually replay (counted by the model). Skipped when no CUDA device can be opened. */
 #include "fixture_ref.h"
 
 #include "engine/engine.h"
