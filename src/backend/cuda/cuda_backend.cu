@@ -29,6 +29,7 @@ static void cuda_destroy(be_backend *be) {
     cublasDestroy(c->blas);
     cudaFree(c->wtmp);
     cudaFree(c->xtmp);
+    cudaFree(c->ftmp);
     cudaStreamDestroy(c->stream);
     free(c);
     free(be);
@@ -114,6 +115,10 @@ static const be_ops cuda_ops = {
     .kv_append = cuda_kv_append,
     .attention = cuda_attention,
     .argmax = cuda_argmax,
+    .add_rmsnorm = cuda_add_rmsnorm,
+    .matmul_qkv = cuda_matmul_qkv,
+    .matmul_silu_mul = cuda_matmul_silu_mul,
+    .rope_kv_append = cuda_rope_kv_append,
 };
 
 /* The caller owns *out and releases it with be_destroy (or ops->destroy). */

@@ -30,6 +30,8 @@ typedef struct cuda_backend {
     size_t wtmp_bytes;
     void *xtmp; /* (xtmp_bytes) the GEMM path's input rows as BF16 */
     size_t xtmp_bytes;
+    void *ftmp; /* (ftmp_bytes) up's output when gate and up are not fused in one GEMV */
+    size_t ftmp_bytes;
 } cuda_backend;
 
 static inline cuda_backend *cuda_impl(be_backend *be) {
@@ -87,5 +89,24 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
                    const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
                    float scale, be_tensor *out, base_err *err);
 int cuda_argmax(be_backend *be, const be_tensor *logits, be_tensor *ids, base_err *err);
+int cuda_add_rmsnorm(be_backend *be, be_tensor *x, const be_tensor *d, const be_tensor *weight,
+                     float eps, be_tensor *y, base_err *err);
+int cuda_matmul_qkv(be_backend *be, const be_tensor *x, const be_linear *const *ws,
+                    be_tensor *const *ys, base_err *err);
+int cuda_matmul_silu_mul(be_backend *be, const be_tensor *x, const be_linear *gate,
+                         const be_linear *up, be_tensor *y, base_err *err);
+int cuda_rope_kv_append(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
+                        const be_tensor *positions, const be_tensor *inv_freq, float mscale,
+                        const be_kv_layer *layer, const be_paged_batch *batch, base_err *err);
+
+/* The single-row GEMV (cuda_gemv.cu). cuda_gemv1_fits says whether it serves x [1, in]
+ * against w; cuda_gemv1 then computes ys[i] = x ws[i]^T (+ bias) for i < n (n <= 3, all of
+ * one in, bits, group size and scales dtype, every one fitting), or, with glu (n == 2),
+ * ys[0] = silu(x ws[0]^T) * (x ws[1]^T) for two matrices of one out. */
+bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w);
+int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, be_tensor *const *ys,
+               int n, bool glu, base_err *err);
+/* Checks x, w and y of one matmul (dtypes, shapes, alignment) as cuda_matmul does. */
+int cuda_matmul_check(const be_tensor *x, const be_linear *w, const be_tensor *y, base_err *err);
 
 #endif

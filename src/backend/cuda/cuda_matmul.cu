@@ -12,7 +12,10 @@
  * rows (one pass over W per 16 rows, every multiply on the CUDA cores), so W is instead
  * dequantized once into a BF16 scratch and multiplied by cuBLAS on the tensor cores with F32
  * accumulation. That rounds each weight and input to BF16 (relative 2^-9), as a BF16 model's
- * inference does at every matmul. */
+ * inference does at every matmul.
+ *
+ * One F32 row against 4- or 8-bit weights (batch-1 decode) takes the faster single-row
+ * kernel of cuda_gemv.cu. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <string.h>
@@ -371,7 +374,7 @@ static bool aligned(const void *p, size_t a) {
     return ((uintptr_t)p & (a - 1)) == 0;
 }
 
-static int check_args(const be_tensor *x, const be_linear *w, const be_tensor *y, base_err *err) {
+int cuda_matmul_check(const be_tensor *x, const be_linear *w, const be_tensor *y, base_err *err) {
     if (!cuda_float_dtype(x->dtype) || !cuda_float_dtype(y->dtype) || !cuda_float_dtype(w->dtype))
         return base_fail(err, "cuda: matmul: x, y and weights must be F32, F16 or BF16");
     if (w->bias && !cuda_float_dtype(w->bias_dtype))
@@ -389,7 +392,7 @@ static int check_args(const be_tensor *x, const be_linear *w, const be_tensor *y
 
 int cuda_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
                 base_err *err) {
-    if (check_args(x, w, y, err)) return -1;
+    if (cuda_matmul_check(x, w, y, err)) return -1;
     if (x->rows == 0 || w->out == 0) return 0;
     if (w->bits == 0) {
         if (!aligned(w->weight, 16))
@@ -414,6 +417,7 @@ int cuda_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tenso
         return base_fail(err, "cuda: matmul: %d-bit weight is not %zu-byte aligned", w->bits, need);
     if (w->bits >= 2 && w->bits <= 8 && w->bits != 7 && gemm_fits(x, w, y))
         return gemm_launch(be, x, w, y, err);
+    if (cuda_gemv1_fits(x, w)) return cuda_gemv1(be, x, &w, &y, 1, false, err);
     switch (w->bits) {
     case 2:
         return quant_launch<2>(be, x, w, y, err);
