@@ -8,12 +8,13 @@
  * the timed launches rotate through them, so every launch reads device memory. The launches
  * are captured in a CUDA graph and replayed, so the host's launch rate is not what is timed;
  * each figure is the median of the replays' CUDA-event timings after warm-up.
- * Usage: bench_cuda_gemv [reps] */
+ * Usage: bench_cuda_gemv [reps [matrix [bits]]] (the last two pick one case, as for a profiler). */
 #include "backend/cuda/cuda_internal.h"
 
 #include <algorithm>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <vector>
 
 #ifndef MLXCEL_GIT_COMMIT
@@ -158,6 +159,8 @@ struct shape {
 
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 20;
+    const char *only = argc > 2 ? argv[2] : NULL;
+    int only_bits = argc > 3 ? atoi(argv[3]) : 0;
     if (reps < 3) reps = 3;
     be_backend *be = NULL;
     base_err err = {};
@@ -174,10 +177,12 @@ int main(int argc, char **argv) {
     printf("%-8s %-14s %4s %4s %10s %9s %7s\n", "matrix", "shape", "bits", "rows", "us", "GB/s",
            "of copy");
     for (const shape &sh : shapes) {
+        if (only && strcmp(only, sh.name) != 0) continue;
         int nm = sh.k == QKV ? 3 : (sh.k == GATE_UP ? 2 : 1);
         int64_t total_out = 0;
         for (int i = 0; i < nm; i++) total_out += sh.k == GATE_UP ? sh.out[0] : sh.out[i];
         for (int bits : bits_list) {
+            if (only_bits && bits != only_bits) continue;
             std::vector<std::vector<be_linear>> copies;
             size_t bytes = 0;
             for (int i = 0; i < nm; i++) {
