@@ -80,7 +80,9 @@ int cuda_matmul_qkv(be_backend *be, const be_tensor *x, const be_linear *const *
     bool one = true;
     for (int i = 0; i < 3; i++) {
         if (cuda_matmul_check(x, ws[i], ys[i], err)) return base_fail_wrap(err, "qkv");
-        one = one && cuda_gemv1_fits(x, ws[i]) && same_geometry(ws[0], ws[i]);
+        /* The single-row GEMV's steps of 4 rows never straddle two matrices. */
+        one = one && cuda_gemv1_fits(x, ws[i]) && same_geometry(ws[0], ws[i]) &&
+              (i == 2 || ws[i]->out % 4 == 0);
     }
     if (one) return cuda_gemv1(be, x, ws, ys, 3, false, err);
     for (int i = 0; i < 3; i++)

@@ -101,7 +101,8 @@ int cuda_rope_kv_append(be_backend *be, be_tensor *q, be_tensor *k, const be_ten
 
 /* The single-row GEMV (cuda_gemv.cu). cuda_gemv1_fits says whether it serves x [1, in]
  * against w; cuda_gemv1 then computes ys[i] = x ws[i]^T (+ bias) for i < n (n <= 3, all of
- * one in, bits, group size and scales dtype, every one fitting), or, with glu (n == 2),
+ * one in, bits, group size and scales dtype, every one fitting, every out but the last a
+ * multiple of 4), or, with glu (n == 2),
  * ys[0] = silu(x ws[0]^T) * (x ws[1]^T) for two matrices of one out. */
 bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w);
 int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, be_tensor *const *ys,
