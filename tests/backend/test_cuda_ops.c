@@ -400,10 +400,10 @@ static float *rand_rows(int n, int64_t in) {
     return x;
 }
 
-/* One F32 row, the decode case: every bit width and group, row lengths that give the kernel
- * one, two and four units per thread, and enough rows that CTAs take several steps. */
-static void test_gemv_single_row(be_backend *be) {
-    const int bits[] = {2, 3, 4, 5, 6, 8}, groups[] = {32, 64, 128};
+/* 1 to 16 F32 rows, the decode case: every bit width and group, odd row counts, rows of x
+ * past the ones a pass holds, and enough output rows that CTAs take several steps. */
+static void test_gemv_rows(be_backend *be) {
+    const int bits[] = {2, 3, 4, 5, 6, 8}, groups[] = {32, 64, 128}, ns[] = {1, 2, 5, 16};
     struct {
         int64_t out, in;
     } sizes[] = {{19, 384}, {5003, 256}};
@@ -413,18 +413,22 @@ static void test_gemv_single_row(be_backend *be) {
                 host_linear L;
                 base_dtype sdt = (b + g + z) % 2 ? BASE_DTYPE_F16 : BASE_DTYPE_BF16;
                 make_linear(be, &L, sizes[z].out, sizes[z].in, bits[b], groups[g], sdt, g == 1);
-                float *x = rand_rows(1, L.host.in), *ref = malloc(sizeof(float) * L.host.out);
-                cpu_matmul(x, 1, &L.host, ref);
-                be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, 1, L.host.in);
-                be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, 1, L.host.out);
-                base_err err = {{0}};
-                CHECK_MSG(be->ops->matmul(be, &tx, &L.dev, &ty, &err) == 0, "%s", err.msg);
-                double e = dev_err(be, &ty, ref);
-                CHECK_MSG(e < 1e-5, "single row q%d g%d [%lld x %lld]: err %g", bits[b], groups[g],
-                          (long long)L.host.out, (long long)L.host.in, e);
-                be->ops->free(be, tx.data);
-                be->ops->free(be, ty.data);
-                free(x), free(ref);
+                for (int k = 0; k < 4; k++) {
+                    int n = ns[k];
+                    float *x = rand_rows(n, L.host.in);
+                    float *ref = malloc(sizeof(float) * (size_t)(n * L.host.out));
+                    cpu_matmul(x, n, &L.host, ref);
+                    be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, L.host.in);
+                    be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, L.host.out);
+                    base_err err = {{0}};
+                    CHECK_MSG(be->ops->matmul(be, &tx, &L.dev, &ty, &err) == 0, "%s", err.msg);
+                    double e = dev_err(be, &ty, ref);
+                    CHECK_MSG(e < 1e-5, "q%d g%d [%lld x %lld] n=%d: err %g", bits[b], groups[g],
+                              (long long)L.host.out, (long long)L.host.in, n, e);
+                    be->ops->free(be, tx.data);
+                    be->ops->free(be, ty.data);
+                    free(x), free(ref);
+                }
                 free_linear(be, &L);
             }
     /* Long rows: 8192, 12288 and 24576 4-bit values are one, two and four 32-value units per
@@ -616,7 +620,7 @@ int main(void) {
     test_matmul_quant(be);
     base_err err = {{0}};
     CHECK_MSG(be_cpu_create(2, &cpu, &err) == 0, "%s", err.msg);
-    test_gemv_single_row(be);
+    test_gemv_rows(be);
     test_matmul_qkv(be);
     test_matmul_silu_mul(be);
     test_add_rmsnorm(be);

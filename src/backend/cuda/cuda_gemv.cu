@@ -1,7 +1,8 @@
-/* The single-row quantized GEMV of decode: y = x W^T for one F32 row of x, 4- or 8-bit MLX
- * affine weights, at the memory-bandwidth limit. The same kernel serves the fused matmuls:
- * up to three matrices that share x (Q, K and V) in one launch, and gate with up followed by
- * SiLU-mul.
+/* The quantized GEMV of decode: y = x W^T for 1 to 16 F32 rows of x, 4- or 8-bit MLX affine
+ * weights, aiming at the memory-bandwidth limit. The same kernel serves the fused matmuls: up
+ * to three matrices that share x (Q, K and V) in one launch, and gate with up followed by
+ * SiLU-mul. One pass over W serves the rows of x a thread can hold in registers (two where its
+ * slice is one unit, else one); more rows take more passes.
  *
  * Design: a CTA of K threads covers one whole row of W, each thread a fixed k-slice of UPT
  * 16-byte units (32 4-bit or 16 8-bit values each, always inside one group). The thread loads
@@ -93,6 +94,7 @@ struct gemv1_job {
     int gshift;     /* unit index >> gshift = group index */
     int64_t rows;   /* PLAIN: sum of the outs; GLU: out */
     int64_t steps;  /* ceil(rows / rows per step) */
+    int nx;         /* rows of x in this pass (1 to the kernel's NX); y rows follow them */
 };
 
 /* Field f of matrix i, selected without indexing the parameter array (which would copy it to
@@ -147,13 +149,13 @@ __device__ __forceinline__ int step_start(const gemv1_job &job, int64_t step, in
     return g < e0 ? 0 : (g < e1 ? 1 : 2);
 }
 
-template <int BITS, int UPT, bool GLU, typename S>
+template <int BITS, int UPT, bool GLU, typename S, int NX>
 __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_job job) {
     constexpr int WPU = 128 / BITS, R = gemv1_rows<UPT>(), D = gemv1_depth<UPT>();
     constexpr int OUT_PER_STEP = GLU ? R / 2 : R, PER_HALF = 16 / BITS;
     constexpr int SB = sizeof(S) == 4 ? 4 : 2;
     extern __shared__ uint4 gemv1_ring[];
-    __shared__ float red[2][GEMV1_MAX_THREADS / 32][R];
+    __shared__ float red[2][GEMV1_MAX_THREADS / 32][R * NX];
     const int t = threadIdx.x, K = blockDim.x, lane = t & 31, warp = t >> 5;
     /* Slot (d, r, i) of thread t: weights at wq[((d * R + r) * UPT + i) * K + t], the scale
      * and bias words at the same index of ws and wb: consecutive threads, consecutive words. */
@@ -205,23 +207,27 @@ __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_jo
 #pragma unroll
     for (int d = 0; d < D - 1; d++) issue(blockIdx.x + d * grid, d);
 
-    float xs[UPT][WPU], sx[UPT];
+    const int64_t in = job.units * WPU;
+    float xs[NX][UPT][WPU], sx[NX][UPT];
 #pragma unroll
-    for (int i = 0; i < UPT; i++) {
-        sx[i] = 0.0f;
+    for (int j = 0; j < NX; j++)
 #pragma unroll
-        for (int c = 0; c < WPU / 4; c++) {
-            float4 v = uok[i] ? __ldg((const float4 *)(job.x + uo[i] * WPU) + c)
-                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            xs[i][4 * c] = v.x, xs[i][4 * c + 1] = v.y, xs[i][4 * c + 2] = v.z,
-                      xs[i][4 * c + 3] = v.w;
+        for (int i = 0; i < UPT; i++) {
+            sx[j][i] = 0.0f;
+#pragma unroll
+            for (int c = 0; c < WPU / 4; c++) {
+                float4 v = uok[i] && j < job.nx
+                               ? __ldg((const float4 *)(job.x + j * in + uo[i] * WPU) + c)
+                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                xs[j][i][4 * c] = v.x, xs[j][i][4 * c + 1] = v.y, xs[j][i][4 * c + 2] = v.z,
+                             xs[j][i][4 * c + 3] = v.w;
+            }
+#pragma unroll
+            for (int k = 0; k < WPU; k++) {
+                sx[j][i] += xs[j][i][k];
+                xs[j][i][k] *= __uint_as_float((127u - BITS * (k % PER_HALF)) << 23);
+            }
         }
-#pragma unroll
-        for (int k = 0; k < WPU; k++) {
-            sx[i] += xs[i][k];
-            xs[i][k] *= __uint_as_float((127u - BITS * (k % PER_HALF)) << 23);
-        }
-    }
 
     int d = 0, par = 0;
     for (int64_t step = blockIdx.x; step < job.steps; step += grid, par ^= 1) {
@@ -231,47 +237,59 @@ __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_jo
         step_start<GLU, R>(job, step, &row0);
         /* Which half of a 2-byte scale word row r's group sits in: the parity of its index. */
         const int64_t gpar = row0 * job.groups;
-        float acc[R];
+        float acc[R][NX];
 #pragma unroll
         for (int r = 0; r < R; r++) {
             const int64_t gr = gpar + (r % OUT_PER_STEP) * job.groups;
-            acc[r] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
 #pragma unroll
             for (int i = 0; i < UPT; i++) {
                 const int slot = ((d * R + r) * UPT + i) * K + t;
                 const int64_t gi = gr + go[i];
                 const float sc = scale_of<S>(ws[slot], gi), bi = scale_of<S>(wb[slot], gi);
-                acc[r] = fmaf(sc, unit_dot<BITS>(wq[slot], xs[i]), fmaf(bi, sx[i], acc[r]));
+                const uint4 q = wq[slot];
+#pragma unroll
+                for (int j = 0; j < NX; j++)
+                    acc[r][j] =
+                        fmaf(sc, unit_dot<BITS>(q, xs[j][i]), fmaf(bi, sx[j][i], acc[r][j]));
             }
         }
         d = d == D - 1 ? 0 : d + 1;
 #pragma unroll
-        for (int r = 0; r < R; r++) {
+        for (int r = 0; r < R; r++)
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-            if (lane == 0) red[par][warp][r] = acc[r];
-        }
+            for (int j = 0; j < NX; j++) {
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1)
+                    acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], o);
+                if (lane == 0) red[par][warp][j * R + r] = acc[r][j];
+            }
         __syncthreads();
-        if (t >= OUT_PER_STEP) continue;
+        if (t >= OUT_PER_STEP * NX) continue;
+        /* Thread t writes output row t % OUT_PER_STEP of the step for x row t / OUT_PER_STEP. */
+        const int j = t / OUT_PER_STEP, tr = t % OUT_PER_STEP;
+        if (j >= job.nx) continue;
         const int nw = K >> 5;
         float v = 0.0f, v2 = 0.0f;
         for (int k = 0; k < nw; k++) {
-            v += red[par][k][t];
-            if (GLU) v2 += red[par][k][t + OUT_PER_STEP];
+            v += red[par][k][j * R + tr];
+            if (GLU) v2 += red[par][k][j * R + tr + OUT_PER_STEP];
         }
-        const int64_t row = row0 + t;
+        const int64_t row = row0 + tr;
         if (GLU) {
             if (row < job.rows) {
                 if (job.m[0].bias) v += cuda_load(job.m[0].bias, job.m[0].bias_dt, (size_t)row);
                 if (job.m[1].bias) v2 += cuda_load(job.m[1].bias, job.m[1].bias_dt, (size_t)row);
-                cuda_store(job.m[0].y, job.m[0].y_dt, (size_t)row, v / (1.0f + __expf(-v)) * v2);
+                cuda_store(job.m[0].y, job.m[0].y_dt, (size_t)(j * job.rows + row),
+                           v / (1.0f + __expf(-v)) * v2);
             }
-        } else if (step * R + t < job.rows) {
+        } else if (step * R + tr < job.rows) {
             const int mi = step_start<GLU, R>(job, step, &row0);
             const void *bias = pick(job, mi, &gemv1_mat::bias);
             if (bias) v += cuda_load(bias, pick(job, mi, &gemv1_mat::bias_dt), (size_t)row);
-            cuda_store(pick(job, mi, &gemv1_mat::y), pick(job, mi, &gemv1_mat::y_dt), (size_t)row,
-                       v);
+            cuda_store(pick(job, mi, &gemv1_mat::y), pick(job, mi, &gemv1_mat::y_dt),
+                       (size_t)(j * pick(job, mi, &gemv1_mat::out) + row), v);
         }
     }
 }
@@ -291,8 +309,8 @@ static int gemv1_shape(int64_t units, int *threads) {
 
 bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w) {
     int threads;
-    return x->rows == 1 && x->dtype == BASE_DTYPE_F32 && (w->bits == 4 || w->bits == 8) &&
-           (w->in * w->bits) % 128 == 0 &&
+    return x->rows >= 1 && x->rows <= 16 && x->dtype == BASE_DTYPE_F32 &&
+           (w->bits == 4 || w->bits == 8) && (w->in * w->bits) % 128 == 0 &&
            (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) &&
            w->in % w->group_size == 0 && ((uintptr_t)w->weight & 15) == 0 &&
            ((uintptr_t)x->data & 15) == 0 && ((uintptr_t)w->scales & 3) == 0 &&
@@ -301,9 +319,9 @@ bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w) {
            gemv1_shape(w->in * w->bits / 128, &threads) != 0;
 }
 
-template <int BITS, int UPT, bool GLU, typename S>
+template <int BITS, int UPT, bool GLU, typename S, int NX>
 static int gemv1_launch(cuda_backend *c, gemv1_job job, int threads, base_err *err) {
-    auto kernel = gemv1_kernel<BITS, UPT, GLU, S>;
+    auto kernel = gemv1_kernel<BITS, UPT, GLU, S, NX>;
     const size_t smem = gemv1_smem<UPT>(threads);
     /* Resident CTAs per SM for each CTA size (a multiple of 32 up to the maximum). */
     static int resident[GEMV1_MAX_THREADS / 32 + 1];
@@ -329,16 +347,22 @@ static int gemv1_launch(cuda_backend *c, gemv1_job job, int threads, base_err *e
     return cuda_check_launch("matmul (single-row GEMV)", err);
 }
 
+/* Rows of x one pass holds in registers: two where a thread's slice is one unit, else one. */
+static int gemv1_pass_rows(int upt) {
+    return upt == 1 ? 2 : 1;
+}
+
 template <int BITS, bool GLU, typename S>
 static int gemv1_dispatch_upt(cuda_backend *c, const gemv1_job &job, base_err *err) {
     int threads = 0;
     switch (gemv1_shape(job.units, &threads)) {
     case 1:
-        return gemv1_launch<BITS, 1, GLU, S>(c, job, threads, err);
+        return job.nx == 1 ? gemv1_launch<BITS, 1, GLU, S, 1>(c, job, threads, err)
+                           : gemv1_launch<BITS, 1, GLU, S, 2>(c, job, threads, err);
     case 2:
-        return gemv1_launch<BITS, 2, GLU, S>(c, job, threads, err);
+        return gemv1_launch<BITS, 2, GLU, S, 1>(c, job, threads, err);
     default:
-        return gemv1_launch<BITS, 4, GLU, S>(c, job, threads, err);
+        return gemv1_launch<BITS, 4, GLU, S, 1>(c, job, threads, err);
     }
 }
 
@@ -380,9 +404,23 @@ int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, b
     if (glu) job.rows = w->out;
     if (job.rows == 0) return 0;
     cuda_backend *c = cuda_impl(be);
-    if (w->bits == 4)
-        return glu ? gemv1_dispatch_dt<4, true>(c, job, w->dtype, err)
-                   : gemv1_dispatch_dt<4, false>(c, job, w->dtype, err);
-    return glu ? gemv1_dispatch_dt<8, true>(c, job, w->dtype, err)
-               : gemv1_dispatch_dt<8, false>(c, job, w->dtype, err);
+    int threads;
+    const int per_pass = gemv1_pass_rows(gemv1_shape(job.units, &threads));
+    for (int64_t r0 = 0; r0 < x->rows; r0 += per_pass) {
+        gemv1_job pass = job;
+        pass.nx = (int)(x->rows - r0 < per_pass ? x->rows - r0 : per_pass);
+        pass.x = (const float *)x->data + r0 * w->in;
+        for (int i = 0; i < (glu ? 1 : n); i++)
+            pass.m[i].y =
+                (char *)ys[i]->data + (size_t)(r0 * ys[i]->cols) * base_dtype_size(ys[i]->dtype);
+        int rc;
+        if (w->bits == 4)
+            rc = glu ? gemv1_dispatch_dt<4, true>(c, pass, w->dtype, err)
+                     : gemv1_dispatch_dt<4, false>(c, pass, w->dtype, err);
+        else
+            rc = glu ? gemv1_dispatch_dt<8, true>(c, pass, w->dtype, err)
+                     : gemv1_dispatch_dt<8, false>(c, pass, w->dtype, err);
+        if (rc) return -1;
+    }
+    return 0;
 }

@@ -99,7 +99,7 @@ int cuda_rope_kv_append(be_backend *be, be_tensor *q, be_tensor *k, const be_ten
                         const be_tensor *positions, const be_tensor *inv_freq, float mscale,
                         const be_kv_layer *layer, const be_paged_batch *batch, base_err *err);
 
-/* The single-row GEMV (cuda_gemv.cu). cuda_gemv1_fits says whether it serves x [1, in]
+/* The decode GEMV (cuda_gemv.cu). cuda_gemv1_fits says whether it serves x [n, in] (n <= 16)
  * against w; cuda_gemv1 then computes ys[i] = x ws[i]^T (+ bias) for i < n (n <= 3, all of
  * one in, bits, group size and scales dtype, every one fitting, every out but the last a
  * multiple of 4), or, with glu (n == 2),

@@ -14,8 +14,8 @@
  * accumulation. That rounds each weight and input to BF16 (relative 2^-9), as a BF16 model's
  * inference does at every matmul.
  *
- * One F32 row against 4- or 8-bit weights (batch-1 decode) takes the faster single-row
- * kernel of cuda_gemv.cu. */
+ * Up to 16 F32 rows against 4- or 8-bit weights (decode) take the faster kernel of
+ * cuda_gemv.cu. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <string.h>
