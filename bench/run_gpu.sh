@@ -57,7 +57,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem \
     --format=csv,noheader | say
 
 TESTS="$(cd tests && ls backend/test_cuda_*.c model/test_*_cuda.c | xargs -n1 basename | sed 's/\.c$//' | tr '\n' ' ')"
-BENCHES="bench_server $(cd bench && ls *.cu | sed 's/\.cu$//' | tr '\n' ' ')"
+BENCHES="bench_server bench_attention bench_cuda_gemv bench_prefill_attention"
 t0=$(date +%s)
 if [ ! -f "$MODEL/model.safetensors" ]; then
     (PYTHONUNBUFFERED=1 python3 bench/make_llama8b_q4.py "$MODEL" > "$OUT/make_model.log" 2>&1) &
@@ -108,10 +108,8 @@ log "a. paged decode attention against SDPA"
 OUT=$OUT/attention BENCH=$B/bench/bench_attention BENCH_S=90 PEER_S=90 \
     bench/run_attention.sh "$REPS" 2>&1 | tail -30 | say
 
-if [ -x "$B/bench/bench_cuda_gemv" ]; then
-    log "b. decode GEMV"
-    timeout 60 "$B/bench/bench_cuda_gemv" 7 2>&1 | say
-fi
+log "b. decode GEMV"
+timeout 60 "$B/bench/bench_cuda_gemv" 7 2>&1 | say
 
 log "c. prefill attention against SDPA"
 timeout 60 "$B/bench/bench_prefill_attention" 10 2>&1 | tail -6 | say

@@ -142,6 +142,22 @@ typedef struct be_ops {
     int (*capture_end)(be_backend *be, be_graph **graph, base_err *err);
     int (*graph_launch)(be_backend *be, be_graph *graph, base_err *err);
     void (*graph_free)(be_backend *be, be_graph *graph);
+    /* Optional fusions of the ops above, NULL where a backend has none (the CPU's): the
+     * forward pass then composes the ops above, with the same result up to rounding. */
+    /* x += d; y = rmsnorm(x) * weight, per row. y may alias d, not x. */
+    int (*add_rmsnorm)(be_backend *be, be_tensor *x, const be_tensor *d, const be_tensor *weight,
+                       float eps, be_tensor *y, base_err *err);
+    /* ys[i] = x ws[i]^T (+ bias) for i < 3 (Q, K and V sharing x), as three `matmul`s. */
+    int (*matmul_qkv)(be_backend *be, const be_tensor *x, const be_linear *const *ws,
+                      be_tensor *const *ys, base_err *err);
+    /* y [n, out] = silu(x gate^T) * (x up^T), biases included; gate and up of one shape. */
+    int (*matmul_silu_mul)(be_backend *be, const be_tensor *x, const be_linear *gate,
+                           const be_linear *up, be_tensor *y, base_err *err);
+    /* `rope` on q (n_heads = q->cols / layer->head_dim) and on k with one static table, then
+     * `kv_append` of k and v: q and k are rotated in place. */
+    int (*rope_kv_append)(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
+                          const be_tensor *positions, const be_tensor *inv_freq, float mscale,
+                          const be_kv_layer *layer, const be_paged_batch *batch, base_err *err);
 } be_ops;
 
 struct be_backend {

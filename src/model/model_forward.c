@@ -156,6 +156,20 @@ static int norm_per_head(model *m, be_tensor *t, int heads, const be_tensor *w, 
     return m->be->ops->rmsnorm(m->be, &v, w, m->cfg.rms_norm_eps, &v, err);
 }
 
+/* x += d, then h = rmsnorm(x) * norm, or only the add when norm is NULL (the last layer: the
+ * logits' norm runs on the gathered rows). */
+static int residual(model *m, const be_tensor *norm, be_tensor *x, be_tensor *d, be_tensor *h,
+                    base_err *err) {
+    const be_ops *op = m->be->ops;
+    if (!norm) return op->add(m->be, x, d, x, err);
+    if (op->add_rmsnorm) return op->add_rmsnorm(m->be, x, d, norm, m->cfg.rms_norm_eps, h, err);
+    TRY(op->add(m->be, x, d, x, err));
+    return op->rmsnorm(m->be, x, norm, m->cfg.rms_norm_eps, h, err);
+}
+
+/* Layer L's attention half. On entry h holds rmsnorm(x) * attn_norm (the previous layer's
+ * residual step computed it; the first layer computes it here); on exit x holds the residual
+ * and h = rmsnorm(x) * mlp_norm. */
 static int attention_block(model *m, const model_layer *L, const be_kv_layer *kvl,
                            const be_paged_batch *hb, const be_paged_batch *db,
                            const be_decode_plan *plan, base_err *err) {
@@ -171,21 +185,34 @@ static int attention_block(model *m, const model_layer *L, const be_kv_layer *kv
     be_tensor k = act_tensor(m, s->k, n, (int64_t)KV * hd);
     be_tensor v = act_tensor(m, s->v, n, (int64_t)KV * hd);
     be_tensor att = act_tensor(m, s->att, n, (int64_t)H * hd);
-    TRY(op->rmsnorm(be, &x, &L->attn_norm, c->rms_norm_eps, &h, err));
-    TRY(op->matmul(be, &h, &L->q, &q, err));
-    TRY(op->matmul(be, &h, &L->k, &k, err));
-    TRY(op->matmul(be, &h, &L->v, &v, err));
+    if (L == m->layers) TRY(op->rmsnorm(be, &x, &L->attn_norm, c->rms_norm_eps, &h, err));
+    if (op->matmul_qkv) {
+        const be_linear *ws[3] = {&L->q, &L->k, &L->v};
+        be_tensor *ys[3] = {&q, &k, &v};
+        TRY(op->matmul_qkv(be, &h, ws, ys, err));
+    } else {
+        TRY(op->matmul(be, &h, &L->q, &q, err));
+        TRY(op->matmul(be, &h, &L->k, &k, err));
+        TRY(op->matmul(be, &h, &L->v, &v, err));
+    }
     if (c->qk_norm) {
         TRY(norm_per_head(m, &q, H, &L->q_norm, err));
         TRY(norm_per_head(m, &k, KV, &L->k_norm, err));
     }
-    TRY(apply_rope(m, hb, db, &q, &k, err));
-    TRY(op->kv_append(be, kvl, &k, &v, db, err));
+    if (op->rope_kv_append && c->rope_scaling.type != IO_ROPE_DYNAMIC) {
+        be_tensor pos = {(void *)db->positions, BASE_DTYPE_I32, hb->n_tokens, 1};
+        TRY(op->rope_kv_append(be, &q, &k, &v, &pos, &m->inv_freq, m->rope_mscale, kvl, db, err));
+    } else {
+        TRY(apply_rope(m, hb, db, &q, &k, err));
+        TRY(op->kv_append(be, kvl, &k, &v, db, err));
+    }
     TRY(op->attention(be, &q, kvl, db, plan, H, 1.0f / sqrtf((float)hd), &att, err));
     TRY(op->matmul(be, &att, &L->o, &h, err));
-    return op->add(be, &x, &h, &x, err);
+    return residual(m, &L->mlp_norm, &x, &h, &h, err);
 }
 
+/* Layer L's MLP half: h holds rmsnorm(x) * mlp_norm on entry; on exit x holds the residual and
+ * h the next layer's rmsnorm(x) * attn_norm (nothing after the last layer). */
 static int mlp_block(model *m, const model_layer *L, int n, base_err *err) {
     const io_model_config *c = &m->cfg;
     const be_ops *op = m->be->ops;
@@ -195,12 +222,16 @@ static int mlp_block(model *m, const model_layer *L, int n, base_err *err) {
               h = act_tensor(m, s->h, n, c->hidden_size);
     be_tensor gate = act_tensor(m, s->gate, n, c->intermediate_size);
     be_tensor up = act_tensor(m, s->up, n, c->intermediate_size);
-    TRY(op->rmsnorm(be, &x, &L->mlp_norm, c->rms_norm_eps, &h, err));
-    TRY(op->matmul(be, &h, &L->gate, &gate, err));
-    TRY(op->matmul(be, &h, &L->up, &up, err));
-    TRY(op->silu_mul(be, &gate, &up, &gate, err));
+    if (op->matmul_silu_mul) {
+        TRY(op->matmul_silu_mul(be, &h, &L->gate, &L->up, &gate, err));
+    } else {
+        TRY(op->matmul(be, &h, &L->gate, &gate, err));
+        TRY(op->matmul(be, &h, &L->up, &up, err));
+        TRY(op->silu_mul(be, &gate, &up, &gate, err));
+    }
     TRY(op->matmul(be, &gate, &L->down, &h, err));
-    return op->add(be, &x, &h, &x, err);
+    const model_layer *next = L + 1 < m->layers + c->num_hidden_layers ? L + 1 : NULL;
+    return residual(m, next ? &next->attn_norm : NULL, &x, &h, &h, err);
 }
 
 /* Copies the wanted rows of x into out_x, one copy per contiguous run. */

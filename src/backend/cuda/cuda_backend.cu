@@ -34,6 +34,7 @@ static void cuda_destroy(be_backend *be) {
     cudaFree(c->blas_ws);
     cudaFree(c->wtmp);
     cudaFree(c->xtmp);
+    cudaFree(c->ftmp);
     cudaStreamDestroy(c->stream);
     free(c);
     free(be);
@@ -123,6 +124,10 @@ static const be_ops cuda_ops = {
     .capture_end = cuda_capture_end,
     .graph_launch = cuda_graph_launch,
     .graph_free = cuda_graph_free,
+    .add_rmsnorm = cuda_add_rmsnorm,
+    .matmul_qkv = cuda_matmul_qkv,
+    .matmul_silu_mul = cuda_matmul_silu_mul,
+    .rope_kv_append = cuda_rope_kv_append,
 };
 
 /* The caller owns *out and releases it with be_destroy (or ops->destroy). */

@@ -31,11 +31,18 @@ typedef struct cuda_backend {
     size_t wtmp_bytes;
     void *xtmp; /* (xtmp_bytes) the GEMM path's input rows as BF16 */
     size_t xtmp_bytes;
+    void *ftmp; /* (ftmp_bytes) up's output when gate and up are not fused in one GEMV */
+    size_t ftmp_bytes;
 } cuda_backend;
 
 static inline cuda_backend *cuda_impl(be_backend *be) {
     return (cuda_backend *)be->impl;
 }
+
+/* Grows one of the backend's scratch buffers to at least `bytes` (cuda_matmul.cu); recorded
+ * graphs that name the old buffer are stale from then on, which be->generation tells. */
+int cuda_scratch(be_backend *be, void **buf, size_t *cap, size_t bytes, const char *what,
+                 base_err *err);
 
 /* Returns -1 with the CUDA error named when the last launch failed. */
 int cuda_check_launch(const char *what, base_err *err);
@@ -106,5 +113,25 @@ int cuda_capture_begin(be_backend *be, base_err *err);
 int cuda_capture_end(be_backend *be, be_graph **graph, base_err *err);
 int cuda_graph_launch(be_backend *be, be_graph *graph, base_err *err);
 void cuda_graph_free(be_backend *be, be_graph *graph);
+int cuda_add_rmsnorm(be_backend *be, be_tensor *x, const be_tensor *d, const be_tensor *weight,
+                     float eps, be_tensor *y, base_err *err);
+int cuda_matmul_qkv(be_backend *be, const be_tensor *x, const be_linear *const *ws,
+                    be_tensor *const *ys, base_err *err);
+int cuda_matmul_silu_mul(be_backend *be, const be_tensor *x, const be_linear *gate,
+                         const be_linear *up, be_tensor *y, base_err *err);
+int cuda_rope_kv_append(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
+                        const be_tensor *positions, const be_tensor *inv_freq, float mscale,
+                        const be_kv_layer *layer, const be_paged_batch *batch, base_err *err);
+
+/* The decode GEMV (cuda_gemv.cu). cuda_gemv1_fits says whether it serves x [n, in] (n <= 16)
+ * against w; cuda_gemv1 then computes ys[i] = x ws[i]^T (+ bias) for i < n (n <= 3, all of
+ * one in, bits, group size and scales dtype, every one fitting, every out but the last a
+ * multiple of 4), or, with glu (n == 2),
+ * ys[0] = silu(x ws[0]^T) * (x ws[1]^T) for two matrices of one out. */
+bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w);
+int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, be_tensor *const *ys,
+               int n, bool glu, base_err *err);
+/* Checks x, w and y of one matmul (dtypes, shapes, alignment) as cuda_matmul does. */
+int cuda_matmul_check(const be_tensor *x, const be_linear *w, const be_tensor *y, base_err *err);
 
 #endif
