@@ -149,26 +149,6 @@ __device__ __forceinline__ int step_start(const gemv1_job &job, int64_t step, in
     return g < e0 ? 0 : (g < e1 ? 1 : 2);
 }
 
-/* Sums each of the N values (a power of two up to 32) over the warp's lanes, halving the
- * values a lane holds at each exchange: lane L ends with the total of value L / (32 / N) in
- * v[0] (that index is returned), after N - 1 + 5 - log2(N) shuffles instead of 5 N. */
-template <int N> __device__ __forceinline__ int warp_sums(float (&v)[N], int lane) {
-    int idx = 0;
-#pragma unroll
-    for (int n = N, o = 16; n > 1; n >>= 1, o >>= 1) {
-        const bool up = lane & o;
-        if (up) idx += n / 2;
-#pragma unroll
-        for (int i = 0; i < n / 2; i++) {
-            const float send = up ? v[i] : v[i + n / 2], keep = up ? v[i + n / 2] : v[i];
-            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-        }
-    }
-#pragma unroll
-    for (int o = 16 / N; o > 0; o >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
-    return idx;
-}
-
 template <int BITS, int UPT, bool GLU, typename S, int NX>
 __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_job job) {
     constexpr int WPU = 128 / BITS, R = gemv1_rows<UPT>(), D = gemv1_depth<UPT>();
@@ -276,13 +256,15 @@ __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_jo
             }
         }
         d = d == D - 1 ? 0 : d + 1;
-        float part[R * NX];
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
-            for (int j = 0; j < NX; j++) part[j * R + r] = acc[r][j];
-        const int idx = warp_sums<R * NX>(part, lane);
-        if ((lane & (32 / (R * NX) - 1)) == 0) red[par][warp][idx] = part[0];
+            for (int j = 0; j < NX; j++) {
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1)
+                    acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], o);
+                if (lane == 0) red[par][warp][j * R + r] = acc[r][j];
+            }
         __syncthreads();
         if (t >= OUT_PER_STEP * NX) continue;
         /* Thread t writes output row t % OUT_PER_STEP of the step for x row t / OUT_PER_STEP. */
