@@ -9,7 +9,7 @@
  * machine-readable (`shape ...`), and a table. Usage: bench_attention [reps [BxL]]; with BxL
  * only that shape runs, without the sweep: v1 once, then v2 (F32) reps + 3 times, which is
  * what a profiler wants to skip to. */
-#include "backend/cuda/cuda_internal.h"
+#include "bench_cuda.h"
 
 #include <algorithm>
 #include <math.h>
@@ -22,37 +22,6 @@
 #define NKV 8
 #define HD  128
 #define BS  32
-
-static void die(const char *what, const base_err *err) {
-    fprintf(stderr, "bench_attention: %s: %s\n", what, err ? err->msg : "");
-    exit(1);
-}
-
-static void cuda_ok(cudaError_t e, const char *what) {
-    if (e != cudaSuccess) {
-        fprintf(stderr, "bench_attention: %s: %s\n", what, cudaGetErrorString(e));
-        exit(1);
-    }
-}
-
-/* Median milliseconds of fn over reps runs on stream s, after warm-up runs. */
-template <class F> static float time_ms(cudaStream_t s, int reps, F fn) {
-    for (int i = 0; i < 3; i++) fn();
-    cuda_ok(cudaStreamSynchronize(s), "warm-up");
-    std::vector<cudaEvent_t> ev(2 * reps);
-    for (auto &e : ev) cuda_ok(cudaEventCreate(&e), "event");
-    for (int i = 0; i < reps; i++) {
-        cudaEventRecord(ev[2 * i], s);
-        fn();
-        cudaEventRecord(ev[2 * i + 1], s);
-    }
-    cuda_ok(cudaStreamSynchronize(s), "timed runs");
-    std::vector<float> ms(reps);
-    for (int i = 0; i < reps; i++) cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]);
-    for (auto &e : ev) cudaEventDestroy(e);
-    std::sort(ms.begin(), ms.end());
-    return ms[reps / 2];
-}
 
 /* The v2 chunking the planner makes: the largest pages per chunk whose chunks x kv heads x
  * rows still reach the target. */
@@ -68,14 +37,13 @@ int main(int argc, char **argv) {
     const char *only = argc > 2 ? argv[2] : NULL;
     be_backend *be = NULL;
     base_err err = {{0}};
-    if (be_cuda_create(0, &be, &err)) die("backend", &err);
+    if (be_cuda_create(0, &be, &err)) bench_die("backend", err.msg);
     cudaStream_t st = cuda_impl(be)->stream;
     cudaDeviceProp prop;
-    cuda_ok(cudaGetDeviceProperties(&prop, 0), "properties");
+    bench_cuda_ok(cudaGetDeviceProperties(&prop, 0), "properties");
     const char *commit = MLXCEL_GIT_COMMIT; /* the commit CMake was configured at */
     printf("device %s, %d SMs, L2 %d MB; commit %s; target CTAs %d\n", prop.name,
-           prop.multiProcessorCount, prop.l2CacheSize >> 20, commit,
-           be->target_parallelism);
+           prop.multiProcessorCount, prop.l2CacheSize >> 20, commit, be->target_parallelism);
 
     const int shapes[][2] = {{1, 131072}, {4, 16384}, {16, 8192}, {64, 4096}, {256, 2048}};
     int64_t max_tokens = 0;
@@ -85,7 +53,7 @@ int main(int argc, char **argv) {
 
     be_kv_layer layer = {NULL, NULL, BASE_DTYPE_F16, nblocks, BS, NKV, HD};
     if (be->ops->alloc(be, side, &layer.k, &err) || be->ops->alloc(be, side, &layer.v, &err))
-        die("pool", &err);
+        bench_die("pool", err.msg);
     /* Random f16 bits in [-1, 1): fill through the device RNG-free way, a host pattern
      * copied over the slabs in 64 MB pieces. */
     {
@@ -98,14 +66,16 @@ int main(int argc, char **argv) {
         }
         for (size_t off = 0; off < side; off += piece) {
             size_t n = std::min(piece, side - off);
-            cuda_ok(cudaMemcpy((char *)layer.k + off, h.data(), n, cudaMemcpyHostToDevice), "fill");
-            cuda_ok(cudaMemcpy((char *)layer.v + off, h.data() + 7, n - 16, cudaMemcpyHostToDevice),
-                    "fill");
+            bench_cuda_ok(cudaMemcpy((char *)layer.k + off, h.data(), n, cudaMemcpyHostToDevice),
+                          "fill");
+            bench_cuda_ok(
+                cudaMemcpy((char *)layer.v + off, h.data() + 7, n - 16, cudaMemcpyHostToDevice),
+                "fill");
         }
     }
 
     /* The ceiling: a device-to-device copy, bytes read + written. */
-    float copy_ms = time_ms(st, reps, [&] {
+    float copy_ms = bench_time_ms(st, reps, [&] {
         cudaMemcpyAsync(layer.v, layer.k, side / 2, cudaMemcpyDeviceToDevice, st);
     });
     double copy_tbs = 2.0 * (side / 2) / (copy_ms * 1e-3) / 1e12;
@@ -143,7 +113,7 @@ int main(int argc, char **argv) {
             size_t bytes = src[i]->size() * 4;
             if (be->ops->alloc(be, bytes, &r.mem[i], &err) ||
                 be->ops->upload(be, r.mem[i], src[i]->data(), bytes, &err))
-                die("batch", &err);
+                bench_die("batch", err.msg);
         }
         r.db.n_seqs = B;
         r.db.n_tokens = B;
@@ -162,7 +132,7 @@ int main(int argc, char **argv) {
             be->ops->alloc(be, (size_t)B * NQ * HD * 4, &r.out.data, &err) ||
             be->ops->alloc(be, (size_t)B * NQ * HD * 2, &r.q16.data, &err) ||
             be->ops->alloc(be, (size_t)B * NQ * HD * 2, &r.out16.data, &err))
-            die("q", &err);
+            bench_die("q", err.msg);
         std::vector<float> qh((size_t)B * NQ * HD);
         std::vector<uint16_t> qh16(qh.size());
         for (size_t i = 0; i < qh.size(); i++) {
@@ -171,7 +141,7 @@ int main(int argc, char **argv) {
         }
         if (be->ops->upload(be, r.q.data, qh.data(), qh.size() * 4, &err) ||
             be->ops->upload(be, r.q16.data, qh16.data(), qh16.size() * 2, &err))
-            die("q", &err);
+            bench_die("q", err.msg);
         r.kv_bytes = (double)B * r.L * NKV * HD * 2 * 2;
         r.v1.kind = BE_DECODE_V1;
         for (int k = 0; k < 2; k++) {
@@ -180,7 +150,8 @@ int main(int argc, char **argv) {
             v2.pages_per_chunk = plan_ppc(pages, B, be->target_parallelism * (k + 1));
             v2.max_chunks = (pages + v2.pages_per_chunk - 1) / v2.pages_per_chunk;
             v2.workspace_bytes = (uint64_t)B * v2.max_chunks * NQ * (HD + 1) * 4;
-            if (be->ops->alloc(be, v2.workspace_bytes, &v2.workspace, &err)) die("workspace", &err);
+            if (be->ops->alloc(be, v2.workspace_bytes, &v2.workspace, &err))
+                bench_die("workspace", err.msg);
         }
         runs.push_back(r);
     }
@@ -188,9 +159,9 @@ int main(int argc, char **argv) {
     auto tbs = [&](shape_run &r, const be_decode_plan *plan, bool f32 = true) {
         const be_tensor *q = f32 ? &r.q : &r.q16;
         be_tensor *out = f32 ? &r.out : &r.out16;
-        float ms = time_ms(st, reps, [&] {
+        float ms = bench_time_ms(st, reps, [&] {
             if (be->ops->attention(be, q, &layer, &r.db, plan, NQ, scale, out, &err))
-                die("attention", &err);
+                bench_die("attention", err.msg);
         });
         return r.kv_bytes / (ms * 1e-3) / 1e12;
     };
@@ -198,7 +169,8 @@ int main(int argc, char **argv) {
      * same function. */
     auto out_diff = [&](shape_run &r) {
         std::vector<float> got(r.ref.size());
-        if (be->ops->download(be, got.data(), r.out.data, got.size() * 4, &err)) die("out", &err);
+        if (be->ops->download(be, got.data(), r.out.data, got.size() * 4, &err))
+            bench_die("out", err.msg);
         double num = 0, den = 0;
         for (size_t i = 0; i < got.size(); i++) {
             double a = got[i], b = r.ref[i];
@@ -209,10 +181,10 @@ int main(int argc, char **argv) {
     };
     for (auto &r : runs) {
         if (be->ops->attention(be, &r.q, &layer, &r.db, &r.v1, NQ, scale, &r.out, &err))
-            die("attention", &err);
+            bench_die("attention", err.msg);
         r.ref.resize((size_t)r.B * NQ * HD);
         if (be->ops->download(be, r.ref.data(), r.out.data, r.ref.size() * 4, &err))
-            die("out", &err);
+            bench_die("out", err.msg);
     }
 
     if (only) {

@@ -9,7 +9,7 @@
  * are captured in a CUDA graph and replayed, so the host's launch rate is not what is timed;
  * each figure is the median of the replays' CUDA-event timings after warm-up.
  * Usage: bench_cuda_gemv [reps [matrix [bits]]] (the last two pick one case, as for a profiler). */
-#include "backend/cuda/cuda_internal.h"
+#include "bench_cuda.h"
 
 #include <algorithm>
 #include <stdio.h>
@@ -20,15 +20,6 @@
 #ifndef MLXCEL_GIT_COMMIT
 #define MLXCEL_GIT_COMMIT "unknown"
 #endif
-
-static void die(const char *what, const char *msg) {
-    fprintf(stderr, "bench_cuda_gemv: %s: %s\n", what, msg);
-    exit(1);
-}
-
-static void cuda_ok(cudaError_t e, const char *what) {
-    if (e != cudaSuccess) die(what, cudaGetErrorString(e));
-}
 
 /* Pseudo-random bytes from a hash of the index: weights need no particular values. */
 __global__ void fill_bytes(uint32_t *p, size_t n, uint32_t seed) {
@@ -57,7 +48,7 @@ __global__ void fill_f32(float *p, size_t n) {
 
 static void *dev_alloc(size_t bytes) {
     void *p = NULL;
-    cuda_ok(cudaMalloc(&p, bytes), "cudaMalloc");
+    bench_cuda_ok(cudaMalloc(&p, bytes), "cudaMalloc");
     return p;
 }
 
@@ -95,28 +86,28 @@ template <class F> static double time_rotating(be_backend *be, int copies, int r
     cudaStream_t s = cuda_impl(be)->stream;
     base_err err = {};
     for (int i = 0; i < copies; i++)
-        if (fn(i, &err)) die("warm-up", err.msg);
-    cuda_ok(cudaStreamSynchronize(s), "warm-up");
+        if (fn(i, &err)) bench_die("warm-up", err.msg);
+    bench_cuda_ok(cudaStreamSynchronize(s), "warm-up");
     int per = std::max(copies, 8);
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    cuda_ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+    bench_cuda_ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
     for (int i = 0; i < per; i++)
-        if (fn(i % copies, &err)) die("capture", err.msg);
-    cuda_ok(cudaStreamEndCapture(s, &graph), "end capture");
-    cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+        if (fn(i % copies, &err)) bench_die("capture", err.msg);
+    bench_cuda_ok(cudaStreamEndCapture(s, &graph), "end capture");
+    bench_cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
     cudaEvent_t a, b;
-    cuda_ok(cudaEventCreate(&a), "event");
-    cuda_ok(cudaEventCreate(&b), "event");
-    cuda_ok(cudaGraphLaunch(exec, s), "replay");
+    bench_cuda_ok(cudaEventCreate(&a), "event");
+    bench_cuda_ok(cudaEventCreate(&b), "event");
+    bench_cuda_ok(cudaGraphLaunch(exec, s), "replay");
     std::vector<float> ms;
     for (int r = 0; r < reps; r++) {
-        cuda_ok(cudaEventRecord(a, s), "record");
-        cuda_ok(cudaGraphLaunch(exec, s), "replay");
-        cuda_ok(cudaEventRecord(b, s), "record");
-        cuda_ok(cudaEventSynchronize(b), "sync");
+        bench_cuda_ok(cudaEventRecord(a, s), "record");
+        bench_cuda_ok(cudaGraphLaunch(exec, s), "replay");
+        bench_cuda_ok(cudaEventRecord(b, s), "record");
+        bench_cuda_ok(cudaEventSynchronize(b), "sync");
         float t;
-        cuda_ok(cudaEventElapsedTime(&t, a, b), "elapsed");
+        bench_cuda_ok(cudaEventElapsedTime(&t, a, b), "elapsed");
         ms.push_back(t);
     }
     cudaEventDestroy(a);
@@ -131,16 +122,16 @@ static double copy_bandwidth(be_backend *be, int reps) {
     void *a = dev_alloc(bytes), *b = dev_alloc(bytes);
     cudaStream_t s = cuda_impl(be)->stream;
     cudaEvent_t e0, e1;
-    cuda_ok(cudaEventCreate(&e0), "event");
-    cuda_ok(cudaEventCreate(&e1), "event");
+    bench_cuda_ok(cudaEventCreate(&e0), "event");
+    bench_cuda_ok(cudaEventCreate(&e1), "event");
     std::vector<float> ms;
     for (int r = 0; r < reps + 2; r++) {
-        cuda_ok(cudaEventRecord(e0, s), "record");
-        cuda_ok(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s), "copy");
-        cuda_ok(cudaEventRecord(e1, s), "record");
-        cuda_ok(cudaEventSynchronize(e1), "sync");
+        bench_cuda_ok(cudaEventRecord(e0, s), "record");
+        bench_cuda_ok(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s), "copy");
+        bench_cuda_ok(cudaEventRecord(e1, s), "record");
+        bench_cuda_ok(cudaEventSynchronize(e1), "sync");
         float t;
-        cuda_ok(cudaEventElapsedTime(&t, e0, e1), "elapsed");
+        bench_cuda_ok(cudaEventElapsedTime(&t, e0, e1), "elapsed");
         if (r >= 2) ms.push_back(t);
     }
     cudaFree(a);
@@ -164,7 +155,7 @@ int main(int argc, char **argv) {
     if (reps < 3) reps = 3;
     be_backend *be = NULL;
     base_err err = {};
-    if (be_cuda_create(0, &be, &err)) die("backend", err.msg);
+    if (be_cuda_create(0, &be, &err)) bench_die("backend", err.msg);
     double copy = copy_bandwidth(be, reps);
     printf("device %s, commit %s\n", be->device, MLXCEL_GIT_COMMIT);
     printf("copy bandwidth %.0f GB/s (1 GiB device-to-device, read + write)\n", copy / 1e9);
@@ -231,7 +222,7 @@ int main(int argc, char **argv) {
                 for (auto &w : set) free_weight(w);
         }
     }
-    if (be->ops->sync(be, &err)) die("sync", err.msg);
+    if (be->ops->sync(be, &err)) bench_die("sync", err.msg);
     be->ops->destroy(be);
     return 0;
 }

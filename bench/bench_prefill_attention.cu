@@ -10,7 +10,7 @@
  * variant 0's (the one the backend uses).
  * Output: one machine-readable line per shape (`shape ...`) and a table.
  * Usage: bench_prefill_attention [reps] */
-#include "backend/cuda/cuda_internal.h"
+#include "bench_cuda.h"
 
 #include <algorithm>
 #include <math.h>
@@ -23,42 +23,11 @@
 #define HD  128
 #define BS  32
 
-static void die(const char *what, const base_err *err) {
-    fprintf(stderr, "bench_prefill_attention: %s: %s\n", what, err ? err->msg : "");
-    exit(1);
-}
-
-static void cuda_ok(cudaError_t e, const char *what) {
-    if (e != cudaSuccess) {
-        fprintf(stderr, "bench_prefill_attention: %s: %s\n", what, cudaGetErrorString(e));
-        exit(1);
-    }
-}
-
-/* Median milliseconds of fn over reps runs on stream s, after warm-up runs. */
-template <class F> static float time_ms(cudaStream_t s, int reps, F fn) {
-    for (int i = 0; i < 3; i++) fn();
-    cuda_ok(cudaStreamSynchronize(s), "warm-up");
-    std::vector<cudaEvent_t> ev(2 * reps);
-    for (auto &e : ev) cuda_ok(cudaEventCreate(&e), "event");
-    for (int i = 0; i < reps; i++) {
-        cudaEventRecord(ev[2 * i], s);
-        fn();
-        cudaEventRecord(ev[2 * i + 1], s);
-    }
-    cuda_ok(cudaStreamSynchronize(s), "timed runs");
-    std::vector<float> ms(reps);
-    for (int i = 0; i < reps; i++) cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]);
-    for (auto &e : ev) cudaEventDestroy(e);
-    std::sort(ms.begin(), ms.end());
-    return ms[reps / 2];
-}
-
 static void *dev_upload(be_backend *be, const void *host, size_t bytes) {
     void *d = NULL;
     base_err err = {{0}};
     if (be->ops->alloc(be, bytes, &d, &err) || be->ops->upload(be, d, host, bytes, &err))
-        die("upload", &err);
+        bench_die("upload", err.msg);
     return d;
 }
 
@@ -66,10 +35,10 @@ int main(int argc, char **argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 20;
     be_backend *be = NULL;
     base_err err = {{0}};
-    if (be_cuda_create(0, &be, &err)) die("backend", &err);
+    if (be_cuda_create(0, &be, &err)) bench_die("backend", err.msg);
     cudaStream_t st = cuda_impl(be)->stream;
     cudaDeviceProp prop;
-    cuda_ok(cudaGetDeviceProperties(&prop, 0), "properties");
+    bench_cuda_ok(cudaGetDeviceProperties(&prop, 0), "properties");
     const char *commit = MLXCEL_GIT_COMMIT; /* the commit CMake was configured at */
     printf("device %s, %d SMs; commit %s; %d q / %d kv heads, head_dim %d, f16 KV, block %d\n",
            prop.name, prop.multiProcessorCount, commit, NQ, NKV, HD, BS);
@@ -122,7 +91,7 @@ int main(int argc, char **argv) {
         be_tensor out[CUDA_PREFILL_VARIANTS];
         for (auto &o : out) {
             o = q;
-            if (be->ops->alloc(be, qn * 4, &o.data, &err)) die("out", &err);
+            if (be->ops->alloc(be, qn * 4, &o.data, &err)) bench_die("out", err.msg);
         }
         const double flop = 2.0 * 2.0 * B * NQ * (double)N * N * HD / 2.0;
         double tf[CUDA_PREFILL_VARIANTS], diff = 0;
@@ -131,15 +100,15 @@ int main(int argc, char **argv) {
         snprintf(name, sizeof name, "%dx%d", B, N);
         printf("%-10s", name);
         for (int v = 0; v < CUDA_PREFILL_VARIANTS; v++) {
-            const float ms = time_ms(st, reps, [&] {
+            const float ms = bench_time_ms(st, reps, [&] {
                 if (cuda_attention_prefill_variant(be, &q, &layer, &db, NQ, scale, &out[v], v,
                                                    &err))
-                    die("attention", &err);
+                    bench_die("attention", err.msg);
             });
             tf[v] = flop / (ms * 1e-3) / 1e12;
             printf(" | %8.3f %7.1f", ms, tf[v]);
             if (be->ops->download(be, (v ? b : a).data(), out[v].data, qn * 4, &err))
-                die("download", &err);
+                bench_die("download", err.msg);
             for (size_t i = 0; v && i < qn; i++) {
                 const double d = fabs((double)a[i] - b[i]);
                 diff = d == d ? std::max(diff, d) : INFINITY;

@@ -5,6 +5,7 @@
  * must equal transformers' up to the first step whose top-2 margin is not clear of the measured
  * error. Each fixture runs with the planner's choice at block 32 and with the split (v2) decode
  * path forced at block 16. Skipped when no CUDA device can be opened. */
+#include "backend/test_cuda_util.h"
 #include "fixture_ref.h"
 
 #include "engine/engine.h"
@@ -109,12 +110,8 @@ static void run_fixture(const char *name, const char *dir, const char *variant, 
 }
 
 int main(void) {
-    be_backend *probe = NULL;
-    base_err perr;
-    if (be_cuda_create(0, &probe, &perr) != 0) {
-        printf("skipped: no CUDA device (%s)\n", perr.msg);
-        return 0;
-    }
+    be_backend *probe = tc_backend();
+    if (!probe) return 0;
     be_destroy(probe);
 
     char *root = base_path_join(test_source_dir(), "tests/fixtures");

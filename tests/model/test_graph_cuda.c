@@ -7,6 +7,7 @@
  * same data and must agree to the bit; the first GPU run, whose unrecorded steps still
  * planned for their exact lengths, differed by up to 2e-4 through the chunking alone. The recorded
  * run must actually replay (counted by the model). Skipped when no CUDA device can be opened. */
+#include "backend/test_cuda_util.h"
 #include "fixture_ref.h"
 
 #include "engine/engine.h"
@@ -120,12 +121,8 @@ static void run_fixture(const char *root, const char *name, int block_size) {
 }
 
 int main(void) {
-    be_backend *probe = NULL;
-    base_err perr;
-    if (be_cuda_create(0, &probe, &perr) != 0) {
-        printf("skipped: no CUDA device (%s)\n", perr.msg);
-        return 0;
-    }
+    be_backend *probe = tc_backend();
+    if (!probe) return 0;
     be_destroy(probe);
     /* A step that cannot be recorded says why at debug level. */
     base_log_set_level(BASE_LOG_DEBUG);

@@ -10,24 +10,10 @@ import sys
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from sdpa_peer import median_ms
+
 SHAPES = [(1, 2048), (1, 8192), (4, 4096)]
 NQ, NKV, HD = 32, 8, 128
-
-
-def median_ms(fn, reps):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
 
 
 def main():

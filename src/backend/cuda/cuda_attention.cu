@@ -22,7 +22,7 @@
  * chunk covering all pages; v2 writes each chunk's normalized output and log-sum-exp to the
  * workspace (layout in attn.h) and a merge kernel combines them, whichever kernel wrote them.
  * Prefill rows are v1 rows with a causal limit. */
-#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_mma.h"
 
 #include <limits.h>
 #include <string.h>
@@ -57,26 +57,16 @@ typedef struct att_params {
     int stages; /* shared-memory pages in flight + 1, ATT_MIN_STAGES..ATT_MAX_STAGES */
 } att_params;
 
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit(void) {
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N> __device__ __forceinline__ void cp_async_wait(void) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 /* Waits until at most n copy groups are pending (n is uniform and small). */
 __device__ __forceinline__ void cp_async_wait_n(int n) {
     if (n <= 0)
-        cp_async_wait<0>();
+        cuda_cp_async_wait<0>();
     else if (n == 1)
-        cp_async_wait<1>();
+        cuda_cp_async_wait<1>();
     else if (n == 2)
-        cp_async_wait<2>();
+        cuda_cp_async_wait<2>();
     else
-        cp_async_wait<3>();
+        cuda_cp_async_wait<3>();
 }
 
 template <typename KT> __device__ __forceinline__ float2 to_float2(uint32_t w);
@@ -210,8 +200,8 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
             for (int c = lo * CH + tid; c < hi * CH; c += ATT_THREADS) {
                 int t = c / CH, cc = c % CH;
                 uint64_t off = base + (uint64_t)t * row_stride + (uint64_t)cc * 8;
-                cp_async16(kd + t * D + k_swizzle<NP, CPT>(t, cc) * 8, kp + off);
-                cp_async16(vd + t * D + cc * 8, vp + off);
+                cuda_cp_async16(kd + t * D + k_swizzle<NP, CPT>(t, cc) * 8, kp + off);
+                cuda_cp_async16(vd + t * D + cc * 8, vp + off);
             }
         };
         __syncthreads();
@@ -232,13 +222,13 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
 
         for (int st = 0; st < n_st - 1; st++) {
             if (p_begin + st < p_end) issue(st, p_begin + st);
-            cp_async_commit();
+            cuda_cp_async_commit();
         }
         for (int pg = p_begin, it = 0; pg < p_end; pg++, it++) {
             cp_async_wait_n(n_st - 2);
             __syncthreads();
             if (pg + n_st - 1 < p_end) issue((it + n_st - 1) % n_st, pg + n_st - 1);
-            cp_async_commit();
+            cuda_cp_async_commit();
             const KT *kt = kbuf + (it % n_st) * stage_elems;
             const KT *vt = vbuf + (it % n_st) * stage_elems;
             int lo, hi;
@@ -321,7 +311,7 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
                     for (int k = 0; k < 8; k++) acc[h][k] = fmaf(pr[h], vf[k], acc[h][k]);
             }
         }
-        cp_async_wait<0>();
+        cuda_cp_async_wait<0>();
         __syncthreads();
 
         /* Sum the token slices; the stage buffers are free now. */
@@ -376,72 +366,17 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
 #define ATT_TC_ROWS  16
 #define ATT_TC_TILE  16
 
-template <typename KT> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    uint32_t w;
-    memcpy(&w, &h, sizeof w);
-    return w;
-}
-template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-    __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
-    uint32_t w;
-    memcpy(&w, &b, sizeof w);
-    return w;
-}
-
 /* The SPLIT terms of the pair (x, y) in the pool's dtype, packed: term s holds what terms
  * 0..s-1 left over, rounded. */
 template <typename KT, int SPLIT>
 __device__ __forceinline__ void split2(float x, float y, uint32_t *terms) {
 #pragma unroll
     for (int s = 0; s < SPLIT; s++) {
-        terms[s] = pack2<KT>(x, y);
+        terms[s] = cuda_pack2<KT>(x, y);
         float2 r = to_float2<KT>(terms[s]);
         x -= r.x;
         y -= r.y;
     }
-}
-
-template <typename KT>
-__device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1);
-template <>
-__device__ __forceinline__ void mma16816<__half>(float *c, const uint32_t *a, uint32_t b0,
-                                                 uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma16816<__nv_bfloat16>(float *c, const uint32_t *a, uint32_t b0,
-                                                        uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t *r, const void *smem) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s)
-                 : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t *r, const void *smem) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s)
-                 : "memory");
-}
-
-/* Copies 16 bytes, or writes 16 zero bytes when !full (nothing is read then). */
-__device__ __forceinline__ void cp_async16_zfill(void *smem, const void *gmem, bool full) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    int n = full ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
 
 /* Shared memory of the tensor-core decode kernel: every warp's stages of K and V tiles, which
@@ -543,18 +478,18 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
                 const bool ok = u0 + t >= fpo && u0 + t < fpo + n_vis;
                 const uint64_t off = ok ? base + (uint64_t)t * row_stride + (uint64_t)cc * 8 : 0;
                 const int so = (t * CH + (cc ^ (t & 7))) * 8;
-                cp_async16_zfill(kd + so, kp + off, ok);
-                cp_async16_zfill(vd + so, vp + off, ok);
+                cuda_cp_async16_zfill(kd + so, kp + off, ok);
+                cuda_cp_async16_zfill(vd + so, vp + off, ok);
             }
         };
 
         for (int i = 0; i < n_st - 1; i++) {
             if (i < n_my) issue(i);
-            cp_async_commit();
+            cuda_cp_async_commit();
         }
         for (int i = 0; i < n_my; i++) {
             if (i + n_st - 1 < n_my) issue(i + n_st - 1);
-            cp_async_commit();
+            cuda_cp_async_commit();
             cp_async_wait_n(n_st - 1);
             __syncwarp();
             const KT *kt = wbuf + (size_t)(i % n_st) * 2 * TILE, *vt = kt + TILE;
@@ -578,20 +513,20 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
                     for (int j = 0; j < 2; j++) {
                         const int h = ((lane >> 3) & 1) * 8 + (lane & 7);
                         const int cc = (2 * kk + j) * 2 + (lane >> 4);
-                        ldmatrix_x4(qt[sp - 1][j], qs + (sp - 1) * ATT_TC_ROWS * D +
-                                                       (h * CH + (cc ^ (h & 7))) * 8);
+                        cuda_ldmatrix_x4(qt[sp - 1][j], qs + (sp - 1) * ATT_TC_ROWS * D +
+                                                            (h * CH + (cc ^ (h & 7))) * 8);
                     }
 #pragma unroll
                 for (int n = 0; n < 2; n++) {
                     const int t = n * 8 + (lane & 7), cc = kk * 4 + (lane >> 3);
                     uint32_t b[4];
-                    ldmatrix_x4(b, kt + (t * CH + (cc ^ (t & 7))) * 8);
-                    mma16816<KT>(sc[n], qa[2 * kk], b[0], b[1]);
-                    mma16816<KT>(sx[n], qa[2 * kk + 1], b[2], b[3]);
+                    cuda_ldmatrix_x4(b, kt + (t * CH + (cc ^ (t & 7))) * 8);
+                    cuda_mma16816<KT>(sc[n], qa[2 * kk], b[0], b[1]);
+                    cuda_mma16816<KT>(sx[n], qa[2 * kk + 1], b[2], b[3]);
 #pragma unroll
                     for (int sp = 1; sp < SPLIT; sp++) {
-                        mma16816<KT>(sc[n], qt[sp - 1][0], b[0], b[1]);
-                        mma16816<KT>(sx[n], qt[sp - 1][1], b[2], b[3]);
+                        cuda_mma16816<KT>(sc[n], qt[sp - 1][0], b[0], b[1]);
+                        cuda_mma16816<KT>(sx[n], qt[sp - 1][1], b[2], b[3]);
                     }
                 }
             }
@@ -652,17 +587,17 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
             for (int dp = 0; dp < D / 16; dp++) {
                 const int t = ((lane >> 3) & 1) * 8 + (lane & 7), cc = dp * 2 + (lane >> 4);
                 uint32_t b[4];
-                ldmatrix_x4_trans(b, vt + (t * CH + (cc ^ (t & 7))) * 8);
+                cuda_ldmatrix_x4_trans(b, vt + (t * CH + (cc ^ (t & 7))) * 8);
 #pragma unroll
                 for (int sp = 0; sp < SPLIT; sp++) {
                     const uint32_t a[4] = {pa[0][sp], pa[1][sp], pa[2][sp], pa[3][sp]};
-                    mma16816<KT>(o[2 * dp], a, b[0], b[1]);
-                    mma16816<KT>(o[2 * dp + 1], a, b[2], b[3]);
+                    cuda_mma16816<KT>(o[2 * dp], a, b[0], b[1]);
+                    cuda_mma16816<KT>(o[2 * dp + 1], a, b[2], b[3]);
                 }
             }
             __syncwarp();
         }
-        cp_async_wait<0>();
+        cuda_cp_async_wait<0>();
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);

@@ -16,7 +16,7 @@
  * GQA maps each query head to its kv head; the heads of a group are adjacent in the grid, so
  * their K/V reads meet in L2. Tiles are launched last-first: the tiles at the end of a
  * sequence see the most keys. */
-#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_mma.h"
 
 #define PF_BN      64 /* keys per shared-memory tile */
 #define PF_LOG2E   1.4426950408889634f
@@ -36,58 +36,6 @@ typedef struct pf_params {
     const int32_t *q_indptr, *kv_len, *page_indptr, *page_indices, *first_page_offset;
     float scale_log2;
 } pf_params;
-
-__device__ __forceinline__ unsigned pf_smem_addr(const void *p) {
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void pf_cp_async16(void *smem, const void *gmem) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(pf_smem_addr(smem)),
-                 "l"(gmem));
-}
-
-__device__ __forceinline__ void pf_ldmatrix_x4(uint32_t r[4], const void *smem) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(pf_smem_addr(smem)));
-}
-
-__device__ __forceinline__ void pf_ldmatrix_x4_trans(uint32_t r[4], const void *smem) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(pf_smem_addr(smem)));
-}
-
-/* d += a b for one m16n8k16 tile; a: 4 registers of the A fragment, b: 2 of B. */
-template <typename KT>
-__device__ __forceinline__ void pf_mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
-template <>
-__device__ __forceinline__ void pf_mma<__half>(float d[4], const uint32_t a[4], uint32_t b0,
-                                               uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void pf_mma<__nv_bfloat16>(float d[4], const uint32_t a[4], uint32_t b0,
-                                                      uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* Two floats rounded to the pool dtype, packed low first as an mma operand register. */
-template <typename KT> __device__ __forceinline__ uint32_t pf_pack(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t pf_pack<__half>(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *(uint32_t *)&h;
-}
-template <> __device__ __forceinline__ uint32_t pf_pack<__nv_bfloat16>(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&h;
-}
 
 /* 2^x by the SFU: relative error about 2^-22, within what the tests' bound allows; 2^-inf is
  * 0 as the masked scores need. */
@@ -137,14 +85,14 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_attention_kernel(pf_par
                 const int slot = shift >= 0 ? pos & (bs - 1) : pos % bs;
                 const uint64_t off =
                     ((uint64_t)pages[pg] * bs + slot) * row_stride + (uint64_t)cc * 8;
-                pf_cp_async16(kd + pf_swz<D>(t, cc), kp + off);
-                pf_cp_async16(vd + pf_swz<D>(t, cc), vp + off);
+                cuda_cp_async16(kd + pf_swz<D>(t, cc), kp + off);
+                cuda_cp_async16(vd + pf_swz<D>(t, cc), vp + off);
             } else {
                 *(uint4 *)(kd + pf_swz<D>(t, cc)) = make_uint4(0, 0, 0, 0);
                 *(uint4 *)(vd + pf_swz<D>(t, cc)) = make_uint4(0, 0, 0, 0);
             }
         }
-        asm volatile("cp.async.commit_group;\n" ::);
+        cuda_cp_async_commit();
     };
     issue(0, 0);
 
@@ -165,10 +113,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_attention_kernel(pf_par
             }
         }
         uint4 w;
-        w.x = pf_pack<KT>(f[0] * p.scale_log2, f[1] * p.scale_log2);
-        w.y = pf_pack<KT>(f[2] * p.scale_log2, f[3] * p.scale_log2);
-        w.z = pf_pack<KT>(f[4] * p.scale_log2, f[5] * p.scale_log2);
-        w.w = pf_pack<KT>(f[6] * p.scale_log2, f[7] * p.scale_log2);
+        w.x = cuda_pack2<KT>(f[0] * p.scale_log2, f[1] * p.scale_log2);
+        w.y = cuda_pack2<KT>(f[2] * p.scale_log2, f[3] * p.scale_log2);
+        w.z = cuda_pack2<KT>(f[4] * p.scale_log2, f[5] * p.scale_log2);
+        w.w = cuda_pack2<KT>(f[6] * p.scale_log2, f[7] * p.scale_log2);
         *(uint4 *)(q_s + pf_swz<D>(r, cc)) = w;
     }
     __syncthreads();
@@ -177,7 +125,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_attention_kernel(pf_par
         const int r = warp * 16 + (lane & 15);
 #pragma unroll
         for (int ks = 0; ks < KS; ks++)
-            pf_ldmatrix_x4(qa[ks], q_s + pf_swz<D>(r, ks * 2 + (lane >> 4)));
+            cuda_ldmatrix_x4(qa[ks], q_s + pf_swz<D>(r, ks * 2 + (lane >> 4)));
     }
 
     float o[D / 8][4];
@@ -191,7 +139,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_attention_kernel(pf_par
     const int first_masked = past + m0 + 1; /* the first row sees keys [0, first_masked) */
 
     for (int n = 0; n < n_kv; n++) {
-        asm volatile("cp.async.wait_group 0;\n" ::);
+        cuda_cp_async_wait<0>();
         __syncthreads();
         if (n + 1 < n_kv) issue((n + 1) & 1, n + 1);
         const KT *kt = k_s + (n & 1) * 2 * PF_BN * D, *vt = v_s + (n & 1) * 2 * PF_BN * D;
@@ -205,9 +153,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_attention_kernel(pf_par
             for (int pb = 0; pb < NB / 2; pb++) {
                 uint32_t b[4];
                 const int t = pb * 16 + (lane & 7) + ((lane >> 4) << 3);
-                pf_ldmatrix_x4(b, kt + pf_swz<D>(t, ks * 2 + ((lane >> 3) & 1)));
-                pf_mma<KT>(sc[2 * pb], qa[ks], b[0], b[1]);
-                pf_mma<KT>(sc[2 * pb + 1], qa[ks], b[2], b[3]);
+                cuda_ldmatrix_x4(b, kt + pf_swz<D>(t, ks * 2 + ((lane >> 3) & 1)));
+                cuda_mma16816<KT>(sc[2 * pb], qa[ks], b[0], b[1]);
+                cuda_mma16816<KT>(sc[2 * pb + 1], qa[ks], b[2], b[3]);
             }
 
         if ((n + 1) * PF_BN > first_masked) {
@@ -247,17 +195,17 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_attention_kernel(pf_par
 
 #pragma unroll
         for (int ks = 0; ks < PF_BN / 16; ks++) {
-            const uint32_t pa[4] = {pf_pack<KT>(sc[2 * ks][0], sc[2 * ks][1]),
-                                    pf_pack<KT>(sc[2 * ks][2], sc[2 * ks][3]),
-                                    pf_pack<KT>(sc[2 * ks + 1][0], sc[2 * ks + 1][1]),
-                                    pf_pack<KT>(sc[2 * ks + 1][2], sc[2 * ks + 1][3])};
+            const uint32_t pa[4] = {cuda_pack2<KT>(sc[2 * ks][0], sc[2 * ks][1]),
+                                    cuda_pack2<KT>(sc[2 * ks][2], sc[2 * ks][3]),
+                                    cuda_pack2<KT>(sc[2 * ks + 1][0], sc[2 * ks + 1][1]),
+                                    cuda_pack2<KT>(sc[2 * ks + 1][2], sc[2 * ks + 1][3])};
             const int t = ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
 #pragma unroll
             for (int db = 0; db < D / 16; db++) {
                 uint32_t b[4];
-                pf_ldmatrix_x4_trans(b, vt + pf_swz<D>(t, db * 2 + (lane >> 4)));
-                pf_mma<KT>(o[2 * db], pa, b[0], b[1]);
-                pf_mma<KT>(o[2 * db + 1], pa, b[2], b[3]);
+                cuda_ldmatrix_x4_trans(b, vt + pf_swz<D>(t, db * 2 + (lane >> 4)));
+                cuda_mma16816<KT>(o[2 * db], pa, b[0], b[1]);
+                cuda_mma16816<KT>(o[2 * db + 1], pa, b[2], b[3]);
             }
         }
     }

@@ -12,20 +12,6 @@ static int check_float(const be_tensor *t, const char *name, base_err *err) {
     return 0;
 }
 
-/* Block-wide sum; every thread gets the total. */
-static __device__ float fused_block_sum(float v) {
-    __shared__ float part[32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    int nw = (blockDim.x + 31) >> 5;
-    v = lane < nw ? part[lane] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads();
-    return v;
-}
-
 /* ---- residual add + RMSNorm ---- */
 
 /* One block per row. Each thread reads back the x values it stored, so the norm sees x as
@@ -41,7 +27,7 @@ __global__ void add_rmsnorm_kernel(void *x, base_dtype x_dt, const void *d, base
         float v = cuda_load(x, x_dt, base + c);
         ss += v * v;
     }
-    float inv = rsqrtf(fused_block_sum(ss) / (float)cols + eps);
+    float inv = rsqrtf(cuda_block_sum(ss) / (float)cols + eps);
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
         cuda_store(y, y_dt, base + c, cuda_load(x, x_dt, base + c) * inv * cuda_load(w, w_dt, c));
 }

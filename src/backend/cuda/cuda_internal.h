@@ -63,6 +63,20 @@ __device__ __forceinline__ void cuda_store(void *p, base_dtype dt, size_t i, flo
         ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
 }
 
+/* Block-wide sum; every thread gets the total. Every thread of the block must call it. */
+__device__ __forceinline__ float cuda_block_sum(float v) {
+    __shared__ float part[32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    int nw = (blockDim.x + 31) >> 5;
+    v = lane < nw ? part[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    return v;
+}
+
 /* Value k of a row of MLX affine-quantized weights: the row's words are one little-endian bit
  * stream, value k at bits [k * bits, (k + 1) * bits); 3, 5 and 6 bits can straddle words. */
 __device__ __forceinline__ uint32_t cuda_quant_value(const uint32_t *row, int64_t k, int bits) {

@@ -29,20 +29,6 @@ static int same_shape(const be_tensor *a, const be_tensor *b, const char *what, 
     return 0;
 }
 
-/* Block-wide sum; every thread gets the total. */
-__device__ float block_sum(float v) {
-    __shared__ float part[32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    int nw = (blockDim.x + 31) >> 5;
-    v = lane < nw ? part[lane] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads();
-    return v;
-}
-
 /* ---- embedding ---- */
 
 __global__ void embedding_kernel(be_linear t, const int32_t *ids, int64_t n, void *out,
@@ -92,7 +78,7 @@ __global__ void rmsnorm_kernel(const void *x, base_dtype x_dt, const void *w, ba
         float v = cuda_load(x, x_dt, base + c);
         ss += v * v;
     }
-    float inv = rsqrtf(block_sum(ss) / (float)cols + eps);
+    float inv = rsqrtf(cuda_block_sum(ss) / (float)cols + eps);
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
         cuda_store(y, y_dt, base + c, cuda_load(x, x_dt, base + c) * inv * cuda_load(w, w_dt, c));
 }
