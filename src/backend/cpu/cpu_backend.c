@@ -135,6 +135,7 @@ static const be_ops cpu_ops = {
     .kv_append = cpu_kv_append,
     .attention = cpu_attention,
     .argmax = cpu_argmax,
+    .topk_candidates = cpu_topk_candidates,
 };
 
 /* The "model name" line of /proc/cpuinfo, or "unknown CPU". */

@@ -29,6 +29,7 @@ static void cuda_destroy(be_backend *be) {
     cublasDestroy(c->blas);
     cudaFree(c->wtmp);
     cudaFree(c->xtmp);
+    cudaFree(c->tk_buf);
     cudaStreamDestroy(c->stream);
     free(c);
     free(be);
@@ -114,6 +115,7 @@ static const be_ops cuda_ops = {
     .kv_append = cuda_kv_append,
     .attention = cuda_attention,
     .argmax = cuda_argmax,
+    .topk_candidates = cuda_topk_candidates,
 };
 
 /* The caller owns *out and releases it with be_destroy (or ops->destroy). */

@@ -30,6 +30,8 @@ typedef struct cuda_backend {
     size_t wtmp_bytes;
     void *xtmp; /* (xtmp_bytes) the GEMM path's input rows as BF16 */
     size_t xtmp_bytes;
+    void *tk_buf; /* (tk_bytes) topk_candidates' requests, adjustments and outputs */
+    size_t tk_bytes;
 } cuda_backend;
 
 static inline cuda_backend *cuda_impl(be_backend *be) {
@@ -87,5 +89,8 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
                    const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
                    float scale, be_tensor *out, base_err *err);
 int cuda_argmax(be_backend *be, const be_tensor *logits, be_tensor *ids, base_err *err);
+int cuda_topk_candidates(be_backend *be, const be_tensor *logits, const be_topk_row *reqs,
+                         int n_req, const be_logit_adj *adj, int32_t *cand_id, float *cand_logit,
+                         int32_t *n_cand, double *lse, base_err *err);
 
 #endif
