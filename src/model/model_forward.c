@@ -258,9 +258,14 @@ int model_forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t 
     be_tensor lg = {m->s.logits, BASE_DTYPE_F32, n_out, c->vocab_size};
     TRY(be->ops->rmsnorm(be, &ox, &m->final_norm, c->rms_norm_eps, &ox, err));
     TRY(be->ops->matmul(be, &ox, &m->lm_head, &lg, err));
-    TRY(be->ops->download(be, logits, m->s.logits,
-                          (size_t)n_out * (size_t)c->vocab_size * sizeof(float), err));
+    if (logits)
+        TRY(be->ops->download(be, logits, m->s.logits,
+                              (size_t)n_out * (size_t)c->vocab_size * sizeof(float), err));
     return be->ops->sync(be, err);
+}
+
+be_tensor model_logits(const model *m, int n_out) {
+    return (be_tensor){m->s.logits, BASE_DTYPE_F32, n_out, m->cfg.vocab_size};
 }
 
 void model_free(model *m) {
