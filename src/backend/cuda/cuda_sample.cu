@@ -131,6 +131,13 @@ __device__ __forceinline__ bool tk_skip(const uint32_t *bitmap, bool has_adj, in
     return has_adj && ((bitmap[i >> 5] >> (i & 31)) & 1u);
 }
 
+/* The select leaves exactly n <= BE_TOPK_MAX keys at or above the floor; the bound only keeps
+ * a broken invariant from writing past the array. */
+__device__ __forceinline__ void tk_push(uint64_t *keys, uint32_t *cnt, uint64_t key) {
+    uint32_t slot = atomicAdd(cnt, 1u);
+    if (slot < BE_TOPK_MAX) keys[slot] = key;
+}
+
 __global__ void __launch_bounds__(TK_THREADS)
     tk_kernel(const float *logits, int vocab, const tk_req *reqs, const be_logit_adj *adj,
               uint64_t *adj_key, int32_t *out_id, float *out_logit, int32_t *out_n,
@@ -213,11 +220,11 @@ __global__ void __launch_bounds__(TK_THREADS)
         float v = row[i];
         if (!tk_eligible(v) || tk_skip(tk_bitmap, has_adj, i)) continue;
         uint64_t key = tk_key(v, (uint32_t)i);
-        if ((key >> shift) >= floor_top) keys[atomicAdd(&s_cnt, 1u)] = key;
+        if ((key >> shift) >= floor_top) tk_push(keys, &s_cnt, key);
     }
     for (int j = r.adj_begin + tid; j < r.adj_end; j += TK_THREADS) {
         uint64_t key = adj_key[j];
-        if (key && (key >> shift) >= floor_top) keys[atomicAdd(&s_cnt, 1u)] = key;
+        if (key && (key >> shift) >= floor_top) tk_push(keys, &s_cnt, key);
     }
     uint32_t p = 1;
     while (p < n) p <<= 1;
