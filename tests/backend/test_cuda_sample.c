@@ -1,9 +1,12 @@
 /* The CUDA sampling-candidates op equals the CPU op (itself checked against a brute-force
  * reference in test_cpu_sample): ids and logits exactly, the log-sum-exp to rounding, on
  * random rows of vocab 128256 (smooth, tied across the k-th place, banned, NaN, adjusted) and
- * on the fixtures' real logits. Prints the op's time at 1, 64 and 256 rows. Skipped without
- * a GPU. */
+ * on the fixtures' real logits. Then the engine's picker on the GPU against the full-row
+ * sampler over the same device logits (tokens equal; log-probabilities to rounding, as the
+ * GPU sums the log-sum-exp in another order). Prints the op's time at 1, 64 and 256 rows.
+ * Skipped without a GPU. */
 #include "backend/backend.h"
+#include "engine/engine.h"
 #include "test.h"
 /* the shared fixture reader also holds comparison helpers this test has no use for */
 #pragma GCC diagnostic push
@@ -153,6 +156,72 @@ static void test_fixtures(be_backend *gpu, be_backend *cpu) {
     free(root);
 }
 
+/* Several sampling set-ups, two samplers each (same seed), over random device logits for a
+ * few steps: the picker with the op and the picker on the same backend without it. */
+static void test_picker(be_backend *gpu) {
+    enum { SETS = 6, STEPS = 8 };
+    static engine_logit_bias bias[] = {{5, 2.0f}, {99, -INFINITY}, {64000, 1.5f}};
+    engine_sampling sets[SETS];
+    int top[SETS] = {-1, -1, -1, -1, 5, 0};
+    for (int i = 0; i < SETS; i++) {
+        engine_sampling_defaults(&sets[i]);
+        sets[i].seed = 77 + (uint64_t)i;
+    }
+    sets[1].temperature = 0;
+    sets[2].repeat_penalty = 1.3f, sets[2].presence_penalty = 0.5f, sets[2].top_k = 200;
+    sets[3].logit_bias = bias, sets[3].n_logit_bias = 3, sets[3].temperature = 1.2f;
+    sets[4].top_k = 10;
+    sets[5].temperature = 0;
+    be_ops plain_ops = *gpu->ops;
+    plain_ops.topk_candidates = NULL;
+    be_backend plain = *gpu;
+    plain.ops = &plain_ops;
+    engine_sampler *a[SETS], *b[SETS];
+    base_err err = {{0}};
+    for (int i = 0; i < SETS; i++) {
+        CHECK(engine_sampler_new(&sets[i], BIG_VOCAB, &a[i], &err) == 0);
+        CHECK(engine_sampler_new(&sets[i], BIG_VOCAB, &b[i], &err) == 0);
+    }
+    int32_t hist[SETS][STEPS + 4];
+    for (int i = 0; i < SETS; i++)
+        for (int j = 0; j < 4; j++) hist[i][j] = (int32_t)(tc_u32() % 1000);
+    float *x = malloc(sizeof(float) * SETS * BIG_VOCAB);
+    engine_picker *pa = engine_picker_new(BIG_VOCAB), *pb = engine_picker_new(BIG_VOCAB);
+    int mismatched = 0;
+    double worst_lp = 0;
+    for (int step = 0; step < STEPS; step++) {
+        tc_fill(x, (size_t)SETS * BIG_VOCAB, 8.0f);
+        be_tensor dt = tc_tensor(gpu, x, BASE_DTYPE_F32, SETS, BIG_VOCAB);
+        engine_pick ka[SETS], kb[SETS];
+        for (int i = 0; i < SETS; i++) {
+            ka[i] = (engine_pick){
+                .sampler = a[i], .history = hist[i], .n_history = 4 + step, .top_logprobs = top[i]};
+            kb[i] = ka[i];
+            kb[i].sampler = b[i];
+        }
+        CHECK_MSG(engine_picker_run(pa, gpu, &dt, ka, SETS, &err) == 0, "%s", err.msg);
+        CHECK_MSG(engine_picker_run(pb, &plain, &dt, kb, SETS, &err) == 0, "%s", err.msg);
+        for (int i = 0; i < SETS; i++) {
+            mismatched += ka[i].token != kb[i].token;
+            for (int j = 0; j < top[i]; j++) mismatched += ka[i].top_ids[j] != kb[i].top_ids[j];
+            if (top[i] >= 0 && fabs(ka[i].logprob - kb[i].logprob) > worst_lp)
+                worst_lp = fabs(ka[i].logprob - kb[i].logprob);
+            hist[i][4 + step] = kb[i].token;
+        }
+        gpu->ops->free(gpu, dt.data);
+    }
+    CHECK_MSG(mismatched == 0, "picker on the GPU: %d tokens differ from the full row's",
+              mismatched);
+    CHECK_MSG(worst_lp <= 1e-5, "picker on the GPU: log-probabilities off by %g", worst_lp);
+    for (int i = 0; i < SETS; i++) {
+        engine_sampler_free(a[i]);
+        engine_sampler_free(b[i]);
+    }
+    engine_picker_free(pa);
+    engine_picker_free(pb);
+    free(x);
+}
+
 /* Not a check: the op's time, for the record. */
 static void time_op(be_backend *gpu) {
     enum { ROWS = 256 };
@@ -191,6 +260,7 @@ int main(void) {
     test_many_rows(gpu, cpu);
     test_fixtures(gpu, cpu);
     time_op(gpu);
+    test_picker(gpu);
     be_destroy(cpu);
     be_destroy(gpu);
     TEST_MAIN_END();
