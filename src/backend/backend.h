@@ -128,6 +128,13 @@ typedef struct be_ops {
     void (*free)(be_backend *be, void *ptr);
     int (*upload)(be_backend *be, void *dst, const void *src, size_t bytes, base_err *err);
     int (*download)(be_backend *be, void *dst, const void *src, size_t bytes, base_err *err);
+    /* Host memory that download_async copies into: page-locked on CUDA, so a copy runs at the
+     * bus's speed without the host waiting on it. Freed with free_host. */
+    int (*alloc_host)(be_backend *be, size_t bytes, void **ptr, base_err *err);
+    void (*free_host)(be_backend *be, void *ptr);
+    /* Queues a copy into dst (from alloc_host); it has landed once `sync`, or an op that waits
+     * (download, topk_candidates), returns. */
+    int (*download_async)(be_backend *be, void *dst, const void *src, size_t bytes, base_err *err);
     int (*copy)(be_backend *be, void *dst, const void *src, size_t bytes, base_err *err);
     /* Makes host weight bytes (an mmap that outlives the backend's use) usable by ops. The
      * CPU returns the host pointer itself; CUDA uploads once. Freed with `free` unless

@@ -89,14 +89,15 @@ typedef struct engine_pick {
     float top_lp[ENGINE_MAX_TOP_LOGPROBS];    /* out: (top_logprobs) */
 } engine_pick;
 
-/* Buffers reused from step to step. */
+/* Buffers reused from step to step. A picker serves one backend: its download buffer is that
+ * backend's host memory (page-locked on CUDA). */
 typedef struct engine_picker engine_picker;
 
 engine_picker *engine_picker_new(int vocab);
 void engine_picker_free(engine_picker *p);
 /* Samples row i of logits (backend memory, F32 [n, vocab], left unchanged) for picks[i]: one
- * topk_candidates call for every row it can serve, a download of each row it cannot (or of
- * every row, on a backend without the op). */
+ * topk_candidates call for every row it can serve; the rows it cannot (every row, on a backend
+ * without the op) are downloaded into page-locked memory, queued ahead of that call. */
 int engine_picker_run(engine_picker *p, be_backend *be, const be_tensor *logits, engine_pick *picks,
                       int n, base_err *err);
 

@@ -310,13 +310,16 @@ float engine_logprobs(const float *logits, int vocab, int32_t chosen, int top_n,
 
 struct engine_picker {
     int vocab;
-    float *row;        /* (vocab) a downloaded row; the chain adjusts it in place */
-    float *raw;        /* (vocab) its raw copy, for log-probabilities */
+    be_backend *be; /* whose host memory `full` is: the first backend run with */
+    float *full;    /* (cap_full, vocab) downloaded rows; the chain adjusts them in place */
+    int cap_full;
+    float *raw;        /* (vocab) a row's raw copy, for log-probabilities */
     be_topk_row *reqs; /* (cap_rows) the rows served by candidates */
     int *req_pick;     /* (cap_rows) the pick each request serves */
     int32_t *n_cand;   /* (cap_rows) */
     double *lse;       /* (cap_rows) */
-    bool *served;      /* (cap_rows) per pick: its token came from candidates */
+    int *early;        /* (cap_rows) picks known to need their full row before the op */
+    int *late;         /* (cap_rows) picks whose candidates fell short of their logprobs */
     int cap_rows;
     be_logit_adj *adj; /* (cap_adj) every request's adjustments, back to back */
     int cap_adj;
@@ -328,20 +331,20 @@ struct engine_picker {
 engine_picker *engine_picker_new(int vocab) {
     engine_picker *p = base_xcalloc(1, sizeof *p);
     p->vocab = vocab;
-    p->row = base_xmalloc((size_t)vocab * sizeof *p->row);
     p->raw = base_xmalloc((size_t)vocab * sizeof *p->raw);
     return p;
 }
 
 void engine_picker_free(engine_picker *p) {
     if (!p) return;
-    free(p->row);
+    if (p->full) p->be->ops->free_host(p->be, p->full);
     free(p->raw);
     free(p->reqs);
     free(p->req_pick);
     free(p->n_cand);
     free(p->lse);
-    free(p->served);
+    free(p->early);
+    free(p->late);
     free(p->adj);
     free(p->cand_id);
     free(p->cand_logit);
@@ -355,7 +358,8 @@ static void picker_reserve(engine_picker *p, int rows, int adj, int cand) {
         p->req_pick = base_xrealloc(p->req_pick, (size_t)rows * sizeof *p->req_pick);
         p->n_cand = base_xrealloc(p->n_cand, (size_t)rows * sizeof *p->n_cand);
         p->lse = base_xrealloc(p->lse, (size_t)rows * sizeof *p->lse);
-        p->served = base_xrealloc(p->served, (size_t)rows * sizeof *p->served);
+        p->early = base_xrealloc(p->early, (size_t)rows * sizeof *p->early);
+        p->late = base_xrealloc(p->late, (size_t)rows * sizeof *p->late);
     }
     if (adj > p->cap_adj) {
         p->cap_adj = adj > 2 * p->cap_adj ? adj : 2 * p->cap_adj;
@@ -368,18 +372,38 @@ static void picker_reserve(engine_picker *p, int rows, int adj, int cand) {
     }
 }
 
-/* The full-row path: the chain and engine_logprobs on the downloaded row. */
-static int pick_full(engine_picker *p, be_backend *be, const be_tensor *logits, int row,
-                     engine_pick *k, base_err *err) {
+/* Queues the download of the logits rows `rows` (n) into full[0 .. n); they have landed after
+ * the backend's next wait. */
+static int fetch_rows(engine_picker *p, be_backend *be, const be_tensor *logits, const int *rows,
+                      int n, base_err *err) {
     size_t bytes = (size_t)p->vocab * sizeof(float);
-    if (be->ops->download(be, p->row, (const char *)logits->data + (size_t)row * bytes, bytes, err))
-        return -1;
-    if (k->top_logprobs >= 0) memcpy(p->raw, p->row, bytes);
-    k->token = engine_sampler_next(k->sampler, p->row, k->history, k->n_history);
-    if (k->top_logprobs >= 0)
-        k->logprob =
-            engine_logprobs(p->raw, p->vocab, k->token, k->top_logprobs, k->top_ids, k->top_lp);
+    if (n > p->cap_full) {
+        if (p->full) p->be->ops->free_host(p->be, p->full);
+        p->full = NULL;
+        p->cap_full = 0;
+        if (be->ops->alloc_host(be, (size_t)n * bytes, (void **)&p->full, err)) return -1;
+        p->be = be;
+        p->cap_full = n;
+    }
+    for (int j = 0; j < n; j++)
+        if (be->ops->download_async(be, (char *)p->full + (size_t)j * bytes,
+                                    (const char *)logits->data + (size_t)rows[j] * bytes, bytes,
+                                    err))
+            return -1;
     return 0;
+}
+
+/* The full-row path for the fetched rows: the chain and engine_logprobs. */
+static void chain_rows(engine_picker *p, engine_pick *picks, const int *rows, int n) {
+    for (int j = 0; j < n; j++) {
+        engine_pick *k = &picks[rows[j]];
+        float *row = p->full + (size_t)j * p->vocab;
+        if (k->top_logprobs >= 0) memcpy(p->raw, row, (size_t)p->vocab * sizeof *row);
+        k->token = engine_sampler_next(k->sampler, row, k->history, k->n_history);
+        if (k->top_logprobs >= 0)
+            k->logprob =
+                engine_logprobs(p->raw, p->vocab, k->token, k->top_logprobs, k->top_ids, k->top_lp);
+    }
 }
 
 /* Fills k from its n candidates (raw logits when k wants log-probabilities: it then has no
@@ -400,20 +424,22 @@ static bool pick_from(engine_pick *k, const int32_t *id, const float *l, int n, 
     return true;
 }
 
-int engine_picker_run(engine_picker *p, be_backend *be, const be_tensor *logits, engine_pick *picks,
-                      int n, base_err *err) {
-    picker_reserve(p, n, 0, 0);
+/* Sorts the picks into candidate requests (with their adjustments) and rows that need the full
+ * row; returns how many requests. */
+static int plan_picks(engine_picker *p, be_backend *be, engine_pick *picks, int n, int *n_early) {
     bool op = be->ops->topk_candidates != NULL;
     int nr = 0, na = 0, nc = 0;
+    *n_early = 0;
     for (int i = 0; i < n; i++) {
         engine_pick *k = &picks[i];
-        p->served[i] = false;
         int ks = op ? engine_sampler_candidates(k->sampler) : 0;
-        if (ks == 0) continue;
-        const be_logit_adj *a;
-        int m = engine_sampler_adjustments(k->sampler, k->history, k->n_history, &a);
+        const be_logit_adj *a = NULL;
+        int m = ks ? engine_sampler_adjustments(k->sampler, k->history, k->n_history, &a) : 0;
         /* log-probabilities are of the raw logits: adjusted candidates cannot give them */
-        if (k->top_logprobs >= 0 && m > 0) continue;
+        if (ks == 0 || (k->top_logprobs >= 0 && m > 0)) {
+            p->early[(*n_early)++] = i;
+            continue;
+        }
         int want = ks > k->top_logprobs ? ks : k->top_logprobs;
         picker_reserve(p, n, na + m, nc + want);
         if (m) memcpy(p->adj + na, a, (size_t)m * sizeof *a);
@@ -422,16 +448,32 @@ int engine_picker_run(engine_picker *p, be_backend *be, const be_tensor *logits,
         na += m;
         nc += want;
     }
-    if (nr && be->ops->topk_candidates(be, logits, p->reqs, nr, p->adj, p->cand_id, p->cand_logit,
-                                       p->n_cand, p->lse, err))
+    return nr;
+}
+
+int engine_picker_run(engine_picker *p, be_backend *be, const be_tensor *logits, engine_pick *picks,
+                      int n, base_err *err) {
+    picker_reserve(p, n, 0, 0);
+    int n_early, n_late = 0;
+    int nr = plan_picks(p, be, picks, n, &n_early);
+    /* the full rows' copies are queued ahead of the op, which waits for them and its own */
+    if (fetch_rows(p, be, logits, p->early, n_early, err)) return -1;
+    if (nr) {
+        if (be->ops->topk_candidates(be, logits, p->reqs, nr, p->adj, p->cand_id, p->cand_logit,
+                                     p->n_cand, p->lse, err))
+            return -1;
+    } else if (n_early && be->ops->sync(be, err)) {
         return -1;
-    for (int r = 0, off = 0; r < nr; off += p->reqs[r].k, r++) {
-        int i = p->req_pick[r];
-        double lse = p->reqs[r].want_lse ? p->lse[r] : 0;
-        p->served[i] =
-            pick_from(&picks[i], p->cand_id + off, p->cand_logit + off, p->n_cand[r], lse);
     }
-    for (int i = 0; i < n; i++)
-        if (!p->served[i] && pick_full(p, be, logits, i, &picks[i], err)) return -1;
+    chain_rows(p, picks, p->early, n_early);
+    for (int r = 0, off = 0; r < nr; off += p->reqs[r].k, r++) {
+        double lse = p->reqs[r].want_lse ? p->lse[r] : 0;
+        int i = p->req_pick[r];
+        if (!pick_from(&picks[i], p->cand_id + off, p->cand_logit + off, p->n_cand[r], lse))
+            p->late[n_late++] = i;
+    }
+    if (n_late == 0) return 0;
+    if (fetch_rows(p, be, logits, p->late, n_late, err) || be->ops->sync(be, err)) return -1;
+    chain_rows(p, picks, p->late, n_late);
     return 0;
 }

@@ -62,6 +62,26 @@ static int cuda_download(be_backend *be, void *dst, const void *src, size_t byte
     return e == cudaSuccess ? 0 : cuda_fail(err, "download", e);
 }
 
+static int cuda_alloc_host(be_backend *, size_t bytes, void **ptr, base_err *err) {
+    cudaError_t e = cudaMallocHost(ptr, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        *ptr = NULL;
+        return base_fail(err, "cuda: allocating %zu bytes of page-locked host memory: %s", bytes,
+                         cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+static void cuda_free_host(be_backend *, void *ptr) {
+    if (ptr) cudaFreeHost(ptr);
+}
+
+static int cuda_download_async(be_backend *be, void *dst, const void *src, size_t bytes,
+                               base_err *err) {
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cuda_impl(be)->stream);
+    return e == cudaSuccess ? 0 : cuda_fail(err, "download_async", e);
+}
+
 static int cuda_copy(be_backend *be, void *dst, const void *src, size_t bytes, base_err *err) {
     cudaError_t e =
         cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_impl(be)->stream);
@@ -102,6 +122,9 @@ static const be_ops cuda_ops = {
     .free = cuda_free,
     .upload = cuda_upload,
     .download = cuda_download,
+    .alloc_host = cuda_alloc_host,
+    .free_host = cuda_free_host,
+    .download_async = cuda_download_async,
     .copy = cuda_copy,
     .map_weights = cuda_map_weights,
     .sync = cuda_sync,
