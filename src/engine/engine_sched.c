@@ -494,11 +494,10 @@ static int run_forward(engine_sched *s, int n, double *fwd_seconds, base_err *er
 
 /* Samples every entry whose slice reached the end of its history (their logits rows, in entry
  * order, are in backend memory) and tells the clients; returns how many tokens were sampled. */
-static int sample_step(engine_sched *s, int n, uint64_t *computed) {
+static int sample_step(engine_sched *s, int n) {
     int rows = 0;
     for (int i = 0; i < n; i++) {
         sreq *q = s->entries[i].q;
-        *computed += (uint64_t)s->entries[i].q_len;
         if (pending(q) != 0) continue;
         s->picks[rows++] = (engine_pick){.sampler = q->sampler,
                                          .history = q->tokens,
@@ -539,7 +538,8 @@ static void step(engine_sched *s) {
         n = 0;
     }
     uint64_t computed = 0;
-    int row = sample_step(s, n, &computed);
+    for (int i = 0; i < n; i++) computed += (uint64_t)s->entries[i].q_len;
+    int row = sample_step(s, n);
     pthread_mutex_lock(&s->mu);
     s->stats.steps++;
     s->stats.generated_tokens += (uint64_t)row;
