@@ -30,6 +30,7 @@ static void cuda_destroy(be_backend *be) {
     cudaFree(c->wtmp);
     cudaFree(c->xtmp);
     cudaFree(c->tk_buf);
+    cudaFreeHost(c->tk_host);
     cudaStreamDestroy(c->stream);
     free(c);
     free(be);

@@ -30,7 +30,8 @@ typedef struct cuda_backend {
     size_t wtmp_bytes;
     void *xtmp; /* (xtmp_bytes) the GEMM path's input rows as BF16 */
     size_t xtmp_bytes;
-    void *tk_buf; /* (tk_bytes) topk_candidates' requests, adjustments and outputs */
+    void *tk_buf;  /* (tk_bytes) topk_candidates' requests, adjustments and outputs */
+    void *tk_host; /* (tk_bytes) their page-locked host mirror */
     size_t tk_bytes;
 } cuda_backend;
 

@@ -32,6 +32,7 @@
 typedef struct tk_req {
     int32_t row, k, adj_begin, adj_end, want_lse;
     int32_t out_off; /* first output slot */
+    int32_t key_off; /* its adjusted keys' slots: requests may share adjustments, not keys */
 } tk_req;
 
 __device__ __forceinline__ uint32_t tk_fkey(float v) {
@@ -149,6 +150,7 @@ __global__ void __launch_bounds__(TK_THREADS)
     __shared__ float redf[TK_WARPS];
     __shared__ double redd[TK_WARPS];
     const tk_req r = reqs[blockIdx.x];
+    uint64_t *keys_adj = adj_key + r.key_off; /* (adj_end - adj_begin) */
     const float *row = logits + (size_t)r.row * (size_t)vocab;
     int tid = threadIdx.x;
     if (r.want_lse) {
@@ -167,7 +169,7 @@ __global__ void __launch_bounds__(TK_THREADS)
                 float v = tk_apply(row, adj, j, r.adj_end);
                 if (tk_eligible(v)) key = tk_key(v, (uint32_t)t);
             }
-            adj_key[j] = key;
+            keys_adj[j - r.adj_begin] = key;
         }
     }
     uint64_t prefix = 0;
@@ -185,7 +187,7 @@ __global__ void __launch_bounds__(TK_THREADS)
                 atomicAdd(&hist[(key >> shift) & 255], 1u);
         }
         for (int j = r.adj_begin + tid; j < r.adj_end; j += TK_THREADS) {
-            uint64_t key = adj_key[j];
+            uint64_t key = keys_adj[j - r.adj_begin];
             if (key && (used == 0 || (key >> (64 - used)) == (prefix >> (64 - used))))
                 atomicAdd(&hist[(key >> shift) & 255], 1u);
         }
@@ -223,7 +225,7 @@ __global__ void __launch_bounds__(TK_THREADS)
         if ((key >> shift) >= floor_top) tk_push(keys, &s_cnt, key);
     }
     for (int j = r.adj_begin + tid; j < r.adj_end; j += TK_THREADS) {
-        uint64_t key = adj_key[j];
+        uint64_t key = keys_adj[j - r.adj_begin];
         if (key && (key >> shift) >= floor_top) tk_push(keys, &s_cnt, key);
     }
     uint32_t p = 1;
@@ -259,13 +261,16 @@ static size_t tk_align(size_t n) {
     return (n + 15) & ~(size_t)15;
 }
 
-/* Grows the backend's scratch for this op to at least bytes. */
+/* Grows the backend's scratch for this op, on the device and its page-locked host mirror (the
+ * copies then run without staging), to at least bytes. */
 static int tk_scratch(cuda_backend *c, size_t bytes, base_err *err) {
     if (bytes <= c->tk_bytes) return 0;
     cudaFree(c->tk_buf);
-    c->tk_buf = NULL;
+    cudaFreeHost(c->tk_host);
+    c->tk_buf = c->tk_host = NULL;
     c->tk_bytes = 0;
     cudaError_t e = cudaMalloc(&c->tk_buf, bytes);
+    if (e == cudaSuccess) e = cudaMallocHost(&c->tk_host, bytes);
     if (e != cudaSuccess)
         return base_fail(err, "cuda: topk_candidates: allocating %zu bytes: %s", bytes,
                          cudaGetErrorString(e));
@@ -279,13 +284,13 @@ int cuda_topk_candidates(be_backend *be, const be_tensor *logits, const be_topk_
     if (be_topk_check(logits, reqs, n_req, adj, err)) return -1;
     if (n_req <= 0) return 0;
     cuda_backend *c = cuda_impl(be);
-    int vocab = (int)logits->cols, n_adj = 0, total_k = 0;
-    bool any_adj = false;
+    int vocab = (int)logits->cols, n_adj = 0, total_k = 0, n_keys = 0;
     for (int i = 0; i < n_req; i++) {
         if (reqs[i].adj_end > n_adj) n_adj = reqs[i].adj_end;
-        any_adj |= reqs[i].adj_end > reqs[i].adj_begin;
+        n_keys += reqs[i].adj_end - reqs[i].adj_begin;
         total_k += reqs[i].k;
     }
+    bool any_adj = n_keys > 0;
     size_t smem = any_adj ? (size_t)(vocab + 31) / 32 * 4 : 0;
     if (smem > 32768) {
         cudaError_t e =
@@ -297,20 +302,20 @@ int cuda_topk_candidates(be_backend *be, const be_tensor *logits, const be_topk_
     /* one upload (requests, adjustments), one download (every output) */
     size_t o_req = 0, o_adj = tk_align((size_t)n_req * sizeof(tk_req));
     size_t o_key = o_adj + tk_align((size_t)n_adj * sizeof(be_logit_adj));
-    size_t o_lse = o_key + tk_align((size_t)n_adj * sizeof(uint64_t));
+    size_t o_lse = o_key + tk_align((size_t)n_keys * sizeof(uint64_t));
     size_t o_n = o_lse + tk_align((size_t)n_req * sizeof(double));
     size_t o_id = o_n + tk_align((size_t)n_req * sizeof(int32_t));
     size_t o_logit = o_id + tk_align((size_t)total_k * sizeof(int32_t));
     size_t end = o_logit + tk_align((size_t)total_k * sizeof(float));
     if (tk_scratch(c, end, err)) return -1;
-    unsigned char *host = (unsigned char *)malloc(end);
-    if (!host) return base_fail(err, "cuda: topk_candidates: out of host memory");
+    unsigned char *host = (unsigned char *)c->tk_host;
     tk_req *hr = (tk_req *)(host + o_req);
-    for (int i = 0, off = 0; i < n_req; i++) {
-        tk_req t = {reqs[i].row,     reqs[i].k,        reqs[i].adj_begin,
-                    reqs[i].adj_end, reqs[i].want_lse, off};
+    for (int i = 0, off = 0, koff = 0; i < n_req; i++) {
+        tk_req t = {reqs[i].row, reqs[i].k, reqs[i].adj_begin, reqs[i].adj_end, reqs[i].want_lse,
+                    off,         koff};
         hr[i] = t;
         off += reqs[i].k;
+        koff += reqs[i].adj_end - reqs[i].adj_begin;
     }
     if (n_adj) memcpy(host + o_adj, adj, (size_t)n_adj * sizeof(be_logit_adj));
     unsigned char *dev = (unsigned char *)c->tk_buf;
@@ -326,10 +331,7 @@ int cuda_topk_candidates(be_backend *be, const be_tensor *logits, const be_topk_
         e = cudaMemcpyAsync(host + o_lse, dev + o_lse, end - o_lse, cudaMemcpyDeviceToHost,
                             c->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
-    if (e != cudaSuccess) {
-        free(host);
-        return base_fail(err, "cuda: topk_candidates: %s", cudaGetErrorString(e));
-    }
+    if (e != cudaSuccess) return base_fail(err, "cuda: topk_candidates: %s", cudaGetErrorString(e));
     const int32_t *hn = (const int32_t *)(host + o_n);
     for (int i = 0; i < n_req; i++) {
         n_cand[i] = hn[i];
@@ -338,6 +340,5 @@ int cuda_topk_candidates(be_backend *be, const be_tensor *logits, const be_topk_
         memcpy(cand_id + at, host + o_id + at * sizeof(int32_t), (size_t)hn[i] * sizeof(int32_t));
         memcpy(cand_logit + at, host + o_logit + at * sizeof(float), (size_t)hn[i] * sizeof(float));
     }
-    free(host);
     return 0;
 }
