@@ -58,9 +58,11 @@ float engine_logprobs(const float *logits, int vocab, int32_t chosen, int top_n,
  * The chain looks past the bias and penalties only at the top-k tokens, so the backend's
  * topk_candidates op (the row's k best after the bias and penalties, computed where the
  * logits are) gives the host all it needs: the pick from those candidates is the token
- * engine_sampler_next gives on the full row, for the same seed. Only a sampler with top-k off
- * (or above BE_TOPK_MAX), or log-probabilities that the candidates cannot give, takes the
- * full row. */
+ * engine_sampler_next gives on the full row, for the same seed (rows holding a NaN aside: it
+ * is never a candidate). Only a sampler with top-k off (or above BE_TOPK_MAX), or
+ * log-probabilities that the candidates cannot give, takes the full row. Log-probabilities
+ * from candidates match the full row's bit for bit on the CPU and to rounding on CUDA, which
+ * sums the log-sum-exp in another order. */
 
 /* Candidates the sampler needs (its top-k, capped by the vocabulary; 1 when greedy), or 0
  * when it needs the whole row. */
@@ -90,7 +92,7 @@ typedef struct engine_pick {
 } engine_pick;
 
 /* Buffers reused from step to step. A picker serves one backend: its download buffer is that
- * backend's host memory (page-locked on CUDA). */
+ * backend's host memory (page-locked on CUDA), so free the picker before the backend. */
 typedef struct engine_picker engine_picker;
 
 engine_picker *engine_picker_new(int vocab);
