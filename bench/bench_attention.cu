@@ -1,11 +1,14 @@
 /* Paged decode attention at Llama-3.1-8B geometry (32 q heads, 8 kv heads, head_dim 128, f16
  * KV, block 32): TB/s = bytes of K and V read / kernel time, for v1 and v2 (+ merge), next to
- * the device-to-device copy bandwidth measured in the same run as the ceiling.
+ * the device-to-device copy bandwidth measured in the same run as the ceiling. q and out are
+ * F32, as the CUDA backend's activations are (the split-term path), and BF16 (single terms).
  *
  * Pages are a random permutation of the pool, as a long-running server's would be. Each
  * figure is the median of CUDA-event timings after warm-up; every shape's K/V is far larger
  * than the L2, so repeated runs read device memory. Output: one line per shape,
- * machine-readable (`shape ...`), and a table. Usage: bench_attention [reps] */
+ * machine-readable (`shape ...`), and a table. Usage: bench_attention [reps [BxL]]; with BxL
+ * only that shape runs, without the sweep: v1 once, then v2 (F32) reps + 3 times, which is
+ * what a profiler wants to skip to. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <algorithm>
@@ -62,15 +65,16 @@ static int plan_ppc(int pages, int batch, int target) {
 
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 50;
+    const char *only = argc > 2 ? argv[2] : NULL;
     be_backend *be = NULL;
     base_err err = {{0}};
     if (be_cuda_create(0, &be, &err)) die("backend", &err);
     cudaStream_t st = cuda_impl(be)->stream;
     cudaDeviceProp prop;
     cuda_ok(cudaGetDeviceProperties(&prop, 0), "properties");
-    const char *commit = getenv("MLXCEL_COMMIT");
+    const char *commit = MLXCEL_GIT_COMMIT; /* the commit CMake was configured at */
     printf("device %s, %d SMs, L2 %d MB; commit %s; target CTAs %d\n", prop.name,
-           prop.multiProcessorCount, prop.l2CacheSize >> 20, commit ? commit : "unknown",
+           prop.multiProcessorCount, prop.l2CacheSize >> 20, commit,
            be->target_parallelism);
 
     const int shapes[][2] = {{1, 131072}, {4, 16384}, {16, 8192}, {64, 4096}, {256, 2048}};
@@ -117,13 +121,16 @@ int main(int argc, char **argv) {
         int B, L, pages;
         be_paged_batch db;
         void *mem[5];
-        be_tensor q, out;
+        be_tensor q, out, q16, out16; /* F32 and BF16 activations */
         be_decode_plan v1, v2[2];
         double kv_bytes;
-        std::vector<uint16_t> ref; /* v1 output at the default pipeline (bf16 bits) */
+        std::vector<float> ref; /* v1 output at the default pipeline */
     };
     std::vector<shape_run> runs;
     for (auto &shape : shapes) {
+        char shape_name[32];
+        snprintf(shape_name, sizeof shape_name, "%dx%d", shape[0], shape[1]);
+        if (only && strcmp(only, shape_name)) continue;
         shape_run r = {};
         r.B = shape[0], r.L = shape[1], r.pages = r.L / BS;
         const int B = r.B, pages = r.pages;
@@ -147,14 +154,24 @@ int main(int argc, char **argv) {
         r.db.page_indptr = (int32_t *)r.mem[2];
         r.db.page_indices = (int32_t *)r.mem[3];
         r.db.last_page_len = (int32_t *)r.mem[4];
-        r.q = {NULL, BASE_DTYPE_BF16, B, NQ * HD};
+        r.q = {NULL, BASE_DTYPE_F32, B, NQ * HD};
         r.out = r.q;
-        if (be->ops->alloc(be, (size_t)B * NQ * HD * 2, &r.q.data, &err) ||
-            be->ops->alloc(be, (size_t)B * NQ * HD * 2, &r.out.data, &err))
+        r.q16 = {NULL, BASE_DTYPE_BF16, B, NQ * HD};
+        r.out16 = r.q16;
+        if (be->ops->alloc(be, (size_t)B * NQ * HD * 4, &r.q.data, &err) ||
+            be->ops->alloc(be, (size_t)B * NQ * HD * 4, &r.out.data, &err) ||
+            be->ops->alloc(be, (size_t)B * NQ * HD * 2, &r.q16.data, &err) ||
+            be->ops->alloc(be, (size_t)B * NQ * HD * 2, &r.out16.data, &err))
             die("q", &err);
-        std::vector<uint16_t> qh((size_t)B * NQ * HD);
-        for (auto &v : qh) v = base_f32_to_bf16(4.0f * (rand() / (float)RAND_MAX - 0.5f));
-        if (be->ops->upload(be, r.q.data, qh.data(), qh.size() * 2, &err)) die("q", &err);
+        std::vector<float> qh((size_t)B * NQ * HD);
+        std::vector<uint16_t> qh16(qh.size());
+        for (size_t i = 0; i < qh.size(); i++) {
+            qh16[i] = base_f32_to_bf16(4.0f * (rand() / (float)RAND_MAX - 0.5f));
+            qh[i] = base_bf16_to_f32(qh16[i]);
+        }
+        if (be->ops->upload(be, r.q.data, qh.data(), qh.size() * 4, &err) ||
+            be->ops->upload(be, r.q16.data, qh16.data(), qh16.size() * 2, &err))
+            die("q", &err);
         r.kv_bytes = (double)B * r.L * NKV * HD * 2 * 2;
         r.v1.kind = BE_DECODE_V1;
         for (int k = 0; k < 2; k++) {
@@ -168,9 +185,11 @@ int main(int argc, char **argv) {
         runs.push_back(r);
     }
     const float scale = 0.08838834764831845f;
-    auto tbs = [&](shape_run &r, const be_decode_plan *plan) {
+    auto tbs = [&](shape_run &r, const be_decode_plan *plan, bool f32 = true) {
+        const be_tensor *q = f32 ? &r.q : &r.q16;
+        be_tensor *out = f32 ? &r.out : &r.out16;
         float ms = time_ms(st, reps, [&] {
-            if (be->ops->attention(be, &r.q, &layer, &r.db, plan, NQ, scale, &r.out, &err))
+            if (be->ops->attention(be, q, &layer, &r.db, plan, NQ, scale, out, &err))
                 die("attention", &err);
         });
         return r.kv_bytes / (ms * 1e-3) / 1e12;
@@ -178,11 +197,11 @@ int main(int argc, char **argv) {
     /* Largest relative difference of r.out from r.ref: every timed variant must compute the
      * same function. */
     auto out_diff = [&](shape_run &r) {
-        std::vector<uint16_t> got(r.ref.size());
-        if (be->ops->download(be, got.data(), r.out.data, got.size() * 2, &err)) die("out", &err);
+        std::vector<float> got(r.ref.size());
+        if (be->ops->download(be, got.data(), r.out.data, got.size() * 4, &err)) die("out", &err);
         double num = 0, den = 0;
         for (size_t i = 0; i < got.size(); i++) {
-            double a = base_bf16_to_f32(got[i]), b = base_bf16_to_f32(r.ref[i]);
+            double a = got[i], b = r.ref[i];
             num += (a - b) * (a - b);
             den += b * b;
         }
@@ -192,56 +211,69 @@ int main(int argc, char **argv) {
         if (be->ops->attention(be, &r.q, &layer, &r.db, &r.v1, NQ, scale, &r.out, &err))
             die("attention", &err);
         r.ref.resize((size_t)r.B * NQ * HD);
-        if (be->ops->download(be, r.ref.data(), r.out.data, r.ref.size() * 2, &err))
+        if (be->ops->download(be, r.ref.data(), r.out.data, r.ref.size() * 4, &err))
             die("out", &err);
     }
 
-    /* Sweep of the shared-memory pipeline depth on v2; each variant's output is checked. */
-    cuda_backend *cb = cuda_impl(be);
-    const int def_stages = cb->att_stages;
-    printf("\nsweep: v2 TB/s by shared-memory stages (default %d)\n%-8s", def_stages, "stages");
-    for (auto &r : runs) printf(" %10dx%-6d", r.B, r.L);
-    printf(" %8s\n", "geomean");
-    double best_g = 0;
-    int best = def_stages;
-    for (int stages = 2; stages <= 4; stages++) {
-        cb->att_stages = stages;
-        double lg = 0, worst = 0;
-        printf("%-8d", stages);
-        for (auto &r : runs) {
-            double t = tbs(r, &r.v2[0]);
-            worst = std::max(worst, out_diff(r));
-            lg += log(t);
-            printf(" %17.3f", t);
+    if (only) {
+        for (auto &r : runs) printf("%dx%d v2 %.3f TB/s\n", r.B, r.L, tbs(r, &r.v2[0]));
+    } else {
+        /* Sweep of each warp's shared-memory pipeline depth on v2, with F32 and BF16
+         * activations; each F32 variant's output is checked against v1's. */
+        cuda_backend *cb = cuda_impl(be);
+        const int def_stages = cb->att_stages;
+        printf("\nsweep: v2 TB/s by shared-memory stages (default %d)\n%-10s", def_stages,
+               "stages");
+        for (auto &r : runs) printf(" %10dx%-6d", r.B, r.L);
+        printf(" %8s\n", "geomean");
+        for (int f32 = 1; f32 >= 0; f32--) {
+            double best_g = 0;
+            int best = def_stages;
+            for (int stages = 2; stages <= 4; stages++) {
+                cb->att_stages = stages;
+                double lg = 0, worst = 0;
+                printf("%d %-8s", stages, f32 ? "f32" : "bf16");
+                for (auto &r : runs) {
+                    double t = tbs(r, &r.v2[0], f32);
+                    if (f32) worst = std::max(worst, out_diff(r));
+                    lg += log(t);
+                    printf(" %17.3f", t);
+                }
+                double g = exp(lg / runs.size());
+                printf(" %8.3f  (max diff from v1 %.1e)\n", g, worst);
+                if (!(worst < 1e-4)) {
+                    printf("MISMATCH: %d stages differ from v1\n", stages);
+                    continue;
+                }
+                if (g > best_g) best_g = g, best = stages;
+            }
+            printf("best %d stages%s\n", best,
+                   best == def_stages ? " (the default)" : "; the default differs");
         }
-        double g = exp(lg / runs.size());
-        printf(" %8.3f  (max diff from v1 %.1e)\n", g, worst);
-        if (!(worst < 1e-2)) {
-            printf("MISMATCH: %d stages differ from v1\n", stages);
-            continue;
-        }
-        if (g > best_g) best_g = g, best = stages;
-    }
-    cb->att_stages = def_stages;
-    printf("best %d stages%s\n", best,
-           best == def_stages ? " (the default)" : "; the default differs");
+        cb->att_stages = def_stages;
 
-    printf("\n%-12s %9s | %8s %6s | %8s %6s %5s | %8s %6s %5s\n", "batch x ctx", "KV MB", "v1 TB/s",
-           "/copy", "v2 TB/s", "/copy", "ppc", "v2@2x", "/copy", "ppc");
-    for (auto &r : runs) {
-        double r1 = tbs(r, &r.v1), r2 = tbs(r, &r.v2[0]), r3 = tbs(r, &r.v2[1]);
-        char name[32];
-        snprintf(name, sizeof name, "%dx%d", r.B, r.L);
-        printf("%-12s %9.1f | %8.3f %6.2f | %8.3f %6.2f %5d | %8.3f %6.2f %5d\n", name,
-               r.kv_bytes / 1e6, r1, r1 / copy_tbs, r2, r2 / copy_tbs, r.v2[0].pages_per_chunk, r3,
-               r3 / copy_tbs, r.v2[1].pages_per_chunk);
-        fprintf(stderr, "shape %s v1_tbs %.4f v2_tbs %.4f v2x2_tbs %.4f copy_tbs %.4f\n", name, r1,
-                r2, r3, copy_tbs);
+        printf("\n%-12s %8s | %7s %7s %7s %4s %7s %4s | %7s %7s\n", "batch x ctx", "KV MB", "v1",
+               "v2", "/copy", "ppc", "v2@2x", "ppc", "v1 bf16", "v2 bf16");
+        for (auto &r : runs) {
+            double r1 = tbs(r, &r.v1), r2 = tbs(r, &r.v2[0]), r3 = tbs(r, &r.v2[1]);
+            double b1 = tbs(r, &r.v1, false), b2 = tbs(r, &r.v2[0], false);
+            char name[32];
+            snprintf(name, sizeof name, "%dx%d", r.B, r.L);
+            printf("%-12s %8.1f | %7.3f %7.3f %7.2f %4d %7.3f %4d | %7.3f %7.3f\n", name,
+                   r.kv_bytes / 1e6, r1, r2, r2 / copy_tbs, r.v2[0].pages_per_chunk, r3,
+                   r.v2[1].pages_per_chunk, b1, b2);
+            fprintf(stderr,
+                    "shape %s v1_tbs %.4f v2_tbs %.4f v2x2_tbs %.4f v1bf16_tbs %.4f v2bf16_tbs "
+                    "%.4f copy_tbs %.4f\n",
+                    name, r1, r2, r3, b1, b2, copy_tbs);
+        }
     }
     for (auto &r : runs) {
         for (int i = 0; i < 5; i++) be->ops->free(be, r.mem[i]);
         be->ops->free(be, r.q.data);
         be->ops->free(be, r.out.data);
+        be->ops->free(be, r.q16.data);
+        be->ops->free(be, r.out16.data);
         for (int k = 0; k < 2; k++) be->ops->free(be, r.v2[k].workspace);
     }
     be->ops->free(be, layer.k);

@@ -1,29 +1,40 @@
 #!/usr/bin/env bash
-# End to end on one CUDA GPU: the CUDA tests (ops, attention, every fixture through the whole
-# model), the demo model's story, then the benchmarks of a random Llama-3.1-8B-shaped MLX
-# 4-bit model made on the GPU (bench/make_llama8b_q4.py): decode at 1, 8, 64 and 256
-# sequences against the copy bandwidth `mlxcel bench` measures in the same run, and a
-# 2048-token prefill against the bf16 GEMM rate (torch.matmul 8192^3 on random data, median
-# of ten) measured here too. Logs go to $OUT (default ./bench-out); a table is printed last.
+# Every CUDA check and benchmark in one go, on one GPU: builds with CMake, runs the CUDA tests
+# (ops, attention, prefill attention, candidates, the past-2^32 pool, every fixture end to end,
+# recorded decode steps), measures the ceilings (device-to-device copy bandwidth, bf16 GEMM rate
+# through torch.matmul), then the benchmarks, each next to its ceiling and, where one exists,
+# its peer measured in the same run:
+#   a. paged decode attention (bench_attention) against cuDNN/flash SDPA (tools/reference/sdpa_peer.py);
+#   b. the decode GEMV per 8B matrix (bench_cuda_gemv) against the copy bandwidth;
+#   c. causal prefill attention (bench_prefill_attention) against SDPA (sdpa_prefill_peer.py);
+#   d. a random Llama-3.1-8B-shaped MLX 4-bit model (bench/make_llama8b_q4.py): decode at 1, 8,
+#      64 and 256 sequences (batch 1 also with recorded steps off), 2048-token prefill;
+#   e. the scheduler the server uses (bench_server), 1 to 64 clients.
+# Logs go to $OUT (default ./bench-out); summary.txt holds what is printed.
 #
-#   bench/run_gpu.sh            # builds with CMake into build-gpu unless BIN_DIR holds
-#                               # binaries this machine can load (BIN_DIR/bin, BIN_DIR/tests)
-# Environment: MLXCEL_DEPS_PREFIX (unpacked jansson/pcre2/utf8proc, tools/device-deps.sh),
-# MODEL (where the 8B model is written, default /tmp/llama8b-q4), BIN_DIR, OUT.
+#   bench/run_gpu.sh
+# Environment: MLXCEL_DEPS_PREFIX (libraries unpacked by tools/device-deps.sh, for machines
+# without the -dev packages), MODEL (where the 8B model is written, default /tmp/llama8b-q4),
+# BUILD_DIR (default build-gpu), REPS (attention repetitions, default 20).
 set -u
 cd "$(dirname "$0")/.."
 SRC=$PWD
 OUT=${OUT:-$SRC/bench-out}
 MODEL=${MODEL:-/tmp/llama8b-q4}
-BIN_DIR=${BIN_DIR:-$SRC/build-gpu}
+B=${BUILD_DIR:-$SRC/build-gpu}
+REPS=${REPS:-20}
 DEPS=${MLXCEL_DEPS_PREFIX:-}
 mkdir -p "$OUT"
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+say() { tee -a "$OUT/summary.txt"; }
 
-# Shared libraries: the unpacked dependencies, then cuBLAS/cudart from the toolkit or from
-# PyTorch's CUDA wheels, whichever this machine has.
+# Shared libraries: the unpacked dependencies (and their pkg-config), then cuBLAS from the
+# toolkit or from PyTorch's CUDA wheels, whichever this machine has.
 libs=()
-[ -n "$DEPS" ] && libs+=("$DEPS/usr/lib/x86_64-linux-gnu")
+if [ -n "$DEPS" ]; then
+    libs+=("$DEPS/usr/lib/x86_64-linux-gnu")
+    export PATH=$DEPS/usr/bin:$PATH
+fi
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
     [ -e "$d/libcublas.so.13" ] && libs+=("$d")
 done
@@ -38,49 +49,44 @@ EOF
 )
 LD_LIBRARY_PATH=$(IFS=:; echo "${libs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export LD_LIBRARY_PATH
+export MLXCEL_SOURCE_DIR=$SRC MLXCEL_BIN_DIR=$B/bin
 
 commit=$(git rev-parse --short=12 HEAD 2>/dev/null || cat COMMIT 2>/dev/null || echo unknown)
 log "commit $commit, $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem \
-    --format=csv,noheader | tee -a "$OUT/summary.txt"
+    --format=csv,noheader | say
 
-if [ ! -x "$BIN_DIR/bin/mlxcel" ] || ldd "$BIN_DIR/bin/mlxcel" | grep -q "not found"; then
-    log "building with CMake into build-gpu"
-    BIN_DIR=$SRC/build-gpu
-    # CMake's FindPkgConfig needs a pkg-config binary; a carried one (PKGCONF_DIR) will do.
-    if [ -n "${PKGCONF_DIR:-}" ] && ! command -v pkg-config > /dev/null; then
-        export PATH=$PKGCONF_DIR:$PATH LD_LIBRARY_PATH=$PKGCONF_DIR:$LD_LIBRARY_PATH
-    fi
-    { cmake -S . -B "$BIN_DIR" -DCMAKE_BUILD_TYPE=Release ${DEPS:+-DMLXCEL_DEPS_PREFIX=$DEPS} &&
-        cmake --build "$BIN_DIR" -j "$(nproc)" --target mlxcel test_cuda_ops test_cuda_attention \
-            test_cuda_pool64 test_fixtures_cuda; } > "$OUT/build.log" 2>&1 ||
-        { tail -40 "$OUT/build.log"; exit 1; }
-fi
-MLX=$BIN_DIR/bin/mlxcel
-
-declare -A res
-for t in test_cuda_ops test_cuda_attention test_cuda_pool64 test_fixtures_cuda; do
-    MLXCEL_SOURCE_DIR=$SRC MLXCEL_BIN_DIR=$BIN_DIR/bin timeout 300 "$BIN_DIR/tests/$t" \
-        > "$OUT/$t.log" 2>&1
-    res[$t]="rc $? ($(grep -Eo '[0-9]+ passed, [0-9]+ failed' "$OUT/$t.log" | tail -1))"
-    log "$t: ${res[$t]}"
-done
-grep -E "max rel err|FAIL" "$OUT/test_fixtures_cuda.log" | head -40
-
-for dev in cuda cpu; do
-    log "demo, --device $dev, greedy:"
-    timeout 120 "$MLX" run -m models/demo -p "Once upon a time" -n 40 --temp 0 --device $dev \
-        2>&1 | tee "$OUT/demo_$dev.txt" | tee -a "$OUT/summary.txt"
-done
-
+TESTS="$(cd tests && ls backend/test_cuda_*.c model/test_*_cuda.c | xargs -n1 basename | sed 's/\.c$//' | tr '\n' ' ')"
+BENCHES="bench_server bench_attention bench_cuda_gemv bench_prefill_attention"
+t0=$(date +%s)
 if [ ! -f "$MODEL/model.safetensors" ]; then
-    t0=$(date +%s)
-    PYTHONUNBUFFERED=1 python3 bench/make_llama8b_q4.py "$MODEL" 2>&1 | tee "$OUT/make_model.log"
-    log "model made in $(($(date +%s) - t0)) s"
+    (PYTHONUNBUFFERED=1 python3 bench/make_llama8b_q4.py "$MODEL" > "$OUT/make_model.log" 2>&1) &
+    model_pid=$!
 fi
+{ cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release ${DEPS:+-DMLXCEL_DEPS_PREFIX=$DEPS} &&
+    cmake --build "$B" -j "$(nproc)" --target mlxcel $TESTS $BENCHES; } > "$OUT/build.log" 2>&1 ||
+    { tail -40 "$OUT/build.log"; exit 1; }
+log "built in $(($(date +%s) - t0)) s"
+[ -n "${model_pid:-}" ] && { wait "$model_pid" || { tail -5 "$OUT/make_model.log"; exit 1; }; }
+MLX=$B/bin/mlxcel
 
-log "GEMM ceiling: torch.matmul 8192^3 bf16, random data"
-PYTHONUNBUFFERED=1 python3 - <<'EOF' 2>&1 | tee "$OUT/gemm.txt" | tee -a "$OUT/summary.txt"
+for t in $TESTS; do
+    timeout 200 "$B/tests/$t" > "$OUT/$t.log" 2>&1
+    rc=$?
+    log "$t: rc $rc ($(grep -Eo '[0-9]+ passed, [0-9]+ failed|skipped.*' "$OUT/$t.log" | tail -1))"
+    grep -h "CHECK failed" "$OUT/$t.log" | head -5 | say
+done
+grep -E "max rel err" "$OUT/test_fixtures_cuda.log" | head -32 > "$OUT/fixture_errors.txt"
+grep -E "recorded|unrecorded" "$OUT/test_graph_cuda.log" | head -8 | say
+
+log "demo, greedy, --device cuda then cpu"
+for dev in cuda cpu; do
+    timeout 60 "$MLX" run -m models/demo -p "Once upon a time" -n 40 --temp 0 --device $dev \
+        2> /dev/null | say
+done
+
+log "ceiling: bf16 GEMM, torch.matmul 8192^3 on random data, median of 10"
+PYTHONUNBUFFERED=1 python3 - <<'EOF' 2>&1 | tee "$OUT/gemm.txt" | say
 import statistics, torch
 n = 8192
 a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
@@ -98,24 +104,31 @@ for _ in range(10):
 print(f"gemm_tflops {2 * n**3 / statistics.median(times) / 1e12:.1f}")
 EOF
 
-log "decode: mlxcel bench -p 512 -n 128 -b 1,8,64,256"
-timeout 400 "$MLX" bench -m "$MODEL" -p 512 -n 128 -b 1,8,64,256 -r 2 --device cuda 2>&1 |
-    tee "$OUT/bench_decode.txt" | tee -a "$OUT/summary.txt"
-log "prefill: mlxcel bench -p 2048 -n 0"
-timeout 200 "$MLX" bench -m "$MODEL" -p 2048 -n 0 -r 3 --device cuda 2>&1 |
-    tee "$OUT/bench_prefill.txt" | tee -a "$OUT/summary.txt"
+log "a. paged decode attention against SDPA"
+OUT=$OUT/attention BENCH=$B/bench/bench_attention BENCH_S=90 PEER_S=90 \
+    bench/run_attention.sh "$REPS" 2>&1 | tail -30 | say
 
-# One decode step's kernels, for where the time goes (Nsight Compute, where it can read the
-# counters): skip the first steps' launches, profile about one step's worth. NCU=0 skips it.
-if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null; then
-    timeout 150 ncu --clock-control none --launch-skip 2000 --launch-count 540 --csv \
-        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-        "$MLX" bench -m "$MODEL" -p 0 -n 8 -b 1 -r 1 --device cuda > "$OUT/ncu_decode.csv" 2>&1
-    log "ncu rc $?"
-    python3 bench/ncu_summary.py "$OUT/ncu_decode.csv" 2>&1 | tee -a "$OUT/summary.txt"
-fi
+log "b. decode GEMV"
+timeout 60 "$B/bench/bench_cuda_gemv" 7 2>&1 | say
 
-MODEL_CONFIG=$MODEL/config.json python3 - "$OUT" <<'EOF' | tee -a "$OUT/summary.txt"
+log "c. prefill attention against SDPA"
+timeout 60 "$B/bench/bench_prefill_attention" 10 2>&1 | tail -6 | say
+PYTHONUNBUFFERED=1 timeout 60 python3 tools/reference/sdpa_prefill_peer.py 10 2>&1 | grep peer | say
+
+log "d. the 8B model: decode"
+timeout 200 "$MLX" bench -m "$MODEL" -p 512 -n 128 -b 1,8,64,256 -r 2 --device cuda 2>&1 |
+    tee "$OUT/bench_decode.txt" | say
+log "d. batch 1 with recorded decode steps off (MLXCEL_DECODE_GRAPHS=0)"
+MLXCEL_DECODE_GRAPHS=0 timeout 60 "$MLX" bench -m "$MODEL" -p 512 -n 128 -b 1 -r 2 \
+    --device cuda 2>&1 | grep tg128 | say
+log "d. the 8B model: prefill"
+timeout 100 "$MLX" bench -m "$MODEL" -p 2048 -n 0 -r 3 --device cuda 2>&1 |
+    tee "$OUT/bench_prefill.txt" | say
+
+log "e. scheduler"
+timeout 100 "$B/bench/bench_server" "$MODEL" 1 cuda 2>&1 | tail -8 | say
+
+MODEL_CONFIG=$MODEL/config.json python3 - "$OUT" <<'EOF' | say
 import json, os, re, sys
 out = sys.argv[1]
 cfg = json.load(open(os.environ["MODEL_CONFIG"]))
@@ -137,3 +150,4 @@ for f in ("bench_decode.txt", "bench_prefill.txt"):
         tf = flop / (n / tps) / 1e12
         print(f"| pp{n} | 1 | {tps:.0f} | {tf:.1f} TFLOP/s | {100 * tf / gemm:.1f}% of GEMM |")
 EOF
+log "done in $(($(date +%s) - t0)) s"

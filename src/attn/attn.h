@@ -45,6 +45,13 @@ void attn_plan_decode(const be_paged_batch *batch, int block_size, int n_heads, 
                       int head_dim, int target, void *workspace, uint64_t workspace_bytes,
                       be_decode_plan *out);
 
+/* The same choice for n_decode decode rows whose longest has max_pages pages. A plan made for
+ * more pages than a batch has serves that batch too (its chunks past a row's pages are
+ * empty), which lets one plan, and one recorded decode step, cover a range of lengths. */
+void attn_plan_decode_pages(int64_t n_decode, int64_t max_pages, int n_heads, int n_kv_heads,
+                            int head_dim, int target, void *workspace, uint64_t workspace_bytes,
+                            be_decode_plan *out);
+
 /* Checks that the batch arrays are consistent with each other and with the layer: indptrs
  * start at 0 and never decrease, every page id is inside the pool, every kv_len matches its
  * pages, every q_len is at most its kv_len, slots are inside the pool. */

@@ -81,9 +81,9 @@ static int native_env(void) {
     return -1;
 }
 
-void attn_plan_decode(const be_paged_batch *batch, int block_size, int n_heads, int n_kv_heads,
-                      int head_dim, int target, void *workspace, uint64_t workspace_bytes,
-                      be_decode_plan *out) {
+void attn_plan_decode_pages(int64_t n_decode, int64_t max_pages, int n_heads, int n_kv_heads,
+                            int head_dim, int target, void *workspace, uint64_t workspace_bytes,
+                            be_decode_plan *out) {
     memset(out, 0, sizeof *out);
     out->workspace = workspace;
     out->workspace_bytes = workspace_bytes;
@@ -92,15 +92,8 @@ void attn_plan_decode(const be_paged_batch *batch, int block_size, int n_heads, 
         out->kind = BE_DECODE_GATHER;
         return;
     }
-    int64_t n_decode = 0, max_pages = 0;
-    for (int s = 0; s < batch->n_seqs; s++) {
-        if (batch->q_indptr[s + 1] - batch->q_indptr[s] != 1) continue;
-        n_decode++;
-        int64_t pages = batch->page_indptr[s + 1] - batch->page_indptr[s];
-        if (pages > max_pages) max_pages = pages;
-    }
     out->kind = BE_DECODE_V1;
-    if (n_decode == 0 || max_pages == 0 || n_kv_heads <= 0 || target <= 0) return;
+    if (n_decode <= 0 || max_pages <= 0 || n_kv_heads <= 0 || target <= 0) return;
     /* rows x kv heads at or past the target make one chunk: v1 */
     int64_t ppc;
     int64_t chunks = plan_chunks(n_decode, n_kv_heads, max_pages, target, &ppc);
@@ -116,6 +109,20 @@ void attn_plan_decode(const be_paged_batch *batch, int block_size, int n_heads, 
     out->kind = BE_DECODE_V2;
     out->pages_per_chunk = (int)(ppc < INT32_MAX ? ppc : INT32_MAX);
     out->max_chunks = (int)chunks;
+}
+
+void attn_plan_decode(const be_paged_batch *batch, int block_size, int n_heads, int n_kv_heads,
+                      int head_dim, int target, void *workspace, uint64_t workspace_bytes,
+                      be_decode_plan *out) {
+    int64_t n_decode = 0, max_pages = 0;
+    for (int s = 0; s < batch->n_seqs; s++) {
+        if (batch->q_indptr[s + 1] - batch->q_indptr[s] != 1) continue;
+        n_decode++;
+        int64_t pages = batch->page_indptr[s + 1] - batch->page_indptr[s];
+        if (pages > max_pages) max_pages = pages;
+    }
+    attn_plan_decode_pages(n_decode, max_pages, n_heads, n_kv_heads, head_dim, target, workspace,
+                           workspace_bytes, out);
 }
 
 int attn_batch_check(const be_paged_batch *b, const be_kv_layer *layer, base_err *err) {

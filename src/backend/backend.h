@@ -55,7 +55,7 @@ typedef struct be_paged_batch {
     int n_seqs;
     int n_tokens;
     int max_q_len;                    /* largest q_len of any sequence (host value) */
-    int max_kv_len;                   /* largest kv_len of any sequence (host value) */
+    int max_kv_len;                   /* largest kv_len of any sequence, or a bound above it */
     const int32_t *q_indptr;          /* (n_seqs + 1) */
     const int32_t *kv_len;            /* (n_seqs) tokens in the cache including this step's */
     const int32_t *page_indptr;       /* (n_seqs + 1) */
@@ -119,6 +119,7 @@ int be_topk_check(const be_tensor *logits, const be_topk_row *reqs, int n_req,
                   const be_logit_adj *adj, base_err *err);
 
 typedef struct be_backend be_backend;
+typedef struct be_graph be_graph; /* a recorded sequence of ops (backend-defined) */
 
 typedef struct be_ops {
     void (*destroy)(be_backend *be);
@@ -185,6 +186,33 @@ typedef struct be_ops {
     int (*topk_candidates)(be_backend *be, const be_tensor *logits, const be_topk_row *reqs,
                            int n_req, const be_logit_adj *adj, int32_t *cand_id, float *cand_logit,
                            int32_t *n_cand, double *lse, base_err *err);
+
+    /* Recording (optional: NULL where a backend has none). Ops queued between capture_begin
+     * and capture_end are recorded, not run; graph_launch runs the recording again with the
+     * same arguments (pointers, sizes, grids) over whatever the buffers hold by then. A
+     * recording stays valid while `generation` is unchanged and every buffer it names is
+     * alive. capture_end always ends the capture; it fails (no graph) when an op could not be
+     * recorded. */
+    int (*capture_begin)(be_backend *be, base_err *err);
+    int (*capture_end)(be_backend *be, be_graph **graph, base_err *err);
+    int (*graph_launch)(be_backend *be, be_graph *graph, base_err *err);
+    void (*graph_free)(be_backend *be, be_graph *graph);
+    /* Optional fusions of the ops above, NULL where a backend has none (the CPU's): the
+     * forward pass then composes the ops above, with the same result up to rounding. */
+    /* x += d; y = rmsnorm(x) * weight, per row. y may alias d, not x. */
+    int (*add_rmsnorm)(be_backend *be, be_tensor *x, const be_tensor *d, const be_tensor *weight,
+                       float eps, be_tensor *y, base_err *err);
+    /* ys[i] = x ws[i]^T (+ bias) for i < 3 (Q, K and V sharing x), as three `matmul`s. */
+    int (*matmul_qkv)(be_backend *be, const be_tensor *x, const be_linear *const *ws,
+                      be_tensor *const *ys, base_err *err);
+    /* y [n, out] = silu(x gate^T) * (x up^T), biases included; gate and up of one shape. */
+    int (*matmul_silu_mul)(be_backend *be, const be_tensor *x, const be_linear *gate,
+                           const be_linear *up, be_tensor *y, base_err *err);
+    /* `rope` on q (n_heads = q->cols / layer->head_dim) and on k with one static table, then
+     * `kv_append` of k and v: q and k are rotated in place. */
+    int (*rope_kv_append)(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
+                          const be_tensor *positions, const be_tensor *inv_freq, float mscale,
+                          const be_kv_layer *layer, const be_paged_batch *batch, base_err *err);
 } be_ops;
 
 struct be_backend {
@@ -194,6 +222,10 @@ struct be_backend {
     base_dtype act_dtype;   /* activations dtype the backend computes in */
     int n_threads;          /* CPU worker threads (1 for GPU backends) */
     int target_parallelism; /* work items that fill the device: SMs x k, or CPU threads */
+    uint64_t generation;    /* bumped when the backend replaces internal scratch memory */
+    int prefill_chunk;      /* prompt tokens per forward step it suggests: large enough that
+                               the per-step weight traffic is paid rarely, small enough to
+                               bound activation memory */
     void *impl;
 };
 

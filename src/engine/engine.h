@@ -155,6 +155,9 @@ int engine_backend_open(const engine_options *opts, be_backend **be, base_err *e
 int engine_runtime_open(const char *model_dir, const engine_options *opts, engine_runtime **out,
                         base_err *err);
 void engine_runtime_close(engine_runtime *rt);
+/* Prompt tokens per forward step on this backend: its suggestion (be_backend.prefill_chunk),
+ * else 512. */
+int engine_prefill_chunk(const be_backend *be);
 /* One line for startup messages: model, backend, threads, context, KV capacity. */
 void engine_runtime_describe(const engine_runtime *rt, const char *model_dir, char *buf,
                              size_t size);
@@ -234,7 +237,8 @@ int engine_prompter_encode_text(const engine_prompter *p, const char *text, int3
 typedef struct engine_sched_options {
     int n_parallel;           /* running sequences at most */
     int max_batch_tokens;     /* tokens per step; <= 0: 2048 (raised to n_parallel when below) */
-    int prefill_chunk;        /* prompt tokens of one sequence per step; <= 0: 512 */
+    int prefill_chunk;        /* prompt tokens of one sequence per step; <= 0: the backend's
+                                 (engine_prefill_chunk) */
     int max_queue;            /* requests waiting to start, at most; <= 0: no limit */
     int ctx_size;             /* per-sequence limit on prompt + generated tokens */
     const tok_tokenizer *tok; /* detokenizes and matches stop strings; NULL: token ids only

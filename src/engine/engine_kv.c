@@ -8,23 +8,21 @@
 /* The context a model runs with when -c is not given: its own limit, but at most 4096 so that
  * a 128K-context model does not reserve 128K tokens per sequence by default. */
 #define ENGINE_DEFAULT_CTX 4096
-/* Prompt rows per forward step (engine_runtime.c) and the logits rows of one step, for the
- * activation estimate of the auto budget. */
-#define ENGINE_ACT_ROWS 512
 
 static base_dtype default_kv_dtype(const be_backend *be) {
     /* The CPU keeps K/V in f32: memory is plentiful there and it keeps the pool exact. */
     return strcmp(be->name, "cpu") == 0 ? BASE_DTYPE_F32 : BASE_DTYPE_F16;
 }
 
-/* Bytes of the activation buffers model_forward allocates for ENGINE_ACT_ROWS rows. */
+/* Bytes of the activation buffers model_forward allocates for one prefill chunk of rows, each
+ * with its logits. */
 static uint64_t activation_bytes(const io_model_config *c, const be_backend *be) {
     uint64_t act = base_dtype_size(be->act_dtype);
     uint64_t qdim = (uint64_t)c->num_attention_heads * c->head_dim;
     uint64_t kvdim = (uint64_t)c->num_key_value_heads * c->head_dim;
     uint64_t width =
         2 * (uint64_t)c->hidden_size + 2 * qdim + 2 * kvdim + 2 * (uint64_t)c->intermediate_size;
-    return ENGINE_ACT_ROWS * (width * act + (uint64_t)c->vocab_size * 4);
+    return (uint64_t)engine_prefill_chunk(be) * (width * act + (uint64_t)c->vocab_size * 4);
 }
 
 int engine_plan_kv(const io_model_config *c, uint64_t weights_bytes, be_backend *be,

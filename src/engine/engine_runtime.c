@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Prompt tokens per forward step: bounds activation memory for long prompts. */
+/* Prompt tokens per forward step when the backend suggests none. */
 #define ENGINE_PREFILL_CHUNK 512
 
 void engine_options_defaults(engine_options *o) {
@@ -77,10 +77,11 @@ void engine_runtime_close(engine_runtime *rt) {
 static int prefill(engine_runtime *rt, kv_seq *seq, const int32_t *tokens, int n, float *all,
                    float *last, base_err *err) {
     int vocab = model_config(rt->model)->vocab_size;
-    int32_t *rows = base_xmalloc(ENGINE_PREFILL_CHUNK * sizeof *rows);
+    int chunk = engine_prefill_chunk(rt->be);
+    int32_t *rows = base_xmalloc((size_t)chunk * sizeof *rows);
     int rc = 0;
     for (int start = 0; start < n && rc == 0;) {
-        int len = n - start < ENGINE_PREFILL_CHUNK ? n - start : ENGINE_PREFILL_CHUNK;
+        int len = n - start < chunk ? n - start : chunk;
         kv_batch batch;
         rc = kv_seq_append(rt->pool, seq, tokens + start, len, err);
         if (rc) break;
@@ -97,6 +98,10 @@ static int prefill(engine_runtime *rt, kv_seq *seq, const int32_t *tokens, int n
     }
     free(rows);
     return rc;
+}
+
+int engine_prefill_chunk(const be_backend *be) {
+    return be->prefill_chunk > 0 ? be->prefill_chunk : ENGINE_PREFILL_CHUNK;
 }
 
 static int check_prompt(const engine_runtime *rt, int n_prompt, base_err *err) {

@@ -17,8 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SCHED_DEFAULT_BATCH_TOKENS  2048
-#define SCHED_DEFAULT_PREFILL_CHUNK 512
+#define SCHED_DEFAULT_BATCH_TOKENS 2048
 
 typedef struct sreq {
     uint64_t id;
@@ -607,7 +606,7 @@ static void resolve_options(const engine_runtime *rt, const engine_sched_options
     if (o->max_batch_tokens <= 0) o->max_batch_tokens = SCHED_DEFAULT_BATCH_TOKENS;
     /* every running sequence must get its decode row in every step */
     if (o->max_batch_tokens < o->n_parallel) o->max_batch_tokens = o->n_parallel;
-    if (o->prefill_chunk <= 0) o->prefill_chunk = SCHED_DEFAULT_PREFILL_CHUNK;
+    if (o->prefill_chunk <= 0) o->prefill_chunk = engine_prefill_chunk(rt->be);
     if (o->ctx_size <= 0 || o->ctx_size > rt->kv_plan.ctx_size) o->ctx_size = rt->kv_plan.ctx_size;
 }
 

@@ -46,6 +46,10 @@ int model_forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t 
  * it); owned by the model, valid until its next forward. */
 be_tensor model_logits(const model *m, int n_out);
 
+/* Decode steps run from a recording so far: recorded (captured) and replayed (every run of a
+ * recording, the first included). For tests and reports. */
+void model_graph_counts(const model *m, uint64_t *recorded, uint64_t *replayed);
+
 /* Writes out_dir (an existing directory) as the MLX affine-quantized copy of the dense
  * checkpoint in in_dir: bits 2, 3, 4, 5, 6 or 8, group size 32, 64 or 128. */
 int model_quantize(const char *in_dir, const char *out_dir, int bits, int group_size,

@@ -20,7 +20,11 @@ static size_t align8(size_t n) {
     return (n + 7) & ~(size_t)7;
 }
 
-static int grow(be_backend *be, void **buf, size_t bytes, base_err *err) {
+/* Replaces *buf with a larger buffer; recorded steps that name the old one are stale from
+ * then on, which the scratch generation tells them. */
+static int grow(model *m, void **buf, size_t bytes, base_err *err) {
+    be_backend *be = m->be;
+    m->s.generation++;
     if (*buf) be->ops->free(be, *buf);
     *buf = NULL;
     return be->ops->alloc(be, bytes ? bytes : 8, buf, err);
@@ -36,20 +40,20 @@ static int scratch_reserve(model *m, int n, int n_out, base_err *err) {
         size_t rows = (size_t)n;
         size_t qdim = (size_t)c->num_attention_heads * c->head_dim;
         size_t kvdim = (size_t)c->num_key_value_heads * c->head_dim;
-        TRY(grow(be, &s->x, rows * c->hidden_size * act, err));
-        TRY(grow(be, &s->h, rows * c->hidden_size * act, err));
-        TRY(grow(be, &s->q, rows * qdim * act, err));
-        TRY(grow(be, &s->k, rows * kvdim * act, err));
-        TRY(grow(be, &s->v, rows * kvdim * act, err));
-        TRY(grow(be, &s->att, rows * qdim * act, err));
-        TRY(grow(be, &s->gate, rows * c->intermediate_size * act, err));
-        TRY(grow(be, &s->up, rows * c->intermediate_size * act, err));
-        TRY(grow(be, &s->ids, rows * sizeof(int32_t), err));
+        TRY(grow(m, &s->x, rows * c->hidden_size * act, err));
+        TRY(grow(m, &s->h, rows * c->hidden_size * act, err));
+        TRY(grow(m, &s->q, rows * qdim * act, err));
+        TRY(grow(m, &s->k, rows * kvdim * act, err));
+        TRY(grow(m, &s->v, rows * kvdim * act, err));
+        TRY(grow(m, &s->att, rows * qdim * act, err));
+        TRY(grow(m, &s->gate, rows * c->intermediate_size * act, err));
+        TRY(grow(m, &s->up, rows * c->intermediate_size * act, err));
+        TRY(grow(m, &s->ids, rows * sizeof(int32_t), err));
         s->cap_tokens = n;
     }
     if (n_out > s->cap_out) {
-        TRY(grow(be, &s->out_x, (size_t)n_out * c->hidden_size * act, err));
-        TRY(grow(be, &s->logits, (size_t)n_out * c->vocab_size * sizeof(float), err));
+        TRY(grow(m, &s->out_x, (size_t)n_out * c->hidden_size * act, err));
+        TRY(grow(m, &s->logits, (size_t)n_out * c->vocab_size * sizeof(float), err));
         s->cap_out = n_out;
     }
     return 0;
@@ -66,20 +70,24 @@ static int upload_batch(model *m, const be_paged_batch *hb, be_paged_batch *dev,
         {hb->q_indptr, (size_t)(ns + 1) * 4, (const void **)&dev->q_indptr},
         {hb->kv_len, (size_t)ns * 4, (const void **)&dev->kv_len},
         {hb->page_indptr, (size_t)(ns + 1) * 4, (const void **)&dev->page_indptr},
-        {hb->page_indices, (size_t)np * 4, (const void **)&dev->page_indices},
         {hb->last_page_len, (size_t)ns * 4, (const void **)&dev->last_page_len},
         {hb->first_page_offset, hb->first_page_offset ? (size_t)ns * 4 : 0,
          (const void **)&dev->first_page_offset},
         {hb->slots, (size_t)nt * 8, (const void **)&dev->slots},
         {hb->positions, (size_t)nt * 4, (const void **)&dev->positions},
+        /* Last: the only part whose size changes from one decode step to the next, so that
+         * the others keep their addresses for a recorded step. */
+        {hb->page_indices, (size_t)np * 4, (const void **)&dev->page_indices},
     };
     size_t n_parts = sizeof parts / sizeof parts[0], total = 0;
     for (size_t i = 0; i < n_parts; i++) total += align8(parts[i].bytes);
     model_scratch *s = &m->s;
     if (total > s->cap_meta) {
-        TRY(grow(m->be, &s->meta, total, err));
-        s->meta_host = base_xrealloc(s->meta_host, total);
-        s->cap_meta = total;
+        /* Room to grow: each reallocation makes recorded steps stale. */
+        size_t cap = total + total / 2;
+        TRY(grow(m, &s->meta, cap, err));
+        s->meta_host = base_xrealloc(s->meta_host, cap);
+        s->cap_meta = cap;
     }
     *dev = *hb;
     size_t off = 0;
@@ -119,7 +127,7 @@ static int apply_rope(model *m, const be_paged_batch *hb, const be_paged_batch *
     int half = hd / 2, ns = hb->n_seqs;
     size_t table = (size_t)half * sizeof(float);
     if (ns > s->cap_inv_freq_seqs) {
-        TRY(grow(be, &s->inv_freq, (size_t)ns * table, err));
+        TRY(grow(m, &s->inv_freq, (size_t)ns * table, err));
         s->cap_inv_freq_seqs = ns;
     }
     float *host = base_xmalloc((size_t)ns * table);
@@ -148,6 +156,20 @@ static int norm_per_head(model *m, be_tensor *t, int heads, const be_tensor *w, 
     return m->be->ops->rmsnorm(m->be, &v, w, m->cfg.rms_norm_eps, &v, err);
 }
 
+/* x += d, then h = rmsnorm(x) * norm, or only the add when norm is NULL (the last layer: the
+ * logits' norm runs on the gathered rows). */
+static int residual(model *m, const be_tensor *norm, be_tensor *x, be_tensor *d, be_tensor *h,
+                    base_err *err) {
+    const be_ops *op = m->be->ops;
+    if (!norm) return op->add(m->be, x, d, x, err);
+    if (op->add_rmsnorm) return op->add_rmsnorm(m->be, x, d, norm, m->cfg.rms_norm_eps, h, err);
+    TRY(op->add(m->be, x, d, x, err));
+    return op->rmsnorm(m->be, x, norm, m->cfg.rms_norm_eps, h, err);
+}
+
+/* Layer L's attention half. On entry h holds rmsnorm(x) * attn_norm (the previous layer's
+ * residual step computed it; the first layer computes it here); on exit x holds the residual
+ * and h = rmsnorm(x) * mlp_norm. */
 static int attention_block(model *m, const model_layer *L, const be_kv_layer *kvl,
                            const be_paged_batch *hb, const be_paged_batch *db,
                            const be_decode_plan *plan, base_err *err) {
@@ -163,21 +185,34 @@ static int attention_block(model *m, const model_layer *L, const be_kv_layer *kv
     be_tensor k = act_tensor(m, s->k, n, (int64_t)KV * hd);
     be_tensor v = act_tensor(m, s->v, n, (int64_t)KV * hd);
     be_tensor att = act_tensor(m, s->att, n, (int64_t)H * hd);
-    TRY(op->rmsnorm(be, &x, &L->attn_norm, c->rms_norm_eps, &h, err));
-    TRY(op->matmul(be, &h, &L->q, &q, err));
-    TRY(op->matmul(be, &h, &L->k, &k, err));
-    TRY(op->matmul(be, &h, &L->v, &v, err));
+    if (L == m->layers) TRY(op->rmsnorm(be, &x, &L->attn_norm, c->rms_norm_eps, &h, err));
+    if (op->matmul_qkv) {
+        const be_linear *ws[3] = {&L->q, &L->k, &L->v};
+        be_tensor *ys[3] = {&q, &k, &v};
+        TRY(op->matmul_qkv(be, &h, ws, ys, err));
+    } else {
+        TRY(op->matmul(be, &h, &L->q, &q, err));
+        TRY(op->matmul(be, &h, &L->k, &k, err));
+        TRY(op->matmul(be, &h, &L->v, &v, err));
+    }
     if (c->qk_norm) {
         TRY(norm_per_head(m, &q, H, &L->q_norm, err));
         TRY(norm_per_head(m, &k, KV, &L->k_norm, err));
     }
-    TRY(apply_rope(m, hb, db, &q, &k, err));
-    TRY(op->kv_append(be, kvl, &k, &v, db, err));
+    if (op->rope_kv_append && c->rope_scaling.type != IO_ROPE_DYNAMIC) {
+        be_tensor pos = {(void *)db->positions, BASE_DTYPE_I32, hb->n_tokens, 1};
+        TRY(op->rope_kv_append(be, &q, &k, &v, &pos, &m->inv_freq, m->rope_mscale, kvl, db, err));
+    } else {
+        TRY(apply_rope(m, hb, db, &q, &k, err));
+        TRY(op->kv_append(be, kvl, &k, &v, db, err));
+    }
     TRY(op->attention(be, &q, kvl, db, plan, H, 1.0f / sqrtf((float)hd), &att, err));
     TRY(op->matmul(be, &att, &L->o, &h, err));
-    return op->add(be, &x, &h, &x, err);
+    return residual(m, &L->mlp_norm, &x, &h, &h, err);
 }
 
+/* Layer L's MLP half: h holds rmsnorm(x) * mlp_norm on entry; on exit x holds the residual and
+ * h the next layer's rmsnorm(x) * attn_norm (nothing after the last layer). */
 static int mlp_block(model *m, const model_layer *L, int n, base_err *err) {
     const io_model_config *c = &m->cfg;
     const be_ops *op = m->be->ops;
@@ -187,12 +222,16 @@ static int mlp_block(model *m, const model_layer *L, int n, base_err *err) {
               h = act_tensor(m, s->h, n, c->hidden_size);
     be_tensor gate = act_tensor(m, s->gate, n, c->intermediate_size);
     be_tensor up = act_tensor(m, s->up, n, c->intermediate_size);
-    TRY(op->rmsnorm(be, &x, &L->mlp_norm, c->rms_norm_eps, &h, err));
-    TRY(op->matmul(be, &h, &L->gate, &gate, err));
-    TRY(op->matmul(be, &h, &L->up, &up, err));
-    TRY(op->silu_mul(be, &gate, &up, &gate, err));
+    if (op->matmul_silu_mul) {
+        TRY(op->matmul_silu_mul(be, &h, &L->gate, &L->up, &gate, err));
+    } else {
+        TRY(op->matmul(be, &h, &L->gate, &gate, err));
+        TRY(op->matmul(be, &h, &L->up, &up, err));
+        TRY(op->silu_mul(be, &gate, &up, &gate, err));
+    }
     TRY(op->matmul(be, &gate, &L->down, &h, err));
-    return op->add(be, &x, &h, &x, err);
+    const model_layer *next = L + 1 < m->layers + c->num_hidden_layers ? L + 1 : NULL;
+    return residual(m, next ? &next->attn_norm : NULL, &x, &h, &h, err);
 }
 
 /* Copies the wanted rows of x into out_x, one copy per contiguous run. */
@@ -231,6 +270,27 @@ static int check_step(const model *m, const kv_pool *pool, const kv_batch *batch
     return 0;
 }
 
+int model_forward_body(model *m, const model_step *st, base_err *err) {
+    const io_model_config *c = &m->cfg;
+    be_backend *be = m->be;
+    const be_paged_batch *hb = st->host;
+    int n = hb->n_tokens;
+    be_tensor ids = {m->s.ids, BASE_DTYPE_I32, n, 1};
+    be_tensor x = act_tensor(m, m->s.x, n, c->hidden_size);
+    TRY(be->ops->embedding(be, &m->embed, &ids, &x, err));
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        TRY(attention_block(m, &m->layers[l], kv_pool_layer(st->pool, l), hb, st->dev, st->plan,
+                            err));
+        TRY(mlp_block(m, &m->layers[l], n, err));
+    }
+    if (st->n_out == 0) return 0;
+    TRY(gather_rows(m, st->out_rows, st->n_out, err));
+    be_tensor ox = act_tensor(m, m->s.out_x, st->n_out, c->hidden_size);
+    be_tensor lg = {m->s.logits, BASE_DTYPE_F32, st->n_out, c->vocab_size};
+    TRY(be->ops->rmsnorm(be, &ox, &m->final_norm, c->rms_norm_eps, &ox, err));
+    return be->ops->matmul(be, &ox, &m->lm_head, &lg, err);
+}
+
 int model_forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t *tokens,
                   const int32_t *out_rows, int n_out, float *logits, base_err *err) {
     TRY(check_step(m, pool, batch, tokens, out_rows, n_out, err));
@@ -243,21 +303,14 @@ int model_forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t 
     TRY(upload_batch(m, hb, &db, err));
     TRY(be->ops->upload(be, m->s.ids, tokens, (size_t)n * sizeof(int32_t), err));
     be_decode_plan plan;
-    TRY(model_plan_step(m, pool, batch, &plan, err));
-
-    be_tensor ids = {m->s.ids, BASE_DTYPE_I32, n, 1};
-    be_tensor x = act_tensor(m, m->s.x, n, c->hidden_size);
-    TRY(be->ops->embedding(be, &m->embed, &ids, &x, err));
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        TRY(attention_block(m, &m->layers[l], kv_pool_layer(pool, l), hb, &db, &plan, err));
-        TRY(mlp_block(m, &m->layers[l], n, err));
+    model_step st = {pool, hb, &db, &plan, out_rows, n_out};
+    if (model_graph_usable(m, &st)) {
+        TRY(model_graph_step(m, &st, err));
+    } else {
+        TRY(model_plan_step(m, pool, batch, &plan, err));
+        TRY(model_forward_body(m, &st, err));
     }
     if (n_out == 0) return be->ops->sync(be, err);
-    TRY(gather_rows(m, out_rows, n_out, err));
-    be_tensor ox = act_tensor(m, m->s.out_x, n_out, c->hidden_size);
-    be_tensor lg = {m->s.logits, BASE_DTYPE_F32, n_out, c->vocab_size};
-    TRY(be->ops->rmsnorm(be, &ox, &m->final_norm, c->rms_norm_eps, &ox, err));
-    TRY(be->ops->matmul(be, &ox, &m->lm_head, &lg, err));
     if (logits)
         TRY(be->ops->download(be, logits, m->s.logits,
                               (size_t)n_out * (size_t)c->vocab_size * sizeof(float), err));
@@ -277,6 +330,7 @@ void model_free(model *m) {
                     s->logits, s->meta, s->inv_freq, m->workspace, m->inv_freq.data};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
+    model_graphs_free(m);
     for (int i = 0; i < m->n_mapped; i++) be->ops->free(be, (void *)m->mapped[i]);
     free(m->mapped);
     free(s->meta_host);

@@ -25,7 +25,37 @@ typedef struct model_scratch {
     unsigned char *meta_host;                  /* (cap_meta) staging for one upload */
     void *inv_freq;                            /* (n_seqs, head_dim / 2) F32, dynamic RoPE only */
     int cap_inv_freq_seqs;
+    uint64_t generation; /* bumped whenever a buffer above or the workspace is replaced */
 } model_scratch;
+
+/* A recorded decode step (model_graph.c), keyed by everything a recording holds fixed. */
+typedef struct model_graph_key {
+    const kv_pool *pool;
+    int n_seqs;        /* decode rows, one per sequence, all of them logits rows */
+    int kv_bound;      /* the max_kv_len the ops saw: a bucket of lengths shares one recording */
+    bool page_offsets; /* the batch has first_page_offset (it moves the arrays after it) */
+    be_decode_plan plan;
+    uint64_t model_generation, backend_generation;
+} model_graph_key;
+
+typedef struct model_graph_entry {
+    model_graph_key key;
+    be_graph *graph; /* NULL: seen once, run directly; recorded on the next sight */
+    bool failed;     /* the step could not be recorded: it always runs directly */
+    uint64_t last_use;
+} model_graph_entry;
+
+#define MODEL_GRAPH_CACHE 16
+
+/* One step's inputs as the forward body reads them. */
+typedef struct model_step {
+    const kv_pool *pool;
+    const be_paged_batch *host; /* the batch arrays in host memory */
+    be_paged_batch *dev;        /* the same arrays in backend memory */
+    be_decode_plan *plan;
+    const int32_t *out_rows; /* (n_out) */
+    int n_out;
+} model_step;
 
 struct model {
     io_model_config cfg;
@@ -44,6 +74,9 @@ struct model {
     model_scratch s;
     void *workspace; /* decode v2 partials, backend memory */
     uint64_t workspace_bytes;
+    model_graph_entry graphs[MODEL_GRAPH_CACHE];
+    uint64_t graph_clock;
+    uint64_t graphs_recorded, graphs_replayed;
 };
 
 /* Binds every weight of the architecture (model_load.c). */
@@ -57,5 +90,19 @@ void model_rope_freqs(const io_model_config *cfg, int seq_len, float *inv_freq, 
 /* The decode plan for this step (model_plan.c), using the reserved workspace. */
 int model_plan_step(model *m, const kv_pool *pool, const kv_batch *batch, be_decode_plan *plan,
                     base_err *err);
+/* The plan for n_decode decode rows whose longest has up to max_pages pages. */
+void model_plan_pages(model *m, int64_t n_decode, int64_t max_pages, be_decode_plan *plan);
+
+/* Embedding to logits in backend memory (s.logits), the ops queued, not waited for
+ * (model_forward.c). st->dev and st->plan must be final. */
+int model_forward_body(model *m, const model_step *st, base_err *err);
+
+/* Whether this step can run as a recorded graph: the backend records, every row is a decode
+ * row whose logits are wanted in order, RoPE is static (model_graph.c). */
+bool model_graph_usable(const model *m, const model_step *st);
+/* Plans the step for its length bucket (st->plan, st->dev->max_kv_len), then replays its
+ * recording, records it, or runs it directly. */
+int model_graph_step(model *m, model_step *st, base_err *err);
+void model_graphs_free(model *m);
 
 #endif

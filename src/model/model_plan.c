@@ -10,6 +10,7 @@ int model_reserve_decode(model *m, int block_size, int max_seqs, int max_ctx, ba
         attn_workspace_bytes(c->num_attention_heads, c->num_key_value_heads, c->head_dim,
                              block_size, max_seqs, max_ctx, attn_decode_target(m->be));
     if (bytes <= m->workspace_bytes) return 0;
+    m->s.generation++;
     if (m->workspace) m->be->ops->free(m->be, m->workspace);
     m->workspace = NULL;
     m->workspace_bytes = 0;
@@ -26,4 +27,11 @@ int model_plan_step(model *m, const kv_pool *pool, const kv_batch *batch, be_dec
                      c->num_key_value_heads, c->head_dim, attn_decode_target(m->be), m->workspace,
                      m->workspace_bytes, plan);
     return 0;
+}
+
+void model_plan_pages(model *m, int64_t n_decode, int64_t max_pages, be_decode_plan *plan) {
+    const io_model_config *c = &m->cfg;
+    attn_plan_decode_pages(n_decode, max_pages, c->num_attention_heads, c->num_key_value_heads,
+                           c->head_dim, attn_decode_target(m->be), m->workspace, m->workspace_bytes,
+                           plan);
 }

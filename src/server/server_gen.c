@@ -147,13 +147,19 @@ static json_t *token_json(server *s, int32_t id, float lp, bool with_bytes) {
         n = 0;
     }
     json_t *o = json_pack("{s:s%,s:f}", "token", t, n, "logprob", (double)lp);
+    free(t);
     if (with_bytes) {
+        /* The token's own bytes: a byte-fallback token is one byte, not U+FFFD. */
+        if (tok_token_bytes(s->pr->tok, id, &t, &n, &err)) {
+            t = NULL;
+            n = 0;
+        }
         json_t *bytes = json_array();
         for (size_t i = 0; i < n; i++)
             json_array_append_new(bytes, json_integer((unsigned char)t[i]));
         json_object_set_new(o, "bytes", bytes);
+        free(t);
     }
-    free(t);
     return o;
 }
 

@@ -216,6 +216,20 @@ int tok_decode(const tok_tokenizer *tok, const int32_t *ids, size_t n, bool skip
     return 0;
 }
 
+int tok_token_bytes(const tok_tokenizer *tok, int32_t id, char **bytes, size_t *len,
+                    base_err *err) {
+    *bytes = NULL;
+    *len = 0;
+    tok_buf raw = {0};
+    if (tok_decode_raw(tok, &id, 1, false, false, false, &raw, err)) {
+        free(raw.data);
+        return -1;
+    }
+    *bytes = raw.data;
+    *len = raw.len;
+    return 0;
+}
+
 /* ---- the incremental detokenizer ---- */
 
 struct tok_stream {

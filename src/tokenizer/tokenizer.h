@@ -37,6 +37,10 @@ int tok_encode(const tok_tokenizer *tok, const char *text, size_t len, bool add_
 int tok_decode(const tok_tokenizer *tok, const int32_t *ids, size_t n, bool skip_special,
                char **text, size_t *len, base_err *err);
 
+/* The bytes token `id` stands for in the middle of a text: the decoder chain without the
+ * repair of ill-formed UTF-8, so a byte-fallback token gives its one byte (what OpenAI's
+ * logprobs "bytes" carry). *bytes is caller-freed. */
+int tok_token_bytes(const tok_tokenizer *tok, int32_t id, char **bytes, size_t *len, base_err *err);
 int32_t tok_token_id(const tok_tokenizer *tok, const char *token); /* -1 if absent */
 const char *tok_token_text(const tok_tokenizer *tok, int32_t id);  /* raw vocab string or NULL */
 bool tok_is_special(const tok_tokenizer *tok, int32_t id);

@@ -79,6 +79,21 @@ static void check_all_paths(const scene *sc, ref_seq *const *rs, const be_paged_
         check_plan(sc, b, &plan, q, ref, out, scale, what);
         free(mem);
     }
+    /* A plan made for longer rows (the length bucket of a recorded decode step) serves this
+     * batch too: its chunks past a row's pages are empty. */
+    for (int mult = 2; mult <= 8 && n_decode > 0; mult *= 4) {
+        uint64_t ws = attn_workspace_bytes(sc->n_heads, sc->n_kv, sc->head_dim, sc->block_size,
+                                           b->n_seqs, (int64_t)max_len * mult, 16);
+        void *mem = malloc(ws ? ws : 1);
+        be_decode_plan plan;
+        attn_plan_decode_pages(n_decode, (int64_t)pages * mult, sc->n_heads, sc->n_kv, sc->head_dim,
+                               16, mem, ws, &plan);
+        base_err err;
+        int ok = attn_plan_validate(&plan, b, kv_pool_layer(sc->pool, 0), sc->n_heads, &err);
+        CHECK_MSG(ok == 0, "plan for %dx the pages rejected: %s", mult, err.msg);
+        check_plan(sc, b, &plan, q, ref, out, scale, "bucket");
+        free(mem);
+    }
     free(q);
     free(ref);
     free(out);

@@ -53,16 +53,8 @@ typedef struct tu_backends {
 } tu_backends;
 
 static inline bool tu_cpu_has(const char *isa) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                __builtin_cpu_supports("f16c");
-    if (strcmp(isa, "avx2") == 0) return avx2;
-    if (strcmp(isa, "avx512") == 0) {
-        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    }
-#endif
+    if (strcmp(isa, "avx2") == 0) return cpu_isa_supported(CPU_ISA_AVX2);
+    if (strcmp(isa, "avx512") == 0) return cpu_isa_supported(CPU_ISA_AVX512);
     return strcmp(isa, "portable") == 0;
 }
 

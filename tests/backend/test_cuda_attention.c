@@ -2,7 +2,9 @@
  * reference on random geometries: GQA groups 1 to 16, head_dim 32/64/128/256, f16 and bf16 pools,
  * scattered pages, lengths that are not multiples of the block size, a first-page offset, and
  * mixed prefill + decode batches. Pool slots no live token occupies hold NaN, so reading one
- * shows. Skipped when no CUDA device is present. */
+ * shows. Decode rows at head_dim 64/128, blocks of 16/32 and groups up to 16 run on the tensor
+ * cores, in single terms for 16-bit activations and split terms for F32 (whose bound is F32's);
+ * the other cases keep the F32 kernel. Skipped when no CUDA device is present. */
 #include "test_cuda_util.h"
 
 #include <math.h>
@@ -178,6 +180,11 @@ static void run_case(be_backend *be, const att_case *c, const seq_spec *seqs, in
         CHECK_MSG(be->ops->sync(be, &err) == 0, "%s", err.msg);
         double e = tc_err(be, &to, ref);
         double tol = c->act_dt == BASE_DTYPE_F32 ? 1e-5 : tc_tol(c->act_dt);
+        /* Prompt rows at head_dim 64 and 128 run on the tensor cores with q and the softmax
+         * weights rounded to the pool dtype (test_cuda_prefill bounds that path element by
+         * element); the other rows compute in F32. */
+        if (b.max_q > 1 && (D == 64 || D == 128) && tc_tol(c->pool_dt) > tol)
+            tol = tc_tol(c->pool_dt);
         CHECK_MSG(e < tol,
                   "attention G%d kv%d d%d bs%d pool %s act %s plan %d ppc %d: err %g (seqs %d)",
                   c->group, c->n_kv, D, c->block_size, base_dtype_name(c->pool_dt),
@@ -211,15 +218,22 @@ int main(void) {
         {2, 2, 256, 32, BASE_DTYPE_BF16, BASE_DTYPE_F16},
         {2, 2, 32, 32, BASE_DTYPE_F16, BASE_DTYPE_BF16},
         {8, 1, 32, 16, BASE_DTYPE_BF16, BASE_DTYPE_F32},
+        {6, 1, 64, 32, BASE_DTYPE_BF16, BASE_DTYPE_BF16},
+        {8, 2, 128, 16, BASE_DTYPE_F16, BASE_DTYPE_F16},
+        {3, 4, 128, 32, BASE_DTYPE_BF16, BASE_DTYPE_F32},
     };
     /* decode rows of assorted lengths, one with a first-page offset, a fresh prompt and a
      * chunked-prefill continuation */
     const seq_spec mixed[] = {{1, 1, 0},   {37, 1, 0},  {100, 1, 5},
                               {45, 45, 0}, {250, 1, 0}, {70, 9, 0}};
     const seq_spec decode_only[] = {{300, 1, 0}, {33, 1, 0}, {5, 1, 3}};
+    /* first-page offsets past the first 16-token tile (one sequence living in its second
+     * tile alone) and a long row, for blocks of 32 */
+    const seq_spec offsets[] = {{12, 1, 20}, {40, 1, 17}, {700, 1, 31}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         run_case(be, &cases[i], mixed, 6);
         run_case(be, &cases[i], decode_only, 3);
+        if (cases[i].block_size >= 32) run_case(be, &cases[i], offsets, 3);
     }
     be->ops->destroy(be);
     TEST_MAIN_END();

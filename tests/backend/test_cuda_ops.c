@@ -1,5 +1,6 @@
 /* The CUDA backend's row, elementwise and matmul ops against double-precision references
- * written here, by normalized error; skipped when no CUDA device is present. */
+ * written here, and its fused ops against the CPU backend's plain ops composed, by normalized
+ * error; skipped when no CUDA device is present. */
 #include "test_cuda_util.h"
 
 #include <math.h>
@@ -374,6 +375,234 @@ static void test_kv_append(be_backend *be) {
     }
 }
 
+/* ---- the single-row GEMV and the fused ops, against the CPU backend's plain ops ---- */
+
+static be_backend *cpu;
+
+static void cpu_matmul(const float *x, int n, const be_linear *w, float *y) {
+    be_tensor tx = {(void *)x, BASE_DTYPE_F32, n, w->in}, ty = {y, BASE_DTYPE_F32, n, w->out};
+    base_err err = {{0}};
+    CHECK_MSG(cpu->ops->matmul(cpu, &tx, w, &ty, &err) == 0, "cpu matmul: %s", err.msg);
+}
+
+/* Normalized error of a device tensor against a float reference. */
+static double dev_err(be_backend *be, const be_tensor *t, const float *ref) {
+    size_t n = (size_t)(t->rows * t->cols);
+    float *got = tc_read(be, t);
+    double e = test_rel_err(got, ref, n);
+    free(got);
+    return e;
+}
+
+static float *rand_rows(int n, int64_t in) {
+    float *x = malloc(sizeof(float) * (size_t)(n * in));
+    tc_fill(x, (size_t)(n * in), 1.0f);
+    return x;
+}
+
+/* 1 to 16 F32 rows, the decode case: every bit width and group, odd row counts, rows of x
+ * past the ones a pass holds, and enough output rows that CTAs take several steps. */
+static void test_gemv_rows(be_backend *be) {
+    const int bits[] = {2, 3, 4, 5, 6, 8}, groups[] = {32, 64, 128}, ns[] = {1, 2, 5, 16};
+    struct {
+        int64_t out, in;
+    } sizes[] = {{19, 384}, {5003, 256}};
+    for (int b = 0; b < 6; b++)
+        for (int g = 0; g < 3; g++)
+            for (int z = 0; z < 2; z++) {
+                host_linear L;
+                base_dtype sdt = (b + g + z) % 2 ? BASE_DTYPE_F16 : BASE_DTYPE_BF16;
+                make_linear(be, &L, sizes[z].out, sizes[z].in, bits[b], groups[g], sdt, g == 1);
+                for (int k = 0; k < 4; k++) {
+                    int n = ns[k];
+                    float *x = rand_rows(n, L.host.in);
+                    float *ref = malloc(sizeof(float) * (size_t)(n * L.host.out));
+                    cpu_matmul(x, n, &L.host, ref);
+                    be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, L.host.in);
+                    be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, L.host.out);
+                    base_err err = {{0}};
+                    CHECK_MSG(be->ops->matmul(be, &tx, &L.dev, &ty, &err) == 0, "%s", err.msg);
+                    double e = dev_err(be, &ty, ref);
+                    CHECK_MSG(e < 1e-5, "q%d g%d [%lld x %lld] n=%d: err %g", bits[b], groups[g],
+                              (long long)L.host.out, (long long)L.host.in, n, e);
+                    be->ops->free(be, tx.data);
+                    be->ops->free(be, ty.data);
+                    free(x), free(ref);
+                }
+                free_linear(be, &L);
+            }
+    /* Long rows: 8192, 12288 and 24576 4-bit values are one, two and four 32-value units per
+     * thread of a full CTA, 4096, 6144 and 12288 8-bit values likewise; BF16 output. */
+    const int64_t ins[2][3] = {{8192, 12288, 24576}, {4096, 6144, 12288}};
+    for (int b = 0; b < 2; b++)
+        for (int i = 0; i < 3; i++) {
+            host_linear L;
+            make_linear(be, &L, 21, ins[b][i], b ? 8 : 4, 64, BASE_DTYPE_BF16, i == 1);
+            float *x = rand_rows(1, L.host.in), ref[21];
+            cpu_matmul(x, 1, &L.host, ref);
+            tc_round(ref, 21, BASE_DTYPE_BF16);
+            be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, 1, L.host.in);
+            be_tensor ty = tc_poisoned(be, BASE_DTYPE_BF16, 1, 21);
+            base_err err = {{0}};
+            CHECK_MSG(be->ops->matmul(be, &tx, &L.dev, &ty, &err) == 0, "%s", err.msg);
+            double e = dev_err(be, &ty, ref);
+            CHECK_MSG(e < 4e-3, "single row q%d in %lld: err %g", b ? 8 : 4, (long long)L.host.in,
+                      e);
+            be->ops->free(be, tx.data);
+            be->ops->free(be, ty.data);
+            free(x);
+            free_linear(be, &L);
+        }
+}
+
+/* Q, K and V from one x: one geometry (one GEMV launch at one row), mixed bit widths and
+ * groups (three matmuls), at 1 and 3 rows, with the biases qwen2 has. */
+static void test_matmul_qkv(be_backend *be) {
+    const int cfg[3][3][2] = {
+        {{4, 64}, {4, 64}, {4, 64}}, {{8, 32}, {8, 32}, {8, 32}}, {{4, 64}, {8, 64}, {4, 32}}};
+    const int64_t outs[3] = {96, 32, 40}, in = 256;
+    for (int c = 0; c < 3; c++)
+        for (int n = 1; n <= 3; n += 2) {
+            host_linear L[3];
+            be_tensor ty[3];
+            float *ref[3];
+            float *x = rand_rows(n, in);
+            for (int i = 0; i < 3; i++) {
+                make_linear(be, &L[i], outs[i], in, cfg[c][i][0], cfg[c][i][1], BASE_DTYPE_BF16,
+                            c != 1);
+                ref[i] = malloc(sizeof(float) * (size_t)(n * outs[i]));
+                cpu_matmul(x, n, &L[i].host, ref[i]);
+                ty[i] = tc_poisoned(be, BASE_DTYPE_F32, n, outs[i]);
+            }
+            be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
+            const be_linear *ws[3] = {&L[0].dev, &L[1].dev, &L[2].dev};
+            be_tensor *ys[3] = {&ty[0], &ty[1], &ty[2]};
+            base_err err = {{0}};
+            CHECK_MSG(be->ops->matmul_qkv(be, &tx, ws, ys, &err) == 0, "%s", err.msg);
+            for (int i = 0; i < 3; i++) {
+                double e = dev_err(be, &ty[i], ref[i]);
+                CHECK_MSG(e < 1e-5, "qkv config %d n=%d output %d: err %g", c, n, i, e);
+                be->ops->free(be, ty[i].data);
+                free(ref[i]);
+                free_linear(be, &L[i]);
+            }
+            be->ops->free(be, tx.data);
+            free(x);
+        }
+}
+
+/* silu(x gate^T) * (x up^T): fused at one row (4 and 8 bits, with and without biases, an odd
+ * out), composed at several rows and for mixed bit widths. */
+static void test_matmul_silu_mul(be_backend *be) {
+    const int cfg[3][2] = {{4, 8}, {8, 8}, {4, 4}};
+    const int64_t out = 301, in = 384;
+    for (int c = 0; c < 3; c++)
+        for (int n = 1; n <= 5; n += 4) {
+            host_linear G, U;
+            make_linear(be, &G, out, in, cfg[c][0], 64, BASE_DTYPE_F16, c == 0);
+            make_linear(be, &U, out, in, cfg[c][1], 64, BASE_DTYPE_F16, c == 0);
+            float *x = rand_rows(n, in);
+            float *g = malloc(sizeof(float) * (size_t)(n * out));
+            float *u = malloc(sizeof(float) * (size_t)(n * out));
+            cpu_matmul(x, n, &G.host, g);
+            cpu_matmul(x, n, &U.host, u);
+            be_tensor tg = {g, BASE_DTYPE_F32, n, out}, tu = {u, BASE_DTYPE_F32, n, out};
+            base_err err = {{0}};
+            CHECK(cpu->ops->silu_mul(cpu, &tg, &tu, &tg, &err) == 0);
+            be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
+            be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, out);
+            CHECK_MSG(be->ops->matmul_silu_mul(be, &tx, &G.dev, &U.dev, &ty, &err) == 0, "%s",
+                      err.msg);
+            double e = dev_err(be, &ty, g);
+            CHECK_MSG(e < 1e-5, "silu_mul config %d n=%d: err %g", c, n, e);
+            be->ops->free(be, tx.data);
+            be->ops->free(be, ty.data);
+            free(x), free(g), free(u);
+            free_linear(be, &G);
+            free_linear(be, &U);
+        }
+}
+
+/* x += d; y = rmsnorm(x) * w against add then rmsnorm on the CPU, y aliasing d. */
+static void test_add_rmsnorm(be_backend *be) {
+    const int rows = 3, cols = 4100;
+    for (int a = 0; a < 3; a += 2) {
+        base_dtype dt = act_types[a];
+        float *x = rand_rows(rows, cols), *d = rand_rows(rows, cols), w[4100];
+        tc_fill(w, cols, 1.0f);
+        tc_round(x, (size_t)rows * cols, dt);
+        tc_round(d, (size_t)rows * cols, dt);
+        be_tensor tx = tc_tensor(be, x, dt, rows, cols), td = tc_tensor(be, d, dt, rows, cols);
+        be_tensor tw = tc_tensor(be, w, BASE_DTYPE_F32, 1, cols);
+        be_tensor cx = {x, BASE_DTYPE_F32, rows, cols};
+        be_tensor cd = {d, BASE_DTYPE_F32, rows, cols}, cw = {w, BASE_DTYPE_F32, 1, cols};
+        base_err err = {{0}};
+        CHECK(cpu->ops->add(cpu, &cx, &cd, &cx, &err) == 0);
+        /* The device stores x in dt before it normalizes it. */
+        tc_round(x, (size_t)rows * cols, dt);
+        CHECK(cpu->ops->rmsnorm(cpu, &cx, &cw, 1e-5f, &cd, &err) == 0);
+        CHECK_MSG(be->ops->add_rmsnorm(be, &tx, &td, &tw, 1e-5f, &td, &err) == 0, "%s", err.msg);
+        double ex = dev_err(be, &tx, x), ey = dev_err(be, &td, d);
+        CHECK_MSG(ex < tc_tol(dt) && ey < tc_tol(dt), "add_rmsnorm %s: x err %g, y err %g",
+                  base_dtype_name(dt), ex, ey);
+        be->ops->free(be, tx.data);
+        be->ops->free(be, td.data);
+        be->ops->free(be, tw.data);
+        free(x), free(d);
+    }
+}
+
+/* RoPE on q and k and the append of k and v against rope, rope and kv_append on the CPU. */
+static void test_rope_kv_append(be_backend *be) {
+    const int n = 3, H = 4, KV = 2, hd = 64, half = 32, bs = 16, nblocks = 4;
+    const int64_t width = KV * hd;
+    int32_t pos[3] = {0, 9, 5000};
+    int64_t slots[3] = {3 * 16 + 2, 1, 17};
+    float inv[32];
+    for (int i = 0; i < half; i++) inv[i] = (float)pow(10000.0, -2.0 * i / hd);
+    for (int d = 0; d < 2; d++) {
+        base_dtype pdt = d ? BASE_DTYPE_BF16 : BASE_DTYPE_F16;
+        float *q = rand_rows(n, H * hd), *k = rand_rows(n, width), *v = rand_rows(n, width);
+        size_t pool_elems = (size_t)nblocks * bs * width, bytes = pool_elems * 2;
+        uint16_t *ck = calloc(pool_elems, 2), *cv = calloc(pool_elems, 2);
+        be_kv_layer cl = {ck, cv, pdt, nblocks, bs, KV, hd};
+        be_kv_layer gl = {
+            tc_dev_bytes(be, ck, bytes), tc_dev_bytes(be, cv, bytes), pdt, nblocks, bs, KV, hd};
+        be_tensor tq = tc_tensor(be, q, BASE_DTYPE_F32, n, H * hd);
+        be_tensor tk = tc_tensor(be, k, BASE_DTYPE_F32, n, width);
+        be_tensor tv = tc_tensor(be, v, BASE_DTYPE_F32, n, width);
+        be_tensor tp = {tc_dev_bytes(be, pos, sizeof pos), BASE_DTYPE_I32, n, 1};
+        be_tensor tf = tc_tensor(be, inv, BASE_DTYPE_F32, 1, half);
+        be_paged_batch gb = {.n_tokens = n, .slots = tc_dev_bytes(be, slots, sizeof slots)};
+        base_err err = {{0}};
+        CHECK_MSG(be->ops->rope_kv_append(be, &tq, &tk, &tv, &tp, &tf, 1.1f, &gl, &gb, &err) == 0,
+                  "%s", err.msg);
+        be_tensor cq = {q, BASE_DTYPE_F32, n, H * hd}, ckt = {k, BASE_DTYPE_F32, n, width};
+        be_tensor cvt = {v, BASE_DTYPE_F32, n, width}, cp = {pos, BASE_DTYPE_I32, n, 1};
+        be_tensor cf = {inv, BASE_DTYPE_F32, 1, half};
+        be_paged_batch cb = {.n_tokens = n, .slots = slots};
+        CHECK(cpu->ops->rope(cpu, &cq, H, hd, &cp, &cf, 1.1f, &err) == 0);
+        CHECK(cpu->ops->rope(cpu, &ckt, KV, hd, &cp, &cf, 1.1f, &err) == 0);
+        CHECK_MSG(cpu->ops->kv_append(cpu, &cl, &ckt, &cvt, &cb, &err) == 0, "%s", err.msg);
+        double eq = dev_err(be, &tq, q), ek = dev_err(be, &tk, k);
+        /* sincosf on the device and the CPU's sine and cosine differ in the last bits. */
+        CHECK_MSG(eq < 1e-4 && ek < 1e-4, "rope_kv_append q err %g, k err %g", eq, ek);
+        be_tensor pk = {gl.k, pdt, (int64_t)pool_elems, 1},
+                  pv = {gl.v, pdt, (int64_t)pool_elems, 1};
+        float *rk = malloc(sizeof(float) * pool_elems), *rv = malloc(sizeof(float) * pool_elems);
+        for (size_t i = 0; i < pool_elems; i++) {
+            rk[i] = base_load_float(ck, pdt, i);
+            rv[i] = base_load_float(cv, pdt, i);
+        }
+        double epk = dev_err(be, &pk, rk), epv = dev_err(be, &pv, rv);
+        CHECK_MSG(epk < tc_tol(pdt) && epv < 1e-7, "rope_kv_append %s pool: k err %g, v err %g",
+                  base_dtype_name(pdt), epk, epv);
+        void *bufs[] = {gl.k, gl.v, tq.data, tk.data, tv.data, tp.data, tf.data, (void *)gb.slots};
+        for (int i = 0; i < 8; i++) be->ops->free(be, bufs[i]);
+        free(q), free(k), free(v), free(ck), free(cv), free(rk), free(rv);
+    }
+}
+
 int main(void) {
     be_backend *be = tc_backend();
     if (!be) return 0;
@@ -390,6 +619,13 @@ int main(void) {
     test_matmul_dense(be);
     test_matmul_quant(be);
     base_err err = {{0}};
+    CHECK_MSG(be_cpu_create(2, &cpu, &err) == 0, "%s", err.msg);
+    test_gemv_rows(be);
+    test_matmul_qkv(be);
+    test_matmul_silu_mul(be);
+    test_add_rmsnorm(be);
+    test_rope_kv_append(be);
+    cpu->ops->destroy(cpu);
     CHECK_MSG(be->ops->sync(be, &err) == 0, "%s", err.msg);
     be->ops->destroy(be);
     TEST_MAIN_END();

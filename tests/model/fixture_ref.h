@@ -20,7 +20,7 @@ typedef struct fixture_ref {
     int64_t vocab;
 } fixture_ref;
 
-static int32_t *fixture_read_ids(json_t *arr, int *n) {
+static inline int32_t *fixture_read_ids(json_t *arr, int *n) {
     *n = (int)json_array_size(arr);
     int32_t *ids = malloc((size_t)(*n ? *n : 1) * sizeof *ids);
     for (int i = 0; i < *n; i++)
@@ -28,7 +28,7 @@ static int32_t *fixture_read_ids(json_t *arr, int *n) {
     return ids;
 }
 
-static void fixture_ref_free(fixture_ref *ref) {
+static inline void fixture_ref_free(fixture_ref *ref) {
     free(ref->tokens);
     free(ref->greedy);
     free(ref->margin_rel);
@@ -37,7 +37,7 @@ static void fixture_ref_free(fixture_ref *ref) {
 }
 
 /* Loads dir's reference.json and logits.npy; -1 with err filled on any problem. */
-static int fixture_ref_load(const char *dir, fixture_ref *ref, base_err *err) {
+static inline int fixture_ref_load(const char *dir, fixture_ref *ref, base_err *err) {
     memset(ref, 0, sizeof *ref);
     char *path = base_path_join(dir, "reference.json");
     json_error_t jerr;
@@ -73,7 +73,8 @@ static int fixture_ref_load(const char *dir, fixture_ref *ref, base_err *err) {
 }
 
 /* Largest per-position relative error of ours ([n, vocab]) against ref. */
-static double fixture_max_position_error(const float *ours, const float *ref, int n, int vocab) {
+static inline double fixture_max_position_error(const float *ours, const float *ref, int n,
+                                                int vocab) {
     double worst = 0;
     for (int i = 0; i < n; i++) {
         double e = test_rel_err(ours + (size_t)i * vocab, ref + (size_t)i * vocab, (size_t)vocab);
@@ -82,12 +83,12 @@ static double fixture_max_position_error(const float *ours, const float *ref, in
     return worst;
 }
 
-static int fixture_cmp_name(const void *a, const void *b) {
+static inline int fixture_cmp_name(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
 /* The fixtures under root (folders holding reference.json), sorted; names are heap strings. */
-static int fixture_list(const char *root, char **names, int max) {
+static inline int fixture_list(const char *root, char **names, int max) {
     DIR *d = opendir(root);
     int n = 0;
     for (struct dirent *e; d && (e = readdir(d)) && n < max;) {

@@ -143,6 +143,9 @@ async function openaiPart(url) {
   check(content.length === lp.usage.completion_tokens, 'one logprob entry per token');
   check(content.every((e) => e.logprob <= 0 && e.top_logprobs.length === 3 &&
         e.top_logprobs[0].logprob >= e.logprob - 1e-6), 'greedy token is the most likely');
+  const joined = Buffer.concat(content.map((e) => Buffer.from(e.bytes))).toString('utf8');
+  check(joined.trimStart() === lp.choices[0].message.content.trimStart(),
+        "the entries' bytes join into the message");
   await checkNoLeak(url, 'after the openai calls');
 
   // 16 concurrent streams; one is aborted after its first chunk and must not hold blocks.

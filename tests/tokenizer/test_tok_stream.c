@@ -112,6 +112,28 @@ static void test_stream_byte_level(void) {
     tok_free(tok);
 }
 
+/* One token's bytes keep what the UTF-8 repair of a full decode would replace. */
+static void test_token_bytes(void) {
+    tok_tokenizer *tok = tt_load("sp_tiny");
+    char *b;
+    size_t n;
+    base_err err;
+    CHECK(tok_token_bytes(tok, 3 + 0xE2, &b, &n, &err) == 0);
+    CHECK(n == 1 && (unsigned char)b[0] == 0xE2);
+    free(b);
+    /* Mid-text, the Metaspace space of a word token stays. */
+    CHECK(tok_token_bytes(tok, 266, &b, &n, &err) == 0);
+    CHECK(n == 3 && memcmp(b, " hi", 3) == 0);
+    free(b);
+    CHECK(tok_token_bytes(tok, 99999, &b, &n, &err) == -1 && strstr(err.msg, "99999"));
+    tok_free(tok);
+    tok = tt_load("bl_tiny");
+    CHECK(tok_token_bytes(tok, 0x82, &b, &n, &err) == 0);
+    CHECK(n == 1 && (unsigned char)b[0] == 0x82);
+    free(b);
+    tok_free(tok);
+}
+
 /* Decoders that look at the start or end of the text: Metaspace drops the first token's
  * leading space; Strip removes up to two c's only at the very start and the very end. */
 static const char k_edge_json[] =
@@ -186,6 +208,7 @@ int main(void) {
     test_stream_byte_fallback();
     test_stream_byte_level();
     test_edges();
+    test_token_bytes();
     static const int32_t sp_pool[] = {0,        1,        2,        259,      260,      266,
                                       269,      3 + 0xE2, 3 + 0x82, 3 + 0xAC, 3 + 0xF0, 3 + 0x9F,
                                       3 + 0x98, 3 + 0x80, 3 + ' ',  3 + 'x',  3 + 0xC3, 3 + 0xA9};

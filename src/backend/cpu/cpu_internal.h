@@ -63,6 +63,8 @@ static inline const cpu_kernels *cpu_krn(be_backend *be) {
 
 /* "portable", "avx2" or "avx512": the kernels this backend runs. */
 const char *cpu_isa_name(const be_backend *be);
+/* Whether this CPU (and its OS) can run the kernels of `isa`. */
+bool cpu_isa_supported(cpu_isa isa);
 
 /* Checks that t has data of dtype dt and a non-empty shape; `what` names it in the message. */
 int cpu_check_tensor(const be_tensor *t, base_dtype dt, const char *op, const char *what,

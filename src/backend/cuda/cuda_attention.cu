@@ -1,6 +1,10 @@
 /* Paged attention: decode v1, decode v2 with its merge, and prefill rows, all through the
  * pages of a be_paged_batch.
  *
+ * Decode rows (q_len == 1) at head_dim 64 or 128, groups of up to 16 query heads and blocks of
+ * a multiple of 16 tokens run on the tensor cores (paged_decode_mma_kernel, described there).
+ * Everything else runs on paged_attention_kernel, in F32:
+ *
  * Design: one CTA per (token row, kv head, chunk) serves the whole GQA group of that kv head
  * (up to ATT_MAX_GROUP query heads; larger groups split into sub-groups), so each K/V byte is
  * read once per group. Pages stream through shared memory with cp.async (the backend's
@@ -16,12 +20,13 @@
  *           once at the end.
  * Pool offsets are 64-bit from the first multiply. A decode row follows the plan: v1 is one
  * chunk covering all pages; v2 writes each chunk's normalized output and log-sum-exp to the
- * workspace (layout in attn.h) and a merge kernel combines them. Prefill rows are v1 rows
- * with a causal limit: correct, and the place where a tensor-core kernel goes next. */
+ * workspace (layout in attn.h) and a merge kernel combines them, whichever kernel wrote them.
+ * Prefill rows are v1 rows with a causal limit. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <limits.h>
 #include <string.h>
+#include <type_traits>
 
 #define ATT_THREADS    128
 #define ATT_MIN_STAGES 2
@@ -347,6 +352,367 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
     }
 }
 
+/* ---- Decode rows on the tensor cores ----
+ *
+ * One CTA per (decode row, kv head, chunk) serves the group's query heads as the 16 M rows of
+ * mma.sync m16n8k16 (rows past the group hold zeros). The chunk's pages are cut into tiles of
+ * 16 tokens; each of the ATT_TC_WARPS warps takes every ATT_TC_WARPS-th tile and streams it
+ * through its own att_stages shared-memory stages with 16-byte cp.async copies, so the main
+ * loop needs no block-wide barrier (split-K inside the CTA); the warps' softmax states are
+ * combined once at the end. Per tile: S = Q K^T with the tile's 16 tokens as N, K read by
+ * ldmatrix from rows whose 16-byte chunks are XOR-swizzled by the token; softmax online in
+ * F32 in the log2 domain on the accumulators; O += P V with P taken from the S accumulators
+ * as the A operand in registers and V read by ldmatrix.trans. Tiles of 16 tokens rather than
+ * pages keep a stage at 8 KB (head_dim 128), so two or three CTAs of 4 warps stay resident
+ * per SM with every warp's next tiles in flight. Dead slots (before the first-page offset,
+ * past the last token) are zero-filled by cp.async, since the pool may hold NaN there and
+ * 0 * NaN would reach the output.
+ *
+ * MMA inputs are the pool's dtype. SPLIT > 1 carries q and P as that many terms (the value
+ * rounded, then the rounded remainder, ...), each a separate MMA into the same F32
+ * accumulator: the F32 activation path then keeps F32-level accuracy while K and V, exact in
+ * the pool's dtype, are read once. */
+#define ATT_TC_WARPS 4
+#define ATT_TC_ROWS  16
+#define ATT_TC_TILE  16
+
+template <typename KT> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    uint32_t w;
+    memcpy(&w, &h, sizeof w);
+    return w;
+}
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+    __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+    uint32_t w;
+    memcpy(&w, &b, sizeof w);
+    return w;
+}
+
+/* The SPLIT terms of the pair (x, y) in the pool's dtype, packed: term s holds what terms
+ * 0..s-1 left over, rounded. */
+template <typename KT, int SPLIT>
+__device__ __forceinline__ void split2(float x, float y, uint32_t *terms) {
+#pragma unroll
+    for (int s = 0; s < SPLIT; s++) {
+        terms[s] = pack2<KT>(x, y);
+        float2 r = to_float2<KT>(terms[s]);
+        x -= r.x;
+        y -= r.y;
+    }
+}
+
+template <typename KT>
+__device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16816<__half>(float *c, const uint32_t *a, uint32_t b0,
+                                                 uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float *c, const uint32_t *a, uint32_t b0,
+                                                        uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t *r, const void *smem) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t *r, const void *smem) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+}
+
+/* Copies 16 bytes, or writes 16 zero bytes when !full (nothing is read then). */
+__device__ __forceinline__ void cp_async16_zfill(void *smem, const void *gmem, bool full) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    int n = full ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+
+/* Shared memory of the tensor-core decode kernel: every warp's stages of K and V tiles, which
+ * the final combine of (ATT_TC_WARPS, 16) rows of D floats plus their max and sum reuses. */
+static __host__ __device__ size_t att_tc_work_bytes(int head_dim, int n_stages) {
+    size_t stages = (size_t)ATT_TC_WARPS * n_stages * 2 * ATT_TC_TILE * head_dim * 2;
+    size_t red = (size_t)ATT_TC_WARPS * ATT_TC_ROWS * (head_dim + 2) * sizeof(float);
+    return stages > red ? stages : red;
+}
+
+/* The work area, then q's terms past the first: (split - 1, 16, head_dim) swizzled. */
+static size_t att_tc_smem_bytes(int head_dim, int n_stages, int split) {
+    return att_tc_work_bytes(head_dim, n_stages) + (size_t)(split - 1) * ATT_TC_ROWS * head_dim * 2;
+}
+
+/* Three resident CTAs per SM: q's first term and the output accumulators live in registers
+ * (at most 168, none spilled at head_dim 128), and two stages of 16-token tiles take 64 KB per
+ * CTA, plus 4 KB per further term of q. */
+template <int D, int SPLIT, typename KT>
+__global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(att_params p) {
+    constexpr int CH = D / 8;             /* 16-byte chunks per token row */
+    constexpr int KS = D / 16;            /* k-steps of Q K^T */
+    constexpr int NO = D / 8;             /* n-tiles of the output */
+    constexpr int TILE = ATT_TC_TILE * D; /* elements of one tile of K (or of V) */
+    static_assert(CH % 8 == 0 && ATT_TC_TILE == 16, "swizzle and the P V k-step need these");
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, c4 = lane & 3;
+    const int n_st = p.stages, bs = p.block_size, tpp = bs / ATT_TC_TILE;
+    KT *wbuf = (KT *)smem + (size_t)warp * n_st * 2 * TILE;
+    KT *qs = (KT *)(smem + att_tc_work_bytes(D, n_st)); /* (SPLIT - 1, 16, D) */
+    const int kvh = blockIdx.x, chunk = blockIdx.y;
+    const int head0 = kvh * p.group;
+    const uint64_t row_stride = (uint64_t)p.n_kv_heads * D;
+    const KT *kp = (const KT *)p.k_pool + (uint64_t)kvh * D;
+    const KT *vp = (const KT *)p.v_pool + (uint64_t)kvh * D;
+
+    for (int row = blockIdx.z; row < p.n_tokens; row += gridDim.z) {
+        const int s = seq_of_row(p.q_indptr, p.n_seqs, row);
+        if (p.q_indptr[s + 1] - p.q_indptr[s] != 1) continue;
+        const int fpo = p.first_page_offset ? p.first_page_offset[s] : 0;
+        const int n_vis = p.kv_len[s];
+        const int n_pages = (fpo + n_vis + bs - 1) / bs;
+        const int64_t pb64 = (int64_t)chunk * p.pages_per_chunk;
+        if (pb64 >= n_pages) continue;
+        const int p_begin = (int)pb64;
+        const int p_end =
+            n_pages - p_begin > p.pages_per_chunk ? p_begin + p.pages_per_chunk : n_pages;
+        const int32_t *pages = p.page_indices + p.page_indptr[s];
+        const int drow = p.split ? decode_rank(p, s) : 0;
+        /* Tiles [t_begin, t_end) of the chunk that hold a live token; tile T covers the
+         * sequence's slots [16T, 16T + 16), slot u live when fpo <= u < fpo + n_vis. */
+        const int t_begin = p_begin == 0 ? fpo / ATT_TC_TILE : p_begin * tpp;
+        const int t_live = (fpo + n_vis + ATT_TC_TILE - 1) / ATT_TC_TILE;
+        const int t_end = p_end * tpp < t_live ? p_end * tpp : t_live;
+
+        /* q's first term as A fragments in registers: register r holds rows g (+8 for odd
+         * r), columns 2 * c4 (+8 for r >= 2) of each k-step. Later terms go to shared memory
+         * (read back by ldmatrix per tile), which keeps the registers of the split path
+         * near the single one's. */
+        uint32_t qa[KS][4];
+        const size_t qbase = (size_t)row * p.n_heads * D + (size_t)head0 * D;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int h = g + (r & 1) * 8, col = ks * 16 + c4 * 2 + (r >> 1) * 8;
+                float x = 0.0f, y = 0.0f;
+                if (h < p.group) {
+                    x = cuda_load(p.q, p.q_dt, qbase + (size_t)h * D + col);
+                    y = cuda_load(p.q, p.q_dt, qbase + (size_t)h * D + col + 1);
+                }
+                uint32_t t[SPLIT];
+                split2<KT, SPLIT>(x, y, t);
+                qa[ks][r] = t[0];
+#pragma unroll
+                for (int sp = 1; sp < SPLIT; sp++)
+                    *(uint32_t *)(qs + (sp - 1) * ATT_TC_ROWS * D +
+                                  (h * CH + ((col >> 3) ^ (h & 7))) * 8 + (col & 7)) = t[sp];
+            }
+        if (SPLIT > 1) __syncthreads();
+
+        float o[NO][4];
+#pragma unroll
+        for (int n = 0; n < NO; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+        const int span = t_end - t_begin;
+        const int n_my = span > warp ? (span - warp + ATT_TC_WARPS - 1) / ATT_TC_WARPS : 0;
+        auto issue = [&](int i) {
+            const int tile = t_begin + warp + i * ATT_TC_WARPS;
+            const int u0 = tile * ATT_TC_TILE;
+            const uint64_t base =
+                ((uint64_t)pages[tile / tpp] * (uint64_t)bs + (uint64_t)(u0 % bs)) * row_stride;
+            KT *kd = wbuf + (size_t)(i % n_st) * 2 * TILE, *vd = kd + TILE;
+#pragma unroll
+            for (int c = lane; c < ATT_TC_TILE * CH; c += 32) {
+                const int t = c / CH, cc = c % CH;
+                const bool ok = u0 + t >= fpo && u0 + t < fpo + n_vis;
+                const uint64_t off = ok ? base + (uint64_t)t * row_stride + (uint64_t)cc * 8 : 0;
+                const int so = (t * CH + (cc ^ (t & 7))) * 8;
+                cp_async16_zfill(kd + so, kp + off, ok);
+                cp_async16_zfill(vd + so, vp + off, ok);
+            }
+        };
+
+        for (int i = 0; i < n_st - 1; i++) {
+            if (i < n_my) issue(i);
+            cp_async_commit();
+        }
+        for (int i = 0; i < n_my; i++) {
+            if (i + n_st - 1 < n_my) issue(i + n_st - 1);
+            cp_async_commit();
+            cp_async_wait_n(n_st - 1);
+            __syncwarp();
+            const KT *kt = wbuf + (size_t)(i % n_st) * 2 * TILE, *vt = kt + TILE;
+            const int u0 = (t_begin + warp + i * ATT_TC_WARPS) * ATT_TC_TILE;
+
+            /* Even and odd k-steps go to separate accumulators, halving the chain of
+             * dependent MMAs. x4: matrices 0..3 are chunks 4kk..4kk+3 of tokens 8n..8n+7, the
+             * B fragments of k-steps 2kk and 2kk+1. */
+            float sc[2][4], sx[2][4];
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) sc[n][e] = sx[n][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KS / 2; kk++) {
+                /* x4 on q's rows: matrices are (rows +0/+8) x (dims +0/+8) of one k-step */
+                uint32_t qt[SPLIT > 1 ? SPLIT - 1 : 1][2][4];
+#pragma unroll
+                for (int sp = 1; sp < SPLIT; sp++)
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        const int h = ((lane >> 3) & 1) * 8 + (lane & 7);
+                        const int cc = (2 * kk + j) * 2 + (lane >> 4);
+                        ldmatrix_x4(qt[sp - 1][j], qs + (sp - 1) * ATT_TC_ROWS * D +
+                                                       (h * CH + (cc ^ (h & 7))) * 8);
+                    }
+#pragma unroll
+                for (int n = 0; n < 2; n++) {
+                    const int t = n * 8 + (lane & 7), cc = kk * 4 + (lane >> 3);
+                    uint32_t b[4];
+                    ldmatrix_x4(b, kt + (t * CH + (cc ^ (t & 7))) * 8);
+                    mma16816<KT>(sc[n], qa[2 * kk], b[0], b[1]);
+                    mma16816<KT>(sx[n], qa[2 * kk + 1], b[2], b[3]);
+#pragma unroll
+                    for (int sp = 1; sp < SPLIT; sp++) {
+                        mma16816<KT>(sc[n], qt[sp - 1][0], b[0], b[1]);
+                        mma16816<KT>(sx[n], qt[sp - 1][1], b[2], b[3]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) sc[n][e] += sx[n][e];
+
+            /* Online softmax: a row's 4 threads (same g) share its max through shuffles; the
+             * row sum stays per thread until the end. */
+            float mx[2] = {m[0], m[1]};
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int u = u0 + n * 8 + c4 * 2 + (e & 1);
+                    const float v =
+                        u >= fpo && u < fpo + n_vis ? sc[n][e] * p.scale_log2 : -INFINITY;
+                    sc[n][e] = v;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                }
+            float alpha[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                const float base = mx[r] == -INFINITY ? 0.0f : mx[r];
+                alpha[r] = exp2f(m[r] - base);
+                m[r] = mx[r];
+                l[r] *= alpha[r];
+            }
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float base = m[e >> 1] == -INFINITY ? 0.0f : m[e >> 1];
+                    const float pe = exp2f(sc[n][e] - base);
+                    sc[n][e] = pe;
+                    l[e >> 1] += pe;
+                }
+            /* Once the running max settles, tiles leave it alone: skip the rescale then. */
+            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+                for (int n = 0; n < NO; n++) {
+                    o[n][0] *= alpha[0], o[n][1] *= alpha[0];
+                    o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+                }
+            }
+
+            /* O += P V: the tile's 16 tokens are n-tiles 0 and 1 of S, which is the A
+             * fragment's layout; x4.trans matrices are (tokens +0/+8) x (dims 16dp +0/+8). */
+            uint32_t pa[4][SPLIT];
+            split2<KT, SPLIT>(sc[0][0], sc[0][1], pa[0]);
+            split2<KT, SPLIT>(sc[0][2], sc[0][3], pa[1]);
+            split2<KT, SPLIT>(sc[1][0], sc[1][1], pa[2]);
+            split2<KT, SPLIT>(sc[1][2], sc[1][3], pa[3]);
+#pragma unroll
+            for (int dp = 0; dp < D / 16; dp++) {
+                const int t = ((lane >> 3) & 1) * 8 + (lane & 7), cc = dp * 2 + (lane >> 4);
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, vt + (t * CH + (cc ^ (t & 7))) * 8);
+#pragma unroll
+                for (int sp = 0; sp < SPLIT; sp++) {
+                    const uint32_t a[4] = {pa[0][sp], pa[1][sp], pa[2][sp], pa[3][sp]};
+                    mma16816<KT>(o[2 * dp], a, b[0], b[1]);
+                    mma16816<KT>(o[2 * dp + 1], a, b[2], b[3]);
+                }
+            }
+            __syncwarp();
+        }
+        cp_async_wait<0>();
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        }
+        __syncthreads();
+
+        /* Combine the warps: each writes its unnormalized rows, max and sum; the stage
+         * buffers are free now. */
+        float *red = (float *)smem;                       /* (ATT_TC_WARPS, 16, D) */
+        float *mw = red + ATT_TC_WARPS * ATT_TC_ROWS * D; /* (ATT_TC_WARPS, 16) */
+        float *lw = mw + ATT_TC_WARPS * ATT_TC_ROWS;      /* (ATT_TC_WARPS, 16) */
+        if (c4 == 0) {
+            mw[warp * ATT_TC_ROWS + g] = m[0], mw[warp * ATT_TC_ROWS + g + 8] = m[1];
+            lw[warp * ATT_TC_ROWS + g] = l[0], lw[warp * ATT_TC_ROWS + g + 8] = l[1];
+        }
+#pragma unroll
+        for (int n = 0; n < NO; n++) {
+            float *r0 = red + (size_t)(warp * ATT_TC_ROWS + g) * D + n * 8 + c4 * 2;
+            r0[0] = o[n][0], r0[1] = o[n][1];
+            r0[8 * D] = o[n][2], r0[8 * D + 1] = o[n][3];
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < p.group * D; i += ATT_TC_WARPS * 32) {
+            const int h = i / D, d = i % D;
+            float mmax = -INFINITY;
+#pragma unroll
+            for (int w = 0; w < ATT_TC_WARPS; w++) mmax = fmaxf(mmax, mw[w * ATT_TC_ROWS + h]);
+            float num = 0.0f, den = 0.0f;
+#pragma unroll
+            for (int w = 0; w < ATT_TC_WARPS; w++) {
+                const float mv = mw[w * ATT_TC_ROWS + h];
+                const float f = mv == -INFINITY ? 0.0f : exp2f(mv - mmax);
+                num += f * red[(size_t)(w * ATT_TC_ROWS + h) * D + d];
+                den += f * lw[w * ATT_TC_ROWS + h];
+            }
+            const float v = den > 0.0f ? num / den : 0.0f;
+            const int hg = head0 + h;
+            if (p.split) {
+                const size_t cell = ((size_t)drow * p.max_chunks + chunk) * p.n_heads + hg;
+                p.partial[cell * D + d] = v;
+                if (d == 0) p.lse[cell] = den > 0.0f ? (mmax + log2f(den)) * ATT_LN2 : -INFINITY;
+            } else {
+                cuda_store(p.out, p.out_dt, (size_t)row * p.n_heads * D + (size_t)hg * D + d, v);
+            }
+        }
+        __syncthreads();
+    }
+}
+
 /* Combines a decode row's chunks: weights exp(lse_c - max) over its own chunk count. */
 template <int D> __global__ void __launch_bounds__(D) merge_kernel(att_params p) {
     const int hg = blockIdx.x, d = threadIdx.x;
@@ -422,8 +788,61 @@ static int dispatch(const att_params &p, int head_dim, int gb, dim3 grid, size_t
     }
 }
 
+template <int D, int SPLIT, typename KT>
+static int launch_decode_mma(const att_params &p, dim3 grid, size_t smem, cudaStream_t st,
+                             base_err *err) {
+    auto kern = paged_decode_mma_kernel<D, SPLIT, KT>;
+    cudaError_t e =
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess)
+        return base_fail(err, "cuda: attention: %zu bytes of shared memory: %s", smem,
+                         cudaGetErrorString(e));
+    kern<<<grid, ATT_TC_WARPS * 32, smem, st>>>(p);
+    return cuda_check_launch("attention (tensor cores)", err);
+}
+
+template <int D, typename KT>
+static int dispatch_mma_split(const att_params &p, bool exact, dim3 grid, size_t smem,
+                              cudaStream_t st, base_err *err) {
+    /* Two f16 terms carry 22 bits, three bf16 terms 24: an F32 float's worth either way
+     * (run_decode_mma sizes shared memory for the same count). */
+    constexpr int FULL = std::is_same<KT, __half>::value ? 2 : 3;
+    if (exact) return launch_decode_mma<D, FULL, KT>(p, grid, smem, st, err);
+    return launch_decode_mma<D, 1, KT>(p, grid, smem, st, err);
+}
+
+/* The tensor-core decode kernel takes head_dim 64 or 128, groups of up to 16 and blocks of a
+ * multiple of 16 tokens; every other decode shape runs on paged_attention_kernel. */
+static bool mma_decode_fits(const att_params &p, const be_kv_layer *layer) {
+    return p.decode && (layer->head_dim == 64 || layer->head_dim == 128) &&
+           p.group <= ATT_TC_ROWS && layer->block_size % ATT_TC_TILE == 0;
+}
+
+/* Decode rows on the tensor cores, each warp att_stages tiles of 16 tokens deep. An F32
+ * output is owed F32 accuracy, so q and P then go in as split terms. */
+static int run_decode_mma(const att_params &p0, const be_kv_layer *layer, int chunks,
+                          cudaStream_t st, base_err *err) {
+    att_params p = p0;
+    const bool exact = p.out_dt == BASE_DTYPE_F32;
+    const int split = !exact ? 1 : layer->dtype == BASE_DTYPE_F16 ? 2 : 3;
+    while (p.stages > ATT_MIN_STAGES &&
+           att_tc_smem_bytes(layer->head_dim, p.stages, split) > ATT_SMEM_MAX)
+        p.stages--;
+    const size_t smem = att_tc_smem_bytes(layer->head_dim, p.stages, split);
+    dim3 grid((unsigned)p.n_kv_heads, (unsigned)chunks,
+              (unsigned)(p.n_tokens < ATT_GRID_MAX ? p.n_tokens : ATT_GRID_MAX));
+    if (layer->head_dim == 64)
+        return layer->dtype == BASE_DTYPE_F16
+                   ? dispatch_mma_split<64, __half>(p, exact, grid, smem, st, err)
+                   : dispatch_mma_split<64, __nv_bfloat16>(p, exact, grid, smem, st, err);
+    return layer->dtype == BASE_DTYPE_F16
+               ? dispatch_mma_split<128, __half>(p, exact, grid, smem, st, err)
+               : dispatch_mma_split<128, __nv_bfloat16>(p, exact, grid, smem, st, err);
+}
+
 static int run_pass(const att_params &p, const be_kv_layer *layer, int chunks, cudaStream_t st,
                     base_err *err) {
+    if (mma_decode_fits(p, layer)) return run_decode_mma(p, layer, chunks, st, err);
     int gb = p.group / p.n_sub;
     dim3 grid((unsigned)(p.n_kv_heads * p.n_sub), (unsigned)chunks,
               (unsigned)(p.n_tokens < ATT_GRID_MAX ? p.n_tokens : ATT_GRID_MAX));
@@ -527,7 +946,9 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
     p.stages = stages;
     cudaStream_t st = cuda_impl(be)->stream;
 
-    if (batch->max_q_len > 1) {
+    if (batch->max_q_len > 1 && cuda_prefill_supported(layer, batch)) {
+        if (cuda_attention_prefill(be, q, layer, batch, n_heads, scale, out, err)) return -1;
+    } else if (batch->max_q_len > 1) {
         p.decode = 0;
         if (run_pass(p, layer, 1, st, err)) return -1;
     }

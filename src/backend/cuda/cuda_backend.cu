@@ -6,12 +6,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-/* Resident CTAs per SM the decode kernel's launch bounds ask for (groups up to 4): the plan's
- * target counts CTAs, so the device is full at SMs times this. */
-#define CUDA_CTAS_PER_SM 4
+/* Resident CTAs per SM of the tensor-core decode kernel (its launch bounds and shared memory
+ * allow three): the plan's target counts CTAs, so the device is full at SMs times this, and a
+ * larger target would leave a partial second wave. */
+#define CUDA_CTAS_PER_SM 3
 /* Paged attention shared-memory pipeline depth in pages, the best of bench/bench_attention's
  * sweep on the H200 (bench/RESULTS.md). */
 #define CUDA_ATT_STAGES 2
+/* cuBLAS's workspace, the size its documentation advises for Hopper. Given once, so that a
+ * GEMM never allocates one itself: an allocation cannot be recorded in a graph. */
+#define CUDA_BLAS_WORKSPACE (32u << 20)
 
 int cuda_check_launch(const char *what, base_err *err) {
     cudaError_t e = cudaGetLastError();
@@ -27,10 +31,12 @@ static void cuda_destroy(be_backend *be) {
     cuda_backend *c = cuda_impl(be);
     cudaStreamSynchronize(c->stream);
     cublasDestroy(c->blas);
+    cudaFree(c->blas_ws);
     cudaFree(c->wtmp);
     cudaFree(c->xtmp);
     cudaFree(c->tk_buf);
     cudaFreeHost(c->tk_host);
+    cudaFree(c->ftmp);
     cudaStreamDestroy(c->stream);
     free(c);
     free(be);
@@ -140,6 +146,14 @@ static const be_ops cuda_ops = {
     .attention = cuda_attention,
     .argmax = cuda_argmax,
     .topk_candidates = cuda_topk_candidates,
+    .capture_begin = cuda_capture_begin,
+    .capture_end = cuda_capture_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_free = cuda_graph_free,
+    .add_rmsnorm = cuda_add_rmsnorm,
+    .matmul_qkv = cuda_matmul_qkv,
+    .matmul_silu_mul = cuda_matmul_silu_mul,
+    .rope_kv_append = cuda_rope_kv_append,
 };
 
 /* The caller owns *out and releases it with be_destroy (or ops->destroy). */
@@ -171,10 +185,19 @@ extern "C" int be_cuda_create(int device, be_backend **out, base_err *err) {
         free(be);
         return cuda_fail(err, "creating stream", e);
     }
+    if ((e = cudaMalloc(&c->blas_ws, CUDA_BLAS_WORKSPACE)) != cudaSuccess) {
+        cudaStreamDestroy(c->stream);
+        free(c);
+        free(be);
+        return cuda_fail(err, "allocating the cuBLAS workspace", e);
+    }
     cublasStatus_t bs = cublasCreate(&c->blas);
     if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetStream(c->blas, c->stream);
+    if (bs == CUBLAS_STATUS_SUCCESS)
+        bs = cublasSetWorkspace(c->blas, c->blas_ws, CUDA_BLAS_WORKSPACE);
     if (bs != CUBLAS_STATUS_SUCCESS) {
         if (c->blas) cublasDestroy(c->blas);
+        cudaFree(c->blas_ws);
         cudaStreamDestroy(c->stream);
         free(c);
         free(be);
@@ -189,6 +212,9 @@ extern "C" int be_cuda_create(int device, be_backend **out, base_err *err) {
     be->act_dtype = BASE_DTYPE_F32;
     be->n_threads = 1;
     be->target_parallelism = c->sm_count * CUDA_CTAS_PER_SM;
+    /* The GEMM path dequantizes every weight once per matmul call, about 34 GB of traffic for
+     * an 8B model: 2048 rows make that a small share of the step. */
+    be->prefill_chunk = 2048;
     be->impl = c;
     *out = be;
     return 0;

@@ -25,19 +25,29 @@ typedef struct cuda_backend {
     int sm_count;
     cudaStream_t stream;
     cublasHandle_t blas; /* bound to `stream` */
+    void *blas_ws;       /* (CUDA_BLAS_WORKSPACE) cuBLAS's workspace, fixed so graphs can hold it */
     int att_stages;      /* paged attention: shared-memory pipeline depth in pages (2..5) */
     void *wtmp;          /* (wtmp_bytes) a weight dequantized to BF16 for the GEMM path */
     size_t wtmp_bytes;
     void *xtmp; /* (xtmp_bytes) the GEMM path's input rows as BF16 */
     size_t xtmp_bytes;
-    void *tk_buf;  /* (tk_bytes) topk_candidates' requests, adjustments and outputs */
+    /* (tk_bytes) topk_candidates' requests, adjustments and outputs; kept apart from
+     * cuda_scratch because no recording names it, so growing it leaves recordings valid */
+    void *tk_buf;
     void *tk_host; /* (tk_bytes) their page-locked host mirror */
     size_t tk_bytes;
+    void *ftmp; /* (ftmp_bytes) up's output when gate and up are not fused in one GEMV */
+    size_t ftmp_bytes;
 } cuda_backend;
 
 static inline cuda_backend *cuda_impl(be_backend *be) {
     return (cuda_backend *)be->impl;
 }
+
+/* Grows one of the backend's scratch buffers to at least `bytes` (cuda_matmul.cu); recorded
+ * graphs that name the old buffer are stale from then on, which be->generation tells. */
+int cuda_scratch(be_backend *be, void **buf, size_t *cap, size_t bytes, const char *what,
+                 base_err *err);
 
 /* Returns -1 with the CUDA error named when the last launch failed. */
 int cuda_check_launch(const char *what, base_err *err);
@@ -89,9 +99,47 @@ int cuda_kv_append(be_backend *be, const be_kv_layer *layer, const be_tensor *k,
 int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
                    const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
                    float scale, be_tensor *out, base_err *err);
+/* Tensor-core prefill attention (cuda_attention_prefill.cu): the rows of sequences with
+ * q_len > 1, causal, through the pages; decode rows are left untouched. Serves what
+ * cuda_prefill_supported accepts (head_dim 64 or 128, F16 or BF16 pools, any block size and
+ * first-page offset); arguments as cuda_attention's, already validated by it. */
+bool cuda_prefill_supported(const be_kv_layer *layer, const be_paged_batch *batch);
+int cuda_attention_prefill(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
+                           const be_paged_batch *batch, int n_heads, float scale, be_tensor *out,
+                           base_err *err);
+/* The same in launch shape `variant` (CUDA_PREFILL_VARIANTS of them: 4 warps at 2 or 3 CTAs
+ * per SM, 8 warps), for benchmarks. */
+#define CUDA_PREFILL_VARIANTS 3
+int cuda_attention_prefill_variant(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
+                                   const be_paged_batch *batch, int n_heads, float scale,
+                                   be_tensor *out, int variant, base_err *err);
 int cuda_argmax(be_backend *be, const be_tensor *logits, be_tensor *ids, base_err *err);
 int cuda_topk_candidates(be_backend *be, const be_tensor *logits, const be_topk_row *reqs,
                          int n_req, const be_logit_adj *adj, int32_t *cand_id, float *cand_logit,
                          int32_t *n_cand, double *lse, base_err *err);
+int cuda_capture_begin(be_backend *be, base_err *err);
+int cuda_capture_end(be_backend *be, be_graph **graph, base_err *err);
+int cuda_graph_launch(be_backend *be, be_graph *graph, base_err *err);
+void cuda_graph_free(be_backend *be, be_graph *graph);
+int cuda_add_rmsnorm(be_backend *be, be_tensor *x, const be_tensor *d, const be_tensor *weight,
+                     float eps, be_tensor *y, base_err *err);
+int cuda_matmul_qkv(be_backend *be, const be_tensor *x, const be_linear *const *ws,
+                    be_tensor *const *ys, base_err *err);
+int cuda_matmul_silu_mul(be_backend *be, const be_tensor *x, const be_linear *gate,
+                         const be_linear *up, be_tensor *y, base_err *err);
+int cuda_rope_kv_append(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
+                        const be_tensor *positions, const be_tensor *inv_freq, float mscale,
+                        const be_kv_layer *layer, const be_paged_batch *batch, base_err *err);
+
+/* The decode GEMV (cuda_gemv.cu). cuda_gemv1_fits says whether it serves x [n, in] (n <= 16)
+ * against w; cuda_gemv1 then computes ys[i] = x ws[i]^T (+ bias) for i < n (n <= 3, all of
+ * one in, bits, group size and scales dtype, every one fitting, every out but the last a
+ * multiple of 4), or, with glu (n == 2),
+ * ys[0] = silu(x ws[0]^T) * (x ws[1]^T) for two matrices of one out. */
+bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w);
+int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, be_tensor *const *ys,
+               int n, bool glu, base_err *err);
+/* Checks x, w and y of one matmul (dtypes, shapes, alignment) as cuda_matmul does. */
+int cuda_matmul_check(const be_tensor *x, const be_linear *w, const be_tensor *y, base_err *err);
 
 #endif

@@ -12,7 +12,10 @@
  * rows (one pass over W per 16 rows, every multiply on the CUDA cores), so W is instead
  * dequantized once into a BF16 scratch and multiplied by cuBLAS on the tensor cores with F32
  * accumulation. That rounds each weight and input to BF16 (relative 2^-9), as a BF16 model's
- * inference does at every matmul. */
+ * inference does at every matmul.
+ *
+ * Up to 16 F32 rows against 4- or 8-bit weights (decode) take the faster kernel of
+ * cuda_gemv.cu. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <string.h>
@@ -297,16 +300,17 @@ __global__ void to_bf16_kernel(const void *x, base_dtype dt, int64_t n, __nv_bfl
         out[i] = __float2bfloat16_rn(cuda_load(x, dt, (size_t)i));
 }
 
-/* Grows one of the backend's scratch buffers to at least `bytes`. */
-static int scratch(void **buf, size_t *cap, size_t bytes, base_err *err) {
+int cuda_scratch(be_backend *be, void **buf, size_t *cap, size_t bytes, const char *what,
+                 base_err *err) {
     if (bytes <= *cap) return 0;
+    be->generation++;
     /* cudaFree waits for queued work that still reads the old buffer. */
     cudaFree(*buf);
     *buf = NULL;
     *cap = 0;
     cudaError_t e = cudaMalloc(buf, bytes);
     if (e != cudaSuccess)
-        return base_fail(err, "cuda: matmul: %zu bytes of GEMM scratch: %s", bytes,
+        return base_fail(err, "cuda: %s: %zu bytes of scratch: %s", what, bytes,
                          cudaGetErrorString(e));
     *cap = bytes;
     return 0;
@@ -326,7 +330,7 @@ static int gemm_launch(be_backend *be, const be_tensor *x, const be_linear *w, b
     } else {
         if (w->bits != 0 || w->dtype != BASE_DTYPE_BF16) {
             size_t bytes = (size_t)w->out * (size_t)w->in * sizeof(__nv_bfloat16);
-            if (scratch(&c->wtmp, &c->wtmp_bytes, bytes, err)) return -1;
+            if (cuda_scratch(be, &c->wtmp, &c->wtmp_bytes, bytes, "matmul", err)) return -1;
             dequant_bf16_kernel<<<elem_grid(w->out * w->in / 8), 256, 0, c->stream>>>(
                 *w, (__nv_bfloat16 *)c->wtmp);
             if (cuda_check_launch("matmul dequantize", err)) return -1;
@@ -334,7 +338,8 @@ static int gemm_launch(be_backend *be, const be_tensor *x, const be_linear *w, b
         }
         if (x->dtype != BASE_DTYPE_BF16) {
             int64_t n = x->rows * x->cols;
-            if (scratch(&c->xtmp, &c->xtmp_bytes, (size_t)n * sizeof(__nv_bfloat16), err))
+            if (cuda_scratch(be, &c->xtmp, &c->xtmp_bytes, (size_t)n * sizeof(__nv_bfloat16),
+                             "matmul", err))
                 return -1;
             to_bf16_kernel<<<elem_grid(n), 256, 0, c->stream>>>(x->data, x->dtype, n,
                                                                 (__nv_bfloat16 *)c->xtmp);
@@ -371,7 +376,7 @@ static bool aligned(const void *p, size_t a) {
     return ((uintptr_t)p & (a - 1)) == 0;
 }
 
-static int check_args(const be_tensor *x, const be_linear *w, const be_tensor *y, base_err *err) {
+int cuda_matmul_check(const be_tensor *x, const be_linear *w, const be_tensor *y, base_err *err) {
     if (!cuda_float_dtype(x->dtype) || !cuda_float_dtype(y->dtype) || !cuda_float_dtype(w->dtype))
         return base_fail(err, "cuda: matmul: x, y and weights must be F32, F16 or BF16");
     if (w->bias && !cuda_float_dtype(w->bias_dtype))
@@ -389,7 +394,7 @@ static int check_args(const be_tensor *x, const be_linear *w, const be_tensor *y
 
 int cuda_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
                 base_err *err) {
-    if (check_args(x, w, y, err)) return -1;
+    if (cuda_matmul_check(x, w, y, err)) return -1;
     if (x->rows == 0 || w->out == 0) return 0;
     if (w->bits == 0) {
         if (!aligned(w->weight, 16))
@@ -414,6 +419,7 @@ int cuda_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tenso
         return base_fail(err, "cuda: matmul: %d-bit weight is not %zu-byte aligned", w->bits, need);
     if (w->bits >= 2 && w->bits <= 8 && w->bits != 7 && gemm_fits(x, w, y))
         return gemm_launch(be, x, w, y, err);
+    if (cuda_gemv1_fits(x, w)) return cuda_gemv1(be, x, &w, &y, 1, false, err);
     switch (w->bits) {
     case 2:
         return quant_launch<2>(be, x, w, y, err);

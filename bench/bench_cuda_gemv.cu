@@ -1,0 +1,237 @@
+/* The decode matmuls of a Llama-3.1-8B-shaped MLX model (hidden 4096, 32/8 heads of 128, MLP
+ * 14336, vocab 128256), through the backend's ops: GB/s of weights read (packed values, scales
+ * and biases) for 1, 8 and 16 rows of F32 x, 4 and 8 bits, group 64, BF16 scales, and the
+ * fraction of the device-to-device copy bandwidth measured in the same run (a 1 GiB
+ * cudaMemcpy, read + write counted). Q/K/V and gate/up run through their fused ops.
+ *
+ * Each shape's weights are copied until the copies pass 512 MB (eight times the H200's L2) and
+ * the timed launches rotate through them, so every launch reads device memory. The launches
+ * are captured in a CUDA graph and replayed, so the host's launch rate is not what is timed;
+ * each figure is the median of the replays' CUDA-event timings after warm-up.
+ * Usage: bench_cuda_gemv [reps [matrix [bits]]] (the last two pick one case, as for a profiler). */
+#include "backend/cuda/cuda_internal.h"
+
+#include <algorithm>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#ifndef MLXCEL_GIT_COMMIT
+#define MLXCEL_GIT_COMMIT "unknown"
+#endif
+
+static void die(const char *what, const char *msg) {
+    fprintf(stderr, "bench_cuda_gemv: %s: %s\n", what, msg);
+    exit(1);
+}
+
+static void cuda_ok(cudaError_t e, const char *what) {
+    if (e != cudaSuccess) die(what, cudaGetErrorString(e));
+}
+
+/* Pseudo-random bytes from a hash of the index: weights need no particular values. */
+__global__ void fill_bytes(uint32_t *p, size_t n, uint32_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        p[i] = h;
+    }
+}
+
+/* Scales and biases small enough that outputs stay finite. */
+__global__ void fill_bf16(__nv_bfloat16 *p, size_t n, float amp) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        p[i] = __float2bfloat16(amp * (float)((i * 7919u) % 1000u) / 1000.0f - amp / 2);
+}
+
+__global__ void fill_f32(float *p, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        p[i] = (float)((i * 104729u) % 2000u) / 1000.0f - 1.0f;
+}
+
+static void *dev_alloc(size_t bytes) {
+    void *p = NULL;
+    cuda_ok(cudaMalloc(&p, bytes), "cudaMalloc");
+    return p;
+}
+
+static be_linear make_weight(int64_t out, int64_t in, int bits, uint32_t seed) {
+    be_linear w = {};
+    w.out = out, w.in = in, w.bits = bits, w.group_size = 64, w.dtype = BASE_DTYPE_BF16;
+    size_t words = (size_t)(out * in * bits / 32), groups = (size_t)(out * in / 64);
+    w.weight = dev_alloc(words * 4);
+    w.scales = dev_alloc(groups * 2);
+    w.biases = dev_alloc(groups * 2);
+    fill_bytes<<<1024, 256>>>((uint32_t *)w.weight, words, seed);
+    fill_bf16<<<1024, 256>>>((__nv_bfloat16 *)w.scales, groups, 0.02f);
+    fill_bf16<<<1024, 256>>>((__nv_bfloat16 *)w.biases, groups, 0.1f);
+    return w;
+}
+
+static size_t weight_bytes(const be_linear &w) {
+    return (size_t)(w.out * w.in * w.bits / 8) + 2 * (size_t)(w.out * (w.in / w.group_size)) * 2;
+}
+
+static void free_weight(const be_linear &w) {
+    cudaFree((void *)w.weight);
+    cudaFree((void *)w.scales);
+    cudaFree((void *)w.biases);
+}
+
+static float median(std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+/* Median seconds of one call of fn(copy) over graph replays of `per` calls that rotate
+ * through `copies`. */
+template <class F> static double time_rotating(be_backend *be, int copies, int reps, F fn) {
+    cudaStream_t s = cuda_impl(be)->stream;
+    base_err err = {};
+    for (int i = 0; i < copies; i++)
+        if (fn(i, &err)) die("warm-up", err.msg);
+    cuda_ok(cudaStreamSynchronize(s), "warm-up");
+    int per = std::max(copies, 8);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    cuda_ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+    for (int i = 0; i < per; i++)
+        if (fn(i % copies, &err)) die("capture", err.msg);
+    cuda_ok(cudaStreamEndCapture(s, &graph), "end capture");
+    cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    cudaEvent_t a, b;
+    cuda_ok(cudaEventCreate(&a), "event");
+    cuda_ok(cudaEventCreate(&b), "event");
+    cuda_ok(cudaGraphLaunch(exec, s), "replay");
+    std::vector<float> ms;
+    for (int r = 0; r < reps; r++) {
+        cuda_ok(cudaEventRecord(a, s), "record");
+        cuda_ok(cudaGraphLaunch(exec, s), "replay");
+        cuda_ok(cudaEventRecord(b, s), "record");
+        cuda_ok(cudaEventSynchronize(b), "sync");
+        float t;
+        cuda_ok(cudaEventElapsedTime(&t, a, b), "elapsed");
+        ms.push_back(t);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    return median(ms) / 1e3 / per;
+}
+
+static double copy_bandwidth(be_backend *be, int reps) {
+    size_t bytes = (size_t)1 << 30;
+    void *a = dev_alloc(bytes), *b = dev_alloc(bytes);
+    cudaStream_t s = cuda_impl(be)->stream;
+    cudaEvent_t e0, e1;
+    cuda_ok(cudaEventCreate(&e0), "event");
+    cuda_ok(cudaEventCreate(&e1), "event");
+    std::vector<float> ms;
+    for (int r = 0; r < reps + 2; r++) {
+        cuda_ok(cudaEventRecord(e0, s), "record");
+        cuda_ok(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s), "copy");
+        cuda_ok(cudaEventRecord(e1, s), "record");
+        cuda_ok(cudaEventSynchronize(e1), "sync");
+        float t;
+        cuda_ok(cudaEventElapsedTime(&t, e0, e1), "elapsed");
+        if (r >= 2) ms.push_back(t);
+    }
+    cudaFree(a);
+    cudaFree(b);
+    return 2.0 * (double)bytes / (median(ms) / 1e3);
+}
+
+enum kind { PLAIN, QKV, GATE_UP };
+
+struct shape {
+    const char *name;
+    kind k;
+    int64_t out[3]; /* PLAIN: out[0]; QKV: q, k, v; GATE_UP: out[0] twice */
+    int64_t in;
+};
+
+int main(int argc, char **argv) {
+    int reps = argc > 1 ? atoi(argv[1]) : 20;
+    const char *only = argc > 2 ? argv[2] : NULL;
+    int only_bits = argc > 3 ? atoi(argv[3]) : 0;
+    if (reps < 3) reps = 3;
+    be_backend *be = NULL;
+    base_err err = {};
+    if (be_cuda_create(0, &be, &err)) die("backend", err.msg);
+    double copy = copy_bandwidth(be, reps);
+    printf("device %s, commit %s\n", be->device, MLXCEL_GIT_COMMIT);
+    printf("copy bandwidth %.0f GB/s (1 GiB device-to-device, read + write)\n", copy / 1e9);
+    const shape shapes[] = {
+        {"q+k+v", QKV, {4096, 1024, 1024}, 4096}, {"o", PLAIN, {4096}, 4096},
+        {"gate+up", GATE_UP, {14336}, 4096},      {"down", PLAIN, {4096}, 14336},
+        {"lm_head", PLAIN, {128256}, 4096},
+    };
+    const int bits_list[] = {4, 8}, rows_list[] = {1, 8, 16};
+    printf("%-8s %-14s %4s %4s %10s %9s %7s\n", "matrix", "shape", "bits", "rows", "us", "GB/s",
+           "of copy");
+    for (const shape &sh : shapes) {
+        if (only && strcmp(only, sh.name) != 0) continue;
+        int nm = sh.k == QKV ? 3 : (sh.k == GATE_UP ? 2 : 1);
+        int64_t total_out = 0;
+        for (int i = 0; i < nm; i++) total_out += sh.k == GATE_UP ? sh.out[0] : sh.out[i];
+        for (int bits : bits_list) {
+            if (only_bits && bits != only_bits) continue;
+            std::vector<std::vector<be_linear>> copies;
+            size_t bytes = 0;
+            for (int i = 0; i < nm; i++) {
+                be_linear w = make_weight(sh.k == GATE_UP ? sh.out[0] : sh.out[i], sh.in, bits, 1);
+                bytes += weight_bytes(w);
+                free_weight(w);
+            }
+            int n_copies = (int)std::max<size_t>(1, ((size_t)512 << 20) / bytes + 1);
+            for (int c = 0; c < n_copies; c++) {
+                std::vector<be_linear> set;
+                for (int i = 0; i < nm; i++)
+                    set.push_back(make_weight(sh.k == GATE_UP ? sh.out[0] : sh.out[i], sh.in, bits,
+                                              (uint32_t)(c * 3 + i + 1)));
+                copies.push_back(set);
+            }
+            for (int rows : rows_list) {
+                float *x = (float *)dev_alloc((size_t)rows * sh.in * 4);
+                fill_f32<<<256, 256>>>(x, (size_t)rows * sh.in);
+                be_tensor tx = {x, BASE_DTYPE_F32, rows, sh.in};
+                std::vector<be_tensor> ty;
+                for (int i = 0; i < nm; i++) {
+                    int64_t o = sh.k == GATE_UP ? sh.out[0] : sh.out[i];
+                    ty.push_back({dev_alloc((size_t)rows * o * 4), BASE_DTYPE_F32, rows, o});
+                }
+                double sec = time_rotating(be, n_copies, reps, [&](int c, base_err *e) {
+                    const std::vector<be_linear> &w = copies[c];
+                    if (sh.k == QKV) {
+                        const be_linear *ws[3] = {&w[0], &w[1], &w[2]};
+                        be_tensor *ys[3] = {&ty[0], &ty[1], &ty[2]};
+                        return be->ops->matmul_qkv(be, &tx, ws, ys, e);
+                    }
+                    if (sh.k == GATE_UP)
+                        return be->ops->matmul_silu_mul(be, &tx, &w[0], &w[1], &ty[0], e);
+                    return be->ops->matmul(be, &tx, &w[0], &ty[0], e);
+                });
+                double gbs = (double)bytes / sec / 1e9;
+                char dims[32];
+                snprintf(dims, sizeof dims, "%lldx%lld", (long long)total_out, (long long)sh.in);
+                printf("%-8s %-14s %4d %4d %10.2f %9.0f %6.1f%%\n", sh.name, dims, bits, rows,
+                       sec * 1e6, gbs, 100.0 * gbs * 1e9 / copy);
+                fflush(stdout);
+                cudaFree(x);
+                for (auto &t : ty) cudaFree(t.data);
+            }
+            for (auto &set : copies)
+                for (auto &w : set) free_weight(w);
+        }
+    }
+    if (be->ops->sync(be, &err)) die("sync", err.msg);
+    be->ops->destroy(be);
+    return 0;
+}

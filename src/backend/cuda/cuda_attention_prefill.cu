@@ -1,0 +1,360 @@
+/* Paged prefill attention on the tensor cores: the rows of sequences with q_len > 1.
+ *
+ * Design, flash-attention style: one CTA per (query head, tile of 16 x NW query rows,
+ * sequence), NW warps of 16 query rows each. The Q tile is loaded once (F32 activations scaled by
+ * scale * log2 e, then rounded to the pool's dtype, since mma.sync takes both operands in
+ * one type) and kept in registers as A fragments. K and V stream through shared memory in
+ * tiles of PF_BN tokens, double-buffered with cp.async; each token is addressed through the
+ * page table on its own, so any block size and any first-page offset work. Per tile:
+ *   S = Q K^T  mma.sync m16n8k16 (ldmatrix for K), F32 accumulators;
+ *   softmax    online, in the log2 domain, F32; the causal mask (and the kv_len edge) only on
+ *              the tiles that reach past the first row's limit;
+ *   O += P V   P re-packed from the S accumulators as A fragments, V through ldmatrix.trans.
+ * Shared-memory rows are 16-byte chunks XOR-swizzled by the row index, so the eight row
+ * addresses of an ldmatrix fall in distinct banks. Tokens past kv_len are zero-filled: the
+ * pool slots there may hold anything, and 0 * NaN would poison the rows that mask them.
+ * GQA maps each query head to its kv head; the heads of a group are adjacent in the grid, so
+ * their K/V reads meet in L2. Tiles are launched last-first: the tiles at the end of a
+ * sequence see the most keys. */
+#include "backend/cuda/cuda_internal.h"
+
+#define PF_BN      64 /* keys per shared-memory tile */
+#define PF_LOG2E   1.4426950408889634f
+#define PF_GRID_YZ 65535
+/* The launch shape cuda_attention uses (pf_dispatch_variant): 8 warps measured best or level
+ * on the H200 at 8B geometry (bench/RESULTS.md). */
+#define PF_VARIANT 2
+
+typedef struct pf_params {
+    const void *q;
+    base_dtype q_dt;
+    void *out;
+    base_dtype out_dt;
+    const void *k_pool, *v_pool;
+    int n_kv_heads, block_size, n_heads, group;
+    int block_shift; /* log2(block_size) when it is a power of two, else -1 */
+    const int32_t *q_indptr, *kv_len, *page_indptr, *page_indices, *first_page_offset;
+    float scale_log2;
+} pf_params;
+
+__device__ __forceinline__ unsigned pf_smem_addr(const void *p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void pf_cp_async16(void *smem, const void *gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(pf_smem_addr(smem)),
+                 "l"(gmem));
+}
+
+__device__ __forceinline__ void pf_ldmatrix_x4(uint32_t r[4], const void *smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(pf_smem_addr(smem)));
+}
+
+__device__ __forceinline__ void pf_ldmatrix_x4_trans(uint32_t r[4], const void *smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(pf_smem_addr(smem)));
+}
+
+/* d += a b for one m16n8k16 tile; a: 4 registers of the A fragment, b: 2 of B. */
+template <typename KT>
+__device__ __forceinline__ void pf_mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void pf_mma<__half>(float d[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void pf_mma<__nv_bfloat16>(float d[4], const uint32_t a[4], uint32_t b0,
+                                                      uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Two floats rounded to the pool dtype, packed low first as an mma operand register. */
+template <typename KT> __device__ __forceinline__ uint32_t pf_pack(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pf_pack<__half>(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *(uint32_t *)&h;
+}
+template <> __device__ __forceinline__ uint32_t pf_pack<__nv_bfloat16>(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&h;
+}
+
+/* 2^x by the SFU: relative error about 2^-22, within what the tests' bound allows; 2^-inf is
+ * 0 as the masked scores need. */
+__device__ __forceinline__ float pf_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Element offset of 16-byte chunk c of row r in a [rows, D] tile: chunks XORed with r % 8. */
+template <int D> __device__ __forceinline__ int pf_swz(int r, int c) {
+    return r * D + ((c ^ (r & 7)) << 3);
+}
+
+template <int D, int NW, int MINB, typename KT>
+__global__ void __launch_bounds__(NW * 32, MINB) prefill_attention_kernel(pf_params p) {
+    constexpr int BM = NW * 16, CH = D / 8, NT = NW * 32, KS = D / 16, NB = PF_BN / 8;
+    extern __shared__ __align__(16) unsigned char smem[];
+    static_assert(BM <= 2 * PF_BN, "the Q tile overlays one K/V buffer");
+    /* Two buffers of (K (PF_BN, D), V (PF_BN, D)); the Q tile (BM, D) borrows buffer 1 until
+     * its fragments are in registers, before tile 1 is issued there. */
+    KT *k_s = (KT *)smem, *v_s = k_s + PF_BN * D, *q_s = k_s + 2 * PF_BN * D;
+    const int h = blockIdx.x, s = blockIdx.z, tid = threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
+    const int q0 = p.q_indptr[s], q_len = p.q_indptr[s + 1] - q0;
+    const int n_tiles = (q_len + BM - 1) / BM;
+    const int tile = n_tiles - 1 - (int)blockIdx.y;
+    if (q_len < 2 || tile < 0) return;
+    const int m0 = tile * BM, kv_len = p.kv_len[s], past = kv_len - q_len;
+    const int kv_end = min(kv_len, past + m0 + BM); /* keys any row of the tile sees */
+    const int n_kv = (kv_end + PF_BN - 1) / PF_BN;
+    const int fpo = p.first_page_offset ? p.first_page_offset[s] : 0, bs = p.block_size;
+    const int shift = p.block_shift;
+    const int32_t *pages = p.page_indices + p.page_indptr[s];
+    const uint64_t row_stride = (uint64_t)p.n_kv_heads * D;
+    const int kvh = h / p.group;
+    const KT *kp = (const KT *)p.k_pool + (uint64_t)kvh * D;
+    const KT *vp = (const KT *)p.v_pool + (uint64_t)kvh * D;
+
+    auto issue = [&](int buf, int n) {
+        KT *kd = k_s + buf * 2 * PF_BN * D, *vd = v_s + buf * 2 * PF_BN * D;
+        for (int c = tid; c < PF_BN * CH; c += NT) {
+            const int t = c / CH, cc = c % CH, j = n * PF_BN + t;
+            if (j < kv_len) {
+                const int pos = fpo + j;
+                const int pg = shift >= 0 ? pos >> shift : pos / bs;
+                const int slot = shift >= 0 ? pos & (bs - 1) : pos % bs;
+                const uint64_t off =
+                    ((uint64_t)pages[pg] * bs + slot) * row_stride + (uint64_t)cc * 8;
+                pf_cp_async16(kd + pf_swz<D>(t, cc), kp + off);
+                pf_cp_async16(vd + pf_swz<D>(t, cc), vp + off);
+            } else {
+                *(uint4 *)(kd + pf_swz<D>(t, cc)) = make_uint4(0, 0, 0, 0);
+                *(uint4 *)(vd + pf_swz<D>(t, cc)) = make_uint4(0, 0, 0, 0);
+            }
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    issue(0, 0);
+
+    /* Q: 8 dims per thread and pass, rows past q_len as zeros. */
+    for (int c = tid; c < BM * CH; c += NT) {
+        const int r = c / CH, cc = c % CH;
+        float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (m0 + r < q_len) {
+            const size_t base = (size_t)(q0 + m0 + r) * p.n_heads * D + (size_t)h * D + cc * 8;
+            if (p.q_dt == BASE_DTYPE_F32) {
+                const float4 a = *(const float4 *)((const float *)p.q + base);
+                const float4 b = *(const float4 *)((const float *)p.q + base + 4);
+                f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w;
+                f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; e++) f[e] = cuda_load(p.q, p.q_dt, base + e);
+            }
+        }
+        uint4 w;
+        w.x = pf_pack<KT>(f[0] * p.scale_log2, f[1] * p.scale_log2);
+        w.y = pf_pack<KT>(f[2] * p.scale_log2, f[3] * p.scale_log2);
+        w.z = pf_pack<KT>(f[4] * p.scale_log2, f[5] * p.scale_log2);
+        w.w = pf_pack<KT>(f[6] * p.scale_log2, f[7] * p.scale_log2);
+        *(uint4 *)(q_s + pf_swz<D>(r, cc)) = w;
+    }
+    __syncthreads();
+    uint32_t qa[KS][4];
+    {
+        const int r = warp * 16 + (lane & 15);
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++)
+            pf_ldmatrix_x4(qa[ks], q_s + pf_swz<D>(r, ks * 2 + (lane >> 4)));
+    }
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    /* Last visible key of this thread's two rows (g and g + 8 of the warp's 16), capped at
+     * kv_len - 1 for the padding rows past q_len. */
+    const int row_a = m0 + warp * 16 + g;
+    const int lim[2] = {min(past + row_a, kv_len - 1), min(past + row_a + 8, kv_len - 1)};
+    const int first_masked = past + m0 + 1; /* the first row sees keys [0, first_masked) */
+
+    for (int n = 0; n < n_kv; n++) {
+        asm volatile("cp.async.wait_group 0;\n" ::);
+        __syncthreads();
+        if (n + 1 < n_kv) issue((n + 1) & 1, n + 1);
+        const KT *kt = k_s + (n & 1) * 2 * PF_BN * D, *vt = v_s + (n & 1) * 2 * PF_BN * D;
+
+        float sc[NB][4];
+#pragma unroll
+        for (int i = 0; i < NB; i++) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+            for (int pb = 0; pb < NB / 2; pb++) {
+                uint32_t b[4];
+                const int t = pb * 16 + (lane & 7) + ((lane >> 4) << 3);
+                pf_ldmatrix_x4(b, kt + pf_swz<D>(t, ks * 2 + ((lane >> 3) & 1)));
+                pf_mma<KT>(sc[2 * pb], qa[ks], b[0], b[1]);
+                pf_mma<KT>(sc[2 * pb + 1], qa[ks], b[2], b[3]);
+            }
+
+        if ((n + 1) * PF_BN > first_masked) {
+#pragma unroll
+            for (int i = 0; i < NB; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int j = n * PF_BN + i * 8 + tig * 2 + (e & 1);
+                    if (j > lim[e >> 1]) sc[i][e] = -INFINITY;
+                }
+        }
+
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = m_run[r];
+#pragma unroll
+            for (int i = 0; i < NB; i++) mx = fmaxf(mx, fmaxf(sc[i][2 * r], sc[i][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            alpha[r] = pf_exp2(m_run[r] - mx);
+            m_run[r] = mx;
+            float sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < NB; i++) {
+                sc[i][2 * r] = pf_exp2(sc[i][2 * r] - mx);
+                sc[i][2 * r + 1] = pf_exp2(sc[i][2 * r + 1] - mx);
+                sum += sc[i][2 * r] + sc[i][2 * r + 1];
+            }
+            l_run[r] = l_run[r] * alpha[r] + sum;
+        }
+#pragma unroll
+        for (int i = 0; i < D / 8; i++) {
+            o[i][0] *= alpha[0], o[i][1] *= alpha[0];
+            o[i][2] *= alpha[1], o[i][3] *= alpha[1];
+        }
+
+#pragma unroll
+        for (int ks = 0; ks < PF_BN / 16; ks++) {
+            const uint32_t pa[4] = {pf_pack<KT>(sc[2 * ks][0], sc[2 * ks][1]),
+                                    pf_pack<KT>(sc[2 * ks][2], sc[2 * ks][3]),
+                                    pf_pack<KT>(sc[2 * ks + 1][0], sc[2 * ks + 1][1]),
+                                    pf_pack<KT>(sc[2 * ks + 1][2], sc[2 * ks + 1][3])};
+            const int t = ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+            for (int db = 0; db < D / 16; db++) {
+                uint32_t b[4];
+                pf_ldmatrix_x4_trans(b, vt + pf_swz<D>(t, db * 2 + (lane >> 4)));
+                pf_mma<KT>(o[2 * db], pa, b[0], b[1]);
+                pf_mma<KT>(o[2 * db + 1], pa, b[2], b[3]);
+            }
+        }
+    }
+
+    /* Each quad holds a row's partial sums; rows past q_len are not written. */
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = l_run[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int row = row_a + 8 * r;
+        if (row >= q_len) continue;
+        const float inv = 1.0f / l;
+        const size_t base = (size_t)(q0 + row) * p.n_heads * D + (size_t)h * D + tig * 2;
+#pragma unroll
+        for (int i = 0; i < D / 8; i++) {
+            if (p.out_dt == BASE_DTYPE_F32) {
+                *(float2 *)((float *)p.out + base + i * 8) =
+                    make_float2(o[i][2 * r] * inv, o[i][2 * r + 1] * inv);
+            } else {
+                cuda_store(p.out, p.out_dt, base + i * 8, o[i][2 * r] * inv);
+                cuda_store(p.out, p.out_dt, base + i * 8 + 1, o[i][2 * r + 1] * inv);
+            }
+        }
+    }
+}
+
+template <int D, int NW, int MINB, typename KT>
+static int pf_launch(const pf_params &p, const be_paged_batch *batch, cudaStream_t st,
+                     base_err *err) {
+    auto kern = prefill_attention_kernel<D, NW, MINB, KT>;
+    const size_t smem = (size_t)4 * PF_BN * D * sizeof(KT);
+    cudaError_t e =
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess)
+        return base_fail(err, "cuda: prefill attention: %zu bytes of shared memory: %s", smem,
+                         cudaGetErrorString(e));
+    const int bm = NW * 16;
+    dim3 grid((unsigned)p.n_heads, (unsigned)((batch->max_q_len + bm - 1) / bm),
+              (unsigned)batch->n_seqs);
+    kern<<<grid, NW * 32, smem, st>>>(p);
+    return cuda_check_launch("prefill attention", err);
+}
+
+/* Variants: 0: 4 warps, registers for 2 CTAs per SM; 1: 4 warps squeezed to 3 CTAs per SM;
+ * 2: 8 warps (128 query rows), 1 CTA per SM. */
+template <int D, typename KT>
+static int pf_dispatch_variant(const pf_params &p, const be_paged_batch *batch, int variant,
+                               cudaStream_t st, base_err *err) {
+    if (variant == 1) return pf_launch<D, 4, 3, KT>(p, batch, st, err);
+    if (variant == 2) return pf_launch<D, 8, 1, KT>(p, batch, st, err);
+    return pf_launch<D, 4, 2, KT>(p, batch, st, err);
+}
+
+bool cuda_prefill_supported(const be_kv_layer *layer, const be_paged_batch *batch) {
+    return (layer->head_dim == 64 || layer->head_dim == 128) &&
+           (layer->dtype == BASE_DTYPE_F16 || layer->dtype == BASE_DTYPE_BF16) &&
+           batch->n_seqs <= PF_GRID_YZ && (batch->max_q_len + 63) / 64 <= PF_GRID_YZ;
+}
+
+int cuda_attention_prefill_variant(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
+                                   const be_paged_batch *batch, int n_heads, float scale,
+                                   be_tensor *out, int variant, base_err *err) {
+    pf_params p = {};
+    p.q = q->data;
+    p.q_dt = q->dtype;
+    p.out = out->data;
+    p.out_dt = out->dtype;
+    p.k_pool = layer->k;
+    p.v_pool = layer->v;
+    p.n_kv_heads = layer->n_kv_heads;
+    p.block_size = layer->block_size;
+    p.block_shift = -1;
+    for (int sh = 0; sh < 31; sh++)
+        if (layer->block_size == 1 << sh) p.block_shift = sh;
+    p.n_heads = n_heads;
+    p.group = n_heads / layer->n_kv_heads;
+    p.q_indptr = batch->q_indptr;
+    p.kv_len = batch->kv_len;
+    p.page_indptr = batch->page_indptr;
+    p.page_indices = batch->page_indices;
+    p.first_page_offset = batch->first_page_offset;
+    p.scale_log2 = scale * PF_LOG2E;
+    cuda_backend *cb = cuda_impl(be);
+    if (layer->head_dim == 64) {
+        if (layer->dtype == BASE_DTYPE_F16)
+            return pf_dispatch_variant<64, __half>(p, batch, variant, cb->stream, err);
+        return pf_dispatch_variant<64, __nv_bfloat16>(p, batch, variant, cb->stream, err);
+    }
+    if (layer->dtype == BASE_DTYPE_F16)
+        return pf_dispatch_variant<128, __half>(p, batch, variant, cb->stream, err);
+    return pf_dispatch_variant<128, __nv_bfloat16>(p, batch, variant, cb->stream, err);
+}
+
+int cuda_attention_prefill(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
+                           const be_paged_batch *batch, int n_heads, float scale, be_tensor *out,
+                           base_err *err) {
+    return cuda_attention_prefill_variant(be, q, layer, batch, n_heads, scale, out, PF_VARIANT,
+                                          err);
+}

@@ -1,0 +1,183 @@
+/* The fused ops of decode: residual add with RMSNorm, Q/K/V in one GEMV, gate and up with
+ * SiLU-mul in one GEMV, RoPE with the KV append. At batch 1 every one of the unfused ops is a
+ * launch of a few microseconds whatever its size, so fusing is what removes their time. The
+ * matmul fusions run the single-row GEMV when it serves every matrix and compose the plain ops
+ * otherwise (several rows, other bit widths, mixed geometries). */
+#include "backend/cuda/cuda_internal.h"
+
+static int check_float(const be_tensor *t, const char *name, base_err *err) {
+    if (!cuda_float_dtype(t->dtype))
+        return base_fail(err, "cuda: %s: dtype %s is not F32, F16 or BF16", name,
+                         base_dtype_name(t->dtype));
+    return 0;
+}
+
+/* Block-wide sum; every thread gets the total. */
+static __device__ float fused_block_sum(float v) {
+    __shared__ float part[32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    int nw = (blockDim.x + 31) >> 5;
+    v = lane < nw ? part[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    return v;
+}
+
+/* ---- residual add + RMSNorm ---- */
+
+/* One block per row. Each thread reads back the x values it stored, so the norm sees x as
+ * stored in its dtype, as the composed ops would; y's writes come after the block-wide sum,
+ * when every read of d is done, so y may alias d. */
+__global__ void add_rmsnorm_kernel(void *x, base_dtype x_dt, const void *d, base_dtype d_dt,
+                                   const void *w, base_dtype w_dt, float eps, int64_t cols, void *y,
+                                   base_dtype y_dt) {
+    size_t base = (size_t)blockIdx.x * (size_t)cols;
+    float ss = 0.0f;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+        cuda_store(x, x_dt, base + c, cuda_load(x, x_dt, base + c) + cuda_load(d, d_dt, base + c));
+        float v = cuda_load(x, x_dt, base + c);
+        ss += v * v;
+    }
+    float inv = rsqrtf(fused_block_sum(ss) / (float)cols + eps);
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+        cuda_store(y, y_dt, base + c, cuda_load(x, x_dt, base + c) * inv * cuda_load(w, w_dt, c));
+}
+
+int cuda_add_rmsnorm(be_backend *be, be_tensor *x, const be_tensor *d, const be_tensor *weight,
+                     float eps, be_tensor *y, base_err *err) {
+    if (check_float(x, "add_rmsnorm x", err) || check_float(d, "add_rmsnorm d", err) ||
+        check_float(y, "add_rmsnorm output", err) || check_float(weight, "add_rmsnorm weight", err))
+        return -1;
+    if (d->rows != x->rows || d->cols != x->cols || y->rows != x->rows || y->cols != x->cols ||
+        weight->rows * weight->cols != x->cols)
+        return base_fail(err,
+                         "cuda: add_rmsnorm: x [%lld, %lld], d [%lld, %lld], y [%lld, %lld], "
+                         "weight of %lld values",
+                         (long long)x->rows, (long long)x->cols, (long long)d->rows,
+                         (long long)d->cols, (long long)y->rows, (long long)y->cols,
+                         (long long)(weight->rows * weight->cols));
+    if (x->rows == 0) return 0;
+    int64_t threads = ((x->cols + 127) / 128) * 32;
+    threads = threads < 32 ? 32 : (threads > 1024 ? 1024 : threads);
+    add_rmsnorm_kernel<<<(unsigned)x->rows, (unsigned)threads, 0, cuda_impl(be)->stream>>>(
+        x->data, x->dtype, d->data, d->dtype, weight->data, weight->dtype, eps, x->cols, y->data,
+        y->dtype);
+    return cuda_check_launch("add_rmsnorm", err);
+}
+
+/* ---- Q, K, V and gate/up GEMVs ---- */
+
+static bool same_geometry(const be_linear *a, const be_linear *b) {
+    return a->in == b->in && a->bits == b->bits && a->group_size == b->group_size &&
+           a->dtype == b->dtype;
+}
+
+int cuda_matmul_qkv(be_backend *be, const be_tensor *x, const be_linear *const *ws,
+                    be_tensor *const *ys, base_err *err) {
+    bool one = true;
+    for (int i = 0; i < 3; i++) {
+        if (cuda_matmul_check(x, ws[i], ys[i], err)) return base_fail_wrap(err, "qkv");
+        /* The single-row GEMV's steps of 4 rows never straddle two matrices. */
+        one = one && cuda_gemv1_fits(x, ws[i]) && same_geometry(ws[0], ws[i]) &&
+              (i == 2 || ws[i]->out % 4 == 0);
+    }
+    if (one) return cuda_gemv1(be, x, ws, ys, 3, false, err);
+    for (int i = 0; i < 3; i++)
+        if (cuda_matmul(be, x, ws[i], ys[i], err)) return -1;
+    return 0;
+}
+
+int cuda_matmul_silu_mul(be_backend *be, const be_tensor *x, const be_linear *gate,
+                         const be_linear *up, be_tensor *y, base_err *err) {
+    if (cuda_matmul_check(x, gate, y, err) || cuda_matmul_check(x, up, y, err))
+        return base_fail_wrap(err, "gate/up");
+    if (cuda_gemv1_fits(x, gate) && cuda_gemv1_fits(x, up) && same_geometry(gate, up)) {
+        const be_linear *ws[2] = {gate, up};
+        be_tensor *ys[1] = {y};
+        return cuda_gemv1(be, x, ws, ys, 2, true, err);
+    }
+    cuda_backend *c = cuda_impl(be);
+    size_t bytes = (size_t)(y->rows * y->cols) * base_dtype_size(y->dtype);
+    if (cuda_scratch(be, &c->ftmp, &c->ftmp_bytes, bytes, "gate/up", err)) return -1;
+    be_tensor u = {c->ftmp, y->dtype, y->rows, y->cols};
+    if (cuda_matmul(be, x, gate, y, err) || cuda_matmul(be, x, up, &u, err)) return -1;
+    return cuda_silu_mul(be, y, &u, y, err);
+}
+
+/* ---- RoPE + KV append ---- */
+
+/* One thread per (token, head, pair i) over q's heads, then k's: rotates x[i] with x[i + half]
+ * as rope_kernel does (F32 angle, accurate sincosf); a k head's thread also writes the rotated
+ * pair and v's pair into the pool at the token's slot (none for a negative slot). */
+__global__ void rope_kv_append_kernel(void *q, base_dtype q_dt, void *k, base_dtype k_dt,
+                                      const void *v, base_dtype v_dt, int n_heads, int n_kv_heads,
+                                      int head_dim, int64_t n, const int32_t *pos,
+                                      const float *inv_freq, float mscale, void *kp, void *vp,
+                                      base_dtype pool_dt, const int64_t *slots) {
+    const int half = head_dim / 2, heads = n_heads + n_kv_heads;
+    const int64_t total = n * heads * half;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int p = (int)(i % half);
+        const int64_t th = i / half, t = th / heads;
+        const int h = (int)(th % heads);
+        float s, c;
+        sincosf((float)pos[t] * inv_freq[p], &s, &c);
+        s *= mscale;
+        c *= mscale;
+        const bool is_q = h < n_heads;
+        void *x = is_q ? q : k;
+        const base_dtype dt = is_q ? q_dt : k_dt;
+        const int64_t width = (int64_t)(is_q ? n_heads : n_kv_heads) * head_dim;
+        const size_t off = (size_t)(t * width + (int64_t)(is_q ? h : h - n_heads) * head_dim);
+        const float x1 = cuda_load(x, dt, off + p), x2 = cuda_load(x, dt, off + p + half);
+        const float r1 = x1 * c - x2 * s, r2 = x2 * c + x1 * s;
+        cuda_store(x, dt, off + p, r1);
+        cuda_store(x, dt, off + p + half, r2);
+        if (is_q || slots[t] < 0) continue;
+        /* The pool holds k as stored in k's dtype, as kv_append after rope would copy it. */
+        const size_t po =
+            (size_t)((uint64_t)slots[t] * (uint64_t)width + (uint64_t)(off - (size_t)(t * width)));
+        cuda_store(kp, pool_dt, po + p, cuda_load(x, dt, off + p));
+        cuda_store(kp, pool_dt, po + p + half, cuda_load(x, dt, off + p + half));
+        cuda_store(vp, pool_dt, po + p, cuda_load(v, v_dt, off + p));
+        cuda_store(vp, pool_dt, po + p + half, cuda_load(v, v_dt, off + p + half));
+    }
+}
+
+int cuda_rope_kv_append(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
+                        const be_tensor *positions, const be_tensor *inv_freq, float mscale,
+                        const be_kv_layer *layer, const be_paged_batch *batch, base_err *err) {
+    if (check_float(q, "rope_kv_append q", err) || check_float(k, "rope_kv_append k", err) ||
+        check_float(v, "rope_kv_append v", err))
+        return -1;
+    if (positions->dtype != BASE_DTYPE_I32 || inv_freq->dtype != BASE_DTYPE_F32)
+        return base_fail(err, "cuda: rope_kv_append: positions must be I32 and inv_freq F32");
+    if (layer->dtype != BASE_DTYPE_F16 && layer->dtype != BASE_DTYPE_BF16)
+        return base_fail(err, "cuda: rope_kv_append: pool dtype %s (F16 or BF16 on CUDA)",
+                         base_dtype_name(layer->dtype));
+    const int hd = layer->head_dim, kvh = layer->n_kv_heads;
+    const int64_t n = q->rows, width = (int64_t)kvh * hd;
+    if (hd % 2 || q->cols % hd || k->cols != width || v->cols != width || k->rows != n ||
+        v->rows != n || positions->rows != n || n != batch->n_tokens ||
+        inv_freq->rows * inv_freq->cols != hd / 2)
+        return base_fail(err,
+                         "cuda: rope_kv_append: q [%lld, %lld], k [%lld, %lld], v [%lld, %lld] "
+                         "for %d tokens, %d kv heads of %d",
+                         (long long)q->rows, (long long)q->cols, (long long)k->rows,
+                         (long long)k->cols, (long long)v->rows, (long long)v->cols,
+                         batch->n_tokens, kvh, hd);
+    const int heads = (int)(q->cols / hd);
+    const int64_t total = n * (heads + kvh) * (hd / 2);
+    if (total == 0) return 0;
+    int64_t blocks = (total + 255) / 256;
+    if (blocks > 1048576) blocks = 1048576;
+    rope_kv_append_kernel<<<(unsigned)blocks, 256, 0, cuda_impl(be)->stream>>>(
+        q->data, q->dtype, k->data, k->dtype, v->data, v->dtype, heads, kvh, hd, n,
+        (const int32_t *)positions->data, (const float *)inv_freq->data, mscale, layer->k, layer->v,
+        layer->dtype, batch->slots);
+    return cuda_check_launch("rope_kv_append", err);
+}

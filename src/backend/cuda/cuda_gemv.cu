@@ -1,0 +1,426 @@
+/* The quantized GEMV of decode: y = x W^T for 1 to 16 F32 rows of x, 4- or 8-bit MLX affine
+ * weights, aiming at the memory-bandwidth limit. The same kernel serves the fused matmuls: up
+ * to three matrices that share x (Q, K and V) in one launch, and gate with up followed by
+ * SiLU-mul. One pass over W serves the rows of x a thread can hold in registers (two where its
+ * slice is one unit, else one); more rows take more passes.
+ *
+ * Design: a CTA of K threads covers one whole row of W, each thread a fixed k-slice of UPT
+ * 16-byte units (32 4-bit or 16 8-bit values each, always inside one group). The thread loads
+ * its slice of x into registers once and reuses it for every output row the CTA computes, so
+ * x costs no memory traffic per weight. CTAs are persistent and walk R rows per step.
+ *
+ * Each thread streams its own units (and the words holding their scale and bias) into a
+ * private ring of D steps in shared memory with cp.async, D - 1 steps ahead of the one it
+ * computes; no barrier is needed for that, since a thread reads only what it copied. On the
+ * H200 (bench/bench_cuda_gemv.cu, 4-bit [128256 x 4096]) this reads 1.87 TB/s against 1.80
+ * with the loads held in registers, and the profile shows the SMs busy issuing (73% of issue
+ * slots), not waiting on memory: the instructions per weight are what bound it. Two
+ * tensor-core variants (f16 hi/lo x on m16n8k16, weights dequantized in registers) measured
+ * 1.1 to 1.75 TB/s: their per-thread addressing and shared-memory traffic outweighed the
+ * multiply they saved.
+ *
+ * The affine form is folded: sum_k (s q_k + b) x_k = s * dot(q, x) + b * sum(x), with sum(x)
+ * of each unit computed once. A value q at bit 4j (or 8j) of a 16-bit half word becomes a
+ * float without a conversion instruction: 0x4B000000 | (w & mask) is the float 2^23 + q *
+ * 2^(4j) exactly, so subtracting 2^23 leaves q * 2^(4j), and x's slice is pre-scaled by
+ * 2^(-4j) once (exact: a power of two). That is three instructions per weight (LOP3, FADD,
+ * FFMA). Each step's partial sums meet in a warp shuffle and one shared-memory pass across
+ * the CTA's warps. */
+#include "backend/cuda/cuda_internal.h"
+
+#include <type_traits>
+
+/* Most threads a CTA may have: the slice per thread grows instead. */
+#define GEMV1_MAX_THREADS 256
+/* 16-byte units a thread has in flight: steps ahead x rows per step x units per row. */
+#ifndef GEMV1_INFLIGHT
+#define GEMV1_INFLIGHT 16
+#endif
+
+/* Rows per step and steps in the ring for UPT units per thread. */
+template <int UPT> __host__ __device__ constexpr int gemv1_rows() {
+    return 4 / UPT < 2 ? 2 : 4 / UPT;
+}
+template <int UPT> __host__ __device__ constexpr int gemv1_depth() {
+    return GEMV1_INFLIGHT / (gemv1_rows<UPT>() * UPT) < 2
+               ? 2
+               : GEMV1_INFLIGHT / (gemv1_rows<UPT>() * UPT);
+}
+/* Shared memory of a CTA of k threads: each (step, row, unit, thread) holds 16 bytes of
+ * weights and the 4-byte words of its scale and bias. */
+template <int UPT> static size_t gemv1_smem(int k) {
+    return (size_t)gemv1_depth<UPT>() * gemv1_rows<UPT>() * UPT * k * 24;
+}
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(ok ? 16 : 0));
+}
+
+/* Copies the n <= 4 bytes at src into the word at dst, zero-filling the rest: the last word
+ * of an array of 2-byte scales may hold only one of them. */
+__device__ __forceinline__ void cp_async4(void *dst, const void *src, int n) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(n));
+}
+
+/* Bytes of the 4-byte word wi of an array of `bytes` bytes that exist (0 to 4). */
+__device__ __forceinline__ int word_bytes(int64_t wi, int64_t bytes) {
+    const int64_t n = bytes - wi * 4;
+    return n <= 0 ? 0 : (n >= 4 ? 4 : (int)n);
+}
+
+/* Up to three matrices of the same geometry sharing one x: rows [0, out) of the first, then
+ * the second's, then the third's (PLAIN); or gate and up (GLU) where output row o is
+ * silu(x . gate[o]) * (x . up[o]). */
+struct gemv1_mat {
+    const uint4 *w;    /* (out, units) */
+    const void *s, *b; /* (out, groups) */
+    const void *bias;  /* (out) or NULL */
+    base_dtype bias_dt;
+    void *y; /* (out) */
+    base_dtype y_dt;
+    int64_t out;
+};
+
+struct gemv1_job {
+    gemv1_mat m[3];
+    int nm;
+    const float *x; /* (in) */
+    int64_t units;  /* 16-byte units per row */
+    int64_t groups; /* groups per row */
+    int gshift;     /* unit index >> gshift = group index */
+    int64_t rows;   /* PLAIN: sum of the outs; GLU: out */
+    int64_t steps;  /* ceil(rows / rows per step) */
+    int nx;         /* rows of x in this pass (1 to the kernel's NX); y rows follow them */
+};
+
+/* Field f of matrix i, selected without indexing the parameter array (which would copy it to
+ * local memory). */
+template <typename T>
+__device__ __forceinline__ T pick(const gemv1_job &j, int i, T gemv1_mat::*f) {
+    return i == 0 ? j.m[0].*f : (i == 1 ? j.m[1].*f : j.m[2].*f);
+}
+
+__device__ __forceinline__ float mag(uint32_t v) {
+    return __uint_as_float(0x4B000000u | v) - 8388608.0f;
+}
+
+/* dot(q, x) of one unit: four words, each split into two 16-bit halves of 16 / BITS values. */
+template <int BITS> __device__ __forceinline__ float unit_dot(uint4 q, const float *xs) {
+    constexpr int PER_HALF = 16 / BITS;
+    constexpr uint32_t M = (1u << BITS) - 1u;
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+    float d0 = 0.0f, d1 = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const uint32_t lo = w[k], hi = w[k] >> 16;
+#pragma unroll
+        for (int j = 0; j < PER_HALF; j++) {
+            d0 = fmaf(mag(lo & (M << (BITS * j))), xs[k * 2 * PER_HALF + j], d0);
+            d1 = fmaf(mag(hi & (M << (BITS * j))), xs[k * 2 * PER_HALF + PER_HALF + j], d1);
+        }
+    }
+    return d0 + d1;
+}
+
+/* A scale or bias from the 4-byte word cp_async4 copied: the word itself for F32, else the
+ * half of it that holds element i. */
+template <typename S> __device__ __forceinline__ float scale_of(uint32_t word, int64_t i) {
+    if (std::is_same<S, float>::value) return __uint_as_float(word);
+    const uint16_t h = (uint16_t)(i & 1 ? word >> 16 : word & 0xFFFFu);
+    if (std::is_same<S, __half>::value) return __half2float(__ushort_as_half(h));
+    return __bfloat162float(__ushort_as_bfloat16(h));
+}
+
+/* Where step `step` reads: its matrix (-1 past the end) and its first row there. A step never
+ * straddles two matrices (cuda_gemv1 asks every boundary to be a multiple of the rows per
+ * step); GLU steps read the same rows of gate (matrix 0) and up (matrix 1). */
+template <bool GLU, int R>
+__device__ __forceinline__ int step_start(const gemv1_job &job, int64_t step, int64_t *row0) {
+    if (GLU) {
+        *row0 = step * (R / 2);
+        return 0;
+    }
+    const int64_t g = step * R, e0 = job.m[0].out, e1 = e0 + job.m[1].out;
+    *row0 = g < e0 ? g : (g < e1 ? g - e0 : g - e1);
+    return g < e0 ? 0 : (g < e1 ? 1 : 2);
+}
+
+template <int BITS, int UPT, bool GLU, typename S, int NX>
+__global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_job job) {
+    constexpr int WPU = 128 / BITS, R = gemv1_rows<UPT>(), D = gemv1_depth<UPT>();
+    constexpr int OUT_PER_STEP = GLU ? R / 2 : R, PER_HALF = 16 / BITS;
+    constexpr int SB = sizeof(S) == 4 ? 4 : 2;
+    extern __shared__ uint4 gemv1_ring[];
+    __shared__ float red[2][GEMV1_MAX_THREADS / 32][R * NX];
+    const int t = threadIdx.x, K = blockDim.x, lane = t & 31, warp = t >> 5;
+    /* Slot (d, r, i) of thread t: weights at wq[((d * R + r) * UPT + i) * K + t], the scale
+     * and bias words at the same index of ws and wb: consecutive threads, consecutive words. */
+    uint4 *wq = gemv1_ring;
+    uint32_t *ws = (uint32_t *)(wq + D * R * UPT * K), *wb = ws + D * R * UPT * K;
+    /* The thread's units, and their groups' offsets within a row. */
+    int64_t uo[UPT], go[UPT];
+    bool uok[UPT];
+#pragma unroll
+    for (int i = 0; i < UPT; i++) {
+        uo[i] = t + (int64_t)i * K;
+        uok[i] = uo[i] < job.units;
+        go[i] = uo[i] >> job.gshift;
+    }
+
+    auto issue = [&](int64_t step, int d) {
+        if (step < job.steps) {
+            int64_t row0;
+            const int m0 = step_start<GLU, R>(job, step, &row0);
+#pragma unroll
+            for (int half = 0; half < (GLU ? 2 : 1); half++) {
+                const int mi = GLU ? half : m0;
+                const uint4 *w = pick(job, mi, &gemv1_mat::w) + row0 * job.units;
+                const uint32_t *sp = (const uint32_t *)pick(job, mi, &gemv1_mat::s);
+                const uint32_t *bp = (const uint32_t *)pick(job, mi, &gemv1_mat::b);
+                const int64_t out = pick(job, mi, &gemv1_mat::out);
+                const int64_t sbytes = out * job.groups * SB, g0 = row0 * job.groups;
+#pragma unroll
+                for (int r = 0; r < OUT_PER_STEP; r++) {
+                    const bool live = row0 + r < out;
+#pragma unroll
+                    for (int i = 0; i < UPT; i++) {
+                        const bool ok = live && uok[i];
+                        const int64_t gi = g0 + r * job.groups + go[i];
+                        const int64_t wi = SB == 4 ? gi : gi >> 1;
+                        const int slot = ((d * R + half * OUT_PER_STEP + r) * UPT + i) * K + t;
+                        const int n = ok ? word_bytes(wi, sbytes) : 0;
+                        cp_async16(&wq[slot], ok ? w + r * job.units + uo[i] : w, ok);
+                        cp_async4(&ws[slot], sp + (n ? wi : 0), n);
+                        cp_async4(&wb[slot], bp + (n ? wi : 0), n);
+                    }
+                }
+            }
+        }
+        asm volatile("cp.async.commit_group;");
+    };
+
+    const int64_t grid = gridDim.x;
+#pragma unroll
+    for (int d = 0; d < D - 1; d++) issue(blockIdx.x + d * grid, d);
+
+    const int64_t in = job.units * WPU;
+    float xs[NX][UPT][WPU], sx[NX][UPT];
+#pragma unroll
+    for (int j = 0; j < NX; j++)
+#pragma unroll
+        for (int i = 0; i < UPT; i++) {
+            sx[j][i] = 0.0f;
+#pragma unroll
+            for (int c = 0; c < WPU / 4; c++) {
+                float4 v = uok[i] && j < job.nx
+                               ? __ldg((const float4 *)(job.x + j * in + uo[i] * WPU) + c)
+                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                xs[j][i][4 * c] = v.x, xs[j][i][4 * c + 1] = v.y, xs[j][i][4 * c + 2] = v.z,
+                             xs[j][i][4 * c + 3] = v.w;
+            }
+#pragma unroll
+            for (int k = 0; k < WPU; k++) {
+                sx[j][i] += xs[j][i][k];
+                xs[j][i][k] *= __uint_as_float((127u - BITS * (k % PER_HALF)) << 23);
+            }
+        }
+
+    int d = 0, par = 0;
+    for (int64_t step = blockIdx.x; step < job.steps; step += grid, par ^= 1) {
+        issue(step + (D - 1) * grid, d == 0 ? D - 1 : d - 1);
+        asm volatile("cp.async.wait_group %0;" ::"n"(D - 1));
+        int64_t row0;
+        step_start<GLU, R>(job, step, &row0);
+        /* Which half of a 2-byte scale word row r's group sits in: the parity of its index. */
+        const int64_t gpar = row0 * job.groups;
+        float acc[R][NX];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int64_t gr = gpar + (r % OUT_PER_STEP) * job.groups;
+#pragma unroll
+            for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < UPT; i++) {
+                const int slot = ((d * R + r) * UPT + i) * K + t;
+                const int64_t gi = gr + go[i];
+                const float sc = scale_of<S>(ws[slot], gi), bi = scale_of<S>(wb[slot], gi);
+                const uint4 q = wq[slot];
+#pragma unroll
+                for (int j = 0; j < NX; j++)
+                    acc[r][j] =
+                        fmaf(sc, unit_dot<BITS>(q, xs[j][i]), fmaf(bi, sx[j][i], acc[r][j]));
+            }
+        }
+        d = d == D - 1 ? 0 : d + 1;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int j = 0; j < NX; j++) {
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1)
+                    acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], o);
+                if (lane == 0) red[par][warp][j * R + r] = acc[r][j];
+            }
+        __syncthreads();
+        if (t >= OUT_PER_STEP * NX) continue;
+        /* Thread t writes output row t % OUT_PER_STEP of the step for x row t / OUT_PER_STEP. */
+        const int j = t / OUT_PER_STEP, tr = t % OUT_PER_STEP;
+        if (j >= job.nx) continue;
+        const int nw = K >> 5;
+        float v = 0.0f, v2 = 0.0f;
+        for (int k = 0; k < nw; k++) {
+            v += red[par][k][j * R + tr];
+            if (GLU) v2 += red[par][k][j * R + tr + OUT_PER_STEP];
+        }
+        const int64_t row = row0 + tr;
+        if (GLU) {
+            if (row < job.rows) {
+                if (job.m[0].bias) v += cuda_load(job.m[0].bias, job.m[0].bias_dt, (size_t)row);
+                if (job.m[1].bias) v2 += cuda_load(job.m[1].bias, job.m[1].bias_dt, (size_t)row);
+                cuda_store(job.m[0].y, job.m[0].y_dt, (size_t)(j * job.rows + row),
+                           v / (1.0f + __expf(-v)) * v2);
+            }
+        } else if (step * R + tr < job.rows) {
+            const int mi = step_start<GLU, R>(job, step, &row0);
+            const void *bias = pick(job, mi, &gemv1_mat::bias);
+            if (bias) v += cuda_load(bias, pick(job, mi, &gemv1_mat::bias_dt), (size_t)row);
+            cuda_store(pick(job, mi, &gemv1_mat::y), pick(job, mi, &gemv1_mat::y_dt),
+                       (size_t)(j * pick(job, mi, &gemv1_mat::out) + row), v);
+        }
+    }
+}
+
+/* Units per thread and threads per CTA for a row of `units`: the fewest units per thread that
+ * keep the CTA within GEMV1_MAX_THREADS. Returns 0 when no choice fits. */
+static int gemv1_shape(int64_t units, int *threads) {
+    for (int upt = 1; upt <= 4; upt *= 2) {
+        int64_t k = ((units + upt - 1) / upt + 31) / 32 * 32;
+        if (k <= GEMV1_MAX_THREADS) {
+            *threads = (int)k;
+            return upt;
+        }
+    }
+    return 0;
+}
+
+bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w) {
+    int threads;
+    return x->rows >= 1 && x->rows <= 16 && x->dtype == BASE_DTYPE_F32 &&
+           (w->bits == 4 || w->bits == 8) && (w->in * w->bits) % 128 == 0 &&
+           (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) &&
+           w->in % w->group_size == 0 && ((uintptr_t)w->weight & 15) == 0 &&
+           ((uintptr_t)x->data & 15) == 0 && ((uintptr_t)w->scales & 3) == 0 &&
+           ((uintptr_t)w->biases & 3) == 0 && cuda_float_dtype(w->dtype) &&
+           (!w->bias || cuda_float_dtype(w->bias_dtype)) &&
+           gemv1_shape(w->in * w->bits / 128, &threads) != 0;
+}
+
+template <int BITS, int UPT, bool GLU, typename S, int NX>
+static int gemv1_launch(cuda_backend *c, gemv1_job job, int threads, base_err *err) {
+    auto kernel = gemv1_kernel<BITS, UPT, GLU, S, NX>;
+    const size_t smem = gemv1_smem<UPT>(threads);
+    /* Resident CTAs per SM for each CTA size (a multiple of 32 up to the maximum). */
+    static int resident[GEMV1_MAX_THREADS / 32 + 1];
+    int &per_sm = resident[threads / 32];
+    if (per_sm == 0) {
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)gemv1_smem<UPT>(GEMV1_MAX_THREADS));
+        if (e == cudaSuccess)
+            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+        if (e != cudaSuccess)
+            return base_fail(err, "cuda: matmul: single-row GEMV of %d threads: %s", threads,
+                             cudaGetErrorString(e));
+        if (per_sm < 1) per_sm = 1;
+    }
+    const int per_step = GLU ? gemv1_rows<UPT>() / 2 : gemv1_rows<UPT>();
+    job.steps = (job.rows + per_step - 1) / per_step;
+    /* Every CTA walks the same number of steps, so no SM waits on a last partial wave. */
+    int64_t grid = (int64_t)per_sm * c->sm_count;
+    if (grid > job.steps) grid = job.steps;
+    int64_t iters = (job.steps + grid - 1) / grid;
+    grid = (job.steps + iters - 1) / iters;
+    kernel<<<(unsigned)grid, threads, smem, c->stream>>>(job);
+    return cuda_check_launch("matmul (single-row GEMV)", err);
+}
+
+/* Rows of x one pass holds in registers: two where a thread's slice is one unit, else one. */
+static int gemv1_pass_rows(int upt) {
+    return upt == 1 ? 2 : 1;
+}
+
+template <int BITS, bool GLU, typename S>
+static int gemv1_dispatch_upt(cuda_backend *c, const gemv1_job &job, base_err *err) {
+    int threads = 0;
+    switch (gemv1_shape(job.units, &threads)) {
+    case 1:
+        return job.nx == 1 ? gemv1_launch<BITS, 1, GLU, S, 1>(c, job, threads, err)
+                           : gemv1_launch<BITS, 1, GLU, S, 2>(c, job, threads, err);
+    case 2:
+        return gemv1_launch<BITS, 2, GLU, S, 1>(c, job, threads, err);
+    default:
+        return gemv1_launch<BITS, 4, GLU, S, 1>(c, job, threads, err);
+    }
+}
+
+template <int BITS, bool GLU>
+static int gemv1_dispatch_dt(cuda_backend *c, const gemv1_job &job, base_dtype dt, base_err *err) {
+    switch (dt) {
+    case BASE_DTYPE_F32:
+        return gemv1_dispatch_upt<BITS, GLU, float>(c, job, err);
+    case BASE_DTYPE_F16:
+        return gemv1_dispatch_upt<BITS, GLU, __half>(c, job, err);
+    default:
+        return gemv1_dispatch_upt<BITS, GLU, __nv_bfloat16>(c, job, err);
+    }
+}
+
+int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, be_tensor *const *ys,
+               int n, bool glu, base_err *err) {
+    const be_linear *w = ws[0];
+    gemv1_job job = {};
+    job.nm = n;
+    job.x = (const float *)x->data;
+    job.units = w->in * w->bits / 128;
+    job.groups = w->in / w->group_size;
+    int g_units = w->group_size / (128 / w->bits), shift = 0;
+    while ((1 << shift) < g_units) shift++;
+    job.gshift = shift;
+    for (int i = 0; i < n; i++) {
+        const be_tensor *y = ys[glu ? 0 : i];
+        job.m[i] = {(const uint4 *)ws[i]->weight,
+                    ws[i]->scales,
+                    ws[i]->biases,
+                    ws[i]->bias,
+                    ws[i]->bias_dtype,
+                    y->data,
+                    y->dtype,
+                    ws[i]->out};
+        job.rows += ws[i]->out;
+    }
+    if (glu) job.rows = w->out;
+    if (job.rows == 0) return 0;
+    cuda_backend *c = cuda_impl(be);
+    int threads;
+    const int per_pass = gemv1_pass_rows(gemv1_shape(job.units, &threads));
+    for (int64_t r0 = 0; r0 < x->rows; r0 += per_pass) {
+        gemv1_job pass = job;
+        pass.nx = (int)(x->rows - r0 < per_pass ? x->rows - r0 : per_pass);
+        pass.x = (const float *)x->data + r0 * w->in;
+        for (int i = 0; i < (glu ? 1 : n); i++)
+            pass.m[i].y =
+                (char *)ys[i]->data + (size_t)(r0 * ys[i]->cols) * base_dtype_size(ys[i]->dtype);
+        int rc;
+        if (w->bits == 4)
+            rc = glu ? gemv1_dispatch_dt<4, true>(c, pass, w->dtype, err)
+                     : gemv1_dispatch_dt<4, false>(c, pass, w->dtype, err);
+        else
+            rc = glu ? gemv1_dispatch_dt<8, true>(c, pass, w->dtype, err)
+                     : gemv1_dispatch_dt<8, false>(c, pass, w->dtype, err);
+        if (rc) return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,273 @@
+/* CUDA tensor-core prefill attention against a double-precision reference, element by element
+ * under a bound derived from the rounding the kernel is allowed to do.
+ *
+ * Batches mix prompts of 2 to 300 rows (fresh ones, kv_len == q_len, and continuations with
+ * earlier tokens in the cache), decode rows, partly filled last pages, a first-page offset and
+ * page ids shuffled over a pool with spare blocks; GQA groups 1, 4 and 8, head_dim 64 and
+ * 128, f16 and bf16 pools, F32 and BF16 activations. Pool slots no live token occupies hold
+ * NaN, so reading one shows; outputs start as NaN, so a row left unwritten shows.
+ *
+ * The bound. The kernel multiplies q by scale * log2(e) in F32 and rounds it to the pool
+ * dtype (mma.sync takes both operands in one type); the reference starts from those same
+ * rounded values q', so scores s_j = q'.k_j (log2 domain) differ only by F32 summation:
+ * products of f16/bf16 values are exact in F32, each of the D additions and the subtraction of
+ * the running max errs by at most one ulp (the tensor cores may truncate rather than round),
+ * so |ds_j| <= (D + 4) 2^-23 sum_e |q'_e k_je|, plus 2^-21 for exp2f; call the largest over
+ * the row's keys E (in log2 units, times ln 2 below). A perturbation of every score by at most E
+ * moves each softmax weight by at most p_j (e^(2E ln2) - 1). The kernel then rounds the
+ * unnormalized weights (<= 1) to the pool dtype, unit roundoff u (2^-11 f16, 2^-8 bf16), for P V
+ * while the denominator sums the unrounded ones: relative error u on each term of the numerator.
+ * The F32 sums over keys and tiles add (n_keys + D + 64) 2^-24 relative. With A_e = sum_j p_j
+ * |v_je|: |out_e - ref_e| <= (e^(2E ln2) (1 + u) - 1 + (n_keys + D + 64) 2^-24) A_e + u_out |ref_e|
+ * where u_out is the output dtype's rounding (0 for F32); f16 weights that fall to subnormals
+ * add n_keys 2^-25 / l absolutely (|v| < 1, l the softmax denominator). Skipped with no CUDA
+ * device. */
+#include "test_cuda_util.h"
+
+#include <math.h>
+
+typedef struct pf_seq {
+    int kv_len, q_len, first_offset;
+} pf_seq;
+
+typedef struct pf_case {
+    int group, n_kv, head_dim, block_size;
+    base_dtype pool_dt, act_dt;
+} pf_case;
+
+typedef struct pf_batch {
+    int n_seqs, n_tokens, max_q, max_kv;
+    int32_t q_indptr[16], kv_len[16], page_indptr[17], last_len[16], first[16];
+    int32_t *pages; /* (page_indptr[n_seqs]) */
+    int64_t num_blocks;
+} pf_batch;
+
+static void pf_build(const pf_seq *seqs, int n, int bs, pf_batch *b) {
+    memset(b, 0, sizeof *b);
+    b->n_seqs = n;
+    for (int s = 0; s < n; s++) {
+        int span = seqs[s].first_offset + seqs[s].kv_len, np = (span + bs - 1) / bs;
+        b->q_indptr[s + 1] = b->q_indptr[s] + seqs[s].q_len;
+        b->kv_len[s] = seqs[s].kv_len;
+        b->page_indptr[s + 1] = b->page_indptr[s] + np;
+        b->last_len[s] = span - (np - 1) * bs;
+        b->first[s] = seqs[s].first_offset;
+        if (seqs[s].q_len > b->max_q) b->max_q = seqs[s].q_len;
+        if (seqs[s].kv_len > b->max_kv) b->max_kv = seqs[s].kv_len;
+    }
+    b->n_tokens = b->q_indptr[n];
+    int total = b->page_indptr[n];
+    b->num_blocks = total + 5;
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)b->num_blocks);
+    for (int i = 0; i < b->num_blocks; i++) perm[i] = i;
+    for (int i = (int)b->num_blocks - 1; i > 0; i--) {
+        int j = (int)(tc_u32() % (uint32_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    b->pages = malloc(sizeof(int32_t) * (size_t)total);
+    memcpy(b->pages, perm, sizeof(int32_t) * (size_t)total);
+    free(perm);
+}
+
+static size_t pf_tok(const pf_batch *b, int s, int j, int bs, int width) {
+    int pos = b->first[s] + j;
+    return ((size_t)b->pages[b->page_indptr[s] + pos / bs] * bs + pos % bs) * width;
+}
+
+static double pf_round_unit(base_dtype dt) {
+    return dt == BASE_DTYPE_F16 ? ldexp(1, -11) : dt == BASE_DTYPE_BF16 ? ldexp(1, -8) : 0;
+}
+
+/* ref and bound (n_tokens x H x D) for every row: q' is q * scale * log2 e rounded to the
+ * pool dtype, as the kernel sees it. `extra` more keys (up to kv_len) are visible to prompt
+ * rows: 0 for the true function, 1 for a reference with the causal mask one key too wide. Decode
+ * rows are exact softmax too, with a bound of the same form taken from the existing kernel's F32
+ * path (u = 0). */
+static void pf_reference(const pf_batch *b, const pf_case *c, const float *q, const float *kf,
+                         const float *vf, float scale, int extra, double *ref, double *bound) {
+    const int D = c->head_dim, H = c->group * c->n_kv, width = c->n_kv * D;
+    const double u_out = pf_round_unit(c->act_dt);
+    double *sc = malloc(sizeof(double) * (size_t)(b->max_kv + 1));
+    double *qr = malloc(sizeof(double) * (size_t)D);
+    for (int s = 0; s < b->n_seqs; s++) {
+        const int ql = b->q_indptr[s + 1] - b->q_indptr[s];
+        const double u = ql > 1 ? pf_round_unit(c->pool_dt) : 0;
+        for (int i = 0; i < ql; i++) {
+            const int row = b->q_indptr[s] + i;
+            int nvis = b->kv_len[s] - ql + i + 1 + (ql > 1 ? extra : 0);
+            if (nvis > b->kv_len[s]) nvis = b->kv_len[s];
+            for (int h = 0; h < H; h++) {
+                const int kvh = h / c->group;
+                const float *qh = q + ((size_t)row * H + h) * D;
+                for (int e = 0; e < D; e++) {
+                    float x = qh[e] * (scale * 1.4426950408889634f);
+                    if (ql > 1) tc_round(&x, 1, c->pool_dt);
+                    qr[e] = ql > 1 ? x : (double)qh[e] * scale * 1.4426950408889634;
+                }
+                double mx = -INFINITY, sum = 0, E = 0;
+                for (int j = 0; j < nvis; j++) {
+                    const float *kr = kf + pf_tok(b, s, j, c->block_size, width) + kvh * D;
+                    double d = 0, a = 0;
+                    for (int e = 0; e < D; e++) d += qr[e] * kr[e], a += fabs(qr[e] * kr[e]);
+                    sc[j] = d;
+                    double ej = (D + 4) * ldexp(a, -23) + ldexp(1, -21);
+                    E = ej > E ? ej : E;
+                    mx = d > mx ? d : mx;
+                }
+                for (int j = 0; j < nvis; j++) sum += (sc[j] = exp2(sc[j] - mx));
+                const double rel =
+                    exp(2 * E * M_LN2) * (1 + u) - 1 + (nvis + D + 64) * ldexp(1, -24);
+                double *o = ref + ((size_t)row * H + h) * D,
+                       *bo = bound + ((size_t)row * H + h) * D;
+                for (int e = 0; e < D; e++) o[e] = bo[e] = 0;
+                for (int j = 0; j < nvis; j++) {
+                    const float *vr = vf + pf_tok(b, s, j, c->block_size, width) + kvh * D;
+                    for (int e = 0; e < D; e++) {
+                        o[e] += sc[j] * vr[e];
+                        bo[e] += sc[j] * fabs(vr[e]);
+                    }
+                }
+                /* f16 weights below 2^-14 are subnormal: absolute error 2^-25 each, |v| < 1 */
+                const double sub = c->pool_dt == BASE_DTYPE_F16 && u > 0 ? nvis * ldexp(1, -25) : 0;
+                for (int e = 0; e < D; e++) {
+                    o[e] /= sum;
+                    bo[e] = rel * bo[e] / sum + sub / sum + u_out * fabs(o[e]);
+                }
+            }
+        }
+    }
+    free(sc);
+    free(qr);
+}
+
+static void *pf_dev_i32(be_backend *be, const int32_t *x, int n) {
+    return tc_dev_bytes(be, x, sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
+}
+
+/* Elements of got outside [ref - bound, ref + bound]; *worst: the index of the largest
+ * error relative to its bound, *ratio that ratio. */
+static int pf_outside(const float *got, const double *ref, const double *bound, size_t n,
+                      size_t *worst, double *ratio) {
+    int bad = 0;
+    *worst = 0;
+    *ratio = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        if (!(d <= bound[i])) bad++;
+        double r = d / (bound[i] > 0 ? bound[i] : 1e-300);
+        if (!(r <= *ratio)) *ratio = r, *worst = i;
+    }
+    return bad;
+}
+
+/* Runs one batch against the reference. With `control`, also checks that the bound would
+ * see a causal mask one key too wide, i.e. that the comparison has the power to fail. */
+static void pf_run(be_backend *be, const pf_case *c, const pf_seq *seqs, int n_seqs, int control) {
+    pf_batch b;
+    pf_build(seqs, n_seqs, c->block_size, &b);
+    const int D = c->head_dim, H = c->group * c->n_kv, width = c->n_kv * D;
+    const size_t pool_elems = (size_t)b.num_blocks * c->block_size * width,
+                 pool_bytes = pool_elems * 2;
+    uint8_t *kh = malloc(pool_bytes), *vh = malloc(pool_bytes);
+    memset(kh, 0xff, pool_bytes);
+    memset(vh, 0xff, pool_bytes);
+    float *kf = malloc(sizeof(float) * pool_elems), *vf = malloc(sizeof(float) * pool_elems);
+    for (int s = 0; s < b.n_seqs; s++)
+        for (int j = 0; j < b.kv_len[s]; j++) {
+            size_t off = pf_tok(&b, s, j, c->block_size, width);
+            for (int e = 0; e < width; e++) {
+                base_store_float(kh, c->pool_dt, off + e, tc_uniform());
+                base_store_float(vh, c->pool_dt, off + e, tc_uniform());
+                kf[off + e] = base_load_float(kh, c->pool_dt, off + e);
+                vf[off + e] = base_load_float(vh, c->pool_dt, off + e);
+            }
+        }
+    const size_t qn = (size_t)b.n_tokens * H * D;
+    float *q = malloc(sizeof(float) * qn);
+    tc_fill(q, qn, 2.0f);
+    tc_round(q, qn, c->act_dt);
+    const float scale = 1.0f / sqrtf((float)D);
+    double *ref = malloc(sizeof(double) * qn), *bound = malloc(sizeof(double) * qn);
+    pf_reference(&b, c, q, kf, vf, scale, 0, ref, bound);
+
+    be_kv_layer layer = {tc_dev_bytes(be, kh, pool_bytes),
+                         tc_dev_bytes(be, vh, pool_bytes),
+                         c->pool_dt,
+                         b.num_blocks,
+                         c->block_size,
+                         c->n_kv,
+                         D};
+    be_paged_batch db = {
+        .n_seqs = b.n_seqs,
+        .n_tokens = b.n_tokens,
+        .max_q_len = b.max_q,
+        .max_kv_len = b.max_kv,
+        .q_indptr = pf_dev_i32(be, b.q_indptr, b.n_seqs + 1),
+        .kv_len = pf_dev_i32(be, b.kv_len, b.n_seqs),
+        .page_indptr = pf_dev_i32(be, b.page_indptr, b.n_seqs + 1),
+        .page_indices = pf_dev_i32(be, b.pages, b.page_indptr[b.n_seqs]),
+        .last_page_len = pf_dev_i32(be, b.last_len, b.n_seqs),
+        .first_page_offset = pf_dev_i32(be, b.first, b.n_seqs),
+    };
+    be_tensor tq = tc_tensor(be, q, c->act_dt, b.n_tokens, (int64_t)H * D);
+    be_tensor to = tc_poisoned(be, c->act_dt, b.n_tokens, (int64_t)H * D);
+    base_err err = {{0}};
+    int rc = be->ops->attention(be, &tq, &layer, &db, NULL, H, scale, &to, &err);
+    CHECK_MSG(rc == 0, "%s", err.msg);
+    CHECK_MSG(be->ops->sync(be, &err) == 0, "%s", err.msg);
+    float *got = tc_read(be, &to);
+    size_t worst;
+    double worst_ratio;
+    int bad = pf_outside(got, ref, bound, qn, &worst, &worst_ratio);
+    CHECK_MSG(bad == 0,
+              "prefill G%d kv%d d%d bs%d pool %s act %s: %d of %zu outside the bound; worst at "
+              "row %zu col %zu: got %g, ref %g, bound %g",
+              c->group, c->n_kv, D, c->block_size, base_dtype_name(c->pool_dt),
+              base_dtype_name(c->act_dt), bad, qn, worst / ((size_t)H * D), worst % ((size_t)H * D),
+              got[worst], ref[worst], bound[worst]);
+    printf(
+        "G%d kv%d d%-3d bs%-2d pool %-4s act %-4s: %zu elements, worst error %.3f of the bound\n",
+        c->group, c->n_kv, D, c->block_size, base_dtype_name(c->pool_dt),
+        base_dtype_name(c->act_dt), qn, worst_ratio);
+    if (control) {
+        pf_reference(&b, c, q, kf, vf, scale, 1, ref, bound);
+        int wrong = pf_outside(got, ref, bound, qn, &worst, &worst_ratio);
+        CHECK_MSG(wrong > 0, "a mask one key too wide stays inside the bound (G%d d%d %s)",
+                  c->group, D, base_dtype_name(c->pool_dt));
+        printf("  control, mask one key too wide: %d elements outside the bound\n", wrong);
+    }
+    free(got);
+    be->ops->free(be, to.data);
+    be->ops->free(be, tq.data);
+    be->ops->free(be, layer.k);
+    be->ops->free(be, layer.v);
+    be->ops->free(be, (void *)db.q_indptr);
+    be->ops->free(be, (void *)db.kv_len);
+    be->ops->free(be, (void *)db.page_indptr);
+    be->ops->free(be, (void *)db.page_indices);
+    be->ops->free(be, (void *)db.last_page_len);
+    be->ops->free(be, (void *)db.first_page_offset);
+    free(kh), free(vh), free(kf), free(vf), free(q), free(ref), free(bound), free(b.pages);
+}
+
+int main(void) {
+    be_backend *be = tc_backend();
+    if (!be) return 0;
+    const pf_case cases[] = {
+        {1, 2, 64, 32, BASE_DTYPE_F16, BASE_DTYPE_F32},
+        {4, 2, 128, 32, BASE_DTYPE_BF16, BASE_DTYPE_F32},
+        {8, 1, 128, 32, BASE_DTYPE_F16, BASE_DTYPE_F32},
+        {4, 2, 64, 16, BASE_DTYPE_BF16, BASE_DTYPE_F32},
+        {1, 2, 128, 32, BASE_DTYPE_BF16, BASE_DTYPE_F32},
+        {8, 1, 64, 32, BASE_DTYPE_F16, BASE_DTYPE_BF16},
+        {4, 1, 128, 8, BASE_DTYPE_F16, BASE_DTYPE_F32},
+    };
+    /* fresh prompts (2, 300, 65 rows), a continuation of 64 rows after 37 cached tokens, one
+     * of 129 after 171 behind a first-page offset, and decode rows between them */
+    const pf_seq seqs[] = {{2, 2, 0},     {37, 1, 0},  {300, 300, 0}, {101, 64, 0},
+                           {300, 129, 5}, {250, 1, 3}, {65, 65, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        pf_run(be, &cases[i], seqs, (int)(sizeof seqs / sizeof seqs[0]), i < 2);
+    be->ops->destroy(be);
+    TEST_MAIN_END();
+}
