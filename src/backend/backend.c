@@ -1,9 +1,43 @@
-/* Backend-independent entry points: destruction through the op table, and the CUDA
- * constructor's stand-in for builds without CUDA. */
+/* Backend-independent entry points: destruction through the op table, the argument checks
+ * that every backend shares, and the CUDA constructor's stand-in for builds without CUDA. */
 #include "backend/backend.h"
 
 void be_destroy(be_backend *be) {
     if (be) be->ops->destroy(be);
+}
+
+int be_topk_check(const be_tensor *logits, const be_topk_row *reqs, int n_req,
+                  const be_logit_adj *adj, base_err *err) {
+    if (!logits->data || logits->dtype != BASE_DTYPE_F32 || logits->rows <= 0 || logits->cols <= 0)
+        return base_fail(err, "topk_candidates: logits must be a non-empty F32 tensor");
+    if (logits->cols > INT32_MAX)
+        return base_fail(err, "topk_candidates: vocabulary of %lld tokens is too large",
+                         (long long)logits->cols);
+    for (int i = 0; i < n_req; i++) {
+        const be_topk_row *r = &reqs[i];
+        if (r->row < 0 || r->row >= logits->rows)
+            return base_fail(err, "topk_candidates: request %d asks for row %d of %lld", i, r->row,
+                             (long long)logits->rows);
+        if (r->k < 0 || r->k > BE_TOPK_MAX)
+            return base_fail(err, "topk_candidates: request %d asks for k = %d (0..%d)", i, r->k,
+                             BE_TOPK_MAX);
+        if (r->adj_begin < 0 || r->adj_end < r->adj_begin)
+            return base_fail(err, "topk_candidates: request %d has adjustments [%d, %d)", i,
+                             r->adj_begin, r->adj_end);
+        for (int j = r->adj_begin; j < r->adj_end; j++) {
+            if (adj[j].token < 0 || adj[j].token >= logits->cols)
+                return base_fail(err, "topk_candidates: adjustment %d names token %d (vocab %lld)",
+                                 j, adj[j].token, (long long)logits->cols);
+            if (j > r->adj_begin && adj[j].token < adj[j - 1].token)
+                return base_fail(err,
+                                 "topk_candidates: adjustments of request %d are not sorted "
+                                 "by token",
+                                 i);
+            if (adj[j].kind != BE_ADJ_ADD && adj[j].kind != BE_ADJ_PENALTY)
+                return base_fail(err, "topk_candidates: adjustment %d has kind %d", j, adj[j].kind);
+        }
+    }
+    return 0;
 }
 
 #ifndef MLXCEL_HAVE_CUDA

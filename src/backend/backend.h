@@ -81,6 +81,43 @@ typedef struct be_decode_plan {
     uint64_t workspace_bytes;
 } be_decode_plan;
 
+/* Sampling candidates. The sampler's chain (bias and penalties, then top-k, top-p, min-p,
+ * temperature, a draw) looks past the bias and penalties only at the top-k tokens, so a row's
+ * top-k after its adjustments is all the host needs to pick exactly the token the full row
+ * would give: k ids and logits cross to the host instead of the vocabulary. */
+
+/* The most candidates one row may ask for; a request above it takes the full row. */
+#define BE_TOPK_MAX 1024
+
+typedef enum {
+    BE_ADJ_ADD = 0,     /* l = l + a (logit bias) */
+    BE_ADJ_PENALTY = 1, /* l = (l <= 0 ? l * a : l / a) - b (repetition, then presence and
+                           frequency) */
+} be_adj_kind;
+
+/* One change to one logit before candidates are chosen. A row's adjustments are sorted by
+ * token; those of one token apply in the order given, starting from the raw logit, in F32
+ * with no fused multiply-add, as the host sampler computes them. */
+typedef struct be_logit_adj {
+    int32_t token;
+    int32_t kind; /* be_adj_kind */
+    float a, b;
+} be_logit_adj;
+
+/* What one row asks of topk_candidates. */
+typedef struct be_topk_row {
+    int32_t row;       /* row of the logits */
+    int32_t k;         /* candidates wanted, 0 .. BE_TOPK_MAX */
+    int32_t adj_begin; /* its adjustments are adj[adj_begin .. adj_end) */
+    int32_t adj_end;
+    int32_t want_lse; /* nonzero: also the log-sum-exp of the raw row */
+} be_topk_row;
+
+/* Checks a topk_candidates call (rows, k, adjustment ranges, tokens sorted and inside the
+ * vocabulary); both backends call it first. */
+int be_topk_check(const be_tensor *logits, const be_topk_row *reqs, int n_req,
+                  const be_logit_adj *adj, base_err *err);
+
 typedef struct be_backend be_backend;
 typedef struct be_graph be_graph; /* a recorded sequence of ops (backend-defined) */
 
@@ -92,6 +129,13 @@ typedef struct be_ops {
     void (*free)(be_backend *be, void *ptr);
     int (*upload)(be_backend *be, void *dst, const void *src, size_t bytes, base_err *err);
     int (*download)(be_backend *be, void *dst, const void *src, size_t bytes, base_err *err);
+    /* Host memory that download_async copies into: page-locked on CUDA, so a copy runs at the
+     * bus's speed without the host waiting on it. Freed with free_host. */
+    int (*alloc_host)(be_backend *be, size_t bytes, void **ptr, base_err *err);
+    void (*free_host)(be_backend *be, void *ptr);
+    /* Queues a copy into dst (from alloc_host); it has landed once `sync`, or an op that waits
+     * (download, topk_candidates), returns. */
+    int (*download_async)(be_backend *be, void *dst, const void *src, size_t bytes, base_err *err);
     int (*copy)(be_backend *be, void *dst, const void *src, size_t bytes, base_err *err);
     /* Makes host weight bytes (an mmap that outlives the backend's use) usable by ops. The
      * CPU returns the host pointer itself; CUDA uploads once. Freed with `free` unless
@@ -131,6 +175,17 @@ typedef struct be_ops {
                      float scale, be_tensor *out, base_err *err);
     /* ids I32 [rows, 1] = argmax over each row of logits. */
     int (*argmax)(be_backend *be, const be_tensor *logits, be_tensor *ids, base_err *err);
+    /* Sampling candidates from logits F32 [rows, vocab] (backend memory, left unchanged);
+     * reqs, adj and every output are host memory, and the op returns once they are written.
+     * Request i takes row reqs[i].row with its adjustments applied and writes its
+     * min(k, tokens above -inf) best tokens, adjusted logit descending and ties to the lower
+     * id (a NaN is never a candidate), to cand_id and cand_logit at offset
+     * reqs[0].k + ... + reqs[i - 1].k; n_cand[i] says how many. With want_lse, lse[i] is
+     * max + log(sum exp(raw - max)) over the raw row, the sum in double (the CPU sums in
+     * token order, as engine_logprobs does). NULL in a backend without it. */
+    int (*topk_candidates)(be_backend *be, const be_tensor *logits, const be_topk_row *reqs,
+                           int n_req, const be_logit_adj *adj, int32_t *cand_id, float *cand_logit,
+                           int32_t *n_cand, double *lse, base_err *err);
 
     /* Recording (optional: NULL where a backend has none). Ops queued between capture_begin
      * and capture_end are recorded, not run; graph_launch runs the recording again with the

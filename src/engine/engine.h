@@ -53,6 +53,56 @@ int32_t engine_sampler_next(engine_sampler *s, float *logits, const int32_t *his
 float engine_logprobs(const float *logits, int vocab, int32_t chosen, int top_n, int32_t *top_ids,
                       float *top_logprobs);
 
+/* ---- sampling from logits left in backend memory ----
+ *
+ * The chain looks past the bias and penalties only at the top-k tokens, so the backend's
+ * topk_candidates op (the row's k best after the bias and penalties, computed where the
+ * logits are) gives the host all it needs: the pick from those candidates is the token
+ * engine_sampler_next gives on the full row, for the same seed (rows holding a NaN aside: it
+ * is never a candidate). Only a sampler with top-k off (or above BE_TOPK_MAX), or
+ * log-probabilities that the candidates cannot give, takes the full row. Log-probabilities
+ * from candidates match the full row's bit for bit on the CPU and to rounding on CUDA, which
+ * sums the log-sum-exp in another order. */
+
+/* Candidates the sampler needs (its top-k, capped by the vocabulary; 1 when greedy), or 0
+ * when it needs the whole row. */
+int engine_sampler_candidates(const engine_sampler *s);
+/* The logit bias and the penalties over the history as the backend applies them, sorted by
+ * token; returns how many. *out is owned by the sampler and valid until the next call. */
+int engine_sampler_adjustments(engine_sampler *s, const int32_t *history, int n_history,
+                               const be_logit_adj **out);
+/* The index, among n_cand candidates sorted as topk_candidates writes them (n_cand at most
+ * engine_sampler_candidates), of the token engine_sampler_next would pick, advancing the
+ * generator the same way; -1 when n_cand is 0 (every token banned: token 0, as the full
+ * row's argmax gives). */
+int engine_sampler_pick(engine_sampler *s, const float *cand_logit, int n_cand);
+
+#define ENGINE_MAX_TOP_LOGPROBS 20
+
+/* One row to sample: what the picker reads and what it writes back. */
+typedef struct engine_pick {
+    engine_sampler *sampler; /* in */
+    const int32_t *history;  /* in: (n_history) prompt then generated ids, for penalties */
+    int n_history;           /* in */
+    int top_logprobs;        /* in: < 0: no log-probabilities; else alternatives wanted */
+    int32_t token;           /* out */
+    float logprob;           /* out when top_logprobs >= 0: of token, from the raw logits */
+    int32_t top_ids[ENGINE_MAX_TOP_LOGPROBS]; /* out: (top_logprobs) most likely first */
+    float top_lp[ENGINE_MAX_TOP_LOGPROBS];    /* out: (top_logprobs) */
+} engine_pick;
+
+/* Buffers reused from step to step. A picker serves one backend: its download buffer is that
+ * backend's host memory (page-locked on CUDA), so free the picker before the backend. */
+typedef struct engine_picker engine_picker;
+
+engine_picker *engine_picker_new(int vocab);
+void engine_picker_free(engine_picker *p);
+/* Samples row i of logits (backend memory, F32 [n, vocab], left unchanged) for picks[i]: one
+ * topk_candidates call for every row it can serve; the rows it cannot (every row, on a backend
+ * without the op) are downloaded into page-locked memory, queued ahead of that call. */
+int engine_picker_run(engine_picker *p, be_backend *be, const be_tensor *logits, engine_pick *picks,
+                      int n, base_err *err);
+
 /* ---- runtime ---- */
 
 typedef struct engine_options {
@@ -205,8 +255,6 @@ typedef enum {
     ENGINE_FINISH_CANCELLED,
     ENGINE_FINISH_ERROR, /* message in engine_event.error */
 } engine_finish;
-
-#define ENGINE_MAX_TOP_LOGPROBS 20
 
 /* One generated token (token >= 0) and/or the end of the request (finish != NONE). The text
  * is what may be shown now: the detokenizer's output minus anything that could still turn

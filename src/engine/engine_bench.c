@@ -33,15 +33,23 @@ int engine_bench_decode(engine_runtime *rt, int n_seqs, int n_steps, double *sec
     int32_t *ids = base_xmalloc((size_t)n_seqs * sizeof *ids);
     int *q_lens = base_xmalloc((size_t)n_seqs * sizeof *q_lens);
     int32_t *rows = base_xmalloc((size_t)n_seqs * sizeof *rows);
-    float *logits = base_xmalloc((size_t)n_seqs * c->vocab_size * sizeof *logits);
-    for (int s = 0; s < n_seqs; s++) {
+    engine_sampler **samplers = base_xcalloc((size_t)n_seqs, sizeof *samplers);
+    engine_pick *picks = base_xcalloc((size_t)n_seqs, sizeof *picks);
+    engine_picker *picker = engine_picker_new(c->vocab_size);
+    engine_sampling sp;
+    engine_sampling_defaults(&sp);
+    int rc = 0;
+    for (int s = 0; s < n_seqs && rc == 0; s++) {
         seqs[s] = kv_seq_create(rt->pool);
         q_lens[s] = 1;
         rows[s] = s;
+        sp.seed = (uint64_t)s;
+        rc = engine_sampler_new(&sp, c->vocab_size, &samplers[s], err);
     }
-    int rc = 0;
     double t0 = 0;
-    /* step 0 writes each sequence's first token and is not timed (it is a 1-token prefill) */
+    /* step 0 writes each sequence's first token and is not timed (it is a 1-token prefill).
+     * Every step samples each row as the server does (llama-server's default chain), but
+     * feeds fixed ids back so that every run does the same work. */
     for (int step = 0; step <= n_steps && rc == 0; step++) {
         if (step == 1) t0 = base_now();
         bench_tokens(ids, n_seqs, c->vocab_size, 11u + (uint32_t)step);
@@ -50,16 +58,26 @@ int engine_bench_decode(engine_runtime *rt, int n_seqs, int n_steps, double *sec
         kv_batch batch;
         if (rc == 0) rc = kv_batch_build(rt->pool, seqs, q_lens, n_seqs, &batch, err);
         if (rc) break;
-        rc = model_forward(rt->model, rt->pool, &batch, ids, rows, n_seqs, logits, err);
+        rc = model_forward(rt->model, rt->pool, &batch, ids, rows, n_seqs, NULL, err);
         kv_batch_free(&batch);
+        for (int s = 0; s < n_seqs && rc == 0; s++)
+            picks[s] = (engine_pick){
+                .sampler = samplers[s], .history = &ids[s], .n_history = 1, .top_logprobs = -1};
+        be_tensor logits = model_logits(rt->model, n_seqs);
+        if (rc == 0) rc = engine_picker_run(picker, rt->be, &logits, picks, n_seqs, err);
     }
     *seconds = base_now() - t0;
-    for (int s = 0; s < n_seqs; s++) kv_seq_free(rt->pool, seqs[s]);
+    for (int s = 0; s < n_seqs; s++) {
+        if (seqs[s]) kv_seq_free(rt->pool, seqs[s]);
+        engine_sampler_free(samplers[s]);
+    }
+    free(samplers);
+    free(picks);
+    engine_picker_free(picker);
     free(seqs);
     free(ids);
     free(q_lens);
     free(rows);
-    free(logits);
     return rc;
 }
 

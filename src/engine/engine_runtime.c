@@ -72,7 +72,8 @@ void engine_runtime_close(engine_runtime *rt) {
 }
 
 /* Appends tokens [0, n) to seq and runs them through the model in chunks; logits of every
- * row land in all (n x vocab) when all is given, else the last row's in last. */
+ * row land in all (n x vocab) when all is given, else the last row's in last, or in backend
+ * memory (model_logits) when last is NULL too. */
 static int prefill(engine_runtime *rt, kv_seq *seq, const int32_t *tokens, int n, float *all,
                    float *last, base_err *err) {
     int vocab = model_config(rt->model)->vocab_size;
@@ -134,13 +135,25 @@ static bool is_eos(const io_model_config *c, int32_t t) {
     return false;
 }
 
-static int decode_loop(engine_runtime *rt, kv_seq *seq, engine_sampler *sampler, float *logits,
-                       int32_t **hist, int n_prompt, int max_new, engine_token_fn on_token,
-                       void *ctx, engine_generate_result *res, base_err *err) {
+/* Samples the token after the last forward's one row of logits (left in backend memory). */
+static int sample_next(engine_runtime *rt, engine_picker *picker, engine_sampler *sampler,
+                       const int32_t *hist, int n_hist, int32_t *t, base_err *err) {
+    engine_pick pk = {.sampler = sampler, .history = hist, .n_history = n_hist, .top_logprobs = -1};
+    be_tensor logits = model_logits(rt->model, 1);
+    if (engine_picker_run(picker, rt->be, &logits, &pk, 1, err)) return -1;
+    *t = pk.token;
+    return 0;
+}
+
+static int decode_loop(engine_runtime *rt, kv_seq *seq, engine_sampler *sampler,
+                       engine_picker *picker, int32_t *hist, int n_prompt, int max_new,
+                       engine_token_fn on_token, void *ctx, engine_generate_result *res,
+                       base_err *err) {
     const io_model_config *c = model_config(rt->model);
     for (;;) {
-        int32_t t = engine_sampler_next(sampler, logits, *hist, n_prompt + res->n_tokens);
-        (*hist)[n_prompt + res->n_tokens] = t;
+        int32_t t;
+        if (sample_next(rt, picker, sampler, hist, n_prompt + res->n_tokens, &t, err)) return -1;
+        hist[n_prompt + res->n_tokens] = t;
         res->tokens[res->n_tokens++] = t;
         if (is_eos(c, t)) {
             res->stopped_by_eos = true;
@@ -152,7 +165,7 @@ static int decode_loop(engine_runtime *rt, kv_seq *seq, engine_sampler *sampler,
         if (kv_seq_append(rt->pool, seq, &t, 1, err) ||
             kv_batch_build(rt->pool, &seq, &one, 1, &batch, err))
             return -1;
-        int rc = model_forward(rt->model, rt->pool, &batch, &t, &row, 1, logits, err);
+        int rc = model_forward(rt->model, rt->pool, &batch, &t, &row, 1, NULL, err);
         kv_batch_free(&batch);
         if (rc) return -1;
         kv_seq_commit(rt->pool, seq);
@@ -169,7 +182,7 @@ int engine_generate(engine_runtime *rt, const int32_t *prompt, int n_prompt, int
     const io_model_config *c = model_config(rt->model);
     engine_sampler *sampler;
     if (engine_sampler_new(sampling, c->vocab_size, &sampler, err)) return -1;
-    float *logits = base_xmalloc((size_t)c->vocab_size * sizeof *logits);
+    engine_picker *picker = engine_picker_new(c->vocab_size);
     int32_t *hist = base_xmalloc((size_t)(n_prompt + max_new) * sizeof *hist);
     memcpy(hist, prompt, (size_t)n_prompt * sizeof *hist);
     res->tokens = base_xmalloc((size_t)max_new * sizeof *res->tokens);
@@ -178,16 +191,16 @@ int engine_generate(engine_runtime *rt, const int32_t *prompt, int n_prompt, int
     /* A prompt that shares full blocks with an earlier one (the next turn of a chat) reuses
      * their K/V from the prefix cache. */
     int adopted = kv_seq_adopt_prefix(rt->pool, seq, prompt, n_prompt);
-    int rc = prefill(rt, seq, prompt + adopted, n_prompt - adopted, NULL, logits, err);
+    int rc = prefill(rt, seq, prompt + adopted, n_prompt - adopted, NULL, NULL, err);
     double t1 = base_now();
     if (!rc)
-        rc = decode_loop(rt, seq, sampler, logits, &hist, n_prompt, max_new, on_token, ctx, res,
-                         err);
+        rc =
+            decode_loop(rt, seq, sampler, picker, hist, n_prompt, max_new, on_token, ctx, res, err);
     res->prefill_seconds = t1 - t0;
     res->decode_seconds = base_now() - t1;
     kv_seq_free(rt->pool, seq);
     engine_sampler_free(sampler);
-    free(logits);
+    engine_picker_free(picker);
     free(hist);
     if (rc) {
         free(res->tokens);

@@ -1,4 +1,5 @@
-/* The sampler chain (llama-server order) and log-probabilities. */
+/* The sampler chain (llama-server order) and log-probabilities, on a full row of host logits
+ * or on the candidates the backend chose from logits it keeps (the picker). */
 #include "engine/engine.h"
 
 #include <math.h>
@@ -11,10 +12,14 @@ struct engine_sampler {
     engine_sampling p;
     engine_logit_bias *bias; /* (p.n_logit_bias), owned copy */
     int vocab;
-    uint64_t rng[4];   /* xoshiro256** state */
-    int32_t *counts;   /* (vocab) occurrences in the penalty window; kept all-zero */
-    int32_t *cand_id;  /* (vocab) candidates */
-    float *cand_logit; /* (vocab) */
+    uint64_t rng[4];       /* xoshiro256** state */
+    int32_t *counts;       /* (vocab) occurrences in the penalty window; kept all-zero */
+    int32_t *cand_id;      /* (vocab) candidates */
+    float *cand_logit;     /* (vocab) */
+    be_logit_adj *adj;     /* (cap_adj) the last engine_sampler_adjustments, sorted */
+    be_logit_adj *adj_raw; /* (cap_adj) the same in chain order */
+    uint64_t *adj_order;   /* (cap_adj) token << 32 | chain position: sorts stably */
+    int cap_adj;
 };
 
 void engine_sampling_defaults(engine_sampling *s) {
@@ -91,6 +96,9 @@ void engine_sampler_free(engine_sampler *s) {
     free(s->counts);
     free(s->cand_id);
     free(s->cand_logit);
+    free(s->adj);
+    free(s->adj_raw);
+    free(s->adj_order);
     free(s);
 }
 
@@ -174,6 +182,8 @@ static int select_top(engine_sampler *s, const float *logits, int k) {
     return n;
 }
 
+static int choose(engine_sampler *s, const float *l, int n);
+
 int32_t engine_sampler_next(engine_sampler *s, float *logits, const int32_t *history,
                             int n_history) {
     const engine_sampling *p = &s->p;
@@ -185,7 +195,13 @@ int32_t engine_sampler_next(engine_sampler *s, float *logits, const int32_t *his
     int k = p->top_k > 0 && p->top_k < s->vocab ? p->top_k : s->vocab;
     int n = select_top(s, logits, k);
     if (n == 0) return argmax(logits, s->vocab); /* everything banned: nothing better to do */
-    float *l = s->cand_logit;
+    return s->cand_id[choose(s, s->cand_logit, n)];
+}
+
+/* top-p, min-p, temperature and the draw over n >= 1 candidates l (logit descending, after
+ * top-k); returns the chosen index. */
+static int choose(engine_sampler *s, const float *l, int n) {
+    const engine_sampling *p = &s->p;
     /* probabilities before temperature, for top-p and min-p */
     double sum = 0;
     for (int i = 0; i < n; i++) sum += exp((double)l[i] - l[0]);
@@ -213,9 +229,64 @@ int32_t engine_sampler_next(engine_sampler *s, float *logits, const int32_t *his
     double r = rng_uniform(s->rng) * total, acc = 0;
     for (int i = 0; i < n; i++) {
         acc += exp(((double)l[i] - l[0]) / p->temperature);
-        if (r < acc) return s->cand_id[i];
+        if (r < acc) return i;
     }
-    return s->cand_id[n - 1];
+    return n - 1;
+}
+
+int engine_sampler_candidates(const engine_sampler *s) {
+    if (s->p.temperature <= 0) return 1;
+    if (s->p.top_k <= 0) return 0;
+    int k = s->p.top_k < s->vocab ? s->p.top_k : s->vocab;
+    return k <= BE_TOPK_MAX ? k : 0;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The same arithmetic as apply_penalties and the bias loop of engine_sampler_next, as data:
+ * every bias entry in order, then one penalty per distinct token of the window. */
+int engine_sampler_adjustments(engine_sampler *s, const int32_t *hist, int n_hist,
+                               const be_logit_adj **out) {
+    const engine_sampling *p = &s->p;
+    bool pen =
+        p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+    int start = p->repeat_last_n < 0 || p->repeat_last_n > n_hist ? 0 : n_hist - p->repeat_last_n;
+    int cap = p->n_logit_bias + (pen ? n_hist - start : 0);
+    if (cap > s->cap_adj) {
+        s->cap_adj = cap;
+        s->adj = base_xrealloc(s->adj, (size_t)cap * sizeof *s->adj);
+        s->adj_raw = base_xrealloc(s->adj_raw, (size_t)cap * sizeof *s->adj_raw);
+        s->adj_order = base_xrealloc(s->adj_order, (size_t)cap * sizeof *s->adj_order);
+    }
+    be_logit_adj *tmp = s->adj_raw;
+    int n = 0;
+    for (int i = 0; i < p->n_logit_bias; i++)
+        tmp[n++] = (be_logit_adj){p->logit_bias[i].token, BE_ADJ_ADD, p->logit_bias[i].bias, 0};
+    if (pen) {
+        for (int i = start; i < n_hist; i++)
+            if (hist[i] >= 0 && hist[i] < s->vocab) s->counts[hist[i]]++;
+        for (int i = start; i < n_hist; i++) {
+            int32_t t = hist[i];
+            if (t < 0 || t >= s->vocab || s->counts[t] == 0) continue;
+            float sub = (float)s->counts[t] * p->frequency_penalty + p->presence_penalty;
+            tmp[n++] = (be_logit_adj){t, BE_ADJ_PENALTY, p->repeat_penalty, sub};
+            s->counts[t] = 0;
+        }
+    }
+    for (int i = 0; i < n; i++) s->adj_order[i] = (uint64_t)tmp[i].token << 32 | (uint32_t)i;
+    qsort(s->adj_order, (size_t)n, sizeof *s->adj_order, cmp_u64);
+    for (int i = 0; i < n; i++) s->adj[i] = tmp[(uint32_t)s->adj_order[i]];
+    *out = s->adj;
+    return n;
+}
+
+int engine_sampler_pick(engine_sampler *s, const float *cand_logit, int n_cand) {
+    if (n_cand <= 0) return -1;
+    if (s->p.temperature <= 0) return 0;
+    return choose(s, cand_logit, n_cand);
 }
 
 float engine_logprobs(const float *logits, int vocab, int32_t chosen, int top_n, int32_t *top_ids,
@@ -235,4 +306,174 @@ float engine_logprobs(const float *logits, int vocab, int32_t chosen, int top_n,
         top_logprobs[j] = best >= 0 ? (float)(logits[best] - lse) : -INFINITY;
     }
     return (float)(logits[chosen] - lse);
+}
+
+struct engine_picker {
+    int vocab;
+    be_backend *be; /* whose host memory `full` is: the first backend run with */
+    float *full;    /* (cap_full, vocab) downloaded rows; the chain adjusts them in place */
+    int cap_full;
+    float *raw;        /* (vocab) a row's raw copy, for log-probabilities */
+    be_topk_row *reqs; /* (cap_rows) the rows served by candidates */
+    int *req_pick;     /* (cap_rows) the pick each request serves */
+    int32_t *n_cand;   /* (cap_rows) */
+    double *lse;       /* (cap_rows) */
+    int *early;        /* (cap_rows) picks known to need their full row before the op */
+    int *late;         /* (cap_rows) picks whose candidates fell short of their logprobs */
+    int cap_rows;
+    be_logit_adj *adj; /* (cap_adj) every request's adjustments, back to back */
+    int cap_adj;
+    int32_t *cand_id;  /* (cap_cand) */
+    float *cand_logit; /* (cap_cand) */
+    int cap_cand;
+};
+
+engine_picker *engine_picker_new(int vocab) {
+    engine_picker *p = base_xcalloc(1, sizeof *p);
+    p->vocab = vocab;
+    p->raw = base_xmalloc((size_t)vocab * sizeof *p->raw);
+    return p;
+}
+
+void engine_picker_free(engine_picker *p) {
+    if (!p) return;
+    if (p->full) p->be->ops->free_host(p->be, p->full);
+    free(p->raw);
+    free(p->reqs);
+    free(p->req_pick);
+    free(p->n_cand);
+    free(p->lse);
+    free(p->early);
+    free(p->late);
+    free(p->adj);
+    free(p->cand_id);
+    free(p->cand_logit);
+    free(p);
+}
+
+static void picker_reserve(engine_picker *p, int rows, int adj, int cand) {
+    if (rows > p->cap_rows) {
+        p->cap_rows = rows;
+        p->reqs = base_xrealloc(p->reqs, (size_t)rows * sizeof *p->reqs);
+        p->req_pick = base_xrealloc(p->req_pick, (size_t)rows * sizeof *p->req_pick);
+        p->n_cand = base_xrealloc(p->n_cand, (size_t)rows * sizeof *p->n_cand);
+        p->lse = base_xrealloc(p->lse, (size_t)rows * sizeof *p->lse);
+        p->early = base_xrealloc(p->early, (size_t)rows * sizeof *p->early);
+        p->late = base_xrealloc(p->late, (size_t)rows * sizeof *p->late);
+    }
+    if (adj > p->cap_adj) {
+        p->cap_adj = adj > 2 * p->cap_adj ? adj : 2 * p->cap_adj;
+        p->adj = base_xrealloc(p->adj, (size_t)p->cap_adj * sizeof *p->adj);
+    }
+    if (cand > p->cap_cand) {
+        p->cap_cand = cand;
+        p->cand_id = base_xrealloc(p->cand_id, (size_t)cand * sizeof *p->cand_id);
+        p->cand_logit = base_xrealloc(p->cand_logit, (size_t)cand * sizeof *p->cand_logit);
+    }
+}
+
+/* Queues the download of the logits rows `rows` (n) into full[0 .. n); they have landed after
+ * the backend's next wait. */
+static int fetch_rows(engine_picker *p, be_backend *be, const be_tensor *logits, const int *rows,
+                      int n, base_err *err) {
+    size_t bytes = (size_t)p->vocab * sizeof(float);
+    if (n > p->cap_full) {
+        if (p->full) p->be->ops->free_host(p->be, p->full);
+        p->full = NULL;
+        p->cap_full = 0;
+        if (be->ops->alloc_host(be, (size_t)n * bytes, (void **)&p->full, err)) return -1;
+        p->be = be;
+        p->cap_full = n;
+    }
+    for (int j = 0; j < n; j++)
+        if (be->ops->download_async(be, (char *)p->full + (size_t)j * bytes,
+                                    (const char *)logits->data + (size_t)rows[j] * bytes, bytes,
+                                    err))
+            return -1;
+    return 0;
+}
+
+/* The full-row path for the fetched rows: the chain and engine_logprobs. */
+static void chain_rows(engine_picker *p, engine_pick *picks, const int *rows, int n) {
+    for (int j = 0; j < n; j++) {
+        engine_pick *k = &picks[rows[j]];
+        float *row = p->full + (size_t)j * p->vocab;
+        if (k->top_logprobs >= 0) memcpy(p->raw, row, (size_t)p->vocab * sizeof *row);
+        k->token = engine_sampler_next(k->sampler, row, k->history, k->n_history);
+        if (k->top_logprobs >= 0)
+            k->logprob =
+                engine_logprobs(p->raw, p->vocab, k->token, k->top_logprobs, k->top_ids, k->top_lp);
+    }
+}
+
+/* Fills k from its n candidates (raw logits when k wants log-probabilities: it then has no
+ * adjustments); false, touching nothing, when they are too few for its log-probabilities. */
+static bool pick_from(engine_pick *k, const int32_t *id, const float *l, int n, double lse) {
+    int lp = k->top_logprobs;
+    if (lp >= 0 && n < (lp > 1 ? lp : 1)) return false;
+    int ks = engine_sampler_candidates(k->sampler);
+    int i = engine_sampler_pick(k->sampler, l, n < ks ? n : ks);
+    k->token = i < 0 ? 0 : id[i];
+    if (lp >= 0) {
+        k->logprob = (float)((double)l[i] - lse);
+        for (int j = 0; j < lp; j++) {
+            k->top_ids[j] = id[j];
+            k->top_lp[j] = (float)((double)l[j] - lse);
+        }
+    }
+    return true;
+}
+
+/* Sorts the picks into candidate requests (with their adjustments) and rows that need the full
+ * row; returns how many requests. */
+static int plan_picks(engine_picker *p, be_backend *be, engine_pick *picks, int n, int *n_early) {
+    bool op = be->ops->topk_candidates != NULL;
+    int nr = 0, na = 0, nc = 0;
+    *n_early = 0;
+    for (int i = 0; i < n; i++) {
+        engine_pick *k = &picks[i];
+        int ks = op ? engine_sampler_candidates(k->sampler) : 0;
+        const be_logit_adj *a = NULL;
+        int m = ks ? engine_sampler_adjustments(k->sampler, k->history, k->n_history, &a) : 0;
+        /* log-probabilities are of the raw logits: adjusted candidates cannot give them */
+        if (ks == 0 || (k->top_logprobs >= 0 && m > 0)) {
+            p->early[(*n_early)++] = i;
+            continue;
+        }
+        int want = ks > k->top_logprobs ? ks : k->top_logprobs;
+        picker_reserve(p, n, na + m, nc + want);
+        if (m) memcpy(p->adj + na, a, (size_t)m * sizeof *a);
+        p->reqs[nr] = (be_topk_row){i, want, na, na + m, k->top_logprobs >= 0};
+        p->req_pick[nr++] = i;
+        na += m;
+        nc += want;
+    }
+    return nr;
+}
+
+int engine_picker_run(engine_picker *p, be_backend *be, const be_tensor *logits, engine_pick *picks,
+                      int n, base_err *err) {
+    picker_reserve(p, n, 0, 0);
+    int n_early, n_late = 0;
+    int nr = plan_picks(p, be, picks, n, &n_early);
+    /* the full rows' copies are queued ahead of the op, which waits for them and its own */
+    if (fetch_rows(p, be, logits, p->early, n_early, err)) return -1;
+    if (nr) {
+        if (be->ops->topk_candidates(be, logits, p->reqs, nr, p->adj, p->cand_id, p->cand_logit,
+                                     p->n_cand, p->lse, err))
+            return -1;
+    } else if (n_early && be->ops->sync(be, err)) {
+        return -1;
+    }
+    chain_rows(p, picks, p->early, n_early);
+    for (int r = 0, off = 0; r < nr; off += p->reqs[r].k, r++) {
+        double lse = p->reqs[r].want_lse ? p->lse[r] : 0;
+        int i = p->req_pick[r];
+        if (!pick_from(&picks[i], p->cand_id + off, p->cand_logit + off, p->n_cand[r], lse))
+            p->late[n_late++] = i;
+    }
+    if (n_late == 0) return 0;
+    if (fetch_rows(p, be, logits, p->late, n_late, err) || be->ops->sync(be, err)) return -1;
+    chain_rows(p, picks, p->late, n_late);
+    return 0;
 }

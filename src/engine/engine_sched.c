@@ -73,8 +73,8 @@ struct engine_sched {
     int *q_lens;          /* (o.n_parallel) */
     int32_t *out_rows;    /* (o.n_parallel) batch rows whose logits are wanted */
     int32_t *step_tokens; /* (o.max_batch_tokens) the step's new tokens, entry order */
-    float *logits;        /* (o.n_parallel, vocab) */
-    float *scratch;       /* (vocab) raw logits kept for log-probabilities */
+    engine_picker *picker;
+    engine_pick *picks; /* (o.n_parallel) this step's rows to sample, logits row order */
 };
 
 /* ---- requests ---- */
@@ -425,19 +425,19 @@ static int detok(sreq *q, int32_t t, bool final, base_err *err) {
     return 0;
 }
 
-/* Samples q's next token from its logits row (modified in place) and tells the client.
- * Returns true when the request finished (it is then out of the running set and freed). */
-static bool sample_one(engine_sched *s, sreq *q, float *logits) {
-    if (q->r.logprobs) memcpy(s->scratch, logits, (size_t)s->vocab * sizeof *logits);
-    int32_t t = engine_sampler_next(q->sampler, logits, q->tokens, q->n_tokens);
+/* Takes q's sampled token (pk) and tells the client. Returns true when the request finished
+ * (it is then out of the running set and freed). */
+static bool take_token(engine_sched *s, sreq *q, const engine_pick *pk) {
+    int32_t t = pk->token;
     push_token(q, t);
     if (++q->n_generated == 1) q->ttft = base_now() - q->t_submit;
     engine_event ev = event_for(q);
     ev.token = t;
     if (q->r.logprobs) {
         ev.n_top = q->r.top_logprobs;
-        ev.logprob =
-            engine_logprobs(s->scratch, s->vocab, t, ev.n_top, ev.top_ids, ev.top_logprobs);
+        ev.logprob = pk->logprob;
+        memcpy(ev.top_ids, pk->top_ids, (size_t)ev.n_top * sizeof *ev.top_ids);
+        memcpy(ev.top_logprobs, pk->top_lp, (size_t)ev.n_top * sizeof *ev.top_logprobs);
     }
     bool eos = !q->r.ignore_eos && is_eos(s, t);
     engine_finish why = eos                                  ? ENGINE_FINISH_STOP
@@ -483,12 +483,42 @@ static int run_forward(engine_sched *s, int n, double *fwd_seconds, base_err *er
     if (kv_batch_build(s->rt->pool, s->seqs, s->q_lens, n, &batch, err)) return -1;
     double t0 = base_now();
     int rc = model_forward(s->rt->model, s->rt->pool, &batch, s->step_tokens, s->out_rows, n_out,
-                           s->logits, err);
+                           NULL, err);
     *fwd_seconds = base_now() - t0;
     kv_batch_free(&batch);
     if (rc) return -1;
     for (int i = 0; i < n; i++) kv_seq_commit(s->rt->pool, s->seqs[i]);
     return 0;
+}
+
+/* Samples every entry whose slice reached the end of its history (their logits rows, in entry
+ * order, are in backend memory) and tells the clients; returns how many tokens were sampled. */
+static int sample_step(engine_sched *s, int n) {
+    int rows = 0;
+    for (int i = 0; i < n; i++) {
+        sreq *q = s->entries[i].q;
+        if (pending(q) != 0) continue;
+        s->picks[rows++] = (engine_pick){.sampler = q->sampler,
+                                         .history = q->tokens,
+                                         .n_history = q->n_tokens,
+                                         .top_logprobs = q->r.logprobs ? q->r.top_logprobs : -1};
+    }
+    if (rows == 0) return 0;
+    base_err err;
+    be_tensor logits = model_logits(s->rt->model, rows);
+    int rc = engine_picker_run(s->picker, s->rt->be, &logits, s->picks, rows, &err);
+    int row = 0;
+    for (int i = 0; i < n; i++) {
+        sreq *q = s->entries[i].q;
+        if (pending(q) != 0) continue;
+        if (rc == 0) {
+            take_token(s, q, &s->picks[row++]);
+        } else {
+            running_remove(s, q);
+            finish_plain(s, q, ENGINE_FINISH_ERROR, err.msg);
+        }
+    }
+    return rc == 0 ? rows : 0;
 }
 
 static void step(engine_sched *s) {
@@ -507,12 +537,8 @@ static void step(engine_sched *s) {
         n = 0;
     }
     uint64_t computed = 0;
-    int row = 0;
-    for (int i = 0; i < n; i++) {
-        sreq *q = s->entries[i].q;
-        computed += (uint64_t)s->entries[i].q_len;
-        if (pending(q) == 0) sample_one(s, q, s->logits + (size_t)row++ * s->vocab);
-    }
+    for (int i = 0; i < n; i++) computed += (uint64_t)s->entries[i].q_len;
+    int row = sample_step(s, n);
     pthread_mutex_lock(&s->mu);
     s->stats.steps++;
     s->stats.generated_tokens += (uint64_t)row;
@@ -604,8 +630,8 @@ int engine_sched_start(engine_runtime *rt, const engine_sched_options *opts, eng
     s->q_lens = base_xcalloc((size_t)np, sizeof *s->q_lens);
     s->out_rows = base_xcalloc((size_t)np, sizeof *s->out_rows);
     s->step_tokens = base_xmalloc((size_t)s->o.max_batch_tokens * sizeof *s->step_tokens);
-    s->logits = base_xmalloc((size_t)np * s->vocab * sizeof *s->logits);
-    s->scratch = base_xmalloc((size_t)s->vocab * sizeof *s->scratch);
+    s->picker = engine_picker_new(s->vocab);
+    s->picks = base_xcalloc((size_t)np, sizeof *s->picks);
     s->step_limit = -1;
     s->next_id = 1;
     s->stats.pool = kv_pool_get_stats(rt->pool);
@@ -642,8 +668,8 @@ void engine_sched_stop(engine_sched *s) {
     free(s->q_lens);
     free(s->out_rows);
     free(s->step_tokens);
-    free(s->logits);
-    free(s->scratch);
+    engine_picker_free(s->picker);
+    free(s->picks);
     free(s);
 }
 

@@ -38,10 +38,13 @@ int model_reserve_decode(model *m, int block_size, int max_seqs, int max_ctx, ba
 
 /* One step. `tokens` (batch->view.n_tokens) are this step's new token ids, row-aligned with
  * the batch; `out_rows` (n_out) names the token rows whose logits are wanted, written to
- * `logits` (host, float32 [n_out, vocab]). The batch's slots must have been reserved in
- * `pool` (kv_seq_append). */
+ * `logits` (host, float32 [n_out, vocab]), or left in backend memory when `logits` is NULL
+ * (see model_logits). The batch's slots must have been reserved in `pool` (kv_seq_append). */
 int model_forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t *tokens,
                   const int32_t *out_rows, int n_out, float *logits, base_err *err);
+/* The last forward's logits in backend memory, float32 [n_out, vocab] (n_out as passed to
+ * it); owned by the model, valid until its next forward. */
+be_tensor model_logits(const model *m, int n_out);
 
 /* Decode steps run from a recording so far: recorded (captured) and replayed (every run of a
  * recording, the first included). For tests and reports. */

@@ -311,9 +311,14 @@ int model_forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t 
         TRY(model_forward_body(m, &st, err));
     }
     if (n_out == 0) return be->ops->sync(be, err);
-    TRY(be->ops->download(be, logits, m->s.logits,
-                          (size_t)n_out * (size_t)c->vocab_size * sizeof(float), err));
+    if (logits)
+        TRY(be->ops->download(be, logits, m->s.logits,
+                              (size_t)n_out * (size_t)c->vocab_size * sizeof(float), err));
     return be->ops->sync(be, err);
+}
+
+be_tensor model_logits(const model *m, int n_out) {
+    return (be_tensor){m->s.logits, BASE_DTYPE_F32, n_out, m->cfg.vocab_size};
 }
 
 void model_free(model *m) {

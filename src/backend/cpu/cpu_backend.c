@@ -133,6 +133,9 @@ static const be_ops cpu_ops = {
     .free = cpu_free,
     .upload = cpu_memcpy,
     .download = cpu_memcpy,
+    .alloc_host = cpu_alloc,
+    .free_host = cpu_free,
+    .download_async = cpu_memcpy,
     .copy = cpu_memcpy,
     .map_weights = cpu_map_weights,
     .sync = cpu_sync,
@@ -146,6 +149,7 @@ static const be_ops cpu_ops = {
     .kv_append = cpu_kv_append,
     .attention = cpu_attention,
     .argmax = cpu_argmax,
+    .topk_candidates = cpu_topk_candidates,
 };
 
 /* The "model name" line of /proc/cpuinfo, or "unknown CPU". */

@@ -85,6 +85,9 @@ int cpu_silu_mul(be_backend *be, const be_tensor *gate, const be_tensor *up, be_
 int cpu_rope(be_backend *be, be_tensor *x, int n_heads, int head_dim, const be_tensor *positions,
              const be_tensor *inv_freq, float mscale, base_err *err);
 int cpu_argmax(be_backend *be, const be_tensor *logits, be_tensor *ids, base_err *err);
+int cpu_topk_candidates(be_backend *be, const be_tensor *logits, const be_topk_row *reqs, int n_req,
+                        const be_logit_adj *adj, int32_t *cand_id, float *cand_logit,
+                        int32_t *n_cand, double *lse, base_err *err);
 
 /* Paged KV ops (cpu_attention.c), over the attn module's CPU kernels. */
 int cpu_kv_append(be_backend *be, const be_kv_layer *layer, const be_tensor *k, const be_tensor *v,

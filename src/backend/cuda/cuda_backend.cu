@@ -34,6 +34,8 @@ static void cuda_destroy(be_backend *be) {
     cudaFree(c->blas_ws);
     cudaFree(c->wtmp);
     cudaFree(c->xtmp);
+    cudaFree(c->tk_buf);
+    cudaFreeHost(c->tk_host);
     cudaFree(c->ftmp);
     cudaStreamDestroy(c->stream);
     free(c);
@@ -65,6 +67,26 @@ static int cuda_download(be_backend *be, void *dst, const void *src, size_t byte
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s);
     if (e == cudaSuccess) e = cudaStreamSynchronize(s);
     return e == cudaSuccess ? 0 : cuda_fail(err, "download", e);
+}
+
+static int cuda_alloc_host(be_backend *, size_t bytes, void **ptr, base_err *err) {
+    cudaError_t e = cudaMallocHost(ptr, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        *ptr = NULL;
+        return base_fail(err, "cuda: allocating %zu bytes of page-locked host memory: %s", bytes,
+                         cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+static void cuda_free_host(be_backend *, void *ptr) {
+    if (ptr) cudaFreeHost(ptr);
+}
+
+static int cuda_download_async(be_backend *be, void *dst, const void *src, size_t bytes,
+                               base_err *err) {
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cuda_impl(be)->stream);
+    return e == cudaSuccess ? 0 : cuda_fail(err, "download_async", e);
 }
 
 static int cuda_copy(be_backend *be, void *dst, const void *src, size_t bytes, base_err *err) {
@@ -107,6 +129,9 @@ static const be_ops cuda_ops = {
     .free = cuda_free,
     .upload = cuda_upload,
     .download = cuda_download,
+    .alloc_host = cuda_alloc_host,
+    .free_host = cuda_free_host,
+    .download_async = cuda_download_async,
     .copy = cuda_copy,
     .map_weights = cuda_map_weights,
     .sync = cuda_sync,
@@ -120,6 +145,7 @@ static const be_ops cuda_ops = {
     .kv_append = cuda_kv_append,
     .attention = cuda_attention,
     .argmax = cuda_argmax,
+    .topk_candidates = cuda_topk_candidates,
     .capture_begin = cuda_capture_begin,
     .capture_end = cuda_capture_end,
     .graph_launch = cuda_graph_launch,

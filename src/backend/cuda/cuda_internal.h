@@ -31,6 +31,11 @@ typedef struct cuda_backend {
     size_t wtmp_bytes;
     void *xtmp; /* (xtmp_bytes) the GEMM path's input rows as BF16 */
     size_t xtmp_bytes;
+    /* (tk_bytes) topk_candidates' requests, adjustments and outputs; kept apart from
+     * cuda_scratch because no recording names it, so growing it leaves recordings valid */
+    void *tk_buf;
+    void *tk_host; /* (tk_bytes) their page-locked host mirror */
+    size_t tk_bytes;
     void *ftmp; /* (ftmp_bytes) up's output when gate and up are not fused in one GEMV */
     size_t ftmp_bytes;
 } cuda_backend;
@@ -123,6 +128,9 @@ int cuda_attention_prefill_variant(be_backend *be, const be_tensor *q, const be_
                                    const be_paged_batch *batch, int n_heads, float scale,
                                    be_tensor *out, int variant, base_err *err);
 int cuda_argmax(be_backend *be, const be_tensor *logits, be_tensor *ids, base_err *err);
+int cuda_topk_candidates(be_backend *be, const be_tensor *logits, const be_topk_row *reqs,
+                         int n_req, const be_logit_adj *adj, int32_t *cand_id, float *cand_logit,
+                         int32_t *n_cand, double *lse, base_err *err);
 int cuda_capture_begin(be_backend *be, base_err *err);
 int cuda_capture_end(be_backend *be, be_graph **graph, base_err *err);
 int cuda_graph_launch(be_backend *be, be_graph *graph, base_err *err);
