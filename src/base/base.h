@@ -79,6 +79,21 @@ bool base_mul_ok_u64(uint64_t a, uint64_t b, uint64_t *out);
 #define BASE_HASH_SEED 0xcbf29ce484222325ull
 uint64_t base_hash64(uint64_t seed, const void *data, size_t len);
 
+/* ---- the k best of a stream (sampling candidates) ---- */
+
+/* Keeps the k largest (value, id) pairs pushed, in caller-owned arrays of k entries: a
+ * min-heap whose root is the worst kept pair, "worse" meaning a lower value, or the same
+ * value and a higher id (so that the lower id wins a tie, as a stable sort would). */
+typedef struct base_topk {
+    float *val;  /* (k) */
+    int32_t *id; /* (k) */
+    int k, n;    /* capacity, pairs kept */
+} base_topk;
+
+void base_topk_push(base_topk *t, float val, int32_t id);
+/* Sorts the kept pairs best first (value descending, ties lower id first); returns n. */
+int base_topk_finish(base_topk *t);
+
 /* ---- thread pool ---- */
 
 typedef struct base_pool base_pool;

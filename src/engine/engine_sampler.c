@@ -127,59 +127,12 @@ static int32_t argmax(const float *x, int n) {
     return best;
 }
 
-/* Sift-down for a min-heap of candidates ordered by logit (ties: larger id is "smaller" so
- * that the lower id wins, as a stable sort would). */
-static bool cand_less(const float *l, const int32_t *id, int a, int b) {
-    return l[a] < l[b] || (l[a] == l[b] && id[a] > id[b]);
-}
-
-static void heap_down(float *l, int32_t *id, int n, int i) {
-    for (;;) {
-        int m = i, a = 2 * i + 1, b = a + 1;
-        if (a < n && cand_less(l, id, a, m)) m = a;
-        if (b < n && cand_less(l, id, b, m)) m = b;
-        if (m == i) return;
-        float tl = l[i];
-        l[i] = l[m];
-        l[m] = tl;
-        int32_t ti = id[i];
-        id[i] = id[m];
-        id[m] = ti;
-        i = m;
-    }
-}
-
-/* Leaves the k best candidates in cand_* sorted by logit descending; returns k. */
+/* Leaves the k best candidates in cand_* sorted by logit descending; returns how many. */
 static int select_top(engine_sampler *s, const float *logits, int k) {
-    float *l = s->cand_logit;
-    int32_t *id = s->cand_id;
-    int n = 0;
-    for (int t = 0; t < s->vocab; t++) {
-        if (isinf(logits[t]) && logits[t] < 0) continue; /* banned */
-        if (n < k) {
-            l[n] = logits[t];
-            id[n] = t;
-            if (++n == k)
-                for (int i = k / 2 - 1; i >= 0; i--) heap_down(l, id, k, i);
-        } else if (logits[t] > l[0]) {
-            l[0] = logits[t];
-            id[0] = t;
-            heap_down(l, id, k, 0);
-        }
-    }
-    if (n < k)
-        for (int i = n / 2 - 1; i >= 0; i--) heap_down(l, id, n, i);
-    /* heap sort: repeatedly move the minimum to the end -> descending order */
-    for (int end = n - 1; end > 0; end--) {
-        float tl = l[0];
-        l[0] = l[end];
-        l[end] = tl;
-        int32_t ti = id[0];
-        id[0] = id[end];
-        id[end] = ti;
-        heap_down(l, id, end, 0);
-    }
-    return n;
+    base_topk t = {s->cand_logit, s->cand_id, k, 0};
+    for (int i = 0; i < s->vocab; i++)
+        if (!(isinf(logits[i]) && logits[i] < 0)) base_topk_push(&t, logits[i], i); /* banned */
+    return base_topk_finish(&t);
 }
 
 static int choose(engine_sampler *s, const float *l, int n);

@@ -1,8 +1,8 @@
 /* Sampling candidates on the CPU: one pass over each row keeps a min-heap of the k best
- * (token, adjusted logit) pairs, walking the row's token-sorted adjustments alongside, then
- * sorts the heap. This is the reference the CUDA op is checked against and the order the
- * host sampler's own full-row selection uses, so both paths pick identical tokens. Rows run
- * in parallel over the backend's pool. */
+ * (token, adjusted logit) pairs (base_topk), walking the row's token-sorted adjustments
+ * alongside, then sorts the heap. This is the reference the CUDA op is checked against and the
+ * order the host sampler's own full-row selection uses, so both paths pick identical tokens. Rows
+ * run in parallel over the backend's pool. */
 #include "backend/cpu/cpu_internal.h"
 
 #include <math.h>
@@ -19,28 +19,6 @@ typedef struct topk_ctx {
     int32_t *n_cand;         /* (n_req) */
     double *lse;             /* (n_req) or NULL */
 } topk_ctx;
-
-/* a is worse than b: lower logit, or the same logit and a higher id. */
-static bool worse(float la, int32_t ia, float lb, int32_t ib) {
-    return la < lb || (la == lb && ia > ib);
-}
-
-/* Sift-down of a min-heap whose root is the worst candidate. */
-static void sift(float *l, int32_t *id, int n, int i) {
-    for (;;) {
-        int m = i, a = 2 * i + 1, b = a + 1;
-        if (a < n && worse(l[a], id[a], l[m], id[m])) m = a;
-        if (b < n && worse(l[b], id[b], l[m], id[m])) m = b;
-        if (m == i) return;
-        float tl = l[i];
-        l[i] = l[m];
-        l[m] = tl;
-        int32_t ti = id[i];
-        id[i] = id[m];
-        id[m] = ti;
-        i = m;
-    }
-}
 
 /* The adjusted logit of token t, whose adjustments start at adj[*j] when adj[*j].token == t;
  * advances *j past them. */
@@ -73,34 +51,14 @@ static void topk_row(void *vctx, int64_t i) {
     const topk_ctx *c = vctx;
     const be_topk_row *r = &c->reqs[i];
     const float *row = c->logits + (size_t)r->row * (size_t)c->vocab;
-    float *l = c->cand_logit + c->offsets[i];
-    int32_t *id = c->cand_id + c->offsets[i];
-    int k = r->k, n = 0, j = r->adj_begin;
-    for (int64_t t = 0; t < c->vocab && k > 0; t++) {
+    base_topk top = {c->cand_logit + c->offsets[i], c->cand_id + c->offsets[i], r->k, 0};
+    int j = r->adj_begin;
+    for (int64_t t = 0; t < c->vocab && r->k > 0; t++) {
         float v = adjusted(row, (int32_t)t, c->adj, r->adj_end, &j);
         if (isnan(v) || (isinf(v) && v < 0)) continue;
-        if (n < k) {
-            l[n] = v;
-            id[n] = (int32_t)t;
-            if (++n == k)
-                for (int h = k / 2 - 1; h >= 0; h--) sift(l, id, k, h);
-        } else if (v > l[0]) {
-            l[0] = v;
-            id[0] = (int32_t)t;
-            sift(l, id, k, 0);
-        }
+        base_topk_push(&top, v, (int32_t)t);
     }
-    if (n < k)
-        for (int h = n / 2 - 1; h >= 0; h--) sift(l, id, n, h);
-    for (int end = n - 1; end > 0; end--) {
-        float tl = l[0];
-        l[0] = l[end];
-        l[end] = tl;
-        int32_t ti = id[0];
-        id[0] = id[end];
-        id[end] = ti;
-        sift(l, id, end, 0);
-    }
+    int n = base_topk_finish(&top);
     c->n_cand[i] = n;
     if (c->lse && r->want_lse) c->lse[i] = row_lse(row, c->vocab);
 }
