@@ -230,7 +230,7 @@ int engine_sampler_adjustments(engine_sampler *s, const int32_t *hist, int n_his
         }
     }
     for (int i = 0; i < n; i++) s->adj_order[i] = (uint64_t)tmp[i].token << 32 | (uint32_t)i;
-    qsort(s->adj_order, (size_t)n, sizeof *s->adj_order, cmp_u64);
+    if (n > 1) qsort(s->adj_order, (size_t)n, sizeof *s->adj_order, cmp_u64);
     for (int i = 0; i < n; i++) s->adj[i] = tmp[(uint32_t)s->adj_order[i]];
     *out = s->adj;
     return n;
