@@ -10,20 +10,13 @@
 
 static uint64_t rng = 0x243f6a8885a308d3ull;
 
-static uint32_t next_u32(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-
 /* Coarse values so that many tokens tie; some -inf, zeros of both signs, and NaN when asked. */
 static float coarse_logit(bool nan) {
-    uint32_t u = next_u32() % 100;
+    uint32_t u = test_rand_u32(&rng) % 100;
     if (u < 3) return -INFINITY;
     if (u < 5) return nan ? NAN : 1.0f;
     if (u < 8) return (u & 1) ? -0.0f : 0.0f;
-    return (float)((int)(next_u32() % 33) - 16) * 0.25f;
+    return (float)((int)(test_rand_u32(&rng) % 33) - 16) * 0.25f;
 }
 
 typedef struct ref_cand {
@@ -148,7 +141,8 @@ static void test_random_rows(be_backend *be) {
 static void test_many_k(be_backend *be) {
     enum { VOCAB = 5000 };
     float *logits = malloc(sizeof(float) * VOCAB);
-    for (int t = 0; t < VOCAB; t++) logits[t] = (float)(next_u32() % 1000000) * 1e-5f - 5.0f;
+    for (int t = 0; t < VOCAB; t++)
+        logits[t] = (float)(test_rand_u32(&rng) % 1000000) * 1e-5f - 5.0f;
     int ks[] = {1, 2, 7, 40, 64, 100, 511, 512, 513, 1023, 1024};
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
         be_topk_row r = {0, ks[i], 0, 0, 1};

@@ -38,18 +38,11 @@ static int count_topk(be_backend *be, const be_tensor *logits, const be_topk_row
 
 static uint64_t rng = 0x853c49e6748fea9bull;
 
-static uint32_t next_u32(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-
 /* Row r of a step: smooth model-like values on even rows, a coarse grid (many ties) on odd
  * ones, a few -inf everywhere; a sparse row keeps 10 tokens above -inf. */
 static void fill_row(float *x, int r, bool sparse) {
     for (int t = 0; t < VOCAB; t++) {
-        uint32_t u = next_u32();
+        uint32_t u = test_rand_u32(&rng);
         if (u % 200 == 0)
             x[t] = -INFINITY;
         else if (r & 1)
