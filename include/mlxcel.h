@@ -4,7 +4,8 @@
  * engine, submit requests, stream their text, cancel them. The engine batches every running
  * request on one thread of its own (continuous batching over a paged KV cache).
  *
- * Threading. Every function may be called from any thread. Callbacks run on the engine's
+ * Threading. Every function may be called from any thread, at the same time as others, but
+ * mlxcel_close, which must be the last call on an engine. Callbacks run on the engine's
  * thread, one at a time; from a callback only mlxcel_cancel may be called (it returns at
  * once), and a callback must not block for long, as it holds back every other request.
  * mlxcel_close and mlxcel_generate must never be called from a callback.
@@ -50,7 +51,7 @@ mlxcel_options mlxcel_options_default(void);
 
 /* Loads model_dir (config.json, *.safetensors, tokenizer.json, tokenizer_config.json) and
  * starts the engine's thread. opts NULL: mlxcel_options_default(). On success *out is the
- * caller's, to end with mlxcel_close. */
+ * caller's, to end with mlxcel_close; on failure it is set to NULL. */
 int mlxcel_open(const char *model_dir, const mlxcel_options *opts, mlxcel_engine **out, char *err,
                 size_t err_len);
 

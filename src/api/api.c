@@ -92,6 +92,11 @@ static int engine_open(mlxcel_engine *e, const char *model_dir, const mlxcel_opt
 int mlxcel_open(const char *model_dir, const mlxcel_options *opts, mlxcel_engine **out, char *err,
                 size_t err_len) {
     base_err e = {{0}};
+    if (!out) {
+        copy_err(err, err_len, "mlxcel_open: out is NULL");
+        return -1;
+    }
+    *out = NULL;
     mlxcel_options defaults = mlxcel_options_default();
     mlxcel_engine *eng = calloc(1, sizeof *eng);
     if (!eng) {
@@ -262,6 +267,10 @@ static void on_wait_event(void *ctx, const mlxcel_event *ev) {
 
 int mlxcel_generate(mlxcel_engine *engine, const mlxcel_request *req, char **text, char *err,
                     size_t err_len) {
+    if (!text) {
+        copy_err(err, err_len, "mlxcel_generate: text is NULL");
+        return -1;
+    }
     api_wait w = {.cap = 256};
     w.text = base_xmalloc(w.cap);
     w.text[0] = '\0';

@@ -246,7 +246,7 @@ static void test_bad_requests(mlxcel_engine *e) {
 static void test_open_errors(const char *model) {
     mlxcel_options o = mlxcel_options_default();
     o.device = "cpu";
-    mlxcel_engine *e = NULL;
+    mlxcel_engine *e = (mlxcel_engine *)&o; /* any non-NULL value: failure must clear it */
     char err[512] = "";
     CHECK(mlxcel_open("/nonexistent/mlxcel-model", &o, &e, err, sizeof err) == -1);
     CHECK_MSG(strstr(err, "/nonexistent/mlxcel-model"), "%s", err);
@@ -256,6 +256,8 @@ static void test_open_errors(const char *model) {
     CHECK(mlxcel_open(model, &o, &e, err, sizeof err) == -1);
     CHECK_MSG(strstr(err, "device") && strstr(err, "tpu"), "%s", err);
     CHECK(e == NULL);
+    CHECK(mlxcel_open(NULL, &o, &e, err, sizeof err) == -1);
+    CHECK_MSG(strstr(err, "model_dir"), "%s", err);
     /* a short buffer still gets a terminated, truncated line */
     char tiny[8];
     CHECK(mlxcel_open(model, &o, &e, tiny, sizeof tiny) == -1);
