@@ -74,7 +74,7 @@ typedef struct mlxcel_request {
     int top_k;                      /* <= 0: off */
     float top_p;                    /* >= 1: off */
     float min_p;                    /* <= 0: off */
-    uint64_t seed;                  /* same seed, same request: same text */
+    uint64_t seed;                  /* seeds the draw when temperature > 0 */
     const char *const *stop;        /* (n_stop) strings that end the text; never shown */
     int n_stop;
 } mlxcel_request;
