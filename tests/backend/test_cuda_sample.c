@@ -8,11 +8,7 @@
 #include "backend/backend.h"
 #include "engine/engine.h"
 #include "test.h"
-/* the shared fixture reader also holds comparison helpers this test has no use for */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
 #include "model/fixture_ref.h"
-#pragma GCC diagnostic pop
 #include "test_cuda_util.h"
 
 #include <math.h>
