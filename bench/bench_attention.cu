@@ -35,9 +35,8 @@ static int plan_ppc(int pages, int batch, int target) {
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 50;
     const char *only = argc > 2 ? argv[2] : NULL;
-    be_backend *be = NULL;
-    base_err err = {{0}};
-    if (be_cuda_create(0, &be, &err)) bench_die("backend", err.msg);
+    be_backend *be = bench_cuda_backend();
+    base_err err = {};
     cudaStream_t st = cuda_impl(be)->stream;
     cudaDeviceProp prop;
     bench_cuda_ok(cudaGetDeviceProperties(&prop, 0), "properties");

@@ -21,6 +21,14 @@ static inline void bench_cuda_ok(cudaError_t e, const char *what) {
     if (e != cudaSuccess) bench_die(what, cudaGetErrorString(e));
 }
 
+/* The CUDA backend on device 0, or exit naming why not. */
+static inline be_backend *bench_cuda_backend(void) {
+    be_backend *be = NULL;
+    base_err err = {};
+    if (be_cuda_create(0, &be, &err)) bench_die("backend", err.msg);
+    return be;
+}
+
 /* Median milliseconds of fn over reps runs on stream s, after three warm-up runs. */
 template <class F> static float bench_time_ms(cudaStream_t s, int reps, F fn) {
     for (int i = 0; i < 3; i++) fn();

@@ -153,9 +153,8 @@ int main(int argc, char **argv) {
     const char *only = argc > 2 ? argv[2] : NULL;
     int only_bits = argc > 3 ? atoi(argv[3]) : 0;
     if (reps < 3) reps = 3;
-    be_backend *be = NULL;
+    be_backend *be = bench_cuda_backend();
     base_err err = {};
-    if (be_cuda_create(0, &be, &err)) bench_die("backend", err.msg);
     double copy = copy_bandwidth(be, reps);
     printf("device %s, commit %s\n", be->device, MLXCEL_GIT_COMMIT);
     printf("copy bandwidth %.0f GB/s (1 GiB device-to-device, read + write)\n", copy / 1e9);

@@ -33,9 +33,8 @@ static void *dev_upload(be_backend *be, const void *host, size_t bytes) {
 
 int main(int argc, char **argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 20;
-    be_backend *be = NULL;
-    base_err err = {{0}};
-    if (be_cuda_create(0, &be, &err)) bench_die("backend", err.msg);
+    be_backend *be = bench_cuda_backend();
+    base_err err = {};
     cudaStream_t st = cuda_impl(be)->stream;
     cudaDeviceProp prop;
     bench_cuda_ok(cudaGetDeviceProperties(&prop, 0), "properties");

@@ -683,14 +683,8 @@ static size_t att_smem_bytes(int head_dim, int gb, int block_size, int n_stages,
 template <int D, int GB, typename KT>
 static int launch_attention(const att_params &p, dim3 grid, size_t smem, cudaStream_t st,
                             base_err *err) {
-    auto kern = paged_attention_kernel<D, GB, KT>;
-    cudaError_t e =
-        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess)
-        return base_fail(err, "cuda: attention: %zu bytes of shared memory: %s", smem,
-                         cudaGetErrorString(e));
-    kern<<<grid, ATT_THREADS, smem, st>>>(p);
-    return cuda_check_launch("attention", err);
+    return cuda_launch_smem(paged_attention_kernel<D, GB, KT>, grid, ATT_THREADS, smem, st, p,
+                            "attention", err);
 }
 
 template <int D, typename KT>
@@ -726,14 +720,8 @@ static int dispatch(const att_params &p, int head_dim, int gb, dim3 grid, size_t
 template <int D, int SPLIT, typename KT>
 static int launch_decode_mma(const att_params &p, dim3 grid, size_t smem, cudaStream_t st,
                              base_err *err) {
-    auto kern = paged_decode_mma_kernel<D, SPLIT, KT>;
-    cudaError_t e =
-        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess)
-        return base_fail(err, "cuda: attention: %zu bytes of shared memory: %s", smem,
-                         cudaGetErrorString(e));
-    kern<<<grid, ATT_TC_WARPS * 32, smem, st>>>(p);
-    return cuda_check_launch("attention (tensor cores)", err);
+    return cuda_launch_smem(paged_decode_mma_kernel<D, SPLIT, KT>, grid, ATT_TC_WARPS * 32, smem,
+                            st, p, "attention (tensor cores)", err);
 }
 
 template <int D, typename KT>

@@ -236,18 +236,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_attention_kernel(pf_par
 template <int D, int NW, int MINB, typename KT>
 static int pf_launch(const pf_params &p, const be_paged_batch *batch, cudaStream_t st,
                      base_err *err) {
-    auto kern = prefill_attention_kernel<D, NW, MINB, KT>;
     const size_t smem = (size_t)4 * PF_BN * D * sizeof(KT);
-    cudaError_t e =
-        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess)
-        return base_fail(err, "cuda: prefill attention: %zu bytes of shared memory: %s", smem,
-                         cudaGetErrorString(e));
     const int bm = NW * 16;
     dim3 grid((unsigned)p.n_heads, (unsigned)((batch->max_q_len + bm - 1) / bm),
               (unsigned)batch->n_seqs);
-    kern<<<grid, NW * 32, smem, st>>>(p);
-    return cuda_check_launch("prefill attention", err);
+    return cuda_launch_smem(prefill_attention_kernel<D, NW, MINB, KT>, grid, NW * 32, smem, st, p,
+                            "prefill attention", err);
 }
 
 /* Variants: 0: 4 warps, registers for 2 CTAs per SM; 1: 4 warps squeezed to 3 CTAs per SM;

@@ -52,6 +52,21 @@ int cuda_scratch(be_backend *be, void **buf, size_t *cap, size_t bytes, const ch
 /* Returns -1 with the CUDA error named when the last launch failed. */
 int cuda_check_launch(const char *what, base_err *err);
 
+/* kern<<<grid, threads, smem, st>>>(args) after raising the kernel's dynamic shared-memory
+ * limit to smem (needed past 48 KB); errors name `what`. */
+template <typename P>
+static inline int cuda_launch_smem(void (*kern)(P), dim3 grid, int threads, size_t smem,
+                                   cudaStream_t st, const P &args, const char *what,
+                                   base_err *err) {
+    cudaError_t e =
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess)
+        return base_fail(err, "cuda: %s: %zu bytes of shared memory: %s", what, smem,
+                         cudaGetErrorString(e));
+    kern<<<grid, threads, smem, st>>>(args);
+    return cuda_check_launch(what, err);
+}
+
 /* Element i of a float array of dtype dt (F32, F16 or BF16), as float. */
 __device__ __forceinline__ float cuda_load(const void *p, base_dtype dt, size_t i) {
     if (dt == BASE_DTYPE_F32) return ((const float *)p)[i];
