@@ -9,69 +9,7 @@
 
 #include <math.h>
 
-typedef struct seq_spec {
-    int kv_len, q_len, first_offset;
-} seq_spec;
-
-typedef struct att_case {
-    int group, n_kv, head_dim, block_size;
-    base_dtype pool_dt, act_dt;
-} att_case;
-
-typedef struct host_batch {
-    int n_seqs, n_tokens, max_q, max_kv, max_pages;
-    int32_t *q_indptr, *kv_len, *page_indptr, *pages, *last_len, *first;
-    int64_t num_blocks;
-} host_batch;
-
-static void build_batch(const seq_spec *seqs, int n, int bs, host_batch *b) {
-    memset(b, 0, sizeof *b);
-    b->n_seqs = n;
-    b->q_indptr = calloc(n + 1, 4);
-    b->kv_len = calloc(n, 4);
-    b->page_indptr = calloc(n + 1, 4);
-    b->last_len = calloc(n, 4);
-    b->first = calloc(n, 4);
-    int total_pages = 0;
-    for (int s = 0; s < n; s++) {
-        int span = seqs[s].first_offset + seqs[s].kv_len;
-        int np = (span + bs - 1) / bs;
-        b->q_indptr[s + 1] = b->q_indptr[s] + seqs[s].q_len;
-        b->kv_len[s] = seqs[s].kv_len;
-        b->page_indptr[s + 1] = b->page_indptr[s] + np;
-        b->last_len[s] = span - (np - 1) * bs;
-        b->first[s] = seqs[s].first_offset;
-        b->max_q = seqs[s].q_len > b->max_q ? seqs[s].q_len : b->max_q;
-        b->max_kv = seqs[s].kv_len > b->max_kv ? seqs[s].kv_len : b->max_kv;
-        b->max_pages = np > b->max_pages ? np : b->max_pages;
-        total_pages += np;
-    }
-    b->n_tokens = b->q_indptr[n];
-    /* Pages are a random permutation of a pool with spare blocks. */
-    b->num_blocks = total_pages + 7;
-    int32_t *perm = malloc(sizeof(int32_t) * b->num_blocks);
-    for (int i = 0; i < b->num_blocks; i++) perm[i] = i;
-    for (int i = (int)b->num_blocks - 1; i > 0; i--) {
-        int j = (int)(tc_u32() % (uint32_t)(i + 1)), t = perm[i];
-        perm[i] = perm[j], perm[j] = t;
-    }
-    b->pages = malloc(sizeof(int32_t) * total_pages);
-    memcpy(b->pages, perm, sizeof(int32_t) * total_pages);
-    free(perm);
-}
-
-static void free_batch(host_batch *b) {
-    free(b->q_indptr), free(b->kv_len), free(b->page_indptr), free(b->pages), free(b->last_len),
-        free(b->first);
-}
-
-/* Element offset of token j of sequence s in a slab. */
-static size_t tok_offset(const host_batch *b, int s, int j, int bs, int width) {
-    int p = (b->first[s] + j) / bs, slot = (b->first[s] + j) % bs;
-    return ((size_t)b->pages[b->page_indptr[s] + p] * bs + slot) * width;
-}
-
-static void reference(const host_batch *b, const att_case *c, const float *q, const float *kf,
+static void reference(const tc_batch *b, const tc_att_case *c, const float *q, const float *kf,
                       const float *vf, float scale, double *out) {
     int D = c->head_dim, nkv = c->n_kv, H = c->group * nkv, width = nkv * D;
     double *sc = malloc(sizeof(double) * (b->max_kv + 1));
@@ -84,7 +22,7 @@ static void reference(const host_batch *b, const att_case *c, const float *q, co
                 const float *qr = q + (size_t)row * H * D + (size_t)h * D;
                 double mx = -INFINITY, sum = 0;
                 for (int j = 0; j < nvis; j++) {
-                    const float *kr = kf + tok_offset(b, s, j, c->block_size, width) + kvh * D;
+                    const float *kr = kf + tc_tok_offset(b, s, j, c->block_size, width) + kvh * D;
                     double d = 0;
                     for (int e = 0; e < D; e++) d += (double)qr[e] * kr[e];
                     sc[j] = d * scale;
@@ -94,7 +32,7 @@ static void reference(const host_batch *b, const att_case *c, const float *q, co
                 double *o = out + (size_t)row * H * D + (size_t)h * D;
                 for (int e = 0; e < D; e++) o[e] = 0;
                 for (int j = 0; j < nvis; j++) {
-                    const float *vr = vf + tok_offset(b, s, j, c->block_size, width) + kvh * D;
+                    const float *vr = vf + tc_tok_offset(b, s, j, c->block_size, width) + kvh * D;
                     for (int e = 0; e < D; e++) o[e] += sc[j] / sum * vr[e];
                 }
             }
@@ -103,58 +41,22 @@ static void reference(const host_batch *b, const att_case *c, const float *q, co
     free(sc);
 }
 
-static void *dev_i32(be_backend *be, const int32_t *x, int n) {
-    return tc_dev_bytes(be, x, sizeof(int32_t) * (n > 0 ? n : 1));
-}
-
-static void run_case(be_backend *be, const att_case *c, const seq_spec *seqs, int n_seqs) {
-    host_batch b;
-    build_batch(seqs, n_seqs, c->block_size, &b);
-    int D = c->head_dim, H = c->group * c->n_kv, width = c->n_kv * D;
-    size_t pool_elems = (size_t)b.num_blocks * c->block_size * width;
-    size_t pool_bytes = pool_elems * 2;
-    /* Live tokens get random values; every other slot stays NaN. */
-    uint8_t *kh = malloc(pool_bytes), *vh = malloc(pool_bytes);
-    memset(kh, 0xff, pool_bytes);
-    memset(vh, 0xff, pool_bytes);
-    float *kf = malloc(sizeof(float) * pool_elems), *vf = malloc(sizeof(float) * pool_elems);
-    for (int s = 0; s < b.n_seqs; s++)
-        for (int j = 0; j < b.kv_len[s]; j++) {
-            size_t off = tok_offset(&b, s, j, c->block_size, width);
-            for (int e = 0; e < width; e++) {
-                base_store_float(kh, c->pool_dt, off + e, tc_uniform());
-                base_store_float(vh, c->pool_dt, off + e, tc_uniform());
-                kf[off + e] = base_load_float(kh, c->pool_dt, off + e);
-                vf[off + e] = base_load_float(vh, c->pool_dt, off + e);
-            }
-        }
+static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, int n_seqs) {
+    tc_batch b;
+    tc_batch_build(seqs, n_seqs, c->block_size, 7, &b);
+    int D = c->head_dim, H = c->group * c->n_kv;
+    tc_pools pools;
+    tc_pools_fill(&b, c, &pools);
     size_t qn = (size_t)b.n_tokens * H * D;
     float *q = malloc(sizeof(float) * qn);
     tc_fill(q, qn, 2.0f);
     tc_round(q, qn, c->act_dt);
     float scale = 1.0f / sqrtf((float)D);
     double *ref = malloc(sizeof(double) * qn);
-    reference(&b, c, q, kf, vf, scale, ref);
+    reference(&b, c, q, pools.kf, pools.vf, scale, ref);
 
-    be_kv_layer layer = {tc_dev_bytes(be, kh, pool_bytes),
-                         tc_dev_bytes(be, vh, pool_bytes),
-                         c->pool_dt,
-                         b.num_blocks,
-                         c->block_size,
-                         c->n_kv,
-                         D};
-    be_paged_batch db = {
-        .n_seqs = b.n_seqs,
-        .n_tokens = b.n_tokens,
-        .max_q_len = b.max_q,
-        .max_kv_len = b.max_kv,
-        .q_indptr = dev_i32(be, b.q_indptr, b.n_seqs + 1),
-        .kv_len = dev_i32(be, b.kv_len, b.n_seqs),
-        .page_indptr = dev_i32(be, b.page_indptr, b.n_seqs + 1),
-        .page_indices = dev_i32(be, b.pages, b.page_indptr[b.n_seqs]),
-        .last_page_len = dev_i32(be, b.last_len, b.n_seqs),
-        .first_page_offset = dev_i32(be, b.first, b.n_seqs),
-    };
+    be_kv_layer layer = tc_dev_layer(be, &pools, &b, c);
+    be_paged_batch db = tc_dev_batch(be, &b);
     be_tensor tq = tc_tensor(be, q, c->act_dt, b.n_tokens, (int64_t)H * D);
     /* plans: none (v1), v1, gather (served as v1), v2 at 1 and 3 pages per chunk */
     int kinds[] = {-1, BE_DECODE_V1, BE_DECODE_GATHER, BE_DECODE_V2, BE_DECODE_V2};
@@ -193,22 +95,17 @@ static void run_case(be_backend *be, const att_case *c, const seq_spec *seqs, in
         be->ops->free(be, plan.workspace);
     }
     be->ops->free(be, tq.data);
-    be->ops->free(be, layer.k);
-    be->ops->free(be, layer.v);
-    be->ops->free(be, (void *)db.q_indptr);
-    be->ops->free(be, (void *)db.kv_len);
-    be->ops->free(be, (void *)db.page_indptr);
-    be->ops->free(be, (void *)db.page_indices);
-    be->ops->free(be, (void *)db.last_page_len);
-    be->ops->free(be, (void *)db.first_page_offset);
-    free(kh), free(vh), free(kf), free(vf), free(q), free(ref);
-    free_batch(&b);
+    tc_dev_layer_free(be, &layer);
+    tc_dev_batch_free(be, &db);
+    tc_pools_free(&pools);
+    free(q), free(ref);
+    tc_batch_free(&b);
 }
 
 int main(void) {
     be_backend *be = tc_backend();
     if (!be) return 0;
-    const att_case cases[] = {
+    const tc_att_case cases[] = {
         {1, 4, 64, 16, BASE_DTYPE_F16, BASE_DTYPE_F32},
         {4, 2, 128, 32, BASE_DTYPE_BF16, BASE_DTYPE_F32},
         {8, 1, 256, 16, BASE_DTYPE_F16, BASE_DTYPE_F32},
@@ -224,12 +121,12 @@ int main(void) {
     };
     /* decode rows of assorted lengths, one with a first-page offset, a fresh prompt and a
      * chunked-prefill continuation */
-    const seq_spec mixed[] = {{1, 1, 0},   {37, 1, 0},  {100, 1, 5},
-                              {45, 45, 0}, {250, 1, 0}, {70, 9, 0}};
-    const seq_spec decode_only[] = {{300, 1, 0}, {33, 1, 0}, {5, 1, 3}};
+    const tc_seq mixed[] = {{1, 1, 0},   {37, 1, 0},  {100, 1, 5},
+                            {45, 45, 0}, {250, 1, 0}, {70, 9, 0}};
+    const tc_seq decode_only[] = {{300, 1, 0}, {33, 1, 0}, {5, 1, 3}};
     /* first-page offsets past the first 16-token tile (one sequence living in its second
      * tile alone) and a long row, for blocks of 32 */
-    const seq_spec offsets[] = {{12, 1, 20}, {40, 1, 17}, {700, 1, 31}};
+    const tc_seq offsets[] = {{12, 1, 20}, {40, 1, 17}, {700, 1, 31}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         run_case(be, &cases[i], mixed, 6);
         run_case(be, &cases[i], decode_only, 3);

@@ -26,54 +26,6 @@
 
 #include <math.h>
 
-typedef struct pf_seq {
-    int kv_len, q_len, first_offset;
-} pf_seq;
-
-typedef struct pf_case {
-    int group, n_kv, head_dim, block_size;
-    base_dtype pool_dt, act_dt;
-} pf_case;
-
-typedef struct pf_batch {
-    int n_seqs, n_tokens, max_q, max_kv;
-    int32_t q_indptr[16], kv_len[16], page_indptr[17], last_len[16], first[16];
-    int32_t *pages; /* (page_indptr[n_seqs]) */
-    int64_t num_blocks;
-} pf_batch;
-
-static void pf_build(const pf_seq *seqs, int n, int bs, pf_batch *b) {
-    memset(b, 0, sizeof *b);
-    b->n_seqs = n;
-    for (int s = 0; s < n; s++) {
-        int span = seqs[s].first_offset + seqs[s].kv_len, np = (span + bs - 1) / bs;
-        b->q_indptr[s + 1] = b->q_indptr[s] + seqs[s].q_len;
-        b->kv_len[s] = seqs[s].kv_len;
-        b->page_indptr[s + 1] = b->page_indptr[s] + np;
-        b->last_len[s] = span - (np - 1) * bs;
-        b->first[s] = seqs[s].first_offset;
-        if (seqs[s].q_len > b->max_q) b->max_q = seqs[s].q_len;
-        if (seqs[s].kv_len > b->max_kv) b->max_kv = seqs[s].kv_len;
-    }
-    b->n_tokens = b->q_indptr[n];
-    int total = b->page_indptr[n];
-    b->num_blocks = total + 5;
-    int32_t *perm = malloc(sizeof(int32_t) * (size_t)b->num_blocks);
-    for (int i = 0; i < b->num_blocks; i++) perm[i] = i;
-    for (int i = (int)b->num_blocks - 1; i > 0; i--) {
-        int j = (int)(tc_u32() % (uint32_t)(i + 1)), t = perm[i];
-        perm[i] = perm[j], perm[j] = t;
-    }
-    b->pages = malloc(sizeof(int32_t) * (size_t)total);
-    memcpy(b->pages, perm, sizeof(int32_t) * (size_t)total);
-    free(perm);
-}
-
-static size_t pf_tok(const pf_batch *b, int s, int j, int bs, int width) {
-    int pos = b->first[s] + j;
-    return ((size_t)b->pages[b->page_indptr[s] + pos / bs] * bs + pos % bs) * width;
-}
-
 static double pf_round_unit(base_dtype dt) {
     return dt == BASE_DTYPE_F16 ? ldexp(1, -11) : dt == BASE_DTYPE_BF16 ? ldexp(1, -8) : 0;
 }
@@ -83,7 +35,7 @@ static double pf_round_unit(base_dtype dt) {
  * rows: 0 for the true function, 1 for a reference with the causal mask one key too wide. Decode
  * rows are exact softmax too, with a bound of the same form taken from the existing kernel's F32
  * path (u = 0). */
-static void pf_reference(const pf_batch *b, const pf_case *c, const float *q, const float *kf,
+static void pf_reference(const tc_batch *b, const tc_att_case *c, const float *q, const float *kf,
                          const float *vf, float scale, int extra, double *ref, double *bound) {
     const int D = c->head_dim, H = c->group * c->n_kv, width = c->n_kv * D;
     const double u_out = pf_round_unit(c->act_dt);
@@ -106,7 +58,7 @@ static void pf_reference(const pf_batch *b, const pf_case *c, const float *q, co
                 }
                 double mx = -INFINITY, sum = 0, E = 0;
                 for (int j = 0; j < nvis; j++) {
-                    const float *kr = kf + pf_tok(b, s, j, c->block_size, width) + kvh * D;
+                    const float *kr = kf + tc_tok_offset(b, s, j, c->block_size, width) + kvh * D;
                     double d = 0, a = 0;
                     for (int e = 0; e < D; e++) d += qr[e] * kr[e], a += fabs(qr[e] * kr[e]);
                     sc[j] = d;
@@ -121,7 +73,7 @@ static void pf_reference(const pf_batch *b, const pf_case *c, const float *q, co
                        *bo = bound + ((size_t)row * H + h) * D;
                 for (int e = 0; e < D; e++) o[e] = bo[e] = 0;
                 for (int j = 0; j < nvis; j++) {
-                    const float *vr = vf + pf_tok(b, s, j, c->block_size, width) + kvh * D;
+                    const float *vr = vf + tc_tok_offset(b, s, j, c->block_size, width) + kvh * D;
                     for (int e = 0; e < D; e++) {
                         o[e] += sc[j] * vr[e];
                         bo[e] += sc[j] * fabs(vr[e]);
@@ -138,10 +90,6 @@ static void pf_reference(const pf_batch *b, const pf_case *c, const float *q, co
     }
     free(sc);
     free(qr);
-}
-
-static void *pf_dev_i32(be_backend *be, const int32_t *x, int n) {
-    return tc_dev_bytes(be, x, sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
 }
 
 /* Elements of got outside [ref - bound, ref + bound]; *worst: the index of the largest
@@ -162,53 +110,23 @@ static int pf_outside(const float *got, const double *ref, const double *bound, 
 
 /* Runs one batch against the reference. With `control`, also checks that the bound would
  * see a causal mask one key too wide, i.e. that the comparison has the power to fail. */
-static void pf_run(be_backend *be, const pf_case *c, const pf_seq *seqs, int n_seqs, int control) {
-    pf_batch b;
-    pf_build(seqs, n_seqs, c->block_size, &b);
-    const int D = c->head_dim, H = c->group * c->n_kv, width = c->n_kv * D;
-    const size_t pool_elems = (size_t)b.num_blocks * c->block_size * width,
-                 pool_bytes = pool_elems * 2;
-    uint8_t *kh = malloc(pool_bytes), *vh = malloc(pool_bytes);
-    memset(kh, 0xff, pool_bytes);
-    memset(vh, 0xff, pool_bytes);
-    float *kf = malloc(sizeof(float) * pool_elems), *vf = malloc(sizeof(float) * pool_elems);
-    for (int s = 0; s < b.n_seqs; s++)
-        for (int j = 0; j < b.kv_len[s]; j++) {
-            size_t off = pf_tok(&b, s, j, c->block_size, width);
-            for (int e = 0; e < width; e++) {
-                base_store_float(kh, c->pool_dt, off + e, tc_uniform());
-                base_store_float(vh, c->pool_dt, off + e, tc_uniform());
-                kf[off + e] = base_load_float(kh, c->pool_dt, off + e);
-                vf[off + e] = base_load_float(vh, c->pool_dt, off + e);
-            }
-        }
+static void pf_run(be_backend *be, const tc_att_case *c, const tc_seq *seqs, int n_seqs,
+                   int control) {
+    tc_batch b;
+    tc_batch_build(seqs, n_seqs, c->block_size, 5, &b);
+    const int D = c->head_dim, H = c->group * c->n_kv;
+    tc_pools pools;
+    tc_pools_fill(&b, c, &pools);
     const size_t qn = (size_t)b.n_tokens * H * D;
     float *q = malloc(sizeof(float) * qn);
     tc_fill(q, qn, 2.0f);
     tc_round(q, qn, c->act_dt);
     const float scale = 1.0f / sqrtf((float)D);
     double *ref = malloc(sizeof(double) * qn), *bound = malloc(sizeof(double) * qn);
-    pf_reference(&b, c, q, kf, vf, scale, 0, ref, bound);
+    pf_reference(&b, c, q, pools.kf, pools.vf, scale, 0, ref, bound);
 
-    be_kv_layer layer = {tc_dev_bytes(be, kh, pool_bytes),
-                         tc_dev_bytes(be, vh, pool_bytes),
-                         c->pool_dt,
-                         b.num_blocks,
-                         c->block_size,
-                         c->n_kv,
-                         D};
-    be_paged_batch db = {
-        .n_seqs = b.n_seqs,
-        .n_tokens = b.n_tokens,
-        .max_q_len = b.max_q,
-        .max_kv_len = b.max_kv,
-        .q_indptr = pf_dev_i32(be, b.q_indptr, b.n_seqs + 1),
-        .kv_len = pf_dev_i32(be, b.kv_len, b.n_seqs),
-        .page_indptr = pf_dev_i32(be, b.page_indptr, b.n_seqs + 1),
-        .page_indices = pf_dev_i32(be, b.pages, b.page_indptr[b.n_seqs]),
-        .last_page_len = pf_dev_i32(be, b.last_len, b.n_seqs),
-        .first_page_offset = pf_dev_i32(be, b.first, b.n_seqs),
-    };
+    be_kv_layer layer = tc_dev_layer(be, &pools, &b, c);
+    be_paged_batch db = tc_dev_batch(be, &b);
     be_tensor tq = tc_tensor(be, q, c->act_dt, b.n_tokens, (int64_t)H * D);
     be_tensor to = tc_poisoned(be, c->act_dt, b.n_tokens, (int64_t)H * D);
     base_err err = {{0}};
@@ -230,7 +148,7 @@ static void pf_run(be_backend *be, const pf_case *c, const pf_seq *seqs, int n_s
         c->group, c->n_kv, D, c->block_size, base_dtype_name(c->pool_dt),
         base_dtype_name(c->act_dt), qn, worst_ratio);
     if (control) {
-        pf_reference(&b, c, q, kf, vf, scale, 1, ref, bound);
+        pf_reference(&b, c, q, pools.kf, pools.vf, scale, 1, ref, bound);
         int wrong = pf_outside(got, ref, bound, qn, &worst, &worst_ratio);
         CHECK_MSG(wrong > 0, "a mask one key too wide stays inside the bound (G%d d%d %s)",
                   c->group, D, base_dtype_name(c->pool_dt));
@@ -239,21 +157,17 @@ static void pf_run(be_backend *be, const pf_case *c, const pf_seq *seqs, int n_s
     free(got);
     be->ops->free(be, to.data);
     be->ops->free(be, tq.data);
-    be->ops->free(be, layer.k);
-    be->ops->free(be, layer.v);
-    be->ops->free(be, (void *)db.q_indptr);
-    be->ops->free(be, (void *)db.kv_len);
-    be->ops->free(be, (void *)db.page_indptr);
-    be->ops->free(be, (void *)db.page_indices);
-    be->ops->free(be, (void *)db.last_page_len);
-    be->ops->free(be, (void *)db.first_page_offset);
-    free(kh), free(vh), free(kf), free(vf), free(q), free(ref), free(bound), free(b.pages);
+    tc_dev_layer_free(be, &layer);
+    tc_dev_batch_free(be, &db);
+    tc_pools_free(&pools);
+    free(q), free(ref), free(bound);
+    tc_batch_free(&b);
 }
 
 int main(void) {
     be_backend *be = tc_backend();
     if (!be) return 0;
-    const pf_case cases[] = {
+    const tc_att_case cases[] = {
         {1, 2, 64, 32, BASE_DTYPE_F16, BASE_DTYPE_F32},
         {4, 2, 128, 32, BASE_DTYPE_BF16, BASE_DTYPE_F32},
         {8, 1, 128, 32, BASE_DTYPE_F16, BASE_DTYPE_F32},
@@ -264,7 +178,7 @@ int main(void) {
     };
     /* fresh prompts (2, 300, 65 rows), a continuation of 64 rows after 37 cached tokens, one
      * of 129 after 171 behind a first-page offset, and decode rows between them */
-    const pf_seq seqs[] = {{2, 2, 0},     {37, 1, 0},  {300, 300, 0}, {101, 64, 0},
+    const tc_seq seqs[] = {{2, 2, 0},     {37, 1, 0},  {300, 300, 0}, {101, 64, 0},
                            {300, 129, 5}, {250, 1, 3}, {65, 65, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         pf_run(be, &cases[i], seqs, (int)(sizeof seqs / sizeof seqs[0]), i < 2);
