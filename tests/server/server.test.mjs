@@ -7,6 +7,8 @@ import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import path from 'node:path';
 
+import { harness } from '../node/harness.mjs';
+
 const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
 const BIN = process.env.MLXCEL_BIN_DIR ?? 'build/bin';
 const MODEL = path.join(SRC, 'models/demo');
@@ -19,48 +21,8 @@ if (!existsSync(OPENAI)) {
 }
 const { default: OpenAI } = await import(OPENAI);
 
-let passed = 0, failed = 0;
-function check(cond, what) {
-  if (cond) passed++;
-  else {
-    failed++;
-    console.error(`CHECK failed: ${what}`);
-  }
-}
-
-const children = [];
-const watchdog = setTimeout(() => {
-  console.error('timed out');
-  for (const c of children) c.kill('SIGKILL');
-  process.exit(1);
-}, 100_000);
-
-// Starts the server and resolves with its base URL once the startup line names the port.
-function startServer(args, env = {}) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(path.join(BIN, 'mlxcel-server'), ['--port', '0', '-t', '2', ...args], {
-      env: { ...process.env, ...env },
-      stdio: ['ignore', 'ignore', 'pipe'],
-    });
-    children.push(child);
-    let log = '';
-    child.stderr.on('data', (d) => {
-      log += d;
-      const m = log.match(/listening on http:\/\/([\d.]+):(\d+)/);
-      if (m) resolve({ url: `http://${m[1]}:${m[2]}`, child, log: () => log });
-    });
-    child.on('exit', (code) => reject(new Error(`server exited ${code}: ${log}`)));
-    child.on('error', reject);
-  });
-}
-
-function stopServer(s) {
-  return new Promise((resolve) => {
-    s.child.removeAllListeners('exit');
-    s.child.on('exit', (code) => resolve(code));
-    s.child.kill('SIGTERM');
-  });
-}
+const { check, fail, own, startServer, stopServer, finish } =
+  harness({ bin: BIN, label: 'server test', timeoutMs: 100_000 });
 
 async function metrics(url) {
   const r = await fetch(`${url}/metrics`, { headers: { Authorization: `Bearer ${KEY}` } });
@@ -239,8 +201,7 @@ async function queuePart() {
 }
 
 async function refusePart() {
-  const child = spawn(path.join(BIN, 'mlxcel-server'), ['-m', MODEL, '--port', '0', '-c', '256', '--kv-cache-budget', '100K'], { stdio: ['ignore', 'ignore', 'pipe'] });
-  children.push(child);
+  const child = own(spawn(path.join(BIN, 'mlxcel-server'), ['-m', MODEL, '--port', '0', '-c', '256', '--kv-cache-budget', '100K'], { stdio: ['ignore', 'ignore', 'pipe'] }));
   let log = '';
   child.stderr.on('data', (d) => (log += d));
   const code = await new Promise((res) => child.on('exit', res));
@@ -255,10 +216,6 @@ try {
   await queuePart();
   await refusePart();
 } catch (e) {
-  failed++;
-  console.error(e);
+  fail(e);
 }
-for (const c of children) c.kill('SIGKILL');
-clearTimeout(watchdog);
-console.log(`${passed} passed, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+finish();

@@ -16,9 +16,10 @@
 //
 // Randomness is seeded: MLXCEL_SOAK_SEED=N replays a run's choices (timing still varies).
 // MLXCEL_SOAK_REQUESTS sets the number of requests (default 400).
-import { spawn } from 'node:child_process';
 import net from 'node:net';
 import path from 'node:path';
+
+import { harness } from '../node/harness.mjs';
 
 const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
 const BIN = process.env.MLXCEL_BIN_DIR ?? 'build/bin';
@@ -59,52 +60,10 @@ const rand = prng(SEED);
 const randInt = (lo, hi) => lo + Math.floor(rand() * (hi - lo + 1));
 const pick = (arr) => arr[Math.floor(rand() * arr.length)];
 
-let passed = 0, failed = 0;
-function check(cond, what) {
-  if (cond) passed++;
-  else {
-    failed++;
-    console.error(`CHECK failed: ${what}`);
-  }
-}
-
-const children = [];
-const watchdog = setTimeout(() => {
-  console.error('soak: timed out');
-  for (const c of children) c.kill('SIGKILL');
-  process.exit(1);
-}, 115_000 * TIME_SCALE);
+const h = harness({ bin: BIN, label: 'soak', timeoutMs: 115_000 * TIME_SCALE });
+const { check, stopServer } = h;
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
-function startServer(args) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(path.join(BIN, 'mlxcel-server'), ['-m', MODEL, '--port', '0', '-t', '2', '--metrics', '--api-key', KEY, ...args],
-      { stdio: ['ignore', 'ignore', 'pipe'] });
-    children.push(child);
-    const s = { child, exited: null, log: '' };
-    child.stderr.on('data', (d) => {
-      s.log += d;
-      const m = s.log.match(/listening on http:\/\/([\d.]+):(\d+)/);
-      if (m && !s.port) {
-        s.port = Number(m[2]);
-        resolve(s);
-      }
-    });
-    child.on('exit', (code, sig) => {
-      s.exited = `${code ?? sig}`;
-      reject(new Error(`server exited ${code ?? sig}: ${s.log}`));
-    });
-  });
-}
-
-function stopServer(s) {
-  return new Promise((resolve) => {
-    if (s.exited !== null) return resolve(s.exited);
-    s.child.removeAllListeners('exit');
-    s.child.on('exit', (code) => resolve(code));
-    s.child.kill('SIGTERM');
-  });
-}
+const startServer = (args) => h.startServer(['-m', MODEL, '--metrics', '--api-key', KEY, ...args]);
 
 // ---- a raw HTTP/1.1 client over net: every request on its own connection ----
 
@@ -574,10 +533,6 @@ try {
   check((await stopServer(s)) === 0, 'SIGTERM stops the loaded server cleanly');
   await limitsPart();
 } catch (e) {
-  failed++;
-  console.error(e);
+  h.fail(e);
 }
-for (const c of children) c.kill('SIGKILL');
-clearTimeout(watchdog);
-console.log(`soak: seed ${SEED}: ${passed} passed, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+h.finish(`soak: seed ${SEED}: `);
