@@ -7,6 +7,7 @@
 #ifndef MLXCEL_BASE_H
 #define MLXCEL_BASE_H
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -107,6 +108,8 @@ int base_pool_threads(const base_pool *pool);
 /* Runs fn over [0, n) split into contiguous ranges, one per worker. */
 void base_pool_for(base_pool *pool, int64_t n, base_pool_fn fn, void *ctx);
 int base_cpu_count(void);
+/* Waits on cv (mu held by the caller) until signalled or ms milliseconds have passed. */
+void base_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int ms);
 
 /* ---- memory and files ---- */
 

@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 struct base_pool {
@@ -114,4 +115,16 @@ void base_pool_for(base_pool *p, int64_t n, base_pool_fn fn, void *ctx) {
     pthread_mutex_lock(&p->mu);
     while (p->pending > 0) pthread_cond_wait(&p->done, &p->mu);
     pthread_mutex_unlock(&p->mu);
+}
+
+void base_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(cv, mu, &ts);
 }

@@ -115,14 +115,7 @@ static void on_event(void *ctx, const engine_event *ev) {
 /* Waits (mu held) for news or a poll period; cancels once if the client left or the server
  * is stopping. Returns true when the client is gone. */
 static bool job_wait(job *j) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += SERVER_POLL_MS * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+    base_cond_wait_ms(&j->cv, &j->mu, SERVER_POLL_MS);
     bool gone = server_client_gone(j->conn);
     if ((gone || __atomic_load_n(&j->srv->stopping, __ATOMIC_ACQUIRE)) && !j->cancelled &&
         j->finish == ENGINE_FINISH_NONE) {

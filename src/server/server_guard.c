@@ -74,14 +74,7 @@ static void *guard_main(void *arg) {
             r->deadline = 0;
             __atomic_add_fetch(&s->n_dropped, 1, __ATOMIC_RELAXED);
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += GUARD_PERIOD_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&s->guard_cv, &s->guard_mu, &ts);
+        base_cond_wait_ms(&s->guard_cv, &s->guard_mu, GUARD_PERIOD_MS);
     }
     pthread_mutex_unlock(&s->guard_mu);
     return NULL;
