@@ -115,6 +115,19 @@ __device__ int decode_rank(const att_params &p, int s) {
     return r;
 }
 
+/* The pages [*p_begin, *p_end) of sequence s that chunk `chunk` covers, when its row sees
+ * n_vis tokens after *fpo skipped ones; false when the chunk lies past them. */
+__device__ __forceinline__ bool chunk_pages(const att_params &p, int s, int n_vis, int chunk,
+                                            int *fpo, int *p_begin, int *p_end) {
+    *fpo = p.first_page_offset ? p.first_page_offset[s] : 0;
+    const int n_pages = (*fpo + n_vis + p.block_size - 1) / p.block_size;
+    const int64_t pb64 = (int64_t)chunk * p.pages_per_chunk;
+    if (pb64 >= n_pages) return false;
+    *p_begin = (int)pb64;
+    *p_end = n_pages - *p_begin > p.pages_per_chunk ? *p_begin + p.pages_per_chunk : n_pages;
+    return true;
+}
+
 template <int D, int GB> struct att_geom {
     static constexpr int CH = D / 8;             /* 16-byte chunks per token row */
     static constexpr int NTG = ATT_THREADS / CH; /* token slices in the value phase */
@@ -167,14 +180,9 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
         const int s = seq_of_row(p.q_indptr, p.n_seqs, row);
         const int q_len = p.q_indptr[s + 1] - p.q_indptr[s];
         if ((q_len == 1) != (p.decode != 0)) continue;
-        const int fpo = p.first_page_offset ? p.first_page_offset[s] : 0;
         const int n_vis = p.kv_len[s] - q_len + (row - p.q_indptr[s]) + 1;
-        const int n_pages = (fpo + n_vis + bs - 1) / bs;
-        const int64_t pb64 = (int64_t)chunk * p.pages_per_chunk;
-        if (pb64 >= n_pages) continue;
-        const int p_begin = (int)pb64;
-        const int p_end =
-            n_pages - p_begin > p.pages_per_chunk ? p_begin + p.pages_per_chunk : n_pages;
+        int fpo, p_begin, p_end;
+        if (!chunk_pages(p, s, n_vis, chunk, &fpo, &p_begin, &p_end)) continue;
         const int32_t *pages = p.page_indices + p.page_indptr[s];
         const int drow = p.split ? decode_rank(p, s) : 0;
 
@@ -417,14 +425,9 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
     for (int row = blockIdx.z; row < p.n_tokens; row += gridDim.z) {
         const int s = seq_of_row(p.q_indptr, p.n_seqs, row);
         if (p.q_indptr[s + 1] - p.q_indptr[s] != 1) continue;
-        const int fpo = p.first_page_offset ? p.first_page_offset[s] : 0;
         const int n_vis = p.kv_len[s];
-        const int n_pages = (fpo + n_vis + bs - 1) / bs;
-        const int64_t pb64 = (int64_t)chunk * p.pages_per_chunk;
-        if (pb64 >= n_pages) continue;
-        const int p_begin = (int)pb64;
-        const int p_end =
-            n_pages - p_begin > p.pages_per_chunk ? p_begin + p.pages_per_chunk : n_pages;
+        int fpo, p_begin, p_end;
+        if (!chunk_pages(p, s, n_vis, chunk, &fpo, &p_begin, &p_end)) continue;
         const int32_t *pages = p.page_indices + p.page_indptr[s];
         const int drow = p.split ? decode_rank(p, s) : 0;
         /* Tiles [t_begin, t_end) of the chunk that hold a live token; tile T covers the
