@@ -15,7 +15,8 @@
 #   bench/run_gpu.sh
 # Environment: MLXCEL_DEPS_PREFIX (libraries unpacked by tools/device-deps.sh, for machines
 # without the -dev packages), MODEL (where the 8B model is written, default /tmp/llama8b-q4),
-# BUILD_DIR (default build-gpu), REPS (attention repetitions, default 20).
+# BUILD_DIR (default build-gpu), REPS (attention repetitions, default 20), MLXCEL_COMMIT (the
+# commit to print, when the tree's .git is not its own).
 set -u
 cd "$(dirname "$0")/.."
 SRC=$PWD
@@ -51,7 +52,8 @@ LD_LIBRARY_PATH=$(IFS=:; echo "${libs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export LD_LIBRARY_PATH
 export MLXCEL_SOURCE_DIR=$SRC MLXCEL_BIN_DIR=$B/bin
 
-commit=$(git rev-parse --short=12 HEAD 2>/dev/null || cat COMMIT 2>/dev/null || echo unknown)
+# A copy of the tree may carry an older .git than its files: MLXCEL_COMMIT names the real one.
+commit=${MLXCEL_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 log "commit $commit, $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem \
     --format=csv,noheader | say
