@@ -9,7 +9,9 @@
  *
  * A compiled template is immutable: any number of threads may render it at once. Each render
  * allocates from its own arena and is bounded (CHAT_MAX_OUTPUT bytes of output,
- * CHAT_MAX_MEMORY bytes of working memory, CHAT_MAX_DEPTH nested evaluations). */
+ * CHAT_MAX_MEMORY bytes of working memory, CHAT_MAX_DEPTH nested evaluations, CHAT_MAX_STEPS
+ * evaluated expressions and statements, so nested loops cannot hold a server thread for
+ * hours). */
 #ifndef MLXCEL_CHAT_H
 #define MLXCEL_CHAT_H
 
@@ -20,6 +22,8 @@
 #define CHAT_MAX_OUTPUT (64u << 20)
 #define CHAT_MAX_MEMORY (512u << 20)
 #define CHAT_MAX_DEPTH  400
+/* Real templates take a few thousand steps per message; this is a second or so of work. */
+#define CHAT_MAX_STEPS (20u * 1000u * 1000u)
 
 typedef struct chat_template chat_template;
 

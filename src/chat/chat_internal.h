@@ -263,6 +263,7 @@ typedef struct chat_render {
     chat_arena a; /* every value of this render */
     base_err *err;
     int depth;        /* nested evaluations, bounded by CHAT_MAX_DEPTH */
+    uint32_t steps;   /* expressions and statements evaluated, bounded by CHAT_MAX_STEPS */
     chat_scope *root; /* the render variables and top-level sets */
 } chat_render;
 

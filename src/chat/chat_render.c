@@ -695,7 +695,15 @@ static int eval_inner(chat_render *R, chat_scope *S, const cnode *n, cv *out) {
     }
 }
 
+/* Counts one step of the render; fails past CHAT_MAX_STEPS. */
+static int step(chat_render *R, int line) {
+    if (++R->steps <= CHAT_MAX_STEPS) return 0;
+    return chat_rfail(R, line, "template takes more than %u steps (a runaway loop?)",
+                      (unsigned)CHAT_MAX_STEPS);
+}
+
 static int eval(chat_render *R, chat_scope *S, const cnode *n, cv *out) {
+    if (step(R, n->line)) return -1;
     if (++R->depth > CHAT_MAX_DEPTH)
         return chat_rfail(R, n->line, "template nests deeper than %d levels (runaway recursion?)",
                           CHAT_MAX_DEPTH);
@@ -741,7 +749,8 @@ static int exec_for(chat_render *R, chat_scope *S, const cnode *n, chat_buf *out
         kept->n = 0;
         for (size_t i = 0; i < items->n; i++) {
             cv ok;
-            if (bind_targets(R, L, n, items->items[i]) || eval(R, L, n->b, &ok)) return EX_ERR;
+            if (step(R, n->line) || bind_targets(R, L, n, items->items[i]) || eval(R, L, n->b, &ok))
+                return EX_ERR;
             if (chat_truthy(ok)) kept->items[kept->n++] = items->items[i];
         }
         items = kept;
@@ -755,7 +764,7 @@ static int exec_for(chat_render *R, chat_scope *S, const cnode *n, chat_buf *out
     if (scope_set(R, n->line, L, "loop", lv)) return EX_ERR;
     for (size_t i = 0; i < items->n; i++) {
         loop->i = i;
-        if (bind_targets(R, L, n, items->items[i])) return EX_ERR;
+        if (step(R, n->line) || bind_targets(R, L, n, items->items[i])) return EX_ERR;
         int rc = exec_body(R, L, n->body, n->n_body, out);
         if (rc == EX_ERR) return EX_ERR;
         if (rc == EX_BREAK) break;
@@ -839,6 +848,7 @@ static int exec_stmt(chat_render *R, chat_scope *S, const cnode *n, chat_buf *ou
 
 static int exec_body(chat_render *R, chat_scope *S, cnode *const *body, int n, chat_buf *out) {
     for (int i = 0; i < n; i++) {
+        if (step(R, body[i]->line)) return EX_ERR;
         if (++R->depth > CHAT_MAX_DEPTH)
             return chat_rfail(R, body[i]->line,
                               "template nests deeper than %d levels (runaway recursion?)",

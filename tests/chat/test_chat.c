@@ -333,6 +333,14 @@ static void test_limits(void) {
     EXPECT_ERR(deep, NULL, "nested too deeply", NULL);
     EXPECT_ERR("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", NULL,
                "rendered output is larger than", NULL);
+    /* Loops that print nothing and allocate little still end: an empty inner body, and an
+     * inner body that only evaluates. */
+    EXPECT_ERR("{% set r = range(100000) %}{% for i in r %}{% for j in r %}{% endfor %}"
+               "{% endfor %}",
+               NULL, "more than 20000000 steps", NULL);
+    EXPECT_ERR("{% set r = range(100000) %}{% for i in r %}{% for j in r %}"
+               "{% if j < 0 %}x{% endif %}{% endfor %}{% endfor %}",
+               NULL, "more than 20000000 steps", NULL);
     EXPECT_ERR("{{ range(2000000000) | length }}", NULL, "more than", "MiB of memory");
     EXPECT_ERR("{{ 'x' * 4000000000 }}", NULL, "MiB of memory", NULL);
 }
