@@ -2,7 +2,9 @@
  * SiLU-mul in one GEMV, RoPE with the KV append. At batch 1 every one of the unfused ops is a
  * launch of a few microseconds whatever its size, so fusing is what removes their time. The
  * matmul fusions run the single-row GEMV when it serves every matrix and compose the plain ops
- * otherwise (several rows, other bit widths, mixed geometries). */
+ * otherwise (several rows, other bit widths, mixed geometries). The row kernels here let the
+ * next kernel start at once and wait for the previous one before touching memory, as those of
+ * cuda_ops.cu do. */
 #include "backend/cuda/cuda_internal.h"
 
 static int check_float(const be_tensor *t, const char *name, base_err *err) {
@@ -20,6 +22,8 @@ static int check_float(const be_tensor *t, const char *name, base_err *err) {
 __global__ void add_rmsnorm_kernel(void *x, base_dtype x_dt, const void *d, base_dtype d_dt,
                                    const void *w, base_dtype w_dt, float eps, int64_t cols, void *y,
                                    base_dtype y_dt) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
     size_t base = (size_t)blockIdx.x * (size_t)cols;
     float ss = 0.0f;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
@@ -48,10 +52,9 @@ int cuda_add_rmsnorm(be_backend *be, be_tensor *x, const be_tensor *d, const be_
     if (x->rows == 0) return 0;
     int64_t threads = ((x->cols + 127) / 128) * 32;
     threads = threads < 32 ? 32 : (threads > 1024 ? 1024 : threads);
-    add_rmsnorm_kernel<<<(unsigned)x->rows, (unsigned)threads, 0, cuda_impl(be)->stream>>>(
-        x->data, x->dtype, d->data, d->dtype, weight->data, weight->dtype, eps, x->cols, y->data,
-        y->dtype);
-    return cuda_check_launch("add_rmsnorm", err);
+    return cuda_launch_pdl(cuda_impl(be), add_rmsnorm_kernel, (unsigned)x->rows, (unsigned)threads,
+                           0, "add_rmsnorm", err, x->data, x->dtype, d->data, d->dtype,
+                           weight->data, weight->dtype, eps, x->cols, y->data, y->dtype);
 }
 
 /* ---- Q, K, V and gate/up GEMVs ---- */
@@ -103,6 +106,8 @@ __global__ void rope_kv_append_kernel(void *q, base_dtype q_dt, void *k, base_dt
                                       int head_dim, int64_t n, const int32_t *pos,
                                       const float *inv_freq, float mscale, void *kp, void *vp,
                                       base_dtype pool_dt, const int64_t *slots) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
     const int half = head_dim / 2, heads = n_heads + n_kv_heads;
     const int64_t total = n * heads * half;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
@@ -161,9 +166,9 @@ int cuda_rope_kv_append(be_backend *be, be_tensor *q, be_tensor *k, const be_ten
     if (total == 0) return 0;
     int64_t blocks = (total + 255) / 256;
     if (blocks > 1048576) blocks = 1048576;
-    rope_kv_append_kernel<<<(unsigned)blocks, 256, 0, cuda_impl(be)->stream>>>(
-        q->data, q->dtype, k->data, k->dtype, v->data, v->dtype, heads, kvh, hd, n,
-        (const int32_t *)positions->data, (const float *)inv_freq->data, mscale, layer->k, layer->v,
-        layer->dtype, batch->slots);
-    return cuda_check_launch("rope_kv_append", err);
+    return cuda_launch_pdl(cuda_impl(be), rope_kv_append_kernel, (unsigned)blocks, 256, 0,
+                           "rope_kv_append", err, q->data, q->dtype, k->data, k->dtype, v->data,
+                           v->dtype, heads, kvh, hd, n, (const int32_t *)positions->data,
+                           (const float *)inv_freq->data, mscale, layer->k, layer->v, layer->dtype,
+                           batch->slots);
 }

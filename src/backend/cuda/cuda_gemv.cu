@@ -203,9 +203,13 @@ __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_jo
         asm volatile("cp.async.commit_group;");
     };
 
+    /* The weights depend on no kernel: the ring's first steps load while the previous kernel
+     * finishes, and x is read only after it has. */
+    cuda_pdl_trigger();
     const int64_t grid = gridDim.x;
 #pragma unroll
     for (int d = 0; d < D - 1; d++) issue(blockIdx.x + d * grid, d);
+    cuda_pdl_wait();
 
     const int64_t in = job.units * WPU;
     float xs[NX][UPT][WPU], sx[NX][UPT];
@@ -343,8 +347,8 @@ static int gemv1_launch(cuda_backend *c, gemv1_job job, int threads, base_err *e
     if (grid > job.steps) grid = job.steps;
     int64_t iters = (job.steps + grid - 1) / grid;
     grid = (job.steps + iters - 1) / iters;
-    kernel<<<(unsigned)grid, threads, smem, c->stream>>>(job);
-    return cuda_check_launch("matmul (single-row GEMV)", err);
+    return cuda_launch_pdl(c, kernel, (unsigned)grid, threads, smem, "matmul (single-row GEMV)",
+                           err, job);
 }
 
 /* Rows of x one pass holds in registers: two where a thread's slice is one unit, else one. */

@@ -38,6 +38,7 @@ typedef struct cuda_backend {
     size_t tk_bytes;
     void *ftmp; /* (ftmp_bytes) up's output when gate and up are not fused in one GEMV */
     size_t ftmp_bytes;
+    int pdl; /* programmatic dependent launch: 0 not yet decided, 1 on, -1 off */
 } cuda_backend;
 
 static inline cuda_backend *cuda_impl(be_backend *be) {
@@ -64,6 +65,56 @@ static inline int cuda_launch_smem(void (*kern)(P), dim3 grid, int threads, size
         return base_fail(err, "cuda: %s: %zu bytes of shared memory: %s", what, smem,
                          cudaGetErrorString(e));
     kern<<<grid, threads, smem, st>>>(args);
+    return cuda_check_launch(what, err);
+}
+
+/* Programmatic dependent launch (sm_90 and later). A kernel launched through cuda_launch_pdl
+ * may start while the kernel before it on the stream is still running: as soon as every CTA of
+ * that one has called cuda_pdl_trigger or exited. Its launch latency and ramp-up, and whatever
+ * it does first that depends on no earlier kernel (a GEMV's first weight loads), then overlap
+ * the previous kernel's tail. So every kernel launched that way calls cuda_pdl_wait, in every
+ * thread and on every path, before it reads what an earlier kernel wrote or writes what an
+ * earlier kernel reads. The wait returns once the previous kernel has completed with its
+ * writes visible; as that kernel waited the same way before it finished, all earlier ones have
+ * too. Kernels launched plainly, or on devices before sm_90, find both calls no-ops. */
+__device__ __forceinline__ void cuda_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* Lets the next kernel launched through cuda_launch_pdl start once every CTA of this one has
+ * called it; the caller's own work goes on. */
+__device__ __forceinline__ void cuda_pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+/* Whether launches through cuda_launch_pdl carry the attribute: on devices of compute
+ * capability 9.0 and later unless MLXCEL_PDL=0 (to compare the two). */
+bool cuda_pdl_enabled(cuda_backend *c);
+
+/* kern<<<grid, block, smem, c->stream>>>(args), allowed to overlap the kernel before it as
+ * cuda_pdl_wait describes; errors name `what`. */
+template <typename... P, typename... A>
+static inline int cuda_launch_pdl(cuda_backend *c, void (*kern)(P...), dim3 grid, dim3 block,
+                                  size_t smem, const char *what, base_err *err, A... args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = cuda_pdl_enabled(c) ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kern, args...);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return base_fail(err, "cuda: %s: launch failed: %s", what, cudaGetErrorString(e));
+    }
     return cuda_check_launch(what, err);
 }
 
