@@ -31,7 +31,7 @@ run_ncu() {
     timeout 90 "$NCU" --clock-control none --cache-control none --graph-profiling "$1" \
         --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu_$1.csv" \
         "$MLX" bench -m "$MODEL" -p 0 -n 2 -b 1 -r 1 --device cuda > "$OUT/ncu_$1.app.log" 2>&1 ||
-        { echo "ncu --graph-profiling $1 failed:"; tail -5 "$OUT/ncu_$1.app.log" "$OUT/ncu_$1.csv"; }
+        { echo "ncu --graph-profiling $1 failed:"; tail -n 5 "$OUT/ncu_$1.app.log" "$OUT/ncu_$1.csv"; }
 }
 for m in ${MODES:-node graph}; do run_ncu "$m"; done
 
