@@ -76,7 +76,10 @@ static inline int cuda_launch_smem(void (*kern)(P), dim3 grid, int threads, size
  * thread and on every path, before it reads what an earlier kernel wrote or writes what an
  * earlier kernel reads. The wait returns once the previous kernel has completed with its
  * writes visible; as that kernel waited the same way before it finished, all earlier ones have
- * too. Kernels launched plainly, or on devices before sm_90, find both calls no-ops. */
+ * too. What earlier kernels wrote is read after the wait through coherent loads, never the
+ * non-coherent path (__ldg): this grid began before they finished, so that path may hold lines
+ * from before their writes. Kernels launched plainly, or on devices before sm_90, find both
+ * calls no-ops. */
 __device__ __forceinline__ void cuda_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
