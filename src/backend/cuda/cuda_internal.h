@@ -137,6 +137,17 @@ __device__ __forceinline__ void cuda_store(void *p, base_dtype dt, size_t i, flo
         ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
 }
 
+/* v as an array of dtype dt would store it. */
+__device__ __forceinline__ float cuda_round(base_dtype dt, float v) {
+    if (dt == BASE_DTYPE_F16) return __half2float(__float2half_rn(v));
+    if (dt == BASE_DTYPE_BF16) return __bfloat162float(__float2bfloat16_rn(v));
+    return v;
+}
+
+/* Values of a row a thread of the row kernels (RMSNorm, residual add + RMSNorm) keeps in
+ * registers; a longer row's rest is read again from memory. */
+#define CUDA_ROW_VPT 8
+
 /* Block-wide sum; every thread gets the total. Every thread of the block must call it. */
 __device__ __forceinline__ float cuda_block_sum(float v) {
     __shared__ float part[32];

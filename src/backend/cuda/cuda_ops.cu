@@ -73,18 +73,33 @@ int cuda_embedding(be_backend *be, const be_linear *table, const be_tensor *ids,
 
 /* ---- RMSNorm ---- */
 
+/* One block per row; the weights load before the wait (they depend on no kernel) and each
+ * thread keeps its first CUDA_ROW_VPT values of x in registers. y may alias x. */
 __global__ void rmsnorm_kernel(const void *x, base_dtype x_dt, const void *w, base_dtype w_dt,
                                float eps, int64_t cols, void *y, base_dtype y_dt) {
     cuda_pdl_trigger();
+    const size_t base = (size_t)blockIdx.x * (size_t)cols;
+    const int64_t t = threadIdx.x, nt = blockDim.x;
+    float wv[CUDA_ROW_VPT], xv[CUDA_ROW_VPT];
+#pragma unroll
+    for (int k = 0; k < CUDA_ROW_VPT; k++)
+        wv[k] = t + k * nt < cols ? cuda_load(w, w_dt, (size_t)(t + k * nt)) : 0.0f;
     cuda_pdl_wait();
-    size_t base = (size_t)blockIdx.x * (size_t)cols;
     float ss = 0.0f;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-        float v = cuda_load(x, x_dt, base + c);
+#pragma unroll
+    for (int k = 0; k < CUDA_ROW_VPT; k++) {
+        xv[k] = t + k * nt < cols ? cuda_load(x, x_dt, base + t + k * nt) : 0.0f;
+        ss += xv[k] * xv[k];
+    }
+    for (int64_t c = t + CUDA_ROW_VPT * nt; c < cols; c += nt) {
+        const float v = cuda_load(x, x_dt, base + c);
         ss += v * v;
     }
-    float inv = rsqrtf(cuda_block_sum(ss) / (float)cols + eps);
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    const float inv = rsqrtf(cuda_block_sum(ss) / (float)cols + eps);
+#pragma unroll
+    for (int k = 0; k < CUDA_ROW_VPT; k++)
+        if (t + k * nt < cols) cuda_store(y, y_dt, base + t + k * nt, xv[k] * inv * wv[k]);
+    for (int64_t c = t + CUDA_ROW_VPT * nt; c < cols; c += nt)
         cuda_store(y, y_dt, base + c, cuda_load(x, x_dt, base + c) * inv * cuda_load(w, w_dt, c));
 }
 
