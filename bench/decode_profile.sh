@@ -2,23 +2,27 @@
 # Where one batch-1 decode step's time goes, kernel by kernel, on CUDA:
 #   1. the step's wall time: `mlxcel bench -n 128 -b 1` (replayed recorded steps, sampling and
 #      the host's work between steps included);
-#   2. the recorded step as one whole under ncu (--graph-profiling graph): GPU time from its
-#      first kernel's start to its last kernel's end, gaps between kernels included;
-#   3. every kernel of one replayed step under ncu (--graph-profiling node), each timed alone:
-#      a table of kernel, launches per step, total us, share of the step.
-# The sum of 3 against 2 is the time between kernels inside the recorded step (launch
-# latency, ramp-up, tails); 2 against 1 is what happens outside the recording (sampling,
-# uploads, the host).
+#   2. under ncu, `mlxcel generate` of a few tokens after a KV-token prompt (so attention
+#      sees a context as long as in the middle of the benchmark's 128 steps): the recorded step
+#      as one whole (--graph-profiling graph), GPU time from its first kernel's start to its
+#      last kernel's end, gaps between kernels included;
+#   3. the same with every kernel of one replayed step timed alone (--graph-profiling node): a
+#      table of kernel, launches per step, total us, share of the step.
+# ncu adds a little time of its own to each kernel it times alone, so the sum of 3 against 2
+# bounds the time between kernels from below; 2 against 1 is what happens outside the
+# recording (sampling, uploads, the host).
 #
 #   bench/decode_profile.sh MODEL
 # Environment: MLX (default build/bin/mlxcel), TOKS (tg128 tok/s already measured: skips 1),
-# OUT (folder for the ncu logs, default a temporary one), NCU (default ncu), MODES (ncu
-# runs, default "node graph"; "graph" alone gives the step's GPU time without the table).
+# KV (prompt tokens, default 64), OUT (folder for the ncu logs, default a temporary one), NCU
+# (default ncu), MODES (ncu runs, default "node graph"; "graph" alone gives the step's GPU
+# time without the table).
 set -u
 MODEL=${1:?usage: bench/decode_profile.sh MODEL}
 MLX=${MLX:-build/bin/mlxcel}
 NCU=${NCU:-ncu}
 OUT=${OUT:-$(mktemp -d)}
+KV=${KV:-64}
 mkdir -p "$OUT"
 
 if [ -z "${TOKS:-}" ]; then
@@ -26,11 +30,13 @@ if [ -z "${TOKS:-}" ]; then
         grep -E '\| *tg128 *\| *1 *\|' | awk -F'|' '{gsub(/ /, "", $7); print $7}')
 fi
 
-# Steps 0 (a 1-token prefill, run directly), 1 (recorded, then replayed) and 2 (replayed).
+# The prompt's prefill, then decode steps: the first runs directly, the second is recorded and
+# replayed, the later ones replay it (the context stays in one bucket of pages).
 run_ncu() {
     timeout 90 "$NCU" --clock-control none --cache-control none --graph-profiling "$1" \
         --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu_$1.csv" \
-        "$MLX" bench -m "$MODEL" -p 0 -n 2 -b 1 -r 1 --device cuda > "$OUT/ncu_$1.app.log" 2>&1 ||
+        "$MLX" generate -m "$MODEL" --tokens "$(seq -s, 1 "$KV")" -n 5 -c 512 --seed 1 \
+        --device cuda > "$OUT/ncu_$1.app.log" 2>&1 ||
         { echo "ncu --graph-profiling $1 failed:"; tail -n 5 "$OUT/ncu_$1.app.log" "$OUT/ncu_$1.csv"; }
 }
 for m in ${MODES:-node graph}; do run_ncu "$m"; done
@@ -64,19 +70,24 @@ def results(path):
 
 
 wall = 1e6 / toks if toks > 0 else 0.0
-# Under --graph-profiling graph a recorded step is one result (far longer than any kernel);
+# Under --graph-profiling graph a recorded step is one result, far longer than any kernel;
 # the kernels profiled after the first of them are those launched outside the recording.
 gres = results(f"{out}/ncu_graph.csv")
-big = [i for i, r in enumerate(gres) if r[3] > 500.0]
+big = [i for i, r in enumerate(gres) if r[3] > 1000.0]
+if gres:
+    print(f"graph mode: {len(gres)} results; those over 1 ms: "
+          + ", ".join(f"#{i} {gres[i][0][:24] or '(graph)'} {gres[i][3]:.1f} us" for i in big[:6]))
 gpu = min(gres[i][3] for i in big) if big else 0.0
+outside = {r[:3] for r in gres[big[0] + 1:] if r[3] <= 1000.0} if big else set()
 node = results(f"{out}/ncu_node.csv")
+# Steps start with the embedding: the prompt's, then one per decode step; the second to last
+# complete one is a replay.
 starts = [i for i, r in enumerate(node) if r[0].startswith("embedding_kernel")]
-if len(starts) < 3:
+if len(starts) < 4:
     print(f"decode step, batch 1: wall {wall:.1f} us ({toks:.1f} tok/s); recorded step on the GPU "
-          f"{gpu:.1f} us; no complete replayed step profiled kernel by kernel")
+          f"{gpu:.1f} us; no replayed step profiled kernel by kernel ({len(node)} kernels)")
     sys.exit(0)
-step = node[starts[1]:starts[2]]
-outside = {r[:3] for r in gres[big[0] + 1:] if r[3] <= 500.0} if big else set()
+step = node[starts[-2]:starts[-1]]
 inside = [r for r in step if r[:3] not in outside]
 kern = sum(r[3] for r in inside)
 ref = wall or gpu or kern
