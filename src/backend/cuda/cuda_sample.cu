@@ -165,6 +165,9 @@ __global__ void __launch_bounds__(TK_THREADS)
     __shared__ uint32_t s_total, s_digit, s_need, s_exact, s_cnt;
     __shared__ float redf[TK_WARPS];
     __shared__ double redd[TK_WARPS];
+    /* The merge starts while the slices finish, waiting for them before it reads anything. */
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
     const int req = MODE == TK_SLICE ? blockIdx.y : blockIdx.x;
     const tk_req r = reqs[req];
     const float *row = logits + (size_t)r.row * (size_t)vocab;
@@ -385,9 +388,11 @@ int cuda_topk_candidates(be_backend *be, const be_tensor *logits, const be_topk_
     if (e == cudaSuccess && slices > 1) {
         tk_kernel<TK_SLICE><<<dim3(slices, n_req), TK_THREADS, smem, c->stream>>>(
             lg, vocab, slices, dr, da, dk, dc, di, dl, dn, ds);
-        tk_kernel<TK_MERGE><<<n_req, TK_THREADS, 0, c->stream>>>(lg, vocab, slices, dr, da, dk, dc,
-                                                                 di, dl, dn, ds);
         e = cudaGetLastError();
+        if (e == cudaSuccess &&
+            cuda_launch_pdl(c, tk_kernel<TK_MERGE>, n_req, TK_THREADS, 0, "topk_candidates", err,
+                            lg, vocab, slices, dr, da, dk, dc, di, dl, dn, ds))
+            return -1;
     } else if (e == cudaSuccess) {
         tk_kernel<TK_ROW>
             <<<n_req, TK_THREADS, smem, c->stream>>>(lg, vocab, 1, dr, da, dk, dc, di, dl, dn, ds);
