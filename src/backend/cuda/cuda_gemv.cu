@@ -204,8 +204,9 @@ __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_jo
     };
 
     /* The weights depend on no kernel: the ring's first steps load while the previous kernel
-     * finishes, and x is read only after it has, through L2: the non-coherent path (__ldg) may
-     * hold lines of x cached before the previous kernel wrote it, as this grid began first. */
+     * finishes, and x is read only after it has, with coherent loads (not __ldg, whose
+     * non-coherent path is for data no kernel writes while this grid runs) that still keep x
+     * in L1 for the SM's other CTAs: from L2 alone, every CTA's read of x cost the step 20%. */
     cuda_pdl_trigger();
     const int64_t grid = gridDim.x;
 #pragma unroll
@@ -222,7 +223,7 @@ __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_jo
 #pragma unroll
             for (int c = 0; c < WPU / 4; c++) {
                 float4 v = uok[i] && j < job.nx
-                               ? __ldcg((const float4 *)(job.x + j * in + uo[i] * WPU) + c)
+                               ? __ldca((const float4 *)(job.x + j * in + uo[i] * WPU) + c)
                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 xs[j][i][4 * c] = v.x, xs[j][i][4 * c + 1] = v.y, xs[j][i][4 * c + 2] = v.z,
                              xs[j][i][4 * c + 3] = v.w;
