@@ -2,9 +2,9 @@
  * synchronization between them: decode layers as the model runs them, with its buffers and
  * their aliasing (the residual step reads and writes h; the o and down GEMVs write h), then the
  * last residual step into its own buffer and a head GEMV. Run directly and as a recording
- * replayed several times, against the CPU backend's plain ops, at two sizes: GEMVs of 8 to
+ * replayed several times, against the CPU backend's plain ops, at several sizes: GEMVs of 8 to
  * 32 MB of weights, where a kernel that reads its input before its wait reads the previous
- * layer's values, and a tiny model, where kernels overlap in other ways. */
+ * layer's values, and tiny models (the fixtures' shape), where kernels overlap in other ways. */
 #include "test_cuda_util.h"
 
 #include <math.h>
@@ -14,14 +14,14 @@
 #define REPLAYS 3
 
 typedef struct dims {
-    int hidden, kv_width, head_dim, inter, vocab, layers;
+    int hidden, kv_width, head_dim, inter, vocab, layers, bits;
 } dims;
 
 static be_backend *cpu;
 
-/* A random 4-bit group-64 layer with BF16 scales and biases: host in *h, device in *d. */
-static void make_q4(be_backend *be, int64_t out, int64_t in, be_linear *h, be_linear *d) {
-    size_t wbytes = (size_t)(out * in / 2), ng = (size_t)(out * in / 64);
+/* A random group-64 layer of `bits` with BF16 scales and biases: host in *h, device in *d. */
+static void make_q(be_backend *be, int bits, int64_t out, int64_t in, be_linear *h, be_linear *d) {
+    size_t wbytes = (size_t)(out * in * bits / 8), ng = (size_t)(out * in / 64);
     uint32_t *w = malloc(wbytes);
     for (size_t i = 0; i < wbytes / 4; i++) w[i] = tc_u32();
     uint16_t *s = malloc(ng * 2), *b = malloc(ng * 2);
@@ -35,7 +35,7 @@ static void make_q4(be_backend *be, int64_t out, int64_t in, be_linear *h, be_li
                      .dtype = BASE_DTYPE_BF16,
                      .out = out,
                      .in = in,
-                     .bits = 4,
+                     .bits = bits,
                      .group_size = 64};
     *d = *h;
     d->weight = tc_dev_bytes(be, w, wbytes);
@@ -43,7 +43,7 @@ static void make_q4(be_backend *be, int64_t out, int64_t in, be_linear *h, be_li
     d->biases = tc_dev_bytes(be, b, ng * 2);
 }
 
-static void free_q4(be_backend *be, be_linear *h, be_linear *d) {
+static void free_q(be_backend *be, be_linear *h, be_linear *d) {
     be->ops->free(be, (void *)d->weight);
     be->ops->free(be, (void *)d->scales);
     be->ops->free(be, (void *)d->biases);
@@ -131,22 +131,24 @@ static void check_result(const result *got, const result *ref, const dims *dm, s
     double el = test_rel_err(got->logits, ref->logits, (size_t)dm->vocab);
     double ep = test_rel_err(got->pool, ref->pool, pool_elems);
     CHECK_MSG(ex < 1e-4 && eo < 1e-4 && el < 1e-4 && ep < 2e-3,
-              "hidden %d, %s: residual err %g, normed err %g, logits err %g, k pool err %g",
-              dm->hidden, what, ex, eo, el, ep);
+              "hidden %d, %d bits, %s: residual err %g, normed err %g, logits err %g, k pool "
+              "err %g",
+              dm->hidden, dm->bits, what, ex, eo, el, ep);
 }
 
 static void run_case(be_backend *gpu, const dims *dm) {
     base_err err = {{0}};
     side c = {.be = cpu}, g = {.be = gpu};
     const int D = dm->hidden, KVW = dm->kv_width;
-    make_q4(gpu, D, D, &c.q, &g.q);
-    make_q4(gpu, KVW, D, &c.k, &g.k);
-    make_q4(gpu, KVW, D, &c.v, &g.v);
-    make_q4(gpu, D, D, &c.o, &g.o);
-    make_q4(gpu, dm->inter, D, &c.gate, &g.gate);
-    make_q4(gpu, dm->inter, D, &c.up, &g.up);
-    make_q4(gpu, D, dm->inter, &c.down, &g.down);
-    make_q4(gpu, dm->vocab, D, &c.head, &g.head);
+    const int b = dm->bits;
+    make_q(gpu, b, D, D, &c.q, &g.q);
+    make_q(gpu, b, KVW, D, &c.k, &g.k);
+    make_q(gpu, b, KVW, D, &c.v, &g.v);
+    make_q(gpu, b, D, D, &c.o, &g.o);
+    make_q(gpu, b, dm->inter, D, &c.gate, &g.gate);
+    make_q(gpu, b, dm->inter, D, &c.up, &g.up);
+    make_q(gpu, b, D, dm->inter, &c.down, &g.down);
+    make_q(gpu, b, dm->vocab, D, &c.head, &g.head);
     float *x0 = malloc(sizeof(float) * D), *h0 = malloc(sizeof(float) * D);
     float *n1 = malloc(sizeof(float) * D), *n2 = malloc(sizeof(float) * D);
     float *inv = malloc(sizeof(float) * dm->head_dim / 2);
@@ -215,7 +217,7 @@ static void run_case(be_backend *gpu, const dims *dm) {
     }
     be_linear *hl[] = {&c.q, &c.k, &c.v, &c.o, &c.gate, &c.up, &c.down, &c.head};
     be_linear *dl[] = {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.head};
-    for (int i = 0; i < 8; i++) free_q4(gpu, hl[i], dl[i]);
+    for (int i = 0; i < 8; i++) free_q(gpu, hl[i], dl[i]);
     free_result(&ref);
     free(x0), free(h0), free(n1), free(n2), free(inv), free(pool0);
 }
@@ -225,9 +227,12 @@ int main(void) {
     if (!gpu) return 0;
     base_err err = {{0}};
     CHECK_MSG(be_cpu_create(2, &cpu, &err) == 0, "%s", err.msg);
-    const dims big = {4096, 1024, 128, 8192, 8192, 3}, tiny = {256, 128, 64, 512, 1000, 12};
-    run_case(gpu, &big);
-    run_case(gpu, &tiny);
+    /* 8B-like, a small model, and the fixtures' shape (in 4 and 8 bits). */
+    const dims cases[] = {{4096, 1024, 128, 8192, 8192, 3, 4},
+                          {256, 128, 64, 512, 1000, 12, 4},
+                          {128, 64, 32, 256, 256, 12, 4},
+                          {128, 64, 32, 256, 256, 12, 8}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(gpu, &cases[i]);
     cpu->ops->destroy(cpu);
     gpu->ops->destroy(gpu);
     TEST_MAIN_END();
