@@ -95,7 +95,9 @@ __device__ __forceinline__ void cuda_pdl_trigger() {
 }
 
 /* Whether launches through cuda_launch_pdl carry the attribute: on devices of compute
- * capability 9.0 and later unless MLXCEL_PDL=0 (to compare the two). */
+ * capability 9.0 and later unless MLXCEL_PDL=0 (to compare the two). On the H200, batch-1
+ * decode of a Llama-3.1-8B-shaped 4-bit model (recorded steps): 264.5 tok/s without, 283.0
+ * with. */
 bool cuda_pdl_enabled(cuda_backend *c);
 
 /* kern<<<grid, block, smem, c->stream>>>(args), allowed to overlap the kernel before it as

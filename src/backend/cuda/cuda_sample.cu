@@ -4,10 +4,11 @@
  *
  * Design. One CTA of 1024 threads per request; a row (vocab floats) stays in L2 between
  * passes. With few requests (decode at batch 1) one CTA would leave all SMs but one idle over
- * its passes (66 us for one row of 128256 on the H200), so each row is split into slices, one
- * CTA each selecting the slice's k best, and one CTA per request then selects the k best of
- * those: the k best of the row are among them. Each token gets a 64-bit key: the order-preserving
- * bits of its adjusted logit
+ * its passes, so each row is split into slices, one CTA each selecting the slice's k best, and
+ * one CTA per request then selects the k best of those: the k best of the row are among them.
+ * On the H200, one row of 128256 at k 40: 66 us in one CTA, 10 + 9 us split in 32 (ncu); the
+ * op's host round trip 114 us before, 36 us after. Each token gets a 64-bit key: the
+ * order-preserving bits of its adjusted logit
  * (-0 folded into +0, as float comparison ties them) above the complement of its id, so
  * keys are distinct, larger key = better candidate, and equal logits rank the lower id
  * first: exactly the host sampler's order. A radix select over the keys, 8 bits a pass from
