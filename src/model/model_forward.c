@@ -212,8 +212,9 @@ static int attention_block(model *m, const model_layer *L, const be_kv_layer *kv
 }
 
 /* Layer L's MLP half: h holds rmsnorm(x) * mlp_norm on entry; on exit x holds the residual and
- * h the next layer's rmsnorm(x) * attn_norm (nothing after the last layer). */
-static int mlp_block(model *m, const model_layer *L, int n, base_err *err) {
+ * h the next layer's rmsnorm(x) * attn_norm. After the last layer, with `tail`, out_x holds
+ * rmsnorm(x) * final_norm (every row's logits are wanted, in order); without, nothing more. */
+static int mlp_block(model *m, const model_layer *L, int n, bool tail, base_err *err) {
     const io_model_config *c = &m->cfg;
     const be_ops *op = m->be->ops;
     be_backend *be = m->be;
@@ -231,7 +232,20 @@ static int mlp_block(model *m, const model_layer *L, int n, base_err *err) {
     }
     TRY(op->matmul(be, &gate, &L->down, &h, err));
     const model_layer *next = L + 1 < m->layers + c->num_hidden_layers ? L + 1 : NULL;
-    return residual(m, next ? &next->attn_norm : NULL, &x, &h, &h, err);
+    if (next) return residual(m, &next->attn_norm, &x, &h, &h, err);
+    if (!tail) return residual(m, NULL, &x, &h, &h, err);
+    be_tensor ox = act_tensor(m, m->s.out_x, n, c->hidden_size);
+    return residual(m, &m->final_norm, &x, &h, &ox, err);
+}
+
+/* Whether the logits' rows are the batch's rows in order (every decode step): then the last
+ * residual step normalizes straight into out_x, two launches fewer than gathering the rows
+ * and normalizing them apart. */
+static bool logits_of_every_row(const model_step *st) {
+    if (st->n_out != st->host->n_tokens) return false;
+    for (int i = 0; i < st->n_out; i++)
+        if (st->out_rows[i] != i) return false;
+    return true;
 }
 
 /* Copies the wanted rows of x into out_x, one copy per contiguous run. */
@@ -277,17 +291,20 @@ int model_forward_body(model *m, const model_step *st, base_err *err) {
     int n = hb->n_tokens;
     be_tensor ids = {m->s.ids, BASE_DTYPE_I32, n, 1};
     be_tensor x = act_tensor(m, m->s.x, n, c->hidden_size);
+    bool tail = logits_of_every_row(st);
     TRY(be->ops->embedding(be, &m->embed, &ids, &x, err));
     for (int l = 0; l < c->num_hidden_layers; l++) {
         TRY(attention_block(m, &m->layers[l], kv_pool_layer(st->pool, l), hb, st->dev, st->plan,
                             err));
-        TRY(mlp_block(m, &m->layers[l], n, err));
+        TRY(mlp_block(m, &m->layers[l], n, tail, err));
     }
     if (st->n_out == 0) return 0;
-    TRY(gather_rows(m, st->out_rows, st->n_out, err));
     be_tensor ox = act_tensor(m, m->s.out_x, st->n_out, c->hidden_size);
     be_tensor lg = {m->s.logits, BASE_DTYPE_F32, st->n_out, c->vocab_size};
-    TRY(be->ops->rmsnorm(be, &ox, &m->final_norm, c->rms_norm_eps, &ox, err));
+    if (!tail) {
+        TRY(gather_rows(m, st->out_rows, st->n_out, err));
+        TRY(be->ops->rmsnorm(be, &ox, &m->final_norm, c->rms_norm_eps, &ox, err));
+    }
     return be->ops->matmul(be, &ox, &m->lm_head, &lg, err);
 }
 

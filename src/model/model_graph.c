@@ -111,6 +111,11 @@ int model_graph_step(model *m, model_step *st, base_err *err) {
     model_graph_entry *e = entry_for(m, &key, &used);
     e->last_use = ++m->graph_clock;
     if (used && !e->graph && !e->failed) {
+        base_log(BASE_LOG_DEBUG,
+                 "recording a decode step of %d sequences up to %d tokens: plan kind %d, %d "
+                 "chunks of %d pages",
+                 hb->n_seqs, st->dev->max_kv_len, (int)st->plan->kind, st->plan->max_chunks,
+                 st->plan->pages_per_chunk);
         base_err rec_err;
         if (record(m, st, e, &rec_err) != 0) {
             base_log(BASE_LOG_DEBUG, "decode step of %d sequences runs unrecorded: %s", hb->n_seqs,

@@ -7,11 +7,12 @@
 
 static const base_dtype act_types[] = {BASE_DTYPE_F32, BASE_DTYPE_F16, BASE_DTYPE_BF16};
 
+/* 300 columns, and 9000: past the values a thread keeps in registers. */
 static void test_rmsnorm(be_backend *be) {
-    for (int a = 0; a < 3; a++) {
-        base_dtype dt = act_types[a];
-        int rows = 5, cols = 300;
-        float *x = malloc(sizeof(float) * rows * cols), w[300];
+    for (int a = 0; a < 6; a++) {
+        base_dtype dt = act_types[a % 3];
+        int rows = 5, cols = a < 3 ? 300 : 9000;
+        float *x = malloc(sizeof(float) * rows * cols), *w = malloc(sizeof(float) * cols);
         tc_fill(x, (size_t)rows * cols, 3.0f);
         tc_fill(w, cols, 1.0f);
         tc_round(x, (size_t)rows * cols, dt);
@@ -37,7 +38,7 @@ static void test_rmsnorm(be_backend *be) {
         be->ops->free(be, tx.data);
         be->ops->free(be, tw.data);
         be->ops->free(be, ty.data);
-        free(x);
+        free(x), free(w);
         free(ref);
     }
 }
@@ -523,12 +524,15 @@ static void test_matmul_silu_mul(be_backend *be) {
         }
 }
 
-/* x += d; y = rmsnorm(x) * w against add then rmsnorm on the CPU, y aliasing d. */
+/* x += d; y = rmsnorm(x) * w against add then rmsnorm on the CPU, y aliasing d; rows of 4100
+ * and of 9000 (past the values a thread keeps in registers). */
 static void test_add_rmsnorm(be_backend *be) {
-    const int rows = 3, cols = 4100;
-    for (int a = 0; a < 3; a += 2) {
-        base_dtype dt = act_types[a];
-        float *x = rand_rows(rows, cols), *d = rand_rows(rows, cols), w[4100];
+    const int rows = 3;
+    for (int a = 0; a < 6; a += 2) {
+        base_dtype dt = act_types[a % 3];
+        const int cols = a < 3 ? 4100 : 9000;
+        float *x = rand_rows(rows, cols), *d = rand_rows(rows, cols);
+        float *w = malloc(sizeof(float) * cols);
         tc_fill(w, cols, 1.0f);
         tc_round(x, (size_t)rows * cols, dt);
         tc_round(d, (size_t)rows * cols, dt);
@@ -548,7 +552,7 @@ static void test_add_rmsnorm(be_backend *be) {
         be->ops->free(be, tx.data);
         be->ops->free(be, td.data);
         be->ops->free(be, tw.data);
-        free(x), free(d);
+        free(x), free(d), free(w);
     }
 }
 

@@ -2,7 +2,9 @@
  * SiLU-mul in one GEMV, RoPE with the KV append. At batch 1 every one of the unfused ops is a
  * launch of a few microseconds whatever its size, so fusing is what removes their time. The
  * matmul fusions run the single-row GEMV when it serves every matrix and compose the plain ops
- * otherwise (several rows, other bit widths, mixed geometries). */
+ * otherwise (several rows, other bit widths, mixed geometries). The row kernels here let the
+ * next kernel start at once and wait for the previous one before touching memory, as those of
+ * cuda_ops.cu do. */
 #include "backend/cuda/cuda_internal.h"
 
 static int check_float(const be_tensor *t, const char *name, base_err *err) {
@@ -14,21 +16,42 @@ static int check_float(const be_tensor *t, const char *name, base_err *err) {
 
 /* ---- residual add + RMSNorm ---- */
 
-/* One block per row. Each thread reads back the x values it stored, so the norm sees x as
- * stored in its dtype, as the composed ops would; y's writes come after the block-wide sum,
- * when every read of d is done, so y may alias d. */
+/* One block per row. The norm's weights depend on no kernel, so they are loaded before the
+ * wait; after it, each thread keeps the sums it stores, rounded to x's dtype, so the norm sees
+ * x as stored, as the composed ops would. y's writes come after the block-wide sum, when every
+ * read of d is done, so y may alias d. */
 __global__ void add_rmsnorm_kernel(void *x, base_dtype x_dt, const void *d, base_dtype d_dt,
                                    const void *w, base_dtype w_dt, float eps, int64_t cols, void *y,
                                    base_dtype y_dt) {
-    size_t base = (size_t)blockIdx.x * (size_t)cols;
+    cuda_pdl_trigger();
+    const size_t base = (size_t)blockIdx.x * (size_t)cols;
+    const int64_t t = threadIdx.x, nt = blockDim.x;
+    float wv[CUDA_ROW_VPT], xv[CUDA_ROW_VPT];
+#pragma unroll
+    for (int k = 0; k < CUDA_ROW_VPT; k++)
+        wv[k] = t + k * nt < cols ? cuda_load(w, w_dt, (size_t)(t + k * nt)) : 0.0f;
+    cuda_pdl_wait();
     float ss = 0.0f;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-        cuda_store(x, x_dt, base + c, cuda_load(x, x_dt, base + c) + cuda_load(d, d_dt, base + c));
-        float v = cuda_load(x, x_dt, base + c);
+#pragma unroll
+    for (int k = 0; k < CUDA_ROW_VPT; k++) {
+        const int64_t c = t + k * nt;
+        xv[k] = 0.0f;
+        if (c >= cols) continue;
+        xv[k] = cuda_round(x_dt, cuda_load(x, x_dt, base + c) + cuda_load(d, d_dt, base + c));
+        cuda_store(x, x_dt, base + c, xv[k]);
+        ss += xv[k] * xv[k];
+    }
+    for (int64_t c = t + CUDA_ROW_VPT * nt; c < cols; c += nt) {
+        const float v =
+            cuda_round(x_dt, cuda_load(x, x_dt, base + c) + cuda_load(d, d_dt, base + c));
+        cuda_store(x, x_dt, base + c, v);
         ss += v * v;
     }
-    float inv = rsqrtf(cuda_block_sum(ss) / (float)cols + eps);
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    const float inv = rsqrtf(cuda_block_sum(ss) / (float)cols + eps);
+#pragma unroll
+    for (int k = 0; k < CUDA_ROW_VPT; k++)
+        if (t + k * nt < cols) cuda_store(y, y_dt, base + t + k * nt, xv[k] * inv * wv[k]);
+    for (int64_t c = t + CUDA_ROW_VPT * nt; c < cols; c += nt)
         cuda_store(y, y_dt, base + c, cuda_load(x, x_dt, base + c) * inv * cuda_load(w, w_dt, c));
 }
 
@@ -48,10 +71,9 @@ int cuda_add_rmsnorm(be_backend *be, be_tensor *x, const be_tensor *d, const be_
     if (x->rows == 0) return 0;
     int64_t threads = ((x->cols + 127) / 128) * 32;
     threads = threads < 32 ? 32 : (threads > 1024 ? 1024 : threads);
-    add_rmsnorm_kernel<<<(unsigned)x->rows, (unsigned)threads, 0, cuda_impl(be)->stream>>>(
-        x->data, x->dtype, d->data, d->dtype, weight->data, weight->dtype, eps, x->cols, y->data,
-        y->dtype);
-    return cuda_check_launch("add_rmsnorm", err);
+    return cuda_launch_pdl(cuda_impl(be), add_rmsnorm_kernel, (unsigned)x->rows, (unsigned)threads,
+                           0, "add_rmsnorm", err, x->data, x->dtype, d->data, d->dtype,
+                           weight->data, weight->dtype, eps, x->cols, y->data, y->dtype);
 }
 
 /* ---- Q, K, V and gate/up GEMVs ---- */
@@ -97,30 +119,33 @@ int cuda_matmul_silu_mul(be_backend *be, const be_tensor *x, const be_linear *ga
 
 /* One thread per (token, head, pair i) over q's heads, then k's: rotates x[i] with x[i + half]
  * as rope_kernel does (F32 angle, accurate sincosf); a k head's thread also writes the rotated
- * pair and v's pair into the pool at the token's slot (none for a negative slot). */
+ * pair and v's pair into the pool at the token's slot (none for a negative slot). Positions
+ * and frequencies come from copies made before the step's first kernel, so a thread's first
+ * angle is computed before the wait for the GEMV that writes q, k and v. */
 __global__ void rope_kv_append_kernel(void *q, base_dtype q_dt, void *k, base_dtype k_dt,
                                       const void *v, base_dtype v_dt, int n_heads, int n_kv_heads,
                                       int head_dim, int64_t n, const int32_t *pos,
                                       const float *inv_freq, float mscale, void *kp, void *vp,
                                       base_dtype pool_dt, const int64_t *slots) {
+    cuda_pdl_trigger();
     const int half = head_dim / 2, heads = n_heads + n_kv_heads;
-    const int64_t total = n * heads * half;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t total = n * heads * half, first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    float s = 0.0f, c = 0.0f;
+    if (first < total) sincosf((float)pos[first / half / heads] * inv_freq[first % half], &s, &c);
+    cuda_pdl_wait();
+    for (int64_t i = first; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         const int p = (int)(i % half);
         const int64_t th = i / half, t = th / heads;
         const int h = (int)(th % heads);
-        float s, c;
-        sincosf((float)pos[t] * inv_freq[p], &s, &c);
-        s *= mscale;
-        c *= mscale;
+        if (i != first) sincosf((float)pos[t] * inv_freq[p], &s, &c);
+        const float sm = s * mscale, cm = c * mscale;
         const bool is_q = h < n_heads;
         void *x = is_q ? q : k;
         const base_dtype dt = is_q ? q_dt : k_dt;
         const int64_t width = (int64_t)(is_q ? n_heads : n_kv_heads) * head_dim;
         const size_t off = (size_t)(t * width + (int64_t)(is_q ? h : h - n_heads) * head_dim);
         const float x1 = cuda_load(x, dt, off + p), x2 = cuda_load(x, dt, off + p + half);
-        const float r1 = x1 * c - x2 * s, r2 = x2 * c + x1 * s;
+        const float r1 = x1 * cm - x2 * sm, r2 = x2 * cm + x1 * sm;
         cuda_store(x, dt, off + p, r1);
         cuda_store(x, dt, off + p + half, r2);
         if (is_q || slots[t] < 0) continue;
@@ -161,9 +186,9 @@ int cuda_rope_kv_append(be_backend *be, be_tensor *q, be_tensor *k, const be_ten
     if (total == 0) return 0;
     int64_t blocks = (total + 255) / 256;
     if (blocks > 1048576) blocks = 1048576;
-    rope_kv_append_kernel<<<(unsigned)blocks, 256, 0, cuda_impl(be)->stream>>>(
-        q->data, q->dtype, k->data, k->dtype, v->data, v->dtype, heads, kvh, hd, n,
-        (const int32_t *)positions->data, (const float *)inv_freq->data, mscale, layer->k, layer->v,
-        layer->dtype, batch->slots);
-    return cuda_check_launch("rope_kv_append", err);
+    return cuda_launch_pdl(cuda_impl(be), rope_kv_append_kernel, (unsigned)blocks, 256, 0,
+                           "rope_kv_append", err, q->data, q->dtype, k->data, k->dtype, v->data,
+                           v->dtype, heads, kvh, hd, n, (const int32_t *)positions->data,
+                           (const float *)inv_freq->data, mscale, layer->k, layer->v, layer->dtype,
+                           batch->slots);
 }

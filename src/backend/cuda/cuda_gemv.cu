@@ -203,9 +203,15 @@ __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_jo
         asm volatile("cp.async.commit_group;");
     };
 
+    /* The weights depend on no kernel: the ring's first steps load while the previous kernel
+     * finishes, and x is read only after it has, with coherent loads (not __ldg, whose
+     * non-coherent path is for data no kernel writes while this grid runs) that still keep x
+     * in L1 for the SM's other CTAs: from L2 alone, every CTA's read of x cost the step 20%. */
+    cuda_pdl_trigger();
     const int64_t grid = gridDim.x;
 #pragma unroll
     for (int d = 0; d < D - 1; d++) issue(blockIdx.x + d * grid, d);
+    cuda_pdl_wait();
 
     const int64_t in = job.units * WPU;
     float xs[NX][UPT][WPU], sx[NX][UPT];
@@ -217,7 +223,7 @@ __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_jo
 #pragma unroll
             for (int c = 0; c < WPU / 4; c++) {
                 float4 v = uok[i] && j < job.nx
-                               ? __ldg((const float4 *)(job.x + j * in + uo[i] * WPU) + c)
+                               ? __ldca((const float4 *)(job.x + j * in + uo[i] * WPU) + c)
                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 xs[j][i][4 * c] = v.x, xs[j][i][4 * c + 1] = v.y, xs[j][i][4 * c + 2] = v.z,
                              xs[j][i][4 * c + 3] = v.w;
@@ -343,8 +349,8 @@ static int gemv1_launch(cuda_backend *c, gemv1_job job, int threads, base_err *e
     if (grid > job.steps) grid = job.steps;
     int64_t iters = (job.steps + grid - 1) / grid;
     grid = (job.steps + iters - 1) / iters;
-    kernel<<<(unsigned)grid, threads, smem, c->stream>>>(job);
-    return cuda_check_launch("matmul (single-row GEMV)", err);
+    return cuda_launch_pdl(c, kernel, (unsigned)grid, threads, smem, "matmul (single-row GEMV)",
+                           err, job);
 }
 
 /* Rows of x one pass holds in registers: two where a thread's slice is one unit, else one. */

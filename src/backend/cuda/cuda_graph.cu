@@ -9,6 +9,25 @@
 #include "backend/cuda/cuda_internal.h"
 
 #include <stdlib.h>
+#include <string.h>
+
+/* Decided on first use rather than at backend creation so that the environment read stays
+ * next to the launches it governs. Programmatic edges survive stream capture, so recorded
+ * steps keep the overlap. */
+bool cuda_pdl_enabled(cuda_backend *c) {
+    if (c->pdl == 0) {
+        int major = 0;
+        const char *env = getenv("MLXCEL_PDL");
+        bool off = env && strcmp(env, "0") == 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device) !=
+            cudaSuccess) {
+            cudaGetLastError();
+            major = 0;
+        }
+        c->pdl = !off && major >= 9 ? 1 : -1;
+    }
+    return c->pdl > 0;
+}
 
 struct be_graph {
     cudaGraphExec_t exec;

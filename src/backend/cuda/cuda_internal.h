@@ -38,6 +38,7 @@ typedef struct cuda_backend {
     size_t tk_bytes;
     void *ftmp; /* (ftmp_bytes) up's output when gate and up are not fused in one GEMV */
     size_t ftmp_bytes;
+    int pdl; /* programmatic dependent launch: 0 not yet decided, 1 on, -1 off */
 } cuda_backend;
 
 static inline cuda_backend *cuda_impl(be_backend *be) {
@@ -67,6 +68,61 @@ static inline int cuda_launch_smem(void (*kern)(P), dim3 grid, int threads, size
     return cuda_check_launch(what, err);
 }
 
+/* Programmatic dependent launch (sm_90 and later). A kernel launched through cuda_launch_pdl
+ * may start while the kernel before it on the stream is still running: as soon as every CTA of
+ * that one has called cuda_pdl_trigger or exited. Its launch latency and ramp-up, and whatever
+ * it does first that depends on no earlier kernel (a GEMV's first weight loads), then overlap
+ * the previous kernel's tail. So every kernel launched that way calls cuda_pdl_wait, in every
+ * thread and on every path, before it reads what an earlier kernel wrote or writes what an
+ * earlier kernel reads. The wait returns once the previous kernel has completed with its
+ * writes visible; as that kernel waited the same way before it finished, all earlier ones have
+ * too. What earlier kernels wrote is read after the wait through coherent loads, never the
+ * non-coherent path (__ldg): this grid began before they finished, so that path may hold lines
+ * from before their writes. Kernels launched plainly, or on devices before sm_90, find both
+ * calls no-ops. */
+__device__ __forceinline__ void cuda_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* Lets the next kernel launched through cuda_launch_pdl start once every CTA of this one has
+ * called it; the caller's own work goes on. */
+__device__ __forceinline__ void cuda_pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+/* Whether launches through cuda_launch_pdl carry the attribute: on devices of compute
+ * capability 9.0 and later unless MLXCEL_PDL=0 (to compare the two). On the H200, batch-1
+ * decode of a Llama-3.1-8B-shaped 4-bit model (recorded steps): 264.5 tok/s without, 283.0
+ * with. */
+bool cuda_pdl_enabled(cuda_backend *c);
+
+/* kern<<<grid, block, smem, c->stream>>>(args), allowed to overlap the kernel before it as
+ * cuda_pdl_wait describes; errors name `what`. */
+template <typename... P, typename... A>
+static inline int cuda_launch_pdl(cuda_backend *c, void (*kern)(P...), dim3 grid, dim3 block,
+                                  size_t smem, const char *what, base_err *err, A... args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = cuda_pdl_enabled(c) ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kern, args...);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return base_fail(err, "cuda: %s: launch failed: %s", what, cudaGetErrorString(e));
+    }
+    return cuda_check_launch(what, err);
+}
+
 /* Element i of a float array of dtype dt (F32, F16 or BF16), as float. */
 __device__ __forceinline__ float cuda_load(const void *p, base_dtype dt, size_t i) {
     if (dt == BASE_DTYPE_F32) return ((const float *)p)[i];
@@ -82,6 +138,17 @@ __device__ __forceinline__ void cuda_store(void *p, base_dtype dt, size_t i, flo
     else
         ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
 }
+
+/* v as an array of dtype dt would store it. */
+__device__ __forceinline__ float cuda_round(base_dtype dt, float v) {
+    if (dt == BASE_DTYPE_F16) return __half2float(__float2half_rn(v));
+    if (dt == BASE_DTYPE_BF16) return __bfloat162float(__float2bfloat16_rn(v));
+    return v;
+}
+
+/* Values of a row a thread of the row kernels (RMSNorm, residual add + RMSNorm) keeps in
+ * registers; a longer row's rest is read again from memory. */
+#define CUDA_ROW_VPT 8
 
 /* Block-wide sum; every thread gets the total. Every thread of the block must call it. */
 __device__ __forceinline__ float cuda_block_sum(float v) {

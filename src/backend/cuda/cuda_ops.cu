@@ -2,8 +2,9 @@
  *
  * These are memory-bound and small next to the matmuls and attention, so each is the plain
  * version: one thread per element, or one block per row where a row reduction is needed,
- * with F32 arithmetic whatever the tensor dtypes. Fusing them into their neighbours
- * (residual + RMSNorm, RoPE + append) is where their time goes next. */
+ * with F32 arithmetic whatever the tensor dtypes. Each is launched through cuda_launch_pdl and
+ * lets the next kernel start at once, then waits for the previous one before touching memory:
+ * what little they do has nothing to go ahead with. */
 #include "backend/cuda/cuda_internal.h"
 
 #define ROW_THREADS  256
@@ -33,6 +34,8 @@ static int same_shape(const be_tensor *a, const be_tensor *b, const char *what, 
 
 __global__ void embedding_kernel(be_linear t, const int32_t *ids, int64_t n, void *out,
                                  base_dtype out_dt) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
     int64_t total = n * t.in;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -63,23 +66,40 @@ int cuda_embedding(be_backend *be, const be_linear *table, const be_tensor *ids,
                          (long long)table->in);
     int64_t total = out->rows * out->cols;
     if (total == 0) return 0;
-    embedding_kernel<<<grid_for(total), ELEM_THREADS, 0, cuda_impl(be)->stream>>>(
-        *table, (const int32_t *)ids->data, ids->rows, out->data, out->dtype);
-    return cuda_check_launch("embedding", err);
+    return cuda_launch_pdl(cuda_impl(be), embedding_kernel, grid_for(total), ELEM_THREADS, 0,
+                           "embedding", err, *table, (const int32_t *)ids->data, ids->rows,
+                           out->data, out->dtype);
 }
 
 /* ---- RMSNorm ---- */
 
+/* One block per row; the weights load before the wait (they depend on no kernel) and each
+ * thread keeps its first CUDA_ROW_VPT values of x in registers. y may alias x. */
 __global__ void rmsnorm_kernel(const void *x, base_dtype x_dt, const void *w, base_dtype w_dt,
                                float eps, int64_t cols, void *y, base_dtype y_dt) {
-    size_t base = (size_t)blockIdx.x * (size_t)cols;
+    cuda_pdl_trigger();
+    const size_t base = (size_t)blockIdx.x * (size_t)cols;
+    const int64_t t = threadIdx.x, nt = blockDim.x;
+    float wv[CUDA_ROW_VPT], xv[CUDA_ROW_VPT];
+#pragma unroll
+    for (int k = 0; k < CUDA_ROW_VPT; k++)
+        wv[k] = t + k * nt < cols ? cuda_load(w, w_dt, (size_t)(t + k * nt)) : 0.0f;
+    cuda_pdl_wait();
     float ss = 0.0f;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-        float v = cuda_load(x, x_dt, base + c);
+#pragma unroll
+    for (int k = 0; k < CUDA_ROW_VPT; k++) {
+        xv[k] = t + k * nt < cols ? cuda_load(x, x_dt, base + t + k * nt) : 0.0f;
+        ss += xv[k] * xv[k];
+    }
+    for (int64_t c = t + CUDA_ROW_VPT * nt; c < cols; c += nt) {
+        const float v = cuda_load(x, x_dt, base + c);
         ss += v * v;
     }
-    float inv = rsqrtf(cuda_block_sum(ss) / (float)cols + eps);
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    const float inv = rsqrtf(cuda_block_sum(ss) / (float)cols + eps);
+#pragma unroll
+    for (int k = 0; k < CUDA_ROW_VPT; k++)
+        if (t + k * nt < cols) cuda_store(y, y_dt, base + t + k * nt, xv[k] * inv * wv[k]);
+    for (int64_t c = t + CUDA_ROW_VPT * nt; c < cols; c += nt)
         cuda_store(y, y_dt, base + c, cuda_load(x, x_dt, base + c) * inv * cuda_load(w, w_dt, c));
 }
 
@@ -96,15 +116,17 @@ int cuda_rmsnorm(be_backend *be, const be_tensor *x, const be_tensor *weight, fl
      * for one row of 4096 at 256 threads on the H200). */
     int64_t threads = ((x->cols + 127) / 128) * 32;
     threads = threads < 32 ? 32 : (threads > 1024 ? 1024 : threads);
-    rmsnorm_kernel<<<(unsigned)x->rows, (unsigned)threads, 0, cuda_impl(be)->stream>>>(
-        x->data, x->dtype, weight->data, weight->dtype, eps, x->cols, y->data, y->dtype);
-    return cuda_check_launch("rmsnorm", err);
+    return cuda_launch_pdl(cuda_impl(be), rmsnorm_kernel, (unsigned)x->rows, (unsigned)threads, 0,
+                           "rmsnorm", err, x->data, x->dtype, weight->data, weight->dtype, eps,
+                           x->cols, y->data, y->dtype);
 }
 
 /* ---- add, silu_mul ---- */
 
 __global__ void binary_kernel(const void *a, base_dtype a_dt, const void *b, base_dtype b_dt,
                               void *y, base_dtype y_dt, int64_t n, int silu) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         float u = cuda_load(a, a_dt, (size_t)i), v = cuda_load(b, b_dt, (size_t)i);
@@ -119,9 +141,8 @@ static int binary(be_backend *be, const be_tensor *a, const be_tensor *b, be_ten
         return -1;
     int64_t n = a->rows * a->cols;
     if (n == 0) return 0;
-    binary_kernel<<<grid_for(n), ELEM_THREADS, 0, cuda_impl(be)->stream>>>(
-        a->data, a->dtype, b->data, b->dtype, y->data, y->dtype, n, silu);
-    return cuda_check_launch(what, err);
+    return cuda_launch_pdl(cuda_impl(be), binary_kernel, grid_for(n), ELEM_THREADS, 0, what, err,
+                           a->data, a->dtype, b->data, b->dtype, y->data, y->dtype, n, silu);
 }
 
 int cuda_add(be_backend *be, const be_tensor *a, const be_tensor *b, be_tensor *y, base_err *err) {
@@ -139,6 +160,8 @@ int cuda_silu_mul(be_backend *be, const be_tensor *gate, const be_tensor *up, be
  * F32 as the CPU does; sincosf (not the fast intrinsic) keeps large positions accurate. */
 __global__ void rope_kernel(void *x, base_dtype dt, int n_heads, int head_dim, int64_t n,
                             const int32_t *pos, const float *inv_freq, float mscale) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
     int half = head_dim / 2;
     int64_t total = n * n_heads * half;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
@@ -168,10 +191,9 @@ int cuda_rope(be_backend *be, be_tensor *x, int n_heads, int head_dim, const be_
                          (long long)x->rows, (long long)x->cols, n_heads, head_dim);
     int64_t total = x->rows * n_heads * (head_dim / 2);
     if (total == 0) return 0;
-    rope_kernel<<<grid_for(total), ELEM_THREADS, 0, cuda_impl(be)->stream>>>(
-        x->data, x->dtype, n_heads, head_dim, x->rows, (const int32_t *)positions->data,
-        (const float *)inv_freq->data, mscale);
-    return cuda_check_launch("rope", err);
+    return cuda_launch_pdl(cuda_impl(be), rope_kernel, grid_for(total), ELEM_THREADS, 0, "rope",
+                           err, x->data, x->dtype, n_heads, head_dim, x->rows,
+                           (const int32_t *)positions->data, (const float *)inv_freq->data, mscale);
 }
 
 /* ---- KV append ---- */
@@ -181,6 +203,8 @@ int cuda_rope(be_backend *be, be_tensor *x, int n_heads, int head_dim, const be_
 __global__ void kv_append_kernel(void *kp, void *vp, base_dtype pool_dt, const void *k,
                                  base_dtype k_dt, const void *v, base_dtype v_dt,
                                  const int64_t *slots, int64_t n, int64_t width) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
     int64_t total = n * width;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -207,16 +231,17 @@ int cuda_kv_append(be_backend *be, const be_kv_layer *layer, const be_tensor *k,
                          (long long)k->rows, (long long)k->cols, batch->n_tokens, (long long)width);
     int64_t total = k->rows * width;
     if (total == 0) return 0;
-    kv_append_kernel<<<grid_for(total), ELEM_THREADS, 0, cuda_impl(be)->stream>>>(
-        layer->k, layer->v, layer->dtype, k->data, k->dtype, v->data, v->dtype, batch->slots,
-        k->rows, width);
-    return cuda_check_launch("kv_append", err);
+    return cuda_launch_pdl(cuda_impl(be), kv_append_kernel, grid_for(total), ELEM_THREADS, 0,
+                           "kv_append", err, layer->k, layer->v, layer->dtype, k->data, k->dtype,
+                           v->data, v->dtype, batch->slots, k->rows, width);
 }
 
 /* ---- argmax ---- */
 
 /* One block per row; ties go to the lowest index, as the CPU sampler does. NaN never wins. */
 __global__ void argmax_kernel(const void *x, base_dtype dt, int64_t cols, int32_t *ids) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
     __shared__ float best_v[32];
     __shared__ int32_t best_i[32];
     size_t base = (size_t)blockIdx.x * (size_t)cols;
@@ -269,7 +294,7 @@ int cuda_argmax(be_backend *be, const be_tensor *logits, be_tensor *ids, base_er
     if (ids->dtype != BASE_DTYPE_I32 || ids->rows != logits->rows)
         return base_fail(err, "cuda: argmax: ids must be I32 [%lld, 1]", (long long)logits->rows);
     if (logits->rows == 0) return 0;
-    argmax_kernel<<<(unsigned)logits->rows, ROW_THREADS, 0, cuda_impl(be)->stream>>>(
-        logits->data, logits->dtype, logits->cols, (int32_t *)ids->data);
-    return cuda_check_launch("argmax", err);
+    return cuda_launch_pdl(cuda_impl(be), argmax_kernel, (unsigned)logits->rows, ROW_THREADS, 0,
+                           "argmax", err, logits->data, logits->dtype, logits->cols,
+                           (int32_t *)ids->data);
 }

@@ -1,0 +1,239 @@
+/* The decode path's kernels queued back to back, each reading what earlier ones wrote, with no
+ * synchronization between them: decode layers as the model runs them, with its buffers and
+ * their aliasing (the residual step reads and writes h; the o and down GEMVs write h), then the
+ * last residual step into its own buffer and a head GEMV. Run directly and as a recording
+ * replayed several times, against the CPU backend's plain ops, at several sizes: GEMVs of 8 to
+ * 32 MB of weights, where a kernel that reads its input before its wait reads the previous
+ * layer's values, and tiny models (the fixtures' shape), where kernels overlap in other ways. */
+#include "test_cuda_util.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#define BS      16 /* pool block size */
+#define REPLAYS 3
+
+typedef struct dims {
+    int hidden, kv_width, head_dim, inter, vocab, layers, bits;
+} dims;
+
+static be_backend *cpu;
+
+/* A random group-64 layer of `bits` with BF16 scales and biases: host in *h, device in *d. */
+static void make_q(be_backend *be, int bits, int64_t out, int64_t in, be_linear *h, be_linear *d) {
+    size_t wbytes = (size_t)(out * in * bits / 8), ng = (size_t)(out * in / 64);
+    uint32_t *w = malloc(wbytes);
+    for (size_t i = 0; i < wbytes / 4; i++) w[i] = tc_u32();
+    uint16_t *s = malloc(ng * 2), *b = malloc(ng * 2);
+    for (size_t i = 0; i < ng; i++) {
+        s[i] = base_f32_to_bf16(0.02f * tc_uniform());
+        b[i] = base_f32_to_bf16(0.05f * tc_uniform());
+    }
+    *h = (be_linear){.weight = w,
+                     .scales = s,
+                     .biases = b,
+                     .dtype = BASE_DTYPE_BF16,
+                     .out = out,
+                     .in = in,
+                     .bits = bits,
+                     .group_size = 64};
+    *d = *h;
+    d->weight = tc_dev_bytes(be, w, wbytes);
+    d->scales = tc_dev_bytes(be, s, ng * 2);
+    d->biases = tc_dev_bytes(be, b, ng * 2);
+}
+
+static void free_q(be_backend *be, be_linear *h, be_linear *d) {
+    be->ops->free(be, (void *)d->weight);
+    be->ops->free(be, (void *)d->scales);
+    be->ops->free(be, (void *)d->biases);
+    free((void *)h->weight), free((void *)h->scales), free((void *)h->biases);
+}
+
+/* One side of the comparison: a backend, its weights and its buffers. */
+typedef struct side {
+    be_backend *be;
+    be_linear q, k, v, o, gate, up, down, head;
+    be_tensor norm1, norm2, x, h, out, tq, tk, tv, g, u, logits, pos, freqs;
+    be_kv_layer pool;
+    be_paged_batch batch;
+} side;
+
+/* The chain: the fused ops (the device) or their plain composition (the CPU). */
+static int run_chain(side *s, const dims *dm, bool fused, base_err *err) {
+    be_backend *be = s->be;
+    const be_ops *op = be->ops;
+    const int H = dm->hidden / dm->head_dim, KV = dm->kv_width / dm->head_dim;
+    for (int l = 0; l <= dm->layers; l++) {
+        be_tensor *y = l == dm->layers ? &s->out : &s->h;
+        if (fused) {
+            if (op->add_rmsnorm(be, &s->x, &s->h, &s->norm1, 1e-5f, y, err)) return -1;
+        } else if (op->add(be, &s->x, &s->h, &s->x, err) ||
+                   op->rmsnorm(be, &s->x, &s->norm1, 1e-5f, y, err)) {
+            return -1;
+        }
+        if (l == dm->layers) break;
+        if (fused) {
+            const be_linear *ws[3] = {&s->q, &s->k, &s->v};
+            be_tensor *ys[3] = {&s->tq, &s->tk, &s->tv};
+            if (op->matmul_qkv(be, &s->h, ws, ys, err) ||
+                op->rope_kv_append(be, &s->tq, &s->tk, &s->tv, &s->pos, &s->freqs, 1.0f, &s->pool,
+                                   &s->batch, err) ||
+                op->matmul(be, &s->tq, &s->o, &s->h, err) ||
+                op->add_rmsnorm(be, &s->x, &s->h, &s->norm2, 1e-5f, &s->h, err) ||
+                op->matmul_silu_mul(be, &s->h, &s->gate, &s->up, &s->g, err))
+                return -1;
+        } else if (op->matmul(be, &s->h, &s->q, &s->tq, err) ||
+                   op->matmul(be, &s->h, &s->k, &s->tk, err) ||
+                   op->matmul(be, &s->h, &s->v, &s->tv, err) ||
+                   op->rope(be, &s->tq, H, dm->head_dim, &s->pos, &s->freqs, 1.0f, err) ||
+                   op->rope(be, &s->tk, KV, dm->head_dim, &s->pos, &s->freqs, 1.0f, err) ||
+                   op->kv_append(be, &s->pool, &s->tk, &s->tv, &s->batch, err) ||
+                   op->matmul(be, &s->tq, &s->o, &s->h, err) ||
+                   op->add(be, &s->x, &s->h, &s->x, err) ||
+                   op->rmsnorm(be, &s->x, &s->norm2, 1e-5f, &s->h, err) ||
+                   op->matmul(be, &s->h, &s->gate, &s->g, err) ||
+                   op->matmul(be, &s->h, &s->up, &s->u, err) ||
+                   op->silu_mul(be, &s->g, &s->u, &s->g, err)) {
+            return -1;
+        }
+        if (op->matmul(be, &s->g, &s->down, &s->h, err)) return -1;
+    }
+    return op->matmul(be, &s->out, &s->head, &s->logits, err);
+}
+
+static be_tensor buf(be_backend *be, const float *init, int64_t cols) {
+    float *z = calloc((size_t)cols, sizeof(float));
+    be_tensor t = tc_tensor(be, init ? init : z, BASE_DTYPE_F32, 1, cols);
+    free(z);
+    return t;
+}
+
+/* What a run leaves: the residual, the last normed row, the logits and the pool's K. */
+typedef struct result {
+    float *x, *out, *logits, *pool;
+} result;
+
+static result read_result(side *s, size_t pool_elems) {
+    be_tensor pk = {s->pool.k, BASE_DTYPE_F16, (int64_t)pool_elems, 1};
+    return (result){tc_read(s->be, &s->x), tc_read(s->be, &s->out), tc_read(s->be, &s->logits),
+                    tc_read(s->be, &pk)};
+}
+
+static void free_result(result *r) {
+    free(r->x), free(r->out), free(r->logits), free(r->pool);
+}
+
+static void check_result(const result *got, const result *ref, const dims *dm, size_t pool_elems,
+                         const char *what) {
+    double ex = test_rel_err(got->x, ref->x, (size_t)dm->hidden);
+    double eo = test_rel_err(got->out, ref->out, (size_t)dm->hidden);
+    double el = test_rel_err(got->logits, ref->logits, (size_t)dm->vocab);
+    double ep = test_rel_err(got->pool, ref->pool, pool_elems);
+    CHECK_MSG(ex < 1e-4 && eo < 1e-4 && el < 1e-4 && ep < 2e-3,
+              "hidden %d, %d bits, %s: residual err %g, normed err %g, logits err %g, k pool "
+              "err %g",
+              dm->hidden, dm->bits, what, ex, eo, el, ep);
+}
+
+static void run_case(be_backend *gpu, const dims *dm) {
+    base_err err = {{0}};
+    side c = {.be = cpu}, g = {.be = gpu};
+    const int D = dm->hidden, KVW = dm->kv_width;
+    const int b = dm->bits;
+    make_q(gpu, b, D, D, &c.q, &g.q);
+    make_q(gpu, b, KVW, D, &c.k, &g.k);
+    make_q(gpu, b, KVW, D, &c.v, &g.v);
+    make_q(gpu, b, D, D, &c.o, &g.o);
+    make_q(gpu, b, dm->inter, D, &c.gate, &g.gate);
+    make_q(gpu, b, dm->inter, D, &c.up, &g.up);
+    make_q(gpu, b, D, dm->inter, &c.down, &g.down);
+    make_q(gpu, b, dm->vocab, D, &c.head, &g.head);
+    float *x0 = malloc(sizeof(float) * D), *h0 = malloc(sizeof(float) * D);
+    float *n1 = malloc(sizeof(float) * D), *n2 = malloc(sizeof(float) * D);
+    float *inv = malloc(sizeof(float) * dm->head_dim / 2);
+    tc_fill(x0, D, 1.0f);
+    tc_fill(h0, D, 1.0f);
+    for (int i = 0; i < D; i++)
+        n1[i] = 1.0f + 0.5f * tc_uniform(), n2[i] = 1.0f + 0.5f * tc_uniform();
+    for (int i = 0; i < dm->head_dim / 2; i++)
+        inv[i] = (float)pow(500000.0, -2.0 * i / dm->head_dim);
+    int32_t pos = 777;
+    int64_t slot = 2 * BS + 5;
+    size_t pool_elems = (size_t)4 * BS * KVW;
+    uint16_t *pool0 = calloc(pool_elems, 2);
+    result ref = {0};
+    for (int pass = 0; pass < 3; pass++) {
+        /* pass 0: the CPU reference; 1: the device directly; 2: the device, recorded. */
+        side *s = pass ? &g : &c;
+        be_backend *be = s->be;
+        s->x = buf(be, x0, D), s->h = buf(be, h0, D), s->out = buf(be, NULL, D);
+        s->norm1 = buf(be, n1, D), s->norm2 = buf(be, n2, D);
+        s->tq = buf(be, NULL, D), s->tk = buf(be, NULL, KVW), s->tv = buf(be, NULL, KVW);
+        s->g = buf(be, NULL, dm->inter), s->u = buf(be, NULL, dm->inter);
+        s->logits = buf(be, NULL, dm->vocab);
+        s->freqs = buf(be, inv, dm->head_dim / 2);
+        s->pos = (be_tensor){tc_dev_bytes(be, &pos, 4), BASE_DTYPE_I32, 1, 1};
+        s->pool = (be_kv_layer){tc_dev_bytes(be, pool0, pool_elems * 2),
+                                tc_dev_bytes(be, pool0, pool_elems * 2),
+                                BASE_DTYPE_F16,
+                                4,
+                                BS,
+                                KVW / dm->head_dim,
+                                dm->head_dim};
+        s->batch = (be_paged_batch){.n_tokens = 1, .slots = tc_dev_bytes(be, &slot, 8)};
+        if (pass < 2) {
+            CHECK_MSG(run_chain(s, dm, pass == 1, &err) == 0, "chain, pass %d: %s", pass, err.msg);
+            if (pass == 0) {
+                ref = read_result(s, pool_elems);
+            } else {
+                result r = read_result(s, pool_elems);
+                check_result(&r, &ref, dm, pool_elems, "direct");
+                free_result(&r);
+            }
+        } else {
+            be_graph *graph = NULL;
+            CHECK_MSG(be->ops->capture_begin(be, &err) == 0, "%s", err.msg);
+            int rc = run_chain(s, dm, true, &err);
+            CHECK_MSG(be->ops->capture_end(be, &graph, &err) == 0 && rc == 0, "recording: %s",
+                      err.msg);
+            for (int rep = 0; graph && rep < REPLAYS; rep++) {
+                /* Every replay starts from the same residual and first input. */
+                CHECK(be->ops->upload(be, s->x.data, x0, sizeof(float) * D, &err) == 0);
+                CHECK(be->ops->upload(be, s->h.data, h0, sizeof(float) * D, &err) == 0);
+                CHECK_MSG(be->ops->graph_launch(be, graph, &err) == 0, "replay: %s", err.msg);
+                result r = read_result(s, pool_elems);
+                check_result(&r, &ref, dm, pool_elems, "recorded");
+                free_result(&r);
+            }
+            if (graph) be->ops->graph_free(be, graph);
+        }
+        be_tensor *ts[] = {&s->x,  &s->h, &s->out, &s->norm1,  &s->norm2, &s->tq, &s->tk,
+                           &s->tv, &s->g, &s->u,   &s->logits, &s->freqs, &s->pos};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) be->ops->free(be, ts[i]->data);
+        be->ops->free(be, s->pool.k);
+        be->ops->free(be, s->pool.v);
+        be->ops->free(be, (void *)s->batch.slots);
+    }
+    be_linear *hl[] = {&c.q, &c.k, &c.v, &c.o, &c.gate, &c.up, &c.down, &c.head};
+    be_linear *dl[] = {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.head};
+    for (int i = 0; i < 8; i++) free_q(gpu, hl[i], dl[i]);
+    free_result(&ref);
+    free(x0), free(h0), free(n1), free(n2), free(inv), free(pool0);
+}
+
+int main(void) {
+    be_backend *gpu = tc_backend();
+    if (!gpu) return 0;
+    base_err err = {{0}};
+    CHECK_MSG(be_cpu_create(2, &cpu, &err) == 0, "%s", err.msg);
+    /* 8B-like, a small model, and the fixtures' shape (in 4 and 8 bits). */
+    const dims cases[] = {{4096, 1024, 128, 8192, 8192, 3, 4},
+                          {256, 128, 64, 512, 1000, 12, 4},
+                          {128, 64, 32, 256, 256, 12, 4},
+                          {128, 64, 32, 256, 256, 12, 8}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(gpu, &cases[i]);
+    cpu->ops->destroy(cpu);
+    gpu->ops->destroy(gpu);
+    TEST_MAIN_END();
+}
