@@ -5,10 +5,10 @@
  *
  * Pages are a random permutation of the pool, as a long-running server's would be. Each
  * figure is the median of CUDA-event timings after warm-up; every shape's K/V is far larger
- * than the L2, so repeated runs read device memory. Output: one line per shape,
- * machine-readable (`shape ...`), and a table. Usage: bench_attention [reps [BxL]]; with BxL
- * only that shape runs, without the sweep: v1 once, then v2 (F32) reps + 3 times, which is
- * what a profiler wants to skip to. */
+ * than the L2, so repeated runs read device memory. Output: a sweep of v2's chunk count per
+ * shape, one line per shape, machine-readable (`shape ...`), and a table. Usage: bench_attention
+ * [reps [BxL]]; with BxL only that shape runs, without the sweep: v1 once, then v2 (F32) reps + 3
+ * times, which is what a profiler wants to skip to. */
 #include "bench_cuda.h"
 
 #include <algorithm>
@@ -30,6 +30,21 @@ static int plan_ppc(int pages, int batch, int target) {
     for (int ppc = 1; ppc <= pages; ppc++)
         if ((int64_t)((pages + ppc - 1) / ppc) * NKV * batch >= target) best = ppc;
     return best;
+}
+
+/* Pages per chunk to sweep, ascending: the planner's at the target and at twice it, and for
+ * k = 1..8 the most chunks whose CTAs fit in k waves of the target, and one chunk more. */
+static std::vector<int> sweep_ppcs(int pages, int batch, int target) {
+    std::vector<int> ppc = {plan_ppc(pages, batch, target), plan_ppc(pages, batch, 2 * target)};
+    const int units = batch * NKV;
+    for (int k = 1; k <= 8; k++) {
+        const int c = k * target / units;
+        for (int cc = c; cc <= c + 1; cc++)
+            if (cc >= 1 && cc <= pages) ppc.push_back((pages + cc - 1) / cc);
+    }
+    std::sort(ppc.begin(), ppc.end());
+    ppc.erase(std::unique(ppc.begin(), ppc.end()), ppc.end());
+    return ppc;
 }
 
 int main(int argc, char **argv) {
@@ -92,6 +107,8 @@ int main(int argc, char **argv) {
         void *mem[5];
         be_tensor q, out, q16, out16; /* F32 and BF16 activations */
         be_decode_plan v1, v2[2];
+        be_decode_plan ws;      /* v2 with the workspace of the sweep's most chunks */
+        std::vector<int> sweep; /* pages per chunk to sweep */
         double kv_bytes;
         std::vector<float> ref; /* v1 output at the default pipeline */
     };
@@ -152,6 +169,12 @@ int main(int argc, char **argv) {
             if (be->ops->alloc(be, v2.workspace_bytes, &v2.workspace, &err))
                 bench_die("workspace", err.msg);
         }
+        r.sweep = sweep_ppcs(pages, B, be->target_parallelism);
+        r.ws.kind = BE_DECODE_V2;
+        r.ws.workspace_bytes =
+            (uint64_t)B * ((pages + r.sweep[0] - 1) / r.sweep[0]) * NQ * (HD + 1) * 4;
+        if (be->ops->alloc(be, r.ws.workspace_bytes, &r.ws.workspace, &err))
+            bench_die("workspace", err.msg);
         runs.push_back(r);
     }
     const float scale = 0.08838834764831845f;
@@ -189,39 +212,29 @@ int main(int argc, char **argv) {
     if (only) {
         for (auto &r : runs) printf("%dx%d v2 %.3f TB/s\n", r.B, r.L, tbs(r, &r.v2[0]));
     } else {
-        /* Sweep of each warp's shared-memory pipeline depth on v2, with F32 and BF16
-         * activations; each F32 variant's output is checked against v1's. */
-        cuda_backend *cb = cuda_impl(be);
-        const int def_stages = cb->att_stages;
-        printf("\nsweep: v2 TB/s by shared-memory stages (default %d)\n%-10s", def_stages,
-               "stages");
-        for (auto &r : runs) printf(" %10dx%-6d", r.B, r.L);
-        printf(" %8s\n", "geomean");
-        for (int f32 = 1; f32 >= 0; f32--) {
-            double best_g = 0;
-            int best = def_stages;
-            for (int stages = 2; stages <= 4; stages++) {
-                cb->att_stages = stages;
-                double lg = 0, worst = 0;
-                printf("%d %-8s", stages, f32 ? "f32" : "bf16");
-                for (auto &r : runs) {
-                    double t = tbs(r, &r.v2[0], f32);
-                    if (f32) worst = std::max(worst, out_diff(r));
-                    lg += log(t);
-                    printf(" %17.3f", t);
-                }
-                double g = exp(lg / runs.size());
-                printf(" %8.3f  (max diff from v1 %.1e)\n", g, worst);
-                if (!(worst < 1e-4)) {
-                    printf("MISMATCH: %d stages differ from v1\n", stages);
-                    continue;
-                }
-                if (g > best_g) best_g = g, best = stages;
+        /* Sweep of v2's chunking (F32 activations): how the CTA count falls on the device's
+         * waves decides how much of the last wave runs alone. Each variant's output is
+         * checked against v1's. */
+        printf("\nsweep: v2 TB/s by chunk count (CTAs = rows x %d kv heads x chunks; waves of %d "
+               "CTAs)\n",
+               NKV, be->target_parallelism);
+        for (auto &r : runs) {
+            double best = 0;
+            int best_c = 0;
+            for (int ppc : r.sweep) {
+                be_decode_plan plan = r.ws;
+                plan.pages_per_chunk = ppc;
+                plan.max_chunks = (r.pages + ppc - 1) / ppc;
+                const double t = tbs(r, &plan), diff = out_diff(r);
+                const int ctas = r.B * NKV * plan.max_chunks;
+                printf("sweep %dx%d chunks %4d ppc %4d CTAs %6d waves %6.2f: %.3f TB/s (diff "
+                       "%.1e)%s\n",
+                       r.B, r.L, plan.max_chunks, ppc, ctas, ctas / (double)be->target_parallelism,
+                       t, diff, diff < 1e-4 ? "" : " MISMATCH");
+                if (diff < 1e-4 && t > best) best = t, best_c = plan.max_chunks;
             }
-            printf("best %d stages%s\n", best,
-                   best == def_stages ? " (the default)" : "; the default differs");
+            printf("sweep %dx%d best %d chunks %.3f TB/s\n", r.B, r.L, best_c, best);
         }
-        cb->att_stages = def_stages;
 
         printf("\n%-12s %8s | %7s %7s %7s %4s %7s %4s | %7s %7s\n", "batch x ctx", "KV MB", "v1",
                "v2", "/copy", "ppc", "v2@2x", "ppc", "v1 bf16", "v2 bf16");
@@ -246,6 +259,7 @@ int main(int argc, char **argv) {
         be->ops->free(be, r.q16.data);
         be->ops->free(be, r.out16.data);
         for (int k = 0; k < 2; k++) be->ops->free(be, r.v2[k].workspace);
+        be->ops->free(be, r.ws.workspace);
     }
     be->ops->free(be, layer.k);
     be->ops->free(be, layer.v);

@@ -127,10 +127,14 @@ int main(void) {
     /* first-page offsets past the first 16-token tile (one sequence living in its second
      * tile alone) and a long row, for blocks of 32 */
     const tc_seq offsets[] = {{12, 1, 20}, {40, 1, 17}, {700, 1, 31}};
+    /* a row of over 256 pages at small blocks: at one page per chunk the merge takes its
+     * chunks in more than one block of weights */
+    const tc_seq long_row[] = {{4200, 1, 0}, {20, 1, 2}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         run_case(be, &cases[i], mixed, 6);
         run_case(be, &cases[i], decode_only, 3);
         if (cases[i].block_size >= 32) run_case(be, &cases[i], offsets, 3);
+        if (cases[i].block_size <= 16) run_case(be, &cases[i], long_row, 2);
     }
     be->ops->destroy(be);
     TEST_MAIN_END();

@@ -651,9 +651,31 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
     }
 }
 
-/* Combines a decode row's chunks: weights exp(lse_c - max) over its own chunk count. */
-template <int D> __global__ void __launch_bounds__(D) merge_kernel(att_params p) {
-    const int hg = blockIdx.x, d = threadIdx.x;
+/* Combines a decode row's chunks: weights exp(lse_c - max) over its own chunk count. One CTA
+ * per (head, row) of ATT_MERGE_THREADS threads: NSL slices of D threads each sum every NSL-th
+ * chunk, with the weights of ATT_MERGE_THREADS chunks at a time in shared memory, so a thread
+ * keeps several partial loads in flight: one long sequence gives the merge few CTAs and many
+ * chunks. */
+#define ATT_MERGE_THREADS 256
+
+/* The block's maximum of x, in every thread; scratch holds a float per warp. */
+__device__ __forceinline__ float block_max(float x, float *scratch) {
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = x;
+    __syncthreads();
+    x = scratch[0];
+    for (int w = 1; w < (int)(blockDim.x >> 5); w++) x = fmaxf(x, scratch[w]);
+    __syncthreads();
+    return x;
+}
+
+template <int D> __global__ void __launch_bounds__(ATT_MERGE_THREADS) merge_kernel(att_params p) {
+    constexpr int NSL = ATT_MERGE_THREADS / D;
+    __shared__ float w_s[ATT_MERGE_THREADS]; /* weights of the current chunk block */
+    __shared__ float num_s[NSL][D];          /* each slice's weighted sum */
+    __shared__ float den_s[NSL];             /* each slice's weight sum */
+    __shared__ float max_s[ATT_MERGE_THREADS / 32];
+    const int hg = blockIdx.x, tid = threadIdx.x, d = tid % D, sl = tid / D;
     for (int row = blockIdx.y; row < p.n_tokens; row += gridDim.y) {
         const int s = seq_of_row(p.q_indptr, p.n_seqs, row);
         if (p.q_indptr[s + 1] - p.q_indptr[s] != 1) continue;
@@ -663,16 +685,36 @@ template <int D> __global__ void __launch_bounds__(D) merge_kernel(att_params p)
         const int n_chunks = (n_pages + p.pages_per_chunk - 1) / p.pages_per_chunk;
         const size_t cell0 = (size_t)drow * p.max_chunks * p.n_heads + hg;
         float mx = -INFINITY;
-        for (int c = 0; c < n_chunks; c++) mx = fmaxf(mx, p.lse[cell0 + (size_t)c * p.n_heads]);
+        for (int c = tid; c < n_chunks; c += ATT_MERGE_THREADS)
+            mx = fmaxf(mx, p.lse[cell0 + (size_t)c * p.n_heads]);
+        mx = block_max(mx, max_s);
         float num = 0.0f, den = 0.0f;
-        for (int c = 0; c < n_chunks; c++) {
-            const size_t cell = cell0 + (size_t)c * p.n_heads;
-            const float w = mx == -INFINITY ? 0.0f : __expf(p.lse[cell] - mx);
-            num += w * p.partial[cell * D + d];
-            den += w;
+        for (int cb = 0; cb < n_chunks; cb += ATT_MERGE_THREADS) {
+            const int c = cb + tid;
+            w_s[tid] = c < n_chunks && mx != -INFINITY
+                           ? __expf(p.lse[cell0 + (size_t)c * p.n_heads] - mx)
+                           : 0.0f;
+            __syncthreads();
+            const int n = n_chunks - cb < ATT_MERGE_THREADS ? n_chunks - cb : ATT_MERGE_THREADS;
+#pragma unroll 8
+            for (int j = sl; j < n; j += NSL) {
+                const float w = w_s[j];
+                num += w * p.partial[(cell0 + (size_t)(cb + j) * p.n_heads) * D + d];
+                den += w;
+            }
+            __syncthreads();
         }
-        cuda_store(p.out, p.out_dt, (size_t)row * p.n_heads * D + (size_t)hg * D + d,
-                   den > 0.0f ? num / den : 0.0f);
+        num_s[sl][d] = num;
+        if (d == 0) den_s[sl] = den;
+        __syncthreads();
+        if (sl == 0) {
+            float a = 0.0f, b = 0.0f;
+#pragma unroll
+            for (int k = 0; k < NSL; k++) a += num_s[k][d], b += den_s[k];
+            cuda_store(p.out, p.out_dt, (size_t)row * p.n_heads * D + (size_t)hg * D + d,
+                       b > 0.0f ? a / b : 0.0f);
+        }
+        __syncthreads();
     }
 }
 
@@ -783,16 +825,16 @@ static int run_merge(const att_params &p, int head_dim, cudaStream_t st, base_er
               (unsigned)(p.n_tokens < ATT_GRID_MAX ? p.n_tokens : ATT_GRID_MAX));
     switch (head_dim) {
     case 32:
-        merge_kernel<32><<<grid, 32, 0, st>>>(p);
+        merge_kernel<32><<<grid, ATT_MERGE_THREADS, 0, st>>>(p);
         break;
     case 64:
-        merge_kernel<64><<<grid, 64, 0, st>>>(p);
+        merge_kernel<64><<<grid, ATT_MERGE_THREADS, 0, st>>>(p);
         break;
     case 128:
-        merge_kernel<128><<<grid, 128, 0, st>>>(p);
+        merge_kernel<128><<<grid, ATT_MERGE_THREADS, 0, st>>>(p);
         break;
     default:
-        merge_kernel<256><<<grid, 256, 0, st>>>(p);
+        merge_kernel<256><<<grid, ATT_MERGE_THREADS, 0, st>>>(p);
         break;
     }
     return cuda_check_launch("attention merge", err);
