@@ -7,8 +7,9 @@
  * figure is the median of CUDA-event timings after warm-up; every shape's K/V is far larger
  * than the L2, so repeated runs read device memory. Output: a sweep of v2's chunk count per
  * shape, one line per shape, machine-readable (`shape ...`), and a table. Usage: bench_attention
- * [reps [BxL]]; with BxL only that shape runs, without the sweep: v1 once, then v2 (F32) reps + 3
- * times, which is what a profiler wants to skip to. */
+ * [reps [BxL [chunks]]]; with BxL only that shape runs, without the sweep: v1 once, then v2 (F32)
+ * reps + 3 times at the planner's chunking or the chunk count given, which is what a profiler
+ * wants to skip to. */
 #include "bench_cuda.h"
 
 #include <algorithm>
@@ -33,13 +34,14 @@ static int plan_ppc(int pages, int batch, int target) {
 }
 
 /* Pages per chunk to sweep, ascending: the planner's at the target and at twice it, and for
- * k = 1..8 the most chunks whose CTAs fit in k waves of the target, and one chunk more. */
+ * k waves the most chunks whose CTAs fit in k waves of the target (one chunk more too at one
+ * and two waves, where the last wave runs nearly alone). */
 static std::vector<int> sweep_ppcs(int pages, int batch, int target) {
     std::vector<int> ppc = {plan_ppc(pages, batch, target), plan_ppc(pages, batch, 2 * target)};
     const int units = batch * NKV;
-    for (int k = 1; k <= 8; k++) {
+    for (int k : {1, 2, 3, 4, 6, 8, 12, 16}) {
         const int c = k * target / units;
-        for (int cc = c; cc <= c + 1; cc++)
+        for (int cc = c; cc <= c + (k <= 2); cc++)
             if (cc >= 1 && cc <= pages) ppc.push_back((pages + cc - 1) / cc);
     }
     std::sort(ppc.begin(), ppc.end());
@@ -50,6 +52,7 @@ static std::vector<int> sweep_ppcs(int pages, int batch, int target) {
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 50;
     const char *only = argc > 2 ? argv[2] : NULL;
+    const int only_chunks = argc > 3 ? atoi(argv[3]) : 0;
     be_backend *be = bench_cuda_backend();
     base_err err = {};
     cudaStream_t st = cuda_impl(be)->stream;
@@ -171,8 +174,9 @@ int main(int argc, char **argv) {
         }
         r.sweep = sweep_ppcs(pages, B, be->target_parallelism);
         r.ws.kind = BE_DECODE_V2;
-        r.ws.workspace_bytes =
-            (uint64_t)B * ((pages + r.sweep[0] - 1) / r.sweep[0]) * NQ * (HD + 1) * 4;
+        const int ws_chunks =
+            std::max((pages + r.sweep[0] - 1) / r.sweep[0], std::min(only_chunks, pages));
+        r.ws.workspace_bytes = (uint64_t)B * ws_chunks * NQ * (HD + 1) * 4;
         if (be->ops->alloc(be, r.ws.workspace_bytes, &r.ws.workspace, &err))
             bench_die("workspace", err.msg);
         runs.push_back(r);
@@ -210,7 +214,15 @@ int main(int argc, char **argv) {
     }
 
     if (only) {
-        for (auto &r : runs) printf("%dx%d v2 %.3f TB/s\n", r.B, r.L, tbs(r, &r.v2[0]));
+        for (auto &r : runs) {
+            be_decode_plan plan = r.v2[0];
+            if (only_chunks > 0 && only_chunks <= r.pages) {
+                plan = r.ws;
+                plan.pages_per_chunk = (r.pages + only_chunks - 1) / only_chunks;
+                plan.max_chunks = (r.pages + plan.pages_per_chunk - 1) / plan.pages_per_chunk;
+            }
+            printf("%dx%d v2 %d chunks %.3f TB/s\n", r.B, r.L, plan.max_chunks, tbs(r, &plan));
+        }
     } else {
         /* Sweep of v2's chunking (F32 activations): how the CTA count falls on the device's
          * waves decides how much of the last wave runs alone. Each variant's output is
@@ -227,8 +239,7 @@ int main(int argc, char **argv) {
                 plan.max_chunks = (r.pages + ppc - 1) / ppc;
                 const double t = tbs(r, &plan), diff = out_diff(r);
                 const int ctas = r.B * NKV * plan.max_chunks;
-                printf("sweep %dx%d chunks %4d ppc %4d CTAs %6d waves %6.2f: %.3f TB/s (diff "
-                       "%.1e)%s\n",
+                printf("sweep %dx%d chunks %d ppc %d CTAs %d waves %.2f: %.3f TB/s diff %.0e%s\n",
                        r.B, r.L, plan.max_chunks, ppc, ctas, ctas / (double)be->target_parallelism,
                        t, diff, diff < 1e-4 ? "" : " MISMATCH");
                 if (diff < 1e-4 && t > best) best = t, best_c = plan.max_chunks;
