@@ -225,26 +225,38 @@ int main(int argc, char **argv) {
         }
     } else {
         /* Sweep of v2's chunking (F32 activations): how the CTA count falls on the device's
-         * waves decides how much of the last wave runs alone. Each variant's output is
-         * checked against v1's. */
+         * waves decides how much of the last wave runs alone. Then three shared-memory stages
+         * per warp, which leave room for two CTAs per SM, at chunk counts that fill one and
+         * two of those waves. Each variant's output is checked against v1's. */
+        cuda_backend *cb = cuda_impl(be);
+        const int def_stages = cb->att_stages;
         printf("\nsweep: v2 TB/s by chunk count (CTAs = rows x %d kv heads x chunks; waves of %d "
                "CTAs)\n",
                NKV, be->target_parallelism);
         for (auto &r : runs) {
             double best = 0;
-            int best_c = 0;
-            for (int ppc : r.sweep) {
+            int best_c = 0, best_s = 0;
+            auto one = [&](int ppc, int stages, int wave) {
                 be_decode_plan plan = r.ws;
                 plan.pages_per_chunk = ppc;
                 plan.max_chunks = (r.pages + ppc - 1) / ppc;
+                cb->att_stages = stages;
                 const double t = tbs(r, &plan), diff = out_diff(r);
+                cb->att_stages = def_stages;
                 const int ctas = r.B * NKV * plan.max_chunks;
-                printf("sweep %dx%d chunks %d ppc %d CTAs %d waves %.2f: %.3f TB/s diff %.0e%s\n",
-                       r.B, r.L, plan.max_chunks, ppc, ctas, ctas / (double)be->target_parallelism,
-                       t, diff, diff < 1e-4 ? "" : " MISMATCH");
-                if (diff < 1e-4 && t > best) best = t, best_c = plan.max_chunks;
+                printf("sweep %dx%d stages %d chunks %d ppc %d CTAs %d waves %.2f: %.3f TB/s diff "
+                       "%.0e%s\n",
+                       r.B, r.L, stages, plan.max_chunks, ppc, ctas, ctas / (double)wave, t, diff,
+                       diff < 1e-4 ? "" : " MISMATCH");
+                if (diff < 1e-4 && t > best) best = t, best_c = plan.max_chunks, best_s = stages;
+            };
+            for (int ppc : r.sweep) one(ppc, def_stages, be->target_parallelism);
+            for (int k = 1; k <= 2; k++) {
+                const int c = std::max(1, std::min(r.pages, k * 2 * cb->sm_count / (r.B * NKV)));
+                one((r.pages + c - 1) / c, 3, 2 * cb->sm_count);
             }
-            printf("sweep %dx%d best %d chunks %.3f TB/s\n", r.B, r.L, best_c, best);
+            printf("sweep %dx%d best %d chunks, %d stages: %.3f TB/s\n", r.B, r.L, best_c, best_s,
+                   best);
         }
 
         printf("\n%-12s %8s | %7s %7s %7s %4s %7s %4s | %7s %7s\n", "batch x ctx", "KV MB", "v1",
