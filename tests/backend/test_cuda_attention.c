@@ -127,9 +127,9 @@ int main(void) {
     /* first-page offsets past the first 16-token tile (one sequence living in its second
      * tile alone) and a long row, for blocks of 32 */
     const tc_seq offsets[] = {{12, 1, 20}, {40, 1, 17}, {700, 1, 31}};
-    /* a row of over 256 pages at small blocks: at one page per chunk the merge takes its
+    /* a row of over 512 pages at small blocks: at one page per chunk the merge takes its
      * chunks in more than one block of weights */
-    const tc_seq long_row[] = {{4200, 1, 0}, {20, 1, 2}};
+    const tc_seq long_row[] = {{8400, 1, 0}, {20, 1, 2}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         run_case(be, &cases[i], mixed, 6);
         run_case(be, &cases[i], decode_only, 3);

@@ -656,7 +656,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
  * chunk, with the weights of ATT_MERGE_THREADS chunks at a time in shared memory, so a thread
  * keeps several partial loads in flight: one long sequence gives the merge few CTAs and many
  * chunks. */
-#define ATT_MERGE_THREADS 256
+#define ATT_MERGE_THREADS 512
 
 /* The block's maximum of x, in every thread; scratch holds a float per warp. */
 __device__ __forceinline__ float block_max(float x, float *scratch) {
