@@ -12,6 +12,10 @@
  * wants to skip to. */
 #include "bench_cuda.h"
 
+extern "C" {
+#include "attn/attn.h"
+}
+
 #include <algorithm>
 #include <math.h>
 #include <stdio.h>
@@ -24,13 +28,13 @@
 #define HD  128
 #define BS  32
 
-/* The v2 chunking the planner makes: the largest pages per chunk whose chunks x kv heads x
- * rows still reach the target. */
+/* Pages per chunk of the planner's chunking (attn_plan_decode_pages) at this target; all the
+ * pages when it plans one chunk. */
 static int plan_ppc(int pages, int batch, int target) {
-    int best = 1;
-    for (int ppc = 1; ppc <= pages; ppc++)
-        if ((int64_t)((pages + ppc - 1) / ppc) * NKV * batch >= target) best = ppc;
-    return best;
+    static char ws[1];
+    be_decode_plan plan;
+    attn_plan_decode_pages(batch, pages, NQ, NKV, HD, target, ws, UINT64_MAX, &plan);
+    return plan.kind == BE_DECODE_V2 ? plan.pages_per_chunk : pages;
 }
 
 /* Pages per chunk to sweep, ascending: the planner's at the target and at twice it, and for
