@@ -37,36 +37,49 @@ uint64_t attn_v2_bytes(int64_t n_decode, int64_t max_chunks, int n_heads, int he
 
 /* Modelled time of `chunks` chunks of ppc pages for `items` (row, kv head) pairs: a CTA's
  * time (ppc + ATTN_PLAN_CTA_PAGES) per full wave, and that times max(rest / target,
- * 1 / ATTN_PLAN_SOLO) for a last wave of rest CTAs. */
+ * 1 / ATTN_PLAN_SOLO) for a last wave of rest CTAs; times ATTN_PLAN_V2_COST for a split. */
 static double plan_time(int64_t items, int64_t chunks, int64_t ppc, int target) {
     double ctas = (double)items * (double)chunks;
     double full = floor(ctas / target), rest = ctas - full * target;
     double last = rest > 0 ? fmax(rest / target, 1.0 / ATTN_PLAN_SOLO) : 0.0;
-    return (double)(ppc + ATTN_PLAN_CTA_PAGES) * (full + last);
+    double t = (double)(ppc + ATTN_PLAN_CTA_PAGES) * (full + last);
+    return chunks > 1 ? t * ATTN_PLAN_V2_COST : t;
 }
 
-/* The v2 chunking for n_decode rows whose longest has max_pages pages: of one chunk (v1) and,
- * for w = 1..ATTN_PLAN_WAVES, the most chunks whose CTAs fit in w waves, the one of least
- * modelled time, the fewer chunks on a tie; within the grid limit. Returns the chunk count;
- * 1 means v2 would not split anything. */
+/* The candidate chunking for w waves (w = 0: one chunk): the most chunks whose CTAs fit in w
+ * waves, within the grid limit. Returns the chunk count, 0 when w waves hold no split. */
+static int64_t wave_chunks(int64_t items, int64_t max_pages, int target, int64_t w, int64_t *ppc) {
+    if (w == 0) {
+        *ppc = max_pages;
+        return 1;
+    }
+    int64_t c = w * target / items;
+    if (c < 2) return 0;
+    if (c > max_pages) c = max_pages;
+    *ppc = div_ceil(max_pages, c);
+    int64_t ppc_min = div_ceil(max_pages, ATTN_GRID_YZ_MAX);
+    if (*ppc < ppc_min) *ppc = ppc_min;
+    return div_ceil(max_pages, *ppc);
+}
+
+/* The v2 chunking for n_decode rows whose longest has max_pages pages (attn.h). Returns the
+ * chunk count; 1 means v2 would not split anything. */
 static int64_t plan_chunks(int64_t n_decode, int n_kv_heads, int64_t max_pages, int target,
                            int64_t *pages_per_chunk) {
     const int64_t items = n_decode * n_kv_heads;
-    const int64_t ppc_min = div_ceil(max_pages, ATTN_GRID_YZ_MAX);
-    int64_t best_ppc = max_pages, best_chunks = 1;
-    double best = plan_time(items, 1, max_pages, target);
-    for (int64_t w = 1; w <= ATTN_PLAN_WAVES; w++) {
-        int64_t c = w * target / items;
-        if (c < 2) continue;
-        if (c > max_pages) c = max_pages;
-        int64_t ppc = div_ceil(max_pages, c);
-        if (ppc < ppc_min) ppc = ppc_min;
-        int64_t chunks = div_ceil(max_pages, ppc);
-        double t = plan_time(items, chunks, ppc, target);
-        if (t < best) best = t, best_ppc = ppc, best_chunks = chunks;
+    double best = INFINITY;
+    for (int64_t w = 0; w <= ATTN_PLAN_WAVES; w++) {
+        int64_t ppc, chunks = wave_chunks(items, max_pages, target, w, &ppc);
+        if (chunks) best = fmin(best, plan_time(items, chunks, ppc, target));
     }
-    *pages_per_chunk = best_ppc;
-    return best_chunks;
+    /* The candidates come in order of chunk count: the first within the slack has fewest. */
+    for (int64_t w = 0;; w++) {
+        int64_t ppc, chunks = wave_chunks(items, max_pages, target, w, &ppc);
+        if (chunks && plan_time(items, chunks, ppc, target) <= best * ATTN_PLAN_SLACK) {
+            *pages_per_chunk = ppc;
+            return chunks;
+        }
+    }
 }
 
 uint64_t attn_workspace_bytes(int n_heads, int n_kv_heads, int head_dim, int block_size,

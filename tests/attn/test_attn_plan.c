@@ -52,7 +52,8 @@ static double model_time(int64_t items, int64_t chunks, int64_t ppc, int target)
         last = (double)rest / target;
         if (last < 1.0 / ATTN_PLAN_SOLO) last = 1.0 / ATTN_PLAN_SOLO;
     }
-    return (double)(ppc + ATTN_PLAN_CTA_PAGES) * ((double)full + last);
+    double t = (double)(ppc + ATTN_PLAN_CTA_PAGES) * ((double)full + last);
+    return chunks > 1 ? t * ATTN_PLAN_V2_COST : t;
 }
 
 /* The plan's chunking for n rows of `pages` pages over kv heads at this target: 1 for v1. */
@@ -67,9 +68,9 @@ static int64_t planned(int n, int pages, int kv, int target, int64_t *ppc) {
     return p.kind == BE_DECODE_V2 ? p.max_chunks : 1;
 }
 
-/* With room to spare, the plan is the chunking of least modelled time among one chunk and
- * every whole number of waves up to ATTN_PLAN_WAVES (each with as many chunks as fit), a tie
- * going to fewer chunks. */
+/* With room to spare, the plan is, of one chunk and every whole number of waves up to
+ * ATTN_PLAN_WAVES (each with as many chunks as fit), the one of fewest chunks whose modelled
+ * time is within ATTN_PLAN_SLACK of the least. */
 static void chunk_choice(void) {
     const int ns[] = {1, 2, 5, 64}, pages_list[] = {1, 2, 7, 64, 1000};
     const int targets[] = {1, 8, 132, 396, 2000}, kvs[] = {1, 8};
@@ -80,40 +81,62 @@ static void chunk_choice(void) {
                     int n = ns[a], pages = pages_list[b], target = targets[c], kv = kvs[k];
                     int64_t ppc, chunks = planned(n, pages, kv, target, &ppc);
                     int64_t items = (int64_t)n * kv;
-                    double t = model_time(items, chunks, ppc, target);
                     CHECK(chunks == div_up(pages, ppc));
                     if (pages == 1) CHECK(chunks == 1);
-                    /* a split must beat one chunk outright */
-                    if (chunks > 1) CHECK(t < model_time(items, 1, pages, target));
+                    /* the candidates: one chunk, then each whole number of waves */
+                    int64_t cand_chunks[ATTN_PLAN_WAVES + 1];
+                    double cand_time[ATTN_PLAN_WAVES + 1], best;
+                    cand_chunks[0] = 1;
+                    cand_time[0] = best = model_time(items, 1, pages, target);
                     for (int w = 1; w <= ATTN_PLAN_WAVES; w++) {
                         int64_t fit = (int64_t)w * target / items;
                         if (fit > pages) fit = pages;
-                        if (fit < 1) continue;
-                        int64_t wp = div_up(pages, fit), wc = div_up(pages, wp);
-                        double tw = model_time(items, wc, wp, target);
-                        CHECK_MSG(t <= tw && (t < tw || chunks <= wc),
-                                  "n %d pages %d target %d kv %d: %lld chunks (%g) against "
-                                  "%lld (%g)",
-                                  n, pages, target, kv, (long long)chunks, t, (long long)wc, tw);
+                        cand_chunks[w] = 0;
+                        cand_time[w] = 0.0;
+                        if (fit < 2) continue;
+                        int64_t wp = div_up(pages, fit);
+                        cand_chunks[w] = div_up(pages, wp);
+                        cand_time[w] = model_time(items, cand_chunks[w], wp, target);
+                        if (cand_time[w] < best) best = cand_time[w];
                     }
+                    double t = model_time(items, chunks, ppc, target);
+                    CHECK_MSG(t <= best * ATTN_PLAN_SLACK, "n %d pages %d target %d kv %d", n,
+                              pages, target, kv);
+                    for (int w = 0; w <= ATTN_PLAN_WAVES; w++)
+                        if (cand_chunks[w] && cand_chunks[w] < chunks)
+                            CHECK_MSG(cand_time[w] > best * ATTN_PLAN_SLACK,
+                                      "n %d pages %d target %d kv %d: %lld chunks, %lld as good", n,
+                                      pages, target, kv, (long long)chunks,
+                                      (long long)cand_chunks[w]);
                 }
 }
 
 /* Llama-3.1-8B decode (8 kv heads, blocks of 32) on 132 SMs at 3 CTAs each: one wave holds
  * 396 CTAs. Counted by hand from the model: one row of 131072 tokens takes 49 chunks of 84
- * pages (392 CTAs, one wave) rather than the 50 (400 CTAs) that would leave 4 CTAs alone for
- * a second wave as long as the first; 4 rows of 16384, 12 chunks of 43 pages (384); 16 rows of
- * 8192, 3 chunks of 86 pages (384); 64 rows of 4096, 2 chunks of 64 (1024 CTAs, 2.6 waves)
- * rather than v1's 512 CTAs (1.3 waves). */
+ * pages (392 CTAs, one wave) rather than the 50 (400 CTAs) that would leave 4 CTAs nearly
+ * alone for a second wave; 4 rows of 16384, 12 chunks of 43 pages (384); 16 rows of 8192, 3
+ * chunks of 86 pages (384); 64 rows of 4096, 3 chunks of 43 (1536 CTAs, 3.9 waves) rather
+ * than v1's 512 CTAs (1.3 waves); 256 rows of 2048 stay v1 (2048 CTAs, 5.2 waves), as two
+ * chunks would gain less than the split costs. */
 static void chunk_waves(void) {
-    const int rows[] = {1, 4, 16, 64}, tokens[] = {131072, 16384, 8192, 4096};
-    const int want_chunks[] = {49, 12, 3, 2}, want_ppc[] = {84, 43, 86, 64};
-    for (int i = 0; i < 4; i++) {
+    const int rows[] = {1, 4, 16, 64, 256}, tokens[] = {131072, 16384, 8192, 4096, 2048};
+    const int want_chunks[] = {49, 12, 3, 3, 1}, want_ppc[] = {84, 43, 86, 43, 64};
+    for (int i = 0; i < 5; i++) {
         int64_t ppc, chunks = planned(rows[i], tokens[i] / 32, 8, 396, &ppc);
         CHECK_MSG(chunks == want_chunks[i] && ppc == want_ppc[i],
                   "%d x %d: %lld chunks of %lld pages", rows[i], tokens[i], (long long)chunks,
                   (long long)ppc);
     }
+}
+
+/* Within the slack, fewer chunks win. 6 rows x 8 kv heads of 59 pages, 132 CTAs a wave, by
+ * hand: v1 costs 61 x 0.8 = 48.8; 2 chunks of 30 pages (96 CTAs) 32 x 0.8 x 1.05 = 26.88;
+ * 5 chunks of 12 (240 CTAs, 1.82 waves) 14 x 1.82 x 1.05 = 26.73, the least, but within 2%
+ * of 2 chunks; 8 and 10 chunks cost more. */
+static void chunk_slack(void) {
+    int64_t ppc, chunks = planned(6, 59, 8, 132, &ppc);
+    CHECK_MSG(chunks == 2 && ppc == 30, "%lld chunks of %lld pages", (long long)chunks,
+              (long long)ppc);
 }
 
 /* The chunk count never passes the grid limit, and a workspace caps it too. */
@@ -267,6 +290,7 @@ static void rejected_plans_gather(void) {
 int main(void) {
     chunk_choice();
     chunk_waves();
+    chunk_slack();
     chunk_bounds();
     workspace_matches_plans();
     environment();
