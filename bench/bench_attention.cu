@@ -1,14 +1,16 @@
 /* Paged decode attention at Llama-3.1-8B geometry (32 q heads, 8 kv heads, head_dim 128, f16
  * KV, block 32): TB/s = bytes of K and V read / kernel time, for v1 and v2 (+ merge), next to
- * the device-to-device copy bandwidth measured in the same run as the ceiling. q and out are
+ * the device-to-device copy bandwidth measured in the same run as the ceiling. The v2 columns
+ * run the planner's plan (attn_plan_decode_pages) at the backend's target and at twice it, as
+ * the runtime would: v1 where the planner keeps one chunk. q and out are
  * F32, as the CUDA backend's activations are (the split-term path), and BF16 (single terms).
  *
  * Pages are a random permutation of the pool, as a long-running server's would be. Each
  * figure is the median of CUDA-event timings after warm-up; every shape's K/V is far larger
  * than the L2, so repeated runs read device memory. Output: a sweep of v2's chunk count per
  * shape, one line per shape, machine-readable (`shape ...`), and a table. Usage: bench_attention
- * [reps [BxL [chunks]]]; with BxL only that shape runs, without the sweep: v1 once, then v2 (F32)
- * reps + 3 times at the planner's chunking or the chunk count given, which is what a profiler
+ * [reps [BxL [chunks]]]; with BxL only that shape runs, without the sweep: v1 once, then the
+ * planner's plan (F32) reps + 3 times, or v2 at the chunk count given, which is what a profiler
  * wants to skip to. */
 #include "bench_cuda.h"
 
@@ -28,12 +30,20 @@ extern "C" {
 #define HD  128
 #define BS  32
 
-/* Pages per chunk of the planner's chunking (attn_plan_decode_pages) at this target; all the
- * pages when it plans one chunk. */
-static int plan_ppc(int pages, int batch, int target) {
+/* The planner's plan for `batch` rows of `pages` pages at this target, its workspace not yet
+ * allocated. */
+static be_decode_plan planned(int pages, int batch, int target) {
     static char ws[1];
     be_decode_plan plan;
     attn_plan_decode_pages(batch, pages, NQ, NKV, HD, target, ws, UINT64_MAX, &plan);
+    plan.workspace = NULL;
+    plan.workspace_bytes = 0;
+    return plan;
+}
+
+/* Pages per chunk of the planner's chunking at this target; all the pages for v1. */
+static int plan_ppc(int pages, int batch, int target) {
+    be_decode_plan plan = planned(pages, batch, target);
     return plan.kind == BE_DECODE_V2 ? plan.pages_per_chunk : pages;
 }
 
@@ -169,9 +179,8 @@ int main(int argc, char **argv) {
         r.v1.kind = BE_DECODE_V1;
         for (int k = 0; k < 2; k++) {
             be_decode_plan &v2 = r.v2[k];
-            v2.kind = BE_DECODE_V2;
-            v2.pages_per_chunk = plan_ppc(pages, B, be->target_parallelism * (k + 1));
-            v2.max_chunks = (pages + v2.pages_per_chunk - 1) / v2.pages_per_chunk;
+            v2 = planned(pages, B, be->target_parallelism * (k + 1));
+            if (v2.kind != BE_DECODE_V2) continue;
             v2.workspace_bytes = (uint64_t)B * v2.max_chunks * NQ * (HD + 1) * 4;
             if (be->ops->alloc(be, v2.workspace_bytes, &v2.workspace, &err))
                 bench_die("workspace", err.msg);
@@ -225,7 +234,9 @@ int main(int argc, char **argv) {
                 plan.pages_per_chunk = (r.pages + only_chunks - 1) / only_chunks;
                 plan.max_chunks = (r.pages + plan.pages_per_chunk - 1) / plan.pages_per_chunk;
             }
-            printf("%dx%d v2 %d chunks %.3f TB/s\n", r.B, r.L, plan.max_chunks, tbs(r, &plan));
+            printf("%dx%d %s %d chunks %.3f TB/s\n", r.B, r.L,
+                   plan.kind == BE_DECODE_V2 ? "v2" : "v1",
+                   plan.kind == BE_DECODE_V2 ? plan.max_chunks : 1, tbs(r, &plan));
         }
     } else {
         /* Sweep of v2's chunking (F32 activations): how the CTA count falls on the device's
@@ -263,20 +274,21 @@ int main(int argc, char **argv) {
                    best);
         }
 
-        printf("\n%-12s %8s | %7s %7s %7s %4s %7s %4s | %7s %7s\n", "batch x ctx", "KV MB", "v1",
-               "v2", "/copy", "ppc", "v2@2x", "ppc", "v1 bf16", "v2 bf16");
+        printf("\n%-12s %8s | %7s %7s %7s %6s %7s %6s | %7s %7s\n", "batch x ctx", "KV MB", "v1",
+               "v2", "/copy", "chunks", "v2@2x", "chunks", "v1 bf16", "v2 bf16");
         for (auto &r : runs) {
             double r1 = tbs(r, &r.v1), r2 = tbs(r, &r.v2[0]), r3 = tbs(r, &r.v2[1]);
             double b1 = tbs(r, &r.v1, false), b2 = tbs(r, &r.v2[0], false);
             char name[32];
             snprintf(name, sizeof name, "%dx%d", r.B, r.L);
-            printf("%-12s %8.1f | %7.3f %7.3f %7.2f %4d %7.3f %4d | %7.3f %7.3f\n", name,
-                   r.kv_bytes / 1e6, r1, r2, r2 / copy_tbs, r.v2[0].pages_per_chunk, r3,
-                   r.v2[1].pages_per_chunk, b1, b2);
+            const int c0 = r.v2[0].kind == BE_DECODE_V2 ? r.v2[0].max_chunks : 1;
+            const int c1 = r.v2[1].kind == BE_DECODE_V2 ? r.v2[1].max_chunks : 1;
+            printf("%-12s %8.1f | %7.3f %7.3f %7.2f %6d %7.3f %6d | %7.3f %7.3f\n", name,
+                   r.kv_bytes / 1e6, r1, r2, r2 / copy_tbs, c0, r3, c1, b1, b2);
             fprintf(stderr,
                     "shape %s v1_tbs %.4f v2_tbs %.4f v2x2_tbs %.4f v1bf16_tbs %.4f v2bf16_tbs "
-                    "%.4f copy_tbs %.4f\n",
-                    name, r1, r2, r3, b1, b2, copy_tbs);
+                    "%.4f copy_tbs %.4f v2_chunks %d v2x2_chunks %d\n",
+                    name, r1, r2, r3, b1, b2, copy_tbs, c0, c1);
         }
     }
     for (auto &r : runs) {
