@@ -31,13 +31,11 @@ uint64_t attn_v2_bytes(int64_t n_decode, int64_t max_chunks, int n_heads, int he
     return base_sat_mul_u64(base_sat_mul_u64(n, (uint64_t)n_heads), per);
 }
 
-/* The wave model behind the chunking (attn.h): a plan whose CTAs pass a wave by a few leaves
- * those few running nearly alone for a whole CTA's time, and a CTA alone is bounded by the
- * bytes it keeps in flight, not by the device's bandwidth. */
-
-/* Modelled time of `chunks` chunks of ppc pages for `items` (row, kv head) pairs: a CTA's
- * time (ppc + ATTN_PLAN_CTA_PAGES) per full wave, and that times max(rest / target,
- * 1 / ATTN_PLAN_SOLO) for a last wave of rest CTAs; times ATTN_PLAN_V2_COST for a split. */
+/* Modelled time (attn.h) of `chunks` chunks of ppc pages for `items` (row, kv head) pairs: a
+ * CTA's time (ppc + ATTN_PLAN_CTA_PAGES) per full wave, and that times max(rest / target,
+ * 1 / ATTN_PLAN_SOLO) for a last wave of rest CTAs, since a CTA running nearly alone is
+ * bounded by the bytes it keeps in flight, not by the device's bandwidth; times
+ * ATTN_PLAN_V2_COST for a split. */
 static double plan_time(int64_t items, int64_t chunks, int64_t ppc, int target) {
     double ctas = (double)items * (double)chunks;
     double full = floor(ctas / target), rest = ctas - full * target;
@@ -91,7 +89,7 @@ uint64_t attn_workspace_bytes(int n_heads, int n_kv_heads, int head_dim, int blo
     uint64_t best = 0;
     for (int64_t n = 1; n <= max_seqs; n++) {
         /* No plan for n rows has more chunks than fit in ATTN_PLAN_WAVES waves, nor more
-         * than its pages: the row counts past one chunk's worth are all v1. */
+         * than its pages; from the row count whose waves hold no second chunk on, all v1. */
         int64_t bound = (int64_t)ATTN_PLAN_WAVES * target / (n * n_kv_heads);
         if (bound > max_pages) bound = max_pages;
         if (bound < 2) break;
