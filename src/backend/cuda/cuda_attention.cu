@@ -372,14 +372,20 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
  * the pool's dtype, are read once.
  *
  * Measured on the H200 (132 SMs, 3 CTAs each: a wave of 396; Llama-3.1-8B decode, f16 KV,
- * F32 q and out; bench_attention and ncu): with all its CTAs in one wave (one row of 131072
- * tokens in 49 chunks) the kernel holds DRAM at 74% of peak, 3.55 TB/s, level with cuDNN's
- * SDPA on that shape. It is not short of bytes in flight: a third stage per warp (two CTAs
- * per SM, 128 KB in flight per SM against 96 KB) ran no faster at any shape. What is left is
- * DRAM's efficiency on the pool's layout, where a kv head's token row is 256 bytes and the
- * next one 2 KB away, against the contiguous rows cuDNN streams. The waves are the plan's
- * part (attn.h): 416 CTAs (4 rows of 16384 tokens in 13 chunks) ran at 2.27 to 2.59 TB/s, 384
- * (12 chunks) at 2.88. */
+ * F32 q and out; bench_attention with the planner's chunking, cuDNN SDPA on contiguous K/V in
+ * the same run), TB/s of K+V and the ratio to cuDNN:
+ *   1 x 131072: 49 chunks, 3.30 (0.89); 4 x 16384: 12 chunks, 2.87 (0.92);
+ *   16 x 8192: 3 chunks, 3.30 (0.86); 64 x 4096: 3 chunks, 3.37 (0.82); 256 x 2048: v1, 3.71
+ *   (0.86); the device-to-device copy ran at 4.17 (read + write).
+ * The gap to cuDNN is memory efficiency on the pool's layout rather than occupancy or bytes in
+ * flight: ncu at 64 x 4096 shows DRAM at 73% of peak and L2 at 84%, the SMs at 38%, 3 CTAs
+ * (12 warps) per SM as registers and shared memory both allow, 7 cycles per issued
+ * instruction; with all its CTAs in one wave (1 x 131072) DRAM stays at 74%. A third stage per
+ * warp (two CTAs per SM, 128 KB in flight per SM against 96 KB) ran from 4% slower (256 x
+ * 2048) to 2% faster (64 x 4096). A kv head's token row is 256 bytes, the next one 2 KB away
+ * and the rows between read by other CTAs, where cuDNN streams each head's rows contiguously.
+ * The waves are the plan's part (attn.h): 416 CTAs (4 rows of 16384 tokens in 13 chunks) ran
+ * at 2.10, 384 (12 chunks) at 2.83. */
 #define ATT_TC_WARPS 4
 #define ATT_TC_ROWS  16
 #define ATT_TC_TILE  16
