@@ -69,22 +69,6 @@ __device__ __forceinline__ void cp_async_wait_n(int n) {
         cuda_cp_async_wait<3>();
 }
 
-/* The merge is launched as a programmatic dependent of the attention kernel (sm_90): its CTAs
- * may start once every attention CTA has, and wait here until the attention grid has finished
- * and its writes are visible; the attention CTAs let it start as soon as they run. So the
- * merge's launch overlaps the attention's last CTAs instead of following them. */
-__device__ __forceinline__ void cuda_grid_dependency_wait(void) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void cuda_launch_dependents(void) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
 template <typename KT> __device__ __forceinline__ float2 to_float2(uint32_t w);
 template <> __device__ __forceinline__ float2 to_float2<__half>(uint32_t w) {
     __half2 h;
@@ -169,7 +153,6 @@ template <int NP, int CPT> __device__ __forceinline__ int k_swizzle(int t, int c
 template <int D, int GB, typename KT>
 __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
     paged_attention_kernel(att_params p) {
-    cuda_launch_dependents();
     using S = att_geom<D, GB>;
     constexpr int CH = S::CH, NTG = S::NTG, NP = S::NP, CPT = S::CPT, DPT = S::DPT;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -438,7 +421,6 @@ static size_t att_tc_smem_bytes(int head_dim, int n_stages, int split) {
  * CTA, plus 4 KB per further term of q. */
 template <int D, int SPLIT, typename KT>
 __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(att_params p) {
-    cuda_launch_dependents();
     constexpr int CH = D / 8;             /* 16-byte chunks per token row */
     constexpr int KS = D / 16;            /* k-steps of Q K^T */
     constexpr int NO = D / 8;             /* n-tiles of the output */
@@ -728,7 +710,6 @@ __global__ void __launch_bounds__(ATT_MERGE_WARPS * 32) merge_kernel(att_params 
     __shared__ float mx_s[MW], den_s[MW];       /* each warp's max and weight sum */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % MW;
     const int64_t n_pairs = (int64_t)p.n_tokens * p.n_heads;
-    cuda_grid_dependency_wait();
     for (int64_t base = (int64_t)blockIdx.x * PAIRS; base < n_pairs;
          base += (int64_t)gridDim.x * PAIRS) {
         const int64_t pair = base + warp / MW;
@@ -910,43 +891,34 @@ static int run_pass(const att_params &p, const be_kv_layer *layer, int chunks, c
 }
 
 template <int D>
-static cudaError_t launch_merge(const att_params &p, bool wide, int64_t n_pairs, cudaStream_t st) {
+static void launch_merge(const att_params &p, bool wide, int64_t n_pairs, cudaStream_t st) {
     const int64_t per_cta = wide ? 1 : ATT_MERGE_WARPS;
     const int64_t ctas = (n_pairs + per_cta - 1) / per_cta;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(ctas < (1 << 30) ? ctas : (1 << 30)));
-    cfg.blockDim = dim3(ATT_MERGE_WARPS * 32);
-    cfg.stream = st;
-    cudaLaunchAttribute attr = {};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    if (wide) return cudaLaunchKernelEx(&cfg, merge_kernel<D, ATT_MERGE_WARPS>, p);
-    return cudaLaunchKernelEx(&cfg, merge_kernel<D, 1>, p);
+    const unsigned grid = (unsigned)(ctas < (1 << 30) ? ctas : (1 << 30));
+    if (wide)
+        merge_kernel<D, ATT_MERGE_WARPS><<<grid, ATT_MERGE_WARPS * 32, 0, st>>>(p);
+    else
+        merge_kernel<D, 1><<<grid, ATT_MERGE_WARPS * 32, 0, st>>>(p);
 }
 
 /* Rows of many chunks get a CTA per (row, head); the others a warp. */
 static int run_merge(const att_params &p, int head_dim, cudaStream_t st, base_err *err) {
     const bool wide = p.max_chunks >= 2 * ATT_MERGE_WARPS;
     const int64_t n_pairs = (int64_t)p.n_tokens * p.n_heads;
-    cudaError_t e;
     switch (head_dim) {
     case 32:
-        e = launch_merge<32>(p, wide, n_pairs, st);
+        launch_merge<32>(p, wide, n_pairs, st);
         break;
     case 64:
-        e = launch_merge<64>(p, wide, n_pairs, st);
+        launch_merge<64>(p, wide, n_pairs, st);
         break;
     case 128:
-        e = launch_merge<128>(p, wide, n_pairs, st);
+        launch_merge<128>(p, wide, n_pairs, st);
         break;
     default:
-        e = launch_merge<256>(p, wide, n_pairs, st);
+        launch_merge<256>(p, wide, n_pairs, st);
         break;
     }
-    if (e != cudaSuccess)
-        return base_fail(err, "cuda: attention merge: launch: %s", cudaGetErrorString(e));
     return cuda_check_launch("attention merge", err);
 }
 
