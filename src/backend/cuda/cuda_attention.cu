@@ -374,18 +374,19 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
  * Measured on the H200 (132 SMs, 3 CTAs each: a wave of 396; Llama-3.1-8B decode, f16 KV,
  * F32 q and out; bench_attention with the planner's chunking, cuDNN SDPA on contiguous K/V in
  * the same run), TB/s of K+V and the ratio to cuDNN:
- *   1 x 131072: 49 chunks, 3.30 (0.89); 4 x 16384: 12 chunks, 2.87 (0.92);
- *   16 x 8192: 3 chunks, 3.30 (0.86); 64 x 4096: 3 chunks, 3.37 (0.82); 256 x 2048: v1, 3.71
- *   (0.86); the device-to-device copy ran at 4.17 (read + write).
+ *   1 x 131072: 49 chunks, 3.29 (0.88); 4 x 16384: 12 chunks, 2.87 (0.91);
+ *   16 x 8192: 3 chunks, 3.29 (0.85); 64 x 4096: 3 chunks, 3.38 (0.83); 256 x 2048: v1, 3.69
+ *   (0.86); the device-to-device copy ran at 4.18 (read + write).
  * The gap to cuDNN is memory efficiency on the pool's layout rather than occupancy or bytes in
- * flight: ncu at 64 x 4096 shows DRAM at 73% of peak and L2 at 84%, the SMs at 38%, 3 CTAs
- * (12 warps) per SM as registers and shared memory both allow, 7 cycles per issued
- * instruction; with all its CTAs in one wave (1 x 131072) DRAM stays at 74%. A third stage per
- * warp (two CTAs per SM, 128 KB in flight per SM against 96 KB) ran from 4% slower (256 x
- * 2048) to 2% faster (64 x 4096). A kv head's token row is 256 bytes, the next one 2 KB away
- * and the rows between read by other CTAs, where cuDNN streams each head's rows contiguously.
- * The waves are the plan's part (attn.h): 416 CTAs (4 rows of 16384 tokens in 13 chunks) ran
- * at 2.10, 384 (12 chunks) at 2.83. */
+ * flight. ncu at 16 x 8192 (384 CTAs, one wave, no tail): DRAM at 73% of peak (3.50 TB/s), L2
+ * throughput 83% with a 50% hit rate on data read once, the SMs at 37%, 6.8 cycles per issued
+ * instruction; at 64 x 4096 the same 73% and 84%, with 3 CTAs (12 warps) per SM as registers
+ * and shared memory both allow. A third stage per warp (two CTAs per SM, 128 KB in flight per
+ * SM against 96 KB) ran from 4% slower (256 x 2048) to 1% faster (1 x 131072, 64 x 4096). A
+ * kv head's token row is 256 bytes, the next one 2 KB away and the rows between read by other
+ * CTAs, where cuDNN streams each head's rows contiguously. The waves are the plan's part
+ * (attn.h): 416 CTAs (4 rows of 16384 tokens in 13 chunks) ran at 2.16, 384 (12 chunks) at
+ * 2.88. */
 #define ATT_TC_WARPS 4
 #define ATT_TC_ROWS  16
 #define ATT_TC_TILE  16
@@ -674,7 +675,9 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
  * D / 32 dimensions and loads them as vectors; the weights of 32 chunks at a time travel by
  * shuffle, so a warp keeps many independent loads in flight. A CTA of 512 threads per pair
  * (H200) made v2 of one chunk at 256 x 2048 tokens 10% slower than v1 (3.33 against 3.71 TB/s)
- * and took 9 us after the 151 us attention of one 131072-token row in 49 chunks. */
+ * and took 9 us after the 151 us attention of one 131072-token row in 49 chunks; this one
+ * takes 7 us after the 154 us attention at 16 x 8192 in 3 chunks, bound by the latency of its
+ * few dependent loads. */
 #define ATT_MERGE_WARPS 4
 
 /* Decode rows before sequence s (the workspace numbering), counted by one warp. */
