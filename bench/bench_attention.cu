@@ -1,15 +1,22 @@
 /* Paged decode attention at Llama-3.1-8B geometry (32 q heads, 8 kv heads, head_dim 128, f16
  * KV, block 32): TB/s = bytes of K and V read / kernel time, for v1 and v2 (+ merge), next to
- * the device-to-device copy bandwidth measured in the same run as the ceiling. q and out are
+ * the device-to-device copy bandwidth measured in the same run as the ceiling. The v2 columns
+ * run the planner's plan (attn_plan_decode_pages) at the backend's target and at twice it, as
+ * the runtime would: v1 where the planner keeps one chunk. q and out are
  * F32, as the CUDA backend's activations are (the split-term path), and BF16 (single terms).
  *
  * Pages are a random permutation of the pool, as a long-running server's would be. Each
  * figure is the median of CUDA-event timings after warm-up; every shape's K/V is far larger
- * than the L2, so repeated runs read device memory. Output: one line per shape,
- * machine-readable (`shape ...`), and a table. Usage: bench_attention [reps [BxL]]; with BxL
- * only that shape runs, without the sweep: v1 once, then v2 (F32) reps + 3 times, which is
- * what a profiler wants to skip to. */
+ * than the L2, so repeated runs read device memory. Output: a sweep of v2's chunk count per
+ * shape, one line per shape, machine-readable (`shape ...`), and a table. Usage: bench_attention
+ * [reps [BxL [chunks]]]; with BxL only that shape runs, without the sweep: v1 once, then the
+ * planner's plan (F32) reps + 3 times, or v2 at the chunk count given, which is what a profiler
+ * wants to skip to. */
 #include "bench_cuda.h"
+
+extern "C" {
+#include "attn/attn.h"
+}
 
 #include <algorithm>
 #include <math.h>
@@ -23,18 +30,43 @@
 #define HD  128
 #define BS  32
 
-/* The v2 chunking the planner makes: the largest pages per chunk whose chunks x kv heads x
- * rows still reach the target. */
+/* The planner's plan for `batch` rows of `pages` pages at this target, its workspace not yet
+ * allocated. */
+static be_decode_plan planned(int pages, int batch, int target) {
+    static char ws[1];
+    be_decode_plan plan;
+    attn_plan_decode_pages(batch, pages, NQ, NKV, HD, target, ws, UINT64_MAX, &plan);
+    plan.workspace = NULL;
+    plan.workspace_bytes = 0;
+    return plan;
+}
+
+/* Pages per chunk of the planner's chunking at this target; all the pages for v1. */
 static int plan_ppc(int pages, int batch, int target) {
-    int best = 1;
-    for (int ppc = 1; ppc <= pages; ppc++)
-        if ((int64_t)((pages + ppc - 1) / ppc) * NKV * batch >= target) best = ppc;
-    return best;
+    be_decode_plan plan = planned(pages, batch, target);
+    return plan.kind == BE_DECODE_V2 ? plan.pages_per_chunk : pages;
+}
+
+/* Pages per chunk to sweep, ascending: the planner's at the target and at twice it, and for
+ * k waves the most chunks whose CTAs fit in k waves of the target (one chunk more too at one
+ * and two waves, where the last wave runs nearly alone). */
+static std::vector<int> sweep_ppcs(int pages, int batch, int target) {
+    std::vector<int> ppc = {plan_ppc(pages, batch, target), plan_ppc(pages, batch, 2 * target)};
+    const int units = batch * NKV;
+    for (int k : {1, 2, 3, 4, 6, 8, 12, 16}) {
+        const int c = k * target / units;
+        for (int cc = c; cc <= c + (k <= 2); cc++)
+            if (cc >= 1 && cc <= pages) ppc.push_back((pages + cc - 1) / cc);
+    }
+    std::sort(ppc.begin(), ppc.end());
+    ppc.erase(std::unique(ppc.begin(), ppc.end()), ppc.end());
+    return ppc;
 }
 
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 50;
     const char *only = argc > 2 ? argv[2] : NULL;
+    const int only_chunks = argc > 3 ? atoi(argv[3]) : 0;
     be_backend *be = bench_cuda_backend();
     base_err err = {};
     cudaStream_t st = cuda_impl(be)->stream;
@@ -92,6 +124,8 @@ int main(int argc, char **argv) {
         void *mem[5];
         be_tensor q, out, q16, out16; /* F32 and BF16 activations */
         be_decode_plan v1, v2[2];
+        be_decode_plan ws;      /* v2 with the workspace of the sweep's most chunks */
+        std::vector<int> sweep; /* pages per chunk to sweep */
         double kv_bytes;
         std::vector<float> ref; /* v1 output at the default pipeline */
     };
@@ -145,13 +179,19 @@ int main(int argc, char **argv) {
         r.v1.kind = BE_DECODE_V1;
         for (int k = 0; k < 2; k++) {
             be_decode_plan &v2 = r.v2[k];
-            v2.kind = BE_DECODE_V2;
-            v2.pages_per_chunk = plan_ppc(pages, B, be->target_parallelism * (k + 1));
-            v2.max_chunks = (pages + v2.pages_per_chunk - 1) / v2.pages_per_chunk;
+            v2 = planned(pages, B, be->target_parallelism * (k + 1));
+            if (v2.kind != BE_DECODE_V2) continue;
             v2.workspace_bytes = (uint64_t)B * v2.max_chunks * NQ * (HD + 1) * 4;
             if (be->ops->alloc(be, v2.workspace_bytes, &v2.workspace, &err))
                 bench_die("workspace", err.msg);
         }
+        r.sweep = sweep_ppcs(pages, B, be->target_parallelism);
+        r.ws.kind = BE_DECODE_V2;
+        const int ws_chunks =
+            std::max((pages + r.sweep[0] - 1) / r.sweep[0], std::min(only_chunks, pages));
+        r.ws.workspace_bytes = (uint64_t)B * ws_chunks * NQ * (HD + 1) * 4;
+        if (be->ops->alloc(be, r.ws.workspace_bytes, &r.ws.workspace, &err))
+            bench_die("workspace", err.msg);
         runs.push_back(r);
     }
     const float scale = 0.08838834764831845f;
@@ -187,56 +227,68 @@ int main(int argc, char **argv) {
     }
 
     if (only) {
-        for (auto &r : runs) printf("%dx%d v2 %.3f TB/s\n", r.B, r.L, tbs(r, &r.v2[0]));
+        for (auto &r : runs) {
+            be_decode_plan plan = r.v2[0];
+            if (only_chunks > 0 && only_chunks <= r.pages) {
+                plan = r.ws;
+                plan.pages_per_chunk = (r.pages + only_chunks - 1) / only_chunks;
+                plan.max_chunks = (r.pages + plan.pages_per_chunk - 1) / plan.pages_per_chunk;
+            }
+            printf("%dx%d %s %d chunks %.3f TB/s\n", r.B, r.L,
+                   plan.kind == BE_DECODE_V2 ? "v2" : "v1",
+                   plan.kind == BE_DECODE_V2 ? plan.max_chunks : 1, tbs(r, &plan));
+        }
     } else {
-        /* Sweep of each warp's shared-memory pipeline depth on v2, with F32 and BF16
-         * activations; each F32 variant's output is checked against v1's. */
+        /* Sweep of v2's chunking (F32 activations): how the CTA count falls on the device's
+         * waves decides how much of the last wave runs alone. Then three shared-memory stages
+         * per warp, which leave room for two CTAs per SM, at chunk counts that fill one and
+         * two of those waves. Each variant's output is checked against v1's. */
         cuda_backend *cb = cuda_impl(be);
         const int def_stages = cb->att_stages;
-        printf("\nsweep: v2 TB/s by shared-memory stages (default %d)\n%-10s", def_stages,
-               "stages");
-        for (auto &r : runs) printf(" %10dx%-6d", r.B, r.L);
-        printf(" %8s\n", "geomean");
-        for (int f32 = 1; f32 >= 0; f32--) {
-            double best_g = 0;
-            int best = def_stages;
-            for (int stages = 2; stages <= 4; stages++) {
+        printf("\nsweep: v2 TB/s by chunk count (CTAs = rows x %d kv heads x chunks; waves of %d "
+               "CTAs)\n",
+               NKV, be->target_parallelism);
+        for (auto &r : runs) {
+            double best = 0;
+            int best_c = 0, best_s = 0;
+            auto one = [&](int ppc, int stages, int wave) {
+                be_decode_plan plan = r.ws;
+                plan.pages_per_chunk = ppc;
+                plan.max_chunks = (r.pages + ppc - 1) / ppc;
                 cb->att_stages = stages;
-                double lg = 0, worst = 0;
-                printf("%d %-8s", stages, f32 ? "f32" : "bf16");
-                for (auto &r : runs) {
-                    double t = tbs(r, &r.v2[0], f32);
-                    if (f32) worst = std::max(worst, out_diff(r));
-                    lg += log(t);
-                    printf(" %17.3f", t);
-                }
-                double g = exp(lg / runs.size());
-                printf(" %8.3f  (max diff from v1 %.1e)\n", g, worst);
-                if (!(worst < 1e-4)) {
-                    printf("MISMATCH: %d stages differ from v1\n", stages);
-                    continue;
-                }
-                if (g > best_g) best_g = g, best = stages;
+                const double t = tbs(r, &plan), diff = out_diff(r);
+                cb->att_stages = def_stages;
+                const int ctas = r.B * NKV * plan.max_chunks;
+                printf("sweep %dx%d stages %d chunks %d ppc %d CTAs %d waves %.2f: %.3f TB/s diff "
+                       "%.0e%s\n",
+                       r.B, r.L, stages, plan.max_chunks, ppc, ctas, ctas / (double)wave, t, diff,
+                       diff < 1e-4 ? "" : " MISMATCH");
+                if (diff < 1e-4 && t > best) best = t, best_c = plan.max_chunks, best_s = stages;
+            };
+            for (int ppc : r.sweep) one(ppc, def_stages, be->target_parallelism);
+            for (int k = 1; k <= 2; k++) {
+                const int c = std::max(1, std::min(r.pages, k * 2 * cb->sm_count / (r.B * NKV)));
+                one((r.pages + c - 1) / c, 3, 2 * cb->sm_count);
             }
-            printf("best %d stages%s\n", best,
-                   best == def_stages ? " (the default)" : "; the default differs");
+            printf("sweep %dx%d best %d chunks, %d stages: %.3f TB/s\n", r.B, r.L, best_c, best_s,
+                   best);
         }
-        cb->att_stages = def_stages;
 
-        printf("\n%-12s %8s | %7s %7s %7s %4s %7s %4s | %7s %7s\n", "batch x ctx", "KV MB", "v1",
-               "v2", "/copy", "ppc", "v2@2x", "ppc", "v1 bf16", "v2 bf16");
+        printf("\n%-12s %8s | %7s %7s %7s %6s %7s %6s | %7s %7s\n", "batch x ctx", "KV MB", "v1",
+               "v2", "/copy", "chunks", "v2@2x", "chunks", "v1 bf16", "v2 bf16");
         for (auto &r : runs) {
             double r1 = tbs(r, &r.v1), r2 = tbs(r, &r.v2[0]), r3 = tbs(r, &r.v2[1]);
             double b1 = tbs(r, &r.v1, false), b2 = tbs(r, &r.v2[0], false);
             char name[32];
             snprintf(name, sizeof name, "%dx%d", r.B, r.L);
-            printf("%-12s %8.1f | %7.3f %7.3f %7.2f %4d %7.3f %4d | %7.3f %7.3f\n", name,
-                   r.kv_bytes / 1e6, r1, r2, r2 / copy_tbs, r.v2[0].pages_per_chunk, r3,
-                   r.v2[1].pages_per_chunk, b1, b2);
+            const int c0 = r.v2[0].kind == BE_DECODE_V2 ? r.v2[0].max_chunks : 1;
+            const int c1 = r.v2[1].kind == BE_DECODE_V2 ? r.v2[1].max_chunks : 1;
+            printf("%-12s %8.1f | %7.3f %7.3f %7.2f %6d %7.3f %6d | %7.3f %7.3f\n", name,
+                   r.kv_bytes / 1e6, r1, r2, r2 / copy_tbs, c0, r3, c1, b1, b2);
             fprintf(stderr,
                     "shape %s v1_tbs %.4f v2_tbs %.4f v2x2_tbs %.4f v1bf16_tbs %.4f v2bf16_tbs "
-                    "%.4f copy_tbs %.4f\n",
-                    name, r1, r2, r3, b1, b2, copy_tbs);
+                    "%.4f copy_tbs %.4f v2_chunks %d v2x2_chunks %d\n",
+                    name, r1, r2, r3, b1, b2, copy_tbs, c0, c1);
         }
     }
     for (auto &r : runs) {
@@ -246,6 +298,7 @@ int main(int argc, char **argv) {
         be->ops->free(be, r.q16.data);
         be->ops->free(be, r.out16.data);
         for (int k = 0; k < 2; k++) be->ops->free(be, r.v2[k].workspace);
+        be->ops->free(be, r.ws.workspace);
     }
     be->ops->free(be, layer.k);
     be->ops->free(be, layer.v);

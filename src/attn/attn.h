@@ -36,9 +36,25 @@ uint64_t attn_v2_bytes(int64_t n_decode, int64_t max_chunks, int n_heads, int he
 uint64_t attn_workspace_bytes(int n_heads, int n_kv_heads, int head_dim, int block_size,
                               int max_seqs, int64_t max_context, int target);
 
-/* Picks the decode path for the batch's decode rows: v1 when decode rows x kv heads already
- * reach `target`; else v2 with the largest pages_per_chunk whose chunks x kv heads x decode
- * rows still reach it, within ATTN_GRID_YZ_MAX chunks and the workspace. Environment:
+/* The chunking's wave model, fitted to H200 measurements of the Llama-3.1-8B decode shapes
+ * (bench_attention's chunk sweep): `target` CTAs (rows x kv heads x chunks) run at once, a
+ * wave; a CTA costs its pages plus ATTN_PLAN_CTA_PAGES (its start and end); a full wave costs
+ * one CTA's time, a last wave of rest CTAs that times max(rest / target, 1 / ATTN_PLAN_SOLO),
+ * as the CTAs of a partial wave run at most ATTN_PLAN_SOLO times as fast as in a full one
+ * (each is bounded by the bytes it keeps in flight); a split costs ATTN_PLAN_V2_COST times
+ * that, for the merge and the workspace traffic. Chunkings past ATTN_PLAN_WAVES waves, or
+ * within ATTN_PLAN_SLACK of a chunking with fewer chunks, gain too little for their workspace
+ * and merge. */
+#define ATTN_PLAN_SOLO      1.25
+#define ATTN_PLAN_CTA_PAGES 2
+#define ATTN_PLAN_V2_COST   1.05
+#define ATTN_PLAN_WAVES     4
+#define ATTN_PLAN_SLACK     1.02
+
+/* Picks the decode path for the batch's decode rows. Candidates: one chunk (v1) and, for w =
+ * 1 to ATTN_PLAN_WAVES, the most chunks whose CTAs fit in w waves; the plan is the candidate
+ * of fewest chunks whose modelled time is within ATTN_PLAN_SLACK times the least; v2 when
+ * that is more than one chunk, within ATTN_GRID_YZ_MAX chunks and the workspace. Environment:
  * MLXCEL_PAGED_ATTENTION_NATIVE=0 forces gather, =1 forces v2. `batch` is host memory;
  * `workspace` is kept in the plan, not owned. */
 void attn_plan_decode(const be_paged_batch *batch, int block_size, int n_heads, int n_kv_heads,

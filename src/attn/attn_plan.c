@@ -1,10 +1,11 @@
 /* The paged decode plan. v1 gives one work item per (decode row, kv head) and reads every
- * page once; when that is fewer items than the device can run at once, v2 splits each
- * sequence's pages into chunks so that chunks x kv heads x rows fills the device, at the
- * price of a workspace and a merge. The chunk count is the smallest that still reaches the
- * target, so the merge and the workspace stay as small as they can. */
+ * page once; v2 splits each sequence's pages into chunks, at the price of a workspace and a
+ * merge, so that chunks x kv heads x rows fills the device's waves: a few rows leave most of
+ * the device idle under v1, and a CTA count just past a whole number of waves leaves the
+ * last wave nearly empty for a whole CTA's time. */
 #include "attn/attn.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,25 +31,53 @@ uint64_t attn_v2_bytes(int64_t n_decode, int64_t max_chunks, int n_heads, int he
     return base_sat_mul_u64(base_sat_mul_u64(n, (uint64_t)n_heads), per);
 }
 
-/* The v2 chunking for n_decode rows whose longest has max_pages pages: the largest pages per
- * chunk whose chunk count still reaches the target, within the grid limit. Returns the chunk
- * count; 1 means v2 would not split anything. */
+/* Modelled time (attn.h) of `chunks` chunks of ppc pages for `items` (row, kv head) pairs: a
+ * CTA's time (ppc + ATTN_PLAN_CTA_PAGES) per full wave, and that times max(rest / target,
+ * 1 / ATTN_PLAN_SOLO) for a last wave of rest CTAs, since a CTA running nearly alone is
+ * bounded by the bytes it keeps in flight, not by the device's bandwidth; times
+ * ATTN_PLAN_V2_COST for a split. */
+static double plan_time(int64_t items, int64_t chunks, int64_t ppc, int target) {
+    double ctas = (double)items * (double)chunks;
+    double full = floor(ctas / target), rest = ctas - full * target;
+    double last = rest > 0 ? fmax(rest / target, 1.0 / ATTN_PLAN_SOLO) : 0.0;
+    double t = (double)(ppc + ATTN_PLAN_CTA_PAGES) * (full + last);
+    return chunks > 1 ? t * ATTN_PLAN_V2_COST : t;
+}
+
+/* The candidate chunking for w waves (w = 0: one chunk): the most chunks whose CTAs fit in w
+ * waves, within the grid limit. Returns the chunk count, 0 when w waves hold no split. */
+static int64_t wave_chunks(int64_t items, int64_t max_pages, int target, int64_t w, int64_t *ppc) {
+    if (w == 0) {
+        *ppc = max_pages;
+        return 1;
+    }
+    int64_t c = w * target / items;
+    if (c < 2) return 0;
+    if (c > max_pages) c = max_pages;
+    *ppc = div_ceil(max_pages, c);
+    int64_t ppc_min = div_ceil(max_pages, ATTN_GRID_YZ_MAX);
+    if (*ppc < ppc_min) *ppc = ppc_min;
+    return div_ceil(max_pages, *ppc);
+}
+
+/* The v2 chunking for n_decode rows whose longest has max_pages pages (attn.h). Returns the
+ * chunk count; 1 means v2 would not split anything. */
 static int64_t plan_chunks(int64_t n_decode, int n_kv_heads, int64_t max_pages, int target,
                            int64_t *pages_per_chunk) {
-    int64_t items_per_chunk = n_decode * n_kv_heads;
-    int64_t want = div_ceil(target, items_per_chunk);
-    int64_t ppc;
-    if (want <= 1)
-        ppc = max_pages;
-    else if (want >= max_pages)
-        ppc = 1;
-    else /* largest p with ceil(max_pages / p) >= want */
-        ppc = div_ceil(max_pages, want - 1) - 1;
-    if (ppc < 1) ppc = 1;
-    int64_t ppc_min = div_ceil(max_pages, ATTN_GRID_YZ_MAX);
-    if (ppc < ppc_min) ppc = ppc_min;
-    *pages_per_chunk = ppc;
-    return div_ceil(max_pages, ppc);
+    const int64_t items = n_decode * n_kv_heads;
+    double best = INFINITY;
+    for (int64_t w = 0; w <= ATTN_PLAN_WAVES; w++) {
+        int64_t ppc, chunks = wave_chunks(items, max_pages, target, w, &ppc);
+        if (chunks) best = fmin(best, plan_time(items, chunks, ppc, target));
+    }
+    /* The candidates come in order of chunk count: the first within the slack has fewest. */
+    for (int64_t w = 0;; w++) {
+        int64_t ppc, chunks = wave_chunks(items, max_pages, target, w, &ppc);
+        if (chunks && plan_time(items, chunks, ppc, target) <= best * ATTN_PLAN_SLACK) {
+            *pages_per_chunk = ppc;
+            return chunks;
+        }
+    }
 }
 
 uint64_t attn_workspace_bytes(int n_heads, int n_kv_heads, int head_dim, int block_size,
@@ -57,18 +86,22 @@ uint64_t attn_workspace_bytes(int n_heads, int n_kv_heads, int head_dim, int blo
         max_context <= 0 || target <= 0)
         return 0;
     int64_t max_pages = div_ceil(max_context, block_size);
-    /* Rows x kv heads at or past the target take v1, which needs no workspace. */
-    int64_t v2_rows = div_ceil(target, n_kv_heads) - 1;
-    if (v2_rows > max_seqs) v2_rows = max_seqs;
     uint64_t best = 0;
-    for (int64_t n = 1; n <= v2_rows; n++) {
-        for (int64_t pages = 2; pages <= max_pages; pages++) {
+    for (int64_t n = 1; n <= max_seqs; n++) {
+        /* No plan for n rows has more chunks than fit in ATTN_PLAN_WAVES waves, nor more
+         * than its pages; from the row count whose waves hold no second chunk on, all v1. */
+        int64_t bound = (int64_t)ATTN_PLAN_WAVES * target / (n * n_kv_heads);
+        if (bound > max_pages) bound = max_pages;
+        if (bound < 2) break;
+        int64_t most = 0;
+        for (int64_t pages = max_pages; pages >= 2 && pages > most && most < bound; pages--) {
             int64_t ppc;
             int64_t chunks = plan_chunks(n, n_kv_heads, pages, target, &ppc);
-            if (chunks < 2) continue;
-            uint64_t bytes = attn_v2_bytes(n, chunks, n_heads, head_dim);
-            if (bytes > best) best = bytes;
+            if (chunks > most) most = chunks;
         }
+        if (most < 2) continue;
+        uint64_t bytes = attn_v2_bytes(n, most, n_heads, head_dim);
+        if (bytes > best) best = bytes;
     }
     return best;
 }
@@ -94,7 +127,6 @@ void attn_plan_decode_pages(int64_t n_decode, int64_t max_pages, int n_heads, in
     }
     out->kind = BE_DECODE_V1;
     if (n_decode <= 0 || max_pages <= 0 || n_kv_heads <= 0 || target <= 0) return;
-    /* rows x kv heads at or past the target make one chunk: v1 */
     int64_t ppc;
     int64_t chunks = plan_chunks(n_decode, n_kv_heads, max_pages, target, &ppc);
     uint64_t per_chunk = attn_v2_bytes(n_decode, 1, n_heads, head_dim);

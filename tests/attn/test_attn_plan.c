@@ -1,6 +1,6 @@
-/* The decode plan: v1 or v2 from the target, the largest chunk that still reaches it, the
- * grid and workspace bounds, the workspace size matching the largest plan, validation, the
- * environment overrides, and rejected plans answering through gather. */
+/* The decode plan: v1 or v2 from the target and the wave model, the chunkings of the 8B
+ * decode shapes, the grid and workspace bounds, the workspace size matching the largest plan,
+ * validation, the environment overrides, and rejected plans answering through gather. */
 #include "attn_test_scene.h"
 
 #include <stdlib.h>
@@ -43,37 +43,100 @@ static int64_t div_up(int64_t a, int64_t b) {
     return (a + b - 1) / b;
 }
 
-/* With room to spare, v2 takes the largest pages per chunk that reaches the target. */
-static void chunk_choice(void) {
-    const int ns[] = {1, 2, 5}, pages_list[] = {1, 2, 7, 64, 1000}, targets[] = {1, 8, 132, 2000};
-    const int kvs[] = {1, 8};
+/* The wave model of attn.h, written out from its description: the time of `chunks` chunks of
+ * ppc pages over `items` (row, kv head) pairs when `target` CTAs make a wave. */
+static double model_time(int64_t items, int64_t chunks, int64_t ppc, int target) {
+    int64_t ctas = items * chunks, full = ctas / target, rest = ctas % target;
+    double last = 0.0;
+    if (rest) {
+        last = (double)rest / target;
+        if (last < 1.0 / ATTN_PLAN_SOLO) last = 1.0 / ATTN_PLAN_SOLO;
+    }
+    double t = (double)(ppc + ATTN_PLAN_CTA_PAGES) * ((double)full + last);
+    return chunks > 1 ? t * ATTN_PLAN_V2_COST : t;
+}
+
+/* The plan's chunking for n rows of `pages` pages over kv heads at this target: 1 for v1. */
+static int64_t planned(int n, int pages, int kv, int target, int64_t *ppc) {
     static char ws[1];
-    for (size_t a = 0; a < 3; a++)
+    be_paged_batch batch = decode_batch(n, pages, 16);
+    be_decode_plan p;
+    attn_plan_decode(&batch, 16, kv * 4, kv, 64, target, ws, UINT64_MAX, &p);
+    free_batch(&batch);
+    CHECK(p.kind == BE_DECODE_V1 || p.kind == BE_DECODE_V2);
+    *ppc = p.kind == BE_DECODE_V2 ? p.pages_per_chunk : pages;
+    return p.kind == BE_DECODE_V2 ? p.max_chunks : 1;
+}
+
+/* With room to spare, the plan is, of one chunk and every whole number of waves up to
+ * ATTN_PLAN_WAVES (each with as many chunks as fit), the one of fewest chunks whose modelled
+ * time is within ATTN_PLAN_SLACK of the least. */
+static void chunk_choice(void) {
+    const int ns[] = {1, 2, 5, 64}, pages_list[] = {1, 2, 7, 64, 1000};
+    const int targets[] = {1, 8, 132, 396, 2000}, kvs[] = {1, 8};
+    for (size_t a = 0; a < 4; a++)
         for (size_t b = 0; b < 5; b++)
-            for (size_t c = 0; c < 4; c++)
+            for (size_t c = 0; c < 5; c++)
                 for (size_t k = 0; k < 2; k++) {
                     int n = ns[a], pages = pages_list[b], target = targets[c], kv = kvs[k];
-                    be_paged_batch batch = decode_batch(n, pages, 16);
-                    be_decode_plan p;
-                    attn_plan_decode(&batch, 16, kv * 4, kv, 64, target, ws, UINT64_MAX, &p);
+                    int64_t ppc, chunks = planned(n, pages, kv, target, &ppc);
                     int64_t items = (int64_t)n * kv;
-                    if (items >= target || pages == 1) {
-                        CHECK_MSG(p.kind == BE_DECODE_V1, "n %d pages %d target %d kv %d", n, pages,
-                                  target, kv);
-                    } else if (p.kind == BE_DECODE_V2) {
-                        CHECK(p.max_chunks == div_up(pages, p.pages_per_chunk));
-                        CHECK(p.max_chunks >= 2);
-                        /* reaches the target, or already one page per chunk */
-                        CHECK(items * p.max_chunks >= target || p.pages_per_chunk == 1);
-                        /* and one more page per chunk would not */
-                        CHECK(p.pages_per_chunk >= pages ||
-                              items * div_up(pages, p.pages_per_chunk + 1) < target);
-                    } else {
-                        /* v1 only when reaching the target needs no split */
-                        CHECK(p.kind == BE_DECODE_V1 && div_up(target, items) <= 1);
+                    CHECK(chunks == div_up(pages, ppc));
+                    if (pages == 1) CHECK(chunks == 1);
+                    /* the candidates: one chunk, then each whole number of waves */
+                    int64_t cand_chunks[ATTN_PLAN_WAVES + 1];
+                    double cand_time[ATTN_PLAN_WAVES + 1], best;
+                    cand_chunks[0] = 1;
+                    cand_time[0] = best = model_time(items, 1, pages, target);
+                    for (int w = 1; w <= ATTN_PLAN_WAVES; w++) {
+                        int64_t fit = (int64_t)w * target / items;
+                        if (fit > pages) fit = pages;
+                        cand_chunks[w] = 0;
+                        cand_time[w] = 0.0;
+                        if (fit < 2) continue;
+                        int64_t wp = div_up(pages, fit);
+                        cand_chunks[w] = div_up(pages, wp);
+                        cand_time[w] = model_time(items, cand_chunks[w], wp, target);
+                        if (cand_time[w] < best) best = cand_time[w];
                     }
-                    free_batch(&batch);
+                    double t = model_time(items, chunks, ppc, target);
+                    CHECK_MSG(t <= best * ATTN_PLAN_SLACK, "n %d pages %d target %d kv %d", n,
+                              pages, target, kv);
+                    for (int w = 0; w <= ATTN_PLAN_WAVES; w++)
+                        if (cand_chunks[w] && cand_chunks[w] < chunks)
+                            CHECK_MSG(cand_time[w] > best * ATTN_PLAN_SLACK,
+                                      "n %d pages %d target %d kv %d: %lld chunks, %lld as good", n,
+                                      pages, target, kv, (long long)chunks,
+                                      (long long)cand_chunks[w]);
                 }
+}
+
+/* Llama-3.1-8B decode (8 kv heads, blocks of 32) on 132 SMs at 3 CTAs each: one wave holds
+ * 396 CTAs. Counted by hand from the model: one row of 131072 tokens takes 49 chunks of 84
+ * pages (392 CTAs, one wave) rather than the 50 (400 CTAs) that would leave 4 CTAs nearly
+ * alone for a second wave; 4 rows of 16384, 12 chunks of 43 pages (384); 16 rows of 8192, 3
+ * chunks of 86 pages (384); 64 rows of 4096, 3 chunks of 43 (1536 CTAs, 3.9 waves) rather
+ * than v1's 512 CTAs (1.3 waves); 256 rows of 2048 stay v1 (2048 CTAs, 5.2 waves), as two
+ * chunks would gain less than the split costs. */
+static void chunk_waves(void) {
+    const int rows[] = {1, 4, 16, 64, 256}, tokens[] = {131072, 16384, 8192, 4096, 2048};
+    const int want_chunks[] = {49, 12, 3, 3, 1}, want_ppc[] = {84, 43, 86, 43, 64};
+    for (int i = 0; i < 5; i++) {
+        int64_t ppc, chunks = planned(rows[i], tokens[i] / 32, 8, 396, &ppc);
+        CHECK_MSG(chunks == want_chunks[i] && ppc == want_ppc[i],
+                  "%d x %d: %lld chunks of %lld pages", rows[i], tokens[i], (long long)chunks,
+                  (long long)ppc);
+    }
+}
+
+/* Within the slack, fewer chunks win. 6 rows x 8 kv heads of 59 pages, 132 CTAs a wave, by
+ * hand: v1 costs 61 x 0.8 = 48.8; 2 chunks of 30 pages (96 CTAs) 32 x 0.8 x 1.05 = 26.88;
+ * 5 chunks of 12 (240 CTAs, 1.82 waves) 14 x 1.82 x 1.05 = 26.73, the least, but within 2%
+ * of 2 chunks; 8 and 10 chunks cost more. */
+static void chunk_slack(void) {
+    int64_t ppc, chunks = planned(6, 59, 8, 132, &ppc);
+    CHECK_MSG(chunks == 2 && ppc == 30, "%lld chunks of %lld pages", (long long)chunks,
+              (long long)ppc);
 }
 
 /* The chunk count never passes the grid limit, and a workspace caps it too. */
@@ -226,6 +289,8 @@ static void rejected_plans_gather(void) {
 
 int main(void) {
     chunk_choice();
+    chunk_waves();
+    chunk_slack();
     chunk_bounds();
     workspace_matches_plans();
     environment();

@@ -68,8 +68,10 @@ static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, i
             pp = &plan;
         }
         if (kinds[k] == BE_DECODE_V2) {
+            /* chunks for one page more than the longest row holds, which a first-page
+             * offset may add: a plan short of that is served as v1 */
             plan.pages_per_chunk = ppcs[k];
-            plan.max_chunks = (b.max_pages + ppcs[k] - 1) / ppcs[k];
+            plan.max_chunks = (b.max_pages + 1 + ppcs[k] - 1) / ppcs[k];
             plan.workspace_bytes =
                 (uint64_t)b.n_seqs * plan.max_chunks * H * (uint64_t)(D + 1) * sizeof(float);
             base_err e2 = {{0}};
@@ -127,10 +129,14 @@ int main(void) {
     /* first-page offsets past the first 16-token tile (one sequence living in its second
      * tile alone) and a long row, for blocks of 32 */
     const tc_seq offsets[] = {{12, 1, 20}, {40, 1, 17}, {700, 1, 31}};
+    /* a row of over 512 pages at small blocks: at one page per chunk the merge takes its
+     * chunks in more than one block of weights */
+    const tc_seq long_row[] = {{8400, 1, 0}, {20, 1, 2}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         run_case(be, &cases[i], mixed, 6);
         run_case(be, &cases[i], decode_only, 3);
         if (cases[i].block_size >= 32) run_case(be, &cases[i], offsets, 3);
+        if (cases[i].block_size <= 16) run_case(be, &cases[i], long_row, 2);
     }
     be->ops->destroy(be);
     TEST_MAIN_END();
