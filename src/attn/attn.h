@@ -68,6 +68,12 @@ void attn_plan_decode_pages(int64_t n_decode, int64_t max_pages, int n_heads, in
                             int head_dim, int target, void *workspace, uint64_t workspace_bytes,
                             be_decode_plan *out);
 
+/* Whether a v2 plan's chunks cover every decode row of a batch known only by its host
+ * scalars (a backend that cannot read the page table): max_kv_len tokens span at most
+ * ceil(max_kv_len / block_size) pages, one more when first-page offsets may be nonzero. A
+ * plan from attn_plan_decode_pages for the batch's pages covers it when the offsets are NULL. */
+bool attn_plan_covers(const be_decode_plan *plan, const be_paged_batch *batch, int block_size);
+
 /* Checks that the batch arrays are consistent with each other and with the layer: indptrs
  * start at 0 and never decrease, every page id is inside the pool, every kv_len matches its
  * pages, every q_len is at most its kv_len, slots are inside the pool. */

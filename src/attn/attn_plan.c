@@ -207,6 +207,12 @@ int attn_batch_check(const be_paged_batch *b, const be_kv_layer *layer, base_err
     return 0;
 }
 
+bool attn_plan_covers(const be_decode_plan *plan, const be_paged_batch *batch, int block_size) {
+    if (!plan || plan->pages_per_chunk < 1 || plan->max_chunks < 1 || block_size < 1) return false;
+    int64_t span = (int64_t)batch->max_kv_len + (batch->first_page_offset ? block_size - 1 : 0);
+    return (int64_t)plan->max_chunks * plan->pages_per_chunk >= div_ceil(span, block_size);
+}
+
 int attn_plan_validate(const be_decode_plan *plan, const be_paged_batch *batch,
                        const be_kv_layer *layer, int n_heads, base_err *err) {
     if (!plan) return base_fail(err, "decode plan: missing");

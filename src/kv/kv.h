@@ -85,7 +85,7 @@ kv_seq *kv_seq_fork(kv_pool *pool, const kv_seq *seq);
 
 /* One step's host-side CSR batch: the sequences and how many of their last tokens are
  * computed in this step (appended already). `view` points into arrays the batch owns;
- * first_page_offset is all zeros (no sliding windows yet), slots are
+ * first_page_offset is NULL (pages start at their first slot: no sliding windows yet), slots are
  * page * block_size + slot and positions kv_len - q_len + i. */
 typedef struct kv_batch {
     be_paged_batch view;

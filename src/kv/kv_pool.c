@@ -527,7 +527,7 @@ int kv_batch_build(const kv_pool *pool, kv_seq *const *seqs, const int *q_lens, 
         return base_fail(err, "kv batch: %lld tokens, %lld pages exceed int32", (long long)n_tokens,
                          (long long)n_pages);
     size_t n = (size_t)n_seqs;
-    size_t i32 = (n + 1) * 2 + n * 3 + (size_t)n_pages + (size_t)n_tokens;
+    size_t i32 = (n + 1) * 2 + n * 2 + (size_t)n_pages + (size_t)n_tokens;
     /* the int64 slots go first so that they are aligned */
     char *mem = base_xmalloc((size_t)n_tokens * sizeof(int64_t) + i32 * sizeof(int32_t) + 1);
     int64_t *slots = (int64_t *)mem;
@@ -535,8 +535,7 @@ int kv_batch_build(const kv_pool *pool, kv_seq *const *seqs, const int *q_lens, 
     int32_t *page_indptr = q_indptr + n + 1;
     int32_t *kv_len = page_indptr + n + 1;
     int32_t *last_page_len = kv_len + n;
-    int32_t *first_page_offset = last_page_len + n;
-    int32_t *page_indices = first_page_offset + n;
+    int32_t *page_indices = last_page_len + n;
     int32_t *positions = page_indices + n_pages;
     int bs = pool->geom.block_size;
     q_indptr[0] = page_indptr[0] = 0;
@@ -549,7 +548,6 @@ int kv_batch_build(const kv_pool *pool, kv_seq *const *seqs, const int *q_lens, 
             memcpy(page_indices + page_indptr[s], sq->pages, (size_t)sq->n_pages * sizeof(int32_t));
         kv_len[s] = sq->len;
         last_page_len[s] = sq->n_pages ? sq->len - (sq->n_pages - 1) * bs : 0;
-        first_page_offset[s] = 0;
         if (q_lens[s] > max_q_len) max_q_len = q_lens[s];
         if (sq->len > max_kv_len) max_kv_len = sq->len;
         for (int i = 0; i < q_lens[s]; i++, t++) {
@@ -567,7 +565,10 @@ int kv_batch_build(const kv_pool *pool, kv_seq *const *seqs, const int *q_lens, 
                                  .page_indptr = page_indptr,
                                  .page_indices = page_indices,
                                  .last_page_len = last_page_len,
-                                 .first_page_offset = first_page_offset,
+                                 /* pages start at their first slot (no sliding windows
+                                  * yet); NULL tells the attention kernels so, which lets a
+                                  * plan for exactly the batch's pages serve it */
+                                 .first_page_offset = NULL,
                                  .slots = slots,
                                  .positions = positions};
     out->storage = mem;

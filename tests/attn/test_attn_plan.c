@@ -287,7 +287,38 @@ static void rejected_plans_gather(void) {
     tb_destroy(be);
 }
 
+/* A plan made for a length bucket serves every batch of that bucket on a backend that sees
+ * only max_kv_len (CUDA): kv batches carry no first-page offsets, so a bucket of P pages needs
+ * P pages of chunks, not P + 1. With offsets present the launcher must allow one page more,
+ * which a plan cut exactly at P does not cover: that was the case where recorded decode steps
+ * silently ran as v1 on 8 CTAs. */
+static void bucket_plans_cover(void) {
+    const int blocks[] = {16, 32}, rows[] = {1, 4, 64, 256};
+    int v2_plans = 0, exact = 0;
+    for (int bi = 0; bi < 2; bi++)
+        for (int ri = 0; ri < 4; ri++)
+            for (int64_t pages = 1; pages <= 8192; pages *= 2) {
+                be_decode_plan plan;
+                attn_plan_decode_pages(rows[ri], pages, 32, 8, 128, 396, (void *)16, UINT64_MAX,
+                                       &plan);
+                if (plan.kind != BE_DECODE_V2) continue;
+                v2_plans++;
+                be_paged_batch b = {.n_seqs = rows[ri], .max_kv_len = (int)(pages * blocks[bi])};
+                CHECK_MSG(attn_plan_covers(&plan, &b, blocks[bi]),
+                          "rows %d, %lld pages of %d: %d chunks of %d pages", rows[ri],
+                          (long long)pages, blocks[bi], plan.max_chunks, plan.pages_per_chunk);
+                int32_t offsets[1] = {0};
+                b.first_page_offset = offsets;
+                if ((int64_t)plan.max_chunks * plan.pages_per_chunk == pages) {
+                    exact++;
+                    CHECK(!attn_plan_covers(&plan, &b, blocks[bi]));
+                }
+            }
+    CHECK(v2_plans > 20 && exact > 5);
+}
+
 int main(void) {
+    bucket_plans_cover();
     chunk_choice();
     chunk_waves();
     chunk_slack();

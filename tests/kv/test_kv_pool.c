@@ -332,7 +332,7 @@ static void batch_fields(void) {
     CHECK(v->kv_len[0] == 6 && v->kv_len[1] == 9);
     CHECK(v->page_indptr[1] == 2 && v->page_indptr[2] == 5);
     CHECK(v->last_page_len[0] == 2 && v->last_page_len[1] == 1);
-    CHECK(v->first_page_offset[0] == 0 && v->first_page_offset[1] == 0);
+    CHECK(v->first_page_offset == NULL);             /* every page starts at its first slot */
     CHECK(v->page_indices[0] == v->page_indices[2]); /* shared full block */
     CHECK(v->page_indices[1] != v->page_indices[3]); /* copied on write */
     CHECK(v->positions[0] == 5 && v->positions[1] == 5 && v->positions[4] == 8);

@@ -24,6 +24,10 @@
  * Prefill rows are v1 rows with a causal limit. */
 #include "backend/cuda/cuda_mma.h"
 
+extern "C" {
+#include "attn/attn.h"
+}
+
 #include <limits.h>
 #include <string.h>
 #include <type_traits>
@@ -932,12 +936,7 @@ static int run_merge(const att_params &p, int head_dim, cudaStream_t st, base_er
 static bool v2_usable(const be_decode_plan *plan, const be_paged_batch *batch, int n_heads,
                       int head_dim, int block_size) {
     if (!plan || plan->kind != BE_DECODE_V2 || !plan->workspace) return false;
-    if (plan->pages_per_chunk < 1 || plan->max_chunks < 1 || plan->max_chunks > ATT_GRID_MAX)
-        return false;
-    /* A first-page offset can add one page to the longest sequence. */
-    int64_t span = (int64_t)batch->max_kv_len + (batch->first_page_offset ? block_size - 1 : 0);
-    int64_t longest_pages = (span + block_size - 1) / block_size;
-    if ((int64_t)plan->max_chunks * plan->pages_per_chunk < longest_pages) return false;
+    if (plan->max_chunks > ATT_GRID_MAX || !attn_plan_covers(plan, batch, block_size)) return false;
     uint64_t cells = (uint64_t)batch->n_seqs * (uint64_t)plan->max_chunks * (uint64_t)n_heads;
     return cells * (uint64_t)(head_dim + 1) * sizeof(float) <= plan->workspace_bytes;
 }
