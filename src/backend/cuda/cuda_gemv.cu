@@ -380,6 +380,9 @@ static int gemv1_dispatch_dt(cuda_backend *c, const gemv1_job &job, base_dtype d
 
 int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, be_tensor *const *ys,
                int n, bool glu, base_err *err) {
+    bool mma = cuda_impl(be)->gemv_kernel != CUDA_GEMV_ROWS;
+    for (int i = 0; i < n; i++) mma = mma && cuda_gemv_mma_fits(x, ws[i]);
+    if (mma) return cuda_gemv_mma(be, x, ws, ys, n, glu, err);
     const be_linear *w = ws[0];
     gemv1_job job = {};
     job.nm = n;

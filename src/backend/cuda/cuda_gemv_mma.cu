@@ -1,0 +1,512 @@
+/* The decode GEMV on the tensor cores: y = x W^T for 1 to 16 F32 rows of x against 4- or 8-bit
+ * MLX affine weights, every row of x served by ONE pass over W (the single-row GEMV of
+ * cuda_gemv.cu holds x in registers and serves one or two rows a pass).
+ *
+ * Precision. A quantized value q is exact in F16, and a word of packed values becomes F16
+ * pairs without conversions: (w & 0x000F000F) | 0x64006400 is the half2 (1024 + q0, 1024 + q4),
+ * one packed subtraction leaves (q0, q4); the nibbles at bits 4..7 come out as 1024 + 16 q and
+ * one packed FMA by (1/16, -64) leaves q. 8-bit bytes take the same path (1024 + q, q < 256).
+ * x is split into two F16 terms, hi = f16(x') and lo = f16(x' - hi), of x' = x 2^e where the
+ * power of two e of each row puts its largest |x'| in [2^14, 2^15): no term overflows whatever
+ * the row's range, and hi + lo carries 22 bits of each value, with an absolute floor of 2^-25
+ * (F16's subnormals) against a largest value of 2^14. Products of q and a term are exact and
+ * the tensor core sums them in F32. The affine form is folded per group: y = sum_g s_g
+ * dot(q_g, x'_g) + b_g sum(x'_g), sum(x'_g) computed once per row of x, and y is scaled back by
+ * 2^-e at the end. This needs every mma's k-range inside one group.
+ *
+ * Layout. An m16n8k16 mma takes W as A (16 output rows) and x as B (8 columns, the rows of x).
+ * Within an mma the k order is free as long as A and B agree: the quad of lane g (lanes 4g to
+ * 4g + 3, t = lane % 4) reads one 32-byte sector of rows g and g + 8 of the tile, lane t the
+ * 8 bytes at 8t (16 4-bit or 8 8-bit values, two words), and each word feeds two mmas (4-bit)
+ * or one (8-bit). A sector is 64 4-bit values: one group of 64, half of one of 128, two of 32.
+ * With groups of 32 the quad's lanes 0-1 hold one group and lanes 2-3 the next, so the columns
+ * of an n-tile are split in two classes: column 2j takes row j of x against the first group
+ * only (zeros in lanes 2-3 of B), column 2j + 1 against the second; an n-tile then serves 4
+ * rows of x instead of 8. A short pre-pass (gmma_prep) writes x' once per launch as hi and lo
+ * F16 arrays in the order the fragments read (within each word: values 0, 4, 1, 5, 2, 6, 3, 7
+ * for 4-bit, 0, 2, 1, 3 for 8-bit), with the sums per sector-class and the exponents.
+ *
+ * Work split. The B fragments of a lane are stationary: a warp owns SPW sectors of k and keeps
+ * their x fragments (both terms, every n-tile) in registers while it walks the m-tiles of its
+ * CTA, so x costs no memory traffic per weight. A CTA of GMMA_WARPS warps covers a contiguous
+ * k-range (GMMA_WARPS x SPW sectors); the warps' partial sums for MB m-tiles meet in shared
+ * memory, and the CTAs of one m-block (one per k-range) write their partials to scratch; the
+ * last of them to finish (a counter per m-block) adds them in k order, deterministically, and
+ * writes y with the bias, the SiLU-mul of gate/up, and the output dtype. */
+#include "backend/cuda/cuda_mma.h"
+
+/* Warps per CTA: the k-range of a CTA is GMMA_WARPS x SPW sectors. */
+#define GMMA_WARPS 16
+/* m-tiles (16 output rows each) a warp computes between two meetings of the CTA's warps. */
+#define GMMA_MB 2
+
+/* 4-bit: 64 values a 32-byte sector, 16 a lane; 8-bit: 32 and 8. */
+template <int BITS> __host__ __device__ constexpr int gmma_vps() {
+    return 256 / BITS;
+}
+template <int BITS> __host__ __device__ constexpr int gmma_vpl() {
+    return 64 / BITS;
+}
+/* Sectors a warp keeps x fragments for: about 32 registers of them. */
+template <int BITS, int NT> __host__ __device__ constexpr int gmma_spw() {
+    return 32 / (NT * gmma_vpl<BITS>()) < 1 ? 1 : 32 / (NT * gmma_vpl<BITS>());
+}
+
+struct gmma_mat {
+    const uint8_t *w;  /* (out, in * bits / 8) */
+    const void *s, *b; /* (out, groups) */
+    const void *bias;  /* (out) or NULL */
+    base_dtype bias_dt;
+    void *y; /* (rows of x, out) */
+    base_dtype y_dt;
+    int64_t out;
+};
+
+struct gmma_job {
+    gmma_mat m[3];
+    base_dtype sdt;    /* scales and biases */
+    int64_t in;        /* values per row of W and x */
+    int64_t row_bytes; /* in * bits / 8 */
+    int64_t groups;    /* groups per row */
+    int gsize;         /* values per group */
+    int64_t sectors;   /* 32-byte sectors per row */
+    int64_t chunks;    /* sums per row of x: sectors x classes */
+    int64_t rows;      /* PLAIN: the outs summed; GLU: out */
+    int64_t tiles;     /* m-tiles: PLAIN ceil(rows / 16); GLU 2 ceil(out / 16), gate and up
+                        * alternating */
+    int64_t tpb;       /* m-tiles per m-block (a multiple of GMMA_MB) */
+    int nx;            /* rows of x */
+    int ksplit;        /* k-ranges (CTAs per m-block) */
+    const __half *xh;  /* (nx, in) hi terms in fragment order */
+    const __half *xl;  /* (nx, in) lo terms */
+    const float *sumx; /* (nx, chunks) */
+    const int *xexp;   /* (nx) e of each row */
+    float *part;       /* (ksplit, nx, tiles * 16) partial sums */
+    unsigned *count;   /* (m-blocks) CTAs done, reset to 0 by the last */
+};
+
+/* The sizes of the scratch areas, each rounded to 256 bytes. */
+struct gmma_layout {
+    size_t count, xh, xl, sumx, xexp, part, total;
+};
+
+static size_t gmma_round(size_t b) {
+    return (b + 255) & ~(size_t)255;
+}
+
+static gmma_layout gmma_sizes(int64_t mblocks, int nx, int64_t in, int64_t chunks, int ksplit,
+                              int64_t tiles) {
+    gmma_layout l;
+    l.count = gmma_round((size_t)mblocks * sizeof(unsigned));
+    l.xh = l.xl = gmma_round((size_t)(nx * in) * sizeof(__half));
+    l.sumx = gmma_round((size_t)(nx * chunks) * sizeof(float));
+    l.xexp = gmma_round(16 * sizeof(int));
+    l.part = gmma_round((size_t)ksplit * nx * (size_t)tiles * 16 * sizeof(float));
+    l.total = l.count + l.xh + l.xl + l.sumx + l.xexp + l.part;
+    return l;
+}
+
+/* Where value k of a word of WV values sits in fragment order: pairs (j, j + WV/2). */
+template <int BITS> __device__ __forceinline__ int64_t gmma_perm(int64_t k) {
+    constexpr int WV = 32 / BITS;
+    const int j = (int)(k % WV);
+    return k - j + (j < WV / 2 ? 2 * j : 2 * (j - WV / 2) + 1);
+}
+
+/* One CTA per row of x: e, the hi and lo terms, and the sums per chunk of chunk_vals values. */
+template <int BITS>
+__global__ void gmma_prep(const float *x, int64_t in, int chunk_vals, int64_t chunks, __half *xh,
+                          __half *xl, float *sumx, int *xexp) {
+    __shared__ float part[32];
+    __shared__ int e_sh;
+    const int r = blockIdx.x, tid = threadIdx.x;
+    const float *xr = x + r * in;
+    float m = 0.0f;
+    for (int64_t i = tid; i < in; i += blockDim.x) m = fmaxf(m, fabsf(xr[i]));
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((tid & 31) == 0) part[tid >> 5] = m;
+    __syncthreads();
+    if (tid == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) m = fmaxf(m, part[w]);
+        int E = 0;
+        frexpf(m, &E);
+        e_sh = m > 0.0f && isfinite(m) ? 15 - E : 0;
+        xexp[r] = e_sh;
+    }
+    __syncthreads();
+    const int e = e_sh;
+    for (int64_t i = tid; i < in; i += blockDim.x) {
+        const float v = ldexpf(xr[i], e);
+        const __half h = __float2half_rn(v);
+        const int64_t p = r * in + gmma_perm<BITS>(i);
+        xh[p] = h;
+        xl[p] = __float2half_rn(v - __half2float(h));
+    }
+    for (int64_t c = tid; c < chunks; c += blockDim.x) {
+        float s = 0.0f;
+        for (int i = 0; i < chunk_vals; i++) s += ldexpf(xr[c * chunk_vals + i], e);
+        sumx[r * chunks + c] = s;
+    }
+}
+
+__device__ __forceinline__ uint2 gmma_ld_nc(const uint8_t *p) {
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
+                 : "=r"(v.x), "=r"(v.y)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float gmma_scale(const void *p, base_dtype dt, int64_t i) {
+    if (dt == BASE_DTYPE_BF16) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    if (dt == BASE_DTYPE_F16) return __half2float(((const __half *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+__device__ __forceinline__ uint32_t gmma_hsub(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+__device__ __forceinline__ uint32_t gmma_hfma(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+/* The 8 4-bit values of w as F16 pairs (q0, q4), (q1, q5), (q2, q6), (q3, q7). */
+__device__ __forceinline__ void gmma_dq4(uint32_t w, uint32_t *h) {
+    const uint32_t magic = 0x64006400u, w8 = w >> 8;
+    h[0] = gmma_hsub((w & 0x000F000Fu) | magic, magic);
+    h[1] = gmma_hfma((w & 0x00F000F0u) | magic, 0x2C002C00u /* 1/16 */, 0xD400D400u /* -64 */);
+    h[2] = gmma_hsub((w8 & 0x000F000Fu) | magic, magic);
+    h[3] = gmma_hfma((w8 & 0x00F000F0u) | magic, 0x2C002C00u, 0xD400D400u);
+}
+
+/* The 4 8-bit values of w as F16 pairs (q0, q2), (q1, q3). */
+__device__ __forceinline__ void gmma_dq8(uint32_t w, uint32_t *h) {
+    const uint32_t magic = 0x64006400u;
+    h[0] = gmma_hsub((w & 0x00FF00FFu) | magic, magic);
+    h[1] = gmma_hsub(((w >> 8) & 0x00FF00FFu) | magic, magic);
+}
+
+/* Output row `i` of m-tile `tile`: its matrix (-1 past the end) and its row there. */
+template <bool GLU>
+__device__ __forceinline__ int gmma_row(const gmma_job &j, int64_t tile, int i, int64_t *row) {
+    if (GLU) {
+        *row = (tile >> 1) * 16 + i;
+        return *row < j.rows ? (int)(tile & 1) : -1;
+    }
+    const int64_t g = tile * 16 + i, e0 = j.m[0].out, e1 = e0 + j.m[1].out;
+    if (g >= j.rows) return -1;
+    *row = g < e0 ? g : (g < e1 ? g - e0 : g - e1);
+    return g < e0 ? 0 : (g < e1 ? 1 : 2);
+}
+
+template <typename T>
+__device__ __forceinline__ T gmma_pick(const gmma_job &j, int i, T gmma_mat::*f) {
+    return i == 0 ? j.m[0].*f : (i == 1 ? j.m[1].*f : j.m[2].*f);
+}
+
+/* Partials of x rows against the CTA's k-range for its m-block's tiles; the last CTA of the
+ * m-block reduces them into y. C: groups per sector (2 for 4-bit groups of 32), NT: n-tiles
+ * of 8 / C rows of x. */
+template <int BITS, int C, int NT, bool GLU>
+__global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job job) {
+    constexpr int VPS = gmma_vps<BITS>(), VPL = gmma_vpl<BITS>(), SPW = gmma_spw<BITS, NT>();
+    constexpr int XU = VPL / 2; /* x fragment words per lane, sector and term */
+    constexpr int XR = 8 / C, Q = 4 / C;
+    __shared__ float red[GMMA_WARPS][GMMA_MB * NT * Q * 32];
+    __shared__ bool last;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int ks = blockIdx.x;
+    const int64_t mb = blockIdx.y;
+
+    /* The warp's sectors and their stationary x fragments and sums. */
+    int64_t sec[SPW];
+    bool sok[SPW];
+    uint32_t xh[SPW][NT][XU], xl[SPW][NT][XU];
+    float xs[SPW][NT][2];
+    int64_t gidx[SPW][C];
+#pragma unroll
+    for (int sw = 0; sw < SPW; sw++) {
+        sec[sw] = ((int64_t)ks * GMMA_WARPS + warp) * SPW + sw;
+        sok[sw] = sec[sw] < job.sectors;
+#pragma unroll
+        for (int c = 0; c < C; c++) gidx[sw][c] = (sec[sw] * VPS + c * (VPS / C)) / job.gsize;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int xr = nt * XR + g / C;
+            const bool on = sok[sw] && xr < job.nx && g % C == t * C / 4;
+            const int64_t off = xr * job.in + sec[sw] * VPS + t * VPL;
+#pragma unroll
+            for (int u = 0; u < XU; u += 4) {
+                const uint4 h =
+                    on ? *(const uint4 *)(job.xh + off + 2 * u) : make_uint4(0, 0, 0, 0);
+                const uint4 l =
+                    on ? *(const uint4 *)(job.xl + off + 2 * u) : make_uint4(0, 0, 0, 0);
+                xh[sw][nt][u] = h.x, xh[sw][nt][u + 1] = h.y, xh[sw][nt][u + 2] = h.z,
+                xh[sw][nt][u + 3] = h.w;
+                xl[sw][nt][u] = l.x, xl[sw][nt][u + 1] = l.y, xl[sw][nt][u + 2] = l.z,
+                xl[sw][nt][u + 3] = l.w;
+            }
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                /* Column 2t + c of the n-tile: row of x and chunk. */
+                const int xr2 = C == 1 ? nt * 8 + 2 * t + c : nt * 4 + t;
+                const int64_t ch = C == 1 ? sec[sw] : sec[sw] * 2 + c;
+                xs[sw][nt][c] = sok[sw] && xr2 < job.nx ? job.sumx[xr2 * job.chunks + ch] : 0.0f;
+            }
+        }
+    }
+
+    const int64_t t_begin = mb * job.tpb;
+    const int64_t t_end = t_begin + job.tpb < job.tiles ? t_begin + job.tpb : job.tiles;
+    const int64_t vrows = job.tiles * 16;
+    for (int64_t tile0 = t_begin; tile0 < t_end; tile0 += GMMA_MB) {
+        uint2 wv[GMMA_MB][2][SPW];
+        float sc[GMMA_MB][2][SPW][C], bi[GMMA_MB][2][SPW][C];
+#pragma unroll
+        for (int mt = 0; mt < GMMA_MB; mt++)
+#pragma unroll
+            for (int rh = 0; rh < 2; rh++) {
+                int64_t row = 0;
+                const int mi =
+                    tile0 + mt < t_end ? gmma_row<GLU>(job, tile0 + mt, g + 8 * rh, &row) : -1;
+                const int m = mi < 0 ? 0 : mi;
+                const uint8_t *w = gmma_pick(job, m, &gmma_mat::w) + row * job.row_bytes + t * 8;
+                const void *sp = gmma_pick(job, m, &gmma_mat::s);
+                const void *bp = gmma_pick(job, m, &gmma_mat::b);
+#pragma unroll
+                for (int sw = 0; sw < SPW; sw++) {
+                    const bool ok = mi >= 0 && sok[sw];
+                    wv[mt][rh][sw] = ok ? gmma_ld_nc(w + sec[sw] * 32) : make_uint2(0, 0);
+#pragma unroll
+                    for (int c = 0; c < C; c++) {
+                        const int64_t gi = row * job.groups + gidx[sw][c];
+                        sc[mt][rh][sw][c] = ok ? gmma_scale(sp, job.sdt, gi) : 0.0f;
+                        bi[mt][rh][sw][c] = ok ? gmma_scale(bp, job.sdt, gi) : 0.0f;
+                    }
+                }
+            }
+
+        float acc[GMMA_MB][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < GMMA_MB; mt++) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
+#pragma unroll
+            for (int sw = 0; sw < SPW; sw++) {
+                float cs[NT][4];
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) cs[nt][i] = 0.0f;
+#pragma unroll
+                for (int wd = 0; wd < 2; wd++) {
+                    const uint32_t w0 = wd ? wv[mt][0][sw].y : wv[mt][0][sw].x;
+                    const uint32_t w1 = wd ? wv[mt][1][sw].y : wv[mt][1][sw].x;
+                    constexpr int PAIRS = BITS == 4 ? 4 : 2;
+                    uint32_t h0[PAIRS], h1[PAIRS];
+                    if (BITS == 4) {
+                        gmma_dq4(w0, h0);
+                        gmma_dq4(w1, h1);
+                    } else {
+                        gmma_dq8(w0, h0);
+                        gmma_dq8(w1, h1);
+                    }
+#pragma unroll
+                    for (int j = 0; j < PAIRS / 2; j++) {
+                        const uint32_t a[4] = {h0[2 * j], h1[2 * j], h0[2 * j + 1], h1[2 * j + 1]};
+                        const int u = wd * PAIRS + 2 * j;
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++) {
+                            cuda_mma16816<__half>(cs[nt], a, xh[sw][nt][u], xh[sw][nt][u + 1]);
+                            cuda_mma16816<__half>(cs[nt], a, xl[sw][nt][u], xl[sw][nt][u + 1]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const int rh = i >> 1, c = C == 2 ? (i & 1) : 0;
+                        acc[mt][nt][i] =
+                            fmaf(sc[mt][rh][sw][c], cs[nt][i],
+                                 fmaf(bi[mt][rh][sw][c], xs[sw][nt][i & 1], acc[mt][nt][i]));
+                    }
+            }
+        }
+
+#pragma unroll
+        for (int mt = 0; mt < GMMA_MB; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int q = 0; q < Q; q++)
+                    red[warp][((mt * NT + nt) * Q + q) * 32 + lane] =
+                        C == 1 ? acc[mt][nt][q] : acc[mt][nt][2 * q] + acc[mt][nt][2 * q + 1];
+        __syncthreads();
+        for (int u = tid; u < GMMA_MB * NT * Q * 32; u += GMMA_WARPS * 32) {
+            float v = 0.0f;
+#pragma unroll
+            for (int w = 0; w < GMMA_WARPS; w++) v += red[w][u];
+            const int ln = u & 31, q = (u >> 5) % Q, nt = (u >> 5) / Q % NT,
+                      mt = (u >> 5) / (Q * NT);
+            const int lg = ln >> 2, lt = ln & 3;
+            const int rh = C == 1 ? q >> 1 : q;
+            const int xr = C == 1 ? nt * 8 + 2 * lt + (q & 1) : nt * 4 + lt;
+            if (xr < job.nx && tile0 + mt < t_end)
+                job.part[((int64_t)ks * job.nx + xr) * vrows + (tile0 + mt) * 16 + lg + 8 * rh] = v;
+        }
+        __syncthreads();
+    }
+
+    /* The last CTA of the m-block to finish adds the k-ranges' partials in order. */
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(&job.count[mb], 1u) == (unsigned)job.ksplit - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int64_t r_begin = GLU ? t_begin / 2 * 16 : t_begin * 16;
+    int64_t r_end = GLU ? t_end / 2 * 16 : t_end * 16;
+    if (r_end > job.rows) r_end = job.rows;
+    const int64_t span = r_end - r_begin;
+    for (int64_t u = tid; u < span * job.nx; u += GMMA_WARPS * 32) {
+        const int xr = (int)(u / span);
+        const int64_t r = r_begin + u % span;
+        const int64_t v0 = GLU ? (r / 16) * 32 + r % 16 : r;
+        float v = 0.0f, v2 = 0.0f;
+        for (int k = 0; k < job.ksplit; k++) {
+            const float *p = job.part + ((int64_t)k * job.nx + xr) * vrows + v0;
+            v += __ldcg(p);
+            if (GLU) v2 += __ldcg(p + 16);
+        }
+        v = ldexpf(v, -job.xexp[xr]);
+        if (GLU) {
+            v2 = ldexpf(v2, -job.xexp[xr]);
+            if (job.m[0].bias) v += cuda_load(job.m[0].bias, job.m[0].bias_dt, (size_t)r);
+            if (job.m[1].bias) v2 += cuda_load(job.m[1].bias, job.m[1].bias_dt, (size_t)r);
+            cuda_store(job.m[0].y, job.m[0].y_dt, (size_t)(xr * job.rows + r),
+                       v / (1.0f + __expf(-v)) * v2);
+        } else {
+            int64_t row = 0;
+            const int mi = gmma_row<false>(job, r / 16, (int)(r % 16), &row);
+            const void *bias = gmma_pick(job, mi, &gmma_mat::bias);
+            if (bias) v += cuda_load(bias, gmma_pick(job, mi, &gmma_mat::bias_dt), (size_t)row);
+            cuda_store(gmma_pick(job, mi, &gmma_mat::y), gmma_pick(job, mi, &gmma_mat::y_dt),
+                       (size_t)(xr * gmma_pick(job, mi, &gmma_mat::out) + row), v);
+        }
+    }
+    if (tid == 0) job.count[mb] = 0;
+}
+
+bool cuda_gemv_mma_fits(const be_tensor *x, const be_linear *w) {
+    return x->rows >= 1 && x->rows <= 16 && x->dtype == BASE_DTYPE_F32 &&
+           (w->bits == 4 || w->bits == 8) && (w->in * w->bits) % 256 == 0 &&
+           (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) &&
+           w->in % w->group_size == 0 && ((uintptr_t)w->weight & 7) == 0 &&
+           ((uintptr_t)x->data & 3) == 0 && cuda_float_dtype(w->dtype) &&
+           (!w->bias || cuda_float_dtype(w->bias_dtype));
+}
+
+template <int BITS, int C, int NT, bool GLU>
+static int gmma_launch(be_backend *be, gmma_job job, const float *x, base_err *err) {
+    cuda_backend *c = cuda_impl(be);
+    auto kernel = gmma_kernel<BITS, C, NT, GLU>;
+    static int per_sm;
+    if (per_sm == 0) {
+        cudaError_t e =
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GMMA_WARPS * 32, 0);
+        if (e != cudaSuccess)
+            return base_fail(err, "cuda: matmul: tensor-core GEMV occupancy: %s",
+                             cudaGetErrorString(e));
+        if (per_sm < 1) per_sm = 1;
+    }
+    const int64_t kc = (int64_t)GMMA_WARPS * gmma_spw<BITS, NT>();
+    job.ksplit = (int)((job.sectors + kc - 1) / kc);
+    /* One wave: m-blocks enough that the k-ranges of all of them fill the device once. */
+    int64_t mblocks = ((int64_t)per_sm * c->sm_count + job.ksplit - 1) / job.ksplit;
+    if (mblocks < 1) mblocks = 1;
+    int64_t tpb = (job.tiles + mblocks - 1) / mblocks;
+    tpb = (tpb + GMMA_MB - 1) / GMMA_MB * GMMA_MB;
+    mblocks = (job.tiles + tpb - 1) / tpb;
+    job.tpb = tpb;
+
+    const gmma_layout l = gmma_sizes(mblocks, job.nx, job.in, job.chunks, job.ksplit, job.tiles);
+    void *old = c->gmma_buf;
+    if (cuda_scratch(be, &c->gmma_buf, &c->gmma_bytes, l.total, "tensor-core GEMV", err)) return -1;
+    /* The counters start at zero once and every launch leaves them there. */
+    if (c->gmma_buf != old) {
+        cudaError_t e = cudaMemsetAsync(c->gmma_buf, 0, c->gmma_bytes, c->stream);
+        if (e != cudaSuccess)
+            return base_fail(err, "cuda: matmul: tensor-core GEMV scratch: %s",
+                             cudaGetErrorString(e));
+    }
+    char *p = (char *)c->gmma_buf;
+    job.count = (unsigned *)p;
+    job.xh = (const __half *)(p += l.count);
+    job.xl = (const __half *)(p += l.xh);
+    job.sumx = (const float *)(p += l.xl);
+    job.xexp = (const int *)(p += l.sumx);
+    job.part = (float *)(p += l.xexp);
+    gmma_prep<BITS><<<job.nx, 256, 0, c->stream>>>(x, job.in, (int)(job.in / job.chunks),
+                                                   job.chunks, (__half *)job.xh, (__half *)job.xl,
+                                                   (float *)job.sumx, (int *)job.xexp);
+    if (cuda_check_launch("matmul (tensor-core GEMV, x terms)", err)) return -1;
+    kernel<<<dim3((unsigned)job.ksplit, (unsigned)mblocks), GMMA_WARPS * 32, 0, c->stream>>>(job);
+    return cuda_check_launch("matmul (tensor-core GEMV)", err);
+}
+
+template <int BITS, int C, bool GLU>
+static int gmma_dispatch_nt(be_backend *be, const gmma_job &job, const float *x, base_err *err) {
+    const int nt = (job.nx + 8 / C - 1) / (8 / C);
+    if (nt == 1) return gmma_launch<BITS, C, 1, GLU>(be, job, x, err);
+    if (nt == 2) return gmma_launch<BITS, C, 2, GLU>(be, job, x, err);
+    return gmma_launch < BITS, C, C == 2 ? 4 : 2, GLU > (be, job, x, err);
+}
+
+template <bool GLU>
+static int gmma_dispatch(be_backend *be, const gmma_job &job, int bits, const float *x,
+                         base_err *err) {
+    if (bits == 8) return gmma_dispatch_nt<8, 1, GLU>(be, job, x, err);
+    if (job.gsize == 32) return gmma_dispatch_nt<4, 2, GLU>(be, job, x, err);
+    return gmma_dispatch_nt<4, 1, GLU>(be, job, x, err);
+}
+
+int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws,
+                  be_tensor *const *ys, int n, bool glu, base_err *err) {
+    const be_linear *w = ws[0];
+    gmma_job job = {};
+    job.sdt = w->dtype;
+    job.in = w->in;
+    job.row_bytes = w->in * w->bits / 8;
+    job.groups = w->in / w->group_size;
+    job.gsize = w->group_size;
+    job.sectors = job.row_bytes / 32;
+    const int cls = w->bits == 4 && w->group_size == 32 ? 2 : 1;
+    job.chunks = job.sectors * cls;
+    job.nx = (int)x->rows;
+    for (int i = 0; i < n; i++) {
+        const be_tensor *y = ys[glu ? 0 : i];
+        job.m[i] = {(const uint8_t *)ws[i]->weight,
+                    ws[i]->scales,
+                    ws[i]->biases,
+                    ws[i]->bias,
+                    ws[i]->bias_dtype,
+                    y->data,
+                    y->dtype,
+                    ws[i]->out};
+        job.rows += ws[i]->out;
+    }
+    if (glu) job.rows = w->out;
+    if (job.rows == 0) return 0;
+    job.tiles = glu ? 2 * ((job.rows + 15) / 16) : (job.rows + 15) / 16;
+    const float *xd = (const float *)x->data;
+    return glu ? gmma_dispatch<true>(be, job, w->bits, xd, err)
+               : gmma_dispatch<false>(be, job, w->bits, xd, err);
+}
