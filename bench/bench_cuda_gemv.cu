@@ -168,8 +168,9 @@ int main(int argc, char **argv) {
         {"lm_head", PLAIN, {128256}, 4096},
     };
     const int bits_list[] = {4, 8}, rows_list[] = {1, 2, 4, 8, 16};
-    const char *kernels[] = {"rows", "mma"};
-    const int kernel_ids[] = {CUDA_GEMV_ROWS, CUDA_GEMV_MMA};
+    /* The tensor-core kernel in CTAs of 16 and of 8 warps. */
+    const char *kernels[] = {"rows", "mma", "mma8"};
+    const int kernel_ids[] = {CUDA_GEMV_ROWS, CUDA_GEMV_MMA, CUDA_GEMV_MMA}, warps[] = {0, 16, 8};
     printf("%-8s %-14s %4s %4s", "matrix", "shape", "bits", "rows");
     for (const char *k : kernels)
         if (!only_kernel || strcmp(only_kernel, k) == 0)
@@ -209,9 +210,10 @@ int main(int argc, char **argv) {
                 char dims[32];
                 snprintf(dims, sizeof dims, "%lldx%lld", (long long)total_out, (long long)sh.in);
                 printf("%-8s %-14s %4d %4d", sh.name, dims, bits, rows);
-                for (int ki = 0; ki < 2; ki++) {
+                for (int ki = 0; ki < 3; ki++) {
                     if (only_kernel && strcmp(only_kernel, kernels[ki]) != 0) continue;
                     cuda_impl(be)->gemv_kernel = kernel_ids[ki];
+                    cuda_impl(be)->gemv_mma_warps = warps[ki];
                     double sec = time_rotating(be, n_copies, reps, [&](int c, base_err *e) {
                         const std::vector<be_linear> &w = copies[c];
                         if (sh.k == QKV) {

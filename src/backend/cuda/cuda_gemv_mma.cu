@@ -28,14 +28,14 @@
  *
  * Work split. The B fragments of a lane are stationary: a warp owns SPW sectors of k and keeps
  * their x fragments (both terms, every n-tile) in registers while it walks the m-tiles of its
- * CTA, so x costs no memory traffic per weight. A CTA of GMMA_WARPS warps covers a contiguous
- * k-range (GMMA_WARPS x SPW sectors); the warps' partial sums for MB m-tiles meet in shared
+ * CTA, so x costs no memory traffic per weight. A CTA of W warps covers a contiguous
+ * k-range (W x SPW sectors); the warps' partial sums for MB m-tiles meet in shared
  * memory, and the CTAs of one m-block (one per k-range) write their partials to scratch; the
  * last of them to finish (a counter per m-block) adds them in k order, deterministically, and
  * writes y with the bias, the SiLU-mul of gate/up, and the output dtype. */
 #include "backend/cuda/cuda_mma.h"
 
-/* Warps per CTA: the k-range of a CTA is GMMA_WARPS x SPW sectors. */
+/* Most warps a CTA may have: the k-range of a CTA is its warps x SPW sectors. */
 #define GMMA_WARPS 16
 /* m-tiles (16 output rows each) a warp computes between two meetings of the CTA's warps. */
 #define GMMA_MB 2
@@ -77,6 +77,7 @@ struct gmma_job {
     int64_t tpb;       /* m-tiles per m-block (a multiple of GMMA_MB) */
     int nx;            /* rows of x */
     int ksplit;        /* k-ranges (CTAs per m-block) */
+    int warps;         /* warps per CTA, at most GMMA_WARPS */
     const __half *xh;  /* (nx, in) hi terms in fragment order */
     const __half *xl;  /* (nx, in) lo terms */
     const float *sumx; /* (nx, chunks) */
@@ -113,39 +114,50 @@ template <int BITS> __device__ __forceinline__ int64_t gmma_perm(int64_t k) {
     return k - j + (j < WV / 2 ? 2 * j : 2 * (j - WV / 2) + 1);
 }
 
-/* One CTA per row of x: e, the hi and lo terms, and the sums per chunk of chunk_vals values. */
+/* 2^e as a float, for -126 <= e <= 127. */
+__device__ __forceinline__ float gmma_pow2(int e) {
+    return __int_as_float((127 + e) << 23);
+}
+
+/* One CTA per row of x: e, the hi and lo terms, and the sums of its chunks of chunk_vals (32
+ * or 64) values, a warp per chunk. e is at most 126 (a row whose largest |x| is under 2^-111
+ * keeps that scale) and at least -113 (the largest float is under 2^128), so 2^e and 2^-e are
+ * floats and scaling by them is exact. */
 template <int BITS>
 __global__ void gmma_prep(const float *x, int64_t in, int chunk_vals, int64_t chunks, __half *xh,
                           __half *xl, float *sumx, int *xexp) {
     __shared__ float part[32];
     __shared__ int e_sh;
-    const int r = blockIdx.x, tid = threadIdx.x;
+    const int r = blockIdx.x, tid = threadIdx.x, lane = tid & 31, nw = blockDim.x >> 5;
     const float *xr = x + r * in;
     float m = 0.0f;
     for (int64_t i = tid; i < in; i += blockDim.x) m = fmaxf(m, fabsf(xr[i]));
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((tid & 31) == 0) part[tid >> 5] = m;
+    if (lane == 0) part[tid >> 5] = m;
     __syncthreads();
     if (tid == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++) m = fmaxf(m, part[w]);
+        for (int w = 1; w < nw; w++) m = fmaxf(m, part[w]);
         int E = 0;
         frexpf(m, &E);
-        e_sh = m > 0.0f && isfinite(m) ? 15 - E : 0;
+        const int e = m > 0.0f && isfinite(m) ? 15 - E : 0;
+        e_sh = e < 126 ? e : 126;
         xexp[r] = e_sh;
     }
     __syncthreads();
-    const int e = e_sh;
-    for (int64_t i = tid; i < in; i += blockDim.x) {
-        const float v = ldexpf(xr[i], e);
-        const __half h = __float2half_rn(v);
-        const int64_t p = r * in + gmma_perm<BITS>(i);
-        xh[p] = h;
-        xl[p] = __float2half_rn(v - __half2float(h));
-    }
-    for (int64_t c = tid; c < chunks; c += blockDim.x) {
+    const float scale = gmma_pow2(e_sh);
+    for (int64_t c = tid >> 5; c < chunks; c += nw) {
         float s = 0.0f;
-        for (int i = 0; i < chunk_vals; i++) s += ldexpf(xr[c * chunk_vals + i], e);
-        sumx[r * chunks + c] = s;
+        for (int j = lane; j < chunk_vals; j += 32) {
+            const int64_t i = c * chunk_vals + j;
+            const float v = xr[i] * scale;
+            const __half h = __float2half_rn(v);
+            const int64_t p = r * in + gmma_perm<BITS>(i);
+            xh[p] = h;
+            xl[p] = __float2half_rn(v - __half2float(h));
+            s += v;
+        }
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) sumx[r * chunks + c] = s;
     }
 }
 
@@ -231,7 +243,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
     int64_t gidx[SPW][C];
 #pragma unroll
     for (int sw = 0; sw < SPW; sw++) {
-        sec[sw] = ((int64_t)ks * GMMA_WARPS + warp) * SPW + sw;
+        sec[sw] = ((int64_t)ks * job.warps + warp) * SPW + sw;
         sok[sw] = sec[sw] < job.sectors;
 #pragma unroll
         for (int c = 0; c < C; c++) gidx[sw][c] = (sec[sw] * VPS + c * (VPS / C)) / job.gsize;
@@ -350,10 +362,9 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
                     red[warp][((mt * NT + nt) * Q + q) * 32 + lane] =
                         C == 1 ? acc[mt][nt][q] : acc[mt][nt][2 * q] + acc[mt][nt][2 * q + 1];
         __syncthreads();
-        for (int u = tid; u < GMMA_MB * NT * Q * 32; u += GMMA_WARPS * 32) {
+        for (int u = tid; u < GMMA_MB * NT * Q * 32; u += blockDim.x) {
             float v = 0.0f;
-#pragma unroll
-            for (int w = 0; w < GMMA_WARPS; w++) v += red[w][u];
+            for (int w = 0; w < job.warps; w++) v += red[w][u];
             const int ln = u & 31, q = (u >> 5) % Q, nt = (u >> 5) / Q % NT,
                       mt = (u >> 5) / (Q * NT);
             const int lg = ln >> 2, lt = ln & 3;
@@ -376,7 +387,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
     int64_t r_end = GLU ? t_end / 2 * 16 : t_end * 16;
     if (r_end > job.rows) r_end = job.rows;
     const int64_t span = r_end - r_begin;
-    for (int64_t u = tid; u < span * job.nx; u += GMMA_WARPS * 32) {
+    for (int64_t u = tid; u < span * job.nx; u += blockDim.x) {
         const int xr = (int)(u / span);
         const int64_t r = r_begin + u % span;
         const int64_t v0 = GLU ? (r / 16) * 32 + r % 16 : r;
@@ -386,9 +397,10 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
             v += __ldcg(p);
             if (GLU) v2 += __ldcg(p + 16);
         }
-        v = ldexpf(v, -job.xexp[xr]);
+        const float unscale = gmma_pow2(-job.xexp[xr]);
+        v *= unscale;
         if (GLU) {
-            v2 = ldexpf(v2, -job.xexp[xr]);
+            v2 *= unscale;
             if (job.m[0].bias) v += cuda_load(job.m[0].bias, job.m[0].bias_dt, (size_t)r);
             if (job.m[1].bias) v2 += cuda_load(job.m[1].bias, job.m[1].bias_dt, (size_t)r);
             cuda_store(job.m[0].y, job.m[0].y_dt, (size_t)(xr * job.rows + r),
@@ -418,16 +430,20 @@ template <int BITS, int C, int NT, bool GLU>
 static int gmma_launch(be_backend *be, gmma_job job, const float *x, base_err *err) {
     cuda_backend *c = cuda_impl(be);
     auto kernel = gmma_kernel<BITS, C, NT, GLU>;
-    static int per_sm;
+    job.warps =
+        c->gemv_mma_warps > 0 && c->gemv_mma_warps <= GMMA_WARPS ? c->gemv_mma_warps : GMMA_WARPS;
+    /* Resident CTAs per SM for each CTA size. */
+    static int resident[GMMA_WARPS + 1];
+    int &per_sm = resident[job.warps];
     if (per_sm == 0) {
         cudaError_t e =
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GMMA_WARPS * 32, 0);
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, job.warps * 32, 0);
         if (e != cudaSuccess)
             return base_fail(err, "cuda: matmul: tensor-core GEMV occupancy: %s",
                              cudaGetErrorString(e));
         if (per_sm < 1) per_sm = 1;
     }
-    const int64_t kc = (int64_t)GMMA_WARPS * gmma_spw<BITS, NT>();
+    const int64_t kc = (int64_t)job.warps * gmma_spw<BITS, NT>();
     job.ksplit = (int)((job.sectors + kc - 1) / kc);
     /* One wave: m-blocks enough that the k-ranges of all of them fill the device once. */
     int64_t mblocks = ((int64_t)per_sm * c->sm_count + job.ksplit - 1) / job.ksplit;
@@ -458,7 +474,7 @@ static int gmma_launch(be_backend *be, gmma_job job, const float *x, base_err *e
                                                    job.chunks, (__half *)job.xh, (__half *)job.xl,
                                                    (float *)job.sumx, (int *)job.xexp);
     if (cuda_check_launch("matmul (tensor-core GEMV, x terms)", err)) return -1;
-    kernel<<<dim3((unsigned)job.ksplit, (unsigned)mblocks), GMMA_WARPS * 32, 0, c->stream>>>(job);
+    kernel<<<dim3((unsigned)job.ksplit, (unsigned)mblocks), job.warps * 32, 0, c->stream>>>(job);
     return cuda_check_launch("matmul (tensor-core GEMV)", err);
 }
 

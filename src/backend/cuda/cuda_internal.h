@@ -43,6 +43,7 @@ typedef struct cuda_backend {
     size_t gmma_bytes;
     /* Which decode GEMV cuda_gemv1 runs: CUDA_GEMV_AUTO, or one forced for benchmarks. */
     int gemv_kernel;
+    int gemv_mma_warps; /* warps per CTA of the tensor-core GEMV; 0: its default */
 } cuda_backend;
 
 static inline cuda_backend *cuda_impl(be_backend *be) {
