@@ -39,6 +39,9 @@
 #define GMMA_WARPS 16
 /* m-tiles (16 output rows each) a warp computes between two meetings of the CTA's warps. */
 #define GMMA_MB 2
+/* Most m-blocks a launch may have. Their counters sit first in the scratch at a fixed size, so
+ * a launch never finds another launch's x terms where it expects a counter at zero. */
+#define GMMA_MAX_MBLOCKS 4096
 
 /* 4-bit: 64 values a 32-byte sector, 16 a lane; 8-bit: 32 and 8. */
 template <int BITS> __host__ __device__ constexpr int gmma_vps() {
@@ -95,10 +98,9 @@ static size_t gmma_round(size_t b) {
     return (b + 255) & ~(size_t)255;
 }
 
-static gmma_layout gmma_sizes(int64_t mblocks, int nx, int64_t in, int64_t chunks, int ksplit,
-                              int64_t tiles) {
+static gmma_layout gmma_sizes(int nx, int64_t in, int64_t chunks, int ksplit, int64_t tiles) {
     gmma_layout l;
-    l.count = gmma_round((size_t)mblocks * sizeof(unsigned));
+    l.count = gmma_round(GMMA_MAX_MBLOCKS * sizeof(unsigned));
     l.xh = l.xl = gmma_round((size_t)(nx * in) * sizeof(__half));
     l.sumx = gmma_round((size_t)(nx * chunks) * sizeof(float));
     l.xexp = gmma_round(16 * sizeof(int));
@@ -448,16 +450,17 @@ static int gmma_launch(be_backend *be, gmma_job job, const float *x, base_err *e
     /* One wave: m-blocks enough that the k-ranges of all of them fill the device once. */
     int64_t mblocks = ((int64_t)per_sm * c->sm_count + job.ksplit - 1) / job.ksplit;
     if (mblocks < 1) mblocks = 1;
+    if (mblocks > GMMA_MAX_MBLOCKS) mblocks = GMMA_MAX_MBLOCKS;
     int64_t tpb = (job.tiles + mblocks - 1) / mblocks;
     tpb = (tpb + GMMA_MB - 1) / GMMA_MB * GMMA_MB;
     mblocks = (job.tiles + tpb - 1) / tpb;
     job.tpb = tpb;
 
-    const gmma_layout l = gmma_sizes(mblocks, job.nx, job.in, job.chunks, job.ksplit, job.tiles);
-    void *old = c->gmma_buf;
+    const gmma_layout l = gmma_sizes(job.nx, job.in, job.chunks, job.ksplit, job.tiles);
+    const size_t cap = c->gmma_bytes;
     if (cuda_scratch(be, &c->gmma_buf, &c->gmma_bytes, l.total, "tensor-core GEMV", err)) return -1;
     /* The counters start at zero once and every launch leaves them there. */
-    if (c->gmma_buf != old) {
+    if (c->gmma_bytes != cap) {
         cudaError_t e = cudaMemsetAsync(c->gmma_buf, 0, c->gmma_bytes, c->stream);
         if (e != cudaSuccess)
             return base_fail(err, "cuda: matmul: tensor-core GEMV scratch: %s",
