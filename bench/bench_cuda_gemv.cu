@@ -10,8 +10,8 @@
  * the timed launches rotate through them, so every launch reads device memory. The launches
  * are captured in a CUDA graph and replayed, so the host's launch rate is not what is timed;
  * each figure is the median of the replays' CUDA-event timings after warm-up.
- * Usage: bench_cuda_gemv [reps [matrix [bits [kernel]]]] (matrix, bits and kernel, "rows" or
- * "mma", pick one case, as for a profiler). */
+ * Usage: bench_cuda_gemv [reps [matrix [bits [kernels]]]]: matrix ("all" for every one), bits
+ * and a comma-separated list of kernels pick cases, as for a profiler. */
 #include "bench_cuda.h"
 
 #include <algorithm>
@@ -168,16 +168,27 @@ int main(int argc, char **argv) {
         {"lm_head", PLAIN, {128256}, 4096},
     };
     const int bits_list[] = {4, 8}, rows_list[] = {1, 2, 4, 8, 16};
-    /* The tensor-core kernel in CTAs of 16 and of 8 warps. */
-    const char *kernels[] = {"rows", "mma", "mma8"};
-    const int kernel_ids[] = {CUDA_GEMV_ROWS, CUDA_GEMV_MMA, CUDA_GEMV_MMA}, warps[] = {0, 16, 8};
+    /* The tensor-core kernel in CTAs of 16 and of 8 warps, loading a step ahead or not. */
+    const char *kernels[] = {"rows", "mma", "mma8", "mmapf", "mma8pf"};
+    const int kernel_ids[] = {CUDA_GEMV_ROWS, CUDA_GEMV_MMA, CUDA_GEMV_MMA, CUDA_GEMV_MMA,
+                              CUDA_GEMV_MMA},
+              warps[] = {0, 16, 8, 16, 8};
+    const bool prefetch[] = {false, false, false, true, true};
+    const int n_kernels = 5;
+    /* A kernel runs when no list is given or its name is in the comma-separated list. */
+    auto wanted = [&](const char *k) {
+        if (!only_kernel) return true;
+        char key[32], list[256];
+        snprintf(key, sizeof key, ",%s,", k);
+        snprintf(list, sizeof list, ",%s,", only_kernel);
+        return strstr(list, key) != NULL;
+    };
     printf("%-8s %-14s %4s %4s", "matrix", "shape", "bits", "rows");
     for (const char *k : kernels)
-        if (!only_kernel || strcmp(only_kernel, k) == 0)
-            printf(" | %4s %9s %6s %7s", k, "us", "GB/s", "of copy");
+        if (wanted(k)) printf(" | %6s %8s %6s %7s", k, "us", "GB/s", "of copy");
     printf("\n");
     for (const shape &sh : shapes) {
-        if (only && strcmp(only, sh.name) != 0) continue;
+        if (only && strcmp(only, "all") != 0 && strcmp(only, sh.name) != 0) continue;
         int nm = sh.k == QKV ? 3 : (sh.k == GATE_UP ? 2 : 1);
         int64_t total_out = 0;
         for (int i = 0; i < nm; i++) total_out += sh.k == GATE_UP ? sh.out[0] : sh.out[i];
@@ -210,10 +221,11 @@ int main(int argc, char **argv) {
                 char dims[32];
                 snprintf(dims, sizeof dims, "%lldx%lld", (long long)total_out, (long long)sh.in);
                 printf("%-8s %-14s %4d %4d", sh.name, dims, bits, rows);
-                for (int ki = 0; ki < 3; ki++) {
-                    if (only_kernel && strcmp(only_kernel, kernels[ki]) != 0) continue;
+                for (int ki = 0; ki < n_kernels; ki++) {
+                    if (!wanted(kernels[ki])) continue;
                     cuda_impl(be)->gemv_kernel = kernel_ids[ki];
                     cuda_impl(be)->gemv_mma_warps = warps[ki];
+                    cuda_impl(be)->gemv_mma_prefetch = prefetch[ki];
                     double sec = time_rotating(be, n_copies, reps, [&](int c, base_err *e) {
                         const std::vector<be_linear> &w = copies[c];
                         if (sh.k == QKV) {
@@ -226,7 +238,7 @@ int main(int argc, char **argv) {
                         return be->ops->matmul(be, &tx, &w[0], &ty[0], e);
                     });
                     double gbs = (double)bytes / sec / 1e9;
-                    printf(" | %4s %9.2f %6.0f %6.1f%%", kernels[ki], sec * 1e6, gbs,
+                    printf(" | %6s %8.2f %6.0f %6.1f%%", kernels[ki], sec * 1e6, gbs,
                            100.0 * gbs * 1e9 / copy);
                 }
                 printf("\n");

@@ -50,9 +50,12 @@ template <int BITS> __host__ __device__ constexpr int gmma_vps() {
 template <int BITS> __host__ __device__ constexpr int gmma_vpl() {
     return 64 / BITS;
 }
-/* Sectors a warp keeps x fragments for: about 32 registers of them. */
+/* Sectors a warp keeps x fragments for: about 32 registers of them, and at most two so that a
+ * step's weights and scales fit beside them. */
 template <int BITS, int NT> __host__ __device__ constexpr int gmma_spw() {
-    return 32 / (NT * gmma_vpl<BITS>()) < 1 ? 1 : 32 / (NT * gmma_vpl<BITS>());
+    return 32 / (NT * gmma_vpl<BITS>()) < 1
+               ? 1
+               : (32 / (NT * gmma_vpl<BITS>()) > 2 ? 2 : 32 / (NT * gmma_vpl<BITS>()));
 }
 
 struct gmma_mat {
@@ -226,7 +229,7 @@ __device__ __forceinline__ T gmma_pick(const gmma_job &j, int i, T gmma_mat::*f)
 /* Partials of x rows against the CTA's k-range for its m-block's tiles; the last CTA of the
  * m-block reduces them into y. C: groups per sector (2 for 4-bit groups of 32), NT: n-tiles
  * of 8 / C rows of x. */
-template <int BITS, int C, int NT, bool GLU>
+template <int BITS, int C, int NT, bool GLU, bool PF>
 __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job job) {
     constexpr int VPS = gmma_vps<BITS>(), VPL = gmma_vpl<BITS>(), SPW = gmma_spw<BITS, NT>();
     constexpr int XU = VPL / 2; /* x fragment words per lane, sector and term */
@@ -278,9 +281,12 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
     const int64_t t_begin = mb * job.tpb;
     const int64_t t_end = t_begin + job.tpb < job.tiles ? t_begin + job.tpb : job.tiles;
     const int64_t vrows = job.tiles * 16;
-    for (int64_t tile0 = t_begin; tile0 < t_end; tile0 += GMMA_MB) {
-        uint2 wv[GMMA_MB][2][SPW];
-        float sc[GMMA_MB][2][SPW][C], bi[GMMA_MB][2][SPW][C];
+    /* The weights, scales and biases of one step: MB m-tiles, rows g and g + 8, SPW sectors. */
+    struct step_regs {
+        uint2 w[GMMA_MB][2][SPW];
+        float s[GMMA_MB][2][SPW][C], b[GMMA_MB][2][SPW][C];
+    };
+    auto load = [&](int64_t tile0, step_regs &st) {
 #pragma unroll
         for (int mt = 0; mt < GMMA_MB; mt++)
 #pragma unroll
@@ -295,16 +301,17 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
 #pragma unroll
                 for (int sw = 0; sw < SPW; sw++) {
                     const bool ok = mi >= 0 && sok[sw];
-                    wv[mt][rh][sw] = ok ? gmma_ld_nc(w + sec[sw] * 32) : make_uint2(0, 0);
+                    st.w[mt][rh][sw] = ok ? gmma_ld_nc(w + sec[sw] * 32) : make_uint2(0, 0);
 #pragma unroll
                     for (int c = 0; c < C; c++) {
                         const int64_t gi = row * job.groups + gidx[sw][c];
-                        sc[mt][rh][sw][c] = ok ? gmma_scale(sp, job.sdt, gi) : 0.0f;
-                        bi[mt][rh][sw][c] = ok ? gmma_scale(bp, job.sdt, gi) : 0.0f;
+                        st.s[mt][rh][sw][c] = ok ? gmma_scale(sp, job.sdt, gi) : 0.0f;
+                        st.b[mt][rh][sw][c] = ok ? gmma_scale(bp, job.sdt, gi) : 0.0f;
                     }
                 }
             }
-
+    };
+    auto compute = [&](int64_t tile0, const step_regs &st) {
         float acc[GMMA_MB][NT][4];
 #pragma unroll
         for (int mt = 0; mt < GMMA_MB; mt++) {
@@ -321,8 +328,8 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
                     for (int i = 0; i < 4; i++) cs[nt][i] = 0.0f;
 #pragma unroll
                 for (int wd = 0; wd < 2; wd++) {
-                    const uint32_t w0 = wd ? wv[mt][0][sw].y : wv[mt][0][sw].x;
-                    const uint32_t w1 = wd ? wv[mt][1][sw].y : wv[mt][1][sw].x;
+                    const uint32_t w0 = wd ? st.w[mt][0][sw].y : st.w[mt][0][sw].x;
+                    const uint32_t w1 = wd ? st.w[mt][1][sw].y : st.w[mt][1][sw].x;
                     constexpr int PAIRS = BITS == 4 ? 4 : 2;
                     uint32_t h0[PAIRS], h1[PAIRS];
                     if (BITS == 4) {
@@ -349,8 +356,8 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
                     for (int i = 0; i < 4; i++) {
                         const int rh = i >> 1, c = C == 2 ? (i & 1) : 0;
                         acc[mt][nt][i] =
-                            fmaf(sc[mt][rh][sw][c], cs[nt][i],
-                                 fmaf(bi[mt][rh][sw][c], xs[sw][nt][i & 1], acc[mt][nt][i]));
+                            fmaf(st.s[mt][rh][sw][c], cs[nt][i],
+                                 fmaf(st.b[mt][rh][sw][c], xs[sw][nt][i & 1], acc[mt][nt][i]));
                     }
             }
         }
@@ -376,6 +383,25 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
                 job.part[((int64_t)ks * job.nx + xr) * vrows + (tile0 + mt) * 16 + lg + 8 * rh] = v;
         }
         __syncthreads();
+    };
+    /* With PF the next step's loads are in flight while this step computes; the two register
+     * sets swap roles each step, unrolled so that each stays in registers. */
+    step_regs ra, rb;
+    if (PF && t_begin < t_end) load(t_begin, ra);
+    for (int64_t tile0 = t_begin; tile0 < t_end;) {
+        if (PF)
+            load(tile0 + GMMA_MB, rb);
+        else
+            load(tile0, ra);
+        compute(tile0, ra);
+        tile0 += GMMA_MB;
+        if (tile0 >= t_end) break;
+        if (PF)
+            load(tile0 + GMMA_MB, ra);
+        else
+            load(tile0, rb);
+        compute(tile0, rb);
+        tile0 += GMMA_MB;
     }
 
     /* The last CTA of the m-block to finish adds the k-ranges' partials in order. */
@@ -431,12 +457,13 @@ bool cuda_gemv_mma_fits(const be_tensor *x, const be_linear *w) {
 template <int BITS, int C, int NT, bool GLU>
 static int gmma_launch(be_backend *be, gmma_job job, const float *x, base_err *err) {
     cuda_backend *c = cuda_impl(be);
-    auto kernel = gmma_kernel<BITS, C, NT, GLU>;
+    auto kernel = c->gemv_mma_prefetch ? gmma_kernel<BITS, C, NT, GLU, true>
+                                       : gmma_kernel<BITS, C, NT, GLU, false>;
     job.warps =
         c->gemv_mma_warps > 0 && c->gemv_mma_warps <= GMMA_WARPS ? c->gemv_mma_warps : GMMA_WARPS;
     /* Resident CTAs per SM for each CTA size. */
-    static int resident[GMMA_WARPS + 1];
-    int &per_sm = resident[job.warps];
+    static int resident[2][GMMA_WARPS + 1];
+    int &per_sm = resident[c->gemv_mma_prefetch][job.warps];
     if (per_sm == 0) {
         cudaError_t e =
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, job.warps * 32, 0);

@@ -43,7 +43,8 @@ typedef struct cuda_backend {
     size_t gmma_bytes;
     /* Which decode GEMV cuda_gemv1 runs: CUDA_GEMV_AUTO, or one forced for benchmarks. */
     int gemv_kernel;
-    int gemv_mma_warps; /* warps per CTA of the tensor-core GEMV; 0: its default */
+    int gemv_mma_warps;     /* warps per CTA of the tensor-core GEMV; 0: its default */
+    bool gemv_mma_prefetch; /* whether it loads a step ahead */
 } cuda_backend;
 
 static inline cuda_backend *cuda_impl(be_backend *be) {
