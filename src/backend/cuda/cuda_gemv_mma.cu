@@ -6,13 +6,14 @@
  * pairs without conversions: (w & 0x000F000F) | 0x64006400 is the half2 (1024 + q0, 1024 + q4),
  * one packed subtraction leaves (q0, q4); the nibbles at bits 4..7 come out as 1024 + 16 q and
  * one packed FMA by (1/16, -64) leaves q. 8-bit bytes take the same path (1024 + q, q < 256).
- * x is split into two F16 terms, hi = f16(x') and lo = f16(x' - hi), of x' = x 2^e where the
- * power of two e of each row puts its largest |x'| in [2^14, 2^15): no term overflows whatever
- * the row's range, and hi + lo carries 22 bits of each value, with an absolute floor of 2^-25
- * (F16's subnormals) against a largest value of 2^14. Products of q and a term are exact and
- * the tensor core sums them in F32. The affine form is folded per group: y = sum_g s_g
- * dot(q_g, x'_g) + b_g sum(x'_g), sum(x'_g) computed once per row of x, and y is scaled back by
- * 2^-e at the end. This needs every mma's k-range inside one group.
+ * x is split into two F16 terms, hi = f16(x') and lo = f16(x' - hi), of x' = x 2^e, where the
+ * power of two e puts the largest |x'| that one warp reads of a row of x (its k-range) in
+ * [2^14, 2^15): no term overflows whatever the row's range, and hi + lo carries 22 bits of
+ * each value, with an absolute floor of 2^-25 (F16's subnormals) against a largest value of
+ * 2^14. Products of q and a term are exact and the tensor core sums them in F32. The affine
+ * form is folded per group: y = sum_g s_g dot(q_g, x'_g) + b_g sum(x'_g), with sum(x'_g)
+ * computed once, and the warp's sums are scaled back by 2^-e before they meet the other
+ * warps'. This needs every mma's k-range inside one group.
  *
  * Layout. An m16n8k16 mma takes W as A (16 output rows) and x as B (8 columns, the rows of x).
  * Within an mma the k order is free as long as A and B agree: the quad of lane g (lanes 4g to
@@ -22,9 +23,9 @@
  * With groups of 32 the quad's lanes 0-1 hold one group and lanes 2-3 the next, so the columns
  * of an n-tile are split in two classes: column 2j takes row j of x against the first group
  * only (zeros in lanes 2-3 of B), column 2j + 1 against the second; an n-tile then serves 4
- * rows of x instead of 8. A short pre-pass (gmma_prep) writes x' once per launch as hi and lo
- * F16 arrays in the order the fragments read (within each word: values 0, 4, 1, 5, 2, 6, 3, 7
- * for 4-bit, 0, 2, 1, 3 for 8-bit), with the sums per sector-class and the exponents.
+ * rows of x instead of 8. Each warp converts its own part of x once, from F32: the order of
+ * the values in a B register follows the pairs of the weight word (values j and j + 4 of a
+ * 4-bit word, j and j + 2 of an 8-bit one).
  *
  * Work split. The B fragments of a lane are stationary: a warp owns SPW sectors of k and keeps
  * their x fragments (both terms, every n-tile) in registers while it walks the m-tiles of its
@@ -76,7 +77,6 @@ struct gmma_job {
     int64_t groups;    /* groups per row */
     int gsize;         /* values per group */
     int64_t sectors;   /* 32-byte sectors per row */
-    int64_t chunks;    /* sums per row of x: sectors x classes */
     int64_t rows;      /* PLAIN: the outs summed; GLU: out */
     int64_t tiles;     /* m-tiles: PLAIN ceil(rows / 16); GLU 2 ceil(out / 16), gate and up
                         * alternating */
@@ -84,86 +84,19 @@ struct gmma_job {
     int nx;            /* rows of x */
     int ksplit;        /* k-ranges (CTAs per m-block) */
     int warps;         /* warps per CTA, at most GMMA_WARPS */
-    const __half *xh;  /* (nx, in) hi terms in fragment order */
-    const __half *xl;  /* (nx, in) lo terms */
-    const float *sumx; /* (nx, chunks) */
-    const int *xexp;   /* (nx) e of each row */
+    const float *x;    /* (nx, in) */
     float *part;       /* (ksplit, nx, tiles * 16) partial sums */
     unsigned *count;   /* (m-blocks) CTAs done, reset to 0 by the last */
 };
 
-/* The sizes of the scratch areas, each rounded to 256 bytes. */
-struct gmma_layout {
-    size_t count, xh, xl, sumx, xexp, part, total;
-};
-
-static size_t gmma_round(size_t b) {
-    return (b + 255) & ~(size_t)255;
-}
-
-static gmma_layout gmma_sizes(int nx, int64_t in, int64_t chunks, int ksplit, int64_t tiles) {
-    gmma_layout l;
-    l.count = gmma_round(GMMA_MAX_MBLOCKS * sizeof(unsigned));
-    l.xh = l.xl = gmma_round((size_t)(nx * in) * sizeof(__half));
-    l.sumx = gmma_round((size_t)(nx * chunks) * sizeof(float));
-    l.xexp = gmma_round(16 * sizeof(int));
-    l.part = gmma_round((size_t)ksplit * nx * (size_t)tiles * 16 * sizeof(float));
-    l.total = l.count + l.xh + l.xl + l.sumx + l.xexp + l.part;
-    return l;
-}
-
-/* Where value k of a word of WV values sits in fragment order: pairs (j, j + WV/2). */
-template <int BITS> __device__ __forceinline__ int64_t gmma_perm(int64_t k) {
-    constexpr int WV = 32 / BITS;
-    const int j = (int)(k % WV);
-    return k - j + (j < WV / 2 ? 2 * j : 2 * (j - WV / 2) + 1);
+/* The scratch: the m-block counters, then the partial sums. */
+static size_t gmma_part_offset(void) {
+    return (GMMA_MAX_MBLOCKS * sizeof(unsigned) + 255) & ~(size_t)255;
 }
 
 /* 2^e as a float, for -126 <= e <= 127. */
 __device__ __forceinline__ float gmma_pow2(int e) {
     return __int_as_float((127 + e) << 23);
-}
-
-/* One CTA per row of x: e, the hi and lo terms, and the sums of its chunks of chunk_vals (32
- * or 64) values, a warp per chunk. e is at most 126 (a row whose largest |x| is under 2^-111
- * keeps that scale) and at least -113 (the largest float is under 2^128), so 2^e and 2^-e are
- * floats and scaling by them is exact. */
-template <int BITS>
-__global__ void gmma_prep(const float *x, int64_t in, int chunk_vals, int64_t chunks, __half *xh,
-                          __half *xl, float *sumx, int *xexp) {
-    __shared__ float part[32];
-    __shared__ int e_sh;
-    const int r = blockIdx.x, tid = threadIdx.x, lane = tid & 31, nw = blockDim.x >> 5;
-    const float *xr = x + r * in;
-    float m = 0.0f;
-    for (int64_t i = tid; i < in; i += blockDim.x) m = fmaxf(m, fabsf(xr[i]));
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) part[tid >> 5] = m;
-    __syncthreads();
-    if (tid == 0) {
-        for (int w = 1; w < nw; w++) m = fmaxf(m, part[w]);
-        int E = 0;
-        frexpf(m, &E);
-        const int e = m > 0.0f && isfinite(m) ? 15 - E : 0;
-        e_sh = e < 126 ? e : 126;
-        xexp[r] = e_sh;
-    }
-    __syncthreads();
-    const float scale = gmma_pow2(e_sh);
-    for (int64_t c = tid >> 5; c < chunks; c += nw) {
-        float s = 0.0f;
-        for (int j = lane; j < chunk_vals; j += 32) {
-            const int64_t i = c * chunk_vals + j;
-            const float v = xr[i] * scale;
-            const __half h = __float2half_rn(v);
-            const int64_t p = r * in + gmma_perm<BITS>(i);
-            xh[p] = h;
-            xl[p] = __float2half_rn(v - __half2float(h));
-            s += v;
-        }
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == 0) sumx[r * chunks + c] = s;
-    }
 }
 
 __device__ __forceinline__ uint2 gmma_ld_nc(const uint8_t *p) {
@@ -240,11 +173,10 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
     const int ks = blockIdx.x;
     const int64_t mb = blockIdx.y;
 
-    /* The warp's sectors and their stationary x fragments and sums. */
+    /* The warp's sectors, and for each n-tile the stationary x fragments of the lane's column
+     * (g), their sums, and the scales 2^-e of the lane's two accumulator columns (2t, 2t + 1). */
     int64_t sec[SPW];
     bool sok[SPW];
-    uint32_t xh[SPW][NT][XU], xl[SPW][NT][XU];
-    float xs[SPW][NT][2];
     int64_t gidx[SPW][C];
 #pragma unroll
     for (int sw = 0; sw < SPW; sw++) {
@@ -252,29 +184,68 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
         sok[sw] = sec[sw] < job.sectors;
 #pragma unroll
         for (int c = 0; c < C; c++) gidx[sw][c] = (sec[sw] * VPS + c * (VPS / C)) / job.gsize;
+    }
+    uint32_t xh[SPW][NT][XU], xl[SPW][NT][XU];
+    float xs[SPW][NT][2], unscale[NT][2];
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const int xr = nt * XR + g / C;
+    for (int nt = 0; nt < NT; nt++) {
+        const int xr = nt * XR + g / C;
+        float xv[SPW][VPL];
+        float m = 0.0f;
+#pragma unroll
+        for (int sw = 0; sw < SPW; sw++) {
             const bool on = sok[sw] && xr < job.nx && g % C == t * C / 4;
-            const int64_t off = xr * job.in + sec[sw] * VPS + t * VPL;
+            const float4 *src = (const float4 *)(job.x + xr * job.in + sec[sw] * VPS + t * VPL);
 #pragma unroll
-            for (int u = 0; u < XU; u += 4) {
-                const uint4 h =
-                    on ? *(const uint4 *)(job.xh + off + 2 * u) : make_uint4(0, 0, 0, 0);
-                const uint4 l =
-                    on ? *(const uint4 *)(job.xl + off + 2 * u) : make_uint4(0, 0, 0, 0);
-                xh[sw][nt][u] = h.x, xh[sw][nt][u + 1] = h.y, xh[sw][nt][u + 2] = h.z,
-                xh[sw][nt][u + 3] = h.w;
-                xl[sw][nt][u] = l.x, xl[sw][nt][u + 1] = l.y, xl[sw][nt][u + 2] = l.z,
-                xl[sw][nt][u + 3] = l.w;
+            for (int v = 0; v < VPL / 4; v++) {
+                const float4 f = on ? __ldg(src + v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                xv[sw][4 * v] = f.x, xv[sw][4 * v + 1] = f.y, xv[sw][4 * v + 2] = f.z,
+                           xv[sw][4 * v + 3] = f.w;
             }
 #pragma unroll
-            for (int c = 0; c < 2; c++) {
-                /* Column 2t + c of the n-tile: row of x and chunk. */
-                const int xr2 = C == 1 ? nt * 8 + 2 * t + c : nt * 4 + t;
-                const int64_t ch = C == 1 ? sec[sw] : sec[sw] * 2 + c;
-                xs[sw][nt][c] = sok[sw] && xr2 < job.nx ? job.sumx[xr2 * job.chunks + ch] : 0.0f;
+            for (int v = 0; v < VPL; v++) m = fmaxf(m, fabsf(xv[sw][v]));
+        }
+        /* The quad holds column g's values of the warp's sectors. */
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        int E = 0;
+        frexpf(m, &E);
+        int e = m > 0.0f && isfinite(m) ? 15 - E : 0;
+        e = e < 126 ? e : 126;
+        const float scale = gmma_pow2(e);
+        float colsum[SPW];
+#pragma unroll
+        for (int sw = 0; sw < SPW; sw++) {
+            constexpr int WV = 32 / BITS;
+            float sum = 0.0f;
+#pragma unroll
+            for (int v = 0; v < VPL; v++) {
+                xv[sw][v] *= scale;
+                sum += xv[sw][v];
             }
+            /* Word wd's values j and j + WV / 2 make one register, low first. */
+#pragma unroll
+            for (int wd = 0; wd < 2; wd++)
+#pragma unroll
+                for (int p = 0; p < WV / 2; p++) {
+                    const float a = xv[sw][wd * WV + p], b = xv[sw][wd * WV + p + WV / 2];
+                    const __half2 h = __floats2half2_rn(a, b);
+                    const float2 hf = __half22float2(h);
+                    const __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);
+                    xh[sw][nt][wd * WV / 2 + p] = *(const uint32_t *)&h;
+                    xl[sw][nt][wd * WV / 2 + p] = *(const uint32_t *)&l;
+                }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            colsum[sw] = sum + __shfl_xor_sync(0xffffffffu, sum, 2);
+        }
+        /* Accumulator column 2t + c is B's column of quad 2t + c. */
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const int from = 4 * (2 * t + c);
+            unscale[nt][c] = gmma_pow2(-__shfl_sync(0xffffffffu, e, from));
+#pragma unroll
+            for (int sw = 0; sw < SPW; sw++)
+                xs[sw][nt][c] = __shfl_sync(0xffffffffu, colsum[sw], from);
         }
     }
 
@@ -369,7 +340,9 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
 #pragma unroll
                 for (int q = 0; q < Q; q++)
                     red[warp][((mt * NT + nt) * Q + q) * 32 + lane] =
-                        C == 1 ? acc[mt][nt][q] : acc[mt][nt][2 * q] + acc[mt][nt][2 * q + 1];
+                        C == 1 ? acc[mt][nt][q] * unscale[nt][q & 1]
+                               : acc[mt][nt][2 * q] * unscale[nt][0] +
+                                     acc[mt][nt][2 * q + 1] * unscale[nt][1];
         __syncthreads();
         for (int u = tid; u < GMMA_MB * NT * Q * 32; u += blockDim.x) {
             float v = 0.0f;
@@ -425,10 +398,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
             v += __ldcg(p);
             if (GLU) v2 += __ldcg(p + 16);
         }
-        const float unscale = gmma_pow2(-job.xexp[xr]);
-        v *= unscale;
         if (GLU) {
-            v2 *= unscale;
             if (job.m[0].bias) v += cuda_load(job.m[0].bias, job.m[0].bias_dt, (size_t)r);
             if (job.m[1].bias) v2 += cuda_load(job.m[1].bias, job.m[1].bias_dt, (size_t)r);
             cuda_store(job.m[0].y, job.m[0].y_dt, (size_t)(xr * job.rows + r),
@@ -450,12 +420,12 @@ bool cuda_gemv_mma_fits(const be_tensor *x, const be_linear *w) {
            (w->bits == 4 || w->bits == 8) && (w->in * w->bits) % 256 == 0 &&
            (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) &&
            w->in % w->group_size == 0 && ((uintptr_t)w->weight & 7) == 0 &&
-           ((uintptr_t)x->data & 3) == 0 && cuda_float_dtype(w->dtype) &&
+           ((uintptr_t)x->data & 15) == 0 && cuda_float_dtype(w->dtype) &&
            (!w->bias || cuda_float_dtype(w->bias_dtype));
 }
 
 template <int BITS, int C, int NT, bool GLU>
-static int gmma_launch(be_backend *be, gmma_job job, const float *x, base_err *err) {
+static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     cuda_backend *c = cuda_impl(be);
     auto kernel = c->gemv_mma_prefetch ? gmma_kernel<BITS, C, NT, GLU, true>
                                        : gmma_kernel<BITS, C, NT, GLU, false>;
@@ -483,9 +453,10 @@ static int gmma_launch(be_backend *be, gmma_job job, const float *x, base_err *e
     mblocks = (job.tiles + tpb - 1) / tpb;
     job.tpb = tpb;
 
-    const gmma_layout l = gmma_sizes(job.nx, job.in, job.chunks, job.ksplit, job.tiles);
+    const size_t bytes =
+        gmma_part_offset() + (size_t)job.ksplit * job.nx * (size_t)job.tiles * 16 * sizeof(float);
     const size_t cap = c->gmma_bytes;
-    if (cuda_scratch(be, &c->gmma_buf, &c->gmma_bytes, l.total, "tensor-core GEMV", err)) return -1;
+    if (cuda_scratch(be, &c->gmma_buf, &c->gmma_bytes, bytes, "tensor-core GEMV", err)) return -1;
     /* The counters start at zero once and every launch leaves them there. */
     if (c->gmma_bytes != cap) {
         cudaError_t e = cudaMemsetAsync(c->gmma_buf, 0, c->gmma_bytes, c->stream);
@@ -493,35 +464,25 @@ static int gmma_launch(be_backend *be, gmma_job job, const float *x, base_err *e
             return base_fail(err, "cuda: matmul: tensor-core GEMV scratch: %s",
                              cudaGetErrorString(e));
     }
-    char *p = (char *)c->gmma_buf;
-    job.count = (unsigned *)p;
-    job.xh = (const __half *)(p += l.count);
-    job.xl = (const __half *)(p += l.xh);
-    job.sumx = (const float *)(p += l.xl);
-    job.xexp = (const int *)(p += l.sumx);
-    job.part = (float *)(p += l.xexp);
-    gmma_prep<BITS><<<job.nx, 256, 0, c->stream>>>(x, job.in, (int)(job.in / job.chunks),
-                                                   job.chunks, (__half *)job.xh, (__half *)job.xl,
-                                                   (float *)job.sumx, (int *)job.xexp);
-    if (cuda_check_launch("matmul (tensor-core GEMV, x terms)", err)) return -1;
+    job.count = (unsigned *)c->gmma_buf;
+    job.part = (float *)((char *)c->gmma_buf + gmma_part_offset());
     kernel<<<dim3((unsigned)job.ksplit, (unsigned)mblocks), job.warps * 32, 0, c->stream>>>(job);
     return cuda_check_launch("matmul (tensor-core GEMV)", err);
 }
 
 template <int BITS, int C, bool GLU>
-static int gmma_dispatch_nt(be_backend *be, const gmma_job &job, const float *x, base_err *err) {
+static int gmma_dispatch_nt(be_backend *be, const gmma_job &job, base_err *err) {
     const int nt = (job.nx + 8 / C - 1) / (8 / C);
-    if (nt == 1) return gmma_launch<BITS, C, 1, GLU>(be, job, x, err);
-    if (nt == 2) return gmma_launch<BITS, C, 2, GLU>(be, job, x, err);
-    return gmma_launch < BITS, C, C == 2 ? 4 : 2, GLU > (be, job, x, err);
+    if (nt == 1) return gmma_launch<BITS, C, 1, GLU>(be, job, err);
+    if (nt == 2) return gmma_launch<BITS, C, 2, GLU>(be, job, err);
+    return gmma_launch < BITS, C, C == 2 ? 4 : 2, GLU > (be, job, err);
 }
 
 template <bool GLU>
-static int gmma_dispatch(be_backend *be, const gmma_job &job, int bits, const float *x,
-                         base_err *err) {
-    if (bits == 8) return gmma_dispatch_nt<8, 1, GLU>(be, job, x, err);
-    if (job.gsize == 32) return gmma_dispatch_nt<4, 2, GLU>(be, job, x, err);
-    return gmma_dispatch_nt<4, 1, GLU>(be, job, x, err);
+static int gmma_dispatch(be_backend *be, const gmma_job &job, int bits, base_err *err) {
+    if (bits == 8) return gmma_dispatch_nt<8, 1, GLU>(be, job, err);
+    if (job.gsize == 32) return gmma_dispatch_nt<4, 2, GLU>(be, job, err);
+    return gmma_dispatch_nt<4, 1, GLU>(be, job, err);
 }
 
 int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws,
@@ -534,8 +495,6 @@ int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws
     job.groups = w->in / w->group_size;
     job.gsize = w->group_size;
     job.sectors = job.row_bytes / 32;
-    const int cls = w->bits == 4 && w->group_size == 32 ? 2 : 1;
-    job.chunks = job.sectors * cls;
     job.nx = (int)x->rows;
     for (int i = 0; i < n; i++) {
         const be_tensor *y = ys[glu ? 0 : i];
@@ -552,7 +511,7 @@ int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws
     if (glu) job.rows = w->out;
     if (job.rows == 0) return 0;
     job.tiles = glu ? 2 * ((job.rows + 15) / 16) : (job.rows + 15) / 16;
-    const float *xd = (const float *)x->data;
-    return glu ? gmma_dispatch<true>(be, job, w->bits, xd, err)
-               : gmma_dispatch<false>(be, job, w->bits, xd, err);
+    job.x = (const float *)x->data;
+    return glu ? gmma_dispatch<true>(be, job, w->bits, err)
+               : gmma_dispatch<false>(be, job, w->bits, err);
 }
