@@ -41,7 +41,7 @@
 /* m-tiles (16 output rows each) a warp computes between two meetings of the CTA's warps. */
 #define GMMA_MB 2
 /* Most m-blocks a launch may have. Their counters sit first in the scratch at a fixed size, so
- * a launch never finds another launch's x terms where it expects a counter at zero. */
+ * a launch never finds another launch's partial sums where it expects a counter at zero. */
 #define GMMA_MAX_MBLOCKS 4096
 
 /* 4-bit: 64 values a 32-byte sector, 16 a lane; 8-bit: 32 and 8. */
