@@ -84,6 +84,7 @@ struct gmma_job {
     int nx;            /* rows of x */
     int ksplit;        /* k-ranges (CTAs per m-block) */
     int warps;         /* warps per CTA, at most GMMA_WARPS */
+    int l2_steps;      /* steps ahead whose weights are prefetched into L2; 0: none */
     const float *x;    /* (nx, in) */
     float *part;       /* (ksplit, nx, tiles * 16) partial sums */
     unsigned *count;   /* (m-blocks) CTAs done, reset to 0 by the last */
@@ -173,6 +174,39 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
     const int ks = blockIdx.x;
     const int64_t mb = blockIdx.y;
 
+    const int64_t t_begin = mb * job.tpb;
+    const int64_t t_end = t_begin + job.tpb < job.tiles ? t_begin + job.tpb : job.tiles;
+    /* Asks L2 for the CTA's weights, scales and biases of the step at tile0 (no registers
+     * held): each of the step's rows is read in bytes [kb0, kb1) and groups [g0, g1]. */
+    const int64_t kb0 = (int64_t)ks * job.warps * SPW * 32;
+    const int64_t kb1 =
+        kb0 + job.warps * SPW * 32 < job.row_bytes ? kb0 + job.warps * SPW * 32 : job.row_bytes;
+    const int64_t g0 = kb0 * 8 / BITS / job.gsize, g1 = (kb1 * 8 / BITS - 1) / job.gsize;
+    const int sbytes = job.sdt == BASE_DTYPE_F32 ? 4 : 2;
+    const int wlines = (int)((kb1 - kb0 + 127) / 128) + 1;
+    auto l2_prefetch = [&](int64_t tile0) {
+        constexpr int ROWS = GMMA_MB * 16;
+        for (int u = tid; u < ROWS * (wlines + 4); u += blockDim.x) {
+            const int rr = u % ROWS, part = u / ROWS;
+            int64_t row = 0;
+            const int mi =
+                tile0 + rr / 16 < t_end ? gmma_row<GLU>(job, tile0 + rr / 16, rr % 16, &row) : -1;
+            if (mi < 0) continue;
+            const char *a;
+            if (part < wlines) {
+                const int64_t off = kb0 + part * 128 < kb1 ? kb0 + part * 128 : kb1 - 1;
+                a = (const char *)gmma_pick(job, mi, &gmma_mat::w) + row * job.row_bytes + off;
+            } else {
+                const int k = part - wlines;
+                a = (const char *)(k & 1 ? gmma_pick(job, mi, &gmma_mat::b)
+                                         : gmma_pick(job, mi, &gmma_mat::s)) +
+                    (row * job.groups + (k < 2 ? g0 : g1)) * sbytes;
+            }
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+        }
+    };
+    for (int d = 0; d < job.l2_steps; d++) l2_prefetch(t_begin + d * GMMA_MB);
+
     /* The warp's sectors, and for each n-tile the stationary x fragments of the lane's column
      * (g), their sums, and the scales 2^-e of the lane's two accumulator columns (2t, 2t + 1). */
     int64_t sec[SPW];
@@ -249,8 +283,6 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
         }
     }
 
-    const int64_t t_begin = mb * job.tpb;
-    const int64_t t_end = t_begin + job.tpb < job.tiles ? t_begin + job.tpb : job.tiles;
     const int64_t vrows = job.tiles * 16;
     /* The weights, scales and biases of one step: MB m-tiles, rows g and g + 8, SPW sectors. */
     struct step_regs {
@@ -362,6 +394,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
     step_regs ra, rb;
     if (PF && t_begin < t_end) load(t_begin, ra);
     for (int64_t tile0 = t_begin; tile0 < t_end;) {
+        if (job.l2_steps) l2_prefetch(tile0 + job.l2_steps * GMMA_MB);
         if (PF)
             load(tile0 + GMMA_MB, rb);
         else
@@ -369,6 +402,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
         compute(tile0, ra);
         tile0 += GMMA_MB;
         if (tile0 >= t_end) break;
+        if (job.l2_steps) l2_prefetch(tile0 + job.l2_steps * GMMA_MB);
         if (PF)
             load(tile0 + GMMA_MB, ra);
         else
@@ -429,6 +463,7 @@ static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     cuda_backend *c = cuda_impl(be);
     auto kernel = c->gemv_mma_prefetch ? gmma_kernel<BITS, C, NT, GLU, true>
                                        : gmma_kernel<BITS, C, NT, GLU, false>;
+    job.l2_steps = c->gemv_mma_l2_steps;
     job.warps =
         c->gemv_mma_warps > 0 && c->gemv_mma_warps <= GMMA_WARPS ? c->gemv_mma_warps : GMMA_WARPS;
     /* Resident CTAs per SM for each CTA size. */

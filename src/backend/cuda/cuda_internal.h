@@ -45,6 +45,7 @@ typedef struct cuda_backend {
     int gemv_kernel;
     int gemv_mma_warps;     /* warps per CTA of the tensor-core GEMV; 0: its default */
     bool gemv_mma_prefetch; /* whether it loads a step ahead */
+    int gemv_mma_l2_steps;  /* steps ahead it prefetches into L2 */
 } cuda_backend;
 
 static inline cuda_backend *cuda_impl(be_backend *be) {
