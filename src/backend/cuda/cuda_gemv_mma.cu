@@ -178,14 +178,14 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
     const int64_t t_end = t_begin + job.tpb < job.tiles ? t_begin + job.tpb : job.tiles;
     /* Asks L2 for the CTA's weights, scales and biases of the step at tile0 (no registers
      * held): each of the step's rows is read in bytes [kb0, kb1) and groups [g0, g1]. */
-    const int64_t kb0 = (int64_t)ks * job.warps * SPW * 32;
-    const int64_t kb1 =
-        kb0 + job.warps * SPW * 32 < job.row_bytes ? kb0 + job.warps * SPW * 32 : job.row_bytes;
-    const int64_t g0 = kb0 * 8 / BITS / job.gsize, g1 = (kb1 * 8 / BITS - 1) / job.gsize;
-    const int sbytes = job.sdt == BASE_DTYPE_F32 ? 4 : 2;
-    const int wlines = (int)((kb1 - kb0 + 127) / 128) + 1;
     auto l2_prefetch = [&](int64_t tile0) {
         constexpr int ROWS = GMMA_MB * 16;
+        const int64_t kb0 = (int64_t)ks * job.warps * SPW * 32;
+        const int64_t kb1 =
+            kb0 + job.warps * SPW * 32 < job.row_bytes ? kb0 + job.warps * SPW * 32 : job.row_bytes;
+        const int64_t g0 = kb0 * 8 / BITS / job.gsize, g1 = (kb1 * 8 / BITS - 1) / job.gsize;
+        const int sbytes = job.sdt == BASE_DTYPE_F32 ? 4 : 2;
+        const int wlines = (int)((kb1 - kb0 + 127) / 128) + 1;
         for (int u = tid; u < ROWS * (wlines + 4); u += blockDim.x) {
             const int rr = u % ROWS, part = u / ROWS;
             int64_t row = 0;
