@@ -36,6 +36,8 @@
  * writes y with the bias, the SiLU-mul of gate/up, and the output dtype. */
 #include "backend/cuda/cuda_mma.h"
 
+#include <type_traits>
+
 /* Most warps a CTA may have: the k-range of a CTA is its warps x SPW sectors. */
 #define GMMA_WARPS 16
 /* m-tiles (16 output rows each) a warp computes between two meetings of the CTA's warps. */
@@ -108,9 +110,10 @@ __device__ __forceinline__ uint2 gmma_ld_nc(const uint8_t *p) {
     return v;
 }
 
-__device__ __forceinline__ float gmma_scale(const void *p, base_dtype dt, int64_t i) {
-    if (dt == BASE_DTYPE_BF16) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
-    if (dt == BASE_DTYPE_F16) return __half2float(((const __half *)p)[i]);
+template <typename S> __device__ __forceinline__ float gmma_scale(const void *p, int64_t i) {
+    if (std::is_same<S, __nv_bfloat16>::value)
+        return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    if (std::is_same<S, __half>::value) return __half2float(((const __half *)p)[i]);
     return ((const float *)p)[i];
 }
 
@@ -163,7 +166,7 @@ __device__ __forceinline__ T gmma_pick(const gmma_job &j, int i, T gmma_mat::*f)
 /* Partials of x rows against the CTA's k-range for its m-block's tiles; the last CTA of the
  * m-block reduces them into y. C: groups per sector (2 for 4-bit groups of 32), NT: n-tiles
  * of 8 / C rows of x. */
-template <int BITS, int C, int NT, bool GLU, bool PF>
+template <int BITS, int C, int NT, bool GLU, typename S>
 __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job job) {
     constexpr int VPS = gmma_vps<BITS>(), VPL = gmma_vpl<BITS>(), SPW = gmma_spw<BITS, NT>();
     constexpr int XU = VPL / 2; /* x fragment words per lane, sector and term */
@@ -184,7 +187,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
         const int64_t kb1 =
             kb0 + job.warps * SPW * 32 < job.row_bytes ? kb0 + job.warps * SPW * 32 : job.row_bytes;
         const int64_t g0 = kb0 * 8 / BITS / job.gsize, g1 = (kb1 * 8 / BITS - 1) / job.gsize;
-        const int sbytes = job.sdt == BASE_DTYPE_F32 ? 4 : 2;
+        constexpr int sbytes = sizeof(S);
         const int wlines = (int)((kb1 - kb0 + 127) / 128) + 1;
         for (int u = tid; u < ROWS * (wlines + 4); u += blockDim.x) {
             const int rr = u % ROWS, part = u / ROWS;
@@ -308,8 +311,8 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
 #pragma unroll
                     for (int c = 0; c < C; c++) {
                         const int64_t gi = row * job.groups + gidx[sw][c];
-                        st.s[mt][rh][sw][c] = ok ? gmma_scale(sp, job.sdt, gi) : 0.0f;
-                        st.b[mt][rh][sw][c] = ok ? gmma_scale(bp, job.sdt, gi) : 0.0f;
+                        st.s[mt][rh][sw][c] = ok ? gmma_scale<S>(sp, gi) : 0.0f;
+                        st.b[mt][rh][sw][c] = ok ? gmma_scale<S>(bp, gi) : 0.0f;
                     }
                 }
             }
@@ -324,11 +327,12 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
                 for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
 #pragma unroll
             for (int sw = 0; sw < SPW; sw++) {
-                float cs[NT][4];
+                /* The hi and lo terms in two accumulators: two shorter chains of mmas. */
+                float ch[NT][4], cl[NT][4];
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) cs[nt][i] = 0.0f;
+                    for (int i = 0; i < 4; i++) ch[nt][i] = cl[nt][i] = 0.0f;
 #pragma unroll
                 for (int wd = 0; wd < 2; wd++) {
                     const uint32_t w0 = wd ? st.w[mt][0][sw].y : st.w[mt][0][sw].x;
@@ -348,8 +352,8 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
                         const int u = wd * PAIRS + 2 * j;
 #pragma unroll
                         for (int nt = 0; nt < NT; nt++) {
-                            cuda_mma16816<__half>(cs[nt], a, xh[sw][nt][u], xh[sw][nt][u + 1]);
-                            cuda_mma16816<__half>(cs[nt], a, xl[sw][nt][u], xl[sw][nt][u + 1]);
+                            cuda_mma16816<__half>(ch[nt], a, xh[sw][nt][u], xh[sw][nt][u + 1]);
+                            cuda_mma16816<__half>(cl[nt], a, xl[sw][nt][u], xl[sw][nt][u + 1]);
                         }
                     }
                 }
@@ -359,7 +363,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
                     for (int i = 0; i < 4; i++) {
                         const int rh = i >> 1, c = C == 2 ? (i & 1) : 0;
                         acc[mt][nt][i] =
-                            fmaf(st.s[mt][rh][sw][c], cs[nt][i],
+                            fmaf(st.s[mt][rh][sw][c], ch[nt][i] + cl[nt][i],
                                  fmaf(st.b[mt][rh][sw][c], xs[sw][nt][i & 1], acc[mt][nt][i]));
                     }
             }
@@ -378,7 +382,9 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
         __syncthreads();
         for (int u = tid; u < GMMA_MB * NT * Q * 32; u += blockDim.x) {
             float v = 0.0f;
-            for (int w = 0; w < job.warps; w++) v += red[w][u];
+#pragma unroll
+            for (int w = 0; w < GMMA_WARPS; w++)
+                if (w < job.warps) v += red[w][u];
             const int ln = u & 31, q = (u >> 5) % Q, nt = (u >> 5) / Q % NT,
                       mt = (u >> 5) / (Q * NT);
             const int lg = ln >> 2, lt = ln & 3;
@@ -389,26 +395,11 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
         }
         __syncthreads();
     };
-    /* With PF the next step's loads are in flight while this step computes; the two register
-     * sets swap roles each step, unrolled so that each stays in registers. */
-    step_regs ra, rb;
-    if (PF && t_begin < t_end) load(t_begin, ra);
-    for (int64_t tile0 = t_begin; tile0 < t_end;) {
+    step_regs st;
+    for (int64_t tile0 = t_begin; tile0 < t_end; tile0 += GMMA_MB) {
         if (job.l2_steps) l2_prefetch(tile0 + job.l2_steps * GMMA_MB);
-        if (PF)
-            load(tile0 + GMMA_MB, rb);
-        else
-            load(tile0, ra);
-        compute(tile0, ra);
-        tile0 += GMMA_MB;
-        if (tile0 >= t_end) break;
-        if (job.l2_steps) l2_prefetch(tile0 + job.l2_steps * GMMA_MB);
-        if (PF)
-            load(tile0 + GMMA_MB, ra);
-        else
-            load(tile0, rb);
-        compute(tile0, rb);
-        tile0 += GMMA_MB;
+        load(tile0, st);
+        compute(tile0, st);
     }
 
     /* The last CTA of the m-block to finish adds the k-ranges' partials in order. */
@@ -458,17 +449,16 @@ bool cuda_gemv_mma_fits(const be_tensor *x, const be_linear *w) {
            (!w->bias || cuda_float_dtype(w->bias_dtype));
 }
 
-template <int BITS, int C, int NT, bool GLU>
+template <int BITS, int C, int NT, bool GLU, typename S>
 static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     cuda_backend *c = cuda_impl(be);
-    auto kernel = c->gemv_mma_prefetch ? gmma_kernel<BITS, C, NT, GLU, true>
-                                       : gmma_kernel<BITS, C, NT, GLU, false>;
+    auto kernel = gmma_kernel<BITS, C, NT, GLU, S>;
     job.l2_steps = c->gemv_mma_l2_steps;
     job.warps =
         c->gemv_mma_warps > 0 && c->gemv_mma_warps <= GMMA_WARPS ? c->gemv_mma_warps : GMMA_WARPS;
     /* Resident CTAs per SM for each CTA size. */
-    static int resident[2][GMMA_WARPS + 1];
-    int &per_sm = resident[c->gemv_mma_prefetch][job.warps];
+    static int resident[GMMA_WARPS + 1];
+    int &per_sm = resident[job.warps];
     if (per_sm == 0) {
         cudaError_t e =
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, job.warps * 32, 0);
@@ -505,19 +495,26 @@ static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     return cuda_check_launch("matmul (tensor-core GEMV)", err);
 }
 
-template <int BITS, int C, bool GLU>
+template <int BITS, int C, bool GLU, typename S>
 static int gmma_dispatch_nt(be_backend *be, const gmma_job &job, base_err *err) {
     const int nt = (job.nx + 8 / C - 1) / (8 / C);
-    if (nt == 1) return gmma_launch<BITS, C, 1, GLU>(be, job, err);
-    if (nt == 2) return gmma_launch<BITS, C, 2, GLU>(be, job, err);
-    return gmma_launch < BITS, C, C == 2 ? 4 : 2, GLU > (be, job, err);
+    if (nt == 1) return gmma_launch<BITS, C, 1, GLU, S>(be, job, err);
+    if (nt == 2) return gmma_launch<BITS, C, 2, GLU, S>(be, job, err);
+    return gmma_launch < BITS, C, C == 2 ? 4 : 2, GLU, S > (be, job, err);
+}
+
+template <bool GLU, typename S>
+static int gmma_dispatch_s(be_backend *be, const gmma_job &job, int bits, base_err *err) {
+    if (bits == 8) return gmma_dispatch_nt<8, 1, GLU, S>(be, job, err);
+    if (job.gsize == 32) return gmma_dispatch_nt<4, 2, GLU, S>(be, job, err);
+    return gmma_dispatch_nt<4, 1, GLU, S>(be, job, err);
 }
 
 template <bool GLU>
 static int gmma_dispatch(be_backend *be, const gmma_job &job, int bits, base_err *err) {
-    if (bits == 8) return gmma_dispatch_nt<8, 1, GLU>(be, job, err);
-    if (job.gsize == 32) return gmma_dispatch_nt<4, 2, GLU>(be, job, err);
-    return gmma_dispatch_nt<4, 1, GLU>(be, job, err);
+    if (job.sdt == BASE_DTYPE_F32) return gmma_dispatch_s<GLU, float>(be, job, bits, err);
+    if (job.sdt == BASE_DTYPE_F16) return gmma_dispatch_s<GLU, __half>(be, job, bits, err);
+    return gmma_dispatch_s<GLU, __nv_bfloat16>(be, job, bits, err);
 }
 
 int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws,

@@ -43,9 +43,8 @@ typedef struct cuda_backend {
     size_t gmma_bytes;
     /* Which decode GEMV cuda_gemv1 runs: CUDA_GEMV_AUTO, or one forced for benchmarks. */
     int gemv_kernel;
-    int gemv_mma_warps;     /* warps per CTA of the tensor-core GEMV; 0: its default */
-    bool gemv_mma_prefetch; /* whether it loads a step ahead */
-    int gemv_mma_l2_steps;  /* steps ahead it prefetches into L2 */
+    int gemv_mma_warps;    /* warps per CTA of the tensor-core GEMV; 0: its default */
+    int gemv_mma_l2_steps; /* steps ahead it prefetches into L2 */
 } cuda_backend;
 
 static inline cuda_backend *cuda_impl(be_backend *be) {
@@ -180,6 +179,8 @@ int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, b
  * rows of x; arguments as cuda_gemv1's (any out, no multiple of 4 needed), every ws[i] passing
  * cuda_gemv_mma_fits. */
 enum { CUDA_GEMV_AUTO, CUDA_GEMV_ROWS, CUDA_GEMV_MMA };
+/* Rows of x from which CUDA_GEMV_AUTO takes the tensor-core kernel. */
+#define CUDA_GEMV_MMA_ROWS 5
 bool cuda_gemv_mma_fits(const be_tensor *x, const be_linear *w);
 int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws,
                   be_tensor *const *ys, int n, bool glu, base_err *err);
