@@ -168,11 +168,8 @@ int main(int argc, char **argv) {
         {"lm_head", PLAIN, {128256}, 4096},
     };
     const int bits_list[] = {4, 8}, rows_list[] = {1, 2, 4, 8, 16};
-    /* The tensor-core kernel in CTAs of 16 and of 8 warps, with or without the weights of 3
-     * steps ahead prefetched into L2. */
-    const char *kernels[] = {"rows", "mma", "mma8", "mmal2", "mma8l2"};
-    const int warps[] = {0, 16, 8, 16, 8}, l2[] = {0, 0, 0, 3, 3};
-    const int n_kernels = 5;
+    const char *kernels[] = {"rows", "mma"};
+    const int n_kernels = 2;
     /* A kernel runs when no list is given or its name is in the comma-separated list. */
     auto wanted = [&](const char *k) {
         if (!only_kernel) return true;
@@ -222,8 +219,6 @@ int main(int argc, char **argv) {
                 for (int ki = 0; ki < n_kernels; ki++) {
                     if (!wanted(kernels[ki])) continue;
                     cuda_impl(be)->gemv_kernel = ki ? CUDA_GEMV_MMA : CUDA_GEMV_ROWS;
-                    cuda_impl(be)->gemv_mma_l2_steps = l2[ki];
-                    cuda_impl(be)->gemv_mma_warps = warps[ki];
                     double sec = time_rotating(be, n_copies, reps, [&](int c, base_err *e) {
                         const std::vector<be_linear> &w = copies[c];
                         if (sh.k == QKV) {

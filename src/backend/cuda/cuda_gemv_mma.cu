@@ -38,13 +38,15 @@
 
 #include <type_traits>
 
-/* Most warps a CTA may have: the k-range of a CTA is its warps x SPW sectors. */
-#define GMMA_WARPS 16
-/* m-tiles (16 output rows each) a warp computes between two meetings of the CTA's warps. */
-#define GMMA_MB 2
+/* Warps per CTA. */
+#define GMMA_WARPS 8
+/* Shared memory a CTA may give its x fragments: two CTAs fit on an SM. */
+#define GMMA_SMEM (64 << 10)
 /* Most m-blocks a launch may have. Their counters sit first in the scratch at a fixed size, so
  * a launch never finds another launch's partial sums where it expects a counter at zero. */
 #define GMMA_MAX_MBLOCKS 4096
+/* 128-byte lines of each of its rows a warp has prefetched into L2 ahead of its loads. */
+#define GMMA_L2_AHEAD 3
 
 /* 4-bit: 64 values a 32-byte sector, 16 a lane; 8-bit: 32 and 8. */
 template <int BITS> __host__ __device__ constexpr int gmma_vps() {
@@ -53,12 +55,14 @@ template <int BITS> __host__ __device__ constexpr int gmma_vps() {
 template <int BITS> __host__ __device__ constexpr int gmma_vpl() {
     return 64 / BITS;
 }
-/* Sectors a warp keeps x fragments for: about 32 registers of them, and at most two so that a
- * step's weights and scales fit beside them. */
-template <int BITS, int NT> __host__ __device__ constexpr int gmma_spw() {
-    return 32 / (NT * gmma_vpl<BITS>()) < 1
-               ? 1
-               : (32 / (NT * gmma_vpl<BITS>()) > 2 ? 2 : 32 / (NT * gmma_vpl<BITS>()));
+/* uint4s of x fragments per lane, sector and n-tile: the hi words, then the lo words. */
+template <int BITS> __host__ __device__ constexpr int gmma_parts() {
+    return gmma_vpl<BITS>() / 4;
+}
+/* m-tiles a warp computes together, sharing each read of the x fragments: one when several
+ * n-tiles of fragments already fill the registers. */
+template <int NT> __host__ __device__ constexpr int gmma_mb() {
+    return NT == 1 ? 2 : 1;
 }
 
 struct gmma_mat {
@@ -82,11 +86,10 @@ struct gmma_job {
     int64_t rows;      /* PLAIN: the outs summed; GLU: out */
     int64_t tiles;     /* m-tiles: PLAIN ceil(rows / 16); GLU 2 ceil(out / 16), gate and up
                         * alternating */
-    int64_t tpb;       /* m-tiles per m-block (a multiple of GMMA_MB) */
+    int64_t tpb;       /* m-tiles per m-block (even) */
     int nx;            /* rows of x */
     int ksplit;        /* k-ranges (CTAs per m-block) */
-    int warps;         /* warps per CTA, at most GMMA_WARPS */
-    int l2_steps;      /* steps ahead whose weights are prefetched into L2; 0: none */
+    int spc;           /* sectors per k-range */
     const float *x;    /* (nx, in) */
     float *part;       /* (ksplit, nx, tiles * 16) partial sums */
     unsigned *count;   /* (m-blocks) CTAs done, reset to 0 by the last */
@@ -100,6 +103,17 @@ static size_t gmma_part_offset(void) {
 /* 2^e as a float, for -126 <= e <= 127. */
 __device__ __forceinline__ float gmma_pow2(int e) {
     return __int_as_float((127 + e) << 23);
+}
+
+/* e for a row of x whose largest |x| has the bits m: 2^e puts it in [2^14, 2^15). e is at most
+ * 126 (a row under 2^-111 keeps that scale) and at least -113 (floats are under 2^128), so 2^e
+ * and 2^-e are floats and scaling by them is exact. */
+__device__ __forceinline__ int gmma_exp(int m_bits) {
+    const float m = __int_as_float(m_bits);
+    int E = 0;
+    frexpf(m, &E);
+    const int e = m > 0.0f && isfinite(m) ? 15 - E : 0;
+    return e < 126 ? e : 126;
 }
 
 __device__ __forceinline__ uint2 gmma_ld_nc(const uint8_t *p) {
@@ -163,170 +177,188 @@ __device__ __forceinline__ T gmma_pick(const gmma_job &j, int i, T gmma_mat::*f)
     return i == 0 ? j.m[0].*f : (i == 1 ? j.m[1].*f : j.m[2].*f);
 }
 
-/* Partials of x rows against the CTA's k-range for its m-block's tiles; the last CTA of the
- * m-block reduces them into y. C: groups per sector (2 for 4-bit groups of 32), NT: n-tiles
+/* Partials of the rows of x against the CTA's k-range for its m-block's tiles; the last CTA of
+ * the m-block reduces them into y. C: groups per sector (2 for 4-bit groups of 32), NT: n-tiles
  * of 8 / C rows of x. */
 template <int BITS, int C, int NT, bool GLU, typename S>
-__global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job job) {
-    constexpr int VPS = gmma_vps<BITS>(), VPL = gmma_vpl<BITS>(), SPW = gmma_spw<BITS, NT>();
-    constexpr int XU = VPL / 2; /* x fragment words per lane, sector and term */
-    constexpr int XR = 8 / C, Q = 4 / C;
-    __shared__ float red[GMMA_WARPS][GMMA_MB * NT * Q * 32];
+__global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job job) {
+    constexpr int VPS = gmma_vps<BITS>(), VPL = gmma_vpl<BITS>(), XU = VPL / 2;
+    constexpr int PARTS = gmma_parts<BITS>(), XR = 8 / C, Q = 4 / C, MB = gmma_mb<NT>();
+    constexpr int WV = 32 / BITS; /* values per word */
+    extern __shared__ uint4 gmma_smem[];
+    __shared__ int cmax[16];
     __shared__ bool last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int ks = blockIdx.x;
     const int64_t mb = blockIdx.y;
+    const int64_t s_first = (int64_t)ks * job.spc;
+    const int ns = (int)(job.sectors - s_first < job.spc ? job.sectors - s_first : job.spc);
+    const int64_t k0 = s_first * VPS;
+    /* Fragments (spc, NT, PARTS, 32 lanes), then the sums of each B column (spc, NT, 8). */
+    uint4 *frag = gmma_smem;
+    float *csum = (float *)(frag + (size_t)job.spc * NT * PARTS * 32);
 
-    const int64_t t_begin = mb * job.tpb;
-    const int64_t t_end = t_begin + job.tpb < job.tiles ? t_begin + job.tpb : job.tiles;
-    /* Asks L2 for the CTA's weights, scales and biases of the step at tile0 (no registers
-     * held): each of the step's rows is read in bytes [kb0, kb1) and groups [g0, g1]. */
-    auto l2_prefetch = [&](int64_t tile0) {
-        constexpr int ROWS = GMMA_MB * 16;
-        const int64_t kb0 = (int64_t)ks * job.warps * SPW * 32;
-        const int64_t kb1 =
-            kb0 + job.warps * SPW * 32 < job.row_bytes ? kb0 + job.warps * SPW * 32 : job.row_bytes;
-        const int64_t g0 = kb0 * 8 / BITS / job.gsize, g1 = (kb1 * 8 / BITS - 1) / job.gsize;
-        constexpr int sbytes = sizeof(S);
-        const int wlines = (int)((kb1 - kb0 + 127) / 128) + 1;
-        for (int u = tid; u < ROWS * (wlines + 4); u += blockDim.x) {
-            const int rr = u % ROWS, part = u / ROWS;
-            int64_t row = 0;
-            const int mi =
-                tile0 + rr / 16 < t_end ? gmma_row<GLU>(job, tile0 + rr / 16, rr % 16, &row) : -1;
-            if (mi < 0) continue;
-            const char *a;
-            if (part < wlines) {
-                const int64_t off = kb0 + part * 128 < kb1 ? kb0 + part * 128 : kb1 - 1;
-                a = (const char *)gmma_pick(job, mi, &gmma_mat::w) + row * job.row_bytes + off;
-            } else {
-                const int k = part - wlines;
-                a = (const char *)(k & 1 ? gmma_pick(job, mi, &gmma_mat::b)
-                                         : gmma_pick(job, mi, &gmma_mat::s)) +
-                    (row * job.groups + (k < 2 ? g0 : g1)) * sbytes;
-            }
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-        }
-    };
-    for (int d = 0; d < job.l2_steps; d++) l2_prefetch(t_begin + d * GMMA_MB);
-
-    /* The warp's sectors, and for each n-tile the stationary x fragments of the lane's column
-     * (g), their sums, and the scales 2^-e of the lane's two accumulator columns (2t, 2t + 1). */
-    int64_t sec[SPW];
-    bool sok[SPW];
-    int64_t gidx[SPW][C];
-#pragma unroll
-    for (int sw = 0; sw < SPW; sw++) {
-        sec[sw] = ((int64_t)ks * job.warps + warp) * SPW + sw;
-        sok[sw] = sec[sw] < job.sectors;
-#pragma unroll
-        for (int c = 0; c < C; c++) gidx[sw][c] = (sec[sw] * VPS + c * (VPS / C)) / job.gsize;
+    /* The largest |x| of each row of x over the k-range (as bits: they order as the floats). */
+    if (tid < 16) cmax[tid] = 0;
+    __syncthreads();
+    const int kq = ns * VPS / 4;
+    for (int u = tid; u < job.nx * kq; u += blockDim.x) {
+        const int xr = u / kq;
+        const float4 f = __ldg((const float4 *)(job.x + xr * job.in + k0) + u % kq);
+        atomicMax(&cmax[xr], __float_as_int(fmaxf(fmaxf(fabsf(f.x), fabsf(f.y)),
+                                                  fmaxf(fabsf(f.z), fabsf(f.w)))));
     }
-    uint32_t xh[SPW][NT][XU], xl[SPW][NT][XU];
-    float xs[SPW][NT][2], unscale[NT][2];
+    __syncthreads();
+    /* Each lane's B fragments of every sector, as the warp's lane ln will read them, and the
+     * column sums: the quad of a column is 4 consecutive lanes of one warp here too. */
+    for (int u = tid; u < ns * NT * 32; u += blockDim.x) {
+        const int ln = u & 31, nt = (u >> 5) % NT, sl = (u >> 5) / NT;
+        const int lg = ln >> 2, lt = ln & 3, xr = nt * XR + lg / C;
+        const bool on = xr < job.nx && lg % C == lt * C / 4;
+        const float sc = on ? gmma_pow2(gmma_exp(cmax[xr])) : 0.0f;
+        const float4 *src =
+            (const float4 *)(job.x + (on ? xr : 0) * job.in + k0 + sl * VPS + lt * VPL);
+        float xv[VPL], sum = 0.0f;
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        const int xr = nt * XR + g / C;
-        float xv[SPW][VPL];
-        float m = 0.0f;
-#pragma unroll
-        for (int sw = 0; sw < SPW; sw++) {
-            const bool on = sok[sw] && xr < job.nx && g % C == t * C / 4;
-            const float4 *src = (const float4 *)(job.x + xr * job.in + sec[sw] * VPS + t * VPL);
-#pragma unroll
-            for (int v = 0; v < VPL / 4; v++) {
-                const float4 f = on ? __ldg(src + v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                xv[sw][4 * v] = f.x, xv[sw][4 * v + 1] = f.y, xv[sw][4 * v + 2] = f.z,
-                           xv[sw][4 * v + 3] = f.w;
-            }
-#pragma unroll
-            for (int v = 0; v < VPL; v++) m = fmaxf(m, fabsf(xv[sw][v]));
+        for (int v = 0; v < VPL / 4; v++) {
+            const float4 f = on ? __ldg(src + v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            xv[4 * v] = f.x * sc, xv[4 * v + 1] = f.y * sc, xv[4 * v + 2] = f.z * sc,
+                   xv[4 * v + 3] = f.w * sc;
         }
-        /* The quad holds column g's values of the warp's sectors. */
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        int E = 0;
-        frexpf(m, &E);
-        int e = m > 0.0f && isfinite(m) ? 15 - E : 0;
-        e = e < 126 ? e : 126;
-        const float scale = gmma_pow2(e);
-        float colsum[SPW];
+        uint32_t hw[XU], lw[XU];
+        /* Word wd's values j and j + WV / 2 make one register, low first. */
 #pragma unroll
-        for (int sw = 0; sw < SPW; sw++) {
-            constexpr int WV = 32 / BITS;
-            float sum = 0.0f;
+        for (int wd = 0; wd < 2; wd++)
 #pragma unroll
-            for (int v = 0; v < VPL; v++) {
-                xv[sw][v] *= scale;
-                sum += xv[sw][v];
+            for (int p = 0; p < WV / 2; p++) {
+                const float a = xv[wd * WV + p], b = xv[wd * WV + p + WV / 2];
+                sum += a + b;
+                const __half2 h = __floats2half2_rn(a, b);
+                const float2 hf = __half22float2(h);
+                const __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);
+                hw[wd * WV / 2 + p] = *(const uint32_t *)&h;
+                lw[wd * WV / 2 + p] = *(const uint32_t *)&l;
             }
-            /* Word wd's values j and j + WV / 2 make one register, low first. */
+        uint4 *dst = frag + (size_t)(sl * NT + nt) * PARTS * 32 + ln;
 #pragma unroll
-            for (int wd = 0; wd < 2; wd++)
-#pragma unroll
-                for (int p = 0; p < WV / 2; p++) {
-                    const float a = xv[sw][wd * WV + p], b = xv[sw][wd * WV + p + WV / 2];
-                    const __half2 h = __floats2half2_rn(a, b);
-                    const float2 hf = __half22float2(h);
-                    const __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);
-                    xh[sw][nt][wd * WV / 2 + p] = *(const uint32_t *)&h;
-                    xl[sw][nt][wd * WV / 2 + p] = *(const uint32_t *)&l;
-                }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            colsum[sw] = sum + __shfl_xor_sync(0xffffffffu, sum, 2);
+        for (int p = 0; p < PARTS / 2; p++) {
+            dst[p * 32] = make_uint4(hw[4 * p], hw[4 * p + 1], hw[4 * p + 2], hw[4 * p + 3]);
+            dst[(p + PARTS / 2) * 32] =
+                make_uint4(lw[4 * p], lw[4 * p + 1], lw[4 * p + 2], lw[4 * p + 3]);
         }
-        /* Accumulator column 2t + c is B's column of quad 2t + c. */
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (lt == 0) csum[(sl * NT + nt) * 8 + lg] = sum;
+    }
+    __syncthreads();
+
+    /* 2^-e of the lane's accumulator columns 2t and 2t + 1. */
+    float unscale[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int c = 0; c < 2; c++) {
-            const int from = 4 * (2 * t + c);
-            unscale[nt][c] = gmma_pow2(-__shfl_sync(0xffffffffu, e, from));
-#pragma unroll
-            for (int sw = 0; sw < SPW; sw++)
-                xs[sw][nt][c] = __shfl_sync(0xffffffffu, colsum[sw], from);
+            const int xr = C == 1 ? nt * 8 + 2 * t + c : nt * 4 + t;
+            unscale[nt][c] = xr < job.nx ? gmma_pow2(-gmma_exp(cmax[xr])) : 0.0f;
         }
-    }
 
     const int64_t vrows = job.tiles * 16;
-    /* The weights, scales and biases of one step: MB m-tiles, rows g and g + 8, SPW sectors. */
-    struct step_regs {
-        uint2 w[GMMA_MB][2][SPW];
-        float s[GMMA_MB][2][SPW][C], b[GMMA_MB][2][SPW][C];
+    const int64_t t_begin = mb * job.tpb;
+    const int64_t t_end = t_begin + job.tpb < job.tiles ? t_begin + job.tpb : job.tiles;
+    /* The weights, scales and biases of one sector: MB m-tiles, rows g and g + 8. */
+    struct sector_regs {
+        uint2 w[MB][2];
+        float s[MB][2][C], b[MB][2][C];
     };
-    auto load = [&](int64_t tile0, step_regs &st) {
+    for (int64_t tile0 = t_begin + warp * MB; tile0 < t_end; tile0 += GMMA_WARPS * MB) {
+        const uint8_t *wp[MB][2];
+        const S *sp[MB][2], *bp[MB][2]; /* the row's scales and biases */
+        bool ok[MB][2];
 #pragma unroll
-        for (int mt = 0; mt < GMMA_MB; mt++)
+        for (int mt = 0; mt < MB; mt++)
 #pragma unroll
             for (int rh = 0; rh < 2; rh++) {
                 int64_t row = 0;
                 const int mi =
                     tile0 + mt < t_end ? gmma_row<GLU>(job, tile0 + mt, g + 8 * rh, &row) : -1;
                 const int m = mi < 0 ? 0 : mi;
-                const uint8_t *w = gmma_pick(job, m, &gmma_mat::w) + row * job.row_bytes + t * 8;
-                const void *sp = gmma_pick(job, m, &gmma_mat::s);
-                const void *bp = gmma_pick(job, m, &gmma_mat::b);
+                ok[mt][rh] = mi >= 0;
+                wp[mt][rh] =
+                    gmma_pick(job, m, &gmma_mat::w) + row * job.row_bytes + s_first * 32 + t * 8;
+                sp[mt][rh] = (const S *)gmma_pick(job, m, &gmma_mat::s) + row * job.groups;
+                bp[mt][rh] = (const S *)gmma_pick(job, m, &gmma_mat::b) + row * job.groups;
+            }
+        /* Lane l prefetches row l of the warp's tiles into L2: its scales and biases over the
+         * k-range now, its weights GMMA_L2_AHEAD lines ahead of the loads. */
+        const char *pf = NULL;
+        {
+            const int r = lane % (MB * 16);
+            int64_t row = 0;
+            const int mi =
+                tile0 + r / 16 < t_end ? gmma_row<GLU>(job, tile0 + r / 16, r % 16, &row) : -1;
+            if (mi >= 0) {
+                pf = (const char *)gmma_pick(job, mi, &gmma_mat::w) + row * job.row_bytes +
+                     s_first * 32;
+                const int64_t ga = row * job.groups + k0 / job.gsize;
+                const int64_t gb = row * job.groups + (k0 + ns * VPS - 1) / job.gsize;
+                const char *sa = (const char *)gmma_pick(job, mi, &gmma_mat::s);
+                const char *ba = (const char *)gmma_pick(job, mi, &gmma_mat::b);
+                for (int64_t o = ga * (int64_t)sizeof(S); o <= gb * (int64_t)sizeof(S); o += 128) {
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(sa + o));
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(ba + o));
+                }
+                for (int d = 0; d < GMMA_L2_AHEAD && d * 128 < ns * 32; d++)
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(pf + d * 128));
+            }
+        }
+
+        auto load = [&](int sl, sector_regs &st) {
+            int gi[C];
 #pragma unroll
-                for (int sw = 0; sw < SPW; sw++) {
-                    const bool ok = mi >= 0 && sok[sw];
-                    st.w[mt][rh][sw] = ok ? gmma_ld_nc(w + sec[sw] * 32) : make_uint2(0, 0);
+            for (int c = 0; c < C; c++)
+                gi[c] = (int)(((s_first + sl) * VPS + c * (VPS / C)) / job.gsize);
+#pragma unroll
+            for (int mt = 0; mt < MB; mt++)
+#pragma unroll
+                for (int rh = 0; rh < 2; rh++) {
+                    const bool on = ok[mt][rh];
+                    st.w[mt][rh] = on ? gmma_ld_nc(wp[mt][rh] + sl * 32) : make_uint2(0, 0);
 #pragma unroll
                     for (int c = 0; c < C; c++) {
-                        const int64_t gi = row * job.groups + gidx[sw][c];
-                        st.s[mt][rh][sw][c] = ok ? gmma_scale<S>(sp, gi) : 0.0f;
-                        st.b[mt][rh][sw][c] = ok ? gmma_scale<S>(bp, gi) : 0.0f;
+                        st.s[mt][rh][c] = on ? gmma_scale<S>(sp[mt][rh], gi[c]) : 0.0f;
+                        st.b[mt][rh][c] = on ? gmma_scale<S>(bp[mt][rh], gi[c]) : 0.0f;
                     }
                 }
-            }
-    };
-    auto compute = [&](int64_t tile0, const step_regs &st) {
-        float acc[GMMA_MB][NT][4];
+        };
+        float acc[MB][NT][4];
 #pragma unroll
-        for (int mt = 0; mt < GMMA_MB; mt++) {
+        for (int mt = 0; mt < MB; mt++)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
+        auto compute = [&](int sl, const sector_regs &st) {
+            /* A new line of every row: ask for the one GMMA_L2_AHEAD lines on. */
+            if (pf && (sl & 3) == 0 && (sl + 4 * GMMA_L2_AHEAD) < ns)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(pf + sl * 32 + GMMA_L2_AHEAD * 128));
+            uint32_t xh[NT][XU], xl[NT][XU];
+            float xs[NT][2];
 #pragma unroll
-            for (int sw = 0; sw < SPW; sw++) {
+            for (int nt = 0; nt < NT; nt++) {
+                const uint4 *src = frag + (size_t)(sl * NT + nt) * PARTS * 32 + lane;
+#pragma unroll
+                for (int p = 0; p < PARTS / 2; p++) {
+                    const uint4 h = src[p * 32], l = src[(p + PARTS / 2) * 32];
+                    xh[nt][4 * p] = h.x, xh[nt][4 * p + 1] = h.y, xh[nt][4 * p + 2] = h.z,
+                               xh[nt][4 * p + 3] = h.w;
+                    xl[nt][4 * p] = l.x, xl[nt][4 * p + 1] = l.y, xl[nt][4 * p + 2] = l.z,
+                               xl[nt][4 * p + 3] = l.w;
+                }
+                const float2 cs = *(const float2 *)&csum[(sl * NT + nt) * 8 + 2 * t];
+                xs[nt][0] = cs.x, xs[nt][1] = cs.y;
+            }
+#pragma unroll
+            for (int mt = 0; mt < MB; mt++) {
                 /* The hi and lo terms in two accumulators: two shorter chains of mmas. */
                 float ch[NT][4], cl[NT][4];
 #pragma unroll
@@ -335,8 +367,8 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
                     for (int i = 0; i < 4; i++) ch[nt][i] = cl[nt][i] = 0.0f;
 #pragma unroll
                 for (int wd = 0; wd < 2; wd++) {
-                    const uint32_t w0 = wd ? st.w[mt][0][sw].y : st.w[mt][0][sw].x;
-                    const uint32_t w1 = wd ? st.w[mt][1][sw].y : st.w[mt][1][sw].x;
+                    const uint32_t w0 = wd ? st.w[mt][0].y : st.w[mt][0].x;
+                    const uint32_t w1 = wd ? st.w[mt][1].y : st.w[mt][1].x;
                     constexpr int PAIRS = BITS == 4 ? 4 : 2;
                     uint32_t h0[PAIRS], h1[PAIRS];
                     if (BITS == 4) {
@@ -352,8 +384,8 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
                         const int u = wd * PAIRS + 2 * j;
 #pragma unroll
                         for (int nt = 0; nt < NT; nt++) {
-                            cuda_mma16816<__half>(ch[nt], a, xh[sw][nt][u], xh[sw][nt][u + 1]);
-                            cuda_mma16816<__half>(cl[nt], a, xl[sw][nt][u], xl[sw][nt][u + 1]);
+                            cuda_mma16816<__half>(ch[nt], a, xh[nt][u], xh[nt][u + 1]);
+                            cuda_mma16816<__half>(cl[nt], a, xl[nt][u], xl[nt][u + 1]);
                         }
                     }
                 }
@@ -362,44 +394,36 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 1) gmma_kernel(const gmma_job
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
                         const int rh = i >> 1, c = C == 2 ? (i & 1) : 0;
-                        acc[mt][nt][i] =
-                            fmaf(st.s[mt][rh][sw][c], ch[nt][i] + cl[nt][i],
-                                 fmaf(st.b[mt][rh][sw][c], xs[sw][nt][i & 1], acc[mt][nt][i]));
+                        acc[mt][nt][i] = fmaf(st.s[mt][rh][c], ch[nt][i] + cl[nt][i],
+                                              fmaf(st.b[mt][rh][c], xs[nt][i & 1], acc[mt][nt][i]));
                     }
             }
+        };
+        /* Two sectors in flight: the next one's loads go out before this one computes. */
+        sector_regs ra, rb;
+        load(0, ra);
+        for (int sl = 0; sl < ns; sl += 2) {
+            if (sl + 1 < ns) load(sl + 1, rb);
+            compute(sl, ra);
+            if (sl + 1 >= ns) break;
+            if (sl + 2 < ns) load(sl + 2, ra);
+            compute(sl + 1, rb);
         }
-
 #pragma unroll
-        for (int mt = 0; mt < GMMA_MB; mt++)
+        for (int mt = 0; mt < MB; mt++)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                for (int q = 0; q < Q; q++)
-                    red[warp][((mt * NT + nt) * Q + q) * 32 + lane] =
-                        C == 1 ? acc[mt][nt][q] * unscale[nt][q & 1]
-                               : acc[mt][nt][2 * q] * unscale[nt][0] +
-                                     acc[mt][nt][2 * q + 1] * unscale[nt][1];
-        __syncthreads();
-        for (int u = tid; u < GMMA_MB * NT * Q * 32; u += blockDim.x) {
-            float v = 0.0f;
-#pragma unroll
-            for (int w = 0; w < GMMA_WARPS; w++)
-                if (w < job.warps) v += red[w][u];
-            const int ln = u & 31, q = (u >> 5) % Q, nt = (u >> 5) / Q % NT,
-                      mt = (u >> 5) / (Q * NT);
-            const int lg = ln >> 2, lt = ln & 3;
-            const int rh = C == 1 ? q >> 1 : q;
-            const int xr = C == 1 ? nt * 8 + 2 * lt + (q & 1) : nt * 4 + lt;
-            if (xr < job.nx && tile0 + mt < t_end)
-                job.part[((int64_t)ks * job.nx + xr) * vrows + (tile0 + mt) * 16 + lg + 8 * rh] = v;
-        }
-        __syncthreads();
-    };
-    step_regs st;
-    for (int64_t tile0 = t_begin; tile0 < t_end; tile0 += GMMA_MB) {
-        if (job.l2_steps) l2_prefetch(tile0 + job.l2_steps * GMMA_MB);
-        load(tile0, st);
-        compute(tile0, st);
+                for (int q = 0; q < Q; q++) {
+                    const float v = C == 1 ? acc[mt][nt][q] * unscale[nt][q & 1]
+                                           : acc[mt][nt][2 * q] * unscale[nt][0] +
+                                                 acc[mt][nt][2 * q + 1] * unscale[nt][1];
+                    const int rh = C == 1 ? q >> 1 : q;
+                    const int xr = C == 1 ? nt * 8 + 2 * t + (q & 1) : nt * 4 + t;
+                    if (xr < job.nx && tile0 + mt < t_end)
+                        job.part[((int64_t)ks * job.nx + xr) * vrows + (tile0 + mt) * 16 + g +
+                                 8 * rh] = v;
+                }
     }
 
     /* The last CTA of the m-block to finish adds the k-ranges' partials in order. */
@@ -453,28 +477,39 @@ template <int BITS, int C, int NT, bool GLU, typename S>
 static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     cuda_backend *c = cuda_impl(be);
     auto kernel = gmma_kernel<BITS, C, NT, GLU, S>;
-    job.l2_steps = c->gemv_mma_l2_steps;
-    job.warps =
-        c->gemv_mma_warps > 0 && c->gemv_mma_warps <= GMMA_WARPS ? c->gemv_mma_warps : GMMA_WARPS;
-    /* Resident CTAs per SM for each CTA size. */
-    static int resident[GMMA_WARPS + 1];
-    int &per_sm = resident[job.warps];
+    constexpr int MB = gmma_mb<NT>();
+    constexpr size_t per_sector = (size_t)NT * (gmma_parts<BITS>() * 32 * 16 + 8 * sizeof(float));
+    /* The k-ranges: few enough that each CTA's fragments fit its shared memory, many enough
+     * that the warps' units of MB tiles and one k-range fill the device's resident warps. */
+    static int per_sm;
     if (per_sm == 0) {
         cudaError_t e =
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, job.warps * 32, 0);
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, GMMA_SMEM);
+        if (e == cudaSuccess)
+            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GMMA_WARPS * 32,
+                                                              GMMA_SMEM);
         if (e != cudaSuccess)
             return base_fail(err, "cuda: matmul: tensor-core GEMV occupancy: %s",
                              cudaGetErrorString(e));
         if (per_sm < 1) per_sm = 1;
     }
-    const int64_t kc = (int64_t)job.warps * gmma_spw<BITS, NT>();
-    job.ksplit = (int)((job.sectors + kc - 1) / kc);
-    /* One wave: m-blocks enough that the k-ranges of all of them fill the device once. */
-    int64_t mblocks = ((int64_t)per_sm * c->sm_count + job.ksplit - 1) / job.ksplit;
+    const int64_t resident = (int64_t)per_sm * c->sm_count;
+    const int64_t units = (job.tiles + MB - 1) / MB;
+    int64_t ksplit = (job.sectors * (int64_t)per_sector + GMMA_SMEM - 1) / GMMA_SMEM;
+    const int64_t fill = (resident * GMMA_WARPS + units - 1) / units;
+    if (ksplit < fill) ksplit = fill;
+    if (ksplit > job.sectors) ksplit = job.sectors;
+    job.spc = (int)((job.sectors + ksplit - 1) / ksplit);
+    job.ksplit = (int)((job.sectors + job.spc - 1) / job.spc);
+    /* One wave: m-blocks enough that their k-ranges fill the device once, each with tiles
+     * for all its warps. */
+    int64_t mblocks = (resident + job.ksplit - 1) / job.ksplit;
+    const int64_t most = (job.tiles + GMMA_WARPS * MB - 1) / (GMMA_WARPS * MB);
+    if (mblocks > most) mblocks = most;
     if (mblocks < 1) mblocks = 1;
     if (mblocks > GMMA_MAX_MBLOCKS) mblocks = GMMA_MAX_MBLOCKS;
     int64_t tpb = (job.tiles + mblocks - 1) / mblocks;
-    tpb = (tpb + GMMA_MB - 1) / GMMA_MB * GMMA_MB;
+    tpb = (tpb + 1) / 2 * 2;
     mblocks = (job.tiles + tpb - 1) / tpb;
     job.tpb = tpb;
 
@@ -491,7 +526,9 @@ static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     }
     job.count = (unsigned *)c->gmma_buf;
     job.part = (float *)((char *)c->gmma_buf + gmma_part_offset());
-    kernel<<<dim3((unsigned)job.ksplit, (unsigned)mblocks), job.warps * 32, 0, c->stream>>>(job);
+    const size_t smem = (size_t)job.spc * per_sector;
+    kernel<<<dim3((unsigned)job.ksplit, (unsigned)mblocks), GMMA_WARPS * 32, smem, c->stream>>>(
+        job);
     return cuda_check_launch("matmul (tensor-core GEMV)", err);
 }
 

@@ -38,13 +38,11 @@ typedef struct cuda_backend {
     size_t tk_bytes;
     void *ftmp; /* (ftmp_bytes) up's output when gate and up are not fused in one GEMV */
     size_t ftmp_bytes;
-    /* (gmma_bytes) the tensor-core GEMV's x terms, partial sums and m-block counters */
+    /* (gmma_bytes) the tensor-core GEMV's m-block counters and partial sums */
     void *gmma_buf;
     size_t gmma_bytes;
     /* Which decode GEMV cuda_gemv1 runs: CUDA_GEMV_AUTO, or one forced for benchmarks. */
     int gemv_kernel;
-    int gemv_mma_warps;    /* warps per CTA of the tensor-core GEMV; 0: its default */
-    int gemv_mma_l2_steps; /* steps ahead it prefetches into L2 */
 } cuda_backend;
 
 static inline cuda_backend *cuda_impl(be_backend *be) {
