@@ -7,13 +7,13 @@
  * one packed subtraction leaves (q0, q4); the nibbles at bits 4..7 come out as 1024 + 16 q and
  * one packed FMA by (1/16, -64) leaves q. 8-bit bytes take the same path (1024 + q, q < 256).
  * x is split into two F16 terms, hi = f16(x') and lo = f16(x' - hi), of x' = x 2^e, where the
- * power of two e puts the largest |x'| that one warp reads of a row of x (its k-range) in
- * [2^14, 2^15): no term overflows whatever the row's range, and hi + lo carries 22 bits of
- * each value, with an absolute floor of 2^-25 (F16's subnormals) against a largest value of
- * 2^14. Products of q and a term are exact and the tensor core sums them in F32. The affine
- * form is folded per group: y = sum_g s_g dot(q_g, x'_g) + b_g sum(x'_g), with sum(x'_g)
- * computed once, and the warp's sums are scaled back by 2^-e before they meet the other
- * warps'. This needs every mma's k-range inside one group.
+ * power of two e puts the largest |x'| of a row of x over one CTA's k-range in [2^14, 2^15):
+ * no term overflows whatever the row's range, and hi + lo carries 22 bits of each value, with
+ * an absolute floor of 2^-25 (F16's subnormals) against a largest value of 2^14. Products of
+ * q and a term are exact and the tensor core sums them in F32. The affine form is folded per
+ * group: y = sum_g s_g dot(q_g, x'_g) + b_g sum(x'_g), with sum(x'_g) computed once, and each
+ * partial sum is scaled back by 2^-e before the k-ranges meet. This needs every mma's k-range
+ * inside one group.
  *
  * Layout. An m16n8k16 mma takes W as A (16 output rows) and x as B (8 columns, the rows of x).
  * Within an mma the k order is free as long as A and B agree: the quad of lane g (lanes 4g to
@@ -23,17 +23,18 @@
  * With groups of 32 the quad's lanes 0-1 hold one group and lanes 2-3 the next, so the columns
  * of an n-tile are split in two classes: column 2j takes row j of x against the first group
  * only (zeros in lanes 2-3 of B), column 2j + 1 against the second; an n-tile then serves 4
- * rows of x instead of 8. Each warp converts its own part of x once, from F32: the order of
- * the values in a B register follows the pairs of the weight word (values j and j + 4 of a
- * 4-bit word, j and j + 2 of an 8-bit one).
+ * rows of x instead of 8.
  *
- * Work split. The B fragments of a lane are stationary: a warp owns SPW sectors of k and keeps
- * their x fragments (both terms, every n-tile) in registers while it walks the m-tiles of its
- * CTA, so x costs no memory traffic per weight. A CTA of W warps covers a contiguous
- * k-range (W x SPW sectors); the warps' partial sums for MB m-tiles meet in shared
- * memory, and the CTAs of one m-block (one per k-range) write their partials to scratch; the
- * last of them to finish (a counter per m-block) adds them in k order, deterministically, and
- * writes y with the bias, the SiLU-mul of gate/up, and the output dtype. */
+ * Work split. A CTA owns a k-range of the rows and an m-block of tiles. It first converts its
+ * k-range of x into B fragments in shared memory (the order of the values in a register
+ * follows the pairs of the weight word: values j and j + 4 of a 4-bit word, j and j + 2 of an
+ * 8-bit one), with the sums of each column and one e per row of x. Then each warp streams its
+ * own 32 rows (16 when x takes two n-tiles or more) across the whole k-range: per sector an
+ * 8-byte load per row and lane, the next sector's loads in flight while this one computes,
+ * the rows' next lines prefetched into L2, and no barrier. The CTAs of one m-block (one per
+ * k-range, as many as it takes to fill the device) write partial sums to scratch; the last of
+ * them to finish (a counter per m-block) adds them in k order, deterministically, and writes
+ * y with the bias, the SiLU-mul of gate/up, and the output dtype. */
 #include "backend/cuda/cuda_mma.h"
 
 #include <type_traits>
@@ -495,7 +496,8 @@ static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     }
     const int64_t resident = (int64_t)per_sm * c->sm_count;
     const int64_t units = (job.tiles + MB - 1) / MB;
-    int64_t ksplit = (job.sectors * (int64_t)per_sector + GMMA_SMEM - 1) / GMMA_SMEM;
+    const int64_t spc_most = GMMA_SMEM / per_sector;
+    int64_t ksplit = (job.sectors + spc_most - 1) / spc_most;
     const int64_t fill = (resident * GMMA_WARPS + units - 1) / units;
     if (ksplit < fill) ksplit = fill;
     if (ksplit > job.sectors) ksplit = job.sectors;
