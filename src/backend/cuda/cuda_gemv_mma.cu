@@ -83,6 +83,7 @@ struct gmma_job {
     int64_t row_bytes; /* in * bits / 8 */
     int64_t groups;    /* groups per row */
     int gsize;         /* values per group */
+    int gshift;        /* log2(gsize) */
     int64_t sectors;   /* 32-byte sectors per row */
     int64_t rows;      /* PLAIN: the outs summed; GLU: out */
     int64_t tiles;     /* m-tiles: PLAIN ceil(rows / 16); GLU 2 ceil(out / 16), gate and up
@@ -300,8 +301,8 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
             if (mi >= 0) {
                 pf = (const char *)gmma_pick(job, mi, &gmma_mat::w) + row * job.row_bytes +
                      s_first * 32;
-                const int64_t ga = row * job.groups + k0 / job.gsize;
-                const int64_t gb = row * job.groups + (k0 + ns * VPS - 1) / job.gsize;
+                const int64_t ga = row * job.groups + (k0 >> job.gshift);
+                const int64_t gb = row * job.groups + ((k0 + ns * VPS - 1) >> job.gshift);
                 const char *sa = (const char *)gmma_pick(job, mi, &gmma_mat::s);
                 const char *ba = (const char *)gmma_pick(job, mi, &gmma_mat::b);
                 for (int64_t o = ga * (int64_t)sizeof(S); o <= gb * (int64_t)sizeof(S); o += 128) {
@@ -317,7 +318,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
             int gi[C];
 #pragma unroll
             for (int c = 0; c < C; c++)
-                gi[c] = (int)(((s_first + sl) * VPS + c * (VPS / C)) / job.gsize);
+                gi[c] = ((int)(s_first + sl) * VPS + c * (VPS / C)) >> job.gshift;
 #pragma unroll
             for (int mt = 0; mt < MB; mt++)
 #pragma unroll
@@ -565,6 +566,7 @@ int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws
     job.row_bytes = w->in * w->bits / 8;
     job.groups = w->in / w->group_size;
     job.gsize = w->group_size;
+    job.gshift = w->group_size == 32 ? 5 : (w->group_size == 64 ? 6 : 7);
     job.sectors = job.row_bytes / 32;
     job.nx = (int)x->rows;
     for (int i = 0; i < n; i++) {
