@@ -177,8 +177,9 @@ int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, b
  * rows of x; arguments as cuda_gemv1's (any out, no multiple of 4 needed), every ws[i] passing
  * cuda_gemv_mma_fits. */
 enum { CUDA_GEMV_AUTO, CUDA_GEMV_ROWS, CUDA_GEMV_MMA };
-/* Rows of x from which CUDA_GEMV_AUTO takes the tensor-core kernel. */
-#define CUDA_GEMV_MMA_ROWS 5
+/* Rows of x from which CUDA_GEMV_AUTO takes the tensor-core kernel: on the H200 the one-row
+ * kernel is faster at 1 and 2 rows, 4 and 8 bits alike (bench/bench_cuda_gemv.cu). */
+#define CUDA_GEMV_MMA_ROWS 3
 bool cuda_gemv_mma_fits(const be_tensor *x, const be_linear *w);
 int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws,
                   be_tensor *const *ys, int n, bool glu, base_err *err);
