@@ -1,14 +1,17 @@
 /* The decode matmuls of a Llama-3.1-8B-shaped MLX model (hidden 4096, 32/8 heads of 128, MLP
  * 14336, vocab 128256), through the backend's ops: GB/s of weights read (packed values, scales
- * and biases) for 1, 8 and 16 rows of F32 x, 4 and 8 bits, group 64, BF16 scales, and the
- * fraction of the device-to-device copy bandwidth measured in the same run (a 1 GiB
- * cudaMemcpy, read + write counted). Q/K/V and gate/up run through their fused ops.
+ * and biases) for 1, 2, 4, 8 and 16 rows of F32 x, 4 and 8 bits, group 64, BF16 scales, and
+ * the fraction of the device-to-device copy bandwidth measured in the same run (a 1 GiB
+ * cudaMemcpy, read + write counted). Q/K/V and gate/up run through their fused ops. Each case
+ * runs twice, the decode GEMV forced to each of its two kernels: "rows" (x in registers, one
+ * or two rows a pass over W) and "mma" (tensor cores, one pass for every row).
  *
  * Each shape's weights are copied until the copies pass 512 MB (eight times the H200's L2) and
  * the timed launches rotate through them, so every launch reads device memory. The launches
  * are captured in a CUDA graph and replayed, so the host's launch rate is not what is timed;
  * each figure is the median of the replays' CUDA-event timings after warm-up.
- * Usage: bench_cuda_gemv [reps [matrix [bits]]] (the last two pick one case, as for a profiler). */
+ * Usage: bench_cuda_gemv [reps [matrix [bits [kernels]]]]: matrix ("all" for every one), bits
+ * and a comma-separated list of kernels pick cases, as for a profiler. */
 #include "bench_cuda.h"
 
 #include <algorithm>
@@ -152,6 +155,7 @@ int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 20;
     const char *only = argc > 2 ? argv[2] : NULL;
     int only_bits = argc > 3 ? atoi(argv[3]) : 0;
+    const char *only_kernel = argc > 4 ? argv[4] : NULL;
     if (reps < 3) reps = 3;
     be_backend *be = bench_cuda_backend();
     base_err err = {};
@@ -163,11 +167,23 @@ int main(int argc, char **argv) {
         {"gate+up", GATE_UP, {14336}, 4096},      {"down", PLAIN, {4096}, 14336},
         {"lm_head", PLAIN, {128256}, 4096},
     };
-    const int bits_list[] = {4, 8}, rows_list[] = {1, 8, 16};
-    printf("%-8s %-14s %4s %4s %10s %9s %7s\n", "matrix", "shape", "bits", "rows", "us", "GB/s",
-           "of copy");
+    const int bits_list[] = {4, 8}, rows_list[] = {1, 2, 4, 8, 16};
+    const char *kernels[] = {"rows", "mma"};
+    const int n_kernels = 2;
+    /* A kernel runs when no list is given or its name is in the comma-separated list. */
+    auto wanted = [&](const char *k) {
+        if (!only_kernel) return true;
+        char key[32], list[256];
+        snprintf(key, sizeof key, ",%s,", k);
+        snprintf(list, sizeof list, ",%s,", only_kernel);
+        return strstr(list, key) != NULL;
+    };
+    printf("%-8s %-14s %4s %4s", "matrix", "shape", "bits", "rows");
+    for (const char *k : kernels)
+        if (wanted(k)) printf(" | %6s %8s %6s %7s", k, "us", "GB/s", "of copy");
+    printf("\n");
     for (const shape &sh : shapes) {
-        if (only && strcmp(only, sh.name) != 0) continue;
+        if (only && strcmp(only, "all") != 0 && strcmp(only, sh.name) != 0) continue;
         int nm = sh.k == QKV ? 3 : (sh.k == GATE_UP ? 2 : 1);
         int64_t total_out = 0;
         for (int i = 0; i < nm; i++) total_out += sh.k == GATE_UP ? sh.out[0] : sh.out[i];
@@ -197,22 +213,28 @@ int main(int argc, char **argv) {
                     int64_t o = sh.k == GATE_UP ? sh.out[0] : sh.out[i];
                     ty.push_back({dev_alloc((size_t)rows * o * 4), BASE_DTYPE_F32, rows, o});
                 }
-                double sec = time_rotating(be, n_copies, reps, [&](int c, base_err *e) {
-                    const std::vector<be_linear> &w = copies[c];
-                    if (sh.k == QKV) {
-                        const be_linear *ws[3] = {&w[0], &w[1], &w[2]};
-                        be_tensor *ys[3] = {&ty[0], &ty[1], &ty[2]};
-                        return be->ops->matmul_qkv(be, &tx, ws, ys, e);
-                    }
-                    if (sh.k == GATE_UP)
-                        return be->ops->matmul_silu_mul(be, &tx, &w[0], &w[1], &ty[0], e);
-                    return be->ops->matmul(be, &tx, &w[0], &ty[0], e);
-                });
-                double gbs = (double)bytes / sec / 1e9;
                 char dims[32];
                 snprintf(dims, sizeof dims, "%lldx%lld", (long long)total_out, (long long)sh.in);
-                printf("%-8s %-14s %4d %4d %10.2f %9.0f %6.1f%%\n", sh.name, dims, bits, rows,
-                       sec * 1e6, gbs, 100.0 * gbs * 1e9 / copy);
+                printf("%-8s %-14s %4d %4d", sh.name, dims, bits, rows);
+                for (int ki = 0; ki < n_kernels; ki++) {
+                    if (!wanted(kernels[ki])) continue;
+                    cuda_impl(be)->gemv_kernel = ki ? CUDA_GEMV_MMA : CUDA_GEMV_ROWS;
+                    double sec = time_rotating(be, n_copies, reps, [&](int c, base_err *e) {
+                        const std::vector<be_linear> &w = copies[c];
+                        if (sh.k == QKV) {
+                            const be_linear *ws[3] = {&w[0], &w[1], &w[2]};
+                            be_tensor *ys[3] = {&ty[0], &ty[1], &ty[2]};
+                            return be->ops->matmul_qkv(be, &tx, ws, ys, e);
+                        }
+                        if (sh.k == GATE_UP)
+                            return be->ops->matmul_silu_mul(be, &tx, &w[0], &w[1], &ty[0], e);
+                        return be->ops->matmul(be, &tx, &w[0], &ty[0], e);
+                    });
+                    double gbs = (double)bytes / sec / 1e9;
+                    printf(" | %6s %8.2f %6.0f %6.1f%%", kernels[ki], sec * 1e6, gbs,
+                           100.0 * gbs * 1e9 / copy);
+                }
+                printf("\n");
                 fflush(stdout);
                 cudaFree(x);
                 for (auto &t : ty) cudaFree(t.data);

@@ -456,12 +456,72 @@ static void test_gemv_rows(be_backend *be) {
         }
 }
 
+/* Rows of x whose ranges differ by tens of orders of magnitude, each row checked on its own so
+ * that a row the others dwarf still counts: 1e5, 1e-20, 1e4 and 1e-4 alternating within the
+ * row, unit, and all zero; every 4- and 8-bit group, scales in F32, F16 and BF16, row counts
+ * that split n-tiles unevenly, and an out that is no multiple of 16. */
+static float *ranged_rows(int n, int64_t in) {
+    float *x = rand_rows(n, in);
+    for (int r = 0; r < n; r++)
+        for (int64_t i = 0; i < in; i++) {
+            float *v = &x[r * in + i];
+            switch (r % 5) {
+            case 0:
+                *v *= 1e5f;
+                break;
+            case 1:
+                *v *= 1e-20f;
+                break;
+            case 2:
+                *v *= i % 2 ? 1e-4f : 1e4f;
+                break;
+            case 4:
+                if (r == 4) *v = 0.0f;
+                break;
+            }
+        }
+    return x;
+}
+
+static void test_gemv_ranges(be_backend *be) {
+    const int bits[] = {4, 8}, groups[] = {32, 64, 128}, ns[] = {3, 8, 9, 15, 16};
+    const base_dtype sdts[] = {BASE_DTYPE_F32, BASE_DTYPE_F16, BASE_DTYPE_BF16};
+    const int64_t out = 37, in = 512;
+    for (int b = 0; b < 2; b++)
+        for (int g = 0; g < 3; g++)
+            for (int d = 0; d < 3; d++) {
+                host_linear L;
+                make_linear(be, &L, out, in, bits[b], groups[g], sdts[d], (g + d) % 2 == 0);
+                for (int k = 0; k < 5; k++) {
+                    int n = ns[k];
+                    float *x = ranged_rows(n, in);
+                    float *ref = malloc(sizeof(float) * (size_t)(n * out));
+                    cpu_matmul(x, n, &L.host, ref);
+                    be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
+                    be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, out);
+                    base_err err = {{0}};
+                    CHECK_MSG(be->ops->matmul(be, &tx, &L.dev, &ty, &err) == 0, "%s", err.msg);
+                    float *got = tc_read(be, &ty);
+                    for (int r = 0; r < n; r++) {
+                        double e = test_rel_err(got + r * out, ref + r * out, (size_t)out);
+                        CHECK_MSG(e < 1e-5, "q%d g%d scales %s n=%d row %d: err %g", bits[b],
+                                  groups[g], base_dtype_name(sdts[d]), n, r, e);
+                    }
+                    be->ops->free(be, tx.data);
+                    be->ops->free(be, ty.data);
+                    free(x), free(ref), free(got);
+                }
+                free_linear(be, &L);
+            }
+}
+
 /* Q, K and V from one x: one geometry (one GEMV launch at one row), mixed bit widths and
  * groups (three matmuls), at 1 and 3 rows, with the biases qwen2 has. */
 static void test_matmul_qkv(be_backend *be) {
     const int cfg[3][3][2] = {
         {{4, 64}, {4, 64}, {4, 64}}, {{8, 32}, {8, 32}, {8, 32}}, {{4, 64}, {8, 64}, {4, 32}}};
-    const int64_t outs[3] = {96, 32, 40}, in = 256;
+    /* q's 100 rows end inside a 16-row tile. */
+    const int64_t outs[3] = {100, 36, 40}, in = 256;
     for (int c = 0; c < 3; c++)
         for (int n = 1; n <= 3; n += 2) {
             host_linear L[3];
@@ -625,6 +685,7 @@ int main(void) {
     base_err err = {{0}};
     CHECK_MSG(be_cpu_create(2, &cpu, &err) == 0, "%s", err.msg);
     test_gemv_rows(be);
+    test_gemv_ranges(be);
     test_matmul_qkv(be);
     test_matmul_silu_mul(be);
     test_add_rmsnorm(be);

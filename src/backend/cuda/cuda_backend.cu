@@ -37,6 +37,7 @@ static void cuda_destroy(be_backend *be) {
     cudaFree(c->tk_buf);
     cudaFreeHost(c->tk_host);
     cudaFree(c->ftmp);
+    cudaFree(c->gmma_buf);
     cudaStreamDestroy(c->stream);
     free(c);
     free(be);

@@ -386,6 +386,12 @@ static int gemv1_dispatch_dt(cuda_backend *c, const gemv1_job &job, base_dtype d
 
 int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, be_tensor *const *ys,
                int n, bool glu, base_err *err) {
+    /* The tensor-core kernel reads W once for every row of x but costs more per weight: it
+     * overtakes this one from CUDA_GEMV_MMA_ROWS rows. */
+    const int pick = cuda_impl(be)->gemv_kernel;
+    bool mma = pick == CUDA_GEMV_MMA || (pick == CUDA_GEMV_AUTO && x->rows >= CUDA_GEMV_MMA_ROWS);
+    for (int i = 0; i < n; i++) mma = mma && cuda_gemv_mma_fits(x, ws[i]);
+    if (mma) return cuda_gemv_mma(be, x, ws, ys, n, glu, err);
     const be_linear *w = ws[0];
     gemv1_job job = {};
     job.nm = n;

@@ -39,6 +39,11 @@ typedef struct cuda_backend {
     void *ftmp; /* (ftmp_bytes) up's output when gate and up are not fused in one GEMV */
     size_t ftmp_bytes;
     int pdl; /* programmatic dependent launch: 0 not yet decided, 1 on, -1 off */
+    /* (gmma_bytes) the tensor-core GEMV's m-block counters and partial sums */
+    void *gmma_buf;
+    size_t gmma_bytes;
+    /* Which decode GEMV cuda_gemv1 runs: CUDA_GEMV_AUTO, or one forced for benchmarks. */
+    int gemv_kernel;
 } cuda_backend;
 
 static inline cuda_backend *cuda_impl(be_backend *be) {
@@ -235,6 +240,17 @@ int cuda_rope_kv_append(be_backend *be, be_tensor *q, be_tensor *k, const be_ten
 bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w);
 int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, be_tensor *const *ys,
                int n, bool glu, base_err *err);
+/* Which kernel cuda_gemv1 runs (cuda_backend.gemv_kernel): chosen by rows, or forced. */
+enum { CUDA_GEMV_AUTO, CUDA_GEMV_ROWS, CUDA_GEMV_MMA };
+/* Rows of x from which CUDA_GEMV_AUTO takes the tensor-core kernel: on the H200 the one-row
+ * kernel is faster at 1 and 2 rows, 4 and 8 bits alike (bench/bench_cuda_gemv.cu). */
+#define CUDA_GEMV_MMA_ROWS 3
+/* The tensor-core decode GEMV (cuda_gemv_mma.cu): one pass over 4- or 8-bit W for 1 to 16 F32
+ * rows of x; arguments as cuda_gemv1's (any out, no multiple of 4 needed), every ws[i] passing
+ * cuda_gemv_mma_fits. */
+bool cuda_gemv_mma_fits(const be_tensor *x, const be_linear *w);
+int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws,
+                  be_tensor *const *ys, int n, bool glu, base_err *err);
 /* Checks x, w and y of one matmul (dtypes, shapes, alignment) as cuda_matmul does. */
 int cuda_matmul_check(const be_tensor *x, const be_linear *w, const be_tensor *y, base_err *err);
 
