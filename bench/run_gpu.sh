@@ -9,7 +9,9 @@
 #   c. causal prefill attention (bench_prefill_attention) against SDPA (sdpa_prefill_peer.py);
 #   d. a random Llama-3.1-8B-shaped MLX 4-bit model (bench/make_llama8b_q4.py): decode at 1, 8,
 #      64 and 256 sequences (batch 1 also with recorded steps off), 2048-token prefill;
-#   e. the scheduler the server uses (bench_server), 1 to 64 clients.
+#   e. the scheduler the server uses (bench_server), 1 to 64 clients;
+# then the profiles behind the figures: one decode step kernel by kernel (bench/decode_profile.sh)
+# and ncu of the 1-row GEMV, the tensor-core GEMV and decode attention.
 # Logs go to $OUT (default ./bench-out); summary.txt holds what is printed.
 #
 #   bench/run_gpu.sh
@@ -152,4 +154,22 @@ for f in ("bench_decode.txt", "bench_prefill.txt"):
         tf = flop / (n / tps) / 1e12
         print(f"| pp{n} | 1 | {tps:.0f} | {tf:.1f} TFLOP/s | {100 * tf / gemm:.1f}% of GEMM |")
 EOF
+log "profiles: one batch-1 decode step kernel by kernel after a 448-token prompt"
+MLX=$MLX KV=448 OUT=$OUT/profile timeout 200 bench/decode_profile.sh "$MODEL" 2>&1 | tail -22 | say
+prof() { # what, ncu kernel regex, launches to skip, command...
+    local what=$1 re=$2 skip=$3
+    shift 3
+    log "profile: $what"
+    timeout 60 ncu --clock-control none --kernel-name "regex:$re" --launch-skip "$skip" --launch-count 1 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+        --section WarpStateStats "$@" 2>&1 |
+        grep -E "^  [a-z].*\(|Duration|DRAM Throughput|Memory Throughput|L2 Cache Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit (Reg|Shared)|Issued Instruction|Mem Busy" |
+        sed 's/  */ /g' | say
+}
+# bench_cuda_gemv replays each row count's graph of 8 launches (gate+up, lm_head) 1 + reps
+# times, rows 1, 2, 4, 8, 16 in turn: skipping 100 lands on 8 rows.
+prof "the 1-row GEMV on lm_head (4-bit)" gemv1_kernel 2 "$B/bench/bench_cuda_gemv" 3 lm_head 4 rows
+prof "the tensor-core GEMV at 8 rows on gate+up (4-bit)" gmma_kernel 100 \
+    "$B/bench/bench_cuda_gemv" 3 gate+up 4 mma
+prof "decode attention v2 at 64x4096" paged_decode_mma 1 "$B/bench/bench_attention" 3 64x4096
 log "done in $(($(date +%s) - t0)) s"
