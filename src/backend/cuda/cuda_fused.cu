@@ -27,9 +27,7 @@ __global__ void add_rmsnorm_kernel(void *x, base_dtype x_dt, const void *d, base
     const size_t base = (size_t)blockIdx.x * (size_t)cols;
     const int64_t t = threadIdx.x, nt = blockDim.x;
     float wv[CUDA_ROW_VPT], xv[CUDA_ROW_VPT];
-#pragma unroll
-    for (int k = 0; k < CUDA_ROW_VPT; k++)
-        wv[k] = t + k * nt < cols ? cuda_load(w, w_dt, (size_t)(t + k * nt)) : 0.0f;
+    cuda_row_weights(w, w_dt, cols, wv);
     cuda_pdl_wait();
     float ss = 0.0f;
 #pragma unroll
@@ -48,11 +46,7 @@ __global__ void add_rmsnorm_kernel(void *x, base_dtype x_dt, const void *d, base
         ss += v * v;
     }
     const float inv = rsqrtf(cuda_block_sum(ss) / (float)cols + eps);
-#pragma unroll
-    for (int k = 0; k < CUDA_ROW_VPT; k++)
-        if (t + k * nt < cols) cuda_store(y, y_dt, base + t + k * nt, xv[k] * inv * wv[k]);
-    for (int64_t c = t + CUDA_ROW_VPT * nt; c < cols; c += nt)
-        cuda_store(y, y_dt, base + c, cuda_load(x, x_dt, base + c) * inv * cuda_load(w, w_dt, c));
+    cuda_row_store_normed(y, y_dt, x, x_dt, w, w_dt, xv, wv, base, cols, inv);
 }
 
 int cuda_add_rmsnorm(be_backend *be, be_tensor *x, const be_tensor *d, const be_tensor *weight,

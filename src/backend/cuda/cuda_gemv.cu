@@ -75,18 +75,8 @@ __device__ __forceinline__ int word_bytes(int64_t wi, int64_t bytes) {
 /* Up to three matrices of the same geometry sharing one x: rows [0, out) of the first, then
  * the second's, then the third's (PLAIN); or gate and up (GLU) where output row o is
  * silu(x . gate[o]) * (x . up[o]). */
-struct gemv1_mat {
-    const uint4 *w;    /* (out, units) */
-    const void *s, *b; /* (out, groups) */
-    const void *bias;  /* (out) or NULL */
-    base_dtype bias_dt;
-    void *y; /* (out) */
-    base_dtype y_dt;
-    int64_t out;
-};
-
 struct gemv1_job {
-    gemv1_mat m[3];
+    cuda_gemv_mat m[3];
     int nm;
     const float *x; /* (in) */
     int64_t units;  /* 16-byte units per row */
@@ -96,13 +86,6 @@ struct gemv1_job {
     int64_t steps;  /* ceil(rows / rows per step) */
     int nx;         /* rows of x in this pass (1 to the kernel's NX); y rows follow them */
 };
-
-/* Field f of matrix i, selected without indexing the parameter array (which would copy it to
- * local memory). */
-template <typename T>
-__device__ __forceinline__ T pick(const gemv1_job &j, int i, T gemv1_mat::*f) {
-    return i == 0 ? j.m[0].*f : (i == 1 ? j.m[1].*f : j.m[2].*f);
-}
 
 __device__ __forceinline__ float mag(uint32_t v) {
     return __uint_as_float(0x4B000000u | v) - 8388608.0f;
@@ -178,10 +161,11 @@ __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_jo
 #pragma unroll
             for (int half = 0; half < (GLU ? 2 : 1); half++) {
                 const int mi = GLU ? half : m0;
-                const uint4 *w = pick(job, mi, &gemv1_mat::w) + row0 * job.units;
-                const uint32_t *sp = (const uint32_t *)pick(job, mi, &gemv1_mat::s);
-                const uint32_t *bp = (const uint32_t *)pick(job, mi, &gemv1_mat::b);
-                const int64_t out = pick(job, mi, &gemv1_mat::out);
+                const uint4 *w =
+                    (const uint4 *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::w) + row0 * job.units;
+                const uint32_t *sp = (const uint32_t *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::s);
+                const uint32_t *bp = (const uint32_t *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::b);
+                const int64_t out = cuda_gemv_pick(job, mi, &cuda_gemv_mat::out);
                 const int64_t sbytes = out * job.groups * SB, g0 = row0 * job.groups;
 #pragma unroll
                 for (int r = 0; r < OUT_PER_STEP; r++) {
@@ -292,10 +276,12 @@ __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_jo
             }
         } else if (step * R + tr < job.rows) {
             const int mi = step_start<GLU, R>(job, step, &row0);
-            const void *bias = pick(job, mi, &gemv1_mat::bias);
-            if (bias) v += cuda_load(bias, pick(job, mi, &gemv1_mat::bias_dt), (size_t)row);
-            cuda_store(pick(job, mi, &gemv1_mat::y), pick(job, mi, &gemv1_mat::y_dt),
-                       (size_t)(j * pick(job, mi, &gemv1_mat::out) + row), v);
+            const void *bias = cuda_gemv_pick(job, mi, &cuda_gemv_mat::bias);
+            if (bias)
+                v += cuda_load(bias, cuda_gemv_pick(job, mi, &cuda_gemv_mat::bias_dt), (size_t)row);
+            cuda_store(cuda_gemv_pick(job, mi, &cuda_gemv_mat::y),
+                       cuda_gemv_pick(job, mi, &cuda_gemv_mat::y_dt),
+                       (size_t)(j * cuda_gemv_pick(job, mi, &cuda_gemv_mat::out) + row), v);
         }
     }
 }
@@ -384,6 +370,18 @@ static int gemv1_dispatch_dt(cuda_backend *c, const gemv1_job &job, base_dtype d
     }
 }
 
+int64_t cuda_gemv_mats(cuda_gemv_mat *m, const be_linear *const *ws, be_tensor *const *ys, int n,
+                       bool glu) {
+    int64_t rows = 0;
+    for (int i = 0; i < n; i++) {
+        const be_tensor *y = ys[glu ? 0 : i];
+        m[i] = {ws[i]->weight,     ws[i]->scales, ws[i]->biases, ws[i]->bias,
+                ws[i]->bias_dtype, y->data,       y->dtype,      ws[i]->out};
+        rows += ws[i]->out;
+    }
+    return glu ? ws[0]->out : rows;
+}
+
 int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, be_tensor *const *ys,
                int n, bool glu, base_err *err) {
     /* The tensor-core kernel reads W once for every row of x but costs more per weight: it
@@ -401,19 +399,7 @@ int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, b
     int g_units = w->group_size / (128 / w->bits), shift = 0;
     while ((1 << shift) < g_units) shift++;
     job.gshift = shift;
-    for (int i = 0; i < n; i++) {
-        const be_tensor *y = ys[glu ? 0 : i];
-        job.m[i] = {(const uint4 *)ws[i]->weight,
-                    ws[i]->scales,
-                    ws[i]->biases,
-                    ws[i]->bias,
-                    ws[i]->bias_dtype,
-                    y->data,
-                    y->dtype,
-                    ws[i]->out};
-        job.rows += ws[i]->out;
-    }
-    if (glu) job.rows = w->out;
+    job.rows = cuda_gemv_mats(job.m, ws, ys, n, glu);
     if (job.rows == 0) return 0;
     cuda_backend *c = cuda_impl(be);
     int threads;

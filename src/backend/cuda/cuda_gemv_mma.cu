@@ -78,18 +78,8 @@ template <int NT> __host__ __device__ constexpr int gmma_mb() {
     return NT == 1 ? 2 : 1;
 }
 
-struct gmma_mat {
-    const uint8_t *w;  /* (out, in * bits / 8) */
-    const void *s, *b; /* (out, groups) */
-    const void *bias;  /* (out) or NULL */
-    base_dtype bias_dt;
-    void *y; /* (rows of x, out) */
-    base_dtype y_dt;
-    int64_t out;
-};
-
 struct gmma_job {
-    gmma_mat m[3];
+    cuda_gemv_mat m[3];
     base_dtype sdt;    /* scales and biases */
     int64_t in;        /* values per row of W and x */
     int64_t row_bytes; /* in * bits / 8 */
@@ -184,11 +174,6 @@ __device__ __forceinline__ int gmma_row(const gmma_job &j, int64_t tile, int i, 
     if (g >= j.rows) return -1;
     *row = g < e0 ? g : (g < e1 ? g - e0 : g - e1);
     return g < e0 ? 0 : (g < e1 ? 1 : 2);
-}
-
-template <typename T>
-__device__ __forceinline__ T gmma_pick(const gmma_job &j, int i, T gmma_mat::*f) {
-    return i == 0 ? j.m[0].*f : (i == 1 ? j.m[1].*f : j.m[2].*f);
 }
 
 /* Partials of the rows of x against the CTA's k-range for its m-block's tiles; the last CTA of
@@ -297,10 +282,12 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
                     tile0 + mt < t_end ? gmma_row<GLU>(job, tile0 + mt, g + 8 * rh, &row) : -1;
                 const int m = mi < 0 ? 0 : mi;
                 ok[mt][rh] = mi >= 0;
-                wp[mt][rh] =
-                    gmma_pick(job, m, &gmma_mat::w) + row * job.row_bytes + s_first * 32 + t * 8;
-                sp[mt][rh] = (const S *)gmma_pick(job, m, &gmma_mat::s) + row * job.groups;
-                bp[mt][rh] = (const S *)gmma_pick(job, m, &gmma_mat::b) + row * job.groups;
+                wp[mt][rh] = (const uint8_t *)cuda_gemv_pick(job, m, &cuda_gemv_mat::w) +
+                             row * job.row_bytes + s_first * 32 + t * 8;
+                sp[mt][rh] =
+                    (const S *)cuda_gemv_pick(job, m, &cuda_gemv_mat::s) + row * job.groups;
+                bp[mt][rh] =
+                    (const S *)cuda_gemv_pick(job, m, &cuda_gemv_mat::b) + row * job.groups;
             }
         /* Lane l prefetches row l of the warp's tiles into L2: its scales and biases over the
          * k-range now, its weights GMMA_L2_AHEAD lines ahead of the loads. */
@@ -311,12 +298,12 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
             const int mi =
                 tile0 + r / 16 < t_end ? gmma_row<GLU>(job, tile0 + r / 16, r % 16, &row) : -1;
             if (mi >= 0) {
-                pf = (const char *)gmma_pick(job, mi, &gmma_mat::w) + row * job.row_bytes +
-                     s_first * 32;
+                pf = (const char *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::w) +
+                     row * job.row_bytes + s_first * 32;
                 const int64_t ga = row * job.groups + (k0 >> job.gshift);
                 const int64_t gb = row * job.groups + ((k0 + ns * VPS - 1) >> job.gshift);
-                const char *sa = (const char *)gmma_pick(job, mi, &gmma_mat::s);
-                const char *ba = (const char *)gmma_pick(job, mi, &gmma_mat::b);
+                const char *sa = (const char *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::s);
+                const char *ba = (const char *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::b);
                 for (int64_t o = ga * (int64_t)sizeof(S); o <= gb * (int64_t)sizeof(S); o += 128) {
                     asm volatile("prefetch.global.L2 [%0];" ::"l"(sa + o));
                     asm volatile("prefetch.global.L2 [%0];" ::"l"(ba + o));
@@ -469,10 +456,12 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
         } else {
             int64_t row = 0;
             const int mi = gmma_row<false>(job, r / 16, (int)(r % 16), &row);
-            const void *bias = gmma_pick(job, mi, &gmma_mat::bias);
-            if (bias) v += cuda_load(bias, gmma_pick(job, mi, &gmma_mat::bias_dt), (size_t)row);
-            cuda_store(gmma_pick(job, mi, &gmma_mat::y), gmma_pick(job, mi, &gmma_mat::y_dt),
-                       (size_t)(xr * gmma_pick(job, mi, &gmma_mat::out) + row), v);
+            const void *bias = cuda_gemv_pick(job, mi, &cuda_gemv_mat::bias);
+            if (bias)
+                v += cuda_load(bias, cuda_gemv_pick(job, mi, &cuda_gemv_mat::bias_dt), (size_t)row);
+            cuda_store(cuda_gemv_pick(job, mi, &cuda_gemv_mat::y),
+                       cuda_gemv_pick(job, mi, &cuda_gemv_mat::y_dt),
+                       (size_t)(xr * cuda_gemv_pick(job, mi, &cuda_gemv_mat::out) + row), v);
         }
     }
     if (tid == 0) job.count[mb] = 0;
@@ -581,19 +570,7 @@ int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws
     job.gshift = w->group_size == 32 ? 5 : (w->group_size == 64 ? 6 : 7);
     job.sectors = job.row_bytes / 32;
     job.nx = (int)x->rows;
-    for (int i = 0; i < n; i++) {
-        const be_tensor *y = ys[glu ? 0 : i];
-        job.m[i] = {(const uint8_t *)ws[i]->weight,
-                    ws[i]->scales,
-                    ws[i]->biases,
-                    ws[i]->bias,
-                    ws[i]->bias_dtype,
-                    y->data,
-                    y->dtype,
-                    ws[i]->out};
-        job.rows += ws[i]->out;
-    }
-    if (glu) job.rows = w->out;
+    job.rows = cuda_gemv_mats(job.m, ws, ys, n, glu);
     if (job.rows == 0) return 0;
     job.tiles = glu ? 2 * ((job.rows + 15) / 16) : (job.rows + 15) / 16;
     job.x = (const float *)x->data;

@@ -155,6 +155,31 @@ __device__ __forceinline__ float cuda_round(base_dtype dt, float v) {
  * registers; a longer row's rest is read again from memory. */
 #define CUDA_ROW_VPT 8
 
+/* The norm weights a row kernel's thread keeps: w[t + k * nt] for k < CUDA_ROW_VPT (0 past the
+ * row). They depend on no earlier kernel, so the kernels load them before their PDL wait. */
+__device__ __forceinline__ void cuda_row_weights(const void *w, base_dtype w_dt, int64_t cols,
+                                                 float *wv) {
+    const int64_t t = threadIdx.x, nt = blockDim.x;
+#pragma unroll
+    for (int k = 0; k < CUDA_ROW_VPT; k++)
+        wv[k] = t + k * nt < cols ? cuda_load(w, w_dt, (size_t)(t + k * nt)) : 0.0f;
+}
+
+/* y = x * inv * w over the row at base: the thread's first CUDA_ROW_VPT values of x and w from
+ * registers (xv, wv), the rest of a longer row read again from x and w. */
+__device__ __forceinline__ void cuda_row_store_normed(void *y, base_dtype y_dt, const void *x,
+                                                      base_dtype x_dt, const void *w,
+                                                      base_dtype w_dt, const float *xv,
+                                                      const float *wv, size_t base, int64_t cols,
+                                                      float inv) {
+    const int64_t t = threadIdx.x, nt = blockDim.x;
+#pragma unroll
+    for (int k = 0; k < CUDA_ROW_VPT; k++)
+        if (t + k * nt < cols) cuda_store(y, y_dt, base + t + k * nt, xv[k] * inv * wv[k]);
+    for (int64_t c = t + CUDA_ROW_VPT * nt; c < cols; c += nt)
+        cuda_store(y, y_dt, base + c, cuda_load(x, x_dt, base + c) * inv * cuda_load(w, w_dt, c));
+}
+
 /* Block-wide sum; every thread gets the total. Every thread of the block must call it. */
 __device__ __forceinline__ float cuda_block_sum(float v) {
     __shared__ float part[32];
@@ -240,6 +265,30 @@ int cuda_rope_kv_append(be_backend *be, be_tensor *q, be_tensor *k, const be_ten
 bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w);
 int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, be_tensor *const *ys,
                int n, bool glu, base_err *err);
+/* One matrix of a decode GEMV job, for both GEMV kernels (cuda_gemv.cu, cuda_gemv_mma.cu): up
+ * to three share one x (Q, K and V), or gate and up pair for SiLU-mul. */
+struct cuda_gemv_mat {
+    const void *w;     /* (out, in * bits / 8) packed weights */
+    const void *s, *b; /* (out, groups) scales and biases */
+    const void *bias;  /* (out) or NULL */
+    base_dtype bias_dt;
+    void *y; /* (rows of x, out); gate and up write the first's */
+    base_dtype y_dt;
+    int64_t out;
+};
+
+/* Fills m[0..n) from cuda_gemv1's matrices and outputs; returns the output rows the job walks:
+ * the sum of the outs, or gate's out for gate and up (glu). */
+int64_t cuda_gemv_mats(cuda_gemv_mat *m, const be_linear *const *ws, be_tensor *const *ys, int n,
+                       bool glu);
+
+/* Field f of job.m[i], selected without indexing the parameter array (which would copy it to
+ * local memory). */
+template <typename J, typename T>
+__device__ __forceinline__ T cuda_gemv_pick(const J &j, int i, T cuda_gemv_mat::*f) {
+    return i == 0 ? j.m[0].*f : (i == 1 ? j.m[1].*f : j.m[2].*f);
+}
+
 /* Which kernel cuda_gemv1 runs (cuda_backend.gemv_kernel): chosen by rows, or forced. */
 enum { CUDA_GEMV_AUTO, CUDA_GEMV_ROWS, CUDA_GEMV_MMA };
 /* Rows of x from which CUDA_GEMV_AUTO takes the tensor-core kernel: on the H200 the one-row
