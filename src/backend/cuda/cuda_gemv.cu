@@ -275,13 +275,7 @@ __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_jo
                            v / (1.0f + __expf(-v)) * v2);
             }
         } else if (step * R + tr < job.rows) {
-            const int mi = step_start<GLU, R>(job, step, &row0);
-            const void *bias = cuda_gemv_pick(job, mi, &cuda_gemv_mat::bias);
-            if (bias)
-                v += cuda_load(bias, cuda_gemv_pick(job, mi, &cuda_gemv_mat::bias_dt), (size_t)row);
-            cuda_store(cuda_gemv_pick(job, mi, &cuda_gemv_mat::y),
-                       cuda_gemv_pick(job, mi, &cuda_gemv_mat::y_dt),
-                       (size_t)(j * cuda_gemv_pick(job, mi, &cuda_gemv_mat::out) + row), v);
+            cuda_gemv_store(job, step_start<GLU, R>(job, step, &row0), j, row, v);
         }
     }
 }

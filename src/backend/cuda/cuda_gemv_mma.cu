@@ -456,12 +456,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
         } else {
             int64_t row = 0;
             const int mi = gmma_row<false>(job, r / 16, (int)(r % 16), &row);
-            const void *bias = cuda_gemv_pick(job, mi, &cuda_gemv_mat::bias);
-            if (bias)
-                v += cuda_load(bias, cuda_gemv_pick(job, mi, &cuda_gemv_mat::bias_dt), (size_t)row);
-            cuda_store(cuda_gemv_pick(job, mi, &cuda_gemv_mat::y),
-                       cuda_gemv_pick(job, mi, &cuda_gemv_mat::y_dt),
-                       (size_t)(xr * cuda_gemv_pick(job, mi, &cuda_gemv_mat::out) + row), v);
+            cuda_gemv_store(job, mi, xr, row, v);
         }
     }
     if (tid == 0) job.count[mb] = 0;

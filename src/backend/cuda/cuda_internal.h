@@ -289,6 +289,17 @@ __device__ __forceinline__ T cuda_gemv_pick(const J &j, int i, T cuda_gemv_mat::
     return i == 0 ? j.m[0].*f : (i == 1 ? j.m[1].*f : j.m[2].*f);
 }
 
+/* Stores v (+ the bias) as output `row` of matrix mi for row xr of x. */
+template <typename J>
+__device__ __forceinline__ void cuda_gemv_store(const J &j, int mi, int64_t xr, int64_t row,
+                                                float v) {
+    const void *bias = cuda_gemv_pick(j, mi, &cuda_gemv_mat::bias);
+    if (bias) v += cuda_load(bias, cuda_gemv_pick(j, mi, &cuda_gemv_mat::bias_dt), (size_t)row);
+    cuda_store(cuda_gemv_pick(j, mi, &cuda_gemv_mat::y),
+               cuda_gemv_pick(j, mi, &cuda_gemv_mat::y_dt),
+               (size_t)(xr * cuda_gemv_pick(j, mi, &cuda_gemv_mat::out) + row), v);
+}
+
 /* Which kernel cuda_gemv1 runs (cuda_backend.gemv_kernel): chosen by rows, or forced. */
 enum { CUDA_GEMV_AUTO, CUDA_GEMV_ROWS, CUDA_GEMV_MMA };
 /* Rows of x from which CUDA_GEMV_AUTO takes the tensor-core kernel: on the H200 the one-row
