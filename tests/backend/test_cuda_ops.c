@@ -484,7 +484,7 @@ static float *ranged_rows(int n, int64_t in) {
 }
 
 static void test_gemv_ranges(be_backend *be) {
-    const int bits[] = {4, 8}, groups[] = {32, 64, 128}, ns[] = {3, 8, 9, 15, 16};
+    const int bits[] = {4, 8}, groups[] = {32, 64, 128}, ns[] = {3, 8, 9, 15, 16, 17, 34, 63};
     const base_dtype sdts[] = {BASE_DTYPE_F32, BASE_DTYPE_F16, BASE_DTYPE_BF16};
     const int64_t out = 37, in = 512;
     for (int b = 0; b < 2; b++)
@@ -492,7 +492,7 @@ static void test_gemv_ranges(be_backend *be) {
             for (int d = 0; d < 3; d++) {
                 host_linear L;
                 make_linear(be, &L, out, in, bits[b], groups[g], sdts[d], (g + d) % 2 == 0);
-                for (int k = 0; k < 5; k++) {
+                for (int k = 0; k < 8; k++) {
                     int n = ns[k];
                     float *x = ranged_rows(n, in);
                     float *ref = malloc(sizeof(float) * (size_t)(n * out));
@@ -516,14 +516,15 @@ static void test_gemv_ranges(be_backend *be) {
 }
 
 /* Q, K and V from one x: one geometry (one GEMV launch at one row), mixed bit widths and
- * groups (three matmuls), at 1 and 3 rows, with the biases qwen2 has. */
+ * groups (three matmuls), at 1, 3 and 35 rows (three slices of the fused launch), with the
+ * biases qwen2 has. */
 static void test_matmul_qkv(be_backend *be) {
     const int cfg[3][3][2] = {
         {{4, 64}, {4, 64}, {4, 64}}, {{8, 32}, {8, 32}, {8, 32}}, {{4, 64}, {8, 64}, {4, 32}}};
     /* q's 100 rows end inside a 16-row tile. */
     const int64_t outs[3] = {100, 36, 40}, in = 256;
     for (int c = 0; c < 3; c++)
-        for (int n = 1; n <= 3; n += 2) {
+        for (int n = 1; n <= 35; n = n == 1 ? 3 : 35) {
             host_linear L[3];
             be_tensor ty[3];
             float *ref[3];
@@ -552,13 +553,13 @@ static void test_matmul_qkv(be_backend *be) {
         }
 }
 
-/* silu(x gate^T) * (x up^T): fused at one row (4 and 8 bits, with and without biases, an odd
- * out), composed at several rows and for mixed bit widths. */
+/* silu(x gate^T) * (x up^T): fused at 1, 5 and 40 rows (4 and 8 bits, with and without
+ * biases, an odd out), composed for mixed bit widths. */
 static void test_matmul_silu_mul(be_backend *be) {
     const int cfg[3][2] = {{4, 8}, {8, 8}, {4, 4}};
     const int64_t out = 301, in = 384;
     for (int c = 0; c < 3; c++)
-        for (int n = 1; n <= 5; n += 4) {
+        for (int n = 1; n <= 40; n = n == 1 ? 5 : 40) {
             host_linear G, U;
             make_linear(be, &G, out, in, cfg[c][0], 64, BASE_DTYPE_F16, c == 0);
             make_linear(be, &U, out, in, cfg[c][1], 64, BASE_DTYPE_F16, c == 0);

@@ -294,9 +294,17 @@ static int gemv1_shape(int64_t units, int *threads) {
 }
 
 bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w) {
+    /* Past 16 rows cuda_gemv1 takes slices of 16 rows, each on the tensor-core kernel (a last
+     * slice of one or two rows on this one), until the GEMM path starts. */
+    if (x->rows > CUDA_GEMV_MAX_ROWS) {
+        be_tensor slice = *x;
+        slice.rows = CUDA_GEMV_MAX_ROWS;
+        return x->rows < CUDA_GEMM_MIN_ROWS && cuda_gemv_mma_fits(&slice, w) &&
+               cuda_gemv1_fits(&slice, w);
+    }
     int threads;
-    return x->rows >= 1 && x->rows <= 16 && x->dtype == BASE_DTYPE_F32 &&
-           (w->bits == 4 || w->bits == 8) && (w->in * w->bits) % 128 == 0 &&
+    return x->rows >= 1 && x->dtype == BASE_DTYPE_F32 && (w->bits == 4 || w->bits == 8) &&
+           (w->in * w->bits) % 128 == 0 &&
            (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) &&
            w->in % w->group_size == 0 && ((uintptr_t)w->weight & 15) == 0 &&
            ((uintptr_t)x->data & 15) == 0 && ((uintptr_t)w->scales & 3) == 0 &&
@@ -378,6 +386,24 @@ int64_t cuda_gemv_mats(cuda_gemv_mat *m, const be_linear *const *ws, be_tensor *
 
 int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, be_tensor *const *ys,
                int n, bool glu, base_err *err) {
+    if (x->rows > CUDA_GEMV_MAX_ROWS) {
+        for (int64_t r0 = 0; r0 < x->rows; r0 += CUDA_GEMV_MAX_ROWS) {
+            const int64_t rows =
+                x->rows - r0 < CUDA_GEMV_MAX_ROWS ? x->rows - r0 : CUDA_GEMV_MAX_ROWS;
+            be_tensor xs = *x, yv[3], *yp[3];
+            xs.rows = rows;
+            xs.data = (float *)x->data + r0 * x->cols;
+            for (int i = 0; i < (glu ? 1 : n); i++) {
+                yv[i] = *ys[i];
+                yv[i].rows = rows;
+                yv[i].data = (char *)ys[i]->data +
+                             (size_t)(r0 * ys[i]->cols) * base_dtype_size(ys[i]->dtype);
+                yp[i] = &yv[i];
+            }
+            if (cuda_gemv1(be, &xs, ws, yp, n, glu, err)) return -1;
+        }
+        return 0;
+    }
     /* The tensor-core kernel reads W once for every row of x but costs more per weight: it
      * overtakes this one from CUDA_GEMV_MMA_ROWS rows. */
     const int pick = cuda_impl(be)->gemv_kernel;

@@ -300,6 +300,11 @@ __device__ __forceinline__ void cuda_gemv_store(const J &j, int mi, int64_t xr, 
                (size_t)(xr * cuda_gemv_pick(j, mi, &cuda_gemv_mat::out) + row), v);
 }
 
+/* Rows of x from which a quantized matmul dequantizes W to BF16 and multiplies with cuBLAS
+ * (cuda_matmul.cu); below it the GEMVs serve the rows, 16 at a time past 16. */
+#define CUDA_GEMM_MIN_ROWS 64
+#define CUDA_GEMV_MAX_ROWS 16
+
 /* Which kernel cuda_gemv1 runs (cuda_backend.gemv_kernel): chosen by rows, or forced. */
 enum { CUDA_GEMV_AUTO, CUDA_GEMV_ROWS, CUDA_GEMV_MMA };
 /* Rows of x from which CUDA_GEMV_AUTO takes the tensor-core kernel: on the H200 the one-row

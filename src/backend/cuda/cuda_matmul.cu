@@ -8,14 +8,14 @@
  * every row of x, accumulating in F32; the warp sums its lanes at the end. 4- and 8-bit units
  * are whole 16-byte loads; 2 and 6 bits use 8-byte loads, 3 and 5 bits 4-byte loads.
  *
- * From GEMM_MIN_ROWS rows of x (prefill, large decode batches) the GEMV's cost grows with the
+ * From CUDA_GEMM_MIN_ROWS rows of x (prefill, large decode batches) the GEMV's cost grows with the
  * rows (one pass over W per 16 rows, every multiply on the CUDA cores), so W is instead
  * dequantized once into a BF16 scratch and multiplied by cuBLAS on the tensor cores with F32
  * accumulation. That rounds each weight and input to BF16 (relative 2^-9), as a BF16 model's
  * inference does at every matmul.
  *
- * Up to 16 F32 rows against 4- or 8-bit weights (decode) take the faster kernel of
- * cuda_gemv.cu. */
+ * F32 rows below CUDA_GEMM_MIN_ROWS against 4- or 8-bit weights (decode) take the faster
+ * kernels of cuda_gemv.cu and cuda_gemv_mma.cu. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <string.h>
@@ -23,10 +23,8 @@
 #define GEMV_WARPS  4
 #define GEMV_R      2
 #define GEMV_MAX_NR 16
-/* Rows of x from which the dequantize + cuBLAS path runs: at 64 rows the GEMV reads W four
- * times and does 64 multiplies per weight on the CUDA cores, while the dequantization writes
- * and re-reads 4 bytes per weight once. */
-#define GEMM_MIN_ROWS 64
+/* CUDA_GEMM_MIN_ROWS, from which the dequantize + cuBLAS path runs: at 64 rows the GEMV reads
+ * W four times, while the dequantization writes and re-reads 4 bytes per weight once. */
 
 template <int N> __device__ __forceinline__ void load_words(const uint32_t *p, uint32_t *w) {
     if constexpr (N % 4 == 0) {
@@ -367,7 +365,7 @@ static int gemm_launch(be_backend *be, const be_tensor *x, const be_linear *w, b
 
 /* The GEMM path writes BF16 or F32 outputs and takes cuBLAS's int sizes. */
 static bool gemm_fits(const be_tensor *x, const be_linear *w, const be_tensor *y) {
-    return x->rows >= GEMM_MIN_ROWS &&
+    return x->rows >= CUDA_GEMM_MIN_ROWS &&
            (y->dtype == BASE_DTYPE_BF16 || y->dtype == BASE_DTYPE_F32) && w->in <= INT32_MAX &&
            w->out <= INT32_MAX && x->rows <= INT32_MAX;
 }
