@@ -524,7 +524,7 @@ static void test_matmul_qkv(be_backend *be) {
     /* q's 100 rows end inside a 16-row tile. */
     const int64_t outs[3] = {100, 36, 40}, in = 256;
     for (int c = 0; c < 3; c++)
-        for (int n = 1; n <= 35; n = n == 1 ? 3 : 35) {
+        for (int n = 1; n <= 35; n = n == 1 ? 3 : n + 32) {
             host_linear L[3];
             be_tensor ty[3];
             float *ref[3];
@@ -559,7 +559,7 @@ static void test_matmul_silu_mul(be_backend *be) {
     const int cfg[3][2] = {{4, 8}, {8, 8}, {4, 4}};
     const int64_t out = 301, in = 384;
     for (int c = 0; c < 3; c++)
-        for (int n = 1; n <= 40; n = n == 1 ? 5 : 40) {
+        for (int n = 1; n <= 40; n = n == 1 ? 5 : n + 35) {
             host_linear G, U;
             make_linear(be, &G, out, in, cfg[c][0], 64, BASE_DTYPE_F16, c == 0);
             make_linear(be, &U, out, in, cfg[c][1], 64, BASE_DTYPE_F16, c == 0);
