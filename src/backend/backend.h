@@ -18,6 +18,14 @@ typedef struct be_tensor {
     int64_t rows, cols;
 } be_tensor;
 
+/* The n rows of t from row r0: a view into t's data, owning nothing. */
+static inline be_tensor be_tensor_rows(const be_tensor *t, int64_t r0, int64_t n) {
+    be_tensor v = *t;
+    v.data = (char *)t->data + (size_t)r0 * (size_t)t->cols * base_dtype_size(t->dtype);
+    v.rows = n;
+    return v;
+}
+
 /* A linear layer y = x W^T (+ bias). Dense: `weight` is [out, in] of `dtype` (F32/F16/BF16).
  * MLX affine-quantized (bits > 0): `weight` is packed uint32 [out, in * bits / 32], `scales`
  * and `biases` are [out, in / group_size] of `dtype`, and w[o, i] = scales[o, i / g] *

@@ -103,14 +103,6 @@ static be_tensor act_tensor(const model *m, void *data, int64_t rows, int64_t co
     return (be_tensor){.data = data, .dtype = m->be->act_dtype, .rows = rows, .cols = cols};
 }
 
-/* Rows of t starting at row r0, n rows. */
-static be_tensor rows_of(const be_tensor *t, int64_t r0, int64_t n) {
-    be_tensor v = *t;
-    v.data = (char *)t->data + (size_t)r0 * (size_t)t->cols * base_dtype_size(t->dtype);
-    v.rows = n;
-    return v;
-}
-
 /* RoPE on q and k. Dynamic NTK scaling depends on each sequence's length, so it runs per
  * sequence with that sequence's table; every other type uses the one static table. */
 static int apply_rope(model *m, const be_paged_batch *hb, const be_paged_batch *db, be_tensor *q,
@@ -142,7 +134,7 @@ static int apply_rope(model *m, const be_paged_batch *hb, const be_paged_batch *
         if (nr == 0) continue;
         be_tensor freqs = {(char *)s->inv_freq + (size_t)i * table, BASE_DTYPE_F32, 1, half};
         be_tensor pos = {(void *)(db->positions + r0), BASE_DTYPE_I32, nr, 1};
-        be_tensor qs = rows_of(q, r0, nr), ks = rows_of(k, r0, nr);
+        be_tensor qs = be_tensor_rows(q, r0, nr), ks = be_tensor_rows(k, r0, nr);
         rc = be->ops->rope(be, &qs, H, hd, &pos, &freqs, mscale, err);
         if (!rc) rc = be->ops->rope(be, &ks, KV, hd, &pos, &freqs, mscale, err);
     }

@@ -390,14 +390,10 @@ int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, b
         for (int64_t r0 = 0; r0 < x->rows; r0 += CUDA_GEMV_MAX_ROWS) {
             const int64_t rows =
                 x->rows - r0 < CUDA_GEMV_MAX_ROWS ? x->rows - r0 : CUDA_GEMV_MAX_ROWS;
-            be_tensor xs = *x, yv[3], *yp[3];
-            xs.rows = rows;
-            xs.data = (float *)x->data + r0 * x->cols;
+            const be_tensor xs = be_tensor_rows(x, r0, rows);
+            be_tensor yv[3], *yp[3];
             for (int i = 0; i < (glu ? 1 : n); i++) {
-                yv[i] = *ys[i];
-                yv[i].rows = rows;
-                yv[i].data = (char *)ys[i]->data +
-                             (size_t)(r0 * ys[i]->cols) * base_dtype_size(ys[i]->dtype);
+                yv[i] = be_tensor_rows(ys[i], r0, rows);
                 yp[i] = &yv[i];
             }
             if (cuda_gemv1(be, &xs, ws, yp, n, glu, err)) return -1;
@@ -427,10 +423,8 @@ int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, b
     for (int64_t r0 = 0; r0 < x->rows; r0 += per_pass) {
         gemv1_job pass = job;
         pass.nx = (int)(x->rows - r0 < per_pass ? x->rows - r0 : per_pass);
-        pass.x = (const float *)x->data + r0 * w->in;
-        for (int i = 0; i < (glu ? 1 : n); i++)
-            pass.m[i].y =
-                (char *)ys[i]->data + (size_t)(r0 * ys[i]->cols) * base_dtype_size(ys[i]->dtype);
+        pass.x = (const float *)be_tensor_rows(x, r0, 1).data;
+        for (int i = 0; i < (glu ? 1 : n); i++) pass.m[i].y = be_tensor_rows(ys[i], r0, 1).data;
         int rc;
         if (w->bits == 4)
             rc = glu ? gemv1_dispatch_dt<4, true>(c, pass, w->dtype, err)
