@@ -59,8 +59,11 @@ float engine_logprobs(const float *logits, int vocab, int32_t chosen, int top_n,
  * topk_candidates op (the row's k best after the bias and penalties, computed where the
  * logits are) gives the host all it needs: the pick from those candidates is the token
  * engine_sampler_next gives on the full row, for the same seed (rows holding a NaN aside: it
- * is never a candidate). Only a sampler with top-k off (or above BE_TOPK_MAX), or
- * log-probabilities that the candidates cannot give, takes the full row. Log-probabilities
+ * is never a candidate). With top-k off and no bias or penalties, the row's BE_TOPK_MAX best
+ * tokens and its log-sum-exp decide most picks (top-p or min-p reached inside them, or a draw
+ * at temperature 1 that lands inside them); the full row is fetched for the rest. Top-k above
+ * BE_TOPK_MAX (below the vocabulary), top-k off with a bias or penalties, and
+ * log-probabilities that the candidates cannot give take the full row. Log-probabilities
  * from candidates match the full row's bit for bit on the CPU and to rounding on CUDA, which
  * sums the log-sum-exp in another order. */
 
@@ -76,6 +79,15 @@ int engine_sampler_adjustments(engine_sampler *s, const int32_t *history, int n_
  * generator the same way; -1 when n_cand is 0 (every token banned: token 0, as the full
  * row's argmax gives). */
 int engine_sampler_pick(engine_sampler *s, const float *cand_logit, int n_cand);
+/* Whether the sampler, having top-k off over a vocabulary larger than BE_TOPK_MAX, may still
+ * pick from the row's BE_TOPK_MAX best raw logits (engine_sampler_pick_wide). */
+bool engine_sampler_wide(const engine_sampler *s);
+/* The index among the n_cand best raw logits of a row (sorted as topk_candidates writes them)
+ * whose raw log-sum-exp is lse, of the token engine_sampler_next would pick on the whole row
+ * (up to the rounding of the row's sum), when those candidates decide it: top-p reached or
+ * the min-p floor passed inside them, or at temperature 1 a draw that lands inside them.
+ * Otherwise -1, with the generator untouched, and the pick needs the whole row. */
+int engine_sampler_pick_wide(engine_sampler *s, const float *cand_logit, int n_cand, double lse);
 
 #define ENGINE_MAX_TOP_LOGPROBS 20
 

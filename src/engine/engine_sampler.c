@@ -152,46 +152,74 @@ int32_t engine_sampler_next(engine_sampler *s, float *logits, const int32_t *his
 }
 
 /* top-p, min-p, temperature and the draw over n >= 1 candidates l (logit descending, after
- * top-k); returns the chosen index. */
-static int choose(engine_sampler *s, const float *l, int n) {
+ * top-k); returns the chosen index. When the candidates are only the row's best (whole false),
+ * `sum` is the whole row's sum of exp(l_i - l[0]); the choice is then made only when the
+ * candidates decide it, and -1 (the generator untouched) says they do not. */
+static int choose_from(engine_sampler *s, const float *l, int n, bool whole, double sum) {
     const engine_sampling *p = &s->p;
     /* probabilities before temperature, for top-p and min-p */
-    double sum = 0;
-    for (int i = 0; i < n; i++) sum += exp((double)l[i] - l[0]);
+    if (whole) {
+        sum = 0;
+        for (int i = 0; i < n; i++) sum += exp((double)l[i] - l[0]);
+    }
+    bool inside = whole; /* whether every token kept is a candidate */
     if (p->top_p < 1.0f) {
         double cum = 0;
-        int keep = n;
         for (int i = 0; i < n; i++) {
             cum += exp((double)l[i] - l[0]) / sum;
             if (cum >= p->top_p) {
-                keep = i + 1;
+                n = i + 1;
+                inside = true;
                 break;
             }
         }
-        n = keep;
     }
     if (p->min_p > 0) {
         /* p_i >= min_p * p_max  <=>  l_i - l_0 >= log(min_p) */
         double floor_logit = l[0] + log(p->min_p);
         int keep = 1;
         while (keep < n && l[keep] >= floor_logit) keep++;
+        /* a candidate below the floor puts every token after it below too */
+        inside = inside || keep < n;
         n = keep;
     }
+    /* Past the candidates, the draw's total is the row's sum only at temperature 1. */
+    if (!inside && p->temperature != 1.0f) return -1;
     double total = 0;
-    for (int i = 0; i < n; i++) total += exp(((double)l[i] - l[0]) / p->temperature);
+    if (inside)
+        for (int i = 0; i < n; i++) total += exp(((double)l[i] - l[0]) / p->temperature);
+    else
+        total = sum;
+    uint64_t saved[4];
+    memcpy(saved, s->rng, sizeof saved);
     double r = rng_uniform(s->rng) * total, acc = 0;
     for (int i = 0; i < n; i++) {
         acc += exp(((double)l[i] - l[0]) / p->temperature);
         if (r < acc) return i;
     }
-    return n - 1;
+    if (inside) return n - 1;
+    memcpy(s->rng, saved, sizeof saved);
+    return -1;
+}
+
+static int choose(engine_sampler *s, const float *l, int n) {
+    return choose_from(s, l, n, true, 0);
 }
 
 int engine_sampler_candidates(const engine_sampler *s) {
     if (s->p.temperature <= 0) return 1;
-    if (s->p.top_k <= 0) return 0;
-    int k = s->p.top_k < s->vocab ? s->p.top_k : s->vocab;
+    int k = s->p.top_k > 0 && s->p.top_k < s->vocab ? s->p.top_k : s->vocab;
     return k <= BE_TOPK_MAX ? k : 0;
+}
+
+bool engine_sampler_wide(const engine_sampler *s) {
+    return s->p.temperature > 0 && (s->p.top_k <= 0 || s->p.top_k >= s->vocab) &&
+           s->vocab > BE_TOPK_MAX;
+}
+
+int engine_sampler_pick_wide(engine_sampler *s, const float *cand_logit, int n_cand, double lse) {
+    if (n_cand <= 0 || !isfinite(lse) || !isfinite(cand_logit[0])) return -1;
+    return choose_from(s, cand_logit, n_cand, false, exp(lse - (double)cand_logit[0]));
 }
 
 static int cmp_u64(const void *a, const void *b) {
@@ -364,8 +392,13 @@ static void chain_rows(engine_picker *p, engine_pick *picks, const int *rows, in
 static bool pick_from(engine_pick *k, const int32_t *id, const float *l, int n, double lse) {
     int lp = k->top_logprobs;
     if (lp >= 0 && n < (lp > 1 ? lp : 1)) return false;
-    int ks = engine_sampler_candidates(k->sampler);
-    int i = engine_sampler_pick(k->sampler, l, n < ks ? n : ks);
+    int ks = engine_sampler_candidates(k->sampler), i;
+    if (ks > 0) {
+        i = engine_sampler_pick(k->sampler, l, n < ks ? n : ks);
+    } else {
+        i = engine_sampler_pick_wide(k->sampler, l, n, lse);
+        if (i < 0) return false;
+    }
     k->token = i < 0 ? 0 : id[i];
     if (lp >= 0) {
         k->logprob = (float)((double)l[i] - lse);
@@ -378,7 +411,9 @@ static bool pick_from(engine_pick *k, const int32_t *id, const float *l, int n, 
 }
 
 /* Sorts the picks into candidate requests (with their adjustments) and rows that need the full
- * row; returns how many requests. */
+ * row; returns how many requests. A sampler with top-k off and no adjustments asks for the
+ * BE_TOPK_MAX best tokens and the row's log-sum-exp, and takes the full row later only when
+ * those do not decide its pick. */
 static int plan_picks(engine_picker *p, be_backend *be, engine_pick *picks, int n, int *n_early) {
     bool op = be->ops->topk_candidates != NULL;
     int nr = 0, na = 0, nc = 0;
@@ -386,17 +421,20 @@ static int plan_picks(engine_picker *p, be_backend *be, engine_pick *picks, int 
     for (int i = 0; i < n; i++) {
         engine_pick *k = &picks[i];
         int ks = op ? engine_sampler_candidates(k->sampler) : 0;
+        bool wide = op && ks == 0 && engine_sampler_wide(k->sampler);
+        if (wide) ks = BE_TOPK_MAX;
         const be_logit_adj *a = NULL;
         int m = ks ? engine_sampler_adjustments(k->sampler, k->history, k->n_history, &a) : 0;
-        /* log-probabilities are of the raw logits: adjusted candidates cannot give them */
-        if (ks == 0 || (k->top_logprobs >= 0 && m > 0)) {
+        /* log-probabilities, and a wide pick's log-sum-exp, are of the raw logits: adjusted
+         * candidates cannot give them */
+        if (ks == 0 || ((k->top_logprobs >= 0 || wide) && m > 0)) {
             p->early[(*n_early)++] = i;
             continue;
         }
         int want = ks > k->top_logprobs ? ks : k->top_logprobs;
         picker_reserve(p, n, na + m, nc + want);
         if (m) memcpy(p->adj + na, a, (size_t)m * sizeof *a);
-        p->reqs[nr] = (be_topk_row){i, want, na, na + m, k->top_logprobs >= 0};
+        p->reqs[nr] = (be_topk_row){i, want, na, na + m, k->top_logprobs >= 0 || wide};
         p->req_pick[nr++] = i;
         na += m;
         nc += want;

@@ -153,12 +153,14 @@ static void test_fixtures(be_backend *gpu, be_backend *cpu) {
 }
 
 /* Several sampling set-ups, two samplers each (same seed), over random device logits for a
- * few steps: the picker with the op and the picker on the same backend without it. */
+ * few steps: the picker with the op and the picker on the same backend without it. The last
+ * two have top-k off and rows with a spike of 64 tokens, so the op's candidates and the
+ * row's log-sum-exp decide their picks. */
 static void test_picker(be_backend *gpu) {
-    enum { SETS = 6, STEPS = 8 };
+    enum { SETS = 8, STEPS = 8, SPIKE = 64 };
     static engine_logit_bias bias[] = {{5, 2.0f}, {99, -INFINITY}, {64000, 1.5f}};
     engine_sampling sets[SETS];
-    int top[SETS] = {-1, -1, -1, -1, 5, 0};
+    int top[SETS] = {-1, -1, -1, -1, 5, 0, -1, 3};
     for (int i = 0; i < SETS; i++) {
         engine_sampling_defaults(&sets[i]);
         sets[i].seed = 77 + (uint64_t)i;
@@ -168,6 +170,8 @@ static void test_picker(be_backend *gpu) {
     sets[3].logit_bias = bias, sets[3].n_logit_bias = 3, sets[3].temperature = 1.2f;
     sets[4].top_k = 10;
     sets[5].temperature = 0;
+    sets[6].top_k = 0, sets[6].top_p = 0.9f;
+    sets[7].top_k = 0, sets[7].top_p = 1, sets[7].min_p = 0, sets[7].temperature = 1;
     be_ops plain_ops = *gpu->ops;
     plain_ops.topk_candidates = NULL;
     be_backend plain = *gpu;
@@ -187,6 +191,9 @@ static void test_picker(be_backend *gpu) {
     double worst_lp = 0;
     for (int step = 0; step < STEPS; step++) {
         tc_fill(x, (size_t)SETS * BIG_VOCAB, 8.0f);
+        for (int r = 6; r < SETS; r++)
+            for (int j = 0; j < SPIKE; j++)
+                x[(size_t)r * BIG_VOCAB + (tc_u32() % BIG_VOCAB)] += 24.0f;
         be_tensor dt = tc_tensor(gpu, x, BASE_DTYPE_F32, SETS, BIG_VOCAB);
         engine_pick ka[SETS], kb[SETS];
         for (int i = 0; i < SETS; i++) {
