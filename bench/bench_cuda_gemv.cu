@@ -224,10 +224,10 @@ int main(int argc, char **argv) {
                         if (sh.k == QKV) {
                             const be_linear *ws[3] = {&w[0], &w[1], &w[2]};
                             be_tensor *ys[3] = {&ty[0], &ty[1], &ty[2]};
-                            return be->ops->matmul_qkv(be, &tx, ws, ys, e);
+                            return be->ops->matmul_qkv(be, &tx, NULL, ws, ys, e);
                         }
                         if (sh.k == GATE_UP)
-                            return be->ops->matmul_silu_mul(be, &tx, &w[0], &w[1], &ty[0], e);
+                            return be->ops->matmul_silu_mul(be, &tx, NULL, &w[0], &w[1], &ty[0], e);
                         return be->ops->matmul(be, &tx, &w[0], &ty[0], e);
                     });
                     double gbs = (double)bytes / sec / 1e9;

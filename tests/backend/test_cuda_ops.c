@@ -540,7 +540,7 @@ static void test_matmul_qkv(be_backend *be) {
             const be_linear *ws[3] = {&L[0].dev, &L[1].dev, &L[2].dev};
             be_tensor *ys[3] = {&ty[0], &ty[1], &ty[2]};
             base_err err = {{0}};
-            CHECK_MSG(be->ops->matmul_qkv(be, &tx, ws, ys, &err) == 0, "%s", err.msg);
+            CHECK_MSG(be->ops->matmul_qkv(be, &tx, NULL, ws, ys, &err) == 0, "%s", err.msg);
             for (int i = 0; i < 3; i++) {
                 double e = dev_err(be, &ty[i], ref[i]);
                 CHECK_MSG(e < 1e-5, "qkv config %d n=%d output %d: err %g", c, n, i, e);
@@ -573,7 +573,7 @@ static void test_matmul_silu_mul(be_backend *be) {
             CHECK(cpu->ops->silu_mul(cpu, &tg, &tu, &tg, &err) == 0);
             be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
             be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, out);
-            CHECK_MSG(be->ops->matmul_silu_mul(be, &tx, &G.dev, &U.dev, &ty, &err) == 0, "%s",
+            CHECK_MSG(be->ops->matmul_silu_mul(be, &tx, NULL, &G.dev, &U.dev, &ty, &err) == 0, "%s",
                       err.msg);
             double e = dev_err(be, &ty, g);
             CHECK_MSG(e < 1e-5, "silu_mul config %d n=%d: err %g", c, n, e);
@@ -583,6 +583,166 @@ static void test_matmul_silu_mul(be_backend *be) {
             free_linear(be, &G);
             free_linear(be, &U);
         }
+}
+
+/* ---- RMSNorm folded before the fused matmuls, the residual add after a matmul ---- */
+
+/* Row counts: the one-row GEMV (1, 2), the tensor-core GEMV (3 to 16), slices of 16 (17, 40),
+ * and the cuBLAS path with the ops composed (64). */
+static const int fused_rows[] = {1, 2, 3, 8, 16, 17, 40, 64};
+#define N_FUSED_ROWS 8
+
+/* From 64 rows the product runs on cuBLAS with W and x rounded to BF16. */
+static double fused_tol(int n) {
+    return n < 64 ? 1e-5 : tc_tol(BASE_DTYPE_BF16);
+}
+
+/* Rows of different scales (row r times 1 + 3r), so that a row normed by another's 1/rms
+ * shows. */
+static float *scaled_rows(int n, int64_t in) {
+    float *x = rand_rows(n, in);
+    for (int r = 0; r < n; r++)
+        for (int64_t i = 0; i < in; i++) x[r * in + i] *= 1.0f + 3.0f * (float)r;
+    return x;
+}
+
+/* A norm weight around 1 as stored in dt: host values in *w, the device tensor returned. */
+static be_tensor norm_weight(be_backend *be, int64_t in, base_dtype dt, float **w) {
+    *w = malloc(sizeof(float) * (size_t)in);
+    for (int64_t i = 0; i < in; i++) (*w)[i] = 1.0f + 0.5f * tc_uniform();
+    tc_round(*w, (size_t)in, dt);
+    return tc_tensor(be, *w, dt, 1, in);
+}
+
+/* rmsnorm(x) * w by the CPU backend (caller frees). */
+static float *cpu_normed(const float *x, int n, int64_t in, float *w) {
+    float *h = malloc(sizeof(float) * (size_t)(n * in));
+    be_tensor tx = {(void *)x, BASE_DTYPE_F32, n, in}, th = {h, BASE_DTYPE_F32, n, in};
+    be_tensor tw = {w, BASE_DTYPE_F32, 1, in};
+    base_err err = {{0}};
+    CHECK_MSG(cpu->ops->rmsnorm(cpu, &tx, &tw, 1e-5f, &th, &err) == 0, "cpu rmsnorm: %s", err.msg);
+    return h;
+}
+
+/* matmul_qkv with a norm against rmsnorm then three matmuls on the CPU: one geometry with
+ * biases and BF16 norm weights (folded into the GEMVs below 64 rows), and mixed geometries
+ * with F32 norm weights (normed into the scratch, then three matmuls). */
+static void test_qkv_norm(be_backend *be) {
+    const int cfg[2][3][2] = {{{4, 64}, {4, 64}, {4, 64}}, {{4, 64}, {8, 64}, {4, 32}}};
+    const int64_t outs[3] = {128, 64, 36}, in = 512;
+    for (int c = 0; c < 2; c++) {
+        host_linear L[3];
+        for (int i = 0; i < 3; i++)
+            make_linear(be, &L[i], outs[i], in, cfg[c][i][0], cfg[c][i][1], BASE_DTYPE_BF16,
+                        c == 0);
+        float *w;
+        be_tensor tw = norm_weight(be, in, c ? BASE_DTYPE_F32 : BASE_DTYPE_BF16, &w);
+        for (int k = 0; k < N_FUSED_ROWS; k++) {
+            const int n = fused_rows[k];
+            float *x = scaled_rows(n, in), *h = cpu_normed(x, n, in, w), *ref[3];
+            be_tensor ty[3];
+            for (int i = 0; i < 3; i++) {
+                ref[i] = malloc(sizeof(float) * (size_t)(n * outs[i]));
+                cpu_matmul(h, n, &L[i].host, ref[i]);
+                ty[i] = tc_poisoned(be, BASE_DTYPE_F32, n, outs[i]);
+            }
+            be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
+            be_tensor scratch = tc_poisoned(be, BASE_DTYPE_F32, n, in);
+            const be_norm norm = {&tw, 1e-5f, &scratch};
+            const be_linear *ws[3] = {&L[0].dev, &L[1].dev, &L[2].dev};
+            be_tensor *ys[3] = {&ty[0], &ty[1], &ty[2]};
+            base_err err = {{0}};
+            CHECK_MSG(be->ops->matmul_qkv(be, &tx, &norm, ws, ys, &err) == 0, "%s", err.msg);
+            for (int i = 0; i < 3; i++) {
+                double e = dev_err(be, &ty[i], ref[i]);
+                CHECK_MSG(e < fused_tol(n), "normed qkv config %d n=%d output %d: err %g", c, n, i,
+                          e);
+                be->ops->free(be, ty[i].data);
+                free(ref[i]);
+            }
+            be->ops->free(be, tx.data);
+            be->ops->free(be, scratch.data);
+            free(x), free(h);
+        }
+        for (int i = 0; i < 3; i++) free_linear(be, &L[i]);
+        be->ops->free(be, tw.data);
+        free(w);
+    }
+}
+
+/* matmul_silu_mul with a norm against rmsnorm, two matmuls and silu_mul on the CPU: 4 bits with
+ * biases and F16 norm weights, 8 bits with BF16 ones (both folded below 64 rows), and 4 with 8
+ * bits (normed into the scratch). */
+static void test_glu_norm(be_backend *be) {
+    const int cfg[3][2] = {{4, 4}, {8, 8}, {4, 8}};
+    const base_dtype ndt[3] = {BASE_DTYPE_F16, BASE_DTYPE_BF16, BASE_DTYPE_F32};
+    const int64_t out = 301, in = 384;
+    for (int c = 0; c < 3; c++) {
+        host_linear G, U;
+        make_linear(be, &G, out, in, cfg[c][0], 64, BASE_DTYPE_F16, c == 0);
+        make_linear(be, &U, out, in, cfg[c][1], 64, BASE_DTYPE_F16, c == 0);
+        float *w;
+        be_tensor tw = norm_weight(be, in, ndt[c], &w);
+        for (int k = 0; k < N_FUSED_ROWS; k++) {
+            const int n = fused_rows[k];
+            float *x = scaled_rows(n, in), *h = cpu_normed(x, n, in, w);
+            float *g = malloc(sizeof(float) * (size_t)(n * out));
+            float *u = malloc(sizeof(float) * (size_t)(n * out));
+            cpu_matmul(h, n, &G.host, g);
+            cpu_matmul(h, n, &U.host, u);
+            be_tensor tg = {g, BASE_DTYPE_F32, n, out}, tu = {u, BASE_DTYPE_F32, n, out};
+            base_err err = {{0}};
+            CHECK(cpu->ops->silu_mul(cpu, &tg, &tu, &tg, &err) == 0);
+            be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
+            be_tensor scratch = tc_poisoned(be, BASE_DTYPE_F32, n, in);
+            be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, out);
+            const be_norm norm = {&tw, 1e-5f, &scratch};
+            CHECK_MSG(be->ops->matmul_silu_mul(be, &tx, &norm, &G.dev, &U.dev, &ty, &err) == 0,
+                      "%s", err.msg);
+            double e = dev_err(be, &ty, g);
+            CHECK_MSG(e < fused_tol(n), "normed gate/up config %d n=%d: err %g", c, n, e);
+            be->ops->free(be, tx.data);
+            be->ops->free(be, scratch.data);
+            be->ops->free(be, ty.data);
+            free(x), free(h), free(g), free(u);
+        }
+        free_linear(be, &G);
+        free_linear(be, &U);
+        be->ops->free(be, tw.data);
+        free(w);
+    }
+}
+
+/* y += x W^T against matmul then add on the CPU, y starting from random values: 4 bits with a
+ * bias and 8 bits (the decode GEMVs), 3 bits and dense BF16 (the CUDA-core GEMV); every path
+ * takes cuBLAS at 64 rows. An output overlapping the input is refused. */
+static void test_matmul_add(be_backend *be) {
+    const int bits[4] = {4, 8, 3, 0}, groups[4] = {64, 32, 64, 0};
+    const int64_t out = 200, in = 256;
+    for (int c = 0; c < 4; c++) {
+        host_linear L;
+        make_linear(be, &L, out, in, bits[c], groups[c], c % 2 ? BASE_DTYPE_F16 : BASE_DTYPE_BF16,
+                    c == 0);
+        for (int k = 0; k < N_FUSED_ROWS; k++) {
+            const int n = fused_rows[k];
+            float *x = rand_rows(n, in), *y0 = rand_rows(n, out);
+            float *ref = malloc(sizeof(float) * (size_t)(n * out));
+            cpu_matmul(x, n, &L.host, ref);
+            for (int i = 0; i < n * out; i++) ref[i] = y0[i] + ref[i];
+            be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
+            be_tensor ty = tc_tensor(be, y0, BASE_DTYPE_F32, n, out);
+            base_err err = {{0}};
+            CHECK_MSG(be->ops->matmul_add(be, &tx, &L.dev, &ty, &err) == 0, "%s", err.msg);
+            double e = dev_err(be, &ty, ref);
+            CHECK_MSG(e < fused_tol(n), "matmul_add q%d n=%d: err %g", bits[c], n, e);
+            CHECK(be->ops->matmul_add(be, &tx, &L.dev, &tx, &err) != 0 &&
+                  strstr(err.msg, "overlaps"));
+            be->ops->free(be, tx.data);
+            be->ops->free(be, ty.data);
+            free(x), free(y0), free(ref);
+        }
+        free_linear(be, &L);
+    }
 }
 
 /* x += d; y = rmsnorm(x) * w against add then rmsnorm on the CPU, y aliasing d; rows of 4100
@@ -689,6 +849,9 @@ int main(void) {
     test_gemv_ranges(be);
     test_matmul_qkv(be);
     test_matmul_silu_mul(be);
+    test_qkv_norm(be);
+    test_glu_norm(be);
+    test_matmul_add(be);
     test_add_rmsnorm(be);
     test_rope_kv_append(be);
     cpu->ops->destroy(cpu);

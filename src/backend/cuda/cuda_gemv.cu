@@ -85,6 +85,7 @@ struct gemv1_job {
     int64_t rows;   /* PLAIN: sum of the outs; GLU: out */
     int64_t steps;  /* ceil(rows / rows per step) */
     int nx;         /* rows of x in this pass (1 to the kernel's NX); y rows follow them */
+    cuda_gemv_fuse fz;
 };
 
 __device__ __forceinline__ float mag(uint32_t v) {
@@ -212,6 +213,35 @@ __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_jo
                 xs[j][i][4 * c] = v.x, xs[j][i][4 * c + 1] = v.y, xs[j][i][4 * c + 2] = v.z,
                              xs[j][i][4 * c + 3] = v.w;
             }
+        }
+    /* The CTA holds whole rows of x: the norm's sum of squares is one block-wide sum. */
+    if (job.fz.norm) {
+#pragma unroll
+        for (int j = 0; j < NX; j++) {
+            float ss = 0.0f;
+#pragma unroll
+            for (int i = 0; i < UPT; i++)
+#pragma unroll
+                for (int k = 0; k < WPU; k++) ss += xs[j][i][k] * xs[j][i][k];
+            const float inv = cuda_rms_inv(cuda_block_sum(ss), in, job.fz.eps);
+#pragma unroll
+            for (int i = 0; i < UPT; i++) {
+                if (!uok[i]) continue;
+#pragma unroll
+                for (int c = 0; c < WPU / 8; c++) {
+                    float w8[8];
+                    cuda_load_ro<8>(job.fz.norm, job.fz.norm_dt, (size_t)(uo[i] * WPU + 8 * c), w8);
+#pragma unroll
+                    for (int k = 0; k < 8; k++)
+                        xs[j][i][8 * c + k] = xs[j][i][8 * c + k] * inv * w8[k];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NX; j++)
+#pragma unroll
+        for (int i = 0; i < UPT; i++) {
 #pragma unroll
             for (int k = 0; k < WPU; k++) {
                 sx[j][i] += xs[j][i][k];
@@ -385,7 +415,7 @@ int64_t cuda_gemv_mats(cuda_gemv_mat *m, const be_linear *const *ws, be_tensor *
 }
 
 int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, be_tensor *const *ys,
-               int n, bool glu, base_err *err) {
+               int n, bool glu, const cuda_gemv_fuse *fz, base_err *err) {
     if (x->rows > CUDA_GEMV_MAX_ROWS) {
         for (int64_t r0 = 0; r0 < x->rows; r0 += CUDA_GEMV_MAX_ROWS) {
             const int64_t rows =
@@ -396,7 +426,7 @@ int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, b
                 yv[i] = be_tensor_rows(ys[i], r0, rows);
                 yp[i] = &yv[i];
             }
-            if (cuda_gemv1(be, &xs, ws, yp, n, glu, err)) return -1;
+            if (cuda_gemv1(be, &xs, ws, yp, n, glu, fz, err)) return -1;
         }
         return 0;
     }
@@ -405,11 +435,12 @@ int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, b
     const int pick = cuda_impl(be)->gemv_kernel;
     bool mma = pick == CUDA_GEMV_MMA || (pick == CUDA_GEMV_AUTO && x->rows >= CUDA_GEMV_MMA_ROWS);
     for (int i = 0; i < n; i++) mma = mma && cuda_gemv_mma_fits(x, ws[i]);
-    if (mma) return cuda_gemv_mma(be, x, ws, ys, n, glu, err);
+    if (mma) return cuda_gemv_mma(be, x, ws, ys, n, glu, fz, err);
     const be_linear *w = ws[0];
     gemv1_job job = {};
     job.nm = n;
     job.x = (const float *)x->data;
+    if (fz) job.fz = *fz;
     job.units = w->in * w->bits / 128;
     job.groups = w->in / w->group_size;
     int g_units = w->group_size / (128 / w->bits), shift = 0;
