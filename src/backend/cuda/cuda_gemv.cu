@@ -193,6 +193,13 @@ __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_jo
      * non-coherent path is for data no kernel writes while this grid runs) that still keep x
      * in L1 for the SM's other CTAs: from L2 alone, every CTA's read of x cost the step 20%. */
     cuda_pdl_trigger();
+    /* Nor do the norm's weights: into L1 now, for after the wait (a unit's are one line). */
+#pragma unroll
+    for (int i = 0; i < UPT; i++)
+        if (job.fz.norm && uok[i])
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(
+                (const char *)job.fz.norm +
+                uo[i] * WPU * (job.fz.norm_dt == BASE_DTYPE_F32 ? 4 : 2)));
     const int64_t grid = gridDim.x;
 #pragma unroll
     for (int d = 0; d < D - 1; d++) issue(blockIdx.x + d * grid, d);
