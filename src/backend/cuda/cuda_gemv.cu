@@ -140,6 +140,7 @@ __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_jo
     constexpr int SB = sizeof(S) == 4 ? 4 : 2;
     extern __shared__ uint4 gemv1_ring[];
     __shared__ float red[2][GEMV1_MAX_THREADS / 32][R * NX];
+    __shared__ float nss[GEMV1_MAX_THREADS / 32][NX]; /* each warp's share of x's sums of squares */
     const int t = threadIdx.x, K = blockDim.x, lane = t & 31, warp = t >> 5;
     /* Slot (d, r, i) of thread t: weights at wq[((d * R + r) * UPT + i) * K + t], the scale
      * and bias words at the same index of ws and wb: consecutive threads, consecutive words. */
@@ -221,7 +222,8 @@ __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_jo
                              xs[j][i][4 * c + 3] = v.w;
             }
         }
-    /* The CTA holds whole rows of x: the norm's sum of squares is one block-wide sum. */
+    /* The CTA holds whole rows of x; the warps' sums of squares meet at the first step's
+     * barrier. */
     if (job.fz.norm) {
 #pragma unroll
         for (int j = 0; j < NX; j++) {
@@ -230,18 +232,20 @@ __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_jo
             for (int i = 0; i < UPT; i++)
 #pragma unroll
                 for (int k = 0; k < WPU; k++) ss += xs[j][i][k] * xs[j][i][k];
-            const float inv = cuda_rms_inv(cuda_block_sum(ss), in, job.fz.eps);
+            ss = cuda_warp_sum(ss);
+            if (lane == 0) nss[warp][j] = ss;
+        }
 #pragma unroll
-            for (int i = 0; i < UPT; i++) {
-                if (!uok[i]) continue;
+        for (int i = 0; i < UPT; i++) {
+            if (!uok[i]) continue;
 #pragma unroll
-                for (int c = 0; c < WPU / 8; c++) {
-                    float w8[8];
-                    cuda_load_ro<8>(job.fz.norm, job.fz.norm_dt, (size_t)(uo[i] * WPU + 8 * c), w8);
+            for (int c = 0; c < WPU / 8; c++) {
+                float w8[8];
+                cuda_load_ro<8>(job.fz.norm, job.fz.norm_dt, (size_t)(uo[i] * WPU + 8 * c), w8);
 #pragma unroll
-                    for (int k = 0; k < 8; k++)
-                        xs[j][i][8 * c + k] = xs[j][i][8 * c + k] * inv * w8[k];
-                }
+                for (int j = 0; j < NX; j++)
+#pragma unroll
+                    for (int k = 0; k < 8; k++) xs[j][i][8 * c + k] *= w8[k];
             }
         }
     }
@@ -259,9 +263,14 @@ __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_jo
     int d = 0, par = 0;
     for (int64_t step = blockIdx.x; step < job.steps; step += grid, par ^= 1) {
         issue(step + (D - 1) * grid, d == 0 ? D - 1 : d - 1);
-        asm volatile("cp.async.wait_group %0;" ::"n"(D - 1));
         int64_t row0;
-        step_start<GLU, R>(job, step, &row0);
+        const int m0 = step_start<GLU, R>(job, step, &row0);
+        /* Thread t's output of the step, when the job adds into y: loaded ahead of the sums. */
+        const int tj = t / OUT_PER_STEP, ttr = t % OUT_PER_STEP;
+        const float prev = !GLU && t < OUT_PER_STEP * NX && tj < job.nx && step * R + ttr < job.rows
+                               ? cuda_gemv_prev(job, m0, tj, row0 + ttr)
+                               : 0.0f;
+        asm volatile("cp.async.wait_group %0;" ::"n"(D - 1));
         /* Which half of a 2-byte scale word row r's group sits in: the parity of its index. */
         const int64_t gpar = row0 * job.groups;
         float acc[R][NX];
@@ -295,13 +304,18 @@ __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_jo
         __syncthreads();
         if (t >= OUT_PER_STEP * NX) continue;
         /* Thread t writes output row t % OUT_PER_STEP of the step for x row t / OUT_PER_STEP. */
-        const int j = t / OUT_PER_STEP, tr = t % OUT_PER_STEP;
+        const int j = tj, tr = ttr;
         if (j >= job.nx) continue;
         const int nw = K >> 5;
-        float v = 0.0f, v2 = 0.0f;
+        float v = 0.0f, v2 = 0.0f, ss = 0.0f;
         for (int k = 0; k < nw; k++) {
             v += red[par][k][j * R + tr];
             if (GLU) v2 += red[par][k][j * R + tr + OUT_PER_STEP];
+            if (job.fz.norm) ss += nss[k][j];
+        }
+        if (job.fz.norm) {
+            const float inv = cuda_rms_inv(ss, in, job.fz.eps);
+            v *= inv, v2 *= inv;
         }
         const int64_t row = row0 + tr;
         if (GLU) {
@@ -312,7 +326,7 @@ __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_jo
                            v / (1.0f + __expf(-v)) * v2);
             }
         } else if (step * R + tr < job.rows) {
-            cuda_gemv_store(job, step_start<GLU, R>(job, step, &row0), j, row, v);
+            cuda_gemv_store(job, m0, j, row, v, prev);
         }
     }
 }

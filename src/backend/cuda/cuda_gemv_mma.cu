@@ -463,15 +463,6 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
     __syncthreads();
     if (!last) return;
     __threadfence();
-    /* Each row's 1/rms from the k-ranges' sums of squares, added in k order. */
-    __shared__ float rinv[16];
-    if (tid < job.nx) {
-        float ss = 0.0f;
-        for (int k = 0; job.fz.norm && k < job.ksplit; k++)
-            ss += __ldcg(&job.ssq[(mb * job.ksplit + k) * 16 + tid]);
-        rinv[tid] = job.fz.norm ? cuda_rms_inv(ss, job.in, job.fz.eps) : 1.0f;
-    }
-    __syncthreads();
     const int64_t r_begin = GLU ? t_begin / 2 * 16 : t_begin * 16;
     int64_t r_end = GLU ? t_end / 2 * 16 : t_end * 16;
     if (r_end > job.rows) r_end = job.rows;
@@ -480,22 +471,28 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
         const int xr = (int)(u / span);
         const int64_t r = r_begin + u % span;
         const int64_t v0 = GLU ? (r / 16) * 32 + r % 16 : r;
-        float v = 0.0f, v2 = 0.0f;
+        int64_t row = 0;
+        const int mi = GLU ? 0 : gmma_row<false>(job, r / 16, (int)(r % 16), &row);
+        const float prev = GLU ? 0.0f : cuda_gemv_prev(job, mi, xr, row);
+        /* The partials and, with a norm, the row's sums of squares, both in k order. */
+        float v = 0.0f, v2 = 0.0f, ss = 0.0f;
         for (int k = 0; k < job.ksplit; k++) {
             const float *p = job.part + ((int64_t)k * job.nx + xr) * vrows + v0;
             v += __ldcg(p);
             if (GLU) v2 += __ldcg(p + 16);
+            if (job.fz.norm) ss += __ldcg(&job.ssq[(mb * job.ksplit + k) * 16 + xr]);
         }
-        v *= rinv[xr], v2 *= rinv[xr];
+        if (job.fz.norm) {
+            const float inv = cuda_rms_inv(ss, job.in, job.fz.eps);
+            v *= inv, v2 *= inv;
+        }
         if (GLU) {
             if (job.m[0].bias) v += cuda_load(job.m[0].bias, job.m[0].bias_dt, (size_t)r);
             if (job.m[1].bias) v2 += cuda_load(job.m[1].bias, job.m[1].bias_dt, (size_t)r);
             cuda_store(job.m[0].y, job.m[0].y_dt, (size_t)(xr * job.rows + r),
                        v / (1.0f + __expf(-v)) * v2);
         } else {
-            int64_t row = 0;
-            const int mi = gmma_row<false>(job, r / 16, (int)(r % 16), &row);
-            cuda_gemv_store(job, mi, xr, row, v);
+            cuda_gemv_store(job, mi, xr, row, v, prev);
         }
     }
     if (tid == 0) job.count[mb] = 0;

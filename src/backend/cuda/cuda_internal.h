@@ -220,6 +220,12 @@ __device__ __forceinline__ void cuda_load_ro(const void *p, base_dtype dt, size_
     }
 }
 
+/* Sum over a warp; every lane gets it, in the same order. */
+__device__ __forceinline__ float cuda_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 /* Block-wide sum; every thread gets the total. Every thread of the block must call it. */
 __device__ __forceinline__ float cuda_block_sum(float v) {
     __shared__ float part[32];
@@ -301,7 +307,10 @@ int cuda_rope_kv_append(be_backend *be, be_tensor *q, be_tensor *k, const be_ten
 
 /* What the decode GEMVs fold around the product, in both kernels: an RMSNorm of each row of
  * x before it (x' = x * cuda_rms_inv(sum of x^2) * norm), and the output added to y instead of
- * stored (the residual add of o_proj and down_proj; not with glu). */
+ * stored (the residual add of o_proj and down_proj; not with glu). Both kernels multiply x by
+ * the norm's weight as they load it and each output by its row's 1/rms at the end (a factor
+ * per row of x commutes with the product): the sum of squares then meets the partial sums
+ * where they meet anyway, with no barrier of its own before the product. */
 struct cuda_gemv_fuse {
     const void *norm; /* (in) the norm's weight, 16-byte aligned, or NULL: x as is */
     base_dtype norm_dt;
@@ -345,18 +354,28 @@ __device__ __forceinline__ T cuda_gemv_pick(const J &j, int i, T cuda_gemv_mat::
     return i == 0 ? j.m[0].*f : (i == 1 ? j.m[1].*f : j.m[2].*f);
 }
 
-/* Stores v (+ the bias) as output `row` of matrix mi for row xr of x, or adds it there (j.fz.acc:
- * y was written by an earlier kernel, so it is read after the PDL wait, coherently). */
+/* Output `row` of matrix mi for row xr of x as y holds it when the job adds into y (j.fz.acc),
+ * else 0. An earlier kernel wrote it, so it is read after the PDL wait, coherently; the kernels
+ * read it ahead of their sums, so that its latency overlaps them. */
+template <typename J>
+__device__ __forceinline__ float cuda_gemv_prev(const J &j, int mi, int64_t xr, int64_t row) {
+    if (!j.fz.acc) return 0.0f;
+    return cuda_load(cuda_gemv_pick(j, mi, &cuda_gemv_mat::y),
+                     cuda_gemv_pick(j, mi, &cuda_gemv_mat::y_dt),
+                     (size_t)(xr * cuda_gemv_pick(j, mi, &cuda_gemv_mat::out) + row));
+}
+
+/* Stores v (+ the bias) as output `row` of matrix mi for row xr of x, or prev + that when the
+ * job adds into y (prev from cuda_gemv_prev). */
 template <typename J>
 __device__ __forceinline__ void cuda_gemv_store(const J &j, int mi, int64_t xr, int64_t row,
-                                                float v) {
+                                                float v, float prev) {
     const void *bias = cuda_gemv_pick(j, mi, &cuda_gemv_mat::bias);
     if (bias) v += cuda_load(bias, cuda_gemv_pick(j, mi, &cuda_gemv_mat::bias_dt), (size_t)row);
-    void *y = cuda_gemv_pick(j, mi, &cuda_gemv_mat::y);
-    const base_dtype y_dt = cuda_gemv_pick(j, mi, &cuda_gemv_mat::y_dt);
-    const size_t i = (size_t)(xr * cuda_gemv_pick(j, mi, &cuda_gemv_mat::out) + row);
-    if (j.fz.acc) v = cuda_load(y, y_dt, i) + v;
-    cuda_store(y, y_dt, i, v);
+    if (j.fz.acc) v = prev + v;
+    cuda_store(cuda_gemv_pick(j, mi, &cuda_gemv_mat::y),
+               cuda_gemv_pick(j, mi, &cuda_gemv_mat::y_dt),
+               (size_t)(xr * cuda_gemv_pick(j, mi, &cuda_gemv_mat::out) + row), v);
 }
 
 /* Rows of x from which a quantized matmul dequantizes W to BF16 and multiplies with cuBLAS
