@@ -10,8 +10,8 @@
  * the timed launches rotate through them, so every launch reads device memory. The launches
  * are captured in a CUDA graph and replayed, so the host's launch rate is not what is timed;
  * each figure is the median of the replays' CUDA-event timings after warm-up.
- * Usage: bench_cuda_gemv [reps [matrix [bits [kernels]]]]: matrix ("all" for every one), bits
- * and a comma-separated list of kernels pick cases, as for a profiler. */
+ * Usage: bench_cuda_gemv [reps [matrix [bits [kernels [rows]]]]]: matrix ("all" for every one),
+ * bits, a comma-separated list of kernels and one of row counts pick cases, as for a profiler. */
 #include "bench_cuda.h"
 
 #include <algorithm>
@@ -156,6 +156,7 @@ int main(int argc, char **argv) {
     const char *only = argc > 2 ? argv[2] : NULL;
     int only_bits = argc > 3 ? atoi(argv[3]) : 0;
     const char *only_kernel = argc > 4 ? argv[4] : NULL;
+    const char *only_rows = argc > 5 ? argv[5] : NULL;
     if (reps < 3) reps = 3;
     be_backend *be = bench_cuda_backend();
     base_err err = {};
@@ -170,14 +171,15 @@ int main(int argc, char **argv) {
     const int bits_list[] = {4, 8}, rows_list[] = {1, 2, 4, 8, 16};
     const char *kernels[] = {"rows", "mma"};
     const int n_kernels = 2;
-    /* A kernel runs when no list is given or its name is in the comma-separated list. */
-    auto wanted = [&](const char *k) {
-        if (!only_kernel) return true;
+    /* An item runs when no list is given or it is in the comma-separated list. */
+    auto listed = [](const char *only_list, const char *k) {
+        if (!only_list) return true;
         char key[32], list[256];
         snprintf(key, sizeof key, ",%s,", k);
-        snprintf(list, sizeof list, ",%s,", only_kernel);
+        snprintf(list, sizeof list, ",%s,", only_list);
         return strstr(list, key) != NULL;
     };
+    auto wanted = [&](const char *k) { return listed(only_kernel, k); };
     printf("%-8s %-14s %4s %4s", "matrix", "shape", "bits", "rows");
     for (const char *k : kernels)
         if (wanted(k)) printf(" | %6s %8s %6s %7s", k, "us", "GB/s", "of copy");
@@ -205,6 +207,9 @@ int main(int argc, char **argv) {
                 copies.push_back(set);
             }
             for (int rows : rows_list) {
+                char rows_name[16];
+                snprintf(rows_name, sizeof rows_name, "%d", rows);
+                if (!listed(only_rows, rows_name)) continue;
                 float *x = (float *)dev_alloc((size_t)rows * sh.in * 4);
                 fill_f32<<<256, 256>>>(x, (size_t)rows * sh.in);
                 be_tensor tx = {x, BASE_DTYPE_F32, rows, sh.in};

@@ -87,26 +87,95 @@ struct gemv1_job {
     int nx;         /* rows of x in this pass (1 to the kernel's NX); y rows follow them */
 };
 
-__device__ __forceinline__ float mag(uint32_t v) {
-    return __uint_as_float(0x4B000000u | v) - 8388608.0f;
+/* A thread's x for one unit in the form the integer dot product takes. Each value, scaled by
+ * 2^(22 - e) where 2^e > the unit's largest |x|, is rounded to an integer X (|X| <= 2^22, off
+ * by at most 2^-23 of that largest |x|) and written as three balanced base-256 digits,
+ * X = d2 65536 + d1 256 + d0 with d0, d1 in [-128, 127] and d2 in [-64, 64]. Word 3 b + c
+ * packs digit c of the four values that weight word b's bytes meet, in byte order: 4-bit
+ * words split into two words of bytes (even nibbles, then odd), so b runs over 8 such words,
+ * 8-bit over 4. */
+template <int BITS> struct gemv1_xu {
+    uint32_t d[3 * (128 / BITS) / 4];
+    float unscale; /* 2^(e - 22); NaN where the unit holds an infinity or a NaN */
+    float sum;     /* sum of the unit's x, for the biases */
+};
+
+/* x[u * WPU + k] of row j, k < WPU, into v: the one place the kernel reads x (zeros past the
+ * row's units). Coherent loads (not __ldg, whose non-coherent path is for data no kernel writes
+ * while this grid runs) that still keep x in L1 for the SM's other CTAs: from L2 alone, every
+ * CTA's read of x cost the step 20%. */
+template <int WPU>
+__device__ __forceinline__ void gemv1_load_x(const gemv1_job &job, int j, int64_t u, bool ok,
+                                             float (&v)[WPU]) {
+    const float4 *p = (const float4 *)(job.x + j * job.units * WPU + u * WPU);
+#pragma unroll
+    for (int c = 0; c < WPU / 4; c++) {
+        const float4 f = ok ? __ldca(p + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[4 * c] = f.x, v[4 * c + 1] = f.y, v[4 * c + 2] = f.z, v[4 * c + 3] = f.w;
+    }
 }
 
-/* dot(q, x) of one unit: four words, each split into two 16-bit halves of 16 / BITS values. */
-template <int BITS> __device__ __forceinline__ float unit_dot(uint4 q, const float *xs) {
-    constexpr int PER_HALF = 16 / BITS;
-    constexpr uint32_t M = (1u << BITS) - 1u;
-    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-    float d0 = 0.0f, d1 = 0.0f;
+/* The digits cost a few instructions a value, without conversion instructions: t = x 2^(22 - e)
+ * + 1.5 2^23 in F32 rounds to the integer X in t's low 22 bits, d0's byte is X's low byte,
+ * d1's that of (X + 128) >> 8 and d2's that of (X + 32896) >> 16. Every CTA prepares all of x,
+ * so this is paid once per CTA, not once per launch. */
+template <int BITS>
+__device__ __forceinline__ void gemv1_digits(const float (&v)[128 / BITS], gemv1_xu<BITS> &xu) {
+    constexpr int WPU = 128 / BITS;
+    float m = 0.0f, sum = 0.0f;
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const uint32_t lo = w[k], hi = w[k] >> 16;
+    for (int k = 0; k < WPU; k++) m = fmaxf(m, fabsf(v[k])), sum += v[k];
+    /* 2^e > m, from m's exponent field (a subnormal or zero m gives 2^-126). */
+    int e = (__float_as_int(m) >> 23) - 126;
+    e = e > 128 ? 128 : e;
+    xu.unscale = ldexpf(1.0f, e - 22) + (sum - sum);
+    xu.sum = sum;
+    /* Below 2^-100, x is first scaled by 2^64 so that 2^(22 - e) stays a float. */
+    const float pre = e < -100 ? 0x1p64f : 1.0f;
+    const float f = __int_as_float((127 + 22 - (e < -100 ? e + 64 : e)) << 23);
 #pragma unroll
-        for (int j = 0; j < PER_HALF; j++) {
-            d0 = fmaf(mag(lo & (M << (BITS * j))), xs[k * 2 * PER_HALF + j], d0);
-            d1 = fmaf(mag(hi & (M << (BITS * j))), xs[k * 2 * PER_HALF + PER_HALF + j], d1);
+    for (int b = 0; b < WPU / 4; b++) {
+        uint32_t t[4], t1[4], t2[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int k = BITS == 4 ? 8 * (b / 2) + 2 * i + (b % 2) : 4 * b + i;
+            t[i] = __float_as_uint(fmaf(v[k] * pre, f, 12582912.0f));
+            t1[i] = t[i] + 128u;
+            /* 1.5 2^23 puts 0x40 in byte 2 of t, taken off here. */
+            t2[i] = t[i] + 32896u - 0x400000u;
         }
+        xu.d[3 * b] =
+            __byte_perm(__byte_perm(t[0], t[1], 0x0040), __byte_perm(t[2], t[3], 0x0040), 0x5410);
+        xu.d[3 * b + 1] = __byte_perm(__byte_perm(t1[0], t1[1], 0x0051),
+                                      __byte_perm(t1[2], t1[3], 0x0051), 0x5410);
+        xu.d[3 * b + 2] = __byte_perm(__byte_perm(t2[0], t2[1], 0x0062),
+                                      __byte_perm(t2[2], t2[3], 0x0062), 0x5410);
     }
-    return d0 + d1;
+}
+
+/* Four u8 weights times four s8 digits, added to c. */
+__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+/* dot(q, X) of one unit, times 2^(22 - e) against x: one integer sum per digit (|sum| < 2^20),
+ * put together in F32. */
+template <int BITS> __device__ __forceinline__ float unit_dot(uint4 q, const gemv1_xu<BITS> &xu) {
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+    int a0 = 0, a1 = 0, a2 = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+#pragma unroll
+        for (int h = 0; h < (BITS == 4 ? 2 : 1); h++) {
+            const int b = BITS == 4 ? 2 * k + h : k;
+            const uint32_t wb = BITS == 4 ? (w[k] >> (4 * h)) & 0x0F0F0F0Fu : w[k];
+            a0 = dp4a_us(wb, xu.d[3 * b], a0);
+            a1 = dp4a_us(wb, xu.d[3 * b + 1], a1);
+            a2 = dp4a_us(wb, xu.d[3 * b + 2], a2);
+        }
+    return fmaf((float)a2, 65536.0f, (float)(a1 * 256 + a0));
 }
 
 /* A scale or bias from the 4-byte word cp_async4 copied: the word itself for F32, else the
@@ -135,7 +204,7 @@ __device__ __forceinline__ int step_start(const gemv1_job &job, int64_t step, in
 template <int BITS, int UPT, bool GLU, typename S, int NX>
 __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_job job) {
     constexpr int WPU = 128 / BITS, R = gemv1_rows<UPT>(), D = gemv1_depth<UPT>();
-    constexpr int OUT_PER_STEP = GLU ? R / 2 : R, PER_HALF = 16 / BITS;
+    constexpr int OUT_PER_STEP = GLU ? R / 2 : R;
     constexpr int SB = sizeof(S) == 4 ? 4 : 2;
     extern __shared__ uint4 gemv1_ring[];
     __shared__ float red[2][GEMV1_MAX_THREADS / 32][R * NX];
@@ -188,35 +257,21 @@ __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_jo
     };
 
     /* The weights depend on no kernel: the ring's first steps load while the previous kernel
-     * finishes, and x is read only after it has, with coherent loads (not __ldg, whose
-     * non-coherent path is for data no kernel writes while this grid runs) that still keep x
-     * in L1 for the SM's other CTAs: from L2 alone, every CTA's read of x cost the step 20%. */
+     * finishes, and x is read only after it has (gemv1_load_x). */
     cuda_pdl_trigger();
     const int64_t grid = gridDim.x;
 #pragma unroll
     for (int d = 0; d < D - 1; d++) issue(blockIdx.x + d * grid, d);
     cuda_pdl_wait();
 
-    const int64_t in = job.units * WPU;
-    float xs[NX][UPT][WPU], sx[NX][UPT];
+    gemv1_xu<BITS> xs[NX][UPT];
 #pragma unroll
     for (int j = 0; j < NX; j++)
 #pragma unroll
         for (int i = 0; i < UPT; i++) {
-            sx[j][i] = 0.0f;
-#pragma unroll
-            for (int c = 0; c < WPU / 4; c++) {
-                float4 v = uok[i] && j < job.nx
-                               ? __ldca((const float4 *)(job.x + j * in + uo[i] * WPU) + c)
-                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                xs[j][i][4 * c] = v.x, xs[j][i][4 * c + 1] = v.y, xs[j][i][4 * c + 2] = v.z,
-                             xs[j][i][4 * c + 3] = v.w;
-            }
-#pragma unroll
-            for (int k = 0; k < WPU; k++) {
-                sx[j][i] += xs[j][i][k];
-                xs[j][i][k] *= __uint_as_float((127u - BITS * (k % PER_HALF)) << 23);
-            }
+            float v[WPU];
+            gemv1_load_x<WPU>(job, j, uo[i], uok[i] && j < job.nx, v);
+            gemv1_digits<BITS>(v, xs[j][i]);
         }
 
     int d = 0, par = 0;
@@ -241,8 +296,9 @@ __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_jo
                 const uint4 q = wq[slot];
 #pragma unroll
                 for (int j = 0; j < NX; j++)
-                    acc[r][j] =
-                        fmaf(sc, unit_dot<BITS>(q, xs[j][i]), fmaf(bi, sx[j][i], acc[r][j]));
+                    /* Scaled before the unscale, which may be subnormal for tiny x. */
+                    acc[r][j] = fmaf(sc * unit_dot<BITS>(q, xs[j][i]), xs[j][i].unscale,
+                                     fmaf(bi, xs[j][i].sum, acc[r][j]));
             }
         }
         d = d == D - 1 ? 0 : d + 1;
