@@ -15,6 +15,7 @@
 #include "bench_cuda.h"
 
 #include <algorithm>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -169,8 +170,9 @@ int main(int argc, char **argv) {
         {"lm_head", PLAIN, {128256}, 4096},
     };
     const int bits_list[] = {4, 8}, rows_list[] = {1, 2, 4, 8, 16};
-    const char *kernels[] = {"rows", "mma"};
-    const int n_kernels = 2;
+    const char *kernels[] = {"rows", "mma", "regs"};
+    const int kernel_ids[] = {CUDA_GEMV_ROWS, CUDA_GEMV_MMA, CUDA_GEMV_REGS};
+    const int n_kernels = 3;
     /* An item runs when no list is given or it is in the comma-separated list. */
     auto listed = [](const char *only_list, const char *k) {
         if (!only_list) return true;
@@ -182,7 +184,7 @@ int main(int argc, char **argv) {
     auto wanted = [&](const char *k) { return listed(only_kernel, k); };
     printf("%-8s %-14s %4s %4s", "matrix", "shape", "bits", "rows");
     for (const char *k : kernels)
-        if (wanted(k)) printf(" | %6s %8s %6s %7s", k, "us", "GB/s", "of copy");
+        if (wanted(k)) printf(" | %6s %8s %6s %7s %7s", k, "us", "GB/s", "of copy", "err");
     printf("\n");
     for (const shape &sh : shapes) {
         if (only && strcmp(only, "all") != 0 && strcmp(only, sh.name) != 0) continue;
@@ -221,10 +223,12 @@ int main(int argc, char **argv) {
                 char dims[32];
                 snprintf(dims, sizeof dims, "%lldx%lld", (long long)total_out, (long long)sh.in);
                 printf("%-8s %-14s %4d %4d", sh.name, dims, bits, rows);
+                /* Outputs of the first kernel run, against which the others' are compared. */
+                std::vector<float> first;
                 for (int ki = 0; ki < n_kernels; ki++) {
                     if (!wanted(kernels[ki])) continue;
-                    cuda_impl(be)->gemv_kernel = ki ? CUDA_GEMV_MMA : CUDA_GEMV_ROWS;
-                    double sec = time_rotating(be, n_copies, reps, [&](int c, base_err *e) {
+                    cuda_impl(be)->gemv_kernel = kernel_ids[ki];
+                    auto run = [&](int c, base_err *e) {
                         const std::vector<be_linear> &w = copies[c];
                         if (sh.k == QKV) {
                             const be_linear *ws[3] = {&w[0], &w[1], &w[2]};
@@ -234,10 +238,26 @@ int main(int argc, char **argv) {
                         if (sh.k == GATE_UP)
                             return be->ops->matmul_silu_mul(be, &tx, &w[0], &w[1], &ty[0], e);
                         return be->ops->matmul(be, &tx, &w[0], &ty[0], e);
-                    });
+                    };
+                    double sec = time_rotating(be, n_copies, reps, run);
+                    if (run(0, &err)) bench_die("check run", err.msg);
+                    std::vector<float> got;
+                    for (const be_tensor &t : ty) {
+                        std::vector<float> h((size_t)(t.rows * t.cols));
+                        bench_cuda_ok(
+                            cudaMemcpy(h.data(), t.data, h.size() * 4, cudaMemcpyDeviceToHost),
+                            "download");
+                        got.insert(got.end(), h.begin(), h.end());
+                    }
+                    double num = 0, den = 0;
+                    if (first.empty()) first = got;
+                    for (size_t i = 0; i < got.size(); i++) {
+                        num += ((double)got[i] - first[i]) * ((double)got[i] - first[i]);
+                        den += (double)first[i] * first[i];
+                    }
                     double gbs = (double)bytes / sec / 1e9;
-                    printf(" | %6s %8.2f %6.0f %6.1f%%", kernels[ki], sec * 1e6, gbs,
-                           100.0 * gbs * 1e9 / copy);
+                    printf(" | %6s %8.2f %6.0f %6.1f%% %7.1e", kernels[ki], sec * 1e6, gbs,
+                           100.0 * gbs * 1e9 / copy, den > 0 ? sqrt(num / den) : sqrt(num));
                 }
                 printf("\n");
                 fflush(stdout);

@@ -201,6 +201,25 @@ __device__ __forceinline__ int step_start(const gemv1_job &job, int64_t step, in
     return g < e0 ? 0 : (g < e1 ? 1 : 2);
 }
 
+/* Output row r of step `step` for row j of x: v (GLU: v of gate's row, v2 of up's). */
+template <bool GLU, int R>
+__device__ __forceinline__ void gemv1_emit(const gemv1_job &job, int64_t step, int r, int j,
+                                           float v, float v2) {
+    int64_t row0;
+    const int mi = step_start<GLU, R>(job, step, &row0);
+    const int64_t row = row0 + r;
+    if (GLU) {
+        if (row < job.rows) {
+            if (job.m[0].bias) v += cuda_load(job.m[0].bias, job.m[0].bias_dt, (size_t)row);
+            if (job.m[1].bias) v2 += cuda_load(job.m[1].bias, job.m[1].bias_dt, (size_t)row);
+            cuda_store(job.m[0].y, job.m[0].y_dt, (size_t)(j * job.rows + row),
+                       v / (1.0f + __expf(-v)) * v2);
+        }
+    } else if (step * R + r < job.rows) {
+        cuda_gemv_store(job, mi, j, row, v);
+    }
+}
+
 template <int BITS, int UPT, bool GLU, typename S, int NX>
 __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_job job) {
     constexpr int WPU = 128 / BITS, R = gemv1_rows<UPT>(), D = gemv1_depth<UPT>();
@@ -322,18 +341,212 @@ __global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_jo
             v += red[par][k][j * R + tr];
             if (GLU) v2 += red[par][k][j * R + tr + OUT_PER_STEP];
         }
-        const int64_t row = row0 + tr;
-        if (GLU) {
-            if (row < job.rows) {
-                if (job.m[0].bias) v += cuda_load(job.m[0].bias, job.m[0].bias_dt, (size_t)row);
-                if (job.m[1].bias) v2 += cuda_load(job.m[1].bias, job.m[1].bias_dt, (size_t)row);
-                cuda_store(job.m[0].y, job.m[0].y_dt, (size_t)(j * job.rows + row),
-                           v / (1.0f + __expf(-v)) * v2);
-            }
-        } else if (step * R + tr < job.rows) {
-            cuda_gemv_store(job, step_start<GLU, R>(job, step, &row0), j, row, v);
-        }
+        gemv1_emit<GLU, R>(job, step, tr, j, v, v2);
     }
+}
+
+/* The register-pipelined variant: warps work alone. Each CTA turns all of x into digits in
+ * shared memory once; each warp then walks blocks of GEMV2_R rows, a chunk of 32 GEMV2_C units
+ * at a time (lane l takes units l, l + 32, ...), with the next chunk's weights, scales and
+ * biases loaded into registers while it computes this one, and sums its lanes with shuffles
+ * at the end of each block: no shared-memory reduction, no barrier. */
+#define GEMV2_WARPS 4
+#define GEMV2_C     4
+#define GEMV2_R     2
+/* Most dynamic shared memory a CTA may take for the digits of x. */
+#define GEMV2_MAX_SMEM (160 << 10)
+
+__device__ __forceinline__ uint4 gemv2_ld16(const uint4 *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+/* A scale or bias as its raw bits: 32 of an F32, 16 of an F16 or BF16. */
+template <typename S> __device__ __forceinline__ uint32_t gemv2_ldscale(const S *p) {
+    if (sizeof(S) == 4) {
+        uint32_t v;
+        asm volatile("ld.global.nc.L1::no_allocate.b32 %0, [%1];" : "=r"(v) : "l"(p));
+        return v;
+    }
+    unsigned short v;
+    asm volatile("ld.global.nc.L1::no_allocate.b16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
+template <typename S> __device__ __forceinline__ float gemv2_scale(uint32_t raw) {
+    if (std::is_same<S, float>::value) return __uint_as_float(raw);
+    if (std::is_same<S, __half>::value) return __half2float(__ushort_as_half((uint16_t)raw));
+    return __uint_as_float(raw << 16);
+}
+
+/* Units of x the digits in shared memory cover: whole chunks, the tail zero. */
+__host__ __device__ static inline int64_t gemv2_units(int64_t units) {
+    return (units + 32 * GEMV2_C - 1) / (32 * GEMV2_C) * (32 * GEMV2_C);
+}
+
+template <int BITS, int NX> static size_t gemv2_smem(int64_t units) {
+    return (size_t)NX * gemv2_units(units) * (3 * (128 / BITS) / 16 * 16 + 8);
+}
+
+template <int BITS, bool GLU, typename S, int NX>
+__global__ void __launch_bounds__(GEMV2_WARPS * 32) gemv2_kernel(const gemv1_job job) {
+    constexpr int WPU = 128 / BITS, R = GEMV2_R, C = GEMV2_C, OUT = GLU ? R / 2 : R;
+    constexpr int DW = 3 * WPU / 16;   /* 16-byte words of digits per unit */
+    extern __shared__ uint4 gemv2_x[]; /* (NX, DW, up) digits, then (NX, up) unscale and sum */
+    const int lane = threadIdx.x & 31;
+    const int64_t U = job.units, up = gemv2_units(U), chunks = up / (32 * C);
+    float2 *xf = (float2 *)(gemv2_x + (size_t)NX * DW * up);
+    const int64_t nwarps = (int64_t)gridDim.x * GEMV2_WARPS;
+
+    struct buf {
+        uint4 q[R][C];
+        uint32_t s[R][C], b[R][C];
+    };
+    auto load = [&](buf &B, int64_t blk, int64_t ch) {
+        if (blk >= job.steps) return;
+        int64_t row0;
+        const int m0 = step_start<GLU, R>(job, blk, &row0);
+#pragma unroll
+        for (int half = 0; half < (GLU ? 2 : 1); half++) {
+            const int mi = GLU ? half : m0;
+            const int64_t out = cuda_gemv_pick(job, mi, &cuda_gemv_mat::out);
+            const uint4 *w = (const uint4 *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::w);
+            const S *sp = (const S *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::s);
+            const S *bp = (const S *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::b);
+#pragma unroll
+            for (int r = 0; r < OUT; r++) {
+                const int64_t row = row0 + r;
+                const bool live = row < out;
+#pragma unroll
+                for (int c = 0; c < C; c++) {
+                    const int64_t u = ch * 32 * C + c * 32 + lane;
+                    const bool ok = live && u < U;
+                    const int64_t g = row * job.groups + (u >> job.gshift);
+                    B.q[half * OUT + r][c] =
+                        ok ? gemv2_ld16(w + row * U + u) : make_uint4(0, 0, 0, 0);
+                    B.s[half * OUT + r][c] = ok ? gemv2_ldscale(sp + g) : 0u;
+                    B.b[half * OUT + r][c] = ok ? gemv2_ldscale(bp + g) : 0u;
+                }
+            }
+        }
+    };
+
+    int64_t blk = blockIdx.x * GEMV2_WARPS + (threadIdx.x >> 5), ch = 0;
+    buf A, B;
+    /* The first chunk's weights depend on no kernel: they load while the previous one ends. */
+    load(A, blk, 0);
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
+    for (int64_t u = threadIdx.x; u < up; u += blockDim.x)
+#pragma unroll
+        for (int j = 0; j < NX; j++) {
+            float v[WPU];
+            gemv1_xu<BITS> xu;
+            gemv1_load_x<WPU>(job, j, u, u < U && j < job.nx, v);
+            gemv1_digits<BITS>(v, xu);
+#pragma unroll
+            for (int k = 0; k < DW; k++)
+                gemv2_x[(j * DW + k) * up + u] =
+                    make_uint4(xu.d[4 * k], xu.d[4 * k + 1], xu.d[4 * k + 2], xu.d[4 * k + 3]);
+            xf[j * up + u] = make_float2(xu.unscale, xu.sum);
+        }
+    __syncthreads();
+
+    float acc[R][NX];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
+    auto step = [&](const buf &cur, buf &nxt) {
+        if (blk >= job.steps) return false;
+        int64_t nblk = blk, nch = ch + 1;
+        if (nch == chunks) nch = 0, nblk += nwarps;
+        load(nxt, nblk, nch);
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            const int64_t u = ch * 32 * C + c * 32 + lane;
+#pragma unroll
+            for (int j = 0; j < NX; j++) {
+                gemv1_xu<BITS> xu;
+#pragma unroll
+                for (int k = 0; k < DW; k++) {
+                    const uint4 d = gemv2_x[(j * DW + k) * up + u];
+                    xu.d[4 * k] = d.x, xu.d[4 * k + 1] = d.y, xu.d[4 * k + 2] = d.z,
+                             xu.d[4 * k + 3] = d.w;
+                }
+                const float2 f = xf[j * up + u];
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    acc[r][j] = fmaf(gemv2_scale<S>(cur.s[r][c]) * unit_dot<BITS>(cur.q[r][c], xu),
+                                     f.x, fmaf(gemv2_scale<S>(cur.b[r][c]), f.y, acc[r][j]));
+            }
+        }
+        if (ch == chunks - 1) {
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int j = 0; j < NX; j++) {
+#pragma unroll
+                    for (int o = 16; o > 0; o >>= 1)
+                        acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], o);
+                }
+            if (lane == 0)
+#pragma unroll
+                for (int j = 0; j < NX; j++)
+                    if (j < job.nx)
+#pragma unroll
+                        for (int r = 0; r < OUT; r++)
+                            gemv1_emit<GLU, R>(job, blk, r, j, acc[r][j],
+                                               GLU ? acc[OUT + r][j] : 0.0f);
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
+        }
+        blk = nblk, ch = nch;
+        return true;
+    };
+    while (step(A, B) && step(B, A)) {
+    }
+}
+
+template <int BITS, bool GLU, typename S, int NX>
+static int gemv2_launch(cuda_backend *c, gemv1_job job, base_err *err) {
+    auto kernel = gemv2_kernel<BITS, GLU, S, NX>;
+    const size_t smem = gemv2_smem<BITS, NX>(job.units);
+    /* Resident CTAs per SM, for the last shared-memory size asked. */
+    static size_t last_smem;
+    static int per_sm;
+    if (per_sm == 0 || last_smem != smem) {
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             GEMV2_MAX_SMEM);
+        if (e == cudaSuccess)
+            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GEMV2_WARPS * 32,
+                                                              smem);
+        if (e != cudaSuccess)
+            return base_fail(err, "cuda: matmul: register-pipelined GEMV: %s",
+                             cudaGetErrorString(e));
+        if (per_sm < 1) per_sm = 1;
+        last_smem = smem;
+    }
+    job.steps = (job.rows + (GLU ? GEMV2_R / 2 : GEMV2_R) - 1) / (GLU ? GEMV2_R / 2 : GEMV2_R);
+    /* Every warp walks the same number of row blocks. */
+    int64_t grid = (int64_t)per_sm * c->sm_count;
+    const int64_t per_cta = (job.steps + GEMV2_WARPS - 1) / GEMV2_WARPS;
+    if (grid > per_cta) grid = per_cta;
+    const int64_t iters = (per_cta + grid - 1) / grid;
+    grid = (per_cta + iters - 1) / iters;
+    return cuda_launch_pdl(c, kernel, (unsigned)grid, GEMV2_WARPS * 32, smem,
+                           "matmul (register-pipelined GEMV)", err, job);
+}
+
+template <int BITS, bool GLU, typename S>
+static int gemv2_dispatch_nx(cuda_backend *c, const gemv1_job &job, base_err *err) {
+    return job.nx == 1 ? gemv2_launch<BITS, GLU, S, 1>(c, job, err)
+                       : gemv2_launch<BITS, GLU, S, 2>(c, job, err);
 }
 
 /* Units per thread and threads per CTA for a row of `units`: the fewest units per thread that
@@ -428,6 +641,18 @@ static int gemv1_dispatch_dt(cuda_backend *c, const gemv1_job &job, base_dtype d
     }
 }
 
+template <int BITS, bool GLU>
+static int gemv2_dispatch_dt(cuda_backend *c, const gemv1_job &job, base_dtype dt, base_err *err) {
+    switch (dt) {
+    case BASE_DTYPE_F32:
+        return gemv2_dispatch_nx<BITS, GLU, float>(c, job, err);
+    case BASE_DTYPE_F16:
+        return gemv2_dispatch_nx<BITS, GLU, __half>(c, job, err);
+    default:
+        return gemv2_dispatch_nx<BITS, GLU, __nv_bfloat16>(c, job, err);
+    }
+}
+
 int64_t cuda_gemv_mats(cuda_gemv_mat *m, const be_linear *const *ws, be_tensor *const *ys, int n,
                        bool glu) {
     int64_t rows = 0;
@@ -475,14 +700,23 @@ int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, b
     if (job.rows == 0) return 0;
     cuda_backend *c = cuda_impl(be);
     int threads;
-    const int per_pass = gemv1_pass_rows(gemv1_shape(job.units, &threads));
+    const bool regs =
+        pick == CUDA_GEMV_REGS &&
+        (size_t)2 * gemv2_units(job.units) * (3 * (128 / w->bits) / 16 * 16 + 8) <= GEMV2_MAX_SMEM;
+    const int per_pass = regs ? 2 : gemv1_pass_rows(gemv1_shape(job.units, &threads));
     for (int64_t r0 = 0; r0 < x->rows; r0 += per_pass) {
         gemv1_job pass = job;
         pass.nx = (int)(x->rows - r0 < per_pass ? x->rows - r0 : per_pass);
         pass.x = (const float *)be_tensor_rows(x, r0, 1).data;
         for (int i = 0; i < (glu ? 1 : n); i++) pass.m[i].y = be_tensor_rows(ys[i], r0, 1).data;
         int rc;
-        if (w->bits == 4)
+        if (regs && w->bits == 4)
+            rc = glu ? gemv2_dispatch_dt<4, true>(c, pass, w->dtype, err)
+                     : gemv2_dispatch_dt<4, false>(c, pass, w->dtype, err);
+        else if (regs)
+            rc = glu ? gemv2_dispatch_dt<8, true>(c, pass, w->dtype, err)
+                     : gemv2_dispatch_dt<8, false>(c, pass, w->dtype, err);
+        else if (w->bits == 4)
             rc = glu ? gemv1_dispatch_dt<4, true>(c, pass, w->dtype, err)
                      : gemv1_dispatch_dt<4, false>(c, pass, w->dtype, err);
         else
