@@ -305,9 +305,8 @@ __device__ __forceinline__ void cuda_gemv_store(const J &j, int mi, int64_t xr, 
 #define CUDA_GEMM_MIN_ROWS 64
 #define CUDA_GEMV_MAX_ROWS 16
 
-/* Which kernel cuda_gemv1 runs (cuda_backend.gemv_kernel): chosen by rows, or forced (REGS:
- * the register-pipelined variant of the one-row kernel, 1 and 2 rows a pass). */
-enum { CUDA_GEMV_AUTO, CUDA_GEMV_ROWS, CUDA_GEMV_MMA, CUDA_GEMV_REGS };
+/* Which kernel cuda_gemv1 runs (cuda_backend.gemv_kernel): chosen by rows, or forced. */
+enum { CUDA_GEMV_AUTO, CUDA_GEMV_ROWS, CUDA_GEMV_MMA };
 /* Rows of x from which CUDA_GEMV_AUTO takes the tensor-core kernel: on the H200 the one-row
  * kernel is faster at 1 and 2 rows, 4 and 8 bits alike (bench/bench_cuda_gemv.cu). */
 #define CUDA_GEMV_MMA_ROWS 3
