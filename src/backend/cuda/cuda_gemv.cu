@@ -16,18 +16,20 @@
  * Layout: each CTA first turns all of x into digits in shared memory (four threads a unit, so
  * the step after the wait stays short), then its warps work alone. A warp walks blocks of
  * GEMV1_R rows a chunk of 32 GEMV1_C units at a time (lane l takes units l, l + 32, ...), the
- * next chunk's weights, scales and biases already loading into registers while it computes
- * this one, and sums its lanes with shuffles at the end of each block: no shared-memory
- * reduction and no barrier in the loop. The first chunk's loads are issued before the wait on
+ * next three chunks' weights, scales and biases already loading into registers while it
+ * computes this one, and sums its lanes with shuffles at the end of each block: no shared-memory
+ * reduction and no barrier in the loop. The first chunks' loads are issued before the wait on
  * the previous kernel. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <type_traits>
 
-/* Warps per CTA (one CTA per SM: the registers of two chunks in flight bound it), 16-byte
- * units a lane takes from each row of a chunk, and rows per block. */
+/* Warps per CTA (one CTA per SM: the registers of the chunks in flight bound it), 16-byte
+ * units a lane takes from each row of a chunk (64 units: rows of 4096 and 14336 4-bit values
+ * are whole chunks), and rows per block. A warp holds four chunks: one computed while the
+ * other three load. */
 #define GEMV1_WARPS 12
-#define GEMV1_C     4
+#define GEMV1_C     2
 #define GEMV1_R     2
 /* Most dynamic shared memory a CTA may take for the digits of x. */
 #define GEMV1_MAX_SMEM (160 << 10)
@@ -245,10 +247,20 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
         }
     };
 
-    int64_t blk = blockIdx.x * GEMV1_WARPS + (threadIdx.x >> 5), ch = 0;
-    buf A, B;
-    /* The first chunk's weights depend on no kernel: they load while the previous one ends. */
-    load(A, blk, 0);
+    /* The chunk computed next (blk, ch) and the one loaded next (lblk, lch). */
+    int64_t blk = blockIdx.x * GEMV1_WARPS + (threadIdx.x >> 5), ch = 0, lblk = blk, lch = 0;
+    auto advance = [&](int64_t &b, int64_t &c) {
+        if (++c == chunks) c = 0, b += nwarps;
+    };
+    /* Four slots, named rather than indexed, so that all of them stay in registers. */
+    buf b0, b1, b2, b3;
+    /* The weights depend on no kernel: the first chunks load while the previous kernel ends. */
+    load(b0, lblk, lch);
+    advance(lblk, lch);
+    load(b1, lblk, lch);
+    advance(lblk, lch);
+    load(b2, lblk, lch);
+    advance(lblk, lch);
     cuda_pdl_trigger();
     cuda_pdl_wait();
     /* Four threads a unit (lanes 4i to 4i + 3 of a warp: up * 4 is a multiple of 32, so whole
@@ -286,10 +298,8 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
 #pragma unroll
         for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
     auto step = [&](const buf &cur, buf &nxt) {
-        if (blk >= job.steps) return false;
-        int64_t nblk = blk, nch = ch + 1;
-        if (nch == chunks) nch = 0, nblk += nwarps;
-        load(nxt, nblk, nch);
+        load(nxt, lblk, lch);
+        advance(lblk, lch);
 #pragma unroll
         for (int c = 0; c < C; c++) {
             const int64_t u = ch * 32 * C + c * 32 + lane;
@@ -331,10 +341,17 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
 #pragma unroll
                 for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
         }
-        blk = nblk, ch = nch;
-        return true;
+        advance(blk, ch);
     };
-    while (step(A, B) && step(B, A)) {
+    /* Slot i % 4 holds chunk i. */
+    while (blk < job.steps) {
+        step(b0, b3);
+        if (blk >= job.steps) break;
+        step(b1, b0);
+        if (blk >= job.steps) break;
+        step(b2, b1);
+        if (blk >= job.steps) break;
+        step(b3, b2);
     }
 }
 
@@ -376,12 +393,11 @@ static int gemv1_launch(cuda_backend *c, gemv1_job job, base_err *err) {
         last_smem = smem;
     }
     job.steps = (job.rows + (GLU ? GEMV1_R / 2 : GEMV1_R) - 1) / (GLU ? GEMV1_R / 2 : GEMV1_R);
-    /* Every warp walks the same number of blocks, so no SM waits on a last partial wave. */
+    /* Every SM takes part, even where that leaves some warps a block more than others: the
+     * loads in flight, not the blocks per warp, set the pace of a short launch. */
     int64_t grid = (int64_t)per_sm * c->sm_count;
     const int64_t per_cta = (job.steps + GEMV1_WARPS - 1) / GEMV1_WARPS;
     if (grid > per_cta) grid = per_cta;
-    const int64_t iters = (per_cta + grid - 1) / grid;
-    grid = (per_cta + iters - 1) / iters;
     return cuda_launch_pdl(c, kernel, (unsigned)grid, GEMV1_WARPS * 32, smem,
                            "matmul (single-row GEMV)", err, job);
 }
