@@ -515,6 +515,93 @@ static void test_gemv_ranges(be_backend *be) {
             }
 }
 
+/* Rows at the edges of the integer form the one- and two-row GEMV takes x in (per 32 or 16
+ * values, a power of two above the largest |x| and three base-256 digits): 1e5, 1e-20, 1e4 and
+ * 1e-4 alternating, maxima exactly at powers of two, all-zero groups, near FLT_MAX / 2^23,
+ * below 2^-100 (where 2^22 over the maximum leaves the float range), one large value among
+ * small ones per 128. */
+enum { EDGE_ROWS = 8 };
+static float *edge_rows(int64_t in) {
+    float *x = rand_rows(EDGE_ROWS, in);
+    for (int r = 0; r < EDGE_ROWS; r++)
+        for (int64_t i = 0; i < in; i++) {
+            float *v = &x[r * in + i];
+            switch (r) {
+            case 0:
+                *v *= 1e5f;
+                break;
+            case 1:
+                *v *= 1e-20f;
+                break;
+            case 2:
+                *v *= i % 2 ? 1e-4f : 1e4f;
+                break;
+            case 3:
+                *v = ldexpf(i % 16 == 3 ? (*v < 0 ? -1.0f : 1.0f) : 0.99f * *v, (int)(i / 16 % 5));
+                break;
+            case 4:
+                if (i / 128 % 2 == 0) *v = 0.0f;
+                break;
+            case 5:
+                *v *= 1e32f;
+                break;
+            case 6:
+                *v *= 1e-33f;
+                break;
+            case 7:
+                *v *= i % 128 == 77 ? 1e3f : 1e-3f;
+                break;
+            }
+        }
+    return x;
+}
+
+/* Every edge row through one-row launches, then through two-row launches in pairs. */
+static void check_edges(be_backend *be, host_linear *L, const char *what) {
+    const int64_t in = L->host.in, out = L->host.out;
+    float *x = edge_rows(in), *ref = malloc(sizeof(float) * (size_t)(EDGE_ROWS * out));
+    cpu_matmul(x, EDGE_ROWS, &L->host, ref);
+    for (int n = 1; n <= 2; n++)
+        for (int r0 = 0; r0 + n <= EDGE_ROWS; r0 += n) {
+            be_tensor tx = tc_tensor(be, x + r0 * in, BASE_DTYPE_F32, n, in);
+            be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, out);
+            base_err err = {{0}};
+            CHECK_MSG(be->ops->matmul(be, &tx, &L->dev, &ty, &err) == 0, "%s", err.msg);
+            float *got = tc_read(be, &ty);
+            for (int r = 0; r < n; r++) {
+                double e = test_rel_err(got + r * out, ref + (r0 + r) * out, (size_t)out);
+                CHECK_MSG(e < 1e-5, "%s n=%d row %d: err %g", what, n, r0 + r, e);
+            }
+            be->ops->free(be, tx.data);
+            be->ops->free(be, ty.data);
+            free(got);
+        }
+    free(x), free(ref);
+}
+
+static void test_gemv_edges(be_backend *be) {
+    const int bits[] = {4, 8}, groups[] = {32, 64, 128};
+    const base_dtype sdts[] = {BASE_DTYPE_F32, BASE_DTYPE_F16, BASE_DTYPE_BF16};
+    char what[64];
+    for (int b = 0; b < 2; b++) {
+        for (int g = 0; g < 3; g++)
+            for (int d = 0; d < 3; d++) {
+                host_linear L;
+                make_linear(be, &L, 37, 512, bits[b], groups[g], sdts[d], (g + d) % 2 == 0);
+                snprintf(what, sizeof what, "edges q%d g%d scales %s", bits[b], groups[g],
+                         base_dtype_name(sdts[d]));
+                check_edges(be, &L, what);
+                free_linear(be, &L);
+            }
+        /* The MLP's down projection: 14336 values a row, several units per thread. */
+        host_linear L;
+        make_linear(be, &L, 21, 14336, bits[b], 64, BASE_DTYPE_BF16, b == 0);
+        snprintf(what, sizeof what, "edges q%d in 14336", bits[b]);
+        check_edges(be, &L, what);
+        free_linear(be, &L);
+    }
+}
+
 /* Q, K and V from one x: one geometry (one GEMV launch at one row), mixed bit widths and
  * groups (three matmuls), at 1, 3 and 35 rows (three slices of the fused launch), with the
  * biases qwen2 has. */
@@ -847,6 +934,7 @@ int main(void) {
     CHECK_MSG(be_cpu_create(2, &cpu, &err) == 0, "%s", err.msg);
     test_gemv_rows(be);
     test_gemv_ranges(be);
+    test_gemv_edges(be);
     test_matmul_qkv(be);
     test_matmul_silu_mul(be);
     test_qkv_norm(be);
