@@ -263,6 +263,11 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     advance(lblk, lch);
     load(b2, lblk, lch);
     advance(lblk, lch);
+    /* Nor do the norm's weights, which every CTA reads whole after the wait: into L1 now. */
+    if (job.fz.norm)
+        for (int64_t o = threadIdx.x * 128LL;
+             o < job.in * (job.fz.norm_dt == BASE_DTYPE_F32 ? 4 : 2); o += blockDim.x * 128LL)
+            asm volatile("prefetch.global.L1 [%0];" ::"l"((const char *)job.fz.norm + o));
     cuda_pdl_trigger();
     cuda_pdl_wait();
     /* Four threads a unit (lanes 4i to 4i + 3 of a warp: up * 4 is a multiple of 32, so whole
