@@ -31,8 +31,9 @@
 #define GEMV1_WARPS 12
 #define GEMV1_C     2
 #define GEMV1_R     2
-/* Most dynamic shared memory a CTA may take for the digits of x. */
-#define GEMV1_MAX_SMEM (160 << 10)
+/* Most dynamic shared memory a CTA may take for the digits of x (of the H200's 227 KB): two
+ * rows of 32768 4-bit or 16384 8-bit values. */
+#define GEMV1_MAX_SMEM (220 << 10)
 
 /* Up to three matrices of the same geometry sharing one x: rows [0, out) of the first, then
  * the second's, then the third's (PLAIN); or gate and up (GLU) where output row o is
@@ -378,20 +379,26 @@ template <int BITS, bool GLU, typename S, int NX>
 static int gemv1_launch(cuda_backend *c, gemv1_job job, base_err *err) {
     auto kernel = gemv1_kernel<BITS, GLU, S, NX>;
     const size_t smem = gemv1_smem(BITS, NX, job.units);
-    /* Resident CTAs per SM, for the last shared-memory size asked. */
-    static size_t last_smem;
-    static int per_sm;
-    if (per_sm == 0 || last_smem != smem) {
-        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             GEMV1_MAX_SMEM);
+    /* Shared memory the kernel may take on this device, and resident CTAs per SM at that. */
+    static int limit, per_sm;
+    if (per_sm == 0) {
+        cudaError_t e =
+            cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device);
+        if (limit > GEMV1_MAX_SMEM) limit = GEMV1_MAX_SMEM;
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
         if (e == cudaSuccess)
             e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GEMV1_WARPS * 32,
-                                                              smem);
+                                                              limit);
         if (e != cudaSuccess)
             return base_fail(err, "cuda: matmul: single-row GEMV: %s", cudaGetErrorString(e));
         if (per_sm < 1) per_sm = 1;
-        last_smem = smem;
     }
+    if (smem > (size_t)limit)
+        return base_fail(err,
+                         "cuda: matmul: single-row GEMV: rows of %lld values need %zu bytes of "
+                         "shared memory, the device offers %d",
+                         (long long)job.in, smem, limit);
     job.steps = (job.rows + (GLU ? GEMV1_R / 2 : GEMV1_R) - 1) / (GLU ? GEMV1_R / 2 : GEMV1_R);
     /* Every SM takes part, even where that leaves some warps a block more than others: the
      * loads in flight, not the blocks per warp, set the pace of a short launch. */
