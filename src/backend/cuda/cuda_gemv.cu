@@ -230,19 +230,20 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
             const uint4 *w = (const uint4 *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::w);
             const S *sp = (const S *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::s);
             const S *bp = (const S *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::b);
+            /* No branches: a row past the matrix reads its last row (nothing stores it), a
+             * unit past the row its last unit (the digits of x there are zero). */
 #pragma unroll
             for (int r = 0; r < OUT; r++) {
-                const int64_t row = row0 + r;
-                const bool live = row < out;
+                const int64_t row = row0 + r < out ? row0 + r : out - 1;
+                const uint4 *wr = w + row * U;
+                const S *sr = sp + row * job.groups, *br = bp + row * job.groups;
 #pragma unroll
                 for (int c = 0; c < C; c++) {
-                    const int64_t u = ch * 32 * C + c * 32 + lane;
-                    const bool ok = live && u < U;
-                    const int64_t g = row * job.groups + (u >> job.gshift);
-                    B.q[half * OUT + r][c] =
-                        ok ? gemv1_ld16(w + row * U + u) : make_uint4(0, 0, 0, 0);
-                    B.s[half * OUT + r][c] = ok ? gemv1_ldscale(sp + g) : 0u;
-                    B.b[half * OUT + r][c] = ok ? gemv1_ldscale(bp + g) : 0u;
+                    int64_t u = ch * 32 * C + c * 32 + lane;
+                    u = u < U ? u : U - 1;
+                    B.q[half * OUT + r][c] = gemv1_ld16(wr + u);
+                    B.s[half * OUT + r][c] = gemv1_ldscale(sr + (u >> job.gshift));
+                    B.b[half * OUT + r][c] = gemv1_ldscale(br + (u >> job.gshift));
                 }
             }
         }
