@@ -210,7 +210,8 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     constexpr int QW = 3 * 8 / BITS;   /* 4-byte words of digits per quarter unit */
     extern __shared__ uint4 gemv1_x[]; /* (NX, DW, up) digits, then (NX, up) unscale and sum */
     const int lane = threadIdx.x & 31;
-    const int64_t U = job.units, up = gemv1_padded(U), chunks = up / (32 * C);
+    const int64_t U = job.units, up = gemv1_padded(U);
+    const int chunks = (int)(up / (32 * C));
     uint32_t *xw = (uint32_t *)gemv1_x;
     float2 *xf = (float2 *)(gemv1_x + (size_t)NX * DW * up);
     const int64_t nwarps = (int64_t)gridDim.x * GEMV1_WARPS;
@@ -219,10 +220,18 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
         uint4 q[R][C];
         uint32_t s[R][C], b[R][C];
     };
-    auto load = [&](buf &B, int64_t blk, int64_t ch) {
-        if (blk >= job.steps) return;
+    /* The chunk computed next (blk, ch) and the one loaded next (lblk, lch), with where each
+     * row of lblk reads its weights, scales and biases. No branches: a row past the matrix
+     * reads its last row (nothing stores it), a unit past the row its last unit (the digits of
+     * x there are zero). */
+    int64_t blk = blockIdx.x * GEMV1_WARPS + (threadIdx.x >> 5), lblk = blk;
+    int ch = 0, lch = 0;
+    const uint4 *lw[R];
+    const S *ls[R], *lb[R];
+    auto seek = [&]() {
+        if (lblk >= job.steps) return;
         int64_t row0;
-        const int m0 = step_start<GLU, R>(job, blk, &row0);
+        const int m0 = step_start<GLU, R>(job, lblk, &row0);
 #pragma unroll
         for (int half = 0; half < (GLU ? 2 : 1); half++) {
             const int mi = GLU ? half : m0;
@@ -230,39 +239,42 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
             const uint4 *w = (const uint4 *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::w);
             const S *sp = (const S *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::s);
             const S *bp = (const S *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::b);
-            /* No branches: a row past the matrix reads its last row (nothing stores it), a
-             * unit past the row its last unit (the digits of x there are zero). */
 #pragma unroll
             for (int r = 0; r < OUT; r++) {
                 const int64_t row = row0 + r < out ? row0 + r : out - 1;
-                const uint4 *wr = w + row * U;
-                const S *sr = sp + row * job.groups, *br = bp + row * job.groups;
-#pragma unroll
-                for (int c = 0; c < C; c++) {
-                    int64_t u = ch * 32 * C + c * 32 + lane;
-                    u = u < U ? u : U - 1;
-                    B.q[half * OUT + r][c] = gemv1_ld16(wr + u);
-                    B.s[half * OUT + r][c] = gemv1_ldscale(sr + (u >> job.gshift));
-                    B.b[half * OUT + r][c] = gemv1_ldscale(br + (u >> job.gshift));
-                }
+                lw[half * OUT + r] = w + row * U;
+                ls[half * OUT + r] = sp + row * job.groups;
+                lb[half * OUT + r] = bp + row * job.groups;
             }
         }
     };
-
-    /* The chunk computed next (blk, ch) and the one loaded next (lblk, lch). */
-    int64_t blk = blockIdx.x * GEMV1_WARPS + (threadIdx.x >> 5), ch = 0, lblk = blk, lch = 0;
-    auto advance = [&](int64_t &b, int64_t &c) {
-        if (++c == chunks) c = 0, b += nwarps;
+    auto load = [&](buf &B) {
+        if (lblk >= job.steps) return;
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            int u = lch * 32 * C + c * 32 + lane;
+            u = u < (int)U ? u : (int)U - 1;
+            const int g = u >> job.gshift;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                B.q[r][c] = gemv1_ld16(lw[r] + u);
+                B.s[r][c] = gemv1_ldscale(ls[r] + g);
+                B.b[r][c] = gemv1_ldscale(lb[r] + g);
+            }
+        }
+        if (++lch == chunks) {
+            lch = 0;
+            lblk += nwarps;
+            seek();
+        }
     };
     /* Four slots, named rather than indexed, so that all of them stay in registers. */
     buf b0, b1, b2, b3;
     /* The weights depend on no kernel: the first chunks load while the previous kernel ends. */
-    load(b0, lblk, lch);
-    advance(lblk, lch);
-    load(b1, lblk, lch);
-    advance(lblk, lch);
-    load(b2, lblk, lch);
-    advance(lblk, lch);
+    seek();
+    load(b0);
+    load(b1);
+    load(b2);
     cuda_pdl_trigger();
     cuda_pdl_wait();
     /* Four threads a unit (lanes 4i to 4i + 3 of a warp: up * 4 is a multiple of 32, so whole
@@ -300,8 +312,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
 #pragma unroll
         for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
     auto step = [&](const buf &cur, buf &nxt) {
-        load(nxt, lblk, lch);
-        advance(lblk, lch);
+        load(nxt);
 #pragma unroll
         for (int c = 0; c < C; c++) {
             const int64_t u = ch * 32 * C + c * 32 + lane;
@@ -343,7 +354,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
 #pragma unroll
                 for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
         }
-        advance(blk, ch);
+        if (++ch == chunks) ch = 0, blk += nwarps;
     };
     /* Slot i % 4 holds chunk i. */
     while (blk < job.steps) {
