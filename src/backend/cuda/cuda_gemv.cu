@@ -210,8 +210,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     constexpr int QW = 3 * 8 / BITS;   /* 4-byte words of digits per quarter unit */
     extern __shared__ uint4 gemv1_x[]; /* (NX, DW, up) digits, then (NX, up) unscale and sum */
     const int lane = threadIdx.x & 31;
-    const int64_t U = job.units, up = gemv1_padded(U);
-    const int chunks = (int)(up / (32 * C));
+    const int U = (int)job.units, up = (int)gemv1_padded(U), chunks = up / (32 * C);
     uint32_t *xw = (uint32_t *)gemv1_x;
     float2 *xf = (float2 *)(gemv1_x + (size_t)NX * DW * up);
     const int64_t nwarps = (int64_t)gridDim.x * GEMV1_WARPS;
@@ -253,7 +252,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
 #pragma unroll
         for (int c = 0; c < C; c++) {
             int u = lch * 32 * C + c * 32 + lane;
-            u = u < (int)U ? u : (int)U - 1;
+            u = u < U ? u : U - 1;
             const int g = u >> job.gshift;
 #pragma unroll
             for (int r = 0; r < R; r++) {
@@ -279,9 +278,8 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     cuda_pdl_wait();
     /* Four threads a unit (lanes 4i to 4i + 3 of a warp: up * 4 is a multiple of 32, so whole
      * warps take part in the shuffles), each a quarter of it. */
-    for (int64_t i = threadIdx.x; i < up * 4; i += blockDim.x) {
-        const int64_t u = i >> 2;
-        const int qt = (int)(i & 3);
+    for (int i = threadIdx.x; i < up * 4; i += blockDim.x) {
+        const int u = i >> 2, qt = i & 3;
 #pragma unroll
         for (int j = 0; j < NX; j++) {
             float v[WPU / 4];
@@ -315,7 +313,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
         load(nxt);
 #pragma unroll
         for (int c = 0; c < C; c++) {
-            const int64_t u = ch * 32 * C + c * 32 + lane;
+            const int u = ch * 32 * C + c * 32 + lane;
 #pragma unroll
             for (int j = 0; j < NX; j++) {
                 uint32_t d[4 * DW];
@@ -341,14 +339,15 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
                     for (int o = 16; o > 0; o >>= 1)
                         acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], o);
                 }
-            if (lane == 0)
+            /* Lane j OUT + r stores output row r for row j of x. */
+            float v = 0.0f, v2 = 0.0f;
 #pragma unroll
-                for (int j = 0; j < NX; j++)
-                    if (j < job.nx)
+            for (int j = 0; j < NX; j++)
 #pragma unroll
-                        for (int r = 0; r < OUT; r++)
-                            gemv1_emit<GLU, R>(job, blk, r, j, acc[r][j],
-                                               GLU ? acc[OUT + r][j] : 0.0f);
+                for (int r = 0; r < OUT; r++)
+                    if (lane == j * OUT + r) v = acc[r][j], v2 = GLU ? acc[OUT + r][j] : 0.0f;
+            if (lane < OUT * NX && lane / OUT < job.nx)
+                gemv1_emit<GLU, R>(job, blk, lane % OUT, lane / OUT, v, v2);
 #pragma unroll
             for (int r = 0; r < R; r++)
 #pragma unroll
