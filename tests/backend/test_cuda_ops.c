@@ -432,28 +432,30 @@ static void test_gemv_rows(be_backend *be) {
                 }
                 free_linear(be, &L);
             }
-    /* Long rows: 8192, 12288 and 24576 4-bit values are one, two and four 32-value units per
-     * thread of a full CTA, 4096, 6144 and 12288 8-bit values likewise; BF16 output. */
-    const int64_t ins[2][3] = {{8192, 12288, 24576}, {4096, 6144, 12288}};
+    /* Long rows, one and two at a time: up to 32768 4-bit and 16384 8-bit values, the most
+     * whose digits two rows of x keep in shared memory; 14336 and 7168 are 7 chunks of 64
+     * units, 9216 and 4608 four and a half; BF16 output. */
+    const int64_t ins[2][3] = {{9216, 14336, 32768}, {4608, 7168, 16384}};
     for (int b = 0; b < 2; b++)
-        for (int i = 0; i < 3; i++) {
-            host_linear L;
-            make_linear(be, &L, 21, ins[b][i], b ? 8 : 4, 64, BASE_DTYPE_BF16, i == 1);
-            float *x = rand_rows(1, L.host.in), ref[21];
-            cpu_matmul(x, 1, &L.host, ref);
-            tc_round(ref, 21, BASE_DTYPE_BF16);
-            be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, 1, L.host.in);
-            be_tensor ty = tc_poisoned(be, BASE_DTYPE_BF16, 1, 21);
-            base_err err = {{0}};
-            CHECK_MSG(be->ops->matmul(be, &tx, &L.dev, &ty, &err) == 0, "%s", err.msg);
-            double e = dev_err(be, &ty, ref);
-            CHECK_MSG(e < 4e-3, "single row q%d in %lld: err %g", b ? 8 : 4, (long long)L.host.in,
-                      e);
-            be->ops->free(be, tx.data);
-            be->ops->free(be, ty.data);
-            free(x);
-            free_linear(be, &L);
-        }
+        for (int i = 0; i < 3; i++)
+            for (int n = 1; n <= 2; n++) {
+                host_linear L;
+                make_linear(be, &L, 21, ins[b][i], b ? 8 : 4, 64, BASE_DTYPE_BF16, i == 1);
+                float *x = rand_rows(n, L.host.in), ref[2 * 21];
+                cpu_matmul(x, n, &L.host, ref);
+                tc_round(ref, (size_t)(n * 21), BASE_DTYPE_BF16);
+                be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, L.host.in);
+                be_tensor ty = tc_poisoned(be, BASE_DTYPE_BF16, n, 21);
+                base_err err = {{0}};
+                CHECK_MSG(be->ops->matmul(be, &tx, &L.dev, &ty, &err) == 0, "%s", err.msg);
+                double e = dev_err(be, &ty, ref);
+                CHECK_MSG(e < 4e-3, "long rows q%d in %lld n=%d: err %g", b ? 8 : 4,
+                          (long long)L.host.in, n, e);
+                be->ops->free(be, tx.data);
+                be->ops->free(be, ty.data);
+                free(x);
+                free_linear(be, &L);
+            }
 }
 
 /* Rows of x whose ranges differ by tens of orders of magnitude, each row checked on its own so

@@ -31,8 +31,9 @@
 #define GEMV1_WARPS 12
 #define GEMV1_C     2
 #define GEMV1_R     2
-/* Most dynamic shared memory a CTA may take for the digits of x. */
-#define GEMV1_MAX_SMEM (160 << 10)
+/* Most dynamic shared memory a CTA may take for the digits of x (of the H200's 227 KB): two
+ * rows of 32768 4-bit or 16384 8-bit values. */
+#define GEMV1_MAX_SMEM (220 << 10)
 
 /* Up to three matrices of the same geometry sharing one x: rows [0, out) of the first, then
  * the second's, then the third's (PLAIN); or gate and up (GLU) where output row o is
@@ -211,7 +212,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     constexpr int QW = 3 * 8 / BITS;   /* 4-byte words of digits per quarter unit */
     extern __shared__ uint4 gemv1_x[]; /* (NX, DW, up) digits, then (NX, up) unscale and sum */
     const int lane = threadIdx.x & 31;
-    const int64_t U = job.units, up = gemv1_padded(U), chunks = up / (32 * C);
+    const int U = (int)job.units, up = (int)gemv1_padded(U), chunks = up / (32 * C);
     uint32_t *xw = (uint32_t *)gemv1_x;
     float2 *xf = (float2 *)(gemv1_x + (size_t)NX * DW * up);
     const int64_t nwarps = (int64_t)gridDim.x * GEMV1_WARPS;
@@ -220,10 +221,18 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
         uint4 q[R][C];
         uint32_t s[R][C], b[R][C];
     };
-    auto load = [&](buf &B, int64_t blk, int64_t ch) {
-        if (blk >= job.steps) return;
+    /* The chunk computed next (blk, ch) and the one loaded next (lblk, lch), with where each
+     * row of lblk reads its weights, scales and biases. No branches: a row past the matrix
+     * reads its last row (nothing stores it), a unit past the row its last unit (the digits of
+     * x there are zero). */
+    int64_t blk = blockIdx.x * GEMV1_WARPS + (threadIdx.x >> 5), lblk = blk;
+    int ch = 0, lch = 0;
+    const uint4 *lw[R];
+    const S *ls[R], *lb[R];
+    auto seek = [&]() {
+        if (lblk >= job.steps) return;
         int64_t row0;
-        const int m0 = step_start<GLU, R>(job, blk, &row0);
+        const int m0 = step_start<GLU, R>(job, lblk, &row0);
 #pragma unroll
         for (int half = 0; half < (GLU ? 2 : 1); half++) {
             const int mi = GLU ? half : m0;
@@ -233,36 +242,40 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
             const S *bp = (const S *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::b);
 #pragma unroll
             for (int r = 0; r < OUT; r++) {
-                const int64_t row = row0 + r;
-                const bool live = row < out;
-#pragma unroll
-                for (int c = 0; c < C; c++) {
-                    const int64_t u = ch * 32 * C + c * 32 + lane;
-                    const bool ok = live && u < U;
-                    const int64_t g = row * job.groups + (u >> job.gshift);
-                    B.q[half * OUT + r][c] =
-                        ok ? gemv1_ld16(w + row * U + u) : make_uint4(0, 0, 0, 0);
-                    B.s[half * OUT + r][c] = ok ? gemv1_ldscale(sp + g) : 0u;
-                    B.b[half * OUT + r][c] = ok ? gemv1_ldscale(bp + g) : 0u;
-                }
+                const int64_t row = row0 + r < out ? row0 + r : out - 1;
+                lw[half * OUT + r] = w + row * U;
+                ls[half * OUT + r] = sp + row * job.groups;
+                lb[half * OUT + r] = bp + row * job.groups;
             }
         }
     };
-
-    /* The chunk computed next (blk, ch) and the one loaded next (lblk, lch). */
-    int64_t blk = blockIdx.x * GEMV1_WARPS + (threadIdx.x >> 5), ch = 0, lblk = blk, lch = 0;
-    auto advance = [&](int64_t &b, int64_t &c) {
-        if (++c == chunks) c = 0, b += nwarps;
+    auto load = [&](buf &B) {
+        if (lblk >= job.steps) return;
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            int u = lch * 32 * C + c * 32 + lane;
+            u = u < U ? u : U - 1;
+            const int g = u >> job.gshift;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                B.q[r][c] = gemv1_ld16(lw[r] + u);
+                B.s[r][c] = gemv1_ldscale(ls[r] + g);
+                B.b[r][c] = gemv1_ldscale(lb[r] + g);
+            }
+        }
+        if (++lch == chunks) {
+            lch = 0;
+            lblk += nwarps;
+            seek();
+        }
     };
     /* Four slots, named rather than indexed, so that all of them stay in registers. */
     buf b0, b1, b2, b3;
     /* The weights depend on no kernel: the first chunks load while the previous kernel ends. */
-    load(b0, lblk, lch);
-    advance(lblk, lch);
-    load(b1, lblk, lch);
-    advance(lblk, lch);
-    load(b2, lblk, lch);
-    advance(lblk, lch);
+    seek();
+    load(b0);
+    load(b1);
+    load(b2);
     /* Nor do the norm's weights, which every CTA reads whole after the wait: into L1 now. */
     if (job.fz.norm)
         for (int64_t o = threadIdx.x * 128LL;
@@ -277,9 +290,8 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     float ss[NX];
 #pragma unroll
     for (int j = 0; j < NX; j++) ss[j] = 0.0f;
-    for (int64_t i = threadIdx.x; i < up * 4; i += blockDim.x) {
-        const int64_t u = i >> 2;
-        const int qt = (int)(i & 3);
+    for (int i = threadIdx.x; i < up * 4; i += blockDim.x) {
+        const int u = i >> 2, qt = i & 3;
         float nw[WPU / 4];
         if (job.fz.norm && u < U)
             cuda_load_ro<WPU / 4>(job.fz.norm, job.fz.norm_dt, (size_t)(u * WPU + qt * (WPU / 4)),
@@ -332,26 +344,20 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
-    /* The outputs a block adds to, when the job adds into y: lane 0 reads them as the block
+    /* The output a lane stores for its block, when the job adds into y: read as the block
      * starts, ahead of its sums. */
-    float prev[R][NX] = {};
+    float prev = 0.0f;
     auto step = [&](const buf &cur, buf &nxt) {
-        load(nxt, lblk, lch);
-        advance(lblk, lch);
-        if (!GLU && job.fz.acc && ch == 0 && lane == 0) {
+        load(nxt);
+        if (!GLU && job.fz.acc && ch == 0 && lane < OUT * NX && lane / OUT < job.nx &&
+            blk * R + lane % OUT < job.rows) {
             int64_t row0;
             const int m0 = step_start<GLU, R>(job, blk, &row0);
-#pragma unroll
-            for (int r = 0; r < R; r++)
-#pragma unroll
-                for (int j = 0; j < NX; j++)
-                    prev[r][j] = j < job.nx && blk * R + r < job.rows
-                                     ? cuda_gemv_prev(job, m0, j, row0 + r)
-                                     : 0.0f;
+            prev = cuda_gemv_prev(job, m0, lane / OUT, row0 + lane % OUT);
         }
 #pragma unroll
         for (int c = 0; c < C; c++) {
-            const int64_t u = ch * 32 * C + c * 32 + lane;
+            const int u = ch * 32 * C + c * 32 + lane;
 #pragma unroll
             for (int j = 0; j < NX; j++) {
                 uint32_t d[4 * DW];
@@ -377,21 +383,22 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
                     for (int o = 16; o > 0; o >>= 1)
                         acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], o);
                 }
-            if (lane == 0)
+            /* Lane j OUT + r stores output row r for row j of x. */
+            float v = 0.0f, v2 = 0.0f;
 #pragma unroll
-                for (int j = 0; j < NX; j++)
-                    if (j < job.nx)
+            for (int j = 0; j < NX; j++)
 #pragma unroll
-                        for (int r = 0; r < OUT; r++)
-                            gemv1_emit<GLU, R>(job, blk, r, j, acc[r][j] * inv[j],
-                                               GLU ? acc[OUT + r][j] * inv[j] : 0.0f,
-                                               GLU ? 0.0f : prev[r][j]);
+                for (int r = 0; r < OUT; r++)
+                    if (lane == j * OUT + r)
+                        v = acc[r][j] * inv[j], v2 = GLU ? acc[OUT + r][j] * inv[j] : 0.0f;
+            if (lane < OUT * NX && lane / OUT < job.nx)
+                gemv1_emit<GLU, R>(job, blk, lane % OUT, lane / OUT, v, v2, prev);
 #pragma unroll
             for (int r = 0; r < R; r++)
 #pragma unroll
                 for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
         }
-        advance(blk, ch);
+        if (++ch == chunks) ch = 0, blk += nwarps;
     };
     /* Slot i % 4 holds chunk i. */
     while (blk < job.steps) {
@@ -428,20 +435,26 @@ template <int BITS, bool GLU, typename S, int NX>
 static int gemv1_launch(cuda_backend *c, gemv1_job job, base_err *err) {
     auto kernel = gemv1_kernel<BITS, GLU, S, NX>;
     const size_t smem = gemv1_smem(BITS, NX, job.units);
-    /* Resident CTAs per SM, for the last shared-memory size asked. */
-    static size_t last_smem;
-    static int per_sm;
-    if (per_sm == 0 || last_smem != smem) {
-        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             GEMV1_MAX_SMEM);
+    /* Shared memory the kernel may take on this device, and resident CTAs per SM at that. */
+    static int limit, per_sm;
+    if (per_sm == 0) {
+        cudaError_t e =
+            cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device);
+        if (limit > GEMV1_MAX_SMEM) limit = GEMV1_MAX_SMEM;
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
         if (e == cudaSuccess)
             e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GEMV1_WARPS * 32,
-                                                              smem);
+                                                              limit);
         if (e != cudaSuccess)
             return base_fail(err, "cuda: matmul: single-row GEMV: %s", cudaGetErrorString(e));
         if (per_sm < 1) per_sm = 1;
-        last_smem = smem;
     }
+    if (smem > (size_t)limit)
+        return base_fail(err,
+                         "cuda: matmul: single-row GEMV: rows of %lld values need %zu bytes of "
+                         "shared memory, the device offers %d",
+                         (long long)job.in, smem, limit);
     job.steps = (job.rows + (GLU ? GEMV1_R / 2 : GEMV1_R) - 1) / (GLU ? GEMV1_R / 2 : GEMV1_R);
     /* Every SM takes part, even where that leaves some warps a block more than others: the
      * loads in flight, not the blocks per warp, set the pace of a short launch. */
