@@ -3,18 +3,20 @@
  * and biases) for 1, 2, 4, 8 and 16 rows of F32 x, 4 and 8 bits, group 64, BF16 scales, and
  * the fraction of the device-to-device copy bandwidth measured in the same run (a 1 GiB
  * cudaMemcpy, read + write counted). Q/K/V and gate/up run through their fused ops. Each case
- * runs twice, the decode GEMV forced to each of its two kernels: "rows" (x in registers, one
- * or two rows a pass over W) and "mma" (tensor cores, one pass for every row).
+ * runs twice, the decode GEMV forced to each of its two kernels: "rows" (integer dot products,
+ * one or two rows a pass over W) and "mma" (tensor cores, one pass for every row); "err" is the
+ * normalized difference of a kernel's outputs from the first one's.
  *
  * Each shape's weights are copied until the copies pass 512 MB (eight times the H200's L2) and
  * the timed launches rotate through them, so every launch reads device memory. The launches
  * are captured in a CUDA graph and replayed, so the host's launch rate is not what is timed;
  * each figure is the median of the replays' CUDA-event timings after warm-up.
- * Usage: bench_cuda_gemv [reps [matrix [bits [kernels]]]]: matrix ("all" for every one), bits
- * and a comma-separated list of kernels pick cases, as for a profiler. */
+ * Usage: bench_cuda_gemv [reps [matrix [bits [kernels [rows]]]]]: matrix ("all" for every one),
+ * bits, a comma-separated list of kernels and one of row counts pick cases, as for a profiler. */
 #include "bench_cuda.h"
 
 #include <algorithm>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,6 +158,7 @@ int main(int argc, char **argv) {
     const char *only = argc > 2 ? argv[2] : NULL;
     int only_bits = argc > 3 ? atoi(argv[3]) : 0;
     const char *only_kernel = argc > 4 ? argv[4] : NULL;
+    const char *only_rows = argc > 5 ? argv[5] : NULL;
     if (reps < 3) reps = 3;
     be_backend *be = bench_cuda_backend();
     base_err err = {};
@@ -169,18 +172,20 @@ int main(int argc, char **argv) {
     };
     const int bits_list[] = {4, 8}, rows_list[] = {1, 2, 4, 8, 16};
     const char *kernels[] = {"rows", "mma"};
+    const int kernel_ids[] = {CUDA_GEMV_ROWS, CUDA_GEMV_MMA};
     const int n_kernels = 2;
-    /* A kernel runs when no list is given or its name is in the comma-separated list. */
-    auto wanted = [&](const char *k) {
-        if (!only_kernel) return true;
+    /* An item runs when no list is given or it is in the comma-separated list. */
+    auto listed = [](const char *only_list, const char *k) {
+        if (!only_list) return true;
         char key[32], list[256];
         snprintf(key, sizeof key, ",%s,", k);
-        snprintf(list, sizeof list, ",%s,", only_kernel);
+        snprintf(list, sizeof list, ",%s,", only_list);
         return strstr(list, key) != NULL;
     };
+    auto wanted = [&](const char *k) { return listed(only_kernel, k); };
     printf("%-8s %-14s %4s %4s", "matrix", "shape", "bits", "rows");
     for (const char *k : kernels)
-        if (wanted(k)) printf(" | %6s %8s %6s %7s", k, "us", "GB/s", "of copy");
+        if (wanted(k)) printf(" | %6s %8s %6s %7s %7s", k, "us", "GB/s", "of copy", "err");
     printf("\n");
     for (const shape &sh : shapes) {
         if (only && strcmp(only, "all") != 0 && strcmp(only, sh.name) != 0) continue;
@@ -205,6 +210,9 @@ int main(int argc, char **argv) {
                 copies.push_back(set);
             }
             for (int rows : rows_list) {
+                char rows_name[16];
+                snprintf(rows_name, sizeof rows_name, "%d", rows);
+                if (!listed(only_rows, rows_name)) continue;
                 float *x = (float *)dev_alloc((size_t)rows * sh.in * 4);
                 fill_f32<<<256, 256>>>(x, (size_t)rows * sh.in);
                 be_tensor tx = {x, BASE_DTYPE_F32, rows, sh.in};
@@ -216,23 +224,41 @@ int main(int argc, char **argv) {
                 char dims[32];
                 snprintf(dims, sizeof dims, "%lldx%lld", (long long)total_out, (long long)sh.in);
                 printf("%-8s %-14s %4d %4d", sh.name, dims, bits, rows);
+                /* Outputs of the first kernel run, against which the others' are compared. */
+                std::vector<float> first;
                 for (int ki = 0; ki < n_kernels; ki++) {
                     if (!wanted(kernels[ki])) continue;
-                    cuda_impl(be)->gemv_kernel = ki ? CUDA_GEMV_MMA : CUDA_GEMV_ROWS;
-                    double sec = time_rotating(be, n_copies, reps, [&](int c, base_err *e) {
+                    cuda_impl(be)->gemv_kernel = kernel_ids[ki];
+                    auto run = [&](int c, base_err *e) {
                         const std::vector<be_linear> &w = copies[c];
                         if (sh.k == QKV) {
                             const be_linear *ws[3] = {&w[0], &w[1], &w[2]};
                             be_tensor *ys[3] = {&ty[0], &ty[1], &ty[2]};
-                            return be->ops->matmul_qkv(be, &tx, ws, ys, e);
+                            return be->ops->matmul_qkv(be, &tx, NULL, ws, ys, e);
                         }
                         if (sh.k == GATE_UP)
-                            return be->ops->matmul_silu_mul(be, &tx, &w[0], &w[1], &ty[0], e);
+                            return be->ops->matmul_silu_mul(be, &tx, NULL, &w[0], &w[1], &ty[0], e);
                         return be->ops->matmul(be, &tx, &w[0], &ty[0], e);
-                    });
+                    };
+                    double sec = time_rotating(be, n_copies, reps, run);
+                    if (run(0, &err) || be->ops->sync(be, &err)) bench_die("check run", err.msg);
+                    std::vector<float> got;
+                    for (const be_tensor &t : ty) {
+                        std::vector<float> h((size_t)(t.rows * t.cols));
+                        bench_cuda_ok(
+                            cudaMemcpy(h.data(), t.data, h.size() * 4, cudaMemcpyDeviceToHost),
+                            "download");
+                        got.insert(got.end(), h.begin(), h.end());
+                    }
+                    double num = 0, den = 0;
+                    if (first.empty()) first = got;
+                    for (size_t i = 0; i < got.size(); i++) {
+                        num += ((double)got[i] - first[i]) * ((double)got[i] - first[i]);
+                        den += (double)first[i] * first[i];
+                    }
                     double gbs = (double)bytes / sec / 1e9;
-                    printf(" | %6s %8.2f %6.0f %6.1f%%", kernels[ki], sec * 1e6, gbs,
-                           100.0 * gbs * 1e9 / copy);
+                    printf(" | %6s %8.2f %6.0f %6.1f%% %7.1e", kernels[ki], sec * 1e6, gbs,
+                           100.0 * gbs * 1e9 / copy, den > 0 ? sqrt(num / den) : sqrt(num));
                 }
                 printf("\n");
                 fflush(stdout);

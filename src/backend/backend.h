@@ -126,6 +126,17 @@ typedef struct be_topk_row {
 int be_topk_check(const be_tensor *logits, const be_topk_row *reqs, int n_req,
                   const be_logit_adj *adj, base_err *err);
 
+/* The RMSNorm a fused matmul applies to each row of its input before the product:
+ * x / sqrt(mean(x^2) + eps) * weight, the mean in F32 as `rmsnorm` computes it. Where the
+ * backend cannot fold it into the product, it writes the normed rows to `scratch` and
+ * multiplies those: scratch is [rows, cols] of the input, in backend memory, neither the input
+ * nor an output, and holds nothing useful afterwards. */
+typedef struct be_norm {
+    const be_tensor *weight; /* [1, cols] */
+    float eps;
+    be_tensor *scratch;
+} be_norm;
+
 typedef struct be_backend be_backend;
 typedef struct be_graph be_graph; /* a recorded sequence of ops (backend-defined) */
 
@@ -210,17 +221,23 @@ typedef struct be_ops {
     /* x += d; y = rmsnorm(x) * weight, per row. y may alias d, not x. */
     int (*add_rmsnorm)(be_backend *be, be_tensor *x, const be_tensor *d, const be_tensor *weight,
                        float eps, be_tensor *y, base_err *err);
-    /* ys[i] = x ws[i]^T (+ bias) for i < 3 (Q, K and V sharing x), as three `matmul`s. */
-    int (*matmul_qkv)(be_backend *be, const be_tensor *x, const be_linear *const *ws,
-                      be_tensor *const *ys, base_err *err);
-    /* y [n, out] = silu(x gate^T) * (x up^T), biases included; gate and up of one shape. */
-    int (*matmul_silu_mul)(be_backend *be, const be_tensor *x, const be_linear *gate,
-                           const be_linear *up, be_tensor *y, base_err *err);
+    /* ys[i] = x' ws[i]^T (+ bias) for i < 3 (Q, K and V sharing x), as three `matmul`s, where
+     * x' = rmsnorm(x) * norm->weight with `norm`, x itself when norm is NULL. */
+    int (*matmul_qkv)(be_backend *be, const be_tensor *x, const be_norm *norm,
+                      const be_linear *const *ws, be_tensor *const *ys, base_err *err);
+    /* y [n, out] = silu(x' gate^T) * (x' up^T), biases included; gate and up of one shape;
+     * x' as for matmul_qkv. */
+    int (*matmul_silu_mul)(be_backend *be, const be_tensor *x, const be_norm *norm,
+                           const be_linear *gate, const be_linear *up, be_tensor *y, base_err *err);
     /* `rope` on q (n_heads = q->cols / layer->head_dim) and on k with one static table, then
      * `kv_append` of k and v: q and k are rotated in place. */
     int (*rope_kv_append)(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
                           const be_tensor *positions, const be_tensor *inv_freq, float mscale,
                           const be_kv_layer *layer, const be_paged_batch *batch, base_err *err);
+    /* y [n, out] += x [n, in] W^T (+ bias): `matmul` then `add` into y, the residual stream
+     * updated in place. y may not alias x. */
+    int (*matmul_add)(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
+                      base_err *err);
 } be_ops;
 
 struct be_backend {

@@ -4,7 +4,10 @@
  *   per layer:  h = rmsnorm(x); q,k,v = h Wq, h Wk, h Wv (+ biases); [qwen3: rmsnorm per head]
  *               rope(q, k); append k, v to the paged pool; a = attention(q, pool)
  *               x += a Wo;  h = rmsnorm(x);  x += (silu(h Wgate) * h Wup) Wdown
- *   logits = rmsnorm(x[rows wanted]) Wlm_head */
+ *   logits = rmsnorm(x[rows wanted]) Wlm_head
+ * A backend with matmul_add folds each norm into the matmuls after it and each residual add
+ * into the matmul before it: per layer q,k,v = rmsnorm(x) W..; x += a Wo;
+ * x += (silu(rmsnorm(x) Wgate) * (rmsnorm(x) Wup)) Wdown, with no h in between. */
 #include "model/model_internal.h"
 
 #include <math.h>
@@ -159,9 +162,44 @@ static int residual(model *m, const be_tensor *norm, be_tensor *x, be_tensor *d,
     return op->rmsnorm(m->be, x, norm, m->cfg.rms_norm_eps, h, err);
 }
 
-/* Layer L's attention half. On entry h holds rmsnorm(x) * attn_norm (the previous layer's
- * residual step computed it; the first layer computes it here); on exit x holds the residual
- * and h = rmsnorm(x) * mlp_norm. */
+/* Whether the norms go into the matmuls after them and the residual adds into those before. */
+static bool folded(const model *m) {
+    return m->be->ops->matmul_add != NULL;
+}
+
+/* ys = in' Wq, Wk, Wv (+ biases), in' = rmsnorm(in) * norm->weight with norm (written to
+ * norm->scratch where the backend does not fold it), in itself without. */
+static int project_qkv(model *m, const model_layer *L, const be_tensor *in, const be_norm *norm,
+                       be_tensor *const *ys, base_err *err) {
+    const be_ops *op = m->be->ops;
+    const be_linear *ws[3] = {&L->q, &L->k, &L->v};
+    if (op->matmul_qkv) return op->matmul_qkv(m->be, in, norm, ws, ys, err);
+    if (norm) {
+        TRY(op->rmsnorm(m->be, in, norm->weight, norm->eps, norm->scratch, err));
+        in = norm->scratch;
+    }
+    for (int i = 0; i < 3; i++) TRY(op->matmul(m->be, in, ws[i], ys[i], err));
+    return 0;
+}
+
+/* gate = silu(in' Wgate) * (in' Wup), in' as for project_qkv; up is scratch. */
+static int project_glu(model *m, const model_layer *L, const be_tensor *in, const be_norm *norm,
+                       be_tensor *gate, be_tensor *up, base_err *err) {
+    const be_ops *op = m->be->ops;
+    be_backend *be = m->be;
+    if (op->matmul_silu_mul) return op->matmul_silu_mul(be, in, norm, &L->gate, &L->up, gate, err);
+    if (norm) {
+        TRY(op->rmsnorm(be, in, norm->weight, norm->eps, norm->scratch, err));
+        in = norm->scratch;
+    }
+    TRY(op->matmul(be, in, &L->gate, gate, err));
+    TRY(op->matmul(be, in, &L->up, up, err));
+    return op->silu_mul(be, gate, up, gate, err);
+}
+
+/* Layer L's attention half. Folded: x holds the residual on entry and exit. Otherwise on entry
+ * h holds rmsnorm(x) * attn_norm (the previous layer's residual step computed it; the first
+ * layer computes it here); on exit x holds the residual and h = rmsnorm(x) * mlp_norm. */
 static int attention_block(model *m, const model_layer *L, const be_kv_layer *kvl,
                            const be_paged_batch *hb, const be_paged_batch *db,
                            const be_decode_plan *plan, base_err *err) {
@@ -177,16 +215,11 @@ static int attention_block(model *m, const model_layer *L, const be_kv_layer *kv
     be_tensor k = act_tensor(m, s->k, n, (int64_t)KV * hd);
     be_tensor v = act_tensor(m, s->v, n, (int64_t)KV * hd);
     be_tensor att = act_tensor(m, s->att, n, (int64_t)H * hd);
-    if (L == m->layers) TRY(op->rmsnorm(be, &x, &L->attn_norm, c->rms_norm_eps, &h, err));
-    if (op->matmul_qkv) {
-        const be_linear *ws[3] = {&L->q, &L->k, &L->v};
-        be_tensor *ys[3] = {&q, &k, &v};
-        TRY(op->matmul_qkv(be, &h, ws, ys, err));
-    } else {
-        TRY(op->matmul(be, &h, &L->q, &q, err));
-        TRY(op->matmul(be, &h, &L->k, &k, err));
-        TRY(op->matmul(be, &h, &L->v, &v, err));
-    }
+    be_tensor *ys[3] = {&q, &k, &v};
+    const bool fold = folded(m);
+    const be_norm norm = {&L->attn_norm, c->rms_norm_eps, &h};
+    if (!fold && L == m->layers) TRY(op->rmsnorm(be, &x, &L->attn_norm, c->rms_norm_eps, &h, err));
+    TRY(project_qkv(m, L, fold ? &x : &h, fold ? &norm : NULL, ys, err));
     if (c->qk_norm) {
         TRY(norm_per_head(m, &q, H, &L->q_norm, err));
         TRY(norm_per_head(m, &k, KV, &L->k_norm, err));
@@ -199,13 +232,15 @@ static int attention_block(model *m, const model_layer *L, const be_kv_layer *kv
         TRY(op->kv_append(be, kvl, &k, &v, db, err));
     }
     TRY(op->attention(be, &q, kvl, db, plan, H, 1.0f / sqrtf((float)hd), &att, err));
+    if (fold) return op->matmul_add(be, &att, &L->o, &x, err);
     TRY(op->matmul(be, &att, &L->o, &h, err));
     return residual(m, &L->mlp_norm, &x, &h, &h, err);
 }
 
-/* Layer L's MLP half: h holds rmsnorm(x) * mlp_norm on entry; on exit x holds the residual and
- * h the next layer's rmsnorm(x) * attn_norm. After the last layer, with `tail`, out_x holds
- * rmsnorm(x) * final_norm (every row's logits are wanted, in order); without, nothing more. */
+/* Layer L's MLP half: h holds rmsnorm(x) * mlp_norm on entry (folded: x alone); on exit x holds
+ * the residual and h the next layer's rmsnorm(x) * attn_norm (folded: nothing). After the last
+ * layer, with `tail`, out_x holds rmsnorm(x) * final_norm (every row's logits are wanted, in
+ * order); without, nothing more. */
 static int mlp_block(model *m, const model_layer *L, int n, bool tail, base_err *err) {
     const io_model_config *c = &m->cfg;
     const be_ops *op = m->be->ops;
@@ -215,18 +250,19 @@ static int mlp_block(model *m, const model_layer *L, int n, bool tail, base_err 
               h = act_tensor(m, s->h, n, c->hidden_size);
     be_tensor gate = act_tensor(m, s->gate, n, c->intermediate_size);
     be_tensor up = act_tensor(m, s->up, n, c->intermediate_size);
-    if (op->matmul_silu_mul) {
-        TRY(op->matmul_silu_mul(be, &h, &L->gate, &L->up, &gate, err));
-    } else {
-        TRY(op->matmul(be, &h, &L->gate, &gate, err));
-        TRY(op->matmul(be, &h, &L->up, &up, err));
-        TRY(op->silu_mul(be, &gate, &up, &gate, err));
-    }
-    TRY(op->matmul(be, &gate, &L->down, &h, err));
-    const model_layer *next = L + 1 < m->layers + c->num_hidden_layers ? L + 1 : NULL;
-    if (next) return residual(m, &next->attn_norm, &x, &h, &h, err);
-    if (!tail) return residual(m, NULL, &x, &h, &h, err);
     be_tensor ox = act_tensor(m, m->s.out_x, n, c->hidden_size);
+    const bool last = L + 1 == m->layers + c->num_hidden_layers;
+    if (folded(m)) {
+        const be_norm norm = {&L->mlp_norm, c->rms_norm_eps, &h};
+        TRY(project_glu(m, L, &x, &norm, &gate, &up, err));
+        TRY(op->matmul_add(be, &gate, &L->down, &x, err));
+        if (!last || !tail) return 0;
+        return op->rmsnorm(be, &x, &m->final_norm, c->rms_norm_eps, &ox, err);
+    }
+    TRY(project_glu(m, L, &h, NULL, &gate, &up, err));
+    TRY(op->matmul(be, &gate, &L->down, &h, err));
+    if (!last) return residual(m, &L[1].attn_norm, &x, &h, &h, err);
+    if (!tail) return residual(m, NULL, &x, &h, &h, err);
     return residual(m, &m->final_norm, &x, &h, &ox, err);
 }
 

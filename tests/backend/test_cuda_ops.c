@@ -432,28 +432,30 @@ static void test_gemv_rows(be_backend *be) {
                 }
                 free_linear(be, &L);
             }
-    /* Long rows: 8192, 12288 and 24576 4-bit values are one, two and four 32-value units per
-     * thread of a full CTA, 4096, 6144 and 12288 8-bit values likewise; BF16 output. */
-    const int64_t ins[2][3] = {{8192, 12288, 24576}, {4096, 6144, 12288}};
+    /* Long rows, one and two at a time: up to 32768 4-bit and 16384 8-bit values, the most
+     * whose digits two rows of x keep in shared memory; 14336 and 7168 are 7 chunks of 64
+     * units, 9216 and 4608 four and a half; BF16 output. */
+    const int64_t ins[2][3] = {{9216, 14336, 32768}, {4608, 7168, 16384}};
     for (int b = 0; b < 2; b++)
-        for (int i = 0; i < 3; i++) {
-            host_linear L;
-            make_linear(be, &L, 21, ins[b][i], b ? 8 : 4, 64, BASE_DTYPE_BF16, i == 1);
-            float *x = rand_rows(1, L.host.in), ref[21];
-            cpu_matmul(x, 1, &L.host, ref);
-            tc_round(ref, 21, BASE_DTYPE_BF16);
-            be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, 1, L.host.in);
-            be_tensor ty = tc_poisoned(be, BASE_DTYPE_BF16, 1, 21);
-            base_err err = {{0}};
-            CHECK_MSG(be->ops->matmul(be, &tx, &L.dev, &ty, &err) == 0, "%s", err.msg);
-            double e = dev_err(be, &ty, ref);
-            CHECK_MSG(e < 4e-3, "single row q%d in %lld: err %g", b ? 8 : 4, (long long)L.host.in,
-                      e);
-            be->ops->free(be, tx.data);
-            be->ops->free(be, ty.data);
-            free(x);
-            free_linear(be, &L);
-        }
+        for (int i = 0; i < 3; i++)
+            for (int n = 1; n <= 2; n++) {
+                host_linear L;
+                make_linear(be, &L, 21, ins[b][i], b ? 8 : 4, 64, BASE_DTYPE_BF16, i == 1);
+                float *x = rand_rows(n, L.host.in), ref[2 * 21];
+                cpu_matmul(x, n, &L.host, ref);
+                tc_round(ref, (size_t)(n * 21), BASE_DTYPE_BF16);
+                be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, L.host.in);
+                be_tensor ty = tc_poisoned(be, BASE_DTYPE_BF16, n, 21);
+                base_err err = {{0}};
+                CHECK_MSG(be->ops->matmul(be, &tx, &L.dev, &ty, &err) == 0, "%s", err.msg);
+                double e = dev_err(be, &ty, ref);
+                CHECK_MSG(e < 4e-3, "long rows q%d in %lld n=%d: err %g", b ? 8 : 4,
+                          (long long)L.host.in, n, e);
+                be->ops->free(be, tx.data);
+                be->ops->free(be, ty.data);
+                free(x);
+                free_linear(be, &L);
+            }
 }
 
 /* Rows of x whose ranges differ by tens of orders of magnitude, each row checked on its own so
@@ -515,6 +517,93 @@ static void test_gemv_ranges(be_backend *be) {
             }
 }
 
+/* Rows at the edges of the integer form the one- and two-row GEMV takes x in (per 32 or 16
+ * values, a power of two above the largest |x| and three base-256 digits): 1e5, 1e-20, 1e4 and
+ * 1e-4 alternating, maxima exactly at powers of two, all-zero groups, near FLT_MAX / 2^23,
+ * below 2^-100 (where 2^22 over the maximum leaves the float range), one large value among
+ * small ones per 128. */
+enum { EDGE_ROWS = 8 };
+static float *edge_rows(int64_t in) {
+    float *x = rand_rows(EDGE_ROWS, in);
+    for (int r = 0; r < EDGE_ROWS; r++)
+        for (int64_t i = 0; i < in; i++) {
+            float *v = &x[r * in + i];
+            switch (r) {
+            case 0:
+                *v *= 1e5f;
+                break;
+            case 1:
+                *v *= 1e-20f;
+                break;
+            case 2:
+                *v *= i % 2 ? 1e-4f : 1e4f;
+                break;
+            case 3:
+                *v = ldexpf(i % 16 == 3 ? (*v < 0 ? -1.0f : 1.0f) : 0.99f * *v, (int)(i / 16 % 5));
+                break;
+            case 4:
+                if (i / 128 % 2 == 0) *v = 0.0f;
+                break;
+            case 5:
+                *v *= 1e32f;
+                break;
+            case 6:
+                *v *= 1e-33f;
+                break;
+            case 7:
+                *v *= i % 128 == 77 ? 1e3f : 1e-3f;
+                break;
+            }
+        }
+    return x;
+}
+
+/* Every edge row through one-row launches, then through two-row launches in pairs. */
+static void check_edges(be_backend *be, host_linear *L, const char *what) {
+    const int64_t in = L->host.in, out = L->host.out;
+    float *x = edge_rows(in), *ref = malloc(sizeof(float) * (size_t)(EDGE_ROWS * out));
+    cpu_matmul(x, EDGE_ROWS, &L->host, ref);
+    for (int n = 1; n <= 2; n++)
+        for (int r0 = 0; r0 + n <= EDGE_ROWS; r0 += n) {
+            be_tensor tx = tc_tensor(be, x + r0 * in, BASE_DTYPE_F32, n, in);
+            be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, out);
+            base_err err = {{0}};
+            CHECK_MSG(be->ops->matmul(be, &tx, &L->dev, &ty, &err) == 0, "%s", err.msg);
+            float *got = tc_read(be, &ty);
+            for (int r = 0; r < n; r++) {
+                double e = test_rel_err(got + r * out, ref + (r0 + r) * out, (size_t)out);
+                CHECK_MSG(e < 1e-5, "%s n=%d row %d: err %g", what, n, r0 + r, e);
+            }
+            be->ops->free(be, tx.data);
+            be->ops->free(be, ty.data);
+            free(got);
+        }
+    free(x), free(ref);
+}
+
+static void test_gemv_edges(be_backend *be) {
+    const int bits[] = {4, 8}, groups[] = {32, 64, 128};
+    const base_dtype sdts[] = {BASE_DTYPE_F32, BASE_DTYPE_F16, BASE_DTYPE_BF16};
+    char what[64];
+    for (int b = 0; b < 2; b++) {
+        for (int g = 0; g < 3; g++)
+            for (int d = 0; d < 3; d++) {
+                host_linear L;
+                make_linear(be, &L, 37, 512, bits[b], groups[g], sdts[d], (g + d) % 2 == 0);
+                snprintf(what, sizeof what, "edges q%d g%d scales %s", bits[b], groups[g],
+                         base_dtype_name(sdts[d]));
+                check_edges(be, &L, what);
+                free_linear(be, &L);
+            }
+        /* The MLP's down projection: 14336 values a row, several units per thread. */
+        host_linear L;
+        make_linear(be, &L, 21, 14336, bits[b], 64, BASE_DTYPE_BF16, b == 0);
+        snprintf(what, sizeof what, "edges q%d in 14336", bits[b]);
+        check_edges(be, &L, what);
+        free_linear(be, &L);
+    }
+}
+
 /* Q, K and V from one x: one geometry (one GEMV launch at one row), mixed bit widths and
  * groups (three matmuls), at 1, 3 and 35 rows (three slices of the fused launch), with the
  * biases qwen2 has. */
@@ -540,7 +629,7 @@ static void test_matmul_qkv(be_backend *be) {
             const be_linear *ws[3] = {&L[0].dev, &L[1].dev, &L[2].dev};
             be_tensor *ys[3] = {&ty[0], &ty[1], &ty[2]};
             base_err err = {{0}};
-            CHECK_MSG(be->ops->matmul_qkv(be, &tx, ws, ys, &err) == 0, "%s", err.msg);
+            CHECK_MSG(be->ops->matmul_qkv(be, &tx, NULL, ws, ys, &err) == 0, "%s", err.msg);
             for (int i = 0; i < 3; i++) {
                 double e = dev_err(be, &ty[i], ref[i]);
                 CHECK_MSG(e < 1e-5, "qkv config %d n=%d output %d: err %g", c, n, i, e);
@@ -573,7 +662,7 @@ static void test_matmul_silu_mul(be_backend *be) {
             CHECK(cpu->ops->silu_mul(cpu, &tg, &tu, &tg, &err) == 0);
             be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
             be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, out);
-            CHECK_MSG(be->ops->matmul_silu_mul(be, &tx, &G.dev, &U.dev, &ty, &err) == 0, "%s",
+            CHECK_MSG(be->ops->matmul_silu_mul(be, &tx, NULL, &G.dev, &U.dev, &ty, &err) == 0, "%s",
                       err.msg);
             double e = dev_err(be, &ty, g);
             CHECK_MSG(e < 1e-5, "silu_mul config %d n=%d: err %g", c, n, e);
@@ -583,6 +672,166 @@ static void test_matmul_silu_mul(be_backend *be) {
             free_linear(be, &G);
             free_linear(be, &U);
         }
+}
+
+/* ---- RMSNorm folded before the fused matmuls, the residual add after a matmul ---- */
+
+/* Row counts: the one-row GEMV (1, 2), the tensor-core GEMV (3 to 16), slices of 16 (17, 40),
+ * and the cuBLAS path with the ops composed (64). */
+static const int fused_rows[] = {1, 2, 3, 8, 16, 17, 40, 64};
+#define N_FUSED_ROWS 8
+
+/* From 64 rows the product runs on cuBLAS with W and x rounded to BF16. */
+static double fused_tol(int n) {
+    return n < 64 ? 1e-5 : tc_tol(BASE_DTYPE_BF16);
+}
+
+/* Rows of different scales (row r times 1 + 3r), so that a row normed by another's 1/rms
+ * shows. */
+static float *scaled_rows(int n, int64_t in) {
+    float *x = rand_rows(n, in);
+    for (int r = 0; r < n; r++)
+        for (int64_t i = 0; i < in; i++) x[r * in + i] *= 1.0f + 3.0f * (float)r;
+    return x;
+}
+
+/* A norm weight around 1 as stored in dt: host values in *w, the device tensor returned. */
+static be_tensor norm_weight(be_backend *be, int64_t in, base_dtype dt, float **w) {
+    *w = malloc(sizeof(float) * (size_t)in);
+    for (int64_t i = 0; i < in; i++) (*w)[i] = 1.0f + 0.5f * tc_uniform();
+    tc_round(*w, (size_t)in, dt);
+    return tc_tensor(be, *w, dt, 1, in);
+}
+
+/* rmsnorm(x) * w by the CPU backend (caller frees). */
+static float *cpu_normed(const float *x, int n, int64_t in, float *w) {
+    float *h = malloc(sizeof(float) * (size_t)(n * in));
+    be_tensor tx = {(void *)x, BASE_DTYPE_F32, n, in}, th = {h, BASE_DTYPE_F32, n, in};
+    be_tensor tw = {w, BASE_DTYPE_F32, 1, in};
+    base_err err = {{0}};
+    CHECK_MSG(cpu->ops->rmsnorm(cpu, &tx, &tw, 1e-5f, &th, &err) == 0, "cpu rmsnorm: %s", err.msg);
+    return h;
+}
+
+/* matmul_qkv with a norm against rmsnorm then three matmuls on the CPU: one geometry with
+ * biases and BF16 norm weights (folded into the GEMVs below 64 rows), and mixed geometries
+ * with F32 norm weights (normed into the scratch, then three matmuls). */
+static void test_qkv_norm(be_backend *be) {
+    const int cfg[2][3][2] = {{{4, 64}, {4, 64}, {4, 64}}, {{4, 64}, {8, 64}, {4, 32}}};
+    const int64_t outs[3] = {128, 64, 36}, in = 512;
+    for (int c = 0; c < 2; c++) {
+        host_linear L[3];
+        for (int i = 0; i < 3; i++)
+            make_linear(be, &L[i], outs[i], in, cfg[c][i][0], cfg[c][i][1], BASE_DTYPE_BF16,
+                        c == 0);
+        float *w;
+        be_tensor tw = norm_weight(be, in, c ? BASE_DTYPE_F32 : BASE_DTYPE_BF16, &w);
+        for (int k = 0; k < N_FUSED_ROWS; k++) {
+            const int n = fused_rows[k];
+            float *x = scaled_rows(n, in), *h = cpu_normed(x, n, in, w), *ref[3];
+            be_tensor ty[3];
+            for (int i = 0; i < 3; i++) {
+                ref[i] = malloc(sizeof(float) * (size_t)(n * outs[i]));
+                cpu_matmul(h, n, &L[i].host, ref[i]);
+                ty[i] = tc_poisoned(be, BASE_DTYPE_F32, n, outs[i]);
+            }
+            be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
+            be_tensor scratch = tc_poisoned(be, BASE_DTYPE_F32, n, in);
+            const be_norm norm = {&tw, 1e-5f, &scratch};
+            const be_linear *ws[3] = {&L[0].dev, &L[1].dev, &L[2].dev};
+            be_tensor *ys[3] = {&ty[0], &ty[1], &ty[2]};
+            base_err err = {{0}};
+            CHECK_MSG(be->ops->matmul_qkv(be, &tx, &norm, ws, ys, &err) == 0, "%s", err.msg);
+            for (int i = 0; i < 3; i++) {
+                double e = dev_err(be, &ty[i], ref[i]);
+                CHECK_MSG(e < fused_tol(n), "normed qkv config %d n=%d output %d: err %g", c, n, i,
+                          e);
+                be->ops->free(be, ty[i].data);
+                free(ref[i]);
+            }
+            be->ops->free(be, tx.data);
+            be->ops->free(be, scratch.data);
+            free(x), free(h);
+        }
+        for (int i = 0; i < 3; i++) free_linear(be, &L[i]);
+        be->ops->free(be, tw.data);
+        free(w);
+    }
+}
+
+/* matmul_silu_mul with a norm against rmsnorm, two matmuls and silu_mul on the CPU: 4 bits with
+ * biases and F16 norm weights, 8 bits with BF16 ones (both folded below 64 rows), and 4 with 8
+ * bits (normed into the scratch). */
+static void test_glu_norm(be_backend *be) {
+    const int cfg[3][2] = {{4, 4}, {8, 8}, {4, 8}};
+    const base_dtype ndt[3] = {BASE_DTYPE_F16, BASE_DTYPE_BF16, BASE_DTYPE_F32};
+    const int64_t out = 301, in = 384;
+    for (int c = 0; c < 3; c++) {
+        host_linear G, U;
+        make_linear(be, &G, out, in, cfg[c][0], 64, BASE_DTYPE_F16, c == 0);
+        make_linear(be, &U, out, in, cfg[c][1], 64, BASE_DTYPE_F16, c == 0);
+        float *w;
+        be_tensor tw = norm_weight(be, in, ndt[c], &w);
+        for (int k = 0; k < N_FUSED_ROWS; k++) {
+            const int n = fused_rows[k];
+            float *x = scaled_rows(n, in), *h = cpu_normed(x, n, in, w);
+            float *g = malloc(sizeof(float) * (size_t)(n * out));
+            float *u = malloc(sizeof(float) * (size_t)(n * out));
+            cpu_matmul(h, n, &G.host, g);
+            cpu_matmul(h, n, &U.host, u);
+            be_tensor tg = {g, BASE_DTYPE_F32, n, out}, tu = {u, BASE_DTYPE_F32, n, out};
+            base_err err = {{0}};
+            CHECK(cpu->ops->silu_mul(cpu, &tg, &tu, &tg, &err) == 0);
+            be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
+            be_tensor scratch = tc_poisoned(be, BASE_DTYPE_F32, n, in);
+            be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, out);
+            const be_norm norm = {&tw, 1e-5f, &scratch};
+            CHECK_MSG(be->ops->matmul_silu_mul(be, &tx, &norm, &G.dev, &U.dev, &ty, &err) == 0,
+                      "%s", err.msg);
+            double e = dev_err(be, &ty, g);
+            CHECK_MSG(e < fused_tol(n), "normed gate/up config %d n=%d: err %g", c, n, e);
+            be->ops->free(be, tx.data);
+            be->ops->free(be, scratch.data);
+            be->ops->free(be, ty.data);
+            free(x), free(h), free(g), free(u);
+        }
+        free_linear(be, &G);
+        free_linear(be, &U);
+        be->ops->free(be, tw.data);
+        free(w);
+    }
+}
+
+/* y += x W^T against matmul then add on the CPU, y starting from random values: 4 bits with a
+ * bias and 8 bits (the decode GEMVs), 3 bits and dense BF16 (the CUDA-core GEMV); every path
+ * takes cuBLAS at 64 rows. An output overlapping the input is refused. */
+static void test_matmul_add(be_backend *be) {
+    const int bits[4] = {4, 8, 3, 0}, groups[4] = {64, 32, 64, 0};
+    const int64_t out = 200, in = 256;
+    for (int c = 0; c < 4; c++) {
+        host_linear L;
+        make_linear(be, &L, out, in, bits[c], groups[c], c % 2 ? BASE_DTYPE_F16 : BASE_DTYPE_BF16,
+                    c == 0);
+        for (int k = 0; k < N_FUSED_ROWS; k++) {
+            const int n = fused_rows[k];
+            float *x = rand_rows(n, in), *y0 = rand_rows(n, out);
+            float *ref = malloc(sizeof(float) * (size_t)(n * out));
+            cpu_matmul(x, n, &L.host, ref);
+            for (int i = 0; i < n * out; i++) ref[i] = y0[i] + ref[i];
+            be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
+            be_tensor ty = tc_tensor(be, y0, BASE_DTYPE_F32, n, out);
+            base_err err = {{0}};
+            CHECK_MSG(be->ops->matmul_add(be, &tx, &L.dev, &ty, &err) == 0, "%s", err.msg);
+            double e = dev_err(be, &ty, ref);
+            CHECK_MSG(e < fused_tol(n), "matmul_add q%d n=%d: err %g", bits[c], n, e);
+            CHECK(be->ops->matmul_add(be, &tx, &L.dev, &tx, &err) != 0 &&
+                  strstr(err.msg, "overlaps"));
+            be->ops->free(be, tx.data);
+            be->ops->free(be, ty.data);
+            free(x), free(y0), free(ref);
+        }
+        free_linear(be, &L);
+    }
 }
 
 /* x += d; y = rmsnorm(x) * w against add then rmsnorm on the CPU, y aliasing d; rows of 4100
@@ -687,8 +936,12 @@ int main(void) {
     CHECK_MSG(be_cpu_create(2, &cpu, &err) == 0, "%s", err.msg);
     test_gemv_rows(be);
     test_gemv_ranges(be);
+    test_gemv_edges(be);
     test_matmul_qkv(be);
     test_matmul_silu_mul(be);
+    test_qkv_norm(be);
+    test_glu_norm(be);
+    test_matmul_add(be);
     test_add_rmsnorm(be);
     test_rope_kv_append(be);
     cpu->ops->destroy(cpu);

@@ -1,7 +1,8 @@
 /* The decode path's kernels queued back to back, each reading what earlier ones wrote, with no
  * synchronization between them: decode layers as the model runs them, with its buffers and
- * their aliasing (the residual step reads and writes h; the o and down GEMVs write h), then the
- * last residual step into its own buffer and a head GEMV. Run directly and as a recording
+ * their aliasing (the Q/K/V and gate/up GEMVs norm the residual x as they read it; the o and
+ * down GEMVs add into x, which the next GEMV reads), then the final norm into its own buffer
+ * and a head GEMV. Run directly and as a recording
  * replayed several times, against the CPU backend's plain ops, at several sizes: GEMVs of 8 to
  * 32 MB of weights, where a kernel that reads its input before its wait reads the previous
  * layer's values, and tiny models (the fixtures' shape), where kernels overlap in other ways. */
@@ -59,31 +60,32 @@ typedef struct side {
     be_paged_batch batch;
 } side;
 
-/* The chain: the fused ops (the device) or their plain composition (the CPU). */
+/* The chain: the fused ops as the model runs them on the device (norms folded into the Q/K/V
+ * and gate/up GEMVs, which read the residual x itself; the o and down GEMVs add into x), or
+ * their plain composition (the CPU). Both start with a residual add and norm, and end with the
+ * final norm into `out` and the head. */
 static int run_chain(side *s, const dims *dm, bool fused, base_err *err) {
     be_backend *be = s->be;
     const be_ops *op = be->ops;
     const int H = dm->hidden / dm->head_dim, KV = dm->kv_width / dm->head_dim;
-    for (int l = 0; l <= dm->layers; l++) {
-        be_tensor *y = l == dm->layers ? &s->out : &s->h;
-        if (fused) {
-            if (op->add_rmsnorm(be, &s->x, &s->h, &s->norm1, 1e-5f, y, err)) return -1;
-        } else if (op->add(be, &s->x, &s->h, &s->x, err) ||
-                   op->rmsnorm(be, &s->x, &s->norm1, 1e-5f, y, err)) {
-            return -1;
-        }
-        if (l == dm->layers) break;
+    if (fused ? op->add_rmsnorm(be, &s->x, &s->h, &s->norm1, 1e-5f, &s->h, err)
+              : (op->add(be, &s->x, &s->h, &s->x, err) ||
+                 op->rmsnorm(be, &s->x, &s->norm1, 1e-5f, &s->h, err)))
+        return -1;
+    const be_norm n1 = {&s->norm1, 1e-5f, &s->h}, n2 = {&s->norm2, 1e-5f, &s->h};
+    for (int l = 0; l < dm->layers; l++) {
         if (fused) {
             const be_linear *ws[3] = {&s->q, &s->k, &s->v};
             be_tensor *ys[3] = {&s->tq, &s->tk, &s->tv};
-            if (op->matmul_qkv(be, &s->h, ws, ys, err) ||
+            if (op->matmul_qkv(be, &s->x, &n1, ws, ys, err) ||
                 op->rope_kv_append(be, &s->tq, &s->tk, &s->tv, &s->pos, &s->freqs, 1.0f, &s->pool,
                                    &s->batch, err) ||
-                op->matmul(be, &s->tq, &s->o, &s->h, err) ||
-                op->add_rmsnorm(be, &s->x, &s->h, &s->norm2, 1e-5f, &s->h, err) ||
-                op->matmul_silu_mul(be, &s->h, &s->gate, &s->up, &s->g, err))
+                op->matmul_add(be, &s->tq, &s->o, &s->x, err) ||
+                op->matmul_silu_mul(be, &s->x, &n2, &s->gate, &s->up, &s->g, err) ||
+                op->matmul_add(be, &s->g, &s->down, &s->x, err))
                 return -1;
-        } else if (op->matmul(be, &s->h, &s->q, &s->tq, err) ||
+        } else if (op->rmsnorm(be, &s->x, &s->norm1, 1e-5f, &s->h, err) ||
+                   op->matmul(be, &s->h, &s->q, &s->tq, err) ||
                    op->matmul(be, &s->h, &s->k, &s->tk, err) ||
                    op->matmul(be, &s->h, &s->v, &s->tv, err) ||
                    op->rope(be, &s->tq, H, dm->head_dim, &s->pos, &s->freqs, 1.0f, err) ||
@@ -94,11 +96,13 @@ static int run_chain(side *s, const dims *dm, bool fused, base_err *err) {
                    op->rmsnorm(be, &s->x, &s->norm2, 1e-5f, &s->h, err) ||
                    op->matmul(be, &s->h, &s->gate, &s->g, err) ||
                    op->matmul(be, &s->h, &s->up, &s->u, err) ||
-                   op->silu_mul(be, &s->g, &s->u, &s->g, err)) {
+                   op->silu_mul(be, &s->g, &s->u, &s->g, err) ||
+                   op->matmul(be, &s->g, &s->down, &s->h, err) ||
+                   op->add(be, &s->x, &s->h, &s->x, err)) {
             return -1;
         }
-        if (op->matmul(be, &s->g, &s->down, &s->h, err)) return -1;
     }
+    if (op->rmsnorm(be, &s->x, &s->norm1, 1e-5f, &s->out, err)) return -1;
     return op->matmul(be, &s->out, &s->head, &s->logits, err);
 }
 

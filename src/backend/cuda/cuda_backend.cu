@@ -155,6 +155,7 @@ static const be_ops cuda_ops = {
     .matmul_qkv = cuda_matmul_qkv,
     .matmul_silu_mul = cuda_matmul_silu_mul,
     .rope_kv_append = cuda_rope_kv_append,
+    .matmul_add = cuda_matmul_add,
 };
 
 /* The caller owns *out and releases it with be_destroy (or ops->destroy). */

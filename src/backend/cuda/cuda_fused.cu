@@ -1,8 +1,9 @@
 /* The fused ops of decode: residual add with RMSNorm, Q/K/V in one GEMV, gate and up with
  * SiLU-mul in one GEMV, RoPE with the KV append. At batch 1 every one of the unfused ops is a
  * launch of a few microseconds whatever its size, so fusing is what removes their time. The
- * matmul fusions run the single-row GEMV when it serves every matrix and compose the plain ops
- * otherwise (several rows, other bit widths, mixed geometries). The row kernels here let the
+ * matmul fusions run the decode GEMVs when they serve every matrix, RMSNorm folded into their
+ * prologue, and compose the plain ops otherwise (64 rows and more, other bit widths, mixed
+ * geometries): the norm into the caller's scratch, then the matmuls. The row kernels here let the
  * next kernel start at once and wait for the previous one before touching memory, as those of
  * cuda_ops.cu do. */
 #include "backend/cuda/cuda_internal.h"
@@ -70,15 +71,45 @@ int cuda_add_rmsnorm(be_backend *be, be_tensor *x, const be_tensor *d, const be_
                            weight->data, weight->dtype, eps, x->cols, y->data, y->dtype);
 }
 
-/* ---- Q, K, V and gate/up GEMVs ---- */
+/* ---- Q, K, V and gate/up GEMVs, with the RMSNorm before them ---- */
 
 static bool same_geometry(const be_linear *a, const be_linear *b) {
     return a->in == b->in && a->bits == b->bits && a->group_size == b->group_size &&
            a->dtype == b->dtype;
 }
 
-int cuda_matmul_qkv(be_backend *be, const be_tensor *x, const be_linear *const *ws,
-                    be_tensor *const *ys, base_err *err) {
+bool cuda_gemv_norm_fits(const be_tensor *w, int64_t in) {
+    return cuda_float_dtype(w->dtype) && w->rows * w->cols == in && ((uintptr_t)w->data & 15) == 0;
+}
+
+/* The GEMV folding of norm, when the GEMV serves the op (gemv) and takes its weight. */
+static bool fold_norm(const be_norm *norm, bool gemv, const be_tensor *x, cuda_gemv_fuse *fz) {
+    *fz = cuda_gemv_fuse{};
+    if (!norm) return gemv;
+    if (!gemv || !cuda_gemv_norm_fits(norm->weight, x->cols)) return false;
+    fz->norm = norm->weight->data;
+    fz->norm_dt = norm->weight->dtype;
+    fz->eps = norm->eps;
+    return true;
+}
+
+/* Where the norm cannot be folded: rmsnorm(x) into the caller's scratch, which *x becomes. */
+static int norm_apart(be_backend *be, const be_norm *norm, const be_tensor **x, const char *what,
+                      base_err *err) {
+    if (!norm) return 0;
+    const be_tensor *s = norm->scratch;
+    if (!s || s->rows != (*x)->rows || s->cols != (*x)->cols || s->data == (*x)->data)
+        return base_fail(err,
+                         "cuda: %s: the norm needs a scratch of the input's shape, apart "
+                         "from it",
+                         what);
+    if (cuda_rmsnorm(be, *x, norm->weight, norm->eps, norm->scratch, err)) return -1;
+    *x = s;
+    return 0;
+}
+
+int cuda_matmul_qkv(be_backend *be, const be_tensor *x, const be_norm *norm,
+                    const be_linear *const *ws, be_tensor *const *ys, base_err *err) {
     bool one = true;
     for (int i = 0; i < 3; i++) {
         if (cuda_matmul_check(x, ws[i], ys[i], err)) return base_fail_wrap(err, "qkv");
@@ -86,21 +117,27 @@ int cuda_matmul_qkv(be_backend *be, const be_tensor *x, const be_linear *const *
         one = one && cuda_gemv1_fits(x, ws[i]) && same_geometry(ws[0], ws[i]) &&
               (i == 2 || ws[i]->out % 4 == 0);
     }
-    if (one) return cuda_gemv1(be, x, ws, ys, 3, false, err);
+    cuda_gemv_fuse fz;
+    if (fold_norm(norm, one, x, &fz)) return cuda_gemv1(be, x, ws, ys, 3, false, &fz, err);
+    if (norm_apart(be, norm, &x, "qkv", err)) return -1;
     for (int i = 0; i < 3; i++)
         if (cuda_matmul(be, x, ws[i], ys[i], err)) return -1;
     return 0;
 }
 
-int cuda_matmul_silu_mul(be_backend *be, const be_tensor *x, const be_linear *gate,
-                         const be_linear *up, be_tensor *y, base_err *err) {
+int cuda_matmul_silu_mul(be_backend *be, const be_tensor *x, const be_norm *norm,
+                         const be_linear *gate, const be_linear *up, be_tensor *y, base_err *err) {
     if (cuda_matmul_check(x, gate, y, err) || cuda_matmul_check(x, up, y, err))
         return base_fail_wrap(err, "gate/up");
-    if (cuda_gemv1_fits(x, gate) && cuda_gemv1_fits(x, up) && same_geometry(gate, up)) {
+    cuda_gemv_fuse fz;
+    if (fold_norm(norm,
+                  cuda_gemv1_fits(x, gate) && cuda_gemv1_fits(x, up) && same_geometry(gate, up), x,
+                  &fz)) {
         const be_linear *ws[2] = {gate, up};
         be_tensor *ys[1] = {y};
-        return cuda_gemv1(be, x, ws, ys, 2, true, err);
+        return cuda_gemv1(be, x, ws, ys, 2, true, &fz, err);
     }
+    if (norm_apart(be, norm, &x, "gate/up", err)) return -1;
     cuda_backend *c = cuda_impl(be);
     size_t bytes = (size_t)(y->rows * y->cols) * base_dtype_size(y->dtype);
     if (cuda_scratch(be, &c->ftmp, &c->ftmp_bytes, bytes, "gate/up", err)) return -1;

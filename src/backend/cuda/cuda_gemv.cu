@@ -1,76 +1,45 @@
-/* The quantized GEMV of decode: y = x W^T for 1 to 16 F32 rows of x, 4- or 8-bit MLX affine
+/* The quantized GEMV of decode: y = x W^T for one or two F32 rows of x, 4- or 8-bit MLX affine
  * weights, aiming at the memory-bandwidth limit. The same kernel serves the fused matmuls: up
  * to three matrices that share x (Q, K and V) in one launch, and gate with up followed by
- * SiLU-mul. One pass over W serves the rows of x a thread can hold in registers (two where its
- * slice is one unit, else one); more rows take more passes.
+ * SiLU-mul. More rows of x take more passes (from CUDA_GEMV_MMA_ROWS rows the tensor-core
+ * kernel serves them instead).
  *
- * Design: a CTA of K threads covers one whole row of W, each thread a fixed k-slice of UPT
- * 16-byte units (32 4-bit or 16 8-bit values each, always inside one group). The thread loads
- * its slice of x into registers once and reuses it for every output row the CTA computes, so
- * x costs no memory traffic per weight. CTAs are persistent and walk R rows per step.
+ * Arithmetic: integer dot products. x is cut into units of the 32 (4-bit) or 16 (8-bit) values
+ * one 16-byte word of weights holds; each unit's values, scaled by a power of two above its
+ * largest |x|, are rounded to 23-bit integers and split into three signed base-256 digits. One
+ * dp4a multiplies four u8 weights with four s8 digits and adds them to an int32 sum, so four
+ * 4-bit weights cost three dp4a (one per digit) plus the nibble split, against a LOP3, an FADD
+ * and an FFMA for each weight in F32; the rounding (2^-23 of the unit's largest |x|) stays far
+ * inside the F32 grade tests/backend/test_cuda_ops.c asks for. The affine form is folded per
+ * unit: sum_k (s q_k + b) x_k = s dot(q, x) + b sum(x).
  *
- * Each thread streams its own units (and the words holding their scale and bias) into a
- * private ring of D steps in shared memory with cp.async, D - 1 steps ahead of the one it
- * computes; no barrier is needed for that, since a thread reads only what it copied. On the
- * H200 (bench/bench_cuda_gemv.cu, 4-bit [128256 x 4096]) this reads 1.87 TB/s against 1.80
- * with the loads held in registers, and the profile shows the SMs busy issuing (73% of issue
- * slots), not waiting on memory: the instructions per weight are what bound it. Two
- * tensor-core variants (f16 hi/lo x on m16n8k16, weights dequantized in registers) measured
- * 1.1 to 1.75 TB/s: their per-thread addressing and shared-memory traffic outweighed the
- * multiply they saved.
+ * Layout: each CTA first turns all of x into digits in shared memory (four threads a unit, so
+ * the step after the wait stays short), then its warps work alone. A warp walks blocks of
+ * GEMV1_R rows a chunk of 32 GEMV1_C units at a time (lane l takes units l, l + 32, ...), the
+ * next three chunks' weights, scales and biases already loading into registers while it
+ * computes this one, and sums its lanes with shuffles at the end of each block: no shared-memory
+ * reduction and no barrier in the loop. The first chunks' loads are issued before the wait on
+ * the previous kernel.
  *
- * The affine form is folded: sum_k (s q_k + b) x_k = s * dot(q, x) + b * sum(x), with sum(x)
- * of each unit computed once. A value q at bit 4j (or 8j) of a 16-bit half word becomes a
- * float without a conversion instruction: 0x4B000000 | (w & mask) is the float 2^23 + q *
- * 2^(4j) exactly, so subtracting 2^23 leaves q * 2^(4j), and x's slice is pre-scaled by
- * 2^(-4j) once (exact: a power of two). That is three instructions per weight (LOP3, FADD,
- * FFMA). Each step's partial sums meet in a warp shuffle and one shared-memory pass across
- * the CTA's warps. */
+ * On the H200 (bench/bench_cuda_gemv.cu, 4-bit, group 64, BF16 scales, one row), against the
+ * F32 kernel with a cp.async ring this replaces: lm_head [128256 x 4096] 92% of copy bandwidth
+ * (was 43%), gate+up 85% (38%), down 52% (28%), q+k+v 51% (25%), o 45% (21%); in that ring
+ * kernel dp4a alone reached 67% on lm_head, held back by the instructions of its loads and
+ * reduction. The small matrices are bound by latency: one short wave per SM. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <type_traits>
 
-/* Most threads a CTA may have: the slice per thread grows instead. */
-#define GEMV1_MAX_THREADS 256
-/* 16-byte units a thread has in flight: steps ahead x rows per step x units per row. */
-#ifndef GEMV1_INFLIGHT
-#define GEMV1_INFLIGHT 16
-#endif
-
-/* Rows per step and steps in the ring for UPT units per thread. */
-template <int UPT> __host__ __device__ constexpr int gemv1_rows() {
-    return 4 / UPT < 2 ? 2 : 4 / UPT;
-}
-template <int UPT> __host__ __device__ constexpr int gemv1_depth() {
-    return GEMV1_INFLIGHT / (gemv1_rows<UPT>() * UPT) < 2
-               ? 2
-               : GEMV1_INFLIGHT / (gemv1_rows<UPT>() * UPT);
-}
-/* Shared memory of a CTA of k threads: each (step, row, unit, thread) holds 16 bytes of
- * weights and the 4-byte words of its scale and bias. */
-template <int UPT> static size_t gemv1_smem(int k) {
-    return (size_t)gemv1_depth<UPT>() * gemv1_rows<UPT>() * UPT * k * 24;
-}
-
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
-                     (uint32_t)__cvta_generic_to_shared(dst)),
-                 "l"(src), "r"(ok ? 16 : 0));
-}
-
-/* Copies the n <= 4 bytes at src into the word at dst, zero-filling the rest: the last word
- * of an array of 2-byte scales may hold only one of them. */
-__device__ __forceinline__ void cp_async4(void *dst, const void *src, int n) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(
-                     (uint32_t)__cvta_generic_to_shared(dst)),
-                 "l"(src), "r"(n));
-}
-
-/* Bytes of the 4-byte word wi of an array of `bytes` bytes that exist (0 to 4). */
-__device__ __forceinline__ int word_bytes(int64_t wi, int64_t bytes) {
-    const int64_t n = bytes - wi * 4;
-    return n <= 0 ? 0 : (n >= 4 ? 4 : (int)n);
-}
+/* Warps per CTA (one CTA per SM: the registers of the chunks in flight bound it), 16-byte
+ * units a lane takes from each row of a chunk (64 units: rows of 4096 and 14336 4-bit values
+ * are whole chunks), and rows per block. A warp holds four chunks: one computed while the
+ * other three load. */
+#define GEMV1_WARPS 12
+#define GEMV1_C     2
+#define GEMV1_R     2
+/* Most dynamic shared memory a CTA may take for the digits of x (of the H200's 227 KB): two
+ * rows of 32768 4-bit or 16384 8-bit values. */
+#define GEMV1_MAX_SMEM (220 << 10)
 
 /* Up to three matrices of the same geometry sharing one x: rows [0, out) of the first, then
  * the second's, then the third's (PLAIN); or gate and up (GLU) where output row o is
@@ -78,49 +47,140 @@ __device__ __forceinline__ int word_bytes(int64_t wi, int64_t bytes) {
 struct gemv1_job {
     cuda_gemv_mat m[3];
     int nm;
-    const float *x; /* (in) */
+    const float *x; /* (nx, in) */
+    int64_t in;     /* values per row */
     int64_t units;  /* 16-byte units per row */
     int64_t groups; /* groups per row */
     int gshift;     /* unit index >> gshift = group index */
     int64_t rows;   /* PLAIN: sum of the outs; GLU: out */
-    int64_t steps;  /* ceil(rows / rows per step) */
+    int64_t steps;  /* blocks: ceil(rows / rows per block) */
+    int64_t warps;  /* warps that take blocks (warp w takes w, w + warps, ...) */
     int nx;         /* rows of x in this pass (1 to the kernel's NX); y rows follow them */
+    cuda_gemv_fuse fz;
 };
 
-__device__ __forceinline__ float mag(uint32_t v) {
-    return __uint_as_float(0x4B000000u | v) - 8388608.0f;
+/* Units of x the digits in shared memory cover: whole chunks, the tail zero. */
+__host__ __device__ static inline int64_t gemv1_padded(int64_t units) {
+    return (units + 32 * GEMV1_C - 1) / (32 * GEMV1_C) * (32 * GEMV1_C);
 }
 
-/* dot(q, x) of one unit: four words, each split into two 16-bit halves of 16 / BITS values. */
-template <int BITS> __device__ __forceinline__ float unit_dot(uint4 q, const float *xs) {
-    constexpr int PER_HALF = 16 / BITS;
-    constexpr uint32_t M = (1u << BITS) - 1u;
-    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-    float d0 = 0.0f, d1 = 0.0f;
+/* Shared memory of the digits of NX rows of x: per unit, 3 (128 / BITS) / 4 words of digits
+ * and its unscale and sum. */
+static size_t gemv1_smem(int bits, int nx, int64_t units) {
+    return (size_t)nx * gemv1_padded(units) * (3 * (128 / bits) + 8);
+}
+
+/* x[k0 + k] of row j, k < N, into v: the one place the kernel reads x (zeros where !ok).
+ * Coherent loads (not __ldg, whose non-coherent path is for data no kernel writes while this
+ * grid runs) that still keep x in L1 for the CTA's other threads. */
+template <int N>
+__device__ __forceinline__ void gemv1_load_x(const gemv1_job &job, int j, int64_t k0, bool ok,
+                                             float (&v)[N]) {
+    const float4 *p = (const float4 *)(job.x + j * job.in + k0);
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const uint32_t lo = w[k], hi = w[k] >> 16;
-#pragma unroll
-        for (int j = 0; j < PER_HALF; j++) {
-            d0 = fmaf(mag(lo & (M << (BITS * j))), xs[k * 2 * PER_HALF + j], d0);
-            d1 = fmaf(mag(hi & (M << (BITS * j))), xs[k * 2 * PER_HALF + PER_HALF + j], d1);
-        }
+    for (int c = 0; c < N / 4; c++) {
+        const float4 f = ok ? __ldca(p + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[4 * c] = f.x, v[4 * c + 1] = f.y, v[4 * c + 2] = f.z, v[4 * c + 3] = f.w;
     }
-    return d0 + d1;
 }
 
-/* A scale or bias from the 4-byte word cp_async4 copied: the word itself for F32, else the
- * half of it that holds element i. */
-template <typename S> __device__ __forceinline__ float scale_of(uint32_t word, int64_t i) {
-    if (std::is_same<S, float>::value) return __uint_as_float(word);
-    const uint16_t h = (uint16_t)(i & 1 ? word >> 16 : word & 0xFFFFu);
-    if (std::is_same<S, __half>::value) return __half2float(__ushort_as_half(h));
-    return __bfloat162float(__ushort_as_bfloat16(h));
+/* A quarter of a unit of x in the form the integer dot product takes, given the unit's largest
+ * |x| m and its sum. Each value, scaled by 2^(22 - e) where 2^e > m, is rounded to an integer X
+ * (|X| <= 2^22, off by at most 2^-23 of m) and written as three balanced base-256 digits,
+ * X = d2 65536 + d1 256 + d0 with d0, d1 in [-128, 127] and d2 in [-64, 64]. Word 3 h + c of
+ * d packs digit c of the four values that the bytes of the quarter's weight word h meet, in
+ * byte order: a 4-bit quarter is one weight word of 8 values, split into its even nibbles
+ * (h = 0) and odd ones (h = 1); an 8-bit quarter is one word of 4 values.
+ *
+ * No conversion instructions: t = x 2^(22 - e) + 1.5 2^23 in F32 rounds to the integer X in
+ * t's low 22 bits; d0's byte is X's low byte, d1's that of (X + 128) >> 8 and d2's that of
+ * (X + 32896) >> 16. Returns 2^(e - 22), by which the dot product of the digits is scaled back
+ * (NaN where the unit holds an infinity or a NaN, which sum carries). */
+template <int BITS>
+__device__ __forceinline__ float gemv1_digits(const float (&v)[32 / BITS], float m, float sum,
+                                              uint32_t (&d)[3 * 8 / BITS]) {
+    /* 2^e > m, from m's exponent field (a subnormal or zero m gives 2^-126). */
+    int e = (__float_as_int(m) >> 23) - 126;
+    e = e > 128 ? 128 : e;
+    /* Below 2^-100, x is first scaled by 2^64 so that 2^(22 - e) stays a float. */
+    const float pre = e < -100 ? 0x1p64f : 1.0f;
+    const float f = __int_as_float((127 + 22 - (e < -100 ? e + 64 : e)) << 23);
+#pragma unroll
+    for (int h = 0; h < 8 / BITS; h++) {
+        uint32_t t[4], t1[4], t2[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            t[i] = __float_as_uint(fmaf(v[BITS == 4 ? 2 * i + h : i] * pre, f, 12582912.0f));
+            t1[i] = t[i] + 128u;
+            /* 1.5 2^23 puts 0x40 in byte 2 of t, taken off here. */
+            t2[i] = t[i] + 32896u - 0x400000u;
+        }
+        d[3 * h] =
+            __byte_perm(__byte_perm(t[0], t[1], 0x0040), __byte_perm(t[2], t[3], 0x0040), 0x5410);
+        d[3 * h + 1] = __byte_perm(__byte_perm(t1[0], t1[1], 0x0051),
+                                   __byte_perm(t1[2], t1[3], 0x0051), 0x5410);
+        d[3 * h + 2] = __byte_perm(__byte_perm(t2[0], t2[1], 0x0062),
+                                   __byte_perm(t2[2], t2[3], 0x0062), 0x5410);
+    }
+    return ldexpf(1.0f, e - 22) + (sum - sum);
 }
 
-/* Where step `step` reads: its matrix (-1 past the end) and its first row there. A step never
- * straddles two matrices (cuda_gemv1 asks every boundary to be a multiple of the rows per
- * step); GLU steps read the same rows of gate (matrix 0) and up (matrix 1). */
+/* Four u8 weights times four s8 digits, added to c. */
+__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+/* dot(q, X) of one unit from its digits (word 3 b + c: digit c against weight byte word b, as
+ * gemv1_digits packs them quarter by quarter): one integer sum per digit (|sum| < 2^20), put
+ * together in F32. */
+template <int BITS>
+__device__ __forceinline__ float unit_dot(uint4 q, const uint32_t (&d)[3 * 32 / BITS]) {
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+    int a0 = 0, a1 = 0, a2 = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+#pragma unroll
+        for (int h = 0; h < 8 / BITS; h++) {
+            const int b = k * (8 / BITS) + h;
+            const uint32_t wb = BITS == 4 ? (w[k] >> (4 * h)) & 0x0F0F0F0Fu : w[k];
+            a0 = dp4a_us(wb, d[3 * b], a0);
+            a1 = dp4a_us(wb, d[3 * b + 1], a1);
+            a2 = dp4a_us(wb, d[3 * b + 2], a2);
+        }
+    return fmaf((float)a2, 65536.0f, (float)(a1 * 256 + a0));
+}
+
+__device__ __forceinline__ uint4 gemv1_ld16(const uint4 *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+/* A scale or bias as its raw bits: 32 of an F32, 16 of an F16 or BF16. */
+template <typename S> __device__ __forceinline__ uint32_t gemv1_ldscale(const S *p) {
+    if (sizeof(S) == 4) {
+        uint32_t v;
+        asm volatile("ld.global.nc.L1::no_allocate.b32 %0, [%1];" : "=r"(v) : "l"(p));
+        return v;
+    }
+    unsigned short v;
+    asm volatile("ld.global.nc.L1::no_allocate.b16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
+template <typename S> __device__ __forceinline__ float gemv1_scale(uint32_t raw) {
+    if (std::is_same<S, float>::value) return __uint_as_float(raw);
+    if (std::is_same<S, __half>::value) return __half2float(__ushort_as_half((uint16_t)raw));
+    return __uint_as_float(raw << 16);
+}
+
+/* Where block `step` reads: its matrix and its first row there. A block never straddles two
+ * matrices (cuda_gemv1 asks every boundary to be a multiple of 4 rows); GLU blocks read the
+ * same rows of gate (matrix 0) and up (matrix 1). */
 template <bool GLU, int R>
 __device__ __forceinline__ int step_start(const gemv1_job &job, int64_t step, int64_t *row0) {
     if (GLU) {
@@ -132,165 +192,231 @@ __device__ __forceinline__ int step_start(const gemv1_job &job, int64_t step, in
     return g < e0 ? 0 : (g < e1 ? 1 : 2);
 }
 
-template <int BITS, int UPT, bool GLU, typename S, int NX>
-__global__ void __launch_bounds__(GEMV1_MAX_THREADS) gemv1_kernel(const gemv1_job job) {
-    constexpr int WPU = 128 / BITS, R = gemv1_rows<UPT>(), D = gemv1_depth<UPT>();
-    constexpr int OUT_PER_STEP = GLU ? R / 2 : R, PER_HALF = 16 / BITS;
-    constexpr int SB = sizeof(S) == 4 ? 4 : 2;
-    extern __shared__ uint4 gemv1_ring[];
-    __shared__ float red[2][GEMV1_MAX_THREADS / 32][R * NX];
-    const int t = threadIdx.x, K = blockDim.x, lane = t & 31, warp = t >> 5;
-    /* Slot (d, r, i) of thread t: weights at wq[((d * R + r) * UPT + i) * K + t], the scale
-     * and bias words at the same index of ws and wb: consecutive threads, consecutive words. */
-    uint4 *wq = gemv1_ring;
-    uint32_t *ws = (uint32_t *)(wq + D * R * UPT * K), *wb = ws + D * R * UPT * K;
-    /* The thread's units, and their groups' offsets within a row. */
-    int64_t uo[UPT], go[UPT];
-    bool uok[UPT];
-#pragma unroll
-    for (int i = 0; i < UPT; i++) {
-        uo[i] = t + (int64_t)i * K;
-        uok[i] = uo[i] < job.units;
-        go[i] = uo[i] >> job.gshift;
-    }
-
-    auto issue = [&](int64_t step, int d) {
-        if (step < job.steps) {
-            int64_t row0;
-            const int m0 = step_start<GLU, R>(job, step, &row0);
-#pragma unroll
-            for (int half = 0; half < (GLU ? 2 : 1); half++) {
-                const int mi = GLU ? half : m0;
-                const uint4 *w =
-                    (const uint4 *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::w) + row0 * job.units;
-                const uint32_t *sp = (const uint32_t *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::s);
-                const uint32_t *bp = (const uint32_t *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::b);
-                const int64_t out = cuda_gemv_pick(job, mi, &cuda_gemv_mat::out);
-                const int64_t sbytes = out * job.groups * SB, g0 = row0 * job.groups;
-#pragma unroll
-                for (int r = 0; r < OUT_PER_STEP; r++) {
-                    const bool live = row0 + r < out;
-#pragma unroll
-                    for (int i = 0; i < UPT; i++) {
-                        const bool ok = live && uok[i];
-                        const int64_t gi = g0 + r * job.groups + go[i];
-                        const int64_t wi = SB == 4 ? gi : gi >> 1;
-                        const int slot = ((d * R + half * OUT_PER_STEP + r) * UPT + i) * K + t;
-                        const int n = ok ? word_bytes(wi, sbytes) : 0;
-                        cp_async16(&wq[slot], ok ? w + r * job.units + uo[i] : w, ok);
-                        cp_async4(&ws[slot], sp + (n ? wi : 0), n);
-                        cp_async4(&wb[slot], bp + (n ? wi : 0), n);
-                    }
-                }
-            }
+/* Output row r of block `step` for row j of x: v (GLU: v of gate's row, v2 of up's), added to
+ * prev (cuda_gemv_prev) when the job adds into y. */
+template <bool GLU, int R>
+__device__ __forceinline__ void gemv1_emit(const gemv1_job &job, int64_t step, int r, int j,
+                                           float v, float v2, float prev) {
+    int64_t row0;
+    const int mi = step_start<GLU, R>(job, step, &row0);
+    const int64_t row = row0 + r;
+    if (GLU) {
+        if (row < job.rows) {
+            if (job.m[0].bias) v += cuda_load(job.m[0].bias, job.m[0].bias_dt, (size_t)row);
+            if (job.m[1].bias) v2 += cuda_load(job.m[1].bias, job.m[1].bias_dt, (size_t)row);
+            cuda_store(job.m[0].y, job.m[0].y_dt, (size_t)(j * job.rows + row),
+                       v / (1.0f + __expf(-v)) * v2);
         }
-        asm volatile("cp.async.commit_group;");
-    };
-
-    /* The weights depend on no kernel: the ring's first steps load while the previous kernel
-     * finishes, and x is read only after it has, with coherent loads (not __ldg, whose
-     * non-coherent path is for data no kernel writes while this grid runs) that still keep x
-     * in L1 for the SM's other CTAs: from L2 alone, every CTA's read of x cost the step 20%. */
-    cuda_pdl_trigger();
-    const int64_t grid = gridDim.x;
-#pragma unroll
-    for (int d = 0; d < D - 1; d++) issue(blockIdx.x + d * grid, d);
-    cuda_pdl_wait();
-
-    const int64_t in = job.units * WPU;
-    float xs[NX][UPT][WPU], sx[NX][UPT];
-#pragma unroll
-    for (int j = 0; j < NX; j++)
-#pragma unroll
-        for (int i = 0; i < UPT; i++) {
-            sx[j][i] = 0.0f;
-#pragma unroll
-            for (int c = 0; c < WPU / 4; c++) {
-                float4 v = uok[i] && j < job.nx
-                               ? __ldca((const float4 *)(job.x + j * in + uo[i] * WPU) + c)
-                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                xs[j][i][4 * c] = v.x, xs[j][i][4 * c + 1] = v.y, xs[j][i][4 * c + 2] = v.z,
-                             xs[j][i][4 * c + 3] = v.w;
-            }
-#pragma unroll
-            for (int k = 0; k < WPU; k++) {
-                sx[j][i] += xs[j][i][k];
-                xs[j][i][k] *= __uint_as_float((127u - BITS * (k % PER_HALF)) << 23);
-            }
-        }
-
-    int d = 0, par = 0;
-    for (int64_t step = blockIdx.x; step < job.steps; step += grid, par ^= 1) {
-        issue(step + (D - 1) * grid, d == 0 ? D - 1 : d - 1);
-        asm volatile("cp.async.wait_group %0;" ::"n"(D - 1));
-        int64_t row0;
-        step_start<GLU, R>(job, step, &row0);
-        /* Which half of a 2-byte scale word row r's group sits in: the parity of its index. */
-        const int64_t gpar = row0 * job.groups;
-        float acc[R][NX];
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const int64_t gr = gpar + (r % OUT_PER_STEP) * job.groups;
-#pragma unroll
-            for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < UPT; i++) {
-                const int slot = ((d * R + r) * UPT + i) * K + t;
-                const int64_t gi = gr + go[i];
-                const float sc = scale_of<S>(ws[slot], gi), bi = scale_of<S>(wb[slot], gi);
-                const uint4 q = wq[slot];
-#pragma unroll
-                for (int j = 0; j < NX; j++)
-                    acc[r][j] =
-                        fmaf(sc, unit_dot<BITS>(q, xs[j][i]), fmaf(bi, sx[j][i], acc[r][j]));
-            }
-        }
-        d = d == D - 1 ? 0 : d + 1;
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int j = 0; j < NX; j++) {
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1)
-                    acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], o);
-                if (lane == 0) red[par][warp][j * R + r] = acc[r][j];
-            }
-        __syncthreads();
-        if (t >= OUT_PER_STEP * NX) continue;
-        /* Thread t writes output row t % OUT_PER_STEP of the step for x row t / OUT_PER_STEP. */
-        const int j = t / OUT_PER_STEP, tr = t % OUT_PER_STEP;
-        if (j >= job.nx) continue;
-        const int nw = K >> 5;
-        float v = 0.0f, v2 = 0.0f;
-        for (int k = 0; k < nw; k++) {
-            v += red[par][k][j * R + tr];
-            if (GLU) v2 += red[par][k][j * R + tr + OUT_PER_STEP];
-        }
-        const int64_t row = row0 + tr;
-        if (GLU) {
-            if (row < job.rows) {
-                if (job.m[0].bias) v += cuda_load(job.m[0].bias, job.m[0].bias_dt, (size_t)row);
-                if (job.m[1].bias) v2 += cuda_load(job.m[1].bias, job.m[1].bias_dt, (size_t)row);
-                cuda_store(job.m[0].y, job.m[0].y_dt, (size_t)(j * job.rows + row),
-                           v / (1.0f + __expf(-v)) * v2);
-            }
-        } else if (step * R + tr < job.rows) {
-            cuda_gemv_store(job, step_start<GLU, R>(job, step, &row0), j, row, v);
-        }
+    } else if (step * R + r < job.rows) {
+        cuda_gemv_store(job, mi, j, row, v, prev);
     }
 }
 
-/* Units per thread and threads per CTA for a row of `units`: the fewest units per thread that
- * keep the CTA within GEMV1_MAX_THREADS. Returns 0 when no choice fits. */
-static int gemv1_shape(int64_t units, int *threads) {
-    for (int upt = 1; upt <= 4; upt *= 2) {
-        int64_t k = ((units + upt - 1) / upt + 31) / 32 * 32;
-        if (k <= GEMV1_MAX_THREADS) {
-            *threads = (int)k;
-            return upt;
+template <int BITS, bool GLU, typename S, int NX>
+__global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job job) {
+    constexpr int WPU = 128 / BITS, R = GEMV1_R, C = GEMV1_C, OUT = GLU ? R / 2 : R;
+    constexpr int DW = 3 * WPU / 16;   /* 16-byte words of digits per unit */
+    constexpr int QW = 3 * 8 / BITS;   /* 4-byte words of digits per quarter unit */
+    extern __shared__ uint4 gemv1_x[]; /* (NX, DW, up) digits, then (NX, up) unscale and sum */
+    const int lane = threadIdx.x & 31;
+    const int U = (int)job.units, up = (int)gemv1_padded(U), chunks = up / (32 * C);
+    uint32_t *xw = (uint32_t *)gemv1_x;
+    float2 *xf = (float2 *)(gemv1_x + (size_t)NX * DW * up);
+
+    struct buf {
+        uint4 q[R][C];
+        uint32_t s[R][C], b[R][C];
+    };
+    /* The chunk computed next (blk, ch) and the one loaded next (lblk, lch), with where each
+     * row of lblk reads its weights, scales and biases. No branches: a row past the matrix
+     * reads its last row (nothing stores it), a unit past the row its last unit (the digits of
+     * x there are zero). */
+    const int64_t gw = (int64_t)(threadIdx.x >> 5) * gridDim.x + blockIdx.x;
+    int64_t blk = gw < job.warps ? gw : job.steps, lblk = blk;
+    int ch = 0, lch = 0;
+    const uint4 *lw[R];
+    const S *ls[R], *lb[R];
+    auto seek = [&]() {
+        if (lblk >= job.steps) return;
+        int64_t row0;
+        const int m0 = step_start<GLU, R>(job, lblk, &row0);
+#pragma unroll
+        for (int half = 0; half < (GLU ? 2 : 1); half++) {
+            const int mi = GLU ? half : m0;
+            const int64_t out = cuda_gemv_pick(job, mi, &cuda_gemv_mat::out);
+            const uint4 *w = (const uint4 *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::w);
+            const S *sp = (const S *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::s);
+            const S *bp = (const S *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::b);
+#pragma unroll
+            for (int r = 0; r < OUT; r++) {
+                const int64_t row = row0 + r < out ? row0 + r : out - 1;
+                lw[half * OUT + r] = w + row * U;
+                ls[half * OUT + r] = sp + row * job.groups;
+                lb[half * OUT + r] = bp + row * job.groups;
+            }
+        }
+    };
+    auto load = [&](buf &B) {
+        if (lblk >= job.steps) return;
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            int u = lch * 32 * C + c * 32 + lane;
+            u = u < U ? u : U - 1;
+            const int g = u >> job.gshift;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                B.q[r][c] = gemv1_ld16(lw[r] + u);
+                B.s[r][c] = gemv1_ldscale(ls[r] + g);
+                B.b[r][c] = gemv1_ldscale(lb[r] + g);
+            }
+        }
+        if (++lch == chunks) {
+            lch = 0;
+            lblk += job.warps;
+            seek();
+        }
+    };
+    /* Four slots, named rather than indexed, so that all of them stay in registers. */
+    buf b0, b1, b2, b3;
+    /* The weights depend on no kernel: the first chunks load while the previous kernel ends. */
+    seek();
+    load(b0);
+    load(b1);
+    load(b2);
+    /* Nor do the norm's weights, which every CTA reads whole after the wait: into L1 now. */
+    if (job.fz.norm)
+        for (int64_t o = threadIdx.x * 128LL;
+             o < job.in * (job.fz.norm_dt == BASE_DTYPE_F32 ? 4 : 2); o += blockDim.x * 128LL)
+            asm volatile("prefetch.global.L1 [%0];" ::"l"((const char *)job.fz.norm + o));
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
+    /* Four threads a unit (lanes 4i to 4i + 3 of a warp: up * 4 is a multiple of 32, so whole
+     * warps take part in the shuffles), each a quarter of it. With a norm, x is multiplied by
+     * its weight here and the sums of squares meet at the barrier after. */
+    __shared__ float nss[GEMV1_WARPS][NX]; /* each warp's share of x's sums of squares */
+    float ss[NX];
+#pragma unroll
+    for (int j = 0; j < NX; j++) ss[j] = 0.0f;
+    for (int i = threadIdx.x; i < up * 4; i += blockDim.x) {
+        const int u = i >> 2, qt = i & 3;
+        float nw[WPU / 4];
+        if (job.fz.norm && u < U)
+            cuda_load_ro<WPU / 4>(job.fz.norm, job.fz.norm_dt, (size_t)(u * WPU + qt * (WPU / 4)),
+                                  nw);
+#pragma unroll
+        for (int j = 0; j < NX; j++) {
+            float v[WPU / 4];
+            gemv1_load_x<WPU / 4>(job, j, u * WPU + qt * (WPU / 4), u < U && j < job.nx, v);
+            if (job.fz.norm && u < U) {
+#pragma unroll
+                for (int k = 0; k < WPU / 4; k++) ss[j] += v[k] * v[k], v[k] *= nw[k];
+            }
+            float m = 0.0f, sum = 0.0f;
+#pragma unroll
+            for (int k = 0; k < WPU / 4; k++) m = fmaxf(m, fabsf(v[k])), sum += v[k];
+#pragma unroll
+            for (int o = 1; o < 4; o <<= 1) {
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+                sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            }
+            uint32_t d[QW];
+            const float unscale = gemv1_digits<BITS>(v, m, sum, d);
+#pragma unroll
+            for (int k = 0; k < QW; k++) {
+                const int wd = qt * QW + k; /* the word's index within the unit */
+                xw[((j * DW + wd / 4) * up + u) * 4 + wd % 4] = d[k];
+            }
+            if (qt == 0) xf[j * up + u] = make_float2(unscale, sum);
         }
     }
-    return 0;
+    if (job.fz.norm) {
+#pragma unroll
+        for (int j = 0; j < NX; j++) {
+            ss[j] = cuda_warp_sum(ss[j]);
+            if (lane == 0) nss[threadIdx.x >> 5][j] = ss[j];
+        }
+    }
+    __syncthreads();
+    /* Each row's 1/rms scales its outputs (1 without a norm). */
+    float inv[NX];
+#pragma unroll
+    for (int j = 0; j < NX; j++) {
+        float t = 0.0f;
+        for (int k = 0; job.fz.norm && k < GEMV1_WARPS; k++) t += nss[k][j];
+        inv[j] = job.fz.norm ? cuda_rms_inv(t, job.in, job.fz.eps) : 1.0f;
+    }
+
+    float acc[R][NX];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
+    /* The output a lane stores for its block, when the job adds into y: read as the block
+     * starts, ahead of its sums. */
+    float prev = 0.0f;
+    auto step = [&](const buf &cur, buf &nxt) {
+        load(nxt);
+        if (!GLU && job.fz.acc && ch == 0 && lane < OUT * NX && lane / OUT < job.nx &&
+            blk * R + lane % OUT < job.rows) {
+            int64_t row0;
+            const int m0 = step_start<GLU, R>(job, blk, &row0);
+            prev = cuda_gemv_prev(job, m0, lane / OUT, row0 + lane % OUT);
+        }
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            const int u = ch * 32 * C + c * 32 + lane;
+#pragma unroll
+            for (int j = 0; j < NX; j++) {
+                uint32_t d[4 * DW];
+#pragma unroll
+                for (int k = 0; k < DW; k++) {
+                    const uint4 w4 = gemv1_x[(j * DW + k) * up + u];
+                    d[4 * k] = w4.x, d[4 * k + 1] = w4.y, d[4 * k + 2] = w4.z, d[4 * k + 3] = w4.w;
+                }
+                const float2 f = xf[j * up + u];
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    /* Scaled before the unscale, which may be subnormal for tiny x. */
+                    acc[r][j] = fmaf(gemv1_scale<S>(cur.s[r][c]) * unit_dot<BITS>(cur.q[r][c], d),
+                                     f.x, fmaf(gemv1_scale<S>(cur.b[r][c]), f.y, acc[r][j]));
+            }
+        }
+        if (ch == chunks - 1) {
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int j = 0; j < NX; j++) {
+#pragma unroll
+                    for (int o = 16; o > 0; o >>= 1)
+                        acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], o);
+                }
+            /* Lane j OUT + r stores output row r for row j of x. */
+            float v = 0.0f, v2 = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NX; j++)
+#pragma unroll
+                for (int r = 0; r < OUT; r++)
+                    if (lane == j * OUT + r)
+                        v = acc[r][j] * inv[j], v2 = GLU ? acc[OUT + r][j] * inv[j] : 0.0f;
+            if (lane < OUT * NX && lane / OUT < job.nx)
+                gemv1_emit<GLU, R>(job, blk, lane % OUT, lane / OUT, v, v2, prev);
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
+        }
+        if (++ch == chunks) ch = 0, blk += job.warps;
+    };
+    /* Slot i % 4 holds chunk i. */
+    while (blk < job.steps) {
+        step(b0, b3);
+        if (blk >= job.steps) break;
+        step(b1, b0);
+        if (blk >= job.steps) break;
+        step(b2, b1);
+        if (blk >= job.steps) break;
+        step(b3, b2);
+    }
 }
 
 bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w) {
@@ -302,7 +428,6 @@ bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w) {
         return x->rows < CUDA_GEMM_MIN_ROWS && cuda_gemv_mma_fits(&slice, w) &&
                cuda_gemv1_fits(&slice, w);
     }
-    int threads;
     return x->rows >= 1 && x->dtype == BASE_DTYPE_F32 && (w->bits == 4 || w->bits == 8) &&
            (w->in * w->bits) % 128 == 0 &&
            (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) &&
@@ -310,65 +435,59 @@ bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w) {
            ((uintptr_t)x->data & 15) == 0 && ((uintptr_t)w->scales & 3) == 0 &&
            ((uintptr_t)w->biases & 3) == 0 && cuda_float_dtype(w->dtype) &&
            (!w->bias || cuda_float_dtype(w->bias_dtype)) &&
-           gemv1_shape(w->in * w->bits / 128, &threads) != 0;
+           gemv1_smem(w->bits, 2, w->in * w->bits / 128) <= GEMV1_MAX_SMEM;
 }
 
-template <int BITS, int UPT, bool GLU, typename S, int NX>
-static int gemv1_launch(cuda_backend *c, gemv1_job job, int threads, base_err *err) {
-    auto kernel = gemv1_kernel<BITS, UPT, GLU, S, NX>;
-    const size_t smem = gemv1_smem<UPT>(threads);
-    /* Resident CTAs per SM for each CTA size (a multiple of 32 up to the maximum). */
-    static int resident[GEMV1_MAX_THREADS / 32 + 1];
-    int &per_sm = resident[threads / 32];
+template <int BITS, bool GLU, typename S, int NX>
+static int gemv1_launch(cuda_backend *c, gemv1_job job, base_err *err) {
+    auto kernel = gemv1_kernel<BITS, GLU, S, NX>;
+    const size_t smem = gemv1_smem(BITS, NX, job.units);
+    /* Shared memory the kernel may take on this device, and resident CTAs per SM at that. */
+    static int limit, per_sm;
     if (per_sm == 0) {
-        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)gemv1_smem<UPT>(GEMV1_MAX_THREADS));
+        cudaError_t e =
+            cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device);
+        if (limit > GEMV1_MAX_SMEM) limit = GEMV1_MAX_SMEM;
         if (e == cudaSuccess)
-            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+            e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
+        if (e == cudaSuccess)
+            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GEMV1_WARPS * 32,
+                                                              limit);
         if (e != cudaSuccess)
-            return base_fail(err, "cuda: matmul: single-row GEMV of %d threads: %s", threads,
-                             cudaGetErrorString(e));
+            return base_fail(err, "cuda: matmul: single-row GEMV: %s", cudaGetErrorString(e));
         if (per_sm < 1) per_sm = 1;
     }
-    const int per_step = GLU ? gemv1_rows<UPT>() / 2 : gemv1_rows<UPT>();
-    job.steps = (job.rows + per_step - 1) / per_step;
-    /* Every CTA walks the same number of steps, so no SM waits on a last partial wave. */
+    if (smem > (size_t)limit)
+        return base_fail(err,
+                         "cuda: matmul: single-row GEMV: rows of %lld values need %zu bytes of "
+                         "shared memory, the device offers %d",
+                         (long long)job.in, smem, limit);
+    job.steps = (job.rows + (GLU ? GEMV1_R / 2 : GEMV1_R) - 1) / (GLU ? GEMV1_R / 2 : GEMV1_R);
+    /* Every warp that takes blocks takes as many as the others (a warp left alone on a last
+     * block costs a whole memory latency), and those warps spread over every SM (the loads in
+     * flight, not the blocks per warp, set the pace of a short launch): warp w of CTA b is
+     * warp w grid + b of the grid. */
     int64_t grid = (int64_t)per_sm * c->sm_count;
-    if (grid > job.steps) grid = job.steps;
-    int64_t iters = (job.steps + grid - 1) / grid;
-    grid = (job.steps + iters - 1) / iters;
-    return cuda_launch_pdl(c, kernel, (unsigned)grid, threads, smem, "matmul (single-row GEMV)",
-                           err, job);
-}
-
-/* Rows of x one pass holds in registers: two where a thread's slice is one unit, else one. */
-static int gemv1_pass_rows(int upt) {
-    return upt == 1 ? 2 : 1;
-}
-
-template <int BITS, bool GLU, typename S>
-static int gemv1_dispatch_upt(cuda_backend *c, const gemv1_job &job, base_err *err) {
-    int threads = 0;
-    switch (gemv1_shape(job.units, &threads)) {
-    case 1:
-        return job.nx == 1 ? gemv1_launch<BITS, 1, GLU, S, 1>(c, job, threads, err)
-                           : gemv1_launch<BITS, 1, GLU, S, 2>(c, job, threads, err);
-    case 2:
-        return gemv1_launch<BITS, 2, GLU, S, 1>(c, job, threads, err);
-    default:
-        return gemv1_launch<BITS, 4, GLU, S, 1>(c, job, threads, err);
-    }
+    const int64_t per_cta = (job.steps + GEMV1_WARPS - 1) / GEMV1_WARPS;
+    if (grid > per_cta) grid = per_cta;
+    const int64_t iters = (job.steps + grid * GEMV1_WARPS - 1) / (grid * GEMV1_WARPS);
+    job.warps = (job.steps + iters - 1) / iters;
+    return cuda_launch_pdl(c, kernel, (unsigned)grid, GEMV1_WARPS * 32, smem,
+                           "matmul (single-row GEMV)", err, job);
 }
 
 template <int BITS, bool GLU>
-static int gemv1_dispatch_dt(cuda_backend *c, const gemv1_job &job, base_dtype dt, base_err *err) {
+static int gemv1_dispatch(cuda_backend *c, const gemv1_job &job, base_dtype dt, base_err *err) {
     switch (dt) {
     case BASE_DTYPE_F32:
-        return gemv1_dispatch_upt<BITS, GLU, float>(c, job, err);
+        return job.nx == 1 ? gemv1_launch<BITS, GLU, float, 1>(c, job, err)
+                           : gemv1_launch<BITS, GLU, float, 2>(c, job, err);
     case BASE_DTYPE_F16:
-        return gemv1_dispatch_upt<BITS, GLU, __half>(c, job, err);
+        return job.nx == 1 ? gemv1_launch<BITS, GLU, __half, 1>(c, job, err)
+                           : gemv1_launch<BITS, GLU, __half, 2>(c, job, err);
     default:
-        return gemv1_dispatch_upt<BITS, GLU, __nv_bfloat16>(c, job, err);
+        return job.nx == 1 ? gemv1_launch<BITS, GLU, __nv_bfloat16, 1>(c, job, err)
+                           : gemv1_launch<BITS, GLU, __nv_bfloat16, 2>(c, job, err);
     }
 }
 
@@ -385,7 +504,7 @@ int64_t cuda_gemv_mats(cuda_gemv_mat *m, const be_linear *const *ws, be_tensor *
 }
 
 int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, be_tensor *const *ys,
-               int n, bool glu, base_err *err) {
+               int n, bool glu, const cuda_gemv_fuse *fz, base_err *err) {
     if (x->rows > CUDA_GEMV_MAX_ROWS) {
         for (int64_t r0 = 0; r0 < x->rows; r0 += CUDA_GEMV_MAX_ROWS) {
             const int64_t rows =
@@ -396,7 +515,7 @@ int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, b
                 yv[i] = be_tensor_rows(ys[i], r0, rows);
                 yp[i] = &yv[i];
             }
-            if (cuda_gemv1(be, &xs, ws, yp, n, glu, err)) return -1;
+            if (cuda_gemv1(be, &xs, ws, yp, n, glu, fz, err)) return -1;
         }
         return 0;
     }
@@ -405,11 +524,12 @@ int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, b
     const int pick = cuda_impl(be)->gemv_kernel;
     bool mma = pick == CUDA_GEMV_MMA || (pick == CUDA_GEMV_AUTO && x->rows >= CUDA_GEMV_MMA_ROWS);
     for (int i = 0; i < n; i++) mma = mma && cuda_gemv_mma_fits(x, ws[i]);
-    if (mma) return cuda_gemv_mma(be, x, ws, ys, n, glu, err);
+    if (mma) return cuda_gemv_mma(be, x, ws, ys, n, glu, fz, err);
     const be_linear *w = ws[0];
     gemv1_job job = {};
     job.nm = n;
     job.x = (const float *)x->data;
+    if (fz) job.fz = *fz;
     job.units = w->in * w->bits / 128;
     job.groups = w->in / w->group_size;
     int g_units = w->group_size / (128 / w->bits), shift = 0;
@@ -417,21 +537,20 @@ int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, b
     job.gshift = shift;
     job.rows = cuda_gemv_mats(job.m, ws, ys, n, glu);
     if (job.rows == 0) return 0;
+    job.in = w->in;
     cuda_backend *c = cuda_impl(be);
-    int threads;
-    const int per_pass = gemv1_pass_rows(gemv1_shape(job.units, &threads));
-    for (int64_t r0 = 0; r0 < x->rows; r0 += per_pass) {
+    for (int64_t r0 = 0; r0 < x->rows; r0 += 2) {
         gemv1_job pass = job;
-        pass.nx = (int)(x->rows - r0 < per_pass ? x->rows - r0 : per_pass);
+        pass.nx = x->rows - r0 < 2 ? 1 : 2;
         pass.x = (const float *)be_tensor_rows(x, r0, 1).data;
         for (int i = 0; i < (glu ? 1 : n); i++) pass.m[i].y = be_tensor_rows(ys[i], r0, 1).data;
         int rc;
         if (w->bits == 4)
-            rc = glu ? gemv1_dispatch_dt<4, true>(c, pass, w->dtype, err)
-                     : gemv1_dispatch_dt<4, false>(c, pass, w->dtype, err);
+            rc = glu ? gemv1_dispatch<4, true>(c, pass, w->dtype, err)
+                     : gemv1_dispatch<4, false>(c, pass, w->dtype, err);
         else
-            rc = glu ? gemv1_dispatch_dt<8, true>(c, pass, w->dtype, err)
-                     : gemv1_dispatch_dt<8, false>(c, pass, w->dtype, err);
+            rc = glu ? gemv1_dispatch<8, true>(c, pass, w->dtype, err)
+                     : gemv1_dispatch<8, false>(c, pass, w->dtype, err);
         if (rc) return -1;
     }
     return 0;

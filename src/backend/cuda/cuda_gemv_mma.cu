@@ -36,6 +36,12 @@
  * them to finish (a counter per m-block) adds them in k order, deterministically, and writes
  * y with the bias, the SiLU-mul of gate/up, and the output dtype.
  *
+ * Fused forms (cuda_gemv_fuse). An RMSNorm before the product needs each row's whole sum of
+ * squares, while a CTA sees one k-range: so the CTA multiplies x by the norm's weight as it
+ * makes the fragments and leaves the sum of squares of its k-range beside its partials; the
+ * last CTA adds those in k order and scales each row's sums by its 1/rms (a factor per row of
+ * x commutes with the product). The residual add reads y in that last CTA's store.
+ *
  * Measured (H200, bench/bench_cuda_gemv.cu, 4-bit group 64, BF16 scales, copy 4243 GB/s;
  * us for 1 / 4 / 8 / 16 rows, the one-row kernel's in brackets): q+k+v 17.6 / 21.7 / 27.1 /
  * 37.7 (13.2 / 33.0 / 72.8 / 137.8), gate+up 62.7 / 66.0 / 70.0 / 86.5 (40.5 / 102.6 / 205.6 /
@@ -96,7 +102,9 @@ struct gmma_job {
     int spc;           /* sectors per k-range */
     const float *x;    /* (nx, in) */
     float *part;       /* (ksplit, nx, tiles * 16) partial sums */
+    float *ssq;        /* (m-blocks, ksplit, 16) with a norm: x's sums of squares per k-range */
     unsigned *count;   /* (m-blocks) CTAs done, reset to 0 by the last */
+    cuda_gemv_fuse fz;
 };
 
 /* The scratch: the m-block counters, then the partial sums. */
@@ -197,15 +205,32 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
     uint4 *frag = gmma_smem;
     float *csum = (float *)(frag + (size_t)job.spc * NT * PARTS * 32);
 
-    /* The largest |x| of each row of x over the k-range (as bits: they order as the floats). */
-    if (tid < 16) cmax[tid] = 0;
-    __syncthreads();
+    /* A norm scales each row of x by its weight here and by the row's 1/rms in the final sum:
+     * a CTA sees only its k-range, so it leaves the sum of squares over it for the last CTA.
+     * Then, with x' the values multiplied, the largest |x'| of each row over the k-range (as
+     * bits: they order as the floats). One warp a row: both reductions in a fixed order. */
     const int kq = ns * VPS / 4;
-    for (int u = tid; u < job.nx * kq; u += blockDim.x) {
-        const int xr = u / kq;
-        const float4 f = __ldg((const float4 *)(job.x + xr * job.in + k0) + u % kq);
-        atomicMax(&cmax[xr], __float_as_int(fmaxf(fmaxf(fabsf(f.x), fabsf(f.y)),
-                                                  fmaxf(fabsf(f.z), fabsf(f.w)))));
+    for (int xr = warp; xr < job.nx; xr += GMMA_WARPS) {
+        const float4 *src = (const float4 *)(job.x + xr * job.in + k0);
+        float m = 0.0f, ss = 0.0f;
+        for (int u = lane; u < kq; u += 32) {
+            float4 f = __ldg(src + u);
+            if (job.fz.norm) {
+                ss += f.x * f.x + f.y * f.y + f.z * f.z + f.w * f.w;
+                float w4[4];
+                cuda_load_ro<4>(job.fz.norm, job.fz.norm_dt, (size_t)(k0 + 4 * u), w4);
+                f.x *= w4[0], f.y *= w4[1], f.z *= w4[2], f.w *= w4[3];
+            }
+            m = fmaxf(m, fmaxf(fmaxf(fabsf(f.x), fabsf(f.y)), fmaxf(fabsf(f.z), fabsf(f.w))));
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        }
+        if (lane == 0) {
+            cmax[xr] = __float_as_int(m);
+            if (job.fz.norm) job.ssq[(mb * job.ksplit + ks) * 16 + xr] = ss;
+        }
     }
     __syncthreads();
     /* Each lane's B fragments of every sector, as the warp's lane ln will read them, and the
@@ -221,8 +246,12 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
 #pragma unroll
         for (int v = 0; v < VPL / 4; v++) {
             const float4 f = on ? __ldg(src + v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            xv[4 * v] = f.x * sc, xv[4 * v + 1] = f.y * sc, xv[4 * v + 2] = f.z * sc,
-                   xv[4 * v + 3] = f.w * sc;
+            float w4[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+            if (on && job.fz.norm)
+                cuda_load_ro<4>(job.fz.norm, job.fz.norm_dt,
+                                (size_t)(k0 + sl * VPS + lt * VPL + 4 * v), w4);
+            xv[4 * v] = f.x * w4[0] * sc, xv[4 * v + 1] = f.y * w4[1] * sc,
+                   xv[4 * v + 2] = f.z * w4[2] * sc, xv[4 * v + 3] = f.w * w4[3] * sc;
         }
         uint32_t hw[XU], lw[XU];
         /* Word wd's values j and j + WV / 2 make one register, low first. */
@@ -442,11 +471,20 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
         const int xr = (int)(u / span);
         const int64_t r = r_begin + u % span;
         const int64_t v0 = GLU ? (r / 16) * 32 + r % 16 : r;
-        float v = 0.0f, v2 = 0.0f;
+        int64_t row = 0;
+        const int mi = GLU ? 0 : gmma_row<false>(job, r / 16, (int)(r % 16), &row);
+        const float prev = GLU ? 0.0f : cuda_gemv_prev(job, mi, xr, row);
+        /* The partials and, with a norm, the row's sums of squares, both in k order. */
+        float v = 0.0f, v2 = 0.0f, ss = 0.0f;
         for (int k = 0; k < job.ksplit; k++) {
             const float *p = job.part + ((int64_t)k * job.nx + xr) * vrows + v0;
             v += __ldcg(p);
             if (GLU) v2 += __ldcg(p + 16);
+            if (job.fz.norm) ss += __ldcg(&job.ssq[(mb * job.ksplit + k) * 16 + xr]);
+        }
+        if (job.fz.norm) {
+            const float inv = cuda_rms_inv(ss, job.in, job.fz.eps);
+            v *= inv, v2 *= inv;
         }
         if (GLU) {
             if (job.m[0].bias) v += cuda_load(job.m[0].bias, job.m[0].bias_dt, (size_t)r);
@@ -454,9 +492,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
             cuda_store(job.m[0].y, job.m[0].y_dt, (size_t)(xr * job.rows + r),
                        v / (1.0f + __expf(-v)) * v2);
         } else {
-            int64_t row = 0;
-            const int mi = gmma_row<false>(job, r / 16, (int)(r % 16), &row);
-            cuda_gemv_store(job, mi, xr, row, v);
+            cuda_gemv_store(job, mi, xr, row, v, prev);
         }
     }
     if (tid == 0) job.count[mb] = 0;
@@ -512,8 +548,9 @@ static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     mblocks = (job.tiles + tpb - 1) / tpb;
     job.tpb = tpb;
 
+    const size_t parts = (size_t)job.ksplit * job.nx * (size_t)job.tiles * 16;
     const size_t bytes =
-        gmma_part_offset() + (size_t)job.ksplit * job.nx * (size_t)job.tiles * 16 * sizeof(float);
+        gmma_part_offset() + (parts + (size_t)mblocks * job.ksplit * 16) * sizeof(float);
     const size_t cap = c->gmma_bytes;
     if (cuda_scratch(be, &c->gmma_buf, &c->gmma_bytes, bytes, "tensor-core GEMV", err)) return -1;
     /* The counters start at zero once and every launch leaves them there. */
@@ -525,6 +562,7 @@ static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     }
     job.count = (unsigned *)c->gmma_buf;
     job.part = (float *)((char *)c->gmma_buf + gmma_part_offset());
+    job.ssq = job.part + parts;
     const size_t smem = (size_t)job.spc * per_sector;
     kernel<<<dim3((unsigned)job.ksplit, (unsigned)mblocks), GMMA_WARPS * 32, smem, c->stream>>>(
         job);
@@ -554,9 +592,10 @@ static int gmma_dispatch(be_backend *be, const gmma_job &job, int bits, base_err
 }
 
 int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws,
-                  be_tensor *const *ys, int n, bool glu, base_err *err) {
+                  be_tensor *const *ys, int n, bool glu, const cuda_gemv_fuse *fz, base_err *err) {
     const be_linear *w = ws[0];
     gmma_job job = {};
+    if (fz) job.fz = *fz;
     job.sdt = w->dtype;
     job.in = w->in;
     job.row_bytes = w->in * w->bits / 8;

@@ -180,6 +180,52 @@ __device__ __forceinline__ void cuda_row_store_normed(void *y, base_dtype y_dt, 
         cuda_store(y, y_dt, base + c, cuda_load(x, x_dt, base + c) * inv * cuda_load(w, w_dt, c));
 }
 
+/* 1/rms of a row of `cols` values whose squares sum to ss (in F32), as every RMSNorm here
+ * computes it: the row kernels and the decode GEMVs' prologue. */
+__device__ __forceinline__ float cuda_rms_inv(float ss, int64_t cols, float eps) {
+    return rsqrtf(ss / (float)cols + eps);
+}
+
+/* N (4 or 8) consecutive values from element i of a float array of dtype dt that no kernel
+ * writes while the reader runs (weights), through the non-coherent path: i * element size
+ * and the array 8-byte (N = 4, 16-bit dtypes) or 16-byte aligned. */
+template <int N>
+__device__ __forceinline__ void cuda_load_ro(const void *p, base_dtype dt, size_t i, float *v) {
+    if (dt == BASE_DTYPE_F32) {
+#pragma unroll
+        for (int k = 0; k < N / 4; k++) {
+            const float4 a = __ldg((const float4 *)((const float *)p + i) + k);
+            v[4 * k] = a.x, v[4 * k + 1] = a.y, v[4 * k + 2] = a.z, v[4 * k + 3] = a.w;
+        }
+        return;
+    }
+    uint32_t w[N / 2];
+    if constexpr (N == 8) {
+        const uint4 raw = __ldg((const uint4 *)((const uint16_t *)p + i));
+        w[0] = raw.x, w[1] = raw.y, w[2] = raw.z, w[3] = raw.w;
+    } else {
+        const uint2 raw = __ldg((const uint2 *)((const uint16_t *)p + i));
+        w[0] = raw.x, w[1] = raw.y;
+    }
+#pragma unroll
+    for (int k = 0; k < N / 2; k++) {
+        const uint16_t lo = (uint16_t)(w[k] & 0xFFFFu), hi = (uint16_t)(w[k] >> 16);
+        if (dt == BASE_DTYPE_F16) {
+            v[2 * k] = __half2float(__ushort_as_half(lo));
+            v[2 * k + 1] = __half2float(__ushort_as_half(hi));
+        } else {
+            v[2 * k] = __bfloat162float(__ushort_as_bfloat16(lo));
+            v[2 * k + 1] = __bfloat162float(__ushort_as_bfloat16(hi));
+        }
+    }
+}
+
+/* Sum over a warp; every lane gets it, in the same order. */
+__device__ __forceinline__ float cuda_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 /* Block-wide sum; every thread gets the total. Every thread of the block must call it. */
 __device__ __forceinline__ float cuda_block_sum(float v) {
     __shared__ float part[32];
@@ -249,22 +295,41 @@ int cuda_graph_launch(be_backend *be, be_graph *graph, base_err *err);
 void cuda_graph_free(be_backend *be, be_graph *graph);
 int cuda_add_rmsnorm(be_backend *be, be_tensor *x, const be_tensor *d, const be_tensor *weight,
                      float eps, be_tensor *y, base_err *err);
-int cuda_matmul_qkv(be_backend *be, const be_tensor *x, const be_linear *const *ws,
-                    be_tensor *const *ys, base_err *err);
-int cuda_matmul_silu_mul(be_backend *be, const be_tensor *x, const be_linear *gate,
-                         const be_linear *up, be_tensor *y, base_err *err);
+int cuda_matmul_qkv(be_backend *be, const be_tensor *x, const be_norm *norm,
+                    const be_linear *const *ws, be_tensor *const *ys, base_err *err);
+int cuda_matmul_silu_mul(be_backend *be, const be_tensor *x, const be_norm *norm,
+                         const be_linear *gate, const be_linear *up, be_tensor *y, base_err *err);
+int cuda_matmul_add(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
+                    base_err *err);
 int cuda_rope_kv_append(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
                         const be_tensor *positions, const be_tensor *inv_freq, float mscale,
                         const be_kv_layer *layer, const be_paged_batch *batch, base_err *err);
+
+/* What the decode GEMVs fold around the product, in both kernels: an RMSNorm of each row of
+ * x before it (x' = x * cuda_rms_inv(sum of x^2) * norm), and the output added to y instead of
+ * stored (the residual add of o_proj and down_proj; not with glu). Both kernels multiply x by
+ * the norm's weight as they load it and each output by its row's 1/rms at the end (a factor
+ * per row of x commutes with the product): the sum of squares then meets the partial sums
+ * where they meet anyway, with no barrier of its own before the product. */
+struct cuda_gemv_fuse {
+    const void *norm; /* (in) the norm's weight, 16-byte aligned, or NULL: x as is */
+    base_dtype norm_dt;
+    float eps;
+    bool acc; /* y += x' W^T (+ bias) */
+};
+
+/* Whether the GEMVs take w [1, in] (or [in, 1]) as a norm weight for rows of in values. */
+bool cuda_gemv_norm_fits(const be_tensor *w, int64_t in);
 
 /* The decode GEMV (cuda_gemv.cu). cuda_gemv1_fits says whether it serves x [n, in] (n <= 16)
  * against w; cuda_gemv1 then computes ys[i] = x ws[i]^T (+ bias) for i < n (n <= 3, all of
  * one in, bits, group size and scales dtype, every one fitting, every out but the last a
  * multiple of 4), or, with glu (n == 2),
- * ys[0] = silu(x ws[0]^T) * (x ws[1]^T) for two matrices of one out. */
+ * ys[0] = silu(x ws[0]^T) * (x ws[1]^T) for two matrices of one out; with what fz folds in
+ * (fz NULL: nothing). */
 bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w);
 int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, be_tensor *const *ys,
-               int n, bool glu, base_err *err);
+               int n, bool glu, const cuda_gemv_fuse *fz, base_err *err);
 /* One matrix of a decode GEMV job, for both GEMV kernels (cuda_gemv.cu, cuda_gemv_mma.cu): up
  * to three share one x (Q, K and V), or gate and up pair for SiLU-mul. */
 struct cuda_gemv_mat {
@@ -289,12 +354,25 @@ __device__ __forceinline__ T cuda_gemv_pick(const J &j, int i, T cuda_gemv_mat::
     return i == 0 ? j.m[0].*f : (i == 1 ? j.m[1].*f : j.m[2].*f);
 }
 
-/* Stores v (+ the bias) as output `row` of matrix mi for row xr of x. */
+/* Output `row` of matrix mi for row xr of x as y holds it when the job adds into y (j.fz.acc),
+ * else 0. An earlier kernel wrote it, so it is read after the PDL wait, coherently; the kernels
+ * read it ahead of their sums, so that its latency overlaps them. */
+template <typename J>
+__device__ __forceinline__ float cuda_gemv_prev(const J &j, int mi, int64_t xr, int64_t row) {
+    if (!j.fz.acc) return 0.0f;
+    return cuda_load(cuda_gemv_pick(j, mi, &cuda_gemv_mat::y),
+                     cuda_gemv_pick(j, mi, &cuda_gemv_mat::y_dt),
+                     (size_t)(xr * cuda_gemv_pick(j, mi, &cuda_gemv_mat::out) + row));
+}
+
+/* Stores v (+ the bias) as output `row` of matrix mi for row xr of x, or prev + that when the
+ * job adds into y (prev from cuda_gemv_prev). */
 template <typename J>
 __device__ __forceinline__ void cuda_gemv_store(const J &j, int mi, int64_t xr, int64_t row,
-                                                float v) {
+                                                float v, float prev) {
     const void *bias = cuda_gemv_pick(j, mi, &cuda_gemv_mat::bias);
     if (bias) v += cuda_load(bias, cuda_gemv_pick(j, mi, &cuda_gemv_mat::bias_dt), (size_t)row);
+    if (j.fz.acc) v = prev + v;
     cuda_store(cuda_gemv_pick(j, mi, &cuda_gemv_mat::y),
                cuda_gemv_pick(j, mi, &cuda_gemv_mat::y_dt),
                (size_t)(xr * cuda_gemv_pick(j, mi, &cuda_gemv_mat::out) + row), v);
@@ -315,7 +393,7 @@ enum { CUDA_GEMV_AUTO, CUDA_GEMV_ROWS, CUDA_GEMV_MMA };
  * cuda_gemv_mma_fits. */
 bool cuda_gemv_mma_fits(const be_tensor *x, const be_linear *w);
 int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws,
-                  be_tensor *const *ys, int n, bool glu, base_err *err);
+                  be_tensor *const *ys, int n, bool glu, const cuda_gemv_fuse *fz, base_err *err);
 /* Checks x, w and y of one matmul (dtypes, shapes, alignment) as cuda_matmul does. */
 int cuda_matmul_check(const be_tensor *x, const be_linear *w, const be_tensor *y, base_err *err);
 

@@ -145,7 +145,7 @@ template <class Unit, int NR>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(Unit unit, int64_t units, int64_t out_features, const void *x, base_dtype x_dt,
                 int64_t in, int nr, const void *bias, base_dtype bias_dt, void *y, base_dtype y_dt,
-                int64_t y_stride) {
+                int64_t y_stride, bool add) {
     constexpr int U = Unit::U;
     const int lane = threadIdx.x & 31;
     const int64_t o0 = ((int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_R;
@@ -197,7 +197,9 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
             for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
             if (lane == 0 && r < nr && o0 + j < out_features) {
                 if (bias) v += cuda_load(bias, bias_dt, (size_t)(o0 + j));
-                cuda_store(y, y_dt, (size_t)(r * y_stride + o0 + j), v);
+                const size_t i = (size_t)(r * y_stride + o0 + j);
+                if (add) v = cuda_load(y, y_dt, i) + v;
+                cuda_store(y, y_dt, i, v);
             }
         }
     }
@@ -206,7 +208,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 /* Launches one pass per GEMV_MAX_NR rows of x; NR is the smallest template that holds them. */
 template <class Unit>
 static int gemv_launch(be_backend *be, const Unit &unit, int64_t units, const be_tensor *x,
-                       const be_linear *w, be_tensor *y, base_err *err) {
+                       const be_linear *w, be_tensor *y, bool acc, base_err *err) {
     cudaStream_t s = cuda_impl(be)->stream;
     unsigned grid = (unsigned)((w->out + GEMV_WARPS * GEMV_R - 1) / (GEMV_WARPS * GEMV_R));
     size_t xs = base_dtype_size(x->dtype), ys = base_dtype_size(y->dtype);
@@ -215,7 +217,7 @@ static int gemv_launch(be_backend *be, const Unit &unit, int64_t units, const be
         const char *xp = (const char *)x->data + (size_t)r0 * (size_t)w->in * xs;
         char *yp = (char *)y->data + (size_t)r0 * (size_t)w->out * ys;
 #define GEMV_ARGS                                                                                  \
-    unit, units, w->out, xp, x->dtype, w->in, nr, w->bias, w->bias_dtype, yp, y->dtype, w->out
+    unit, units, w->out, xp, x->dtype, w->in, nr, w->bias, w->bias_dtype, yp, y->dtype, w->out, acc
         if (nr == 1)
             gemv_kernel<Unit, 1><<<grid, GEMV_WARPS * 32, 0, s>>>(GEMV_ARGS);
         else if (nr <= 4)
@@ -232,7 +234,7 @@ static int gemv_launch(be_backend *be, const Unit &unit, int64_t units, const be
 
 template <int BITS>
 static int quant_launch(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
-                        base_err *err) {
+                        bool acc, base_err *err) {
     quant_unit<BITS> u;
     u.w = (const uint32_t *)w->weight;
     u.scales = w->scales;
@@ -241,16 +243,16 @@ static int quant_launch(be_backend *be, const be_tensor *x, const be_linear *w, 
     u.words_per_row = w->in * BITS / 32;
     u.groups_per_row = w->in / w->group_size;
     u.group_size = w->group_size;
-    return gemv_launch(be, u, w->in / 32, x, w, y, err);
+    return gemv_launch(be, u, w->in / 32, x, w, y, acc, err);
 }
 
 template <base_dtype DT>
 static int dense_launch(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
-                        base_err *err) {
+                        bool acc, base_err *err) {
     dense_unit<DT> u;
     u.w = w->weight;
     u.in = w->in;
-    return gemv_launch(be, u, w->in / 8, x, w, y, err);
+    return gemv_launch(be, u, w->in / 8, x, w, y, acc, err);
 }
 
 /* W as BF16 [out, in], 8 values per thread with one 16-byte store (in % 8 == 0 and a group
@@ -317,9 +319,9 @@ int cuda_scratch(be_backend *be, void **buf, size_t *cap, size_t bytes, const ch
 /* y = x W^T through cuBLAS, which sees W as column-major [in, out], x as [in, rows] and y as
  * [out, rows]. F32 weights with F32 x stay F32 (exact F32 GEMM); otherwise both operands go
  * to BF16 (W dequantized, x rounded, each in the backend's scratch unless BF16 already) for
- * the tensor cores, accumulating in F32. */
+ * the tensor cores, accumulating in F32; with acc, cuBLAS adds the product to y (beta 1). */
 static int gemm_launch(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
-                       base_err *err) {
+                       bool acc, base_err *err) {
     cuda_backend *c = cuda_impl(be);
     const void *a = w->weight, *b = x->data;
     cudaDataType_t t = CUDA_R_16BF;
@@ -345,7 +347,7 @@ static int gemm_launch(be_backend *be, const be_tensor *x, const be_linear *w, b
             b = c->xtmp;
         }
     }
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
     cudaDataType_t yt = y->dtype == BASE_DTYPE_F32 ? CUDA_R_32F : CUDA_R_16BF;
     cublasStatus_t st =
         cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->out, (int)x->rows, (int)w->in,
@@ -390,21 +392,22 @@ int cuda_matmul_check(const be_tensor *x, const be_linear *w, const be_tensor *y
     return 0;
 }
 
-int cuda_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
-                base_err *err) {
+/* y = x W^T (+ bias), or y += that with acc. */
+static int matmul_run(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
+                      bool acc, base_err *err) {
     if (cuda_matmul_check(x, w, y, err)) return -1;
     if (x->rows == 0 || w->out == 0) return 0;
     if (w->bits == 0) {
         if (!aligned(w->weight, 16))
             return base_fail(err, "cuda: matmul: dense weight is not 16-byte aligned");
-        if (gemm_fits(x, w, y)) return gemm_launch(be, x, w, y, err);
+        if (gemm_fits(x, w, y)) return gemm_launch(be, x, w, y, acc, err);
         switch (w->dtype) {
         case BASE_DTYPE_F32:
-            return dense_launch<BASE_DTYPE_F32>(be, x, w, y, err);
+            return dense_launch<BASE_DTYPE_F32>(be, x, w, y, acc, err);
         case BASE_DTYPE_F16:
-            return dense_launch<BASE_DTYPE_F16>(be, x, w, y, err);
+            return dense_launch<BASE_DTYPE_F16>(be, x, w, y, acc, err);
         default:
-            return dense_launch<BASE_DTYPE_BF16>(be, x, w, y, err);
+            return dense_launch<BASE_DTYPE_BF16>(be, x, w, y, acc, err);
         }
     }
     int g = w->group_size;
@@ -416,22 +419,41 @@ int cuda_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tenso
     if (!aligned(w->weight, need))
         return base_fail(err, "cuda: matmul: %d-bit weight is not %zu-byte aligned", w->bits, need);
     if (w->bits >= 2 && w->bits <= 8 && w->bits != 7 && gemm_fits(x, w, y))
-        return gemm_launch(be, x, w, y, err);
-    if (cuda_gemv1_fits(x, w)) return cuda_gemv1(be, x, &w, &y, 1, false, err);
+        return gemm_launch(be, x, w, y, acc, err);
+    if (cuda_gemv1_fits(x, w)) {
+        cuda_gemv_fuse fz = {};
+        fz.acc = acc;
+        return cuda_gemv1(be, x, &w, &y, 1, false, &fz, err);
+    }
     switch (w->bits) {
     case 2:
-        return quant_launch<2>(be, x, w, y, err);
+        return quant_launch<2>(be, x, w, y, acc, err);
     case 3:
-        return quant_launch<3>(be, x, w, y, err);
+        return quant_launch<3>(be, x, w, y, acc, err);
     case 4:
-        return quant_launch<4>(be, x, w, y, err);
+        return quant_launch<4>(be, x, w, y, acc, err);
     case 5:
-        return quant_launch<5>(be, x, w, y, err);
+        return quant_launch<5>(be, x, w, y, acc, err);
     case 6:
-        return quant_launch<6>(be, x, w, y, err);
+        return quant_launch<6>(be, x, w, y, acc, err);
     case 8:
-        return quant_launch<8>(be, x, w, y, err);
+        return quant_launch<8>(be, x, w, y, acc, err);
     default:
         return base_fail(err, "cuda: matmul: unsupported bits %d", w->bits);
     }
+}
+
+int cuda_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
+                base_err *err) {
+    return matmul_run(be, x, w, y, false, err);
+}
+
+int cuda_matmul_add(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
+                    base_err *err) {
+    const char *x0 = (const char *)x->data, *y0 = (const char *)y->data;
+    const size_t xb = (size_t)(x->rows * x->cols) * base_dtype_size(x->dtype);
+    const size_t yb = (size_t)(y->rows * y->cols) * base_dtype_size(y->dtype);
+    if (x0 < y0 + yb && y0 < x0 + xb)
+        return base_fail(err, "cuda: matmul_add: the output overlaps the input");
+    return matmul_run(be, x, w, y, true, err);
 }
