@@ -462,25 +462,21 @@ static void test_gemv_rows(be_backend *be) {
  * that a row the others dwarf still counts: 1e5, 1e-20, 1e4 and 1e-4 alternating within the
  * row, unit, and all zero; every 4- and 8-bit group, scales in F32, F16 and BF16, row counts
  * that split n-tiles unevenly, and an out that is no multiple of 16. */
+/* Value i of a row of kind 0 (scaled by 1e5), 1 (1e-20) or 2 (1e4 and 1e-4 alternating). */
+static void scale_ranged(float *v, int kind, int64_t i) {
+    static const float scale[] = {1e5f, 1e-20f};
+    *v *= kind < 2 ? scale[kind] : (i % 2 ? 1e-4f : 1e4f);
+}
+
 static float *ranged_rows(int n, int64_t in) {
     float *x = rand_rows(n, in);
     for (int r = 0; r < n; r++)
         for (int64_t i = 0; i < in; i++) {
             float *v = &x[r * in + i];
-            switch (r % 5) {
-            case 0:
-                *v *= 1e5f;
-                break;
-            case 1:
-                *v *= 1e-20f;
-                break;
-            case 2:
-                *v *= i % 2 ? 1e-4f : 1e4f;
-                break;
-            case 4:
-                if (r == 4) *v = 0.0f;
-                break;
-            }
+            if (r % 5 < 3)
+                scale_ranged(v, r % 5, i);
+            else if (r == 4)
+                *v = 0.0f;
         }
     return x;
 }
@@ -530,13 +526,9 @@ static float *edge_rows(int64_t in) {
             float *v = &x[r * in + i];
             switch (r) {
             case 0:
-                *v *= 1e5f;
-                break;
             case 1:
-                *v *= 1e-20f;
-                break;
             case 2:
-                *v *= i % 2 ? 1e-4f : 1e4f;
+                scale_ranged(v, r, i);
                 break;
             case 3:
                 *v = ldexpf(i % 16 == 3 ? (*v < 0 ? -1.0f : 1.0f) : 0.99f * *v, (int)(i / 16 % 5));

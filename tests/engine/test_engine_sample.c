@@ -81,6 +81,18 @@ static engine_sampling *add_set(const char *name, int top_logprobs, bool full) {
     return &ps->s;
 }
 
+/* A set with top-k, top-p and min-p off at temperature 1: only where the draw lands decides
+ * whether the candidates serve it. */
+static param_set *add_draw_only(const char *name) {
+    engine_sampling *s = add_set(name, -1, false);
+    s->top_k = 0;
+    s->top_p = 1;
+    s->min_p = 0;
+    s->temperature = 1;
+    g_sets[g_n_sets - 1].maybe = true;
+    return &g_sets[g_n_sets - 1];
+}
+
 static void make_sets(void) {
     for (int t = 0; t < VOCAB; t++) g_ban[t] = (engine_logit_bias){VOCAB - 1 - t, -INFINITY};
     add_set("greedy", -1, false)->temperature = 0;
@@ -120,22 +132,11 @@ static void make_sets(void) {
     s->top_k = 0;
     s->top_p = 1;
     s->min_p = 0.1f;
-    s = add_set("top-k off, temperature 1 alone", -1, false);
-    s->top_k = 0;
-    s->top_p = 1;
-    s->min_p = 0;
-    s->temperature = 1;
-    g_sets[g_n_sets - 1].maybe = true;
+    add_draw_only("top-k off, temperature 1 alone");
     s = add_set("top-k at the vocabulary, flat rows", -1, true);
     s->top_k = VOCAB;
     g_sets[g_n_sets - 1].flat = true;
-    s = add_set("top-k off, temperature 1 alone, flat rows", -1, false);
-    s->top_k = 0;
-    s->top_p = 1;
-    s->min_p = 0;
-    s->temperature = 1;
-    g_sets[g_n_sets - 1].maybe = true;
-    g_sets[g_n_sets - 1].flat = true;
+    add_draw_only("top-k off, temperature 1 alone, flat rows")->flat = true;
     s = add_set("greedy, penalties, logprobs", 5, true);
     s->temperature = 0;
     s->frequency_penalty = 0.4f;
