@@ -65,19 +65,19 @@ static int64_t wave_chunks(int64_t items, int64_t max_pages, int target, int64_t
 static int64_t plan_chunks(int64_t n_decode, int n_kv_heads, int64_t max_pages, int target,
                            int64_t *pages_per_chunk) {
     const int64_t items = n_decode * n_kv_heads;
-    double best = INFINITY;
-    for (int64_t w = 0; w <= ATTN_PLAN_WAVES; w++) {
-        int64_t ppc, chunks = wave_chunks(items, max_pages, target, w, &ppc);
-        if (chunks) best = fmin(best, plan_time(items, chunks, ppc, target));
+    int64_t chunks[ATTN_PLAN_WAVES + 1], ppc[ATTN_PLAN_WAVES + 1];
+    double time[ATTN_PLAN_WAVES + 1], best = INFINITY;
+    for (int w = 0; w <= ATTN_PLAN_WAVES; w++) {
+        chunks[w] = wave_chunks(items, max_pages, target, w, &ppc[w]);
+        time[w] = chunks[w] ? plan_time(items, chunks[w], ppc[w], target) : INFINITY;
+        best = fmin(best, time[w]);
     }
-    /* The candidates come in order of chunk count: the first within the slack has fewest. */
-    for (int64_t w = 0;; w++) {
-        int64_t ppc, chunks = wave_chunks(items, max_pages, target, w, &ppc);
-        if (chunks && plan_time(items, chunks, ppc, target) <= best * ATTN_PLAN_SLACK) {
-            *pages_per_chunk = ppc;
-            return chunks;
-        }
-    }
+    /* The candidates come in order of chunk count: the first within the slack has fewest
+     * (w = 0, one chunk, always is a candidate). */
+    int w = 0;
+    while (time[w] > best * ATTN_PLAN_SLACK) w++;
+    *pages_per_chunk = ppc[w];
+    return chunks[w];
 }
 
 uint64_t attn_workspace_bytes(int n_heads, int n_kv_heads, int head_dim, int block_size,

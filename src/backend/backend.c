@@ -1,9 +1,23 @@
 /* Backend-independent entry points: destruction through the op table, the argument checks
- * that every backend shares, and the CUDA constructor's stand-in for builds without CUDA. */
+ * that every backend shares, a fused matmul's norm run apart (through the op table, for the
+ * backends and for the model when nothing folds it), and the CUDA constructor's stand-in for
+ * builds without CUDA. */
 #include "backend/backend.h"
 
 void be_destroy(be_backend *be) {
     if (be) be->ops->destroy(be);
+}
+
+int be_norm_apart(be_backend *be, const be_norm *norm, const be_tensor **x, const char *what,
+                  base_err *err) {
+    if (!norm) return 0;
+    const be_tensor *s = norm->scratch;
+    if (!s || s->rows != (*x)->rows || s->cols != (*x)->cols || s->data == (*x)->data)
+        return base_fail(err, "%s: the norm needs a scratch of the input's shape, apart from it",
+                         what);
+    if (be->ops->rmsnorm(be, *x, norm->weight, norm->eps, norm->scratch, err)) return -1;
+    *x = s;
+    return 0;
 }
 
 int be_topk_check(const be_tensor *logits, const be_topk_row *reqs, int n_req,

@@ -140,6 +140,12 @@ typedef struct be_norm {
 typedef struct be_backend be_backend;
 typedef struct be_graph be_graph; /* a recorded sequence of ops (backend-defined) */
 
+/* The norm of a fused matmul run apart, where it is not folded into the product: `rmsnorm` of
+ * *x into norm->scratch, which *x then points to; nothing without a norm. Fails, naming `what`,
+ * when the scratch is missing, of another shape than *x, or *x itself. */
+int be_norm_apart(be_backend *be, const be_norm *norm, const be_tensor **x, const char *what,
+                  base_err *err);
+
 typedef struct be_ops {
     void (*destroy)(be_backend *be);
 

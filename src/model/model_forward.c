@@ -174,10 +174,7 @@ static int project_qkv(model *m, const model_layer *L, const be_tensor *in, cons
     const be_ops *op = m->be->ops;
     const be_linear *ws[3] = {&L->q, &L->k, &L->v};
     if (op->matmul_qkv) return op->matmul_qkv(m->be, in, norm, ws, ys, err);
-    if (norm) {
-        TRY(op->rmsnorm(m->be, in, norm->weight, norm->eps, norm->scratch, err));
-        in = norm->scratch;
-    }
+    TRY(be_norm_apart(m->be, norm, &in, "q/k/v", err));
     for (int i = 0; i < 3; i++) TRY(op->matmul(m->be, in, ws[i], ys[i], err));
     return 0;
 }
@@ -188,10 +185,7 @@ static int project_glu(model *m, const model_layer *L, const be_tensor *in, cons
     const be_ops *op = m->be->ops;
     be_backend *be = m->be;
     if (op->matmul_silu_mul) return op->matmul_silu_mul(be, in, norm, &L->gate, &L->up, gate, err);
-    if (norm) {
-        TRY(op->rmsnorm(be, in, norm->weight, norm->eps, norm->scratch, err));
-        in = norm->scratch;
-    }
+    TRY(be_norm_apart(be, norm, &in, "gate/up", err));
     TRY(op->matmul(be, in, &L->gate, gate, err));
     TRY(op->matmul(be, in, &L->up, up, err));
     return op->silu_mul(be, gate, up, gate, err);

@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
                     sc_s[t * GB + h] = e;
                     sum += e;
                 }
-                for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+                sum = cuda_warp_sum(sum);
                 if (lane == 0) {
                     const float a = exp2f(m_old - m_new);
                     alpha_s[h] = a;
@@ -756,7 +756,7 @@ __global__ void __launch_bounds__(ATT_MERGE_WARPS * 32) merge_kernel(att_params 
                         for (int v = 0; v < VEC; v++) num[v] = fmaf(wj, x[v], num[v]);
                     }
                 }
-                for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+                den = cuda_warp_sum(den);
             }
         }
         const size_t out0 = (size_t)row * p.n_heads * D + (size_t)hg * D + lane * VEC;

@@ -46,7 +46,7 @@ __global__ void add_rmsnorm_kernel(void *x, base_dtype x_dt, const void *d, base
         cuda_store(x, x_dt, base + c, v);
         ss += v * v;
     }
-    const float inv = rsqrtf(cuda_block_sum(ss) / (float)cols + eps);
+    const float inv = cuda_rms_inv(cuda_block_sum(ss), cols, eps);
     cuda_row_store_normed(y, y_dt, x, x_dt, w, w_dt, xv, wv, base, cols, inv);
 }
 
@@ -93,21 +93,6 @@ static bool fold_norm(const be_norm *norm, bool gemv, const be_tensor *x, cuda_g
     return true;
 }
 
-/* Where the norm cannot be folded: rmsnorm(x) into the caller's scratch, which *x becomes. */
-static int norm_apart(be_backend *be, const be_norm *norm, const be_tensor **x, const char *what,
-                      base_err *err) {
-    if (!norm) return 0;
-    const be_tensor *s = norm->scratch;
-    if (!s || s->rows != (*x)->rows || s->cols != (*x)->cols || s->data == (*x)->data)
-        return base_fail(err,
-                         "cuda: %s: the norm needs a scratch of the input's shape, apart "
-                         "from it",
-                         what);
-    if (cuda_rmsnorm(be, *x, norm->weight, norm->eps, norm->scratch, err)) return -1;
-    *x = s;
-    return 0;
-}
-
 int cuda_matmul_qkv(be_backend *be, const be_tensor *x, const be_norm *norm,
                     const be_linear *const *ws, be_tensor *const *ys, base_err *err) {
     bool one = true;
@@ -119,7 +104,7 @@ int cuda_matmul_qkv(be_backend *be, const be_tensor *x, const be_norm *norm,
     }
     cuda_gemv_fuse fz;
     if (fold_norm(norm, one, x, &fz)) return cuda_gemv1(be, x, ws, ys, 3, false, &fz, err);
-    if (norm_apart(be, norm, &x, "qkv", err)) return -1;
+    if (be_norm_apart(be, norm, &x, "cuda: qkv", err)) return -1;
     for (int i = 0; i < 3; i++)
         if (cuda_matmul(be, x, ws[i], ys[i], err)) return -1;
     return 0;
@@ -137,7 +122,7 @@ int cuda_matmul_silu_mul(be_backend *be, const be_tensor *x, const be_norm *norm
         be_tensor *ys[1] = {y};
         return cuda_gemv1(be, x, ws, ys, 2, true, &fz, err);
     }
-    if (norm_apart(be, norm, &x, "gate/up", err)) return -1;
+    if (be_norm_apart(be, norm, &x, "cuda: gate/up", err)) return -1;
     cuda_backend *c = cuda_impl(be);
     size_t bytes = (size_t)(y->rows * y->cols) * base_dtype_size(y->dtype);
     if (cuda_scratch(be, &c->ftmp, &c->ftmp_bytes, bytes, "gate/up", err)) return -1;

@@ -385,11 +385,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
 #pragma unroll
             for (int r = 0; r < R; r++)
 #pragma unroll
-                for (int j = 0; j < NX; j++) {
-#pragma unroll
-                    for (int o = 16; o > 0; o >>= 1)
-                        acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], o);
-                }
+                for (int j = 0; j < NX; j++) acc[r][j] = cuda_warp_sum(acc[r][j]);
             /* Lane j OUT + r stores output row r for row j of x. */
             float v = 0.0f, v2 = 0.0f;
 #pragma unroll

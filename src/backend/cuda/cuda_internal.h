@@ -229,13 +229,12 @@ __device__ __forceinline__ float cuda_warp_sum(float v) {
 /* Block-wide sum; every thread gets the total. Every thread of the block must call it. */
 __device__ __forceinline__ float cuda_block_sum(float v) {
     __shared__ float part[32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = cuda_warp_sum(v);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) part[warp] = v;
     __syncthreads();
     int nw = (blockDim.x + 31) >> 5;
-    v = lane < nw ? part[lane] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = cuda_warp_sum(lane < nw ? part[lane] : 0.0f);
     __syncthreads();
     return v;
 }

@@ -193,8 +193,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     for (int j = 0; j < GEMV_R; j++) {
 #pragma unroll
         for (int r = 0; r < NR; r++) {
-            float v = acc[j][r];
-            for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
+            float v = cuda_warp_sum(acc[j][r]);
             if (lane == 0 && r < nr && o0 + j < out_features) {
                 if (bias) v += cuda_load(bias, bias_dt, (size_t)(o0 + j));
                 const size_t i = (size_t)(r * y_stride + o0 + j);

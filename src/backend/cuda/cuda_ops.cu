@@ -93,7 +93,7 @@ __global__ void rmsnorm_kernel(const void *x, base_dtype x_dt, const void *w, ba
         const float v = cuda_load(x, x_dt, base + c);
         ss += v * v;
     }
-    const float inv = rsqrtf(cuda_block_sum(ss) / (float)cols + eps);
+    const float inv = cuda_rms_inv(cuda_block_sum(ss), cols, eps);
     cuda_row_store_normed(y, y_dt, x, x_dt, w, w_dt, xv, wv, base, cols, inv);
 }
 
