@@ -5,8 +5,12 @@
  * and a head GEMV. Run directly and as a recording
  * replayed several times, against the CPU backend's plain ops, at several sizes: GEMVs of 8 to
  * 32 MB of weights, where a kernel that reads its input before its wait reads the previous
- * layer's values, and tiny models (the fixtures' shape), where kernels overlap in other ways. */
+ * layer's values, and tiny models (the fixtures' shape), where kernels overlap in other ways.
+ * Then layers through the paged attention (v1, and v2 with its merge), which sit between the
+ * K/V append and the o GEMV. */
 #include "test_cuda_util.h"
+
+#include "attn/attn.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -226,6 +230,218 @@ static void run_case(be_backend *gpu, const dims *dm) {
     free(x0), free(h0), free(n1), free(n2), free(inv), free(pool0);
 }
 
+/* ---- Decode layers through the paged attention ----
+ * Each layer: the Q/K/V GEMV with the norm folded in, RoPE with the K/V append into the
+ * layer's pool, attention over two sequences' scattered pages, and the o GEMV adding into the
+ * residual; then the final norm and the head. The attention reads q and the K/V the append has
+ * just written, the merge the attention's partials, and the o GEMV their output, so a missing
+ * wait on any side reads the previous layer's values. */
+#define ATT_SEQS   2
+#define ATT_LAYERS 12
+
+typedef struct att_side {
+    be_backend *be;
+    be_linear q, k, v, o, head;
+    be_tensor norm, x, h, out, tq, tk, tv, ta, logits, pos, freqs;
+    be_kv_layer pools[ATT_LAYERS]; /* (ATT_LAYERS) */
+    be_paged_batch batch;
+    be_decode_plan plan;
+} att_side;
+
+/* make_q with the scales and biases times amp, on the host and the device. */
+static void att_make_q(be_backend *be, int bits, int64_t out, int64_t in, float amp, be_linear *h,
+                       be_linear *d) {
+    make_q(be, bits, out, in, h, d);
+    size_t ng = (size_t)(out * in / 64);
+    uint16_t *s = (uint16_t *)h->scales, *b = (uint16_t *)h->biases;
+    for (size_t i = 0; i < ng; i++) {
+        s[i] = base_f32_to_bf16(amp * base_bf16_to_f32(s[i]));
+        b[i] = base_f32_to_bf16(amp * base_bf16_to_f32(b[i]));
+    }
+    base_err err = {{0}};
+    CHECK(be->ops->upload(be, (void *)d->scales, s, ng * 2, &err) == 0);
+    CHECK(be->ops->upload(be, (void *)d->biases, b, ng * 2, &err) == 0);
+}
+
+static int run_att_chain(att_side *s, const dims *dm, bool fused, base_err *err) {
+    be_backend *be = s->be;
+    const be_ops *op = be->ops;
+    const int H = dm->hidden / dm->head_dim, KV = dm->kv_width / dm->head_dim;
+    const float scale = 1.0f / sqrtf((float)dm->head_dim);
+    const be_norm n = {&s->norm, 1e-5f, &s->h};
+    for (int l = 0; l < dm->layers; l++) {
+        be_kv_layer *pool = &s->pools[l];
+        if (fused) {
+            const be_linear *ws[3] = {&s->q, &s->k, &s->v};
+            be_tensor *ys[3] = {&s->tq, &s->tk, &s->tv};
+            if (op->matmul_qkv(be, &s->x, &n, ws, ys, err) ||
+                op->rope_kv_append(be, &s->tq, &s->tk, &s->tv, &s->pos, &s->freqs, 1.0f, pool,
+                                   &s->batch, err) ||
+                op->attention(be, &s->tq, pool, &s->batch, &s->plan, H, scale, &s->ta, err) ||
+                op->matmul_add(be, &s->ta, &s->o, &s->x, err))
+                return -1;
+        } else if (op->rmsnorm(be, &s->x, &s->norm, 1e-5f, &s->h, err) ||
+                   op->matmul(be, &s->h, &s->q, &s->tq, err) ||
+                   op->matmul(be, &s->h, &s->k, &s->tk, err) ||
+                   op->matmul(be, &s->h, &s->v, &s->tv, err) ||
+                   op->rope(be, &s->tq, H, dm->head_dim, &s->pos, &s->freqs, 1.0f, err) ||
+                   op->rope(be, &s->tk, KV, dm->head_dim, &s->pos, &s->freqs, 1.0f, err) ||
+                   op->kv_append(be, pool, &s->tk, &s->tv, &s->batch, err) ||
+                   op->attention(be, &s->tq, pool, &s->batch, &s->plan, H, scale, &s->ta, err) ||
+                   op->matmul(be, &s->ta, &s->o, &s->h, err) ||
+                   op->add(be, &s->x, &s->h, &s->x, err)) {
+            return -1;
+        }
+    }
+    return op->rmsnorm(be, &s->x, &s->norm, 1e-5f, &s->out, err) ||
+           op->matmul(be, &s->out, &s->head, &s->logits, err);
+}
+
+static be_tensor rows_buf(be_backend *be, const float *init, int64_t rows, int64_t cols) {
+    float *z = calloc((size_t)(rows * cols), sizeof(float));
+    be_tensor t = tc_tensor(be, init ? init : z, BASE_DTYPE_F32, rows, cols);
+    free(z);
+    return t;
+}
+
+/* The residual and the logits after a run (caller frees). */
+static void att_read(att_side *s, float **x, float **logits) {
+    *x = tc_read(s->be, &s->x);
+    *logits = tc_read(s->be, &s->logits);
+}
+
+static void att_check(att_side *s, const dims *dm, const float *rx, const float *rl,
+                      const char *what) {
+    float *x, *lg;
+    att_read(s, &x, &lg);
+    double ex = test_rel_err(x, rx, (size_t)ATT_SEQS * dm->hidden);
+    double el = test_rel_err(lg, rl, (size_t)ATT_SEQS * dm->vocab);
+    CHECK_MSG(ex < 1e-4 && el < 1e-4,
+              "attention chain, hidden %d, %s, plan %d (%d chunks): residual err %g, logits err "
+              "%g",
+              dm->hidden, what, (int)s->plan.kind, s->plan.max_chunks, ex, el);
+    free(x), free(lg);
+}
+
+/* ppc: pages per chunk of a v2 plan, 0 for v1. */
+static void run_att_case(be_backend *gpu, const dims *dm, int ppc) {
+    base_err err = {{0}};
+    att_side c = {.be = cpu}, g = {.be = gpu};
+    const int D = dm->hidden, KVW = dm->kv_width, b = dm->bits, HD = dm->head_dim;
+    const int H = D / HD;
+    /* Q, K and V of a few units, as a trained model's: at make_q's scale the 8B shape's scores
+     * reach 40 and its appended K and V 30, where one f16 rounding of an appended value that
+     * lands the other way between the backends moves a softmax weight by a percent. */
+    const float qkv_amp = 0.1f;
+    att_make_q(gpu, b, D, D, qkv_amp, &c.q, &g.q);
+    att_make_q(gpu, b, KVW, D, qkv_amp, &c.k, &g.k);
+    att_make_q(gpu, b, KVW, D, qkv_amp, &c.v, &g.v);
+    make_q(gpu, b, D, D, &c.o, &g.o);
+    make_q(gpu, b, dm->vocab, D, &c.head, &g.head);
+    /* Two sequences of 300 and 75 tokens, this step's token last, on scattered pages. */
+    const int32_t kv_len[ATT_SEQS] = {300, 75}, pos[ATT_SEQS] = {299, 74};
+    const int32_t q_indptr[ATT_SEQS + 1] = {0, 1, 2};
+    int32_t page_indptr[ATT_SEQS + 1] = {0}, last[ATT_SEQS], pages[64];
+    int64_t slots[ATT_SEQS];
+    const int n_blocks = 40;
+    for (int s = 0; s < ATT_SEQS; s++) {
+        const int np = (kv_len[s] + BS - 1) / BS;
+        page_indptr[s + 1] = page_indptr[s] + np;
+        last[s] = kv_len[s] - (np - 1) * BS;
+        for (int i = 0; i < np; i++)
+            pages[page_indptr[s] + i] = (7 * (page_indptr[s] + i) + 3) % n_blocks;
+        slots[s] = (int64_t)pages[page_indptr[s + 1] - 1] * BS + (kv_len[s] - 1) % BS;
+    }
+    const int n_pages = page_indptr[ATT_SEQS];
+    float *x0 = malloc(sizeof(float) * ATT_SEQS * D), *n1 = malloc(sizeof(float) * D);
+    float *inv = malloc(sizeof(float) * HD / 2);
+    tc_fill(x0, (size_t)ATT_SEQS * D, 1.0f);
+    for (int i = 0; i < D; i++) n1[i] = 1.0f + 0.5f * tc_uniform();
+    for (int i = 0; i < HD / 2; i++) inv[i] = (float)pow(500000.0, -2.0 * i / HD);
+    const size_t pool_elems = (size_t)n_blocks * BS * KVW;
+    uint16_t *pool0 = malloc(pool_elems * 2);
+    for (size_t i = 0; i < pool_elems; i++) pool0[i] = base_f32_to_f16(tc_uniform());
+    float *ref_x = NULL, *ref_l = NULL;
+    for (int pass = 0; pass < 3; pass++) {
+        /* pass 0: the CPU reference (v1); 1: the device directly; 2: the device, recorded. */
+        att_side *s = pass ? &g : &c;
+        be_backend *be = s->be;
+        s->x = rows_buf(be, x0, ATT_SEQS, D), s->h = rows_buf(be, NULL, ATT_SEQS, D);
+        s->out = rows_buf(be, NULL, ATT_SEQS, D), s->norm = rows_buf(be, n1, 1, D);
+        s->tq = rows_buf(be, NULL, ATT_SEQS, D), s->ta = rows_buf(be, NULL, ATT_SEQS, D);
+        s->tk = rows_buf(be, NULL, ATT_SEQS, KVW), s->tv = rows_buf(be, NULL, ATT_SEQS, KVW);
+        s->logits = rows_buf(be, NULL, ATT_SEQS, dm->vocab);
+        s->freqs = rows_buf(be, inv, 1, HD / 2);
+        s->pos = (be_tensor){tc_dev_bytes(be, pos, sizeof pos), BASE_DTYPE_I32, ATT_SEQS, 1};
+        for (int l = 0; l < dm->layers; l++)
+            s->pools[l] = (be_kv_layer){tc_dev_bytes(be, pool0, pool_elems * 2),
+                                        tc_dev_bytes(be, pool0, pool_elems * 2),
+                                        BASE_DTYPE_F16,
+                                        n_blocks,
+                                        BS,
+                                        KVW / HD,
+                                        HD};
+        s->batch =
+            (be_paged_batch){.n_seqs = ATT_SEQS,
+                             .n_tokens = ATT_SEQS,
+                             .max_q_len = 1,
+                             .max_kv_len = kv_len[0],
+                             .q_indptr = tc_dev_bytes(be, q_indptr, sizeof q_indptr),
+                             .kv_len = tc_dev_bytes(be, kv_len, sizeof kv_len),
+                             .page_indptr = tc_dev_bytes(be, page_indptr, sizeof page_indptr),
+                             .page_indices = tc_dev_bytes(be, pages, 4 * (size_t)n_pages),
+                             .last_page_len = tc_dev_bytes(be, last, sizeof last),
+                             .slots = tc_dev_bytes(be, slots, sizeof slots),
+                             .positions = s->pos.data};
+        s->plan = (be_decode_plan){.kind = pass && ppc ? BE_DECODE_V2 : BE_DECODE_V1};
+        if (s->plan.kind == BE_DECODE_V2) {
+            s->plan.pages_per_chunk = ppc;
+            s->plan.max_chunks = (page_indptr[1] + ppc - 1) / ppc;
+            s->plan.workspace_bytes = attn_v2_bytes(ATT_SEQS, s->plan.max_chunks, H, HD);
+            CHECK(be->ops->alloc(be, s->plan.workspace_bytes, &s->plan.workspace, &err) == 0);
+        }
+        if (pass < 2) {
+            CHECK_MSG(run_att_chain(s, dm, pass == 1, &err) == 0, "attention chain, pass %d: %s",
+                      pass, err.msg);
+            if (pass == 0)
+                att_read(s, &ref_x, &ref_l);
+            else
+                att_check(s, dm, ref_x, ref_l, "direct");
+        } else {
+            be_graph *graph = NULL;
+            CHECK_MSG(be->ops->capture_begin(be, &err) == 0, "%s", err.msg);
+            int rc = run_att_chain(s, dm, true, &err);
+            CHECK_MSG(be->ops->capture_end(be, &graph, &err) == 0 && rc == 0, "recording: %s",
+                      err.msg);
+            for (int rep = 0; graph && rep < REPLAYS; rep++) {
+                /* Every replay starts from the same residual; the appends rewrite the same
+                 * slots with the same values. */
+                CHECK(be->ops->upload(be, s->x.data, x0, sizeof(float) * ATT_SEQS * D, &err) == 0);
+                CHECK_MSG(be->ops->graph_launch(be, graph, &err) == 0, "replay: %s", err.msg);
+                att_check(s, dm, ref_x, ref_l, "recorded");
+            }
+            if (graph) be->ops->graph_free(be, graph);
+        }
+        be_tensor *ts[] = {&s->x,  &s->h,  &s->out,    &s->norm,  &s->tq, &s->ta,
+                           &s->tk, &s->tv, &s->logits, &s->freqs, &s->pos};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) be->ops->free(be, ts[i]->data);
+        for (int l = 0; l < dm->layers; l++) {
+            be->ops->free(be, s->pools[l].k);
+            be->ops->free(be, s->pools[l].v);
+        }
+        const void *arrs[] = {s->batch.q_indptr,     s->batch.kv_len,        s->batch.page_indptr,
+                              s->batch.page_indices, s->batch.last_page_len, s->batch.slots};
+        for (size_t i = 0; i < sizeof arrs / sizeof arrs[0]; i++)
+            be->ops->free(be, (void *)arrs[i]);
+        if (s->plan.workspace) be->ops->free(be, s->plan.workspace);
+    }
+    be_linear *hl[] = {&c.q, &c.k, &c.v, &c.o, &c.head};
+    be_linear *dl[] = {&g.q, &g.k, &g.v, &g.o, &g.head};
+    for (int i = 0; i < 5; i++) free_q(gpu, hl[i], dl[i]);
+    free(ref_x), free(ref_l);
+    free(x0), free(n1), free(inv), free(pool0);
+}
+
 int main(void) {
     be_backend *gpu = tc_backend();
     if (!gpu) return 0;
@@ -237,6 +453,14 @@ int main(void) {
                           {128, 64, 32, 256, 256, 12, 4},
                           {128, 64, 32, 256, 256, 12, 8}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(gpu, &cases[i]);
+    /* Through the attention: 8B-like (a GQA group of 4) and the small model on the tensor-core
+     * kernel, the fixtures' shape (head_dim 32) on the F32 one; v1, and v2 of 1, 2 and 10 pages
+     * a chunk (the long row in 19, 10 and 2 chunks, the short one in 5, 3 and 1). */
+    for (size_t i = 0; i < 3; i++) {
+        const int ppcs[] = {0, 1, 2, 10};
+        for (size_t k = 0; k < sizeof ppcs / sizeof ppcs[0]; k++)
+            run_att_case(gpu, &cases[i], ppcs[k]);
+    }
     cpu->ops->destroy(cpu);
     gpu->ops->destroy(gpu);
     TEST_MAIN_END();

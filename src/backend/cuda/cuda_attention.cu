@@ -29,6 +29,7 @@ extern "C" {
 }
 
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 #include <type_traits>
 
@@ -55,8 +56,9 @@ typedef struct att_params {
     int pages_per_chunk; /* INT_MAX for one chunk */
     int split;           /* v2: write partial + lse instead of out */
     int max_chunks;
-    float *partial; /* (n_decode, max_chunks, n_heads, head_dim) */
-    float *lse;     /* (n_decode, max_chunks, n_heads) */
+    float *partial;  /* (n_decode, max_chunks, n_heads, head_dim) */
+    float *lse;      /* (n_decode, max_chunks, n_heads) */
+    unsigned *count; /* (n_decode, n_kv_heads) chunks done, for the merge in the attention */
     float scale_log2;
     int stages; /* shared-memory pages in flight + 1, ATT_MIN_STAGES..ATT_MAX_STAGES */
 } att_params;
@@ -132,6 +134,12 @@ __device__ __forceinline__ bool chunk_pages(const att_params &p, int s, int n_vi
     return true;
 }
 
+/* Chunks of a decode row's v2 split: those chunk_pages finds pages for. */
+__device__ __forceinline__ int row_chunks(const att_params &p, int fpo, int n_vis) {
+    const int n_pages = (fpo + n_vis + p.block_size - 1) / p.block_size;
+    return (n_pages + p.pages_per_chunk - 1) / p.pages_per_chunk;
+}
+
 template <int D, int GB> struct att_geom {
     static constexpr int CH = D / 8;             /* 16-byte chunks per token row */
     static constexpr int NTG = ATT_THREADS / CH; /* token slices in the value phase */
@@ -179,6 +187,7 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
     const uint64_t row_stride = (uint64_t)p.n_kv_heads * D;
     const KT *kp = (const KT *)p.k_pool + (uint64_t)kvh * D;
     const KT *vp = (const KT *)p.v_pool + (uint64_t)kvh * D;
+    cuda_pdl_trigger();
 
     for (int row = blockIdx.z; row < p.n_tokens; row += gridDim.z) {
         const int s = seq_of_row(p.q_indptr, p.n_seqs, row);
@@ -189,6 +198,7 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
         if (!chunk_pages(p, s, n_vis, chunk, &fpo, &p_begin, &p_end)) continue;
         const int32_t *pages = p.page_indices + p.page_indptr[s];
         const int drow = p.split ? decode_rank(p, s) : 0;
+        cuda_pdl_wait();
 
         for (int i = tid; i < GB * D; i += ATT_THREADS)
             q_s[i] = cuda_load(p.q, p.q_dt, (size_t)row * p.n_heads * D + (size_t)head0 * D + i) *
@@ -352,6 +362,7 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
         }
         __syncthreads();
     }
+    cuda_pdl_wait();
 }
 
 /* ---- Decode rows on the tensor cores ----
@@ -421,10 +432,63 @@ static size_t att_tc_smem_bytes(int head_dim, int n_stages, int split) {
     return att_tc_work_bytes(head_dim, n_stages) + (size_t)(split - 1) * ATT_TC_ROWS * head_dim * 2;
 }
 
+/* The merge inside the attention: each chunk's CTA has left its partials and lse in the
+ * workspace; the last of a (decode row, kv head)'s n_chunks CTAs to finish (a ticket per pair,
+ * which it puts back to zero for the next launch) combines them into out as merge_kernel
+ * does. What other CTAs wrote is read through L2 (__ldcg), past this SM's L1. Block-wide;
+ * ws is free shared memory of (16, n_chunks) + 16 floats. */
+template <int D>
+__device__ void att_merge_last(const att_params &p, int row, int drow, int kvh, int n_chunks,
+                               float *ws) {
+    __shared__ unsigned last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned *cnt = p.count + (size_t)drow * p.n_kv_heads + kvh;
+        last = atomicAdd(cnt, 1u) == (unsigned)n_chunks - 1;
+        if (last) *cnt = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    const int head0 = kvh * p.group;
+    const size_t cell0 = (size_t)drow * p.max_chunks * p.n_heads + head0;
+    float *den_s = ws + ATT_TC_ROWS * n_chunks; /* (16) */
+    for (int h = warp; h < p.group; h += nw) {
+        float mx = -INFINITY;
+        for (int c = lane; c < n_chunks; c += 32)
+            mx = fmaxf(mx, __ldcg(p.lse + cell0 + (size_t)c * p.n_heads + h));
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float den = 0.0f;
+        for (int c = lane; c < n_chunks; c += 32) {
+            const float w = mx == -INFINITY
+                                ? 0.0f
+                                : __expf(__ldcg(p.lse + cell0 + (size_t)c * p.n_heads + h) - mx);
+            ws[h * n_chunks + c] = w;
+            den += w;
+        }
+        den = cuda_warp_sum(den);
+        if (lane == 0) den_s[h] = den;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < p.group * D; i += blockDim.x) {
+        const int h = i / D, d = i % D;
+        const float *part = p.partial + (cell0 + h) * D + d;
+        float num = 0.0f;
+#pragma unroll 4
+        for (int c = 0; c < n_chunks; c++)
+            num = fmaf(ws[h * n_chunks + c], __ldcg(part + (size_t)c * p.n_heads * D), num);
+        const float den = den_s[h];
+        cuda_store(p.out, p.out_dt, (size_t)row * p.n_heads * D + (size_t)(head0 + h) * D + d,
+                   den > 0.0f ? num / den : 0.0f);
+    }
+}
+
 /* Three resident CTAs per SM: q's first term and the output accumulators live in registers
  * (at most 168, none spilled at head_dim 128), and two stages of 16-token tiles take 64 KB per
  * CTA, plus 4 KB per further term of q. */
-template <int D, int SPLIT, typename KT>
+template <int D, int SPLIT, bool MERGE, typename KT>
 __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(att_params p) {
     constexpr int CH = D / 8;             /* 16-byte chunks per token row */
     constexpr int KS = D / 16;            /* k-steps of Q K^T */
@@ -442,6 +506,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
     const uint64_t row_stride = (uint64_t)p.n_kv_heads * D;
     const KT *kp = (const KT *)p.k_pool + (uint64_t)kvh * D;
     const KT *vp = (const KT *)p.v_pool + (uint64_t)kvh * D;
+    cuda_pdl_trigger();
 
     for (int row = blockIdx.z; row < p.n_tokens; row += gridDim.z) {
         const int s = seq_of_row(p.q_indptr, p.n_seqs, row);
@@ -456,6 +521,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
         const int t_begin = p_begin == 0 ? fpo / ATT_TC_TILE : p_begin * tpp;
         const int t_live = (fpo + n_vis + ATT_TC_TILE - 1) / ATT_TC_TILE;
         const int t_end = p_end * tpp < t_live ? p_end * tpp : t_live;
+        cuda_pdl_wait();
 
         /* q's first term as A fragments in registers: register r holds rows g (+8 for odd
          * r), columns 2 * c4 (+8 for r >= 2) of each k-step. Later terms go to shared memory
@@ -668,8 +734,10 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
                 cuda_store(p.out, p.out_dt, (size_t)row * p.n_heads * D + (size_t)hg * D + d, v);
             }
         }
+        if (MERGE) att_merge_last<D>(p, row, drow, kvh, row_chunks(p, fpo, n_vis), (float *)smem);
         __syncthreads();
     }
+    cuda_pdl_wait();
 }
 
 /* Combines a decode row's chunks: weights exp(lse_c - max) over its own chunk count. Warps
@@ -717,6 +785,7 @@ __global__ void __launch_bounds__(ATT_MERGE_WARPS * 32) merge_kernel(att_params 
     __shared__ float mx_s[MW], den_s[MW];       /* each warp's max and weight sum */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % MW;
     const int64_t n_pairs = (int64_t)p.n_tokens * p.n_heads;
+    cuda_pdl_trigger();
     for (int64_t base = (int64_t)blockIdx.x * PAIRS; base < n_pairs;
          base += (int64_t)gridDim.x * PAIRS) {
         const int64_t pair = base + warp / MW;
@@ -740,6 +809,7 @@ __global__ void __launch_bounds__(ATT_MERGE_WARPS * 32) merge_kernel(att_params 
             const float *lse = p.lse + cell0 + (size_t)slice * p.n_heads;
             const float *part = p.partial + (cell0 + (size_t)slice * p.n_heads) * D + lane * VEC;
             const size_t step = (size_t)MW * p.n_heads; /* cells between this warp's chunks */
+            cuda_pdl_wait();
             for (int k = lane; k < mine; k += 32) mx = fmaxf(mx, lse[k * step]);
             for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
             if (mx != -INFINITY) {
@@ -793,6 +863,33 @@ __global__ void __launch_bounds__(ATT_MERGE_WARPS * 32) merge_kernel(att_params 
         }
         __syncthreads();
     }
+    cuda_pdl_wait();
+}
+
+/* Every kernel here launches with PDL (cuda_launch_pdl): each triggers its dependents at its
+ * start and reads the batch's arrays before its wait, q, the pool and the workspace after it.
+ * The dynamic shared-memory limit is raised first, as past 48 KB it must be.
+ * MLXCEL_ATT_PDL=0 launches them plainly, for comparison. */
+template <typename K>
+static int att_launch(cuda_backend *c, K kern, dim3 grid, int threads, size_t smem,
+                      const att_params &p, const char *what, base_err *err) {
+    static int pdl = -1;
+    if (pdl < 0) {
+        const char *env = getenv("MLXCEL_ATT_PDL");
+        pdl = !(env && strcmp(env, "0") == 0);
+    }
+    if (smem > 48 * 1024) {
+        cudaError_t e =
+            cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess)
+            return base_fail(err, "cuda: %s: %zu bytes of shared memory: %s", what, smem,
+                             cudaGetErrorString(e));
+    }
+    if (!pdl) {
+        kern<<<grid, threads, smem, c->stream>>>(p);
+        return cuda_check_launch(what, err);
+    }
+    return cuda_launch_pdl(c, kern, grid, dim3(threads), smem, what, err, p);
 }
 
 static size_t att_smem_bytes(int head_dim, int gb, int block_size, int n_stages, size_t kv_size) {
@@ -803,57 +900,60 @@ static size_t att_smem_bytes(int head_dim, int gb, int block_size, int n_stages,
 }
 
 template <int D, int GB, typename KT>
-static int launch_attention(const att_params &p, dim3 grid, size_t smem, cudaStream_t st,
+static int launch_attention(const att_params &p, dim3 grid, size_t smem, cuda_backend *c,
                             base_err *err) {
-    return cuda_launch_smem(paged_attention_kernel<D, GB, KT>, grid, ATT_THREADS, smem, st, p,
-                            "attention", err);
+    return att_launch(c, paged_attention_kernel<D, GB, KT>, grid, ATT_THREADS, smem, p, "attention",
+                      err);
 }
 
 template <int D, typename KT>
-static int dispatch_group(const att_params &p, int gb, dim3 grid, size_t smem, cudaStream_t st,
+static int dispatch_group(const att_params &p, int gb, dim3 grid, size_t smem, cuda_backend *c,
                           base_err *err) {
     switch (gb) {
     case 8:
-        return launch_attention<D, 8, KT>(p, grid, smem, st, err);
+        return launch_attention<D, 8, KT>(p, grid, smem, c, err);
     case 4:
-        return launch_attention<D, 4, KT>(p, grid, smem, st, err);
+        return launch_attention<D, 4, KT>(p, grid, smem, c, err);
     case 2:
-        return launch_attention<D, 2, KT>(p, grid, smem, st, err);
+        return launch_attention<D, 2, KT>(p, grid, smem, c, err);
     default:
-        return launch_attention<D, 1, KT>(p, grid, smem, st, err);
+        return launch_attention<D, 1, KT>(p, grid, smem, c, err);
     }
 }
 
 template <typename KT>
 static int dispatch(const att_params &p, int head_dim, int gb, dim3 grid, size_t smem,
-                    cudaStream_t st, base_err *err) {
+                    cuda_backend *c, base_err *err) {
     switch (head_dim) {
     case 32:
-        return dispatch_group<32, KT>(p, gb, grid, smem, st, err);
+        return dispatch_group<32, KT>(p, gb, grid, smem, c, err);
     case 64:
-        return dispatch_group<64, KT>(p, gb, grid, smem, st, err);
+        return dispatch_group<64, KT>(p, gb, grid, smem, c, err);
     case 128:
-        return dispatch_group<128, KT>(p, gb, grid, smem, st, err);
+        return dispatch_group<128, KT>(p, gb, grid, smem, c, err);
     default:
-        return dispatch_group<256, KT>(p, gb, grid, smem, st, err);
+        return dispatch_group<256, KT>(p, gb, grid, smem, c, err);
     }
 }
 
 template <int D, int SPLIT, typename KT>
-static int launch_decode_mma(const att_params &p, dim3 grid, size_t smem, cudaStream_t st,
+static int launch_decode_mma(const att_params &p, dim3 grid, size_t smem, cuda_backend *c,
                              base_err *err) {
-    return cuda_launch_smem(paged_decode_mma_kernel<D, SPLIT, KT>, grid, ATT_TC_WARPS * 32, smem,
-                            st, p, "attention (tensor cores)", err);
+    if (p.count)
+        return att_launch(c, paged_decode_mma_kernel<D, SPLIT, true, KT>, grid, ATT_TC_WARPS * 32,
+                          smem, p, "attention (tensor cores, merged)", err);
+    return att_launch(c, paged_decode_mma_kernel<D, SPLIT, false, KT>, grid, ATT_TC_WARPS * 32,
+                      smem, p, "attention (tensor cores)", err);
 }
 
 template <int D, typename KT>
 static int dispatch_mma_split(const att_params &p, bool exact, dim3 grid, size_t smem,
-                              cudaStream_t st, base_err *err) {
+                              cuda_backend *c, base_err *err) {
     /* Two f16 terms carry 22 bits, three bf16 terms 24: an F32 float's worth either way
      * (run_decode_mma sizes shared memory for the same count). */
     constexpr int FULL = std::is_same<KT, __half>::value ? 2 : 3;
-    if (exact) return launch_decode_mma<D, FULL, KT>(p, grid, smem, st, err);
-    return launch_decode_mma<D, 1, KT>(p, grid, smem, st, err);
+    if (exact) return launch_decode_mma<D, FULL, KT>(p, grid, smem, c, err);
+    return launch_decode_mma<D, 1, KT>(p, grid, smem, c, err);
 }
 
 /* The tensor-core decode kernel takes head_dim 64 or 128, groups of up to 16 and blocks of a
@@ -866,7 +966,7 @@ static bool mma_decode_fits(const att_params &p, const be_kv_layer *layer) {
 /* Decode rows on the tensor cores, each warp att_stages tiles of 16 tokens deep. An F32
  * output is owed F32 accuracy, so q and P then go in as split terms. */
 static int run_decode_mma(const att_params &p0, const be_kv_layer *layer, int chunks,
-                          cudaStream_t st, base_err *err) {
+                          cuda_backend *c, base_err *err) {
     att_params p = p0;
     const bool exact = p.out_dt == BASE_DTYPE_F32;
     const int split = !exact ? 1 : layer->dtype == BASE_DTYPE_F16 ? 2 : 3;
@@ -878,55 +978,68 @@ static int run_decode_mma(const att_params &p0, const be_kv_layer *layer, int ch
               (unsigned)(p.n_tokens < ATT_GRID_MAX ? p.n_tokens : ATT_GRID_MAX));
     if (layer->head_dim == 64)
         return layer->dtype == BASE_DTYPE_F16
-                   ? dispatch_mma_split<64, __half>(p, exact, grid, smem, st, err)
-                   : dispatch_mma_split<64, __nv_bfloat16>(p, exact, grid, smem, st, err);
+                   ? dispatch_mma_split<64, __half>(p, exact, grid, smem, c, err)
+                   : dispatch_mma_split<64, __nv_bfloat16>(p, exact, grid, smem, c, err);
     return layer->dtype == BASE_DTYPE_F16
-               ? dispatch_mma_split<128, __half>(p, exact, grid, smem, st, err)
-               : dispatch_mma_split<128, __nv_bfloat16>(p, exact, grid, smem, st, err);
+               ? dispatch_mma_split<128, __half>(p, exact, grid, smem, c, err)
+               : dispatch_mma_split<128, __nv_bfloat16>(p, exact, grid, smem, c, err);
 }
 
-static int run_pass(const att_params &p, const be_kv_layer *layer, int chunks, cudaStream_t st,
+static int run_pass(const att_params &p, const be_kv_layer *layer, int chunks, cuda_backend *c,
                     base_err *err) {
-    if (mma_decode_fits(p, layer)) return run_decode_mma(p, layer, chunks, st, err);
+    if (mma_decode_fits(p, layer)) return run_decode_mma(p, layer, chunks, c, err);
     int gb = p.group / p.n_sub;
     dim3 grid((unsigned)(p.n_kv_heads * p.n_sub), (unsigned)chunks,
               (unsigned)(p.n_tokens < ATT_GRID_MAX ? p.n_tokens : ATT_GRID_MAX));
     size_t smem = att_smem_bytes(layer->head_dim, gb, layer->block_size, p.stages, 2);
     if (layer->dtype == BASE_DTYPE_F16)
-        return dispatch<__half>(p, layer->head_dim, gb, grid, smem, st, err);
-    return dispatch<__nv_bfloat16>(p, layer->head_dim, gb, grid, smem, st, err);
+        return dispatch<__half>(p, layer->head_dim, gb, grid, smem, c, err);
+    return dispatch<__nv_bfloat16>(p, layer->head_dim, gb, grid, smem, c, err);
 }
 
 template <int D>
-static void launch_merge(const att_params &p, bool wide, int64_t n_pairs, cudaStream_t st) {
+static int launch_merge(const att_params &p, bool wide, int64_t n_pairs, cuda_backend *c,
+                        base_err *err) {
     const int64_t per_cta = wide ? 1 : ATT_MERGE_WARPS;
     const int64_t ctas = (n_pairs + per_cta - 1) / per_cta;
     const unsigned grid = (unsigned)(ctas < (1 << 30) ? ctas : (1 << 30));
     if (wide)
-        merge_kernel<D, ATT_MERGE_WARPS><<<grid, ATT_MERGE_WARPS * 32, 0, st>>>(p);
-    else
-        merge_kernel<D, 1><<<grid, ATT_MERGE_WARPS * 32, 0, st>>>(p);
+        return att_launch(c, merge_kernel<D, ATT_MERGE_WARPS>, dim3(grid), ATT_MERGE_WARPS * 32, 0,
+                          p, "attention merge", err);
+    return att_launch(c, merge_kernel<D, 1>, dim3(grid), ATT_MERGE_WARPS * 32, 0, p,
+                      "attention merge", err);
 }
 
 /* Rows of many chunks get a CTA per (row, head); the others a warp. */
-static int run_merge(const att_params &p, int head_dim, cudaStream_t st, base_err *err) {
+static int run_merge(const att_params &p, int head_dim, cuda_backend *c, base_err *err) {
     const bool wide = p.max_chunks >= 2 * ATT_MERGE_WARPS;
     const int64_t n_pairs = (int64_t)p.n_tokens * p.n_heads;
     switch (head_dim) {
     case 32:
-        launch_merge<32>(p, wide, n_pairs, st);
-        break;
+        return launch_merge<32>(p, wide, n_pairs, c, err);
     case 64:
-        launch_merge<64>(p, wide, n_pairs, st);
-        break;
+        return launch_merge<64>(p, wide, n_pairs, c, err);
     case 128:
-        launch_merge<128>(p, wide, n_pairs, st);
-        break;
+        return launch_merge<128>(p, wide, n_pairs, c, err);
     default:
-        launch_merge<256>(p, wide, n_pairs, st);
-        break;
+        return launch_merge<256>(p, wide, n_pairs, c, err);
     }
-    return cuda_check_launch("attention merge", err);
+}
+
+/* Most chunks a v2 split merges inside the attention kernel (tensor-core path), past which
+ * the merge kernel runs; MLXCEL_ATT_FUSE_MAX overrides it, for measurement. */
+#define ATT_FUSE_MAX_CHUNKS 16
+#define ATT_FUSE_LIMIT      64 /* what att_merge_last's shared memory allows */
+
+static int att_fuse_max(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *env = getenv("MLXCEL_ATT_FUSE_MAX");
+        v = env && *env ? atoi(env) : ATT_FUSE_MAX_CHUNKS;
+        if (v < 0) v = 0;
+        if (v > ATT_FUSE_LIMIT) v = ATT_FUSE_LIMIT;
+    }
+    return v;
 }
 
 /* A v2 plan this launch can serve: chunks within the grid and covering the longest sequence,
@@ -996,22 +1109,36 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
     p.pages_per_chunk = INT_MAX;
     p.scale_log2 = scale * ATT_LOG2E;
     p.stages = stages;
-    cudaStream_t st = cuda_impl(be)->stream;
+    cuda_backend *c = cuda_impl(be);
 
     if (batch->max_q_len > 1 && cuda_prefill_supported(layer, batch)) {
         if (cuda_attention_prefill(be, q, layer, batch, n_heads, scale, out, err)) return -1;
     } else if (batch->max_q_len > 1) {
         p.decode = 0;
-        if (run_pass(p, layer, 1, st, err)) return -1;
+        if (run_pass(p, layer, 1, c, err)) return -1;
     }
     p.decode = 1;
     if (!v2_usable(plan, batch, n_heads, hd, layer->block_size))
-        return run_pass(p, layer, 1, st, err);
+        return run_pass(p, layer, 1, c, err);
     p.split = 1;
     p.pages_per_chunk = plan->pages_per_chunk;
     p.max_chunks = plan->max_chunks;
     p.partial = (float *)plan->workspace;
     p.lse = p.partial + (size_t)batch->n_seqs * plan->max_chunks * n_heads * hd;
-    if (run_pass(p, layer, plan->max_chunks, st, err)) return -1;
-    return run_merge(p, hd, st, err);
+    if (mma_decode_fits(p, layer) && plan->max_chunks <= att_fuse_max()) {
+        const size_t bytes = (size_t)batch->n_seqs * nkv * sizeof(unsigned);
+        const size_t cap = c->att_count_bytes;
+        if (cuda_scratch(be, &c->att_count, &c->att_count_bytes, bytes, "attention", err))
+            return -1;
+        /* The counters start at zero once and every launch leaves them there. */
+        if (c->att_count_bytes != cap) {
+            cudaError_t e = cudaMemsetAsync(c->att_count, 0, c->att_count_bytes, c->stream);
+            if (e != cudaSuccess)
+                return base_fail(err, "cuda: attention: chunk counters: %s", cudaGetErrorString(e));
+        }
+        p.count = (unsigned *)c->att_count;
+        return run_pass(p, layer, plan->max_chunks, c, err);
+    }
+    if (run_pass(p, layer, plan->max_chunks, c, err)) return -1;
+    return run_merge(p, hd, c, err);
 }
