@@ -59,6 +59,7 @@ typedef struct att_params {
     float *partial;  /* (n_decode, max_chunks, n_heads, head_dim) */
     float *lse;      /* (n_decode, max_chunks, n_heads) */
     unsigned *count; /* (n_decode, n_kv_heads) chunks done, for the merge in the attention */
+    int pf_tiles;    /* tensor-core decode: tiles of a chunk prefetched to L2 before the wait */
     float scale_log2;
     int stages; /* shared-memory pages in flight + 1, ATT_MIN_STAGES..ATT_MAX_STAGES */
 } att_params;
@@ -485,6 +486,10 @@ __device__ void att_merge_last(const att_params &p, int row, int drow, int kvh, 
     }
 }
 
+__device__ __forceinline__ void att_prefetch_l2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 /* Three resident CTAs per SM: q's first term and the output accumulators live in registers
  * (at most 168, none spilled at head_dim 128), and two stages of 16-token tiles take 64 KB per
  * CTA, plus 4 KB per further term of q. */
@@ -521,6 +526,25 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
         const int t_begin = p_begin == 0 ? fpo / ATT_TC_TILE : p_begin * tpp;
         const int t_live = (fpo + n_vis + ATT_TC_TILE - 1) / ATT_TC_TILE;
         const int t_end = p_end * tpp < t_live ? p_end * tpp : t_live;
+        /* Before the wait, the chunk's first pf_tiles tiles of K and V into L2, so that the
+         * pipeline's first copies after it hit L2. Coherent: an append the previous kernel is
+         * still making lands in L2 as well, and cp.async.cg reads from there. */
+        {
+            constexpr int LPT = D * (int)sizeof(KT) / 128; /* 128-byte lines per token row */
+            static_assert(LPT >= 1, "a token row spans whole lines");
+            const int n_pf = t_end - t_begin < p.pf_tiles ? t_end - t_begin : p.pf_tiles;
+            for (int u = threadIdx.x; u < n_pf * ATT_TC_TILE * LPT; u += ATT_TC_WARPS * 32) {
+                const int slot =
+                    (t_begin + u / (ATT_TC_TILE * LPT)) * ATT_TC_TILE + (u / LPT) % ATT_TC_TILE;
+                if (slot < fpo || slot >= fpo + n_vis) continue;
+                const uint64_t off =
+                    ((uint64_t)pages[slot / bs] * (uint64_t)bs + (uint64_t)(slot % bs)) *
+                        row_stride +
+                    (uint64_t)(u % LPT) * (128 / sizeof(KT));
+                att_prefetch_l2(kp + off);
+                att_prefetch_l2(vp + off);
+            }
+        }
         cuda_pdl_wait();
 
         /* q's first term as A fragments in registers: register r holds rows g (+8 for odd
@@ -1109,6 +1133,10 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
     p.pages_per_chunk = INT_MAX;
     p.scale_log2 = scale * ATT_LOG2E;
     p.stages = stages;
+    {
+        const char *env = getenv("MLXCEL_ATT_PF");
+        p.pf_tiles = env && *env ? atoi(env) : 8;
+    }
     cuda_backend *c = cuda_impl(be);
 
     if (batch->max_q_len > 1 && cuda_prefill_supported(layer, batch)) {
