@@ -60,6 +60,7 @@ typedef struct att_params {
     float *lse;      /* (n_decode, max_chunks, n_heads) */
     unsigned *count; /* (n_decode, n_kv_heads) chunks done, for the merge in the attention */
     int pf_tiles;    /* tensor-core decode: tiles of a chunk prefetched to L2 before the wait */
+    int trig;        /* measurement: trigger dependents at the start (1) or not at all (0) */
     float scale_log2;
     int stages; /* shared-memory pages in flight + 1, ATT_MIN_STAGES..ATT_MAX_STAGES */
 } att_params;
@@ -188,7 +189,7 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
     const uint64_t row_stride = (uint64_t)p.n_kv_heads * D;
     const KT *kp = (const KT *)p.k_pool + (uint64_t)kvh * D;
     const KT *vp = (const KT *)p.v_pool + (uint64_t)kvh * D;
-    cuda_pdl_trigger();
+    if (p.trig) cuda_pdl_trigger();
 
     for (int row = blockIdx.z; row < p.n_tokens; row += gridDim.z) {
         const int s = seq_of_row(p.q_indptr, p.n_seqs, row);
@@ -511,7 +512,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
     const uint64_t row_stride = (uint64_t)p.n_kv_heads * D;
     const KT *kp = (const KT *)p.k_pool + (uint64_t)kvh * D;
     const KT *vp = (const KT *)p.v_pool + (uint64_t)kvh * D;
-    cuda_pdl_trigger();
+    if (p.trig) cuda_pdl_trigger();
 
     for (int row = blockIdx.z; row < p.n_tokens; row += gridDim.z) {
         const int s = seq_of_row(p.q_indptr, p.n_seqs, row);
@@ -809,7 +810,7 @@ __global__ void __launch_bounds__(ATT_MERGE_WARPS * 32) merge_kernel(att_params 
     __shared__ float mx_s[MW], den_s[MW];       /* each warp's max and weight sum */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % MW;
     const int64_t n_pairs = (int64_t)p.n_tokens * p.n_heads;
-    cuda_pdl_trigger();
+    if (p.trig) cuda_pdl_trigger();
     for (int64_t base = (int64_t)blockIdx.x * PAIRS; base < n_pairs;
          base += (int64_t)gridDim.x * PAIRS) {
         const int64_t pair = base + warp / MW;
@@ -1136,6 +1137,10 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
     {
         const char *env = getenv("MLXCEL_ATT_PF");
         p.pf_tiles = env && *env ? atoi(env) : 8;
+        env = getenv("MLXCEL_ATT_TRIG");
+        p.trig = env && *env ? atoi(env) : 1;
+        env = getenv("MLXCEL_ATT_SKIP");
+        if (env && *env == '1' && batch->max_q_len == 1) return 0;
     }
     cuda_backend *c = cuda_impl(be);
 
