@@ -1104,6 +1104,12 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
     while (group % gb) gb >>= 1;
     /* Fewer stages when a large block would not fit. */
     int stages = cuda_impl(be)->att_stages;
+    {
+        const char *env = getenv("MLXCEL_ATT_STAGES");
+        if (env && *env && batch->max_q_len == 1) stages = atoi(env);
+        if (stages < ATT_MIN_STAGES) stages = ATT_MIN_STAGES;
+        if (stages > ATT_MAX_STAGES) stages = ATT_MAX_STAGES;
+    }
     while (stages > ATT_MIN_STAGES &&
            att_smem_bytes(hd, gb, layer->block_size, stages, 2) > ATT_SMEM_MAX)
         stages--;
