@@ -44,15 +44,23 @@ uint64_t attn_workspace_bytes(int n_heads, int n_kv_heads, int head_dim, int blo
  * (each is bounded by the bytes it keeps in flight); a split costs ATTN_PLAN_V2_COST times
  * that, for the merge and the workspace traffic. Chunkings past ATTN_PLAN_WAVES waves, or
  * within ATTN_PLAN_SLACK of a chunking with fewer chunks, gain too little for their workspace
- * and merge. */
+ * and merge. No split makes chunks of fewer than ATTN_PLAN_MIN_PAGES pages: a CTA's fixed
+ * latency (its batch arrays, q, the first copies, its epilogue) and the merge outweigh what
+ * so short a chunk saves, which the wave model does not see when the grid is far from a wave.
+ * H200, batch-1 decode of the Llama-3.1-8B shape (blocks of 32, contexts 512 to 640, the
+ * decode step's tok/s): 8 CTAs of v1 486.1, 2 chunks of 16 pages 468.9, 4 of 8 459.5, 32 of 1
+ * 460.5; at contexts of 64 and 1024 to 1152, v1 also beat one-page chunks by 4-5%. The
+ * large-batch shapes' chunks are 43 pages and more, so they keep their plans. */
 #define ATTN_PLAN_SOLO      1.25
 #define ATTN_PLAN_CTA_PAGES 2
 #define ATTN_PLAN_V2_COST   1.05
 #define ATTN_PLAN_WAVES     4
 #define ATTN_PLAN_SLACK     1.02
+#define ATTN_PLAN_MIN_PAGES 32
 
 /* Picks the decode path for the batch's decode rows. Candidates: one chunk (v1) and, for w =
- * 1 to ATTN_PLAN_WAVES, the most chunks whose CTAs fit in w waves; the plan is the candidate
+ * 1 to ATTN_PLAN_WAVES, the most chunks whose CTAs fit in w waves and whose chunks hold
+ * ATTN_PLAN_MIN_PAGES pages or more; the plan is the candidate
  * of fewest chunks whose modelled time is within ATTN_PLAN_SLACK times the least; v2 when
  * that is more than one chunk, within ATTN_GRID_YZ_MAX chunks and the workspace. Environment:
  * MLXCEL_PAGED_ATTENTION_NATIVE=0 forces gather, =1 forces v2. `batch` is host memory;

@@ -45,15 +45,16 @@ static double plan_time(int64_t items, int64_t chunks, int64_t ppc, int target) 
 }
 
 /* The candidate chunking for w waves (w = 0: one chunk): the most chunks whose CTAs fit in w
- * waves, within the grid limit. Returns the chunk count, 0 when w waves hold no split. */
+ * waves, of ATTN_PLAN_MIN_PAGES pages or more, within the grid limit. Returns the chunk count,
+ * 0 when w waves hold no split. */
 static int64_t wave_chunks(int64_t items, int64_t max_pages, int target, int64_t w, int64_t *ppc) {
     if (w == 0) {
         *ppc = max_pages;
         return 1;
     }
     int64_t c = w * target / items;
+    if (c > max_pages / ATTN_PLAN_MIN_PAGES) c = max_pages / ATTN_PLAN_MIN_PAGES;
     if (c < 2) return 0;
-    if (c > max_pages) c = max_pages;
     *ppc = div_ceil(max_pages, c);
     int64_t ppc_min = div_ceil(max_pages, ATTN_GRID_YZ_MAX);
     if (*ppc < ppc_min) *ppc = ppc_min;
@@ -89,12 +90,15 @@ uint64_t attn_workspace_bytes(int n_heads, int n_kv_heads, int head_dim, int blo
     uint64_t best = 0;
     for (int64_t n = 1; n <= max_seqs; n++) {
         /* No plan for n rows has more chunks than fit in ATTN_PLAN_WAVES waves, nor more
-         * than its pages; from the row count whose waves hold no second chunk on, all v1. */
+         * than chunks of ATTN_PLAN_MIN_PAGES pages, nor more than the grid holds; from the
+         * row count whose waves hold no second chunk on, all v1. */
         int64_t bound = (int64_t)ATTN_PLAN_WAVES * target / (n * n_kv_heads);
-        if (bound > max_pages) bound = max_pages;
+        if (bound > max_pages / ATTN_PLAN_MIN_PAGES) bound = max_pages / ATTN_PLAN_MIN_PAGES;
+        if (bound > ATTN_GRID_YZ_MAX) bound = ATTN_GRID_YZ_MAX;
         if (bound < 2) break;
         int64_t most = 0;
-        for (int64_t pages = max_pages; pages >= 2 && pages > most && most < bound; pages--) {
+        for (int64_t pages = max_pages; pages / ATTN_PLAN_MIN_PAGES > most && most < bound;
+             pages--) {
             int64_t ppc;
             int64_t chunks = plan_chunks(n, n_kv_heads, pages, target, &ppc);
             if (chunks > most) most = chunks;

@@ -69,20 +69,21 @@ static int64_t planned(int n, int pages, int kv, int target, int64_t *ppc) {
 }
 
 /* With room to spare, the plan is, of one chunk and every whole number of waves up to
- * ATTN_PLAN_WAVES (each with as many chunks as fit), the one of fewest chunks whose modelled
- * time is within ATTN_PLAN_SLACK of the least. */
+ * ATTN_PLAN_WAVES (each with as many chunks of ATTN_PLAN_MIN_PAGES pages or more as fit), the
+ * one of fewest chunks whose modelled time is within ATTN_PLAN_SLACK of the least. */
 static void chunk_choice(void) {
-    const int ns[] = {1, 2, 5, 64}, pages_list[] = {1, 2, 7, 64, 1000};
+    const int ns[] = {1, 2, 5, 64}, pages_list[] = {1, 2, 7, 64, 95, 1000};
     const int targets[] = {1, 8, 132, 396, 2000}, kvs[] = {1, 8};
     for (size_t a = 0; a < 4; a++)
-        for (size_t b = 0; b < 5; b++)
+        for (size_t b = 0; b < 6; b++)
             for (size_t c = 0; c < 5; c++)
                 for (size_t k = 0; k < 2; k++) {
                     int n = ns[a], pages = pages_list[b], target = targets[c], kv = kvs[k];
                     int64_t ppc, chunks = planned(n, pages, kv, target, &ppc);
                     int64_t items = (int64_t)n * kv;
                     CHECK(chunks == div_up(pages, ppc));
-                    if (pages == 1) CHECK(chunks == 1);
+                    if (pages < 2 * ATTN_PLAN_MIN_PAGES) CHECK(chunks == 1);
+                    if (chunks > 1) CHECK(ppc >= ATTN_PLAN_MIN_PAGES);
                     /* the candidates: one chunk, then each whole number of waves */
                     int64_t cand_chunks[ATTN_PLAN_WAVES + 1];
                     double cand_time[ATTN_PLAN_WAVES + 1], best;
@@ -90,7 +91,7 @@ static void chunk_choice(void) {
                     cand_time[0] = best = model_time(items, 1, pages, target);
                     for (int w = 1; w <= ATTN_PLAN_WAVES; w++) {
                         int64_t fit = (int64_t)w * target / items;
-                        if (fit > pages) fit = pages;
+                        if (fit > pages / ATTN_PLAN_MIN_PAGES) fit = pages / ATTN_PLAN_MIN_PAGES;
                         cand_chunks[w] = 0;
                         cand_time[w] = 0.0;
                         if (fit < 2) continue;
@@ -129,19 +130,34 @@ static void chunk_waves(void) {
     }
 }
 
-/* Within the slack, fewer chunks win. 6 rows x 8 kv heads of 59 pages, 132 CTAs a wave, by
- * hand: v1 costs 61 x 0.8 = 48.8; 2 chunks of 30 pages (96 CTAs) 32 x 0.8 x 1.05 = 26.88;
- * 5 chunks of 12 (240 CTAs, 1.82 waves) 14 x 1.82 x 1.05 = 26.73, the least, but within 2%
- * of 2 chunks; 8 and 10 chunks cost more. */
+/* Within the slack, fewer chunks win. 9 rows x 8 kv heads of 224 pages, 132 CTAs a wave, by
+ * hand: v1 costs 226 x 0.8 = 180.8; one wave holds no second chunk; 3 chunks of 75 pages (216
+ * CTAs, 1.8 waves) 77 x 1.8 x 1.05 = 145.53; 5 of 45 (360 CTAs, 2.8 waves) 47 x 2.8 x 1.05 =
+ * 138.18; 7 of 32, the most chunks of ATTN_PLAN_MIN_PAGES (504 CTAs, 3.82 waves), 34 x 3.82 x
+ * 1.05 = 136.31, the least, but 5 chunks are within 2% of it. */
 static void chunk_slack(void) {
-    int64_t ppc, chunks = planned(6, 59, 8, 132, &ppc);
-    CHECK_MSG(chunks == 2 && ppc == 30, "%lld chunks of %lld pages", (long long)chunks,
+    int64_t ppc, chunks = planned(9, 224, 8, 132, &ppc);
+    CHECK_MSG(chunks == 5 && ppc == 45, "%lld chunks of %lld pages", (long long)chunks,
               (long long)ppc);
+}
+
+/* Batch-1 decode of the 8B shape (8 kv heads, 396 CTAs a wave): one chunk up to 2 x
+ * ATTN_PLAN_MIN_PAGES - 1 pages, whatever the waves would take; then chunks of
+ * ATTN_PLAN_MIN_PAGES pages at least. */
+static void chunk_minimum(void) {
+    for (int pages = 1; pages <= 4096; pages++) {
+        int64_t ppc, chunks = planned(1, pages, 8, 396, &ppc);
+        if (pages < 2 * ATTN_PLAN_MIN_PAGES)
+            CHECK_MSG(chunks == 1, "%d pages: %lld chunks", pages, (long long)chunks);
+        else
+            CHECK_MSG(chunks >= 2 && ppc >= ATTN_PLAN_MIN_PAGES, "%d pages: %lld chunks of %lld",
+                      pages, (long long)chunks, (long long)ppc);
+    }
 }
 
 /* The chunk count never passes the grid limit, and a workspace caps it too. */
 static void chunk_bounds(void) {
-    int pages = 200000;
+    int pages = (ATTN_GRID_YZ_MAX + 1) * ATTN_PLAN_MIN_PAGES + 1000;
     be_paged_batch b = decode_batch(1, pages, 1);
     be_kv_layer layer = {NULL, NULL, BASE_DTYPE_F16, 1, 1, 1, 64};
     static char big[1];
@@ -182,7 +198,7 @@ static void workspace_matches_plans(void) {
     const int targets[] = {16, 132, 512};
     static char ws[1];
     for (size_t t = 0; t < 6; t++) {
-        int n_heads = 12, kv = 4, dim = 64, bs = 8, max_seqs = t < 3 ? 6 : 1, max_ctx = 300;
+        int n_heads = 12, kv = 4, dim = 64, bs = 8, max_seqs = t < 3 ? 6 : 1, max_ctx = 3000;
         uint64_t reserve =
             attn_workspace_bytes(n_heads, kv, dim, bs, max_seqs, max_ctx, targets[t % 3]);
         uint64_t largest = 0;
@@ -322,6 +338,7 @@ int main(void) {
     chunk_choice();
     chunk_waves();
     chunk_slack();
+    chunk_minimum();
     chunk_bounds();
     workspace_matches_plans();
     environment();

@@ -59,8 +59,6 @@ typedef struct att_params {
     float *partial;  /* (n_decode, max_chunks, n_heads, head_dim) */
     float *lse;      /* (n_decode, max_chunks, n_heads) */
     unsigned *count; /* (n_decode, n_kv_heads) chunks done, for the merge in the attention */
-    int pf_tiles;    /* tensor-core decode: tiles of a chunk prefetched to L2 before the wait */
-    int trig;        /* measurement: trigger dependents at the start (1) or not at all (0) */
     float scale_log2;
     int stages; /* shared-memory pages in flight + 1, ATT_MIN_STAGES..ATT_MAX_STAGES */
 } att_params;
@@ -189,7 +187,6 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
     const uint64_t row_stride = (uint64_t)p.n_kv_heads * D;
     const KT *kp = (const KT *)p.k_pool + (uint64_t)kvh * D;
     const KT *vp = (const KT *)p.v_pool + (uint64_t)kvh * D;
-    if (p.trig) cuda_pdl_trigger();
 
     for (int row = blockIdx.z; row < p.n_tokens; row += gridDim.z) {
         const int s = seq_of_row(p.q_indptr, p.n_seqs, row);
@@ -487,10 +484,6 @@ __device__ void att_merge_last(const att_params &p, int row, int drow, int kvh, 
     }
 }
 
-__device__ __forceinline__ void att_prefetch_l2(const void *p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 /* Three resident CTAs per SM: q's first term and the output accumulators live in registers
  * (at most 168, none spilled at head_dim 128), and two stages of 16-token tiles take 64 KB per
  * CTA, plus 4 KB per further term of q. */
@@ -512,7 +505,6 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
     const uint64_t row_stride = (uint64_t)p.n_kv_heads * D;
     const KT *kp = (const KT *)p.k_pool + (uint64_t)kvh * D;
     const KT *vp = (const KT *)p.v_pool + (uint64_t)kvh * D;
-    if (p.trig) cuda_pdl_trigger();
 
     for (int row = blockIdx.z; row < p.n_tokens; row += gridDim.z) {
         const int s = seq_of_row(p.q_indptr, p.n_seqs, row);
@@ -527,25 +519,6 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
         const int t_begin = p_begin == 0 ? fpo / ATT_TC_TILE : p_begin * tpp;
         const int t_live = (fpo + n_vis + ATT_TC_TILE - 1) / ATT_TC_TILE;
         const int t_end = p_end * tpp < t_live ? p_end * tpp : t_live;
-        /* Before the wait, the chunk's first pf_tiles tiles of K and V into L2, so that the
-         * pipeline's first copies after it hit L2. Coherent: an append the previous kernel is
-         * still making lands in L2 as well, and cp.async.cg reads from there. */
-        {
-            constexpr int LPT = D * (int)sizeof(KT) / 128; /* 128-byte lines per token row */
-            static_assert(LPT >= 1, "a token row spans whole lines");
-            const int n_pf = t_end - t_begin < p.pf_tiles ? t_end - t_begin : p.pf_tiles;
-            for (int u = threadIdx.x; u < n_pf * ATT_TC_TILE * LPT; u += ATT_TC_WARPS * 32) {
-                const int slot =
-                    (t_begin + u / (ATT_TC_TILE * LPT)) * ATT_TC_TILE + (u / LPT) % ATT_TC_TILE;
-                if (slot < fpo || slot >= fpo + n_vis) continue;
-                const uint64_t off =
-                    ((uint64_t)pages[slot / bs] * (uint64_t)bs + (uint64_t)(slot % bs)) *
-                        row_stride +
-                    (uint64_t)(u % LPT) * (128 / sizeof(KT));
-                att_prefetch_l2(kp + off);
-                att_prefetch_l2(vp + off);
-            }
-        }
         cuda_pdl_wait();
 
         /* q's first term as A fragments in registers: register r holds rows g (+8 for odd
@@ -810,7 +783,6 @@ __global__ void __launch_bounds__(ATT_MERGE_WARPS * 32) merge_kernel(att_params 
     __shared__ float mx_s[MW], den_s[MW];       /* each warp's max and weight sum */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % MW;
     const int64_t n_pairs = (int64_t)p.n_tokens * p.n_heads;
-    if (p.trig) cuda_pdl_trigger();
     for (int64_t base = (int64_t)blockIdx.x * PAIRS; base < n_pairs;
          base += (int64_t)gridDim.x * PAIRS) {
         const int64_t pair = base + warp / MW;
@@ -891,28 +863,23 @@ __global__ void __launch_bounds__(ATT_MERGE_WARPS * 32) merge_kernel(att_params 
     cuda_pdl_wait();
 }
 
-/* Every kernel here launches with PDL (cuda_launch_pdl): each triggers its dependents at its
- * start and reads the batch's arrays before its wait, q, the pool and the workspace after it.
- * The dynamic shared-memory limit is raised first, as past 48 KB it must be.
- * MLXCEL_ATT_PDL=0 launches them plainly, for comparison. */
+/* Every kernel here launches with PDL (cuda_launch_pdl): it may start while the kernel before
+ * it ends, reads the batch's arrays before its wait and q, the pool and the workspace after it,
+ * and never triggers its dependents early, so the o GEMV after it starts when it ends. On the
+ * H200, batch-1 decode of the 8B shape at contexts 512 to 640 (v1 on 8 CTAs; tok/s of the
+ * decode step): plain launches 480.1, PDL 486.1, PDL with a trigger at each CTA's start 462.8
+ * (the GEMV's early weight loads then slow the attention itself), PDL with the chunk's K and V
+ * prefetched to L2 before the wait 483.0. The dynamic shared-memory limit is raised first, as
+ * past 48 KB it must be. */
 template <typename K>
 static int att_launch(cuda_backend *c, K kern, dim3 grid, int threads, size_t smem,
                       const att_params &p, const char *what, base_err *err) {
-    static int pdl = -1;
-    if (pdl < 0) {
-        const char *env = getenv("MLXCEL_ATT_PDL");
-        pdl = !(env && strcmp(env, "0") == 0);
-    }
     if (smem > 48 * 1024) {
         cudaError_t e =
             cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess)
             return base_fail(err, "cuda: %s: %zu bytes of shared memory: %s", what, smem,
                              cudaGetErrorString(e));
-    }
-    if (!pdl) {
-        kern<<<grid, threads, smem, c->stream>>>(p);
-        return cuda_check_launch(what, err);
     }
     return cuda_launch_pdl(c, kern, grid, dim3(threads), smem, what, err, p);
 }
@@ -984,7 +951,12 @@ static int dispatch_mma_split(const att_params &p, bool exact, dim3 grid, size_t
 /* The tensor-core decode kernel takes head_dim 64 or 128, groups of up to 16 and blocks of a
  * multiple of 16 tokens; every other decode shape runs on paged_attention_kernel. */
 static bool mma_decode_fits(const att_params &p, const be_kv_layer *layer) {
-    return p.decode && (layer->head_dim == 64 || layer->head_dim == 128) &&
+    static int off = -1;
+    if (off < 0) {
+        const char *env = getenv("MLXCEL_ATT_NOMMA");
+        off = env && *env == '1';
+    }
+    return !off && p.decode && (layer->head_dim == 64 || layer->head_dim == 128) &&
            p.group <= ATT_TC_ROWS && layer->block_size % ATT_TC_TILE == 0;
 }
 
@@ -1053,7 +1025,7 @@ static int run_merge(const att_params &p, int head_dim, cuda_backend *c, base_er
 
 /* Most chunks a v2 split merges inside the attention kernel (tensor-core path), past which
  * the merge kernel runs; MLXCEL_ATT_FUSE_MAX overrides it, for measurement. */
-#define ATT_FUSE_MAX_CHUNKS 16
+#define ATT_FUSE_MAX_CHUNKS 2
 #define ATT_FUSE_LIMIT      64 /* what att_merge_last's shared memory allows */
 
 static int att_fuse_max(void) {
@@ -1104,12 +1076,6 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
     while (group % gb) gb >>= 1;
     /* Fewer stages when a large block would not fit. */
     int stages = cuda_impl(be)->att_stages;
-    {
-        const char *env = getenv("MLXCEL_ATT_STAGES");
-        if (env && *env && batch->max_q_len == 1) stages = atoi(env);
-        if (stages < ATT_MIN_STAGES) stages = ATT_MIN_STAGES;
-        if (stages > ATT_MAX_STAGES) stages = ATT_MAX_STAGES;
-    }
     while (stages > ATT_MIN_STAGES &&
            att_smem_bytes(hd, gb, layer->block_size, stages, 2) > ATT_SMEM_MAX)
         stages--;
@@ -1140,14 +1106,6 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
     p.pages_per_chunk = INT_MAX;
     p.scale_log2 = scale * ATT_LOG2E;
     p.stages = stages;
-    {
-        const char *env = getenv("MLXCEL_ATT_PF");
-        p.pf_tiles = env && *env ? atoi(env) : 8;
-        env = getenv("MLXCEL_ATT_TRIG");
-        p.trig = env && *env ? atoi(env) : 1;
-        env = getenv("MLXCEL_ATT_SKIP");
-        if (env && *env == '1' && batch->max_q_len == 1) return 0;
-    }
     cuda_backend *c = cuda_impl(be);
 
     if (batch->max_q_len > 1 && cuda_prefill_supported(layer, batch)) {
