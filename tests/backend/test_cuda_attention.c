@@ -3,11 +3,10 @@
  * scattered pages, lengths that are not multiples of the block size, a first-page offset, and
  * mixed prefill + decode batches. Pool slots no live token occupies hold NaN, so reading one
  * shows. Decode rows at head_dim 64/128, blocks of 16/32 and groups up to 16 run on the tensor
- * cores, in single terms for 16-bit activations and split terms for F32 (whose bound is F32's);
- * the other cases keep the F32 kernel. v2 plans run from one chunk to hundreds, so both the
- * merge inside the tensor-core kernel and the merge kernel run; each launch leaves the chunk
- * counters of the first at zero for the next, which every later plan relies on. Skipped when no
- * CUDA device is present. */
+ * cores, in single terms for 16-bit activations and split terms for F32 (whose bound is F32's),
+ * unless the decode grid has at most 16 CTAs (a few rows of few kv heads); the other cases keep
+ * the F32 kernel. v2 plans run from one chunk to hundreds, their merge kernel taking one chunk's
+ * weights or many blocks of them. Skipped when no CUDA device is present. */
 #include "test_cuda_util.h"
 
 #include <math.h>
@@ -62,8 +61,7 @@ static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, i
     be_paged_batch db = tc_dev_batch(be, &b);
     be_tensor tq = tc_tensor(be, q, c->act_dt, b.n_tokens, (int64_t)H * D);
     /* plans: none (v1), v1, gather (served as v1), v2 at 1 and 3 pages per chunk and in 2 and
-     * 1 chunks: a few chunks are merged inside the tensor-core kernel, many by the merge
-     * kernel (the mixed batch at blocks of 16 and the long row take that at one page) */
+     * 1 chunks */
     const int whole = b.max_pages + 1;
     int kinds[] = {-1,           BE_DECODE_V1, BE_DECODE_GATHER, BE_DECODE_V2,
                    BE_DECODE_V2, BE_DECODE_V2, BE_DECODE_V2};

@@ -453,9 +453,10 @@ int main(void) {
                           {128, 64, 32, 256, 256, 12, 4},
                           {128, 64, 32, 256, 256, 12, 8}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(gpu, &cases[i]);
-    /* Through the attention: 8B-like (a GQA group of 4) and the small model on the tensor-core
-     * kernel, the fixtures' shape (head_dim 32) on the F32 one; v1, and v2 of 1, 2 and 10 pages
-     * a chunk (the long row in 19, 10 and 2 chunks, the short one in 5, 3 and 1). */
+    /* Through the attention: 8B-like (a GQA group of 4), the small model and the fixtures'
+     * shape (head_dim 32); v1, and v2 of 1, 2 and 10 pages a chunk (the long row in 19, 10 and
+     * 2 chunks, the short one in 5, 3 and 1). Grids of up to 16 CTAs run on the F32 kernel,
+     * larger ones at head_dim 64 and 128 on the tensor cores, so both take part. */
     for (size_t i = 0; i < 3; i++) {
         const int ppcs[] = {0, 1, 2, 10};
         for (size_t k = 0; k < sizeof ppcs / sizeof ppcs[0]; k++)

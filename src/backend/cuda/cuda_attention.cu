@@ -2,8 +2,9 @@
  * pages of a be_paged_batch.
  *
  * Decode rows (q_len == 1) at head_dim 64 or 128, groups of up to 16 query heads and blocks of
- * a multiple of 16 tokens run on the tensor cores (paged_decode_mma_kernel, described there).
- * Everything else runs on paged_attention_kernel, in F32:
+ * a multiple of 16 tokens run on the tensor cores (paged_decode_mma_kernel, described there),
+ * unless their grid is tiny (ATT_F32_DECODE_CTAS). Everything else runs on
+ * paged_attention_kernel, in F32:
  *
  * Design: one CTA per (token row, kv head, chunk) serves the whole GQA group of that kv head
  * (up to ATT_MAX_GROUP query heads; larger groups split into sub-groups), so each K/V byte is
@@ -56,9 +57,8 @@ typedef struct att_params {
     int pages_per_chunk; /* INT_MAX for one chunk */
     int split;           /* v2: write partial + lse instead of out */
     int max_chunks;
-    float *partial;  /* (n_decode, max_chunks, n_heads, head_dim) */
-    float *lse;      /* (n_decode, max_chunks, n_heads) */
-    unsigned *count; /* (n_decode, n_kv_heads) chunks done, for the merge in the attention */
+    float *partial; /* (n_decode, max_chunks, n_heads, head_dim) */
+    float *lse;     /* (n_decode, max_chunks, n_heads) */
     float scale_log2;
     int stages; /* shared-memory pages in flight + 1, ATT_MIN_STAGES..ATT_MAX_STAGES */
 } att_params;
@@ -132,12 +132,6 @@ __device__ __forceinline__ bool chunk_pages(const att_params &p, int s, int n_vi
     *p_begin = (int)pb64;
     *p_end = n_pages - *p_begin > p.pages_per_chunk ? *p_begin + p.pages_per_chunk : n_pages;
     return true;
-}
-
-/* Chunks of a decode row's v2 split: those chunk_pages finds pages for. */
-__device__ __forceinline__ int row_chunks(const att_params &p, int fpo, int n_vis) {
-    const int n_pages = (fpo + n_vis + p.block_size - 1) / p.block_size;
-    return (n_pages + p.pages_per_chunk - 1) / p.pages_per_chunk;
 }
 
 template <int D, int GB> struct att_geom {
@@ -431,63 +425,10 @@ static size_t att_tc_smem_bytes(int head_dim, int n_stages, int split) {
     return att_tc_work_bytes(head_dim, n_stages) + (size_t)(split - 1) * ATT_TC_ROWS * head_dim * 2;
 }
 
-/* The merge inside the attention: each chunk's CTA has left its partials and lse in the
- * workspace; the last of a (decode row, kv head)'s n_chunks CTAs to finish (a ticket per pair,
- * which it puts back to zero for the next launch) combines them into out as merge_kernel
- * does. What other CTAs wrote is read through L2 (__ldcg), past this SM's L1. Block-wide;
- * ws is free shared memory of (16, n_chunks) + 16 floats. */
-template <int D>
-__device__ void att_merge_last(const att_params &p, int row, int drow, int kvh, int n_chunks,
-                               float *ws) {
-    __shared__ unsigned last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned *cnt = p.count + (size_t)drow * p.n_kv_heads + kvh;
-        last = atomicAdd(cnt, 1u) == (unsigned)n_chunks - 1;
-        if (last) *cnt = 0;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    const int head0 = kvh * p.group;
-    const size_t cell0 = (size_t)drow * p.max_chunks * p.n_heads + head0;
-    float *den_s = ws + ATT_TC_ROWS * n_chunks; /* (16) */
-    for (int h = warp; h < p.group; h += nw) {
-        float mx = -INFINITY;
-        for (int c = lane; c < n_chunks; c += 32)
-            mx = fmaxf(mx, __ldcg(p.lse + cell0 + (size_t)c * p.n_heads + h));
-        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        float den = 0.0f;
-        for (int c = lane; c < n_chunks; c += 32) {
-            const float w = mx == -INFINITY
-                                ? 0.0f
-                                : __expf(__ldcg(p.lse + cell0 + (size_t)c * p.n_heads + h) - mx);
-            ws[h * n_chunks + c] = w;
-            den += w;
-        }
-        den = cuda_warp_sum(den);
-        if (lane == 0) den_s[h] = den;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < p.group * D; i += blockDim.x) {
-        const int h = i / D, d = i % D;
-        const float *part = p.partial + (cell0 + h) * D + d;
-        float num = 0.0f;
-#pragma unroll 4
-        for (int c = 0; c < n_chunks; c++)
-            num = fmaf(ws[h * n_chunks + c], __ldcg(part + (size_t)c * p.n_heads * D), num);
-        const float den = den_s[h];
-        cuda_store(p.out, p.out_dt, (size_t)row * p.n_heads * D + (size_t)(head0 + h) * D + d,
-                   den > 0.0f ? num / den : 0.0f);
-    }
-}
-
 /* Three resident CTAs per SM: q's first term and the output accumulators live in registers
  * (at most 168, none spilled at head_dim 128), and two stages of 16-token tiles take 64 KB per
  * CTA, plus 4 KB per further term of q. */
-template <int D, int SPLIT, bool MERGE, typename KT>
+template <int D, int SPLIT, typename KT>
 __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(att_params p) {
     constexpr int CH = D / 8;             /* 16-byte chunks per token row */
     constexpr int KS = D / 16;            /* k-steps of Q K^T */
@@ -732,7 +673,6 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
                 cuda_store(p.out, p.out_dt, (size_t)row * p.n_heads * D + (size_t)hg * D + d, v);
             }
         }
-        if (MERGE) att_merge_last<D>(p, row, drow, kvh, row_chunks(p, fpo, n_vis), (float *)smem);
         __syncthreads();
     }
     cuda_pdl_wait();
@@ -931,11 +871,8 @@ static int dispatch(const att_params &p, int head_dim, int gb, dim3 grid, size_t
 template <int D, int SPLIT, typename KT>
 static int launch_decode_mma(const att_params &p, dim3 grid, size_t smem, cuda_backend *c,
                              base_err *err) {
-    if (p.count)
-        return att_launch(c, paged_decode_mma_kernel<D, SPLIT, true, KT>, grid, ATT_TC_WARPS * 32,
-                          smem, p, "attention (tensor cores, merged)", err);
-    return att_launch(c, paged_decode_mma_kernel<D, SPLIT, false, KT>, grid, ATT_TC_WARPS * 32,
-                      smem, p, "attention (tensor cores)", err);
+    return att_launch(c, paged_decode_mma_kernel<D, SPLIT, KT>, grid, ATT_TC_WARPS * 32, smem, p,
+                      "attention (tensor cores)", err);
 }
 
 template <int D, typename KT>
@@ -951,12 +888,7 @@ static int dispatch_mma_split(const att_params &p, bool exact, dim3 grid, size_t
 /* The tensor-core decode kernel takes head_dim 64 or 128, groups of up to 16 and blocks of a
  * multiple of 16 tokens; every other decode shape runs on paged_attention_kernel. */
 static bool mma_decode_fits(const att_params &p, const be_kv_layer *layer) {
-    static int off = -1;
-    if (off < 0) {
-        const char *env = getenv("MLXCEL_ATT_NOMMA");
-        off = env && *env == '1';
-    }
-    return !off && p.decode && (layer->head_dim == 64 || layer->head_dim == 128) &&
+    return p.decode && (layer->head_dim == 64 || layer->head_dim == 128) &&
            p.group <= ATT_TC_ROWS && layer->block_size % ATT_TC_TILE == 0;
 }
 
@@ -982,9 +914,19 @@ static int run_decode_mma(const att_params &p0, const be_kv_layer *layer, int ch
                : dispatch_mma_split<128, __nv_bfloat16>(p, exact, grid, smem, c, err);
 }
 
+/* Decode grids of at most this many CTAs run on paged_attention_kernel even where the
+ * tensor-core kernel fits: with so few CTAs each one's serial work per token decides, and the
+ * tensor-core kernel's split q and P terms (F32 activations) and per-warp tiles cost more there.
+ * H200, batch-1 decode of the 8B shape (8 kv heads), tok/s of the decode step: contexts 512 to
+ * 640, v1 on 8 CTAs, 495.3 against 482.8; 1024 to 1152, 2 chunks (16 CTAs), 497.7 against
+ * 476.9. */
+#define ATT_F32_DECODE_CTAS 16
+
 static int run_pass(const att_params &p, const be_kv_layer *layer, int chunks, cuda_backend *c,
                     base_err *err) {
-    if (mma_decode_fits(p, layer)) return run_decode_mma(p, layer, chunks, c, err);
+    const int64_t ctas = (int64_t)p.n_tokens * p.n_kv_heads * chunks;
+    if (mma_decode_fits(p, layer) && ctas > ATT_F32_DECODE_CTAS)
+        return run_decode_mma(p, layer, chunks, c, err);
     int gb = p.group / p.n_sub;
     dim3 grid((unsigned)(p.n_kv_heads * p.n_sub), (unsigned)chunks,
               (unsigned)(p.n_tokens < ATT_GRID_MAX ? p.n_tokens : ATT_GRID_MAX));
@@ -1021,22 +963,6 @@ static int run_merge(const att_params &p, int head_dim, cuda_backend *c, base_er
     default:
         return launch_merge<256>(p, wide, n_pairs, c, err);
     }
-}
-
-/* Most chunks a v2 split merges inside the attention kernel (tensor-core path), past which
- * the merge kernel runs; MLXCEL_ATT_FUSE_MAX overrides it, for measurement. */
-#define ATT_FUSE_MAX_CHUNKS 2
-#define ATT_FUSE_LIMIT      64 /* what att_merge_last's shared memory allows */
-
-static int att_fuse_max(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *env = getenv("MLXCEL_ATT_FUSE_MAX");
-        v = env && *env ? atoi(env) : ATT_FUSE_MAX_CHUNKS;
-        if (v < 0) v = 0;
-        if (v > ATT_FUSE_LIMIT) v = ATT_FUSE_LIMIT;
-    }
-    return v;
 }
 
 /* A v2 plan this launch can serve: chunks within the grid and covering the longest sequence,
@@ -1122,20 +1048,6 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
     p.max_chunks = plan->max_chunks;
     p.partial = (float *)plan->workspace;
     p.lse = p.partial + (size_t)batch->n_seqs * plan->max_chunks * n_heads * hd;
-    if (mma_decode_fits(p, layer) && plan->max_chunks <= att_fuse_max()) {
-        const size_t bytes = (size_t)batch->n_seqs * nkv * sizeof(unsigned);
-        const size_t cap = c->att_count_bytes;
-        if (cuda_scratch(be, &c->att_count, &c->att_count_bytes, bytes, "attention", err))
-            return -1;
-        /* The counters start at zero once and every launch leaves them there. */
-        if (c->att_count_bytes != cap) {
-            cudaError_t e = cudaMemsetAsync(c->att_count, 0, c->att_count_bytes, c->stream);
-            if (e != cudaSuccess)
-                return base_fail(err, "cuda: attention: chunk counters: %s", cudaGetErrorString(e));
-        }
-        p.count = (unsigned *)c->att_count;
-        return run_pass(p, layer, plan->max_chunks, c, err);
-    }
     if (run_pass(p, layer, plan->max_chunks, c, err)) return -1;
     return run_merge(p, hd, c, err);
 }

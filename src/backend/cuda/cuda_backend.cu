@@ -38,7 +38,6 @@ static void cuda_destroy(be_backend *be) {
     cudaFreeHost(c->tk_host);
     cudaFree(c->ftmp);
     cudaFree(c->gmma_buf);
-    cudaFree(c->att_count);
     cudaStreamDestroy(c->stream);
     free(c);
     free(be);

@@ -42,9 +42,6 @@ typedef struct cuda_backend {
     /* (gmma_bytes) the tensor-core GEMV's m-block counters and partial sums */
     void *gmma_buf;
     size_t gmma_bytes;
-    /* (att_count_bytes) decode attention's chunk counters for its in-kernel merge */
-    void *att_count;
-    size_t att_count_bytes;
     /* Which decode GEMV cuda_gemv1 runs: CUDA_GEMV_AUTO, or one forced for benchmarks. */
     int gemv_kernel;
 } cuda_backend;
