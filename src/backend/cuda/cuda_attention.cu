@@ -29,6 +29,7 @@ extern "C" {
 }
 
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 #include <type_traits>
 
@@ -411,9 +412,58 @@ __device__ __forceinline__ void split2(float x, float y, uint32_t *terms) {
 /* Shared memory of the tensor-core decode kernel: every warp's stages of K and V tiles, which
  * the final combine of (ATT_TC_WARPS, 16) rows of D floats plus their max and sum reuses. */
 static __host__ __device__ size_t att_tc_work_bytes(int head_dim, int n_stages) {
-    size_t stages = (size_t)ATT_TC_WARPS * n_stages * 2 * ATT_TC_TILE * head_dim * 2;
+    size_t stages = (size_t)ATT_TC_WARPS * n_stages * 2 * ATT_TC_TILE * (head_dim + 8) * 2;
     size_t red = (size_t)ATT_TC_WARPS * ATT_TC_ROWS * (head_dim + 2) * sizeof(float);
-    return stages > red ? stages : red;
+    return (stages > red ? stages : red) + (size_t)ATT_TC_WARPS * n_stages * 8;
+}
+
+/* An L2 policy that evicts first: each K and V byte is read once per step. */
+__device__ __forceinline__ uint64_t att_evict_first(void) {
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+    return pol;
+}
+
+/* cp.async of 16 bytes (zeros when !full) with an L2 policy and a 256-byte L2 prefetch. */
+__device__ __forceinline__ void att_cp_async16_hint(void *smem, const void *gmem, bool full,
+                                                    uint64_t pol) {
+    asm volatile(
+        "cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(
+            cuda_smem_addr(smem)),
+        "l"(gmem), "r"(full ? 16 : 0), "l"(pol)
+        : "memory");
+}
+
+__device__ __forceinline__ void att_mbar_init(uint64_t *bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(cuda_smem_addr(bar)) : "memory");
+}
+
+/* The arrival of a phase that completes once `bytes` more have landed. */
+__device__ __forceinline__ void att_mbar_expect(uint64_t *bar, uint32_t bytes) {
+    asm volatile(
+        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(cuda_smem_addr(bar)),
+        "r"(bytes)
+        : "memory");
+}
+
+__device__ __forceinline__ void att_mbar_wait(uint64_t *bar, uint32_t parity) {
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "wait_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra wait_%=;\n"
+                 "}\n" ::"r"(cuda_smem_addr(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+
+/* One bulk copy of `bytes` (a multiple of 16) that completes on bar's transaction count. */
+__device__ __forceinline__ void att_bulk_copy(void *smem, const void *gmem, uint32_t bytes,
+                                              uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+                 "%2, [%3];\n" ::"r"(cuda_smem_addr(smem)),
+                 "l"(gmem), "r"(bytes), "r"(cuda_smem_addr(bar))
+                 : "memory");
 }
 
 /* The work area, then q's terms past the first: (split - 1, 16, head_dim) swizzled. */
@@ -424,12 +474,13 @@ static size_t att_tc_smem_bytes(int head_dim, int n_stages, int split) {
 /* Three resident CTAs per SM: q's first term and the output accumulators live in registers
  * (at most 168, none spilled at head_dim 128), and two stages of 16-token tiles take 64 KB per
  * CTA, plus 4 KB per further term of q. */
-template <int D, int SPLIT, typename KT>
+template <int D, int SPLIT, typename KT, int LOAD>
 __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(att_params p) {
-    constexpr int CH = D / 8;             /* 16-byte chunks per token row */
-    constexpr int KS = D / 16;            /* k-steps of Q K^T */
-    constexpr int NO = D / 8;             /* n-tiles of the output */
-    constexpr int TILE = ATT_TC_TILE * D; /* elements of one tile of K (or of V) */
+    constexpr int CH = D / 8;              /* 16-byte chunks per token row */
+    constexpr int KS = D / 16;             /* k-steps of Q K^T */
+    constexpr int NO = D / 8;              /* n-tiles of the output */
+    constexpr int RS = D + 8;              /* elements a token row takes in shared memory */
+    constexpr int TILE = ATT_TC_TILE * RS; /* elements of one tile of K (or of V) */
     static_assert(CH % 8 == 0 && ATT_TC_TILE == 16, "swizzle and the P V k-step need these");
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -437,6 +488,22 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
     const int n_st = p.stages, bs = p.block_size, tpp = bs / ATT_TC_TILE;
     KT *wbuf = (KT *)smem + (size_t)warp * n_st * 2 * TILE;
     KT *qs = (KT *)(smem + att_tc_work_bytes(D, n_st)); /* (SPLIT - 1, 16, D) */
+    uint64_t *bars = (uint64_t *)(smem + att_tc_work_bytes(D, n_st)) - ATT_TC_WARPS * n_st;
+    uint64_t *wbar = bars + warp * n_st; /* (n_st) this warp's stages */
+    if (LOAD == 2) {
+        if (lane == 0)
+            for (int i = 0; i < n_st; i++) att_mbar_init(wbar + i);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        __syncwarp();
+    }
+    uint32_t used = 0; /* tiles this warp has streamed through its stages */
+    const uint64_t pol = LOAD == 1 ? att_evict_first() : 0;
+    /* Element of 16-byte chunk cc of token t in a stage: rows padded to RS keep ldmatrix's 8
+     * rows in distinct banks for the bulk copies, whose rows land whole; the 16-byte copies
+     * XOR the chunk with the token instead. */
+    auto so = [](int t, int cc) {
+        return LOAD == 2 ? t * RS + cc * 8 : (t * CH + (cc ^ (t & 7))) * 8;
+    };
     const int kvh = blockIdx.x, chunk = blockIdx.y;
     const int head0 = kvh * p.group;
     const uint64_t row_stride = (uint64_t)p.n_kv_heads * D;
@@ -495,28 +562,57 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
             const int u0 = tile * ATT_TC_TILE;
             const uint64_t base =
                 ((uint64_t)pages[tile / tpp] * (uint64_t)bs + (uint64_t)(u0 % bs)) * row_stride;
-            KT *kd = wbuf + (size_t)(i % n_st) * 2 * TILE, *vd = kd + TILE;
-#pragma unroll
-            for (int c = lane; c < ATT_TC_TILE * CH; c += 32) {
-                const int t = c / CH, cc = c % CH;
+            const int stg = LOAD == 2 ? (int)((used + i) % n_st) : i % n_st;
+            KT *kd = wbuf + (size_t)stg * 2 * TILE, *vd = kd + TILE;
+            if constexpr (LOAD == 2) {
+                /* lanes 0-15 copy K rows, 16-31 V rows; dead rows are zeroed by hand */
+                const int t = lane & 15;
                 const bool ok = u0 + t >= fpo && u0 + t < fpo + n_vis;
-                const uint64_t off = ok ? base + (uint64_t)t * row_stride + (uint64_t)cc * 8 : 0;
-                const int so = (t * CH + (cc ^ (t & 7))) * 8;
-                cuda_cp_async16_zfill(kd + so, kp + off, ok);
-                cuda_cp_async16_zfill(vd + so, vp + off, ok);
+                const int live = __popc(__ballot_sync(0xffffffffu, ok)) / 2;
+                if (lane == 0) att_mbar_expect(wbar + stg, (uint32_t)(live * 2 * D * 2));
+                __syncwarp();
+                KT *dst = (lane < 16 ? kd : vd) + t * RS;
+                if (ok) {
+                    att_bulk_copy(dst, (lane < 16 ? kp : vp) + base + (uint64_t)t * row_stride,
+                                  D * 2, wbar + stg);
+                } else {
+#pragma unroll
+                    for (int c = 0; c < CH; c++) *(uint4 *)(dst + c * 8) = make_uint4(0, 0, 0, 0);
+                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                }
+            } else {
+#pragma unroll
+                for (int c = lane; c < ATT_TC_TILE * CH; c += 32) {
+                    const int t = c / CH, cc = c % CH;
+                    const bool ok = u0 + t >= fpo && u0 + t < fpo + n_vis;
+                    const uint64_t off =
+                        ok ? base + (uint64_t)t * row_stride + (uint64_t)cc * 8 : 0;
+                    if (LOAD == 1) {
+                        att_cp_async16_hint(kd + so(t, cc), kp + off, ok, pol);
+                        att_cp_async16_hint(vd + so(t, cc), vp + off, ok, pol);
+                    } else {
+                        cuda_cp_async16_zfill(kd + so(t, cc), kp + off, ok);
+                        cuda_cp_async16_zfill(vd + so(t, cc), vp + off, ok);
+                    }
+                }
             }
         };
 
         for (int i = 0; i < n_st - 1; i++) {
             if (i < n_my) issue(i);
-            cuda_cp_async_commit();
+            if (LOAD != 2) cuda_cp_async_commit();
         }
         for (int i = 0; i < n_my; i++) {
             if (i + n_st - 1 < n_my) issue(i + n_st - 1);
-            cuda_cp_async_commit();
-            cp_async_wait_n(n_st - 1);
+            const int stg = LOAD == 2 ? (int)((used + i) % n_st) : i % n_st;
+            if (LOAD == 2) {
+                att_mbar_wait(wbar + stg, ((used + i) / n_st) & 1);
+            } else {
+                cuda_cp_async_commit();
+                cp_async_wait_n(n_st - 1);
+            }
             __syncwarp();
-            const KT *kt = wbuf + (size_t)(i % n_st) * 2 * TILE, *vt = kt + TILE;
+            const KT *kt = wbuf + (size_t)stg * 2 * TILE, *vt = kt + TILE;
             const int u0 = (t_begin + warp + i * ATT_TC_WARPS) * ATT_TC_TILE;
 
             /* Even and odd k-steps go to separate accumulators, halving the chain of
@@ -544,7 +640,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
                 for (int n = 0; n < 2; n++) {
                     const int t = n * 8 + (lane & 7), cc = kk * 4 + (lane >> 3);
                     uint32_t b[4];
-                    cuda_ldmatrix_x4(b, kt + (t * CH + (cc ^ (t & 7))) * 8);
+                    cuda_ldmatrix_x4(b, kt + so(t, cc));
                     cuda_mma16816<KT>(sc[n], qa[2 * kk], b[0], b[1]);
                     cuda_mma16816<KT>(sx[n], qa[2 * kk + 1], b[2], b[3]);
 #pragma unroll
@@ -611,7 +707,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
             for (int dp = 0; dp < D / 16; dp++) {
                 const int t = ((lane >> 3) & 1) * 8 + (lane & 7), cc = dp * 2 + (lane >> 4);
                 uint32_t b[4];
-                cuda_ldmatrix_x4_trans(b, vt + (t * CH + (cc ^ (t & 7))) * 8);
+                cuda_ldmatrix_x4_trans(b, vt + so(t, cc));
 #pragma unroll
                 for (int sp = 0; sp < SPLIT; sp++) {
                     const uint32_t a[4] = {pa[0][sp], pa[1][sp], pa[2][sp], pa[3][sp]};
@@ -621,6 +717,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
             }
             __syncwarp();
         }
+        used += n_my;
         cuda_cp_async_wait<0>();
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -842,7 +939,15 @@ static int dispatch(const att_params &p, int head_dim, int gb, dim3 grid, size_t
 template <int D, int SPLIT, typename KT>
 static int launch_decode_mma(const att_params &p, dim3 grid, size_t smem, cudaStream_t st,
                              base_err *err) {
-    return cuda_launch_smem(paged_decode_mma_kernel<D, SPLIT, KT>, grid, ATT_TC_WARPS * 32, smem,
+    const char *lv = getenv("MLXCEL_ATT_LOAD");
+    const int load = lv ? atoi(lv) : 0;
+    if (load == 1)
+        return cuda_launch_smem(paged_decode_mma_kernel<D, SPLIT, KT, 1>, grid, ATT_TC_WARPS * 32,
+                                smem, st, p, "attention (tensor cores)", err);
+    if (load == 2)
+        return cuda_launch_smem(paged_decode_mma_kernel<D, SPLIT, KT, 2>, grid, ATT_TC_WARPS * 32,
+                                smem, st, p, "attention (tensor cores)", err);
+    return cuda_launch_smem(paged_decode_mma_kernel<D, SPLIT, KT, 0>, grid, ATT_TC_WARPS * 32, smem,
                             st, p, "attention (tensor cores)", err);
 }
 
