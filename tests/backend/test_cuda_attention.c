@@ -2,9 +2,9 @@
  * reference on random geometries: GQA groups 1 to 16, head_dim 32/64/128/256, f16 and bf16 pools,
  * scattered pages, lengths that are not multiples of the block size, a first-page offset, and
  * mixed prefill + decode batches. Pool slots no live token occupies hold NaN, so reading one
- * shows. Decode rows at head_dim 64/128, blocks of 16/32 and groups up to 16 run on the tensor
- * cores, in single terms for 16-bit activations and split terms for F32 (whose bound is F32's);
- * the other cases keep the F32 kernel. Skipped when no CUDA device is present. */
+ * shows. Decode rows at head_dim 64/128, blocks of 16/32/48/64 and groups up to 16 run on the
+ * tensor cores, in single terms for 16-bit activations and split terms for F32 (whose bound is
+ * F32's); the other cases keep the F32 kernel. Skipped when no CUDA device is present. */
 #include "test_cuda_util.h"
 
 #include <math.h>
@@ -120,6 +120,9 @@ int main(void) {
         {6, 1, 64, 32, BASE_DTYPE_BF16, BASE_DTYPE_BF16},
         {8, 2, 128, 16, BASE_DTYPE_F16, BASE_DTYPE_F16},
         {3, 4, 128, 32, BASE_DTYPE_BF16, BASE_DTYPE_F32},
+        /* the tensor cores' other blocks: three and four 16-token tiles per page */
+        {4, 2, 128, 48, BASE_DTYPE_F16, BASE_DTYPE_F32},
+        {2, 4, 64, 64, BASE_DTYPE_BF16, BASE_DTYPE_BF16},
     };
     /* decode rows of assorted lengths, one with a first-page offset, a fresh prompt and a
      * chunked-prefill continuation */
