@@ -414,7 +414,7 @@ __device__ __forceinline__ void split2(float x, float y, uint32_t *terms) {
 static __host__ __device__ size_t att_tc_work_bytes(int head_dim, int n_stages) {
     size_t stages = (size_t)ATT_TC_WARPS * n_stages * 2 * ATT_TC_TILE * (head_dim + 8) * 2;
     size_t red = (size_t)ATT_TC_WARPS * ATT_TC_ROWS * (head_dim + 2) * sizeof(float);
-    return (stages > red ? stages : red) + (size_t)ATT_TC_WARPS * n_stages * 8;
+    return (stages > red ? stages : red) + (size_t)ATT_TC_WARPS * n_stages * 16;
 }
 
 /* An L2 policy that evicts first: each K and V byte is read once per step. */
@@ -488,11 +488,12 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
     const int n_st = p.stages, bs = p.block_size, tpp = bs / ATT_TC_TILE;
     KT *wbuf = (KT *)smem + (size_t)warp * n_st * 2 * TILE;
     KT *qs = (KT *)(smem + att_tc_work_bytes(D, n_st)); /* (SPLIT - 1, 16, D) */
-    uint64_t *bars = (uint64_t *)(smem + att_tc_work_bytes(D, n_st)) - ATT_TC_WARPS * n_st;
-    uint64_t *wbar = bars + warp * n_st; /* (n_st) this warp's stages */
-    if (LOAD == 2) {
+    constexpr bool BULK = LOAD >= 2;
+    uint64_t *bars = (uint64_t *)(smem + att_tc_work_bytes(D, n_st)) - ATT_TC_WARPS * n_st * 2;
+    uint64_t *wbar = bars + warp * n_st * 2; /* (2, n_st) this warp's stages: K (or both), V */
+    if (BULK) {
         if (lane == 0)
-            for (int i = 0; i < n_st; i++) att_mbar_init(wbar + i);
+            for (int i = 0; i < 2 * n_st; i++) att_mbar_init(wbar + i);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         __syncwarp();
     }
@@ -501,9 +502,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
     /* Element of 16-byte chunk cc of token t in a stage: rows padded to RS keep ldmatrix's 8
      * rows in distinct banks for the bulk copies, whose rows land whole; the 16-byte copies
      * XOR the chunk with the token instead. */
-    auto so = [](int t, int cc) {
-        return LOAD == 2 ? t * RS + cc * 8 : (t * CH + (cc ^ (t & 7))) * 8;
-    };
+    auto so = [](int t, int cc) { return BULK ? t * RS + cc * 8 : (t * CH + (cc ^ (t & 7))) * 8; };
     const int kvh = blockIdx.x, chunk = blockIdx.y;
     const int head0 = kvh * p.group;
     const uint64_t row_stride = (uint64_t)p.n_kv_heads * D;
@@ -557,25 +556,29 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
 
         const int span = t_end - t_begin;
         const int n_my = span > warp ? (span - warp + ATT_TC_WARPS - 1) / ATT_TC_WARPS : 0;
-        auto issue = [&](int i) {
+        /* part 0: K, 1: V, 2: both */
+        auto issue = [&](int i, int part) {
             const int tile = t_begin + warp + i * ATT_TC_WARPS;
             const int u0 = tile * ATT_TC_TILE;
             const uint64_t base =
                 ((uint64_t)pages[tile / tpp] * (uint64_t)bs + (uint64_t)(u0 % bs)) * row_stride;
-            const int stg = LOAD == 2 ? (int)((used + i) % n_st) : i % n_st;
+            const int stg = BULK ? (int)((used + i) % n_st) : i % n_st;
             KT *kd = wbuf + (size_t)stg * 2 * TILE, *vd = kd + TILE;
-            if constexpr (LOAD == 2) {
+            if constexpr (BULK) {
                 /* lanes 0-15 copy K rows, 16-31 V rows; dead rows are zeroed by hand */
                 const int t = lane & 15;
                 const bool ok = u0 + t >= fpo && u0 + t < fpo + n_vis;
                 const int live = __popc(__ballot_sync(0xffffffffu, ok)) / 2;
-                if (lane == 0) att_mbar_expect(wbar + stg, (uint32_t)(live * 2 * D * 2));
+                uint64_t *bar = wbar + (part == 1 ? n_st : 0) + stg;
+                if (lane == (part == 1 ? 16 : 0))
+                    att_mbar_expect(bar, (uint32_t)(live * D * 2 * (part == 2 ? 2 : 1)));
                 __syncwarp();
                 KT *dst = (lane < 16 ? kd : vd) + t * RS;
-                if (ok) {
+                const bool mine = part == 2 || (lane < 16) == (part == 0);
+                if (mine && ok) {
                     att_bulk_copy(dst, (lane < 16 ? kp : vp) + base + (uint64_t)t * row_stride,
-                                  D * 2, wbar + stg);
-                } else {
+                                  D * 2, bar);
+                } else if (mine) {
 #pragma unroll
                     for (int c = 0; c < CH; c++) *(uint4 *)(dst + c * 8) = make_uint4(0, 0, 0, 0);
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -598,15 +601,19 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
             }
         };
 
-        for (int i = 0; i < n_st - 1; i++) {
-            if (i < n_my) issue(i);
-            if (LOAD != 2) cuda_cp_async_commit();
+        /* LOAD 3 frees a tile's K stage once S is computed and its V stage after P V, each
+         * refilled at once for the tile n_st on: a tile more in flight than the others. */
+        for (int i = 0; i < n_st - (LOAD != 3); i++) {
+            if (i < n_my) issue(i, LOAD == 3 ? 0 : 2);
+            if (LOAD == 3 && i < n_my) issue(i, 1);
+            if (!BULK) cuda_cp_async_commit();
         }
         for (int i = 0; i < n_my; i++) {
-            if (i + n_st - 1 < n_my) issue(i + n_st - 1);
-            const int stg = LOAD == 2 ? (int)((used + i) % n_st) : i % n_st;
-            if (LOAD == 2) {
-                att_mbar_wait(wbar + stg, ((used + i) / n_st) & 1);
+            if (LOAD != 3 && i + n_st - 1 < n_my) issue(i + n_st - 1, 2);
+            const int stg = BULK ? (int)((used + i) % n_st) : i % n_st;
+            const uint32_t par = ((used + i) / n_st) & 1;
+            if (BULK) {
+                att_mbar_wait(wbar + stg, par);
             } else {
                 cuda_cp_async_commit();
                 cp_async_wait_n(n_st - 1);
@@ -654,6 +661,10 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
             for (int n = 0; n < 2; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) sc[n][e] += sx[n][e];
+            if (LOAD == 3) {
+                __syncwarp();
+                if (i + n_st < n_my) issue(i + n_st, 0);
+            }
 
             /* Online softmax: a row's 4 threads (same g) share its max through shuffles; the
              * row sum stays per thread until the end. */
@@ -696,6 +707,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
                 }
             }
 
+            if (LOAD == 3) att_mbar_wait(wbar + n_st + stg, par);
             /* O += P V: the tile's 16 tokens are n-tiles 0 and 1 of S, which is the A
              * fragment's layout; x4.trans matrices are (tokens +0/+8) x (dims 16dp +0/+8). */
             uint32_t pa[4][SPLIT];
@@ -716,6 +728,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
                 }
             }
             __syncwarp();
+            if (LOAD == 3 && i + n_st < n_my) issue(i + n_st, 1);
         }
         used += n_my;
         cuda_cp_async_wait<0>();
@@ -946,6 +959,9 @@ static int launch_decode_mma(const att_params &p, dim3 grid, size_t smem, cudaSt
                                 smem, st, p, "attention (tensor cores)", err);
     if (load == 2)
         return cuda_launch_smem(paged_decode_mma_kernel<D, SPLIT, KT, 2>, grid, ATT_TC_WARPS * 32,
+                                smem, st, p, "attention (tensor cores)", err);
+    if (load == 3)
+        return cuda_launch_smem(paged_decode_mma_kernel<D, SPLIT, KT, 3>, grid, ATT_TC_WARPS * 32,
                                 smem, st, p, "attention (tensor cores)", err);
     return cuda_launch_smem(paged_decode_mma_kernel<D, SPLIT, KT, 0>, grid, ATT_TC_WARPS * 32, smem,
                             st, p, "attention (tensor cores)", err);
