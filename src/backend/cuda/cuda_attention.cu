@@ -417,23 +417,6 @@ static __host__ __device__ size_t att_tc_work_bytes(int head_dim, int n_stages) 
     return (stages > red ? stages : red) + (size_t)ATT_TC_WARPS * n_stages * 16;
 }
 
-/* An L2 policy that evicts first: each K and V byte is read once per step. */
-__device__ __forceinline__ uint64_t att_evict_first(void) {
-    uint64_t pol;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
-    return pol;
-}
-
-/* cp.async of 16 bytes (zeros when !full) with an L2 policy and a 256-byte L2 prefetch. */
-__device__ __forceinline__ void att_cp_async16_hint(void *smem, const void *gmem, bool full,
-                                                    uint64_t pol) {
-    asm volatile(
-        "cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(
-            cuda_smem_addr(smem)),
-        "l"(gmem), "r"(full ? 16 : 0), "l"(pol)
-        : "memory");
-}
-
 __device__ __forceinline__ void att_mbar_init(uint64_t *bar) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(cuda_smem_addr(bar)) : "memory");
 }
@@ -498,7 +481,6 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
         __syncwarp();
     }
     uint32_t used = 0; /* tiles this warp has streamed through its stages */
-    const uint64_t pol = LOAD == 1 ? att_evict_first() : 0;
     /* Element of 16-byte chunk cc of token t in a stage: rows padded to RS keep ldmatrix's 8
      * rows in distinct banks for the bulk copies, whose rows land whole; the 16-byte copies
      * XOR the chunk with the token instead. */
@@ -556,13 +538,38 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
 
         const int span = t_end - t_begin;
         const int n_my = span > warp ? (span - warp + ATT_TC_WARPS - 1) / ATT_TC_WARPS : 0;
-        /* part 0: K, 1: V, 2: both */
-        auto issue = [&](int i, int part) {
+        /* The slot of each of the warp's tiles (page * tiles per page + tile in page), 32
+         * tiles at a time: lane l holds that of tile 32w + l, and window w + 1 is loaded as
+         * window w starts, so that issuing a tile's copies never waits on the page table. A
+         * slot stays below 2^32 for any pool that fits in memory (2^36 tokens). */
+        auto slot_of = [&](int i) -> uint32_t {
+            if (i >= n_my) return 0;
+            const int tile = t_begin + warp + i * ATT_TC_WARPS, q = tile / tpp;
+            return (uint32_t)pages[q] * (uint32_t)tpp + (uint32_t)(tile - q * tpp);
+        };
+        uint32_t sl_cur = 0, sl_nxt = 0;
+        if (LOAD >= 1) sl_cur = slot_of(lane), sl_nxt = slot_of(32 + lane);
+        /* This lane's share of a tile in the 16-byte copies: chunks lane + 32j are chunk ccl
+         * of token TPJ * j + hl. */
+        constexpr int TPJ = 32 / CH;
+        const int hl = lane / CH, ccl = lane % CH;
+        /* part 0: K, 1: V, 2: both; into stage stg */
+        auto issue = [&](int i, int part, int stg) {
             const int tile = t_begin + warp + i * ATT_TC_WARPS;
             const int u0 = tile * ATT_TC_TILE;
-            const uint64_t base =
-                ((uint64_t)pages[tile / tpp] * (uint64_t)bs + (uint64_t)(u0 % bs)) * row_stride;
-            const int stg = BULK ? (int)((used + i) % n_st) : i % n_st;
+            uint64_t base;
+            if (LOAD >= 1) {
+                /* tiles are issued in order, V after K when apart */
+                if ((i & 31) == 0 && i > 0 && part != 1) {
+                    sl_cur = sl_nxt;
+                    sl_nxt = slot_of(i + 32 + lane);
+                }
+                base =
+                    (uint64_t)__shfl_sync(0xffffffffu, sl_cur, i & 31) * ATT_TC_TILE * row_stride;
+            } else {
+                base =
+                    ((uint64_t)pages[tile / tpp] * (uint64_t)bs + (uint64_t)(u0 % bs)) * row_stride;
+            }
             KT *kd = wbuf + (size_t)stg * 2 * TILE, *vd = kd + TILE;
             if constexpr (BULK) {
                 /* lanes 0-15 copy K rows, 16-31 V rows; dead rows are zeroed by hand */
@@ -583,6 +590,26 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
                     for (int c = 0; c < CH; c++) *(uint4 *)(dst + c * 8) = make_uint4(0, 0, 0, 0);
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 }
+            } else if (LOAD == 1) {
+                const uint64_t g0 = base + (uint64_t)hl * row_stride + (uint64_t)ccl * 8;
+                if (u0 >= fpo && u0 + ATT_TC_TILE <= fpo + n_vis) {
+#pragma unroll
+                    for (int j = 0; j < ATT_TC_TILE * CH / 32; j++) {
+                        const int t = TPJ * j + hl;
+                        const uint64_t off = g0 + (uint64_t)(TPJ * j) * row_stride;
+                        cuda_cp_async16(kd + so(t, ccl), kp + off);
+                        cuda_cp_async16(vd + so(t, ccl), vp + off);
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < ATT_TC_TILE * CH / 32; j++) {
+                        const int t = TPJ * j + hl;
+                        const bool ok = u0 + t >= fpo && u0 + t < fpo + n_vis;
+                        const uint64_t off = ok ? g0 + (uint64_t)(TPJ * j) * row_stride : 0;
+                        cuda_cp_async16_zfill(kd + so(t, ccl), kp + off, ok);
+                        cuda_cp_async16_zfill(vd + so(t, ccl), vp + off, ok);
+                    }
+                }
             } else {
 #pragma unroll
                 for (int c = lane; c < ATT_TC_TILE * CH; c += 32) {
@@ -590,28 +617,30 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
                     const bool ok = u0 + t >= fpo && u0 + t < fpo + n_vis;
                     const uint64_t off =
                         ok ? base + (uint64_t)t * row_stride + (uint64_t)cc * 8 : 0;
-                    if (LOAD == 1) {
-                        att_cp_async16_hint(kd + so(t, cc), kp + off, ok, pol);
-                        att_cp_async16_hint(vd + so(t, cc), vp + off, ok, pol);
-                    } else {
-                        cuda_cp_async16_zfill(kd + so(t, cc), kp + off, ok);
-                        cuda_cp_async16_zfill(vd + so(t, cc), vp + off, ok);
-                    }
+                    cuda_cp_async16_zfill(kd + so(t, cc), kp + off, ok);
+                    cuda_cp_async16_zfill(vd + so(t, cc), vp + off, ok);
                 }
             }
         };
 
-        /* LOAD 3 frees a tile's K stage once S is computed and its V stage after P V, each
-         * refilled at once for the tile n_st on: a tile more in flight than the others. */
-        for (int i = 0; i < n_st - (LOAD != 3); i++) {
-            if (i < n_my) issue(i, LOAD == 3 ? 0 : 2);
-            if (LOAD == 3 && i < n_my) issue(i, 1);
+        /* Stage (and for the bulk copies, barrier phase) of tile i, kept by counting rather
+         * than dividing. LOAD 3 frees a tile's K stage once S is computed and its V stage
+         * after P V, each refilled at once for the tile n_st on: a tile more in flight. */
+        int stg = BULK ? (int)(used % n_st) : 0;
+        uint32_t par = BULK ? (used / n_st) & 1 : 0;
+        for (int i = 0, s2 = stg; i < n_st - (LOAD != 3); i++) {
+            if (i < n_my) issue(i, LOAD == 3 ? 0 : 2, LOAD == 0 ? i : s2);
+            if (LOAD == 3 && i < n_my) issue(i, 1, s2);
             if (!BULK) cuda_cp_async_commit();
+            s2 = s2 + 1 == n_st ? 0 : s2 + 1;
         }
         for (int i = 0; i < n_my; i++) {
-            if (LOAD != 3 && i + n_st - 1 < n_my) issue(i + n_st - 1, 2);
-            const int stg = BULK ? (int)((used + i) % n_st) : i % n_st;
-            const uint32_t par = ((used + i) / n_st) & 1;
+            if (LOAD != 3 && i + n_st - 1 < n_my)
+                issue(i + n_st - 1, 2,
+                      LOAD == 0  ? (i + n_st - 1) % n_st
+                      : stg == 0 ? n_st - 1
+                                 : stg - 1);
+            if (LOAD == 0) stg = i % n_st;
             if (BULK) {
                 att_mbar_wait(wbar + stg, par);
             } else {
@@ -663,19 +692,20 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
                 for (int e = 0; e < 4; e++) sc[n][e] += sx[n][e];
             if (LOAD == 3) {
                 __syncwarp();
-                if (i + n_st < n_my) issue(i + n_st, 0);
+                if (i + n_st < n_my) issue(i + n_st, 0, stg);
             }
 
             /* Online softmax: a row's 4 threads (same g) share its max through shuffles; the
              * row sum stays per thread until the end. */
             float mx[2] = {m[0], m[1]};
+            const bool whole = LOAD >= 1 && u0 >= fpo && u0 + ATT_TC_TILE <= fpo + n_vis;
 #pragma unroll
             for (int n = 0; n < 2; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int u = u0 + n * 8 + c4 * 2 + (e & 1);
-                    const float v =
-                        u >= fpo && u < fpo + n_vis ? sc[n][e] * p.scale_log2 : -INFINITY;
+                    const float v = whole || (u >= fpo && u < fpo + n_vis) ? sc[n][e] * p.scale_log2
+                                                                           : -INFINITY;
                     sc[n][e] = v;
                     mx[e >> 1] = fmaxf(mx[e >> 1], v);
                 }
@@ -728,7 +758,8 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
                 }
             }
             __syncwarp();
-            if (LOAD == 3 && i + n_st < n_my) issue(i + n_st, 1);
+            if (LOAD == 3 && i + n_st < n_my) issue(i + n_st, 1, stg);
+            if (LOAD >= 1 && ++stg == n_st) stg = 0, par ^= 1;
         }
         used += n_my;
         cuda_cp_async_wait<0>();
