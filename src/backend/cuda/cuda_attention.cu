@@ -360,16 +360,23 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
  * One CTA per (decode row, kv head, chunk) serves the group's query heads as the 16 M rows of
  * mma.sync m16n8k16 (rows past the group hold zeros). The chunk's pages are cut into tiles of
  * 16 tokens; each of the ATT_TC_WARPS warps takes every ATT_TC_WARPS-th tile and streams it
- * through its own att_stages shared-memory stages with 16-byte cp.async copies, so the main
- * loop needs no block-wide barrier (split-K inside the CTA); the warps' softmax states are
- * combined once at the end. Per tile: S = Q K^T with the tile's 16 tokens as N, K read by
- * ldmatrix from rows whose 16-byte chunks are XOR-swizzled by the token; softmax online in
+ * through its own att_stages shared-memory stages, so the main loop needs no block-wide
+ * barrier (split-K inside the CTA); the warps' softmax states are combined once at the end.
+ * Per tile: S = Q K^T with the tile's 16 tokens as N, K read by ldmatrix; softmax online in
  * F32 in the log2 domain on the accumulators; O += P V with P taken from the S accumulators
  * as the A operand in registers and V read by ldmatrix.trans. Tiles of 16 tokens rather than
- * pages keep a stage at 8 KB (head_dim 128), so two or three CTAs of 4 warps stay resident
- * per SM with every warp's next tiles in flight. Dead slots (before the first-page offset,
- * past the last token) are zero-filled by cp.async, since the pool may hold NaN there and
- * 0 * NaN would reach the output.
+ * pages keep a stage at 8.5 KB (head_dim 128), so three CTAs of 4 warps stay resident per SM
+ * with every warp's next tiles in flight. Dead slots (before the first-page offset, past the
+ * last token) are zeroed, since the pool may hold NaN there and 0 * NaN would reach the output.
+ *
+ * Two ways of loading the stages, chosen by the grid (BULK):
+ *   16-byte cp.async, a tile's K and V in one group, its 16-byte chunks XOR-swizzled by the
+ *   token, zero-filled when dead; the next tile is issued before this one's math.
+ *   Bulk copies (cp.async.bulk, the copy engine), one per token row of K or V, completing on
+ *   a per-stage mbarrier of the warp (K and V apart); rows padded by 16 bytes keep ldmatrix
+ *   off bank conflicts, dead rows are zeroed by hand. K's half of a stage is refilled once S
+ *   is computed, V's after P V, so a warp keeps one tile more in flight in the same shared
+ *   memory; the page table is read 32 tiles ahead into a lane-held window.
  *
  * MMA inputs are the pool's dtype. SPLIT > 1 carries q and P as that many terms (the value
  * rounded, then the rounded remainder, ...), each a separate MMA into the same F32
@@ -377,24 +384,27 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
  * the pool's dtype, are read once.
  *
  * Measured on the H200 (132 SMs, 3 CTAs each: a wave of 396; Llama-3.1-8B decode, f16 KV,
- * F32 q and out; bench_attention with the planner's chunking, cuDNN SDPA on contiguous K/V in
- * the same run), TB/s of K+V and the ratio to cuDNN:
- *   1 x 131072: 49 chunks, 3.29 (0.88); 4 x 16384: 12 chunks, 2.87 (0.91);
- *   16 x 8192: 3 chunks, 3.29 (0.85); 64 x 4096: 3 chunks, 3.38 (0.83); 256 x 2048: v1, 3.69
- *   (0.86); the device-to-device copy ran at 4.18 (read + write).
- * The gap to cuDNN is memory efficiency on the pool's layout rather than occupancy or bytes in
- * flight. ncu at 16 x 8192 (384 CTAs, one wave, no tail): DRAM at 73% of peak (3.50 TB/s), L2
- * throughput 83% with a 50% hit rate on data read once, the SMs at 37%, 6.8 cycles per issued
- * instruction; at 64 x 4096 the same 73% and 84%, with 3 CTAs (12 warps) per SM as registers
- * and shared memory both allow. A third stage per warp (two CTAs per SM, 128 KB in flight per
- * SM against 96 KB) ran from 4% slower (256 x 2048) to 1% faster (1 x 131072, 64 x 4096). A
- * kv head's token row is 256 bytes, the next one 2 KB away and the rows between read by other
- * CTAs, where cuDNN streams each head's rows contiguously. The waves are the plan's part
- * (attn.h): 416 CTAs (4 rows of 16384 tokens in 13 chunks) ran at 2.16, 384 (12 chunks) at
- * 2.88. */
-#define ATT_TC_WARPS 4
-#define ATT_TC_ROWS  16
-#define ATT_TC_TILE  16
+ * F32 q and out, the planner's chunking; bench_attention serve, 20 calls per figure queued
+ * behind a spin), TB/s of K+V, 16-byte copies -> bulk copies:
+ *   1 x 131072 (392 CTAs): 3.31 -> 3.59; 4 x 16384 (384): 2.88 -> 3.06; 16 x 8192 (384): 3.31
+ *   -> 3.58; 64 x 4096 (1536): 3.38 -> 3.40; 256 x 2048 (v1, 2048): 3.72 -> 3.52.
+ * The bulk copies win in grids of about a wave and lose in five, hence ATT_TC_BULK_WAVES.
+ * Taken in turns with cuDNN SDPA (tools/reference/sdpa_peer.py --ours), the bulk copies stand
+ * at 0.85 / 0.80 / 0.82 / 0.76 of it at the first four shapes and the 16-byte copies at 0.83
+ * at 256 x 2048 (cuDNN 4.13 to 4.55 TB/s). A third stage per warp (two CTAs per SM) lost 5 to
+ * 40%. ncu at 64 x 4096: DRAM 72 to 78% of peak, L2 throughput 80 to 90%, 0.4 instructions
+ * issued per scheduler and cycle over 2.9 warps, 7 cycles per issued instruction; cuDNN's
+ * kernel there (one CTA per row and kv head, 128 tokens a step, 2 CTAs per SM) reads at 93%
+ * of peak DRAM issuing a third of our instructions. Reading the page table ahead, counting
+ * stages and skipping the masks of whole tiles changed nothing for the 16-byte copies, which
+ * keep the plain loop. A kv head's token row is 256 bytes, the next one 2 KB away. The waves
+ * are the plan's part (attn.h): 416 CTAs (4 rows of 16384 tokens in 13 chunks) ran at 2.16,
+ * 384 (12 chunks) at 2.88. */
+#define ATT_TC_WARPS      4
+#define ATT_TC_ROWS       16
+#define ATT_TC_TILE       16
+#define ATT_TC_CTAS       3 /* resident per SM (registers and shared memory both bind) */
+#define ATT_TC_BULK_WAVES 4 /* grids of at most this many waves of CTAs load by bulk copies */
 
 /* The SPLIT terms of the pair (x, y) in the pool's dtype, packed: term s holds what terms
  * 0..s-1 left over, rounded. */
@@ -409,8 +419,10 @@ __device__ __forceinline__ void split2(float x, float y, uint32_t *terms) {
     }
 }
 
-/* Shared memory of the tensor-core decode kernel: every warp's stages of K and V tiles, which
- * the final combine of (ATT_TC_WARPS, 16) rows of D floats plus their max and sum reuses. */
+/* Shared memory of the tensor-core decode kernel: every warp's stages of K and V tiles (token
+ * rows padded by 16 bytes, which the bulk copies need and the 16-byte copies leave unused),
+ * which the final combine of (ATT_TC_WARPS, 16) rows of D floats plus their max and sum reuses,
+ * then every warp's (2, stages) barriers of the bulk copies. */
 static __host__ __device__ size_t att_tc_work_bytes(int head_dim, int n_stages) {
     size_t stages = (size_t)ATT_TC_WARPS * n_stages * 2 * ATT_TC_TILE * (head_dim + 8) * 2;
     size_t red = (size_t)ATT_TC_WARPS * ATT_TC_ROWS * (head_dim + 2) * sizeof(float);
@@ -457,8 +469,9 @@ static size_t att_tc_smem_bytes(int head_dim, int n_stages, int split) {
 /* Three resident CTAs per SM: q's first term and the output accumulators live in registers
  * (at most 168, none spilled at head_dim 128), and two stages of 16-token tiles take 64 KB per
  * CTA, plus 4 KB per further term of q. */
-template <int D, int SPLIT, typename KT, int LOAD>
-__global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(att_params p) {
+template <int D, int SPLIT, typename KT, bool BULK>
+__global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
+    paged_decode_mma_kernel(att_params p) {
     constexpr int CH = D / 8;              /* 16-byte chunks per token row */
     constexpr int KS = D / 16;             /* k-steps of Q K^T */
     constexpr int NO = D / 8;              /* n-tiles of the output */
@@ -471,7 +484,6 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
     const int n_st = p.stages, bs = p.block_size, tpp = bs / ATT_TC_TILE;
     KT *wbuf = (KT *)smem + (size_t)warp * n_st * 2 * TILE;
     KT *qs = (KT *)(smem + att_tc_work_bytes(D, n_st)); /* (SPLIT - 1, 16, D) */
-    constexpr bool BULK = LOAD >= 2;
     uint64_t *bars = (uint64_t *)(smem + att_tc_work_bytes(D, n_st)) - ATT_TC_WARPS * n_st * 2;
     uint64_t *wbar = bars + warp * n_st * 2; /* (2, n_st) this warp's stages: K (or both), V */
     if (BULK) {
@@ -548,17 +560,13 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
             return (uint32_t)pages[q] * (uint32_t)tpp + (uint32_t)(tile - q * tpp);
         };
         uint32_t sl_cur = 0, sl_nxt = 0;
-        if (LOAD >= 1) sl_cur = slot_of(lane), sl_nxt = slot_of(32 + lane);
-        /* This lane's share of a tile in the 16-byte copies: chunks lane + 32j are chunk ccl
-         * of token TPJ * j + hl. */
-        constexpr int TPJ = 32 / CH;
-        const int hl = lane / CH, ccl = lane % CH;
+        if (BULK) sl_cur = slot_of(lane), sl_nxt = slot_of(32 + lane);
         /* part 0: K, 1: V, 2: both; into stage stg */
         auto issue = [&](int i, int part, int stg) {
             const int tile = t_begin + warp + i * ATT_TC_WARPS;
             const int u0 = tile * ATT_TC_TILE;
             uint64_t base;
-            if (LOAD >= 1) {
+            if (BULK) {
                 /* tiles are issued in order, V after K when apart */
                 if ((i & 31) == 0 && i > 0 && part != 1) {
                     sl_cur = sl_nxt;
@@ -590,26 +598,6 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
                     for (int c = 0; c < CH; c++) *(uint4 *)(dst + c * 8) = make_uint4(0, 0, 0, 0);
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 }
-            } else if (LOAD == 1) {
-                const uint64_t g0 = base + (uint64_t)hl * row_stride + (uint64_t)ccl * 8;
-                if (u0 >= fpo && u0 + ATT_TC_TILE <= fpo + n_vis) {
-#pragma unroll
-                    for (int j = 0; j < ATT_TC_TILE * CH / 32; j++) {
-                        const int t = TPJ * j + hl;
-                        const uint64_t off = g0 + (uint64_t)(TPJ * j) * row_stride;
-                        cuda_cp_async16(kd + so(t, ccl), kp + off);
-                        cuda_cp_async16(vd + so(t, ccl), vp + off);
-                    }
-                } else {
-#pragma unroll
-                    for (int j = 0; j < ATT_TC_TILE * CH / 32; j++) {
-                        const int t = TPJ * j + hl;
-                        const bool ok = u0 + t >= fpo && u0 + t < fpo + n_vis;
-                        const uint64_t off = ok ? g0 + (uint64_t)(TPJ * j) * row_stride : 0;
-                        cuda_cp_async16_zfill(kd + so(t, ccl), kp + off, ok);
-                        cuda_cp_async16_zfill(vd + so(t, ccl), vp + off, ok);
-                    }
-                }
             } else {
 #pragma unroll
                 for (int c = lane; c < ATT_TC_TILE * CH; c += 32) {
@@ -623,24 +611,21 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
             }
         };
 
-        /* Stage (and for the bulk copies, barrier phase) of tile i, kept by counting rather
-         * than dividing. LOAD 3 frees a tile's K stage once S is computed and its V stage
-         * after P V, each refilled at once for the tile n_st on: a tile more in flight. */
+        /* Stage of tile i and, for the bulk copies, the parity of its barriers' phase,
+         * counted rather than divided. The bulk copies free a tile's K half once S is computed
+         * and its V half after P V, each refilled at once for tile i + n_st: a tile more in
+         * flight per warp than the 16-byte copies keep, in the same shared memory. */
         int stg = BULK ? (int)(used % n_st) : 0;
         uint32_t par = BULK ? (used / n_st) & 1 : 0;
-        for (int i = 0, s2 = stg; i < n_st - (LOAD != 3); i++) {
-            if (i < n_my) issue(i, LOAD == 3 ? 0 : 2, LOAD == 0 ? i : s2);
-            if (LOAD == 3 && i < n_my) issue(i, 1, s2);
+        for (int i = 0, s2 = stg; i < n_st - !BULK; i++) {
+            if (i < n_my) issue(i, BULK ? 0 : 2, s2);
+            if (BULK && i < n_my) issue(i, 1, s2);
             if (!BULK) cuda_cp_async_commit();
             s2 = s2 + 1 == n_st ? 0 : s2 + 1;
         }
         for (int i = 0; i < n_my; i++) {
-            if (LOAD != 3 && i + n_st - 1 < n_my)
-                issue(i + n_st - 1, 2,
-                      LOAD == 0  ? (i + n_st - 1) % n_st
-                      : stg == 0 ? n_st - 1
-                                 : stg - 1);
-            if (LOAD == 0) stg = i % n_st;
+            if (!BULK && i + n_st - 1 < n_my) issue(i + n_st - 1, 2, (i + n_st - 1) % n_st);
+            if (!BULK) stg = i % n_st;
             if (BULK) {
                 att_mbar_wait(wbar + stg, par);
             } else {
@@ -690,7 +675,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
             for (int n = 0; n < 2; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) sc[n][e] += sx[n][e];
-            if (LOAD == 3) {
+            if (BULK) {
                 __syncwarp();
                 if (i + n_st < n_my) issue(i + n_st, 0, stg);
             }
@@ -698,7 +683,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
             /* Online softmax: a row's 4 threads (same g) share its max through shuffles; the
              * row sum stays per thread until the end. */
             float mx[2] = {m[0], m[1]};
-            const bool whole = LOAD >= 1 && u0 >= fpo && u0 + ATT_TC_TILE <= fpo + n_vis;
+            const bool whole = BULK && u0 >= fpo && u0 + ATT_TC_TILE <= fpo + n_vis;
 #pragma unroll
             for (int n = 0; n < 2; n++)
 #pragma unroll
@@ -737,7 +722,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
                 }
             }
 
-            if (LOAD == 3) att_mbar_wait(wbar + n_st + stg, par);
+            if (BULK) att_mbar_wait(wbar + n_st + stg, par);
             /* O += P V: the tile's 16 tokens are n-tiles 0 and 1 of S, which is the A
              * fragment's layout; x4.trans matrices are (tokens +0/+8) x (dims 16dp +0/+8). */
             uint32_t pa[4][SPLIT];
@@ -758,8 +743,8 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
                 }
             }
             __syncwarp();
-            if (LOAD == 3 && i + n_st < n_my) issue(i + n_st, 1, stg);
-            if (LOAD >= 1 && ++stg == n_st) stg = 0, par ^= 1;
+            if (BULK && i + n_st < n_my) issue(i + n_st, 1, stg);
+            if (BULK && ++stg == n_st) stg = 0, par ^= 1;
         }
         used += n_my;
         cuda_cp_async_wait<0>();
@@ -983,19 +968,19 @@ static int dispatch(const att_params &p, int head_dim, int gb, dim3 grid, size_t
 template <int D, int SPLIT, typename KT>
 static int launch_decode_mma(const att_params &p, dim3 grid, size_t smem, cudaStream_t st,
                              base_err *err) {
-    const char *lv = getenv("MLXCEL_ATT_LOAD");
-    const int load = lv ? atoi(lv) : 0;
-    if (load == 1)
-        return cuda_launch_smem(paged_decode_mma_kernel<D, SPLIT, KT, 1>, grid, ATT_TC_WARPS * 32,
-                                smem, st, p, "attention (tensor cores)", err);
-    if (load == 2)
-        return cuda_launch_smem(paged_decode_mma_kernel<D, SPLIT, KT, 2>, grid, ATT_TC_WARPS * 32,
-                                smem, st, p, "attention (tensor cores)", err);
-    if (load == 3)
-        return cuda_launch_smem(paged_decode_mma_kernel<D, SPLIT, KT, 3>, grid, ATT_TC_WARPS * 32,
-                                smem, st, p, "attention (tensor cores)", err);
-    return cuda_launch_smem(paged_decode_mma_kernel<D, SPLIT, KT, 0>, grid, ATT_TC_WARPS * 32, smem,
-                            st, p, "attention (tensor cores)", err);
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        return base_fail(err, "cuda: attention (tensor cores): no device attributes");
+    /* MLXCEL_ATT_BULK_WAVES moves the threshold (0: never bulk), for tests and other devices */
+    const char *env = getenv("MLXCEL_ATT_BULK_WAVES");
+    const long long waves = env && *env ? strtoll(env, NULL, 10) : ATT_TC_BULK_WAVES;
+    const long long ctas = (long long)grid.x * grid.y * grid.z;
+    if (ctas <= waves * ATT_TC_CTAS * sms)
+        return cuda_launch_smem(paged_decode_mma_kernel<D, SPLIT, KT, true>, grid,
+                                ATT_TC_WARPS * 32, smem, st, p, "attention (tensor cores)", err);
+    return cuda_launch_smem(paged_decode_mma_kernel<D, SPLIT, KT, false>, grid, ATT_TC_WARPS * 32,
+                            smem, st, p, "attention (tensor cores)", err);
 }
 
 template <int D, typename KT>
