@@ -2,8 +2,8 @@
  * KV, block 32): TB/s = bytes of K and V read / kernel time, for v1 and v2 (+ merge), next to
  * the device-to-device copy bandwidth measured in the same run as the ceiling. The v2 columns
  * run the planner's plan (attn_plan_decode_pages) at the backend's target and at twice it, as
- * the runtime would: v1 where the planner keeps one chunk. q and out are
- * F32, as the CUDA backend's activations are (the split-term path), and BF16 (single terms).
+ * the runtime would: v1 where the planner keeps one chunk. q and out are F32, as the CUDA
+ * backend's activations are (the split-term path), and BF16 (single terms).
  *
  * Pages are a random permutation of the pool, as a long-running server's would be. Each
  * figure is the median of CUDA-event timings after warm-up; every shape's K/V is far larger
@@ -11,12 +11,12 @@
  * shape, one line per shape, machine-readable (`shape ...`), and a table. Usage: bench_attention
  * [reps [BxL [chunks]]]; with BxL only that shape runs, without the sweep: v1 once, then the
  * planner's plan (F32) reps + 3 times, or v2 at the chunk count given, which is what a profiler
- * wants to skip to. `bench_attention serve` answers lines `BxL reps` on stdin with
- * `ours BxL ms...`: that many calls of the planner's plan (F32 q/out, as the runtime runs it;
- * `BxL reps stages` at that pipeline depth),
- * each timed alone behind a spin that keeps the stream ahead of the host; the peer script
- * (tools/reference/sdpa_peer.py --ours) alternates these with its own calls, timed the same
- * way. */
+ * wants to skip to.
+ *
+ * `bench_attention serve` answers each stdin line `BxL reps [stages]` with `ours BxL ms...`:
+ * that many calls of the planner's plan (F32 q/out, as the runtime runs it; at that pipeline
+ * depth when given), each timed alone behind a spin that keeps the stream ahead of the host.
+ * tools/reference/sdpa_peer.py --ours alternates these with cuDNN's calls, timed the same way. */
 #include "bench_cuda.h"
 
 extern "C" {
