@@ -561,14 +561,15 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
         };
         uint32_t sl_cur = 0, sl_nxt = 0;
         if (BULK) sl_cur = slot_of(lane), sl_nxt = slot_of(32 + lane);
-        /* part 0: K, 1: V, 2: both; into stage stg */
+        /* Tile i into stage stg: the bulk copies take K (part 0) and V (part 1) apart, the
+         * 16-byte copies both at once. */
         auto issue = [&](int i, int part, int stg) {
             const int tile = t_begin + warp + i * ATT_TC_WARPS;
             const int u0 = tile * ATT_TC_TILE;
             uint64_t base;
             if (BULK) {
-                /* tiles are issued in order, V after K when apart */
-                if ((i & 31) == 0 && i > 0 && part != 1) {
+                /* tiles are issued in order, K before V */
+                if ((i & 31) == 0 && i > 0 && part == 0) {
                     sl_cur = sl_nxt;
                     sl_nxt = slot_of(i + 32 + lane);
                 }
@@ -584,15 +585,14 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
                 const int t = lane & 15;
                 const bool ok = u0 + t >= fpo && u0 + t < fpo + n_vis;
                 const int live = __popc(__ballot_sync(0xffffffffu, ok)) / 2;
-                uint64_t *bar = wbar + (part == 1 ? n_st : 0) + stg;
-                if (lane == (part == 1 ? 16 : 0))
-                    att_mbar_expect(bar, (uint32_t)(live * D * 2 * (part == 2 ? 2 : 1)));
+                uint64_t *bar = wbar + part * n_st + stg;
+                if (lane == 16 * part) att_mbar_expect(bar, (uint32_t)(live * D * 2));
                 __syncwarp();
-                KT *dst = (lane < 16 ? kd : vd) + t * RS;
-                const bool mine = part == 2 || (lane < 16) == (part == 0);
+                KT *dst = (part ? vd : kd) + t * RS;
+                const bool mine = lane >> 4 == part;
                 if (mine && ok) {
-                    att_bulk_copy(dst, (lane < 16 ? kp : vp) + base + (uint64_t)t * row_stride,
-                                  D * 2, bar);
+                    att_bulk_copy(dst, (part ? vp : kp) + base + (uint64_t)t * row_stride, D * 2,
+                                  bar);
                 } else if (mine) {
 #pragma unroll
                     for (int c = 0; c < CH; c++) *(uint4 *)(dst + c * 8) = make_uint4(0, 0, 0, 0);
@@ -618,13 +618,13 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
         int stg = BULK ? (int)(used % n_st) : 0;
         uint32_t par = BULK ? (used / n_st) & 1 : 0;
         for (int i = 0, s2 = stg; i < n_st - !BULK; i++) {
-            if (i < n_my) issue(i, BULK ? 0 : 2, s2);
+            if (i < n_my) issue(i, 0, s2);
             if (BULK && i < n_my) issue(i, 1, s2);
             if (!BULK) cuda_cp_async_commit();
             s2 = s2 + 1 == n_st ? 0 : s2 + 1;
         }
         for (int i = 0; i < n_my; i++) {
-            if (!BULK && i + n_st - 1 < n_my) issue(i + n_st - 1, 2, (i + n_st - 1) % n_st);
+            if (!BULK && i + n_st - 1 < n_my) issue(i + n_st - 1, 0, (i + n_st - 1) % n_st);
             if (!BULK) stg = i % n_st;
             if (BULK) {
                 att_mbar_wait(wbar + stg, par);
