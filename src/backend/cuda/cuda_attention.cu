@@ -389,12 +389,12 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
  *   1 x 131072 (392 CTAs): 3.31 -> 3.59; 4 x 16384 (384): 2.88 -> 3.06; 16 x 8192 (384): 3.31
  *   -> 3.58; 64 x 4096 (1536): 3.38 -> 3.40; 256 x 2048 (v1, 2048): 3.72 -> 3.52.
  * The bulk copies win in grids of about a wave and lose in five, hence ATT_TC_BULK_WAVES.
- * Taken in turns with cuDNN SDPA (tools/reference/sdpa_peer.py --ours), the bulk copies stand
- * at 0.85 / 0.80 / 0.82 / 0.76 of it at the first four shapes and the 16-byte copies at 0.83
- * at 256 x 2048 (cuDNN 4.13 to 4.55 TB/s). A third stage per warp (two CTAs per SM) lost 5 to
- * 40%. ncu at 64 x 4096: DRAM 72 to 78% of peak, L2 throughput 80 to 90%, 0.4 instructions
- * issued per scheduler and cycle over 2.9 warps, 7 cycles per issued instruction; cuDNN's
- * kernel there (one CTA per row and kv head, 128 tokens a step, 2 CTAs per SM) reads at 93%
+ * Taken in turns with cuDNN SDPA (tools/reference/sdpa_peer.py --ours, 5 trials), the default
+ * choice stands at 0.84 / 0.79 / 0.81 / 0.76 / 0.82 of it at the five shapes (ours 3.57 / 3.06
+ * / 3.55 / 3.39 / 3.71 TB/s, cuDNN 4.23 / 3.86 / 4.36 / 4.47 / 4.55). A third stage per warp (two
+ * CTAs per SM) lost 5 to 40%. ncu at 64 x 4096: DRAM 72 to 78% of peak, L2 throughput 80 to 90%,
+ * 0.4 instructions issued per scheduler and cycle over 2.9 warps, 7 cycles per issued instruction;
+ * cuDNN's kernel there (one CTA per row and kv head, 128 tokens a step, 2 CTAs per SM) reads at 93%
  * of peak DRAM issuing a third of our instructions. Reading the page table ahead, counting
  * stages and skipping the masks of whole tiles changed nothing for the 16-byte copies, which
  * keep the plain loop. A kv head's token row is 256 bytes, the next one 2 KB away. The waves
