@@ -2,8 +2,8 @@
  * KV, block 32): TB/s = bytes of K and V read / kernel time, for v1 and v2 (+ merge), next to
  * the device-to-device copy bandwidth measured in the same run as the ceiling. The v2 columns
  * run the planner's plan (attn_plan_decode_pages) at the backend's target and at twice it, as
- * the runtime would: v1 where the planner keeps one chunk. q and out are
- * F32, as the CUDA backend's activations are (the split-term path), and BF16 (single terms).
+ * the runtime would: v1 where the planner keeps one chunk. q and out are F32, as the CUDA
+ * backend's activations are (the split-term path), and BF16 (single terms).
  *
  * Pages are a random permutation of the pool, as a long-running server's would be. Each
  * figure is the median of CUDA-event timings after warm-up; every shape's K/V is far larger
@@ -11,7 +11,12 @@
  * shape, one line per shape, machine-readable (`shape ...`), and a table. Usage: bench_attention
  * [reps [BxL [chunks]]]; with BxL only that shape runs, without the sweep: v1 once, then the
  * planner's plan (F32) reps + 3 times, or v2 at the chunk count given, which is what a profiler
- * wants to skip to. */
+ * wants to skip to.
+ *
+ * `bench_attention serve` answers each stdin line `BxL reps [stages]` with `ours BxL ms...`:
+ * that many calls of the planner's plan (F32 q/out, as the runtime runs it; at that pipeline
+ * depth when given), each timed alone behind a spin that keeps the stream ahead of the host.
+ * tools/reference/sdpa_peer.py --ours alternates these with cuDNN's calls, timed the same way. */
 #include "bench_cuda.h"
 
 extern "C" {
@@ -29,6 +34,37 @@ extern "C" {
 #define NKV 8
 #define HD  128
 #define BS  32
+
+/* Holds the stream for `cycles` clocks, so that the calls queued behind it all wait on the
+ * device rather than on the host: their event timings then hold no launch latency. */
+__global__ void bench_spin(long long cycles) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+}
+
+/* Milliseconds of each of reps calls of fn on stream s, ascending, after three warm-up calls:
+ * an event pair around every call, all queued behind a spin of 200000 clocks per call (about
+ * 100 us at the H200's clock, more than a launch takes from the host). sdpa_peer.py times its
+ * calls the same way. */
+template <class F> static std::vector<float> queued_ms(cudaStream_t s, int reps, F fn) {
+    for (int i = 0; i < 3; i++) fn();
+    bench_cuda_ok(cudaStreamSynchronize(s), "warm-up");
+    std::vector<cudaEvent_t> ev(2 * reps);
+    for (auto &e : ev) bench_cuda_ok(cudaEventCreate(&e), "event");
+    bench_spin<<<1, 1, 0, s>>>(200000ll * reps);
+    for (int i = 0; i < reps; i++) {
+        cudaEventRecord(ev[2 * i], s);
+        fn();
+        cudaEventRecord(ev[2 * i + 1], s);
+    }
+    bench_cuda_ok(cudaStreamSynchronize(s), "timed runs");
+    std::vector<float> ms(reps);
+    for (int i = 0; i < reps; i++) cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]);
+    for (auto &e : ev) cudaEventDestroy(e);
+    std::sort(ms.begin(), ms.end());
+    return ms;
+}
 
 /* The planner's plan for `batch` rows of `pages` pages at this target, its workspace not yet
  * allocated. */
@@ -64,8 +100,9 @@ static std::vector<int> sweep_ppcs(int pages, int batch, int target) {
 }
 
 int main(int argc, char **argv) {
-    int reps = argc > 1 ? atoi(argv[1]) : 50;
-    const char *only = argc > 2 ? argv[2] : NULL;
+    const bool serve = argc > 1 && !strcmp(argv[1], "serve");
+    int reps = serve ? 20 : argc > 1 ? atoi(argv[1]) : 50;
+    const char *only = !serve && argc > 2 ? argv[2] : NULL;
     const int only_chunks = argc > 3 ? atoi(argv[3]) : 0;
     be_backend *be = bench_cuda_backend();
     base_err err = {};
@@ -226,7 +263,32 @@ int main(int argc, char **argv) {
             bench_die("out", err.msg);
     }
 
-    if (only) {
+    if (serve) {
+        fflush(stdout);
+        char line[128];
+        while (fgets(line, sizeof line, stdin)) {
+            int B = 0, L = 0, n = 0, stages = 0;
+            if (sscanf(line, "%dx%d %d %d", &B, &L, &n, &stages) < 3 || n < 1)
+                bench_die("serve", line);
+            shape_run *r = NULL;
+            for (auto &x : runs)
+                if (x.B == B && x.L == L) r = &x;
+            if (!r) bench_die("serve: no such shape", line);
+            const be_decode_plan *plan = &r->v2[0];
+            cuda_backend *cb = cuda_impl(be);
+            const int def_stages = cb->att_stages;
+            if (stages > 0) cb->att_stages = stages;
+            std::vector<float> ms = queued_ms(st, n, [&] {
+                if (be->ops->attention(be, &r->q, &layer, &r->db, plan, NQ, scale, &r->out, &err))
+                    bench_die("attention", err.msg);
+            });
+            cb->att_stages = def_stages;
+            printf("ours %dx%d", B, L);
+            for (float x : ms) printf(" %.5f", x);
+            printf("\n");
+            fflush(stdout);
+        }
+    } else if (only) {
         for (auto &r : runs) {
             be_decode_plan plan = r.v2[0];
             if (only_chunks > 0 && only_chunks <= r.pages) {

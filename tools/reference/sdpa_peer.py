@@ -1,6 +1,7 @@
 """PyTorch SDPA decode peers for bench/bench_attention: the same shapes (32 q heads, 8 kv heads,
-head_dim 128, one query per sequence) with contiguous K/V, timed with CUDA events (median
-after warm-up). TB/s counts the K/V bytes once, whatever the call reads.
+head_dim 128, one query per sequence) with contiguous K/V, timed with CUDA events around each
+call, the calls queued behind a spin so that none waits on the host (median after warm-up).
+TB/s counts the K/V bytes once, whatever the call reads.
 
 Grouped-query decode can be put to SDPA in several ways, and backends differ in which they
 take and how fast they run; each is tried with each backend and the best figure per backend
@@ -12,7 +13,13 @@ K/V repeated to 32 heads is left out: no 4-D view can hold it without a copy, an
 would read 4 times the bytes of a real cache.
 Dtypes: f16 (the benchmark's pool), and bf16 for cuDNN (REFERENCES.md's figures are bf16).
 Prints one machine-readable `peer shape` line per shape and one `peer call` line per timing.
-Usage: sdpa_peer.py [reps]"""
+
+With --ours BENCH it instead runs `BENCH serve` (bench_attention) beside it and times the two
+in turns, several trials each, and prints the ratio of figures taken the same way
+(alternate() says how).
+Usage: sdpa_peer.py [reps] [--ours BENCH [--trials N]] [--shapes BxL,...]"""
+import argparse
+import subprocess
 import sys
 import warnings
 
@@ -27,19 +34,26 @@ BACKENDS = (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_AT
             ("efficient", SDPBackend.EFFICIENT_ATTENTION))
 
 
-def median_ms(fn, reps):
+def queued_ms(fn, reps):
+    """Milliseconds of each of reps calls, ascending, after three warm-up calls: an event pair
+    around every call, all queued behind a spin of 200000 clocks per call, so that no call
+    waits on the host's launch (bench_attention's queued_ms does the same)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(reps)]
+    torch.cuda._sleep(200000 * reps)
+    for a, b in ev:
         a.record()
         fn()
         b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
+    torch.cuda.synchronize()
+    return sorted(a.elapsed_time(b) for a, b in ev)
+
+
+def median_ms(fn, reps):
+    times = queued_ms(fn, reps)
     return times[len(times) // 2]
 
 
@@ -55,14 +69,9 @@ def calls(batch, ctx, dtype, dev):
             ], 2 * k.numel() * k.element_size()
 
 
-def main():
-    reps = int(sys.argv[1]) if len(sys.argv) > 1 else 50
-    # a backend that declines a call form says why at length; the `unsupported` line suffices
-    warnings.filterwarnings("ignore", category=UserWarning)
-    dev = torch.device("cuda")
-    print(f"peer device {torch.cuda.get_device_name(0)} torch {torch.__version__} "
-          f"cudnn {torch.backends.cudnn.version()}", flush=True)
-    for batch, ctx in SHAPES:
+def survey(reps, shapes, dev):
+    """Every backend and call form at every shape, once each."""
+    for batch, ctx in shapes:
         best = {name: (float("nan"), "none") for name, _ in BACKENDS}
         for dtype in (torch.float16, torch.bfloat16):
             dname = "f16" if dtype == torch.float16 else "bf16"
@@ -88,6 +97,110 @@ def main():
         fields = " ".join(f"{name}_tbs {best[name][0]:.4f} {name}_call {best[name][1]}"
                           for name, _ in BACKENDS)
         print(f"peer shape {batch}x{ctx} {fields}", flush=True)
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def alternate(ours_cmd, reps, trials, shapes, dev):
+    """Ours (bench_attention serve, the planner's plan) against cuDNN at its best call form,
+    in turns: each trial times reps calls of one side, then of the other (the order flips
+    every trial), so that both meet the same clocks, temperature and neighbours. A trial's
+    figure is the median of its calls (and, as `best`, its fastest call); each side reports
+    the median over trials of both, so that the ratios compare figures taken the same way."""
+    ours = subprocess.Popen(ours_cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            bufsize=1)
+
+    def ours_ms(shape):
+        ours.stdin.write(f"{shape} {reps}\n")
+        ours.stdin.flush()
+        while True:
+            line = ours.stdout.readline()
+            if not line:
+                sys.exit(f"sdpa_peer.py: {ours_cmd[0]} ended before answering {shape}")
+            f = line.split()
+            if f[:2] == ["ours", shape]:
+                return [float(x) for x in f[2:]]
+            print(line.rstrip(), flush=True)
+
+    print(f"fair: ours (planner's plan, F32 q/out) and cuDNN SDPA (its fastest call form, "
+          f"contiguous K/V) in turns, {trials} trials x {reps} calls each; TB/s of K+V; med: "
+          f"median over trials of each trial's median call, best: of each trial's fastest call; "
+          f"range: the trials' medians", flush=True)
+    print(f"{'shape':<10} {'call':<9} {'ours':>6} {'cudnn':>6} {'ratio':>6} | {'best':>6} "
+          f"{'cudnn':>6} {'ratio':>6} | {'ours range':>11} {'cudnn range':>11}", flush=True)
+    for batch, ctx in shapes:
+        shape = f"{batch}x{ctx}"
+        # the peer's call form: the fastest cuDNN form on a first pass
+        pick = None
+        for dtype in (torch.float16, torch.bfloat16):
+            forms, kv_bytes = calls(batch, ctx, dtype, dev)
+            for form, fn in forms:
+                try:
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        ms = median_ms(fn, max(3, reps // 4))
+                except RuntimeError:
+                    continue
+                if pick is None or ms < pick[0]:
+                    pick = (ms, dtype, form)
+            del forms
+            torch.cuda.empty_cache()
+        if pick is None:
+            print(f"fair {shape}: cuDNN took no call form", flush=True)
+            continue
+        forms, kv_bytes = calls(batch, ctx, pick[1], dev)
+        fn = dict(forms)[pick[2]]
+        call = f"{pick[2]}/{'f16' if pick[1] == torch.float16 else 'bf16'}"
+        fig = {"ours": [], "cudnn": []}
+
+        def peer_ms():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return queued_ms(fn, reps)
+
+        for t in range(trials):
+            for side in (("ours", "cudnn") if t % 2 == 0 else ("cudnn", "ours")):
+                ms = ours_ms(shape) if side == "ours" else peer_ms()
+                fig[side].append((median(ms), ms[0]))
+        tbs = {side: (kv_bytes / (median(m for m, _ in v) * 1e-3) / 1e12,
+                      kv_bytes / (median(b for _, b in v) * 1e-3) / 1e12,
+                      kv_bytes / (max(m for m, _ in v) * 1e-3) / 1e12,
+                      kv_bytes / (min(m for m, _ in v) * 1e-3) / 1e12)
+               for side, v in fig.items()}
+        for side in fig:
+            per_trial = " ".join(f"{kv_bytes / (m * 1e-3) / 1e12:.3f}" for m, _ in fig[side])
+            print(f"trials {shape} {side} {per_trial}", flush=True)
+        o, c = tbs["ours"], tbs["cudnn"]
+        print(f"{shape:<10} {call:<9} {o[0]:6.3f} {c[0]:6.3f} {o[0] / c[0]:6.3f} | "
+              f"{o[1]:6.3f} {c[1]:6.3f} {o[1] / c[1]:6.3f} | {o[2]:5.3f}-{o[3]:5.3f} "
+              f"{c[2]:5.3f}-{c[3]:5.3f}", flush=True)
+        del forms, fn
+        torch.cuda.empty_cache()
+    ours.stdin.close()
+    ours.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("reps", nargs="?", type=int, default=50, help="timed calls per figure")
+    ap.add_argument("--ours", help="bench_attention binary: alternate it with cuDNN")
+    ap.add_argument("--trials", type=int, default=7, help="turns per side with --ours")
+    ap.add_argument("--shapes", help="BxL,... (default: all five)")
+    a = ap.parse_args()
+    shapes = SHAPES
+    if a.shapes:
+        shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
+    # a backend that declines a call form says why at length; the `unsupported` line suffices
+    warnings.filterwarnings("ignore", category=UserWarning)
+    dev = torch.device("cuda")
+    print(f"peer device {torch.cuda.get_device_name(0)} torch {torch.__version__} "
+          f"cudnn {torch.backends.cudnn.version()}", flush=True)
+    if a.ours:
+        alternate([a.ours, "serve"], a.reps, a.trials, shapes, dev)
+    else:
+        survey(a.reps, shapes, dev)
 
 
 if __name__ == "__main__":

@@ -363,16 +363,23 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
  * One CTA per (decode row, kv head, chunk) serves the group's query heads as the 16 M rows of
  * mma.sync m16n8k16 (rows past the group hold zeros). The chunk's pages are cut into tiles of
  * 16 tokens; each of the ATT_TC_WARPS warps takes every ATT_TC_WARPS-th tile and streams it
- * through its own att_stages shared-memory stages with 16-byte cp.async copies, so the main
- * loop needs no block-wide barrier (split-K inside the CTA); the warps' softmax states are
- * combined once at the end. Per tile: S = Q K^T with the tile's 16 tokens as N, K read by
- * ldmatrix from rows whose 16-byte chunks are XOR-swizzled by the token; softmax online in
+ * through its own att_stages shared-memory stages, so the main loop needs no block-wide
+ * barrier (split-K inside the CTA); the warps' softmax states are combined once at the end.
+ * Per tile: S = Q K^T with the tile's 16 tokens as N, K read by ldmatrix; softmax online in
  * F32 in the log2 domain on the accumulators; O += P V with P taken from the S accumulators
  * as the A operand in registers and V read by ldmatrix.trans. Tiles of 16 tokens rather than
- * pages keep a stage at 8 KB (head_dim 128), so two or three CTAs of 4 warps stay resident
- * per SM with every warp's next tiles in flight. Dead slots (before the first-page offset,
- * past the last token) are zero-filled by cp.async, since the pool may hold NaN there and
- * 0 * NaN would reach the output.
+ * pages keep a stage at 8.5 KB (head_dim 128), so three CTAs of 4 warps stay resident per SM
+ * with every warp's next tiles in flight. Dead slots (before the first-page offset, past the
+ * last token) are zeroed, since the pool may hold NaN there and 0 * NaN would reach the output.
+ *
+ * Two ways of loading the stages, chosen by the grid (BULK):
+ *   16-byte cp.async, a tile's K and V in one group, its 16-byte chunks XOR-swizzled by the
+ *   token, zero-filled when dead; the next tile is issued before this one's math.
+ *   Bulk copies (cp.async.bulk, the copy engine), one per token row of K or V, completing on
+ *   a per-stage mbarrier of the warp (K and V apart); rows padded by 16 bytes keep ldmatrix
+ *   off bank conflicts, dead rows are zeroed by hand. K's half of a stage is refilled once S
+ *   is computed, V's after P V, so a warp keeps one tile more in flight in the same shared
+ *   memory; the page table is read 32 tiles ahead into a lane-held window.
  *
  * MMA inputs are the pool's dtype. SPLIT > 1 carries q and P as that many terms (the value
  * rounded, then the rounded remainder, ...), each a separate MMA into the same F32
@@ -380,24 +387,27 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
  * the pool's dtype, are read once.
  *
  * Measured on the H200 (132 SMs, 3 CTAs each: a wave of 396; Llama-3.1-8B decode, f16 KV,
- * F32 q and out; bench_attention with the planner's chunking, cuDNN SDPA on contiguous K/V in
- * the same run), TB/s of K+V and the ratio to cuDNN:
- *   1 x 131072: 49 chunks, 3.29 (0.88); 4 x 16384: 12 chunks, 2.87 (0.91);
- *   16 x 8192: 3 chunks, 3.29 (0.85); 64 x 4096: 3 chunks, 3.38 (0.83); 256 x 2048: v1, 3.69
- *   (0.86); the device-to-device copy ran at 4.18 (read + write).
- * The gap to cuDNN is memory efficiency on the pool's layout rather than occupancy or bytes in
- * flight. ncu at 16 x 8192 (384 CTAs, one wave, no tail): DRAM at 73% of peak (3.50 TB/s), L2
- * throughput 83% with a 50% hit rate on data read once, the SMs at 37%, 6.8 cycles per issued
- * instruction; at 64 x 4096 the same 73% and 84%, with 3 CTAs (12 warps) per SM as registers
- * and shared memory both allow. A third stage per warp (two CTAs per SM, 128 KB in flight per
- * SM against 96 KB) ran from 4% slower (256 x 2048) to 1% faster (1 x 131072, 64 x 4096). A
- * kv head's token row is 256 bytes, the next one 2 KB away and the rows between read by other
- * CTAs, where cuDNN streams each head's rows contiguously. The waves are the plan's part
- * (attn.h): 416 CTAs (4 rows of 16384 tokens in 13 chunks) ran at 2.16, 384 (12 chunks) at
- * 2.88. */
-#define ATT_TC_WARPS 4
-#define ATT_TC_ROWS  16
-#define ATT_TC_TILE  16
+ * F32 q and out, the planner's chunking; bench_attention serve, 20 calls per figure queued
+ * behind a spin), TB/s of K+V, 16-byte copies -> bulk copies:
+ *   1 x 131072 (392 CTAs): 3.31 -> 3.59; 4 x 16384 (384): 2.88 -> 3.06; 16 x 8192 (384): 3.31
+ *   -> 3.58; 64 x 4096 (1536): 3.38 -> 3.40; 256 x 2048 (v1, 2048): 3.72 -> 3.52.
+ * The bulk copies win in grids of about a wave and lose in five, hence ATT_TC_BULK_WAVES.
+ * Taken in turns with cuDNN SDPA (tools/reference/sdpa_peer.py --ours, 5 trials), the default
+ * choice stands at 0.84 / 0.79 / 0.81 / 0.76 / 0.82 of it at the five shapes (ours 3.57 / 3.06
+ * / 3.55 / 3.39 / 3.71 TB/s, cuDNN 4.23 / 3.86 / 4.36 / 4.47 / 4.55). A third stage per warp (two
+ * CTAs per SM) lost 5 to 40%. ncu at 64 x 4096: DRAM 72 to 78% of peak, L2 throughput 80 to 90%,
+ * 0.4 instructions issued per scheduler and cycle over 2.9 warps, 7 cycles per issued instruction;
+ * cuDNN's kernel there (one CTA per row and kv head, 128 tokens a step, 2 CTAs per SM) reads at 93%
+ * of peak DRAM issuing a third of our instructions. Reading the page table ahead, counting
+ * stages and skipping the masks of whole tiles changed nothing for the 16-byte copies, which
+ * keep the plain loop. A kv head's token row is 256 bytes, the next one 2 KB away. The waves
+ * are the plan's part (attn.h): 416 CTAs (4 rows of 16384 tokens in 13 chunks) ran at 2.16,
+ * 384 (12 chunks) at 2.88. */
+#define ATT_TC_WARPS      4
+#define ATT_TC_ROWS       16
+#define ATT_TC_TILE       16
+#define ATT_TC_CTAS       3 /* resident per SM (registers and shared memory both bind) */
+#define ATT_TC_BULK_WAVES 4 /* grids of at most this many waves of CTAs load by bulk copies */
 
 /* The SPLIT terms of the pair (x, y) in the pool's dtype, packed: term s holds what terms
  * 0..s-1 left over, rounded. */
@@ -412,12 +422,46 @@ __device__ __forceinline__ void split2(float x, float y, uint32_t *terms) {
     }
 }
 
-/* Shared memory of the tensor-core decode kernel: every warp's stages of K and V tiles, which
- * the final combine of (ATT_TC_WARPS, 16) rows of D floats plus their max and sum reuses. */
+/* Shared memory of the tensor-core decode kernel: every warp's stages of K and V tiles (token
+ * rows padded by 16 bytes, which the bulk copies need and the 16-byte copies leave unused),
+ * which the final combine of (ATT_TC_WARPS, 16) rows of D floats plus their max and sum reuses,
+ * then every warp's (2, stages) barriers of the bulk copies. */
 static __host__ __device__ size_t att_tc_work_bytes(int head_dim, int n_stages) {
-    size_t stages = (size_t)ATT_TC_WARPS * n_stages * 2 * ATT_TC_TILE * head_dim * 2;
+    size_t stages = (size_t)ATT_TC_WARPS * n_stages * 2 * ATT_TC_TILE * (head_dim + 8) * 2;
     size_t red = (size_t)ATT_TC_WARPS * ATT_TC_ROWS * (head_dim + 2) * sizeof(float);
-    return stages > red ? stages : red;
+    return (stages > red ? stages : red) + (size_t)ATT_TC_WARPS * n_stages * 16;
+}
+
+__device__ __forceinline__ void att_mbar_init(uint64_t *bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(cuda_smem_addr(bar)) : "memory");
+}
+
+/* The arrival of a phase that completes once `bytes` more have landed. */
+__device__ __forceinline__ void att_mbar_expect(uint64_t *bar, uint32_t bytes) {
+    asm volatile(
+        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(cuda_smem_addr(bar)),
+        "r"(bytes)
+        : "memory");
+}
+
+__device__ __forceinline__ void att_mbar_wait(uint64_t *bar, uint32_t parity) {
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "wait_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra wait_%=;\n"
+                 "}\n" ::"r"(cuda_smem_addr(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+
+/* One bulk copy of `bytes` (a multiple of 16) that completes on bar's transaction count. */
+__device__ __forceinline__ void att_bulk_copy(void *smem, const void *gmem, uint32_t bytes,
+                                              uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+                 "%2, [%3];\n" ::"r"(cuda_smem_addr(smem)),
+                 "l"(gmem), "r"(bytes), "r"(cuda_smem_addr(bar))
+                 : "memory");
 }
 
 /* The work area, then q's terms past the first: (split - 1, 16, head_dim) swizzled. */
@@ -428,12 +472,14 @@ static size_t att_tc_smem_bytes(int head_dim, int n_stages, int split) {
 /* Three resident CTAs per SM: q's first term and the output accumulators live in registers
  * (at most 168, none spilled at head_dim 128), and two stages of 16-token tiles take 64 KB per
  * CTA, plus 4 KB per further term of q. */
-template <int D, int SPLIT, typename KT>
-__global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(att_params p) {
-    constexpr int CH = D / 8;             /* 16-byte chunks per token row */
-    constexpr int KS = D / 16;            /* k-steps of Q K^T */
-    constexpr int NO = D / 8;             /* n-tiles of the output */
-    constexpr int TILE = ATT_TC_TILE * D; /* elements of one tile of K (or of V) */
+template <int D, int SPLIT, typename KT, bool BULK>
+__global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
+    paged_decode_mma_kernel(att_params p) {
+    constexpr int CH = D / 8;              /* 16-byte chunks per token row */
+    constexpr int KS = D / 16;             /* k-steps of Q K^T */
+    constexpr int NO = D / 8;              /* n-tiles of the output */
+    constexpr int RS = D + 8;              /* elements a token row takes in shared memory */
+    constexpr int TILE = ATT_TC_TILE * RS; /* elements of one tile of K (or of V) */
     static_assert(CH % 8 == 0 && ATT_TC_TILE == 16, "swizzle and the P V k-step need these");
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -441,6 +487,19 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
     const int n_st = p.stages, bs = p.block_size, tpp = bs / ATT_TC_TILE;
     KT *wbuf = (KT *)smem + (size_t)warp * n_st * 2 * TILE;
     KT *qs = (KT *)(smem + att_tc_work_bytes(D, n_st)); /* (SPLIT - 1, 16, D) */
+    uint64_t *bars = (uint64_t *)(smem + att_tc_work_bytes(D, n_st)) - ATT_TC_WARPS * n_st * 2;
+    uint64_t *wbar = bars + warp * n_st * 2; /* (2, n_st) this warp's stages: K (or both), V */
+    if (BULK) {
+        if (lane == 0)
+            for (int i = 0; i < 2 * n_st; i++) att_mbar_init(wbar + i);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        __syncwarp();
+    }
+    uint32_t used = 0; /* tiles this warp has streamed through its stages */
+    /* Element of 16-byte chunk cc of token t in a stage: rows padded to RS keep ldmatrix's 8
+     * rows in distinct banks for the bulk copies, whose rows land whole; the 16-byte copies
+     * XOR the chunk with the token instead. */
+    auto so = [](int t, int cc) { return BULK ? t * RS + cc * 8 : (t * CH + (cc ^ (t & 7))) * 8; };
     const int kvh = blockIdx.x, chunk = blockIdx.y;
     const int head0 = kvh * p.group;
     const uint64_t row_stride = (uint64_t)p.n_kv_heads * D;
@@ -495,33 +554,90 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
 
         const int span = t_end - t_begin;
         const int n_my = span > warp ? (span - warp + ATT_TC_WARPS - 1) / ATT_TC_WARPS : 0;
-        auto issue = [&](int i) {
+        /* The slot of each of the warp's tiles (page * tiles per page + tile in page), 32
+         * tiles at a time: lane l holds that of tile 32w + l, and window w + 1 is loaded as
+         * window w starts, so that issuing a tile's copies never waits on the page table. A
+         * slot stays below 2^32 for any pool that fits in memory (2^36 tokens). */
+        auto slot_of = [&](int i) -> uint32_t {
+            if (i >= n_my) return 0;
+            const int tile = t_begin + warp + i * ATT_TC_WARPS, q = tile / tpp;
+            return (uint32_t)pages[q] * (uint32_t)tpp + (uint32_t)(tile - q * tpp);
+        };
+        uint32_t sl_cur = 0, sl_nxt = 0;
+        if (BULK) sl_cur = slot_of(lane), sl_nxt = slot_of(32 + lane);
+        /* Tile i into stage stg: the bulk copies take K (part 0) and V (part 1) apart, the
+         * 16-byte copies both at once. */
+        auto issue = [&](int i, int part, int stg) {
             const int tile = t_begin + warp + i * ATT_TC_WARPS;
             const int u0 = tile * ATT_TC_TILE;
-            const uint64_t base =
-                ((uint64_t)pages[tile / tpp] * (uint64_t)bs + (uint64_t)(u0 % bs)) * row_stride;
-            KT *kd = wbuf + (size_t)(i % n_st) * 2 * TILE, *vd = kd + TILE;
-#pragma unroll
-            for (int c = lane; c < ATT_TC_TILE * CH; c += 32) {
-                const int t = c / CH, cc = c % CH;
+            uint64_t base;
+            if (BULK) {
+                /* tiles are issued in order, K before V */
+                if ((i & 31) == 0 && i > 0 && part == 0) {
+                    sl_cur = sl_nxt;
+                    sl_nxt = slot_of(i + 32 + lane);
+                }
+                base =
+                    (uint64_t)__shfl_sync(0xffffffffu, sl_cur, i & 31) * ATT_TC_TILE * row_stride;
+            } else {
+                base =
+                    ((uint64_t)pages[tile / tpp] * (uint64_t)bs + (uint64_t)(u0 % bs)) * row_stride;
+            }
+            KT *kd = wbuf + (size_t)stg * 2 * TILE, *vd = kd + TILE;
+            if constexpr (BULK) {
+                /* lanes 0-15 copy K rows, 16-31 V rows; dead rows are zeroed by hand */
+                const int t = lane & 15;
                 const bool ok = u0 + t >= fpo && u0 + t < fpo + n_vis;
-                const uint64_t off = ok ? base + (uint64_t)t * row_stride + (uint64_t)cc * 8 : 0;
-                const int so = (t * CH + (cc ^ (t & 7))) * 8;
-                cuda_cp_async16_zfill(kd + so, kp + off, ok);
-                cuda_cp_async16_zfill(vd + so, vp + off, ok);
+                const int live = __popc(__ballot_sync(0xffffffffu, ok)) / 2;
+                uint64_t *bar = wbar + part * n_st + stg;
+                if (lane == 16 * part) att_mbar_expect(bar, (uint32_t)(live * D * 2));
+                __syncwarp();
+                KT *dst = (part ? vd : kd) + t * RS;
+                const bool mine = lane >> 4 == part;
+                if (mine && ok) {
+                    att_bulk_copy(dst, (part ? vp : kp) + base + (uint64_t)t * row_stride, D * 2,
+                                  bar);
+                } else if (mine) {
+#pragma unroll
+                    for (int c = 0; c < CH; c++) *(uint4 *)(dst + c * 8) = make_uint4(0, 0, 0, 0);
+                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                }
+            } else {
+#pragma unroll
+                for (int c = lane; c < ATT_TC_TILE * CH; c += 32) {
+                    const int t = c / CH, cc = c % CH;
+                    const bool ok = u0 + t >= fpo && u0 + t < fpo + n_vis;
+                    const uint64_t off =
+                        ok ? base + (uint64_t)t * row_stride + (uint64_t)cc * 8 : 0;
+                    cuda_cp_async16_zfill(kd + so(t, cc), kp + off, ok);
+                    cuda_cp_async16_zfill(vd + so(t, cc), vp + off, ok);
+                }
             }
         };
 
-        for (int i = 0; i < n_st - 1; i++) {
-            if (i < n_my) issue(i);
-            cuda_cp_async_commit();
+        /* Stage of tile i and, for the bulk copies, the parity of its barriers' phase,
+         * counted rather than divided. The bulk copies free a tile's K half once S is computed
+         * and its V half after P V, each refilled at once for tile i + n_st: a tile more in
+         * flight per warp than the 16-byte copies keep, in the same shared memory. */
+        int stg = BULK ? (int)(used % n_st) : 0;
+        uint32_t par = BULK ? (used / n_st) & 1 : 0;
+        for (int i = 0, s2 = stg; i < n_st - !BULK; i++) {
+            if (i < n_my) issue(i, 0, s2);
+            if (BULK && i < n_my) issue(i, 1, s2);
+            if (!BULK) cuda_cp_async_commit();
+            s2 = s2 + 1 == n_st ? 0 : s2 + 1;
         }
         for (int i = 0; i < n_my; i++) {
-            if (i + n_st - 1 < n_my) issue(i + n_st - 1);
-            cuda_cp_async_commit();
-            cp_async_wait_n(n_st - 1);
+            if (!BULK && i + n_st - 1 < n_my) issue(i + n_st - 1, 0, (i + n_st - 1) % n_st);
+            if (!BULK) stg = i % n_st;
+            if (BULK) {
+                att_mbar_wait(wbar + stg, par);
+            } else {
+                cuda_cp_async_commit();
+                cp_async_wait_n(n_st - 1);
+            }
             __syncwarp();
-            const KT *kt = wbuf + (size_t)(i % n_st) * 2 * TILE, *vt = kt + TILE;
+            const KT *kt = wbuf + (size_t)stg * 2 * TILE, *vt = kt + TILE;
             const int u0 = (t_begin + warp + i * ATT_TC_WARPS) * ATT_TC_TILE;
 
             /* Even and odd k-steps go to separate accumulators, halving the chain of
@@ -549,7 +665,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
                 for (int n = 0; n < 2; n++) {
                     const int t = n * 8 + (lane & 7), cc = kk * 4 + (lane >> 3);
                     uint32_t b[4];
-                    cuda_ldmatrix_x4(b, kt + (t * CH + (cc ^ (t & 7))) * 8);
+                    cuda_ldmatrix_x4(b, kt + so(t, cc));
                     cuda_mma16816<KT>(sc[n], qa[2 * kk], b[0], b[1]);
                     cuda_mma16816<KT>(sx[n], qa[2 * kk + 1], b[2], b[3]);
 #pragma unroll
@@ -563,17 +679,22 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
             for (int n = 0; n < 2; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) sc[n][e] += sx[n][e];
+            if (BULK) {
+                __syncwarp();
+                if (i + n_st < n_my) issue(i + n_st, 0, stg);
+            }
 
             /* Online softmax: a row's 4 threads (same g) share its max through shuffles; the
              * row sum stays per thread until the end. */
             float mx[2] = {m[0], m[1]};
+            const bool whole = BULK && u0 >= fpo && u0 + ATT_TC_TILE <= fpo + n_vis;
 #pragma unroll
             for (int n = 0; n < 2; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int u = u0 + n * 8 + c4 * 2 + (e & 1);
-                    const float v =
-                        u >= fpo && u < fpo + n_vis ? sc[n][e] * p.scale_log2 : -INFINITY;
+                    const float v = whole || (u >= fpo && u < fpo + n_vis) ? sc[n][e] * p.scale_log2
+                                                                           : -INFINITY;
                     sc[n][e] = v;
                     mx[e >> 1] = fmaxf(mx[e >> 1], v);
                 }
@@ -605,6 +726,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
                 }
             }
 
+            if (BULK) att_mbar_wait(wbar + n_st + stg, par);
             /* O += P V: the tile's 16 tokens are n-tiles 0 and 1 of S, which is the A
              * fragment's layout; x4.trans matrices are (tokens +0/+8) x (dims 16dp +0/+8). */
             uint32_t pa[4][SPLIT];
@@ -616,7 +738,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
             for (int dp = 0; dp < D / 16; dp++) {
                 const int t = ((lane >> 3) & 1) * 8 + (lane & 7), cc = dp * 2 + (lane >> 4);
                 uint32_t b[4];
-                cuda_ldmatrix_x4_trans(b, vt + (t * CH + (cc ^ (t & 7))) * 8);
+                cuda_ldmatrix_x4_trans(b, vt + so(t, cc));
 #pragma unroll
                 for (int sp = 0; sp < SPLIT; sp++) {
                     const uint32_t a[4] = {pa[0][sp], pa[1][sp], pa[2][sp], pa[3][sp]};
@@ -625,7 +747,10 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, 3) paged_decode_mma_kernel(
                 }
             }
             __syncwarp();
+            if (BULK && i + n_st < n_my) issue(i + n_st, 1, stg);
+            if (BULK && ++stg == n_st) stg = 0, par ^= 1;
         }
+        used += n_my;
         cuda_cp_async_wait<0>();
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -871,8 +996,15 @@ static int dispatch(const att_params &p, int head_dim, int gb, dim3 grid, size_t
 template <int D, int SPLIT, typename KT>
 static int launch_decode_mma(const att_params &p, dim3 grid, size_t smem, cuda_backend *c,
                              base_err *err) {
-    return att_launch(c, paged_decode_mma_kernel<D, SPLIT, KT>, grid, ATT_TC_WARPS * 32, smem, p,
-                      "attention (tensor cores)", err);
+    /* MLXCEL_ATT_BULK_WAVES moves the threshold (0: never bulk), for tests and other devices */
+    const char *env = getenv("MLXCEL_ATT_BULK_WAVES");
+    const long long waves = env && *env ? strtoll(env, NULL, 10) : ATT_TC_BULK_WAVES;
+    const long long ctas = (long long)grid.x * grid.y * grid.z;
+    if (ctas <= waves * ATT_TC_CTAS * c->sm_count)
+        return att_launch(c, paged_decode_mma_kernel<D, SPLIT, KT, true>, grid, ATT_TC_WARPS * 32,
+                          smem, p, "attention (tensor cores)", err);
+    return att_launch(c, paged_decode_mma_kernel<D, SPLIT, KT, false>, grid, ATT_TC_WARPS * 32,
+                      smem, p, "attention (tensor cores)", err);
 }
 
 template <int D, typename KT>
