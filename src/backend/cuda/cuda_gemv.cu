@@ -28,15 +28,14 @@
  * reduction. The small matrices are bound by latency: one short wave per SM. */
 #include "backend/cuda/cuda_internal.h"
 
+#include <stdlib.h>
 #include <type_traits>
 
-/* Warps per CTA (one CTA per SM: the registers of the chunks in flight bound it), 16-byte
- * units a lane takes from each row of a chunk (64 units: rows of 4096 and 14336 4-bit values
- * are whole chunks), and rows per block. A warp holds four chunks: one computed while the
- * other three load. */
-#define GEMV1_WARPS 12
-#define GEMV1_C     2
-#define GEMV1_R     2
+/* 16-byte units a lane takes from each row of a chunk (64 units: rows of 4096 and 14336 4-bit
+ * values are whole chunks), and rows per block. A warp holds four chunks: one computed while
+ * the other three load. */
+#define GEMV1_C 2
+#define GEMV1_R 2
 /* Most dynamic shared memory a CTA may take for the digits of x (of the H200's 227 KB): two
  * rows of 32768 4-bit or 16384 8-bit values. */
 #define GEMV1_MAX_SMEM (220 << 10)
@@ -212,8 +211,8 @@ __device__ __forceinline__ void gemv1_emit(const gemv1_job &job, int64_t step, i
     }
 }
 
-template <int BITS, bool GLU, typename S, int NX>
-__global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job job) {
+template <int BITS, bool GLU, typename S, int NX, int W, int MINB>
+__global__ void __launch_bounds__(W * 32, MINB) gemv1_kernel(const gemv1_job job) {
     constexpr int WPU = 128 / BITS, R = GEMV1_R, C = GEMV1_C, OUT = GLU ? R / 2 : R;
     constexpr int DW = 3 * WPU / 16;   /* 16-byte words of digits per unit */
     constexpr int QW = 3 * 8 / BITS;   /* 4-byte words of digits per quarter unit */
@@ -293,7 +292,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     /* Four threads a unit (lanes 4i to 4i + 3 of a warp: up * 4 is a multiple of 32, so whole
      * warps take part in the shuffles), each a quarter of it. With a norm, x is multiplied by
      * its weight here and the sums of squares meet at the barrier after. */
-    __shared__ float nss[GEMV1_WARPS][NX]; /* each warp's share of x's sums of squares */
+    __shared__ float nss[W][NX]; /* each warp's share of x's sums of squares */
     float ss[NX];
 #pragma unroll
     for (int j = 0; j < NX; j++) ss[j] = 0.0f;
@@ -342,7 +341,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
 #pragma unroll
     for (int j = 0; j < NX; j++) {
         float t = 0.0f;
-        for (int k = 0; job.fz.norm && k < GEMV1_WARPS; k++) t += nss[k][j];
+        for (int k = 0; job.fz.norm && k < W; k++) t += nss[k][j];
         inv[j] = job.fz.norm ? cuda_rms_inv(t, job.in, job.fz.eps) : 1.0f;
     }
 
@@ -434,56 +433,92 @@ bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w) {
            gemv1_smem(w->bits, 2, w->in * w->bits / 128) <= GEMV1_MAX_SMEM;
 }
 
-template <int BITS, bool GLU, typename S, int NX>
-static int gemv1_launch(cuda_backend *c, gemv1_job job, base_err *err) {
-    auto kernel = gemv1_kernel<BITS, GLU, S, NX>;
+template <int BITS, bool GLU, typename S, int NX, int W, int MINB>
+static int gemv1_launch(cuda_backend *c, gemv1_job job, int grid_per_sm, base_err *err) {
+    auto kernel = gemv1_kernel<BITS, GLU, S, NX, W, MINB>;
     const size_t smem = gemv1_smem(BITS, NX, job.units);
-    /* Shared memory the kernel may take on this device, and resident CTAs per SM at that. */
-    static int limit, per_sm;
-    if (per_sm == 0) {
+    /* Shared memory the kernel may take on this device. A kernel made to share an SM with the
+     * next one asks for the largest shared-memory carveout, as every such GEMV does, so that
+     * the SM need not drain to change it between two of them. */
+    static int limit;
+    if (limit == 0) {
+        int lim = 0;
         cudaError_t e =
-            cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device);
-        if (limit > GEMV1_MAX_SMEM) limit = GEMV1_MAX_SMEM;
+            cudaDeviceGetAttribute(&lim, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device);
+        if (lim > GEMV1_MAX_SMEM) lim = GEMV1_MAX_SMEM;
         if (e == cudaSuccess)
-            e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
-        if (e == cudaSuccess)
-            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GEMV1_WARPS * 32,
-                                                              limit);
+            e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, lim);
+        if (e == cudaSuccess && MINB > 1)
+            e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     cudaSharedmemCarveoutMaxShared);
         if (e != cudaSuccess)
             return base_fail(err, "cuda: matmul: single-row GEMV: %s", cudaGetErrorString(e));
-        if (per_sm < 1) per_sm = 1;
+        limit = lim;
     }
     if (smem > (size_t)limit)
         return base_fail(err,
                          "cuda: matmul: single-row GEMV: rows of %lld values need %zu bytes of "
                          "shared memory, the device offers %d",
                          (long long)job.in, smem, limit);
+    int per_sm = 1;
+    if (grid_per_sm > 1) {
+        const cudaError_t e =
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, W * 32, smem);
+        if (e != cudaSuccess)
+            return base_fail(err, "cuda: matmul: single-row GEMV: %s", cudaGetErrorString(e));
+        if (per_sm > grid_per_sm) per_sm = grid_per_sm;
+        if (per_sm < 1) per_sm = 1;
+    }
     job.steps = (job.rows + (GLU ? GEMV1_R / 2 : GEMV1_R) - 1) / (GLU ? GEMV1_R / 2 : GEMV1_R);
     /* Every warp that takes blocks takes as many as the others (a warp left alone on a last
      * block costs a whole memory latency), and those warps spread over every SM (the loads in
      * flight, not the blocks per warp, set the pace of a short launch): warp w of CTA b is
      * warp w grid + b of the grid. */
     int64_t grid = (int64_t)per_sm * c->sm_count;
-    const int64_t per_cta = (job.steps + GEMV1_WARPS - 1) / GEMV1_WARPS;
+    const int64_t per_cta = (job.steps + W - 1) / W;
     if (grid > per_cta) grid = per_cta;
-    const int64_t iters = (job.steps + grid * GEMV1_WARPS - 1) / (grid * GEMV1_WARPS);
+    const int64_t iters = (job.steps + grid * W - 1) / (grid * W);
     job.warps = (job.steps + iters - 1) / iters;
-    return cuda_launch_pdl(c, kernel, (unsigned)grid, GEMV1_WARPS * 32, smem,
-                           "matmul (single-row GEMV)", err, job);
+    return cuda_launch_pdl(c, kernel, (unsigned)grid, W * 32, smem, "matmul (single-row GEMV)", err,
+                           job);
+}
+
+/* The kernel's shape for one row of x, MLXCEL_GEMV1_VARIANT: 0 one CTA of 12 warps per SM; 1
+ * one CTA of 6 warps per SM, room for a second; 2 one of 8 warps at <= 128 registers; 3 two of
+ * 6 warps per SM. */
+static int gemv1_variant() {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("MLXCEL_GEMV1_VARIANT");
+        v = e ? atoi(e) : 0;
+    }
+    return v;
+}
+
+template <int BITS, bool GLU, typename S>
+static int gemv1_shape(cuda_backend *c, const gemv1_job &job, base_err *err) {
+    if (job.nx == 2) return gemv1_launch<BITS, GLU, S, 2, 12, 1>(c, job, 1, err);
+    switch (gemv1_variant()) {
+    case 1:
+        return gemv1_launch<BITS, GLU, S, 1, 6, 2>(c, job, 1, err);
+    case 2:
+        return gemv1_launch<BITS, GLU, S, 1, 8, 2>(c, job, 1, err);
+    case 3:
+        return gemv1_launch<BITS, GLU, S, 1, 6, 2>(c, job, 2, err);
+    default:
+        return gemv1_launch<BITS, GLU, S, 1, 12, 1>(c, job, 1, err);
+    }
 }
 
 template <int BITS, bool GLU>
 static int gemv1_dispatch(cuda_backend *c, const gemv1_job &job, base_dtype dt, base_err *err) {
     switch (dt) {
     case BASE_DTYPE_F32:
-        return job.nx == 1 ? gemv1_launch<BITS, GLU, float, 1>(c, job, err)
-                           : gemv1_launch<BITS, GLU, float, 2>(c, job, err);
+        return gemv1_shape<BITS, GLU, float>(c, job, err);
     case BASE_DTYPE_F16:
-        return job.nx == 1 ? gemv1_launch<BITS, GLU, __half, 1>(c, job, err)
-                           : gemv1_launch<BITS, GLU, __half, 2>(c, job, err);
+        return gemv1_shape<BITS, GLU, __half>(c, job, err);
     default:
-        return job.nx == 1 ? gemv1_launch<BITS, GLU, __nv_bfloat16, 1>(c, job, err)
-                           : gemv1_launch<BITS, GLU, __nv_bfloat16, 2>(c, job, err);
+        return gemv1_shape<BITS, GLU, __nv_bfloat16>(c, job, err);
     }
 }
 
