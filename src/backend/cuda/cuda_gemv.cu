@@ -211,7 +211,7 @@ __device__ __forceinline__ void gemv1_emit(const gemv1_job &job, int64_t step, i
     }
 }
 
-template <int BITS, bool GLU, typename S, int NX, int W, int MINB>
+template <int BITS, bool GLU, typename S, int NX, int W, int MINB, int PK>
 __global__ void __launch_bounds__(W * 32, MINB) gemv1_kernel(const gemv1_job job) {
     constexpr int WPU = 128 / BITS, R = GEMV1_R, C = GEMV1_C, OUT = GLU ? R / 2 : R;
     constexpr int DW = 3 * WPU / 16;   /* 16-byte words of digits per unit */
@@ -290,42 +290,56 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv1_kernel(const gemv1_job job
     cuda_pdl_trigger();
     cuda_pdl_wait();
     /* Four threads a unit (lanes 4i to 4i + 3 of a warp: up * 4 is a multiple of 32, so whole
-     * warps take part in the shuffles), each a quarter of it. With a norm, x is multiplied by
-     * its weight here and the sums of squares meet at the barrier after. */
+     * warps take part in the shuffles), each a quarter of it. A thread first loads PK quarters
+     * (at 4096 values, all it converts), so that the step after the wait costs one latency of
+     * L2, not one per quarter. With a norm, x is multiplied by its weight here and the sums of
+     * squares meet at the barrier after. */
     __shared__ float nss[W][NX]; /* each warp's share of x's sums of squares */
     float ss[NX];
 #pragma unroll
     for (int j = 0; j < NX; j++) ss[j] = 0.0f;
-    for (int i = threadIdx.x; i < up * 4; i += blockDim.x) {
-        const int u = i >> 2, qt = i & 3;
-        float nw[WPU / 4];
-        if (job.fz.norm && u < U)
-            cuda_load_ro<WPU / 4>(job.fz.norm, job.fz.norm_dt, (size_t)(u * WPU + qt * (WPU / 4)),
-                                  nw);
+    for (int i0 = threadIdx.x; i0 < up * 4; i0 += PK * blockDim.x) {
+        float xv[PK][NX][WPU / 4];
 #pragma unroll
-        for (int j = 0; j < NX; j++) {
-            float v[WPU / 4];
-            gemv1_load_x<WPU / 4>(job, j, u * WPU + qt * (WPU / 4), u < U && j < job.nx, v);
-            if (job.fz.norm && u < U) {
+        for (int p = 0; p < PK; p++) {
+            const int i = i0 + p * blockDim.x, u = i >> 2, qt = i & 3;
 #pragma unroll
-                for (int k = 0; k < WPU / 4; k++) ss[j] += v[k] * v[k], v[k] *= nw[k];
+            for (int j = 0; j < NX; j++)
+                gemv1_load_x<WPU / 4>(job, j, u * WPU + qt * (WPU / 4), u < U && j < job.nx,
+                                      xv[p][j]);
+        }
+#pragma unroll
+        for (int p = 0; p < PK; p++) {
+            const int i = i0 + p * blockDim.x, u = i >> 2, qt = i & 3;
+            if (i >= up * 4) break;
+            float nw[WPU / 4];
+            if (job.fz.norm && u < U)
+                cuda_load_ro<WPU / 4>(job.fz.norm, job.fz.norm_dt,
+                                      (size_t)(u * WPU + qt * (WPU / 4)), nw);
+#pragma unroll
+            for (int j = 0; j < NX; j++) {
+                float(&v)[WPU / 4] = xv[p][j];
+                if (job.fz.norm && u < U) {
+#pragma unroll
+                    for (int k = 0; k < WPU / 4; k++) ss[j] += v[k] * v[k], v[k] *= nw[k];
+                }
+                float m = 0.0f, sum = 0.0f;
+#pragma unroll
+                for (int k = 0; k < WPU / 4; k++) m = fmaxf(m, fabsf(v[k])), sum += v[k];
+#pragma unroll
+                for (int o = 1; o < 4; o <<= 1) {
+                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+                    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+                }
+                uint32_t d[QW];
+                const float unscale = gemv1_digits<BITS>(v, m, sum, d);
+#pragma unroll
+                for (int k = 0; k < QW; k++) {
+                    const int wd = qt * QW + k; /* the word's index within the unit */
+                    xw[((j * DW + wd / 4) * up + u) * 4 + wd % 4] = d[k];
+                }
+                if (qt == 0) xf[j * up + u] = make_float2(unscale, sum);
             }
-            float m = 0.0f, sum = 0.0f;
-#pragma unroll
-            for (int k = 0; k < WPU / 4; k++) m = fmaxf(m, fabsf(v[k])), sum += v[k];
-#pragma unroll
-            for (int o = 1; o < 4; o <<= 1) {
-                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-                sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            }
-            uint32_t d[QW];
-            const float unscale = gemv1_digits<BITS>(v, m, sum, d);
-#pragma unroll
-            for (int k = 0; k < QW; k++) {
-                const int wd = qt * QW + k; /* the word's index within the unit */
-                xw[((j * DW + wd / 4) * up + u) * 4 + wd % 4] = d[k];
-            }
-            if (qt == 0) xf[j * up + u] = make_float2(unscale, sum);
         }
     }
     if (job.fz.norm) {
@@ -433,9 +447,9 @@ bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w) {
            gemv1_smem(w->bits, 2, w->in * w->bits / 128) <= GEMV1_MAX_SMEM;
 }
 
-template <int BITS, bool GLU, typename S, int NX, int W, int MINB>
+template <int BITS, bool GLU, typename S, int NX, int W, int MINB, int PK = NX == 1 ? 4 : 1>
 static int gemv1_launch(cuda_backend *c, gemv1_job job, int grid_per_sm, base_err *err) {
-    auto kernel = gemv1_kernel<BITS, GLU, S, NX, W, MINB>;
+    auto kernel = gemv1_kernel<BITS, GLU, S, NX, W, MINB, PK>;
     const size_t smem = gemv1_smem(BITS, NX, job.units);
     /* Shared memory the kernel may take on this device. A kernel made to share an SM with the
      * next one asks for the largest shared-memory carveout, as every such GEMV does, so that
@@ -485,7 +499,7 @@ static int gemv1_launch(cuda_backend *c, gemv1_job job, int grid_per_sm, base_er
 
 /* The kernel's shape for one row of x, MLXCEL_GEMV1_VARIANT: 0 one CTA of 12 warps per SM; 1
  * one CTA of 6 warps per SM, room for a second; 2 one of 8 warps at <= 128 registers; 3 two of
- * 6 warps per SM. */
+ * 6 warps per SM; 4 as 0 but loading x one quarter at a time. */
 static int gemv1_variant() {
     static int v = -1;
     if (v < 0) {
