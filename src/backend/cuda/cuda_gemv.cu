@@ -531,24 +531,9 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv1_kernel(const gemv1_job job
          * 0 reuses the stage for chunk i + stages. */
         uint32_t parity = 0;
         for (int st = 0; blk < job.steps;) {
-            gemv1_bar_wait(bars + 8 * st, parity);
             buf cur;
-            const char *sp = ringp + st * STB;
-#pragma unroll
-            for (int c = 0; c < C; c++) {
-                int u = ch * 32 * C + c * 32 + lane;
-                u = (u < U ? u : U - 1) - ch * 32 * C;
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    cur.q[r][c] = ((const uint4 *)(sp + r * 32 * C * 16))[u];
-                    if (job.sbulk) {
-                        const S *ss_ = (const S *)(sp + R * 32 * C * 16 + r * SB);
-                        const S *bb_ = (const S *)(sp + R * 32 * C * 16 + (R + r) * SB);
-                        cur.s[r][c] = gemv1_rawscale<S>(ss_ + (u >> job.gshift));
-                        cur.b[r][c] = gemv1_rawscale<S>(bb_ + (u >> job.gshift));
-                    }
-                }
-            }
+            /* Scales not copied with the weights load straight into registers, ahead of
+             * the wait on the weights. */
             if (!job.sbulk) {
                 int64_t row0;
                 const int m0 = step_start<GLU, R>(job, blk, &row0);
@@ -569,6 +554,23 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv1_kernel(const gemv1_job job
                             cur.s[half * OUT + r][c] = gemv1_ldscale(sp_ + row * job.groups + g);
                             cur.b[half * OUT + r][c] = gemv1_ldscale(bp_ + row * job.groups + g);
                         }
+                    }
+                }
+            }
+            gemv1_bar_wait(bars + 8 * st, parity);
+            const char *sp = ringp + st * STB;
+#pragma unroll
+            for (int c = 0; c < C; c++) {
+                int u = ch * 32 * C + c * 32 + lane;
+                u = (u < U ? u : U - 1) - ch * 32 * C;
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    cur.q[r][c] = ((const uint4 *)(sp + r * 32 * C * 16))[u];
+                    if (job.sbulk) {
+                        const S *ss_ = (const S *)(sp + R * 32 * C * 16 + r * SB);
+                        const S *bb_ = (const S *)(sp + R * 32 * C * 16 + (R + r) * SB);
+                        cur.s[r][c] = gemv1_rawscale<S>(ss_ + (u >> job.gshift));
+                        cur.b[r][c] = gemv1_rawscale<S>(bb_ + (u >> job.gshift));
                     }
                 }
             }
@@ -618,7 +620,7 @@ bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w) {
 template <int BITS, bool GLU, typename S, int NX, int W, int MINB, int PK = NX == 1 ? 4 : 1,
           bool RING = false>
 static int gemv1_launch(cuda_backend *c, gemv1_job job, int grid_per_sm, base_err *err,
-                        int budget = 0) {
+                        int budget = 0, bool scale_copies = true) {
     auto kernel = gemv1_kernel<BITS, GLU, S, NX, W, MINB, PK, RING>;
     size_t smem = gemv1_smem(BITS, NX, job.units);
     /* Shared memory the kernel may take on this device. A kernel made to share an
@@ -656,7 +658,7 @@ static int gemv1_launch(cuda_backend *c, gemv1_job job, int grid_per_sm, base_er
             return base_fail(err, "cuda: matmul: single-row GEMV: no room for the ring");
         job.stages = (int)st;
         smem += (size_t)(W * st * stb);
-        job.sbulk = (job.groups * (int64_t)sizeof(S)) % 16 == 0;
+        job.sbulk = scale_copies && (job.groups * (int64_t)sizeof(S)) % 16 == 0;
         for (int i = 0; i < (GLU ? 2 : job.nm); i++)
             job.sbulk = job.sbulk && (((uintptr_t)job.m[i].s | (uintptr_t)job.m[i].b) & 15) == 0;
     }
@@ -688,7 +690,8 @@ static int gemv1_launch(cuda_backend *c, gemv1_job job, int grid_per_sm, base_er
  * warps at <= 128 registers; 3 two of 6 warps per SM; 4 as 0 but loading x one
  * quarter at a time; 5 8 warps copying the weights into a shared-memory ring,
  * one CTA per SM in at most 113 KB, room for a second; 6 12 such warps in up to
- * 220 KB. */
+ * 220 KB; 7 5 for matrices up to 16 MB, 0 above; 8 and 9 as 5 and 6 with the
+ * scales loaded into registers, not copied; 10 8 up to 16 MB, 0 above. */
 static int gemv1_variant() {
     static int v = -1;
     if (v < 0) {
@@ -701,7 +704,19 @@ static int gemv1_variant() {
 template <int BITS, bool GLU, typename S>
 static int gemv1_shape(cuda_backend *c, const gemv1_job &job, base_err *err) {
     if (job.nx == 2) return gemv1_launch<BITS, GLU, S, 2, 12, 1>(c, job, 1, err);
+    const bool small = job.rows * job.units * 16 * (GLU ? 2 : 1) <= (16 << 20);
     switch (gemv1_variant()) {
+    case 7:
+        if (small) return gemv1_launch<BITS, GLU, S, 1, 8, 2, 4, true>(c, job, 1, err, 113 << 10);
+        return gemv1_launch<BITS, GLU, S, 1, 12, 1>(c, job, 1, err);
+    case 8:
+        return gemv1_launch<BITS, GLU, S, 1, 8, 2, 4, true>(c, job, 1, err, 113 << 10, false);
+    case 9:
+        return gemv1_launch<BITS, GLU, S, 1, 12, 1, 4, true>(c, job, 1, err, GEMV1_MAX_SMEM, false);
+    case 10:
+        if (small)
+            return gemv1_launch<BITS, GLU, S, 1, 8, 2, 4, true>(c, job, 1, err, 113 << 10, false);
+        return gemv1_launch<BITS, GLU, S, 1, 12, 1>(c, job, 1, err);
     case 1:
         return gemv1_launch<BITS, GLU, S, 1, 6, 2>(c, job, 1, err);
     case 2:
