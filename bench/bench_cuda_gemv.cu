@@ -10,7 +10,9 @@
  * Each shape's weights are copied until the copies pass 512 MB (eight times the H200's L2) and
  * the timed launches rotate through them, so every launch reads device memory. The launches
  * are captured in a CUDA graph and replayed, so the host's launch rate is not what is timed;
- * each figure is the median of the replays' CUDA-event timings after warm-up.
+ * each figure is the median of the replays' CUDA-event timings after warm-up. The last case,
+ * "layer", runs a decode layer's four matmuls one after another as decode does (bench_layer):
+ * single-matrix loops let a launch overlap another of the same shape, decode does not.
  * Usage: bench_cuda_gemv [reps [matrix [bits [kernels [rows]]]]]: matrix ("all" for every one),
  * bits, a comma-separated list of kernels and one of row counts pick cases, as for a profiler. */
 #include "bench_cuda.h"

@@ -617,6 +617,23 @@ bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w) {
            gemv1_smem(w->bits, 2, w->in * w->bits / 128) <= GEMV1_MAX_SMEM;
 }
 
+/* The kernel's shape for one row of x, MLXCEL_GEMV1_VARIANT: 0 one CTA of 12
+ * warps per SM; 1 one CTA of 6 warps per SM, room for a second; 2 one of 8
+ * warps at <= 128 registers; 3 two of 6 warps per SM; 4 as 0 but loading x one
+ * quarter at a time; 5 8 warps copying the weights into a shared-memory ring,
+ * one CTA per SM in at most 113 KB, room for a second; 6 12 such warps in up to
+ * 220 KB; 7 5 for matrices up to 16 MB, 0 above; 8 and 9 as 5 and 6 with the
+ * scales loaded into registers, not copied; 10 8 up to 16 MB, 0 above; 11 7 and 12 0 with
+ * every GEMV kernel at the largest shared-memory carveout. */
+static int gemv1_variant() {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("MLXCEL_GEMV1_VARIANT");
+        v = e ? atoi(e) : 0;
+    }
+    return v;
+}
+
 template <int BITS, bool GLU, typename S, int NX, int W, int MINB, int PK = NX == 1 ? 4 : 1,
           bool RING = false>
 static int gemv1_launch(cuda_backend *c, gemv1_job job, int grid_per_sm, base_err *err,
@@ -635,7 +652,7 @@ static int gemv1_launch(cuda_backend *c, gemv1_job job, int grid_per_sm, base_er
         if (lim > GEMV1_MAX_SMEM) lim = GEMV1_MAX_SMEM;
         if (e == cudaSuccess)
             e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, lim);
-        if (e == cudaSuccess && MINB > 1)
+        if (e == cudaSuccess && (MINB > 1 || gemv1_variant() >= 11))
             e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                      cudaSharedmemCarveoutMaxShared);
         if (e != cudaSuccess)
@@ -685,28 +702,13 @@ static int gemv1_launch(cuda_backend *c, gemv1_job job, int grid_per_sm, base_er
                            job);
 }
 
-/* The kernel's shape for one row of x, MLXCEL_GEMV1_VARIANT: 0 one CTA of 12
- * warps per SM; 1 one CTA of 6 warps per SM, room for a second; 2 one of 8
- * warps at <= 128 registers; 3 two of 6 warps per SM; 4 as 0 but loading x one
- * quarter at a time; 5 8 warps copying the weights into a shared-memory ring,
- * one CTA per SM in at most 113 KB, room for a second; 6 12 such warps in up to
- * 220 KB; 7 5 for matrices up to 16 MB, 0 above; 8 and 9 as 5 and 6 with the
- * scales loaded into registers, not copied; 10 8 up to 16 MB, 0 above. */
-static int gemv1_variant() {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("MLXCEL_GEMV1_VARIANT");
-        v = e ? atoi(e) : 0;
-    }
-    return v;
-}
-
 template <int BITS, bool GLU, typename S>
 static int gemv1_shape(cuda_backend *c, const gemv1_job &job, base_err *err) {
     if (job.nx == 2) return gemv1_launch<BITS, GLU, S, 2, 12, 1>(c, job, 1, err);
     const bool small = job.rows * job.units * 16 * (GLU ? 2 : 1) <= (16 << 20);
     switch (gemv1_variant()) {
     case 7:
+    case 11:
         if (small) return gemv1_launch<BITS, GLU, S, 1, 8, 2, 4, true>(c, job, 1, err, 113 << 10);
         return gemv1_launch<BITS, GLU, S, 1, 12, 1>(c, job, 1, err);
     case 8:
