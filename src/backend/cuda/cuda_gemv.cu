@@ -1,53 +1,49 @@
-/* The quantized GEMV of decode: y = x W^T for one or two F32 rows of x, 4- or
- * 8-bit MLX affine weights, aiming at the memory-bandwidth limit. The same
- * kernel serves the fused matmuls: up to three matrices that share x (Q, K and
- * V) in one launch, and gate with up followed by SiLU-mul. More rows of x take
- * more passes (from CUDA_GEMV_MMA_ROWS rows the tensor-core kernel serves them
- * instead).
+/* The quantized GEMV of decode: y = x W^T for one or two F32 rows of x, 4- or 8-bit MLX affine
+ * weights, aiming at the memory-bandwidth limit. The same kernel serves the fused matmuls: up
+ * to three matrices that share x (Q, K and V) in one launch, and gate with up followed by
+ * SiLU-mul. More rows of x take more passes (from CUDA_GEMV_MMA_ROWS rows the tensor-core
+ * kernel serves them instead).
  *
- * Arithmetic: integer dot products. x is cut into units of the 32 (4-bit) or 16
- * (8-bit) values one 16-byte word of weights holds; each unit's values, scaled
- * by a power of two above its largest |x|, are rounded to 23-bit integers and
- * split into three signed base-256 digits. One dp4a multiplies four u8 weights
- * with four s8 digits and adds them to an int32 sum, so four 4-bit weights cost
- * three dp4a (one per digit) plus the nibble split, against a LOP3, an FADD and
- * an FFMA for each weight in F32; the rounding (2^-23 of the unit's largest
- * |x|) stays far inside the F32 grade tests/backend/test_cuda_ops.c asks for.
- * The affine form is folded per unit: sum_k (s q_k + b) x_k = s dot(q, x) + b
- * sum(x).
+ * Arithmetic: integer dot products. x is cut into units of the 32 (4-bit) or 16 (8-bit) values
+ * one 16-byte word of weights holds; each unit's values, scaled by a power of two above its
+ * largest |x|, are rounded to 23-bit integers and split into three signed base-256 digits. One
+ * dp4a multiplies four u8 weights with four s8 digits and adds them to an int32 sum, so four
+ * 4-bit weights cost three dp4a (one per digit) plus the nibble split, against a LOP3, an FADD
+ * and an FFMA for each weight in F32; the rounding (2^-23 of the unit's largest |x|) stays far
+ * inside the F32 grade tests/backend/test_cuda_ops.c asks for. The affine form is folded per
+ * unit: sum_k (s q_k + b) x_k = s dot(q, x) + b sum(x).
  *
- * Layout: each CTA first turns all of x into digits in shared memory (four
- * threads a unit, so the step after the wait stays short), then its warps work
- * alone. A warp walks blocks of GEMV1_R rows a chunk of 32 GEMV1_C units at a
- * time (lane l takes units l, l + 32, ...), the next three chunks' weights,
- * scales and biases already loading into registers while it computes this one,
- * and sums its lanes with shuffles at the end of each block: no shared-memory
- * reduction and no barrier in the loop. The first chunks' loads are issued
- * before the wait on the previous kernel.
+ * Layout: each CTA first turns all of x into digits in shared memory (four threads a unit, so
+ * the step after the wait stays short), then its warps work alone. A warp walks blocks of
+ * GEMV1_R rows a chunk of 32 GEMV1_C units at a time (lane l takes units l, l + 32, ...), the
+ * next three chunks' weights, scales and biases already loading into registers while it
+ * computes this one, and sums its lanes with shuffles at the end of each block: no shared-memory
+ * reduction and no barrier in the loop. The first chunks' loads are issued before the wait on
+ * the previous kernel.
  *
- * On the H200 (bench/bench_cuda_gemv.cu, 4-bit, group 64, BF16 scales, one
- * row), against the F32 kernel with a cp.async ring this replaces: lm_head
- * [128256 x 4096] 92% of copy bandwidth (was 43%), gate+up 85% (38%), down 52%
- * (28%), q+k+v 51% (25%), o 45% (21%); in that ring kernel dp4a alone reached
- * 67% on lm_head, held back by the instructions of its loads and reduction. The
- * small matrices are bound by latency: one short wave per SM. */
+ * On the H200 (bench/bench_cuda_gemv.cu, 4-bit, group 64, BF16 scales, one row), against the
+ * F32 kernel with a cp.async ring this replaces: lm_head [128256 x 4096] 92% of copy bandwidth
+ * (was 43%), gate+up 85% (38%), down 52% (28%), q+k+v 51% (25%), o 45% (21%); in that ring
+ * kernel dp4a alone reached 67% on lm_head, held back by the instructions of its loads and
+ * reduction. The small matrices are bound by latency: one short wave per SM. */
 #include "backend/cuda/cuda_internal.h"
 
-#include <stdlib.h>
 #include <type_traits>
 
-/* 16-byte units a lane takes from each row of a chunk (64 units: rows of 4096
- * and 14336 4-bit values are whole chunks), and rows per block. A warp holds
- * four chunks: one computed while the other three load. */
-#define GEMV1_C 2
-#define GEMV1_R 2
-/* Most dynamic shared memory a CTA may take for the digits of x (of the H200's
- * 227 KB): two rows of 32768 4-bit or 16384 8-bit values. */
+/* Warps per CTA (one CTA per SM: the registers of the chunks in flight bound it), 16-byte
+ * units a lane takes from each row of a chunk (64 units: rows of 4096 and 14336 4-bit values
+ * are whole chunks), and rows per block. A warp holds four chunks: one computed while the
+ * other three load. */
+#define GEMV1_WARPS 12
+#define GEMV1_C     2
+#define GEMV1_R     2
+/* Most dynamic shared memory a CTA may take for the digits of x (of the H200's 227 KB): two
+ * rows of 32768 4-bit or 16384 8-bit values. */
 #define GEMV1_MAX_SMEM (220 << 10)
 
-/* Up to three matrices of the same geometry sharing one x: rows [0, out) of the
- * first, then the second's, then the third's (PLAIN); or gate and up (GLU)
- * where output row o is silu(x . gate[o]) * (x . up[o]). */
+/* Up to three matrices of the same geometry sharing one x: rows [0, out) of the first, then
+ * the second's, then the third's (PLAIN); or gate and up (GLU) where output row o is
+ * silu(x . gate[o]) * (x . up[o]). */
 struct gemv1_job {
     cuda_gemv_mat m[3];
     int nm;
@@ -59,38 +55,24 @@ struct gemv1_job {
     int64_t rows;   /* PLAIN: sum of the outs; GLU: out */
     int64_t steps;  /* blocks: ceil(rows / rows per block) */
     int64_t warps;  /* warps that take blocks (warp w takes w, w + warps, ...) */
-    int nx;         /* rows of x in this pass (1 to the kernel's NX); y rows follow them
-                     */
-    int stages;     /* ring kernel: chunks each warp has in flight */
-    bool sbulk;     /* ring kernel: scales and biases come with the weights' bulk
-                       copies */
+    int nx;         /* rows of x in this pass (1 to the kernel's NX); y rows follow them */
     cuda_gemv_fuse fz;
 };
-
-/* Ring kernel: bytes of scales (and of biases) a stage holds per row, and of
- * one stage. */
-__host__ __device__ static inline int gemv1_stage_sb(int gshift, int ssize) {
-    return ((32 * GEMV1_C) >> gshift) * ssize;
-}
-__host__ __device__ static inline int gemv1_stage_bytes(int gshift, int ssize) {
-    return GEMV1_R * (32 * GEMV1_C * 16 + 2 * gemv1_stage_sb(gshift, ssize));
-}
 
 /* Units of x the digits in shared memory cover: whole chunks, the tail zero. */
 __host__ __device__ static inline int64_t gemv1_padded(int64_t units) {
     return (units + 32 * GEMV1_C - 1) / (32 * GEMV1_C) * (32 * GEMV1_C);
 }
 
-/* Shared memory of the digits of NX rows of x: per unit, 3 (128 / BITS) / 4
- * words of digits and its unscale and sum. */
+/* Shared memory of the digits of NX rows of x: per unit, 3 (128 / BITS) / 4 words of digits
+ * and its unscale and sum. */
 static size_t gemv1_smem(int bits, int nx, int64_t units) {
     return (size_t)nx * gemv1_padded(units) * (3 * (128 / bits) + 8);
 }
 
-/* x[k0 + k] of row j, k < N, into v: the one place the kernel reads x (zeros
- * where !ok). Coherent loads (not __ldg, whose non-coherent path is for data no
- * kernel writes while this grid runs) that still keep x in L1 for the CTA's
- * other threads. */
+/* x[k0 + k] of row j, k < N, into v: the one place the kernel reads x (zeros where !ok).
+ * Coherent loads (not __ldg, whose non-coherent path is for data no kernel writes while this
+ * grid runs) that still keep x in L1 for the CTA's other threads. */
 template <int N>
 __device__ __forceinline__ void gemv1_load_x(const gemv1_job &job, int j, int64_t k0, bool ok,
                                              float (&v)[N]) {
@@ -102,29 +84,25 @@ __device__ __forceinline__ void gemv1_load_x(const gemv1_job &job, int j, int64_
     }
 }
 
-/* A quarter of a unit of x in the form the integer dot product takes, given the
- * unit's largest |x| m and its sum. Each value, scaled by 2^(22 - e) where 2^e
- * > m, is rounded to an integer X
- * (|X| <= 2^22, off by at most 2^-23 of m) and written as three balanced
- * base-256 digits, X = d2 65536 + d1 256 + d0 with d0, d1 in [-128, 127] and d2
- * in [-64, 64]. Word 3 h + c of d packs digit c of the four values that the
- * bytes of the quarter's weight word h meet, in byte order: a 4-bit quarter is
- * one weight word of 8 values, split into its even nibbles (h = 0) and odd ones
- * (h = 1); an 8-bit quarter is one word of 4 values.
+/* A quarter of a unit of x in the form the integer dot product takes, given the unit's largest
+ * |x| m and its sum. Each value, scaled by 2^(22 - e) where 2^e > m, is rounded to an integer X
+ * (|X| <= 2^22, off by at most 2^-23 of m) and written as three balanced base-256 digits,
+ * X = d2 65536 + d1 256 + d0 with d0, d1 in [-128, 127] and d2 in [-64, 64]. Word 3 h + c of
+ * d packs digit c of the four values that the bytes of the quarter's weight word h meet, in
+ * byte order: a 4-bit quarter is one weight word of 8 values, split into its even nibbles
+ * (h = 0) and odd ones (h = 1); an 8-bit quarter is one word of 4 values.
  *
- * No conversion instructions: t = x 2^(22 - e) + 1.5 2^23 in F32 rounds to the
- * integer X in t's low 22 bits; d0's byte is X's low byte, d1's that of (X +
- * 128) >> 8 and d2's that of (X + 32896) >> 16. Returns 2^(e - 22), by which
- * the dot product of the digits is scaled back (NaN where the unit holds an
- * infinity or a NaN, which sum carries). */
+ * No conversion instructions: t = x 2^(22 - e) + 1.5 2^23 in F32 rounds to the integer X in
+ * t's low 22 bits; d0's byte is X's low byte, d1's that of (X + 128) >> 8 and d2's that of
+ * (X + 32896) >> 16. Returns 2^(e - 22), by which the dot product of the digits is scaled back
+ * (NaN where the unit holds an infinity or a NaN, which sum carries). */
 template <int BITS>
 __device__ __forceinline__ float gemv1_digits(const float (&v)[32 / BITS], float m, float sum,
                                               uint32_t (&d)[3 * 8 / BITS]) {
     /* 2^e > m, from m's exponent field (a subnormal or zero m gives 2^-126). */
     int e = (__float_as_int(m) >> 23) - 126;
     e = e > 128 ? 128 : e;
-    /* Below 2^-100, x is first scaled by 2^64 so that 2^(22 - e) stays a float.
-     */
+    /* Below 2^-100, x is first scaled by 2^64 so that 2^(22 - e) stays a float. */
     const float pre = e < -100 ? 0x1p64f : 1.0f;
     const float f = __int_as_float((127 + 22 - (e < -100 ? e + 64 : e)) << 23);
 #pragma unroll
@@ -154,9 +132,9 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
     return d;
 }
 
-/* dot(q, X) of one unit from its digits (word 3 b + c: digit c against weight
- * byte word b, as gemv1_digits packs them quarter by quarter): one integer sum
- * per digit (|sum| < 2^20), put together in F32. */
+/* dot(q, X) of one unit from its digits (word 3 b + c: digit c against weight byte word b, as
+ * gemv1_digits packs them quarter by quarter): one integer sum per digit (|sum| < 2^20), put
+ * together in F32. */
 template <int BITS>
 __device__ __forceinline__ float unit_dot(uint4 q, const uint32_t (&d)[3 * 32 / BITS]) {
     const uint32_t w[4] = {q.x, q.y, q.z, q.w};
@@ -194,54 +172,15 @@ template <typename S> __device__ __forceinline__ uint32_t gemv1_ldscale(const S 
     return v;
 }
 
-/* The ring's mbarriers and bulk copies (sm_90): a barrier completes its phase
- * once its one arrival (the copying lane's, which also announces the bytes to
- * come) and those bytes have landed. */
-__device__ __forceinline__ void gemv1_bar_init(uint32_t bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-}
-
-__device__ __forceinline__ void gemv1_bar_expect(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void gemv1_bar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile("{\n"
-                 ".reg .pred p;\n"
-                 "W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra W;\n"
-                 "}" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
-
-/* bytes (a multiple of 16) from global src (16-byte aligned) to shared dst,
- * counted on bar. */
-__device__ __forceinline__ void gemv1_bulk(uint32_t dst, const void *src, uint32_t bytes,
-                                           uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::"
-                 "bytes [%0], [%1], "
-                 "%2, [%3];" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-
-/* A scale or bias as its raw bits, from shared memory. */
-template <typename S> __device__ __forceinline__ uint32_t gemv1_rawscale(const S *p) {
-    if (sizeof(S) == 4) return *(const uint32_t *)p;
-    return *(const unsigned short *)p;
-}
-
 template <typename S> __device__ __forceinline__ float gemv1_scale(uint32_t raw) {
     if (std::is_same<S, float>::value) return __uint_as_float(raw);
     if (std::is_same<S, __half>::value) return __half2float(__ushort_as_half((uint16_t)raw));
     return __uint_as_float(raw << 16);
 }
 
-/* Where block `step` reads: its matrix and its first row there. A block never
- * straddles two matrices (cuda_gemv1 asks every boundary to be a multiple of 4
- * rows); GLU blocks read the same rows of gate (matrix 0) and up (matrix 1). */
+/* Where block `step` reads: its matrix and its first row there. A block never straddles two
+ * matrices (cuda_gemv1 asks every boundary to be a multiple of 4 rows); GLU blocks read the
+ * same rows of gate (matrix 0) and up (matrix 1). */
 template <bool GLU, int R>
 __device__ __forceinline__ int step_start(const gemv1_job &job, int64_t step, int64_t *row0) {
     if (GLU) {
@@ -253,8 +192,8 @@ __device__ __forceinline__ int step_start(const gemv1_job &job, int64_t step, in
     return g < e0 ? 0 : (g < e1 ? 1 : 2);
 }
 
-/* Output row r of block `step` for row j of x: v (GLU: v of gate's row, v2 of
- * up's), added to prev (cuda_gemv_prev) when the job adds into y. */
+/* Output row r of block `step` for row j of x: v (GLU: v of gate's row, v2 of up's), added to
+ * prev (cuda_gemv_prev) when the job adds into y. */
 template <bool GLU, int R>
 __device__ __forceinline__ void gemv1_emit(const gemv1_job &job, int64_t step, int r, int j,
                                            float v, float v2, float prev) {
@@ -273,8 +212,8 @@ __device__ __forceinline__ void gemv1_emit(const gemv1_job &job, int64_t step, i
     }
 }
 
-template <int BITS, bool GLU, typename S, int NX, int W, int MINB, int PK, bool RING>
-__global__ void __launch_bounds__(W * 32, MINB) gemv1_kernel(const gemv1_job job) {
+template <int BITS, bool GLU, typename S, int NX>
+__global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job job) {
     constexpr int WPU = 128 / BITS, R = GEMV1_R, C = GEMV1_C, OUT = GLU ? R / 2 : R;
     constexpr int DW = 3 * WPU / 16;   /* 16-byte words of digits per unit */
     constexpr int QW = 3 * 8 / BITS;   /* 4-byte words of digits per quarter unit */
@@ -288,10 +227,10 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv1_kernel(const gemv1_job job
         uint4 q[R][C];
         uint32_t s[R][C], b[R][C];
     };
-    /* The chunk computed next (blk, ch) and the one loaded next (lblk, lch), with
-     * where each row of lblk reads its weights, scales and biases. No branches: a
-     * row past the matrix reads its last row (nothing stores it), a unit past the
-     * row its last unit (the digits of x there are zero). */
+    /* The chunk computed next (blk, ch) and the one loaded next (lblk, lch), with where each
+     * row of lblk reads its weights, scales and biases. No branches: a row past the matrix
+     * reads its last row (nothing stores it), a unit past the row its last unit (the digits of
+     * x there are zero). */
     const int64_t gw = (int64_t)(threadIdx.x >> 5) * gridDim.x + blockIdx.x;
     int64_t blk = gw < job.warps ? gw : job.steps, lblk = blk;
     int ch = 0, lch = 0;
@@ -337,120 +276,57 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv1_kernel(const gemv1_job job
             seek();
         }
     };
-    /* Ring: each warp's stages (job.stages of them) after the digits of x, and
-     * their barriers after every warp's ring; lane 0 copies chunk after chunk of
-     * the warp's blocks into them. */
-    const int SB = gemv1_stage_sb(job.gshift, sizeof(S)),
-              STB = gemv1_stage_bytes(job.gshift, sizeof(S));
-    const uint32_t ring0 = (uint32_t)__cvta_generic_to_shared(xf + NX * up);
-    const uint32_t ring = ring0 + (uint32_t)((threadIdx.x >> 5) * job.stages * STB);
-    const uint32_t bars =
-        ring0 + (uint32_t)(W * job.stages * STB) + (uint32_t)((threadIdx.x >> 5) * job.stages * 8);
-    const char *ringp = (const char *)(xf + NX * up) + (threadIdx.x >> 5) * job.stages * STB;
-    auto issue = [&](int st) {
-        if (lblk >= job.steps) return;
-        const int u0 = lch * 32 * C, nu = U - u0 < 32 * C ? U - u0 : 32 * C;
-        const int g0 = u0 >> job.gshift,
-                  sb = ((nu + (1 << job.gshift) - 1) >> job.gshift) * (int)sizeof(S);
-        if (lane == 0) {
-            /* The warp's reads of the stage (ordered before this by __syncwarp) come before the
-             * copy's writes, which the async proxy makes. */
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            const uint32_t bar = bars + 8 * st, dst = ring + st * STB;
-            gemv1_bar_expect(bar, R * (nu * 16 + (job.sbulk ? 2 * sb : 0)));
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                gemv1_bulk(dst + r * 32 * C * 16, lw[r] + u0, nu * 16, bar);
-                if (job.sbulk) {
-                    gemv1_bulk(dst + R * 32 * C * 16 + r * SB, ls[r] + g0, sb, bar);
-                    gemv1_bulk(dst + R * 32 * C * 16 + (R + r) * SB, lb[r] + g0, sb, bar);
-                }
-            }
-        }
-        if (++lch == chunks) {
-            lch = 0;
-            lblk += job.warps;
-            seek();
-        }
-    };
-    /* Four slots, named rather than indexed, so that all of them stay in
-     * registers. */
+    /* Four slots, named rather than indexed, so that all of them stay in registers. */
     buf b0, b1, b2, b3;
-    /* The weights depend on no kernel: the first chunks load while the previous
-     * kernel ends. */
+    /* The weights depend on no kernel: the first chunks load while the previous kernel ends. */
     seek();
-    if (RING) {
-        if (lane == 0) {
-            for (int st = 0; st < job.stages; st++) gemv1_bar_init(bars + 8 * st);
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        }
-        __syncwarp();
-        for (int st = 0; st < job.stages; st++) issue(st);
-    } else {
-        load(b0);
-        load(b1);
-        load(b2);
-    }
-    /* Nor do the norm's weights, which every CTA reads whole after the wait: into
-     * L1 now. */
+    load(b0);
+    load(b1);
+    load(b2);
+    /* Nor do the norm's weights, which every CTA reads whole after the wait: into L1 now. */
     if (job.fz.norm)
         for (int64_t o = threadIdx.x * 128LL;
              o < job.in * (job.fz.norm_dt == BASE_DTYPE_F32 ? 4 : 2); o += blockDim.x * 128LL)
             asm volatile("prefetch.global.L1 [%0];" ::"l"((const char *)job.fz.norm + o));
     cuda_pdl_trigger();
     cuda_pdl_wait();
-    /* Four threads a unit (lanes 4i to 4i + 3 of a warp: up * 4 is a multiple of
-     * 32, so whole warps take part in the shuffles), each a quarter of it. A
-     * thread first loads PK quarters (at 4096 values, all it converts), so that
-     * the step after the wait costs one latency of L2, not one per quarter. With
-     * a norm, x is multiplied by its weight here and the sums of squares meet at
-     * the barrier after. */
-    __shared__ float nss[W][NX]; /* each warp's share of x's sums of squares */
+    /* Four threads a unit (lanes 4i to 4i + 3 of a warp: up * 4 is a multiple of 32, so whole
+     * warps take part in the shuffles), each a quarter of it. With a norm, x is multiplied by
+     * its weight here and the sums of squares meet at the barrier after. */
+    __shared__ float nss[GEMV1_WARPS][NX]; /* each warp's share of x's sums of squares */
     float ss[NX];
 #pragma unroll
     for (int j = 0; j < NX; j++) ss[j] = 0.0f;
-    for (int i0 = threadIdx.x; i0 < up * 4; i0 += PK * blockDim.x) {
-        float xv[PK][NX][WPU / 4];
+    for (int i = threadIdx.x; i < up * 4; i += blockDim.x) {
+        const int u = i >> 2, qt = i & 3;
+        float nw[WPU / 4];
+        if (job.fz.norm && u < U)
+            cuda_load_ro<WPU / 4>(job.fz.norm, job.fz.norm_dt, (size_t)(u * WPU + qt * (WPU / 4)),
+                                  nw);
 #pragma unroll
-        for (int p = 0; p < PK; p++) {
-            const int i = i0 + p * blockDim.x, u = i >> 2, qt = i & 3;
+        for (int j = 0; j < NX; j++) {
+            float v[WPU / 4];
+            gemv1_load_x<WPU / 4>(job, j, u * WPU + qt * (WPU / 4), u < U && j < job.nx, v);
+            if (job.fz.norm && u < U) {
 #pragma unroll
-            for (int j = 0; j < NX; j++)
-                gemv1_load_x<WPU / 4>(job, j, u * WPU + qt * (WPU / 4), u < U && j < job.nx,
-                                      xv[p][j]);
-        }
-#pragma unroll
-        for (int p = 0; p < PK; p++) {
-            const int i = i0 + p * blockDim.x, u = i >> 2, qt = i & 3;
-            if (i >= up * 4) break;
-            float nw[WPU / 4];
-            if (job.fz.norm && u < U)
-                cuda_load_ro<WPU / 4>(job.fz.norm, job.fz.norm_dt,
-                                      (size_t)(u * WPU + qt * (WPU / 4)), nw);
-#pragma unroll
-            for (int j = 0; j < NX; j++) {
-                float(&v)[WPU / 4] = xv[p][j];
-                if (job.fz.norm && u < U) {
-#pragma unroll
-                    for (int k = 0; k < WPU / 4; k++) ss[j] += v[k] * v[k], v[k] *= nw[k];
-                }
-                float m = 0.0f, sum = 0.0f;
-#pragma unroll
-                for (int k = 0; k < WPU / 4; k++) m = fmaxf(m, fabsf(v[k])), sum += v[k];
-#pragma unroll
-                for (int o = 1; o < 4; o <<= 1) {
-                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-                    sum += __shfl_xor_sync(0xffffffffu, sum, o);
-                }
-                uint32_t d[QW];
-                const float unscale = gemv1_digits<BITS>(v, m, sum, d);
-#pragma unroll
-                for (int k = 0; k < QW; k++) {
-                    const int wd = qt * QW + k; /* the word's index within the unit */
-                    xw[((j * DW + wd / 4) * up + u) * 4 + wd % 4] = d[k];
-                }
-                if (qt == 0) xf[j * up + u] = make_float2(unscale, sum);
+                for (int k = 0; k < WPU / 4; k++) ss[j] += v[k] * v[k], v[k] *= nw[k];
             }
+            float m = 0.0f, sum = 0.0f;
+#pragma unroll
+            for (int k = 0; k < WPU / 4; k++) m = fmaxf(m, fabsf(v[k])), sum += v[k];
+#pragma unroll
+            for (int o = 1; o < 4; o <<= 1) {
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+                sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            }
+            uint32_t d[QW];
+            const float unscale = gemv1_digits<BITS>(v, m, sum, d);
+#pragma unroll
+            for (int k = 0; k < QW; k++) {
+                const int wd = qt * QW + k; /* the word's index within the unit */
+                xw[((j * DW + wd / 4) * up + u) * 4 + wd % 4] = d[k];
+            }
+            if (qt == 0) xf[j * up + u] = make_float2(unscale, sum);
         }
     }
     if (job.fz.norm) {
@@ -466,7 +342,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv1_kernel(const gemv1_job job
 #pragma unroll
     for (int j = 0; j < NX; j++) {
         float t = 0.0f;
-        for (int k = 0; job.fz.norm && k < W; k++) t += nss[k][j];
+        for (int k = 0; job.fz.norm && k < GEMV1_WARPS; k++) t += nss[k][j];
         inv[j] = job.fz.norm ? cuda_rms_inv(t, job.in, job.fz.eps) : 1.0f;
     }
 
@@ -475,10 +351,11 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv1_kernel(const gemv1_job job
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
-    /* The output a lane stores for its block, when the job adds into y: read as
-     * the block starts, ahead of its sums. */
+    /* The output a lane stores for its block, when the job adds into y: read as the block
+     * starts, ahead of its sums. */
     float prev = 0.0f;
-    auto compute = [&](const buf &cur) {
+    auto step = [&](const buf &cur, buf &nxt) {
+        load(nxt);
         if (!GLU && job.fz.acc && ch == 0 && lane < OUT * NX && lane / OUT < job.nx &&
             blk * R + lane % OUT < job.rows) {
             int64_t row0;
@@ -526,65 +403,6 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv1_kernel(const gemv1_job job
         }
         if (++ch == chunks) ch = 0, blk += job.warps;
     };
-    if (RING) {
-        /* Chunk i lands in stage i % stages; once its values are in registers, lane
-         * 0 reuses the stage for chunk i + stages. */
-        uint32_t parity = 0;
-        for (int st = 0; blk < job.steps;) {
-            buf cur;
-            /* Scales not copied with the weights load straight into registers, ahead of
-             * the wait on the weights. */
-            if (!job.sbulk) {
-                int64_t row0;
-                const int m0 = step_start<GLU, R>(job, blk, &row0);
-#pragma unroll
-                for (int c = 0; c < C; c++) {
-                    int u = ch * 32 * C + c * 32 + lane;
-                    u = u < U ? u : U - 1;
-                    const int g = u >> job.gshift;
-#pragma unroll
-                    for (int half = 0; half < (GLU ? 2 : 1); half++) {
-                        const int mi = GLU ? half : m0;
-                        const int64_t out = cuda_gemv_pick(job, mi, &cuda_gemv_mat::out);
-                        const S *sp_ = (const S *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::s);
-                        const S *bp_ = (const S *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::b);
-#pragma unroll
-                        for (int r = 0; r < OUT; r++) {
-                            const int64_t row = row0 + r < out ? row0 + r : out - 1;
-                            cur.s[half * OUT + r][c] = gemv1_ldscale(sp_ + row * job.groups + g);
-                            cur.b[half * OUT + r][c] = gemv1_ldscale(bp_ + row * job.groups + g);
-                        }
-                    }
-                }
-            }
-            gemv1_bar_wait(bars + 8 * st, parity);
-            const char *sp = ringp + st * STB;
-#pragma unroll
-            for (int c = 0; c < C; c++) {
-                int u = ch * 32 * C + c * 32 + lane;
-                u = (u < U ? u : U - 1) - ch * 32 * C;
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    cur.q[r][c] = ((const uint4 *)(sp + r * 32 * C * 16))[u];
-                    if (job.sbulk) {
-                        const S *ss_ = (const S *)(sp + R * 32 * C * 16 + r * SB);
-                        const S *bb_ = (const S *)(sp + R * 32 * C * 16 + (R + r) * SB);
-                        cur.s[r][c] = gemv1_rawscale<S>(ss_ + (u >> job.gshift));
-                        cur.b[r][c] = gemv1_rawscale<S>(bb_ + (u >> job.gshift));
-                    }
-                }
-            }
-            __syncwarp();
-            issue(st);
-            compute(cur);
-            if (++st == job.stages) st = 0, parity ^= 1;
-        }
-        return;
-    }
-    auto step = [&](const buf &cur, buf &nxt) {
-        load(nxt);
-        compute(cur);
-    };
     /* Slot i % 4 holds chunk i. */
     while (blk < job.steps) {
         step(b0, b3);
@@ -598,9 +416,8 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv1_kernel(const gemv1_job job
 }
 
 bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w) {
-    /* Past 16 rows cuda_gemv1 takes slices of 16 rows, each on the tensor-core
-     * kernel (a last slice of one or two rows on this one), until the GEMM path
-     * starts. */
+    /* Past 16 rows cuda_gemv1 takes slices of 16 rows, each on the tensor-core kernel (a last
+     * slice of one or two rows on this one), until the GEMM path starts. */
     if (x->rows > CUDA_GEMV_MAX_ROWS) {
         be_tensor slice = *x;
         slice.rows = CUDA_GEMV_MAX_ROWS;
@@ -617,132 +434,56 @@ bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w) {
            gemv1_smem(w->bits, 2, w->in * w->bits / 128) <= GEMV1_MAX_SMEM;
 }
 
-/* The kernel's shape for one row of x, MLXCEL_GEMV1_VARIANT: 0 one CTA of 12
- * warps per SM; 1 one CTA of 6 warps per SM, room for a second; 2 one of 8
- * warps at <= 128 registers; 3 two of 6 warps per SM; 4 as 0 but loading x one
- * quarter at a time; 5 8 warps copying the weights into a shared-memory ring,
- * one CTA per SM in at most 113 KB, room for a second; 6 12 such warps in up to
- * 220 KB; 7 5 for matrices up to 16 MB, 0 above; 8 and 9 as 5 and 6 with the
- * scales loaded into registers, not copied; 10 8 up to 16 MB, 0 above; 11 7 and 12 0 with
- * every GEMV kernel at the largest shared-memory carveout. */
-static int gemv1_variant() {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("MLXCEL_GEMV1_VARIANT");
-        v = e ? atoi(e) : 0;
-    }
-    return v;
-}
-
-template <int BITS, bool GLU, typename S, int NX, int W, int MINB, int PK = NX == 1 ? 4 : 1,
-          bool RING = false>
-static int gemv1_launch(cuda_backend *c, gemv1_job job, int grid_per_sm, base_err *err,
-                        int budget = 0, bool scale_copies = true) {
-    auto kernel = gemv1_kernel<BITS, GLU, S, NX, W, MINB, PK, RING>;
-    size_t smem = gemv1_smem(BITS, NX, job.units);
-    /* Shared memory the kernel may take on this device. A kernel made to share an
-     * SM with the next one asks for the largest shared-memory carveout, as every
-     * such GEMV does, so that the SM need not drain to change it between two of
-     * them. */
-    static int limit;
-    if (limit == 0) {
-        int lim = 0;
+template <int BITS, bool GLU, typename S, int NX>
+static int gemv1_launch(cuda_backend *c, gemv1_job job, base_err *err) {
+    auto kernel = gemv1_kernel<BITS, GLU, S, NX>;
+    const size_t smem = gemv1_smem(BITS, NX, job.units);
+    /* Shared memory the kernel may take on this device, and resident CTAs per SM at that. */
+    static int limit, per_sm;
+    if (per_sm == 0) {
         cudaError_t e =
-            cudaDeviceGetAttribute(&lim, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device);
-        if (lim > GEMV1_MAX_SMEM) lim = GEMV1_MAX_SMEM;
+            cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device);
+        if (limit > GEMV1_MAX_SMEM) limit = GEMV1_MAX_SMEM;
         if (e == cudaSuccess)
-            e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, lim);
-        if (e == cudaSuccess && (MINB > 1 || gemv1_variant() >= 11))
-            e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                     cudaSharedmemCarveoutMaxShared);
+            e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
+        if (e == cudaSuccess)
+            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GEMV1_WARPS * 32,
+                                                              limit);
         if (e != cudaSuccess)
             return base_fail(err, "cuda: matmul: single-row GEMV: %s", cudaGetErrorString(e));
-        limit = lim;
+        if (per_sm < 1) per_sm = 1;
     }
     if (smem > (size_t)limit)
         return base_fail(err,
                          "cuda: matmul: single-row GEMV: rows of %lld values need %zu bytes of "
                          "shared memory, the device offers %d",
                          (long long)job.in, smem, limit);
-    if (RING) {
-        /* As many stages per warp as the budget leaves room for, up to 8. */
-        const int stb = gemv1_stage_bytes(job.gshift, sizeof(S)) + 8;
-        const int64_t room = (budget < limit ? budget : limit) - (int64_t)smem;
-        int64_t st = room / (W * stb);
-        st = st > 8 ? 8 : st;
-        if (st < 1) st = 1;
-        if (smem + (size_t)(W * st * stb) > (size_t)limit)
-            return base_fail(err, "cuda: matmul: single-row GEMV: no room for the ring");
-        job.stages = (int)st;
-        smem += (size_t)(W * st * stb);
-        job.sbulk = scale_copies && (job.groups * (int64_t)sizeof(S)) % 16 == 0;
-        for (int i = 0; i < (GLU ? 2 : job.nm); i++)
-            job.sbulk = job.sbulk && (((uintptr_t)job.m[i].s | (uintptr_t)job.m[i].b) & 15) == 0;
-    }
-    int per_sm = 1;
-    if (grid_per_sm > 1) {
-        const cudaError_t e =
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, W * 32, smem);
-        if (e != cudaSuccess)
-            return base_fail(err, "cuda: matmul: single-row GEMV: %s", cudaGetErrorString(e));
-        if (per_sm > grid_per_sm) per_sm = grid_per_sm;
-        if (per_sm < 1) per_sm = 1;
-    }
     job.steps = (job.rows + (GLU ? GEMV1_R / 2 : GEMV1_R) - 1) / (GLU ? GEMV1_R / 2 : GEMV1_R);
-    /* Every warp that takes blocks takes as many as the others (a warp left alone
-     * on a last block costs a whole memory latency), and those warps spread over
-     * every SM (the loads in flight, not the blocks per warp, set the pace of a
-     * short launch): warp w of CTA b is warp w grid + b of the grid. */
+    /* Every warp that takes blocks takes as many as the others (a warp left alone on a last
+     * block costs a whole memory latency), and those warps spread over every SM (the loads in
+     * flight, not the blocks per warp, set the pace of a short launch): warp w of CTA b is
+     * warp w grid + b of the grid. */
     int64_t grid = (int64_t)per_sm * c->sm_count;
-    const int64_t per_cta = (job.steps + W - 1) / W;
+    const int64_t per_cta = (job.steps + GEMV1_WARPS - 1) / GEMV1_WARPS;
     if (grid > per_cta) grid = per_cta;
-    const int64_t iters = (job.steps + grid * W - 1) / (grid * W);
+    const int64_t iters = (job.steps + grid * GEMV1_WARPS - 1) / (grid * GEMV1_WARPS);
     job.warps = (job.steps + iters - 1) / iters;
-    return cuda_launch_pdl(c, kernel, (unsigned)grid, W * 32, smem, "matmul (single-row GEMV)", err,
-                           job);
-}
-
-template <int BITS, bool GLU, typename S>
-static int gemv1_shape(cuda_backend *c, const gemv1_job &job, base_err *err) {
-    if (job.nx == 2) return gemv1_launch<BITS, GLU, S, 2, 12, 1>(c, job, 1, err);
-    const bool small = job.rows * job.units * 16 * (GLU ? 2 : 1) <= (16 << 20);
-    switch (gemv1_variant()) {
-    case 7:
-    case 11:
-        if (small) return gemv1_launch<BITS, GLU, S, 1, 8, 2, 4, true>(c, job, 1, err, 113 << 10);
-        return gemv1_launch<BITS, GLU, S, 1, 12, 1>(c, job, 1, err);
-    case 8:
-        return gemv1_launch<BITS, GLU, S, 1, 8, 2, 4, true>(c, job, 1, err, 113 << 10, false);
-    case 9:
-        return gemv1_launch<BITS, GLU, S, 1, 12, 1, 4, true>(c, job, 1, err, GEMV1_MAX_SMEM, false);
-    case 10:
-        if (small)
-            return gemv1_launch<BITS, GLU, S, 1, 8, 2, 4, true>(c, job, 1, err, 113 << 10, false);
-        return gemv1_launch<BITS, GLU, S, 1, 12, 1>(c, job, 1, err);
-    case 1:
-        return gemv1_launch<BITS, GLU, S, 1, 6, 2>(c, job, 1, err);
-    case 2:
-        return gemv1_launch<BITS, GLU, S, 1, 8, 2>(c, job, 1, err);
-    case 3:
-        return gemv1_launch<BITS, GLU, S, 1, 6, 2>(c, job, 2, err);
-    case 5:
-        return gemv1_launch<BITS, GLU, S, 1, 8, 2, 4, true>(c, job, 1, err, 113 << 10);
-    case 6:
-        return gemv1_launch<BITS, GLU, S, 1, 12, 1, 4, true>(c, job, 1, err, GEMV1_MAX_SMEM);
-    default:
-        return gemv1_launch<BITS, GLU, S, 1, 12, 1>(c, job, 1, err);
-    }
+    return cuda_launch_pdl(c, kernel, (unsigned)grid, GEMV1_WARPS * 32, smem,
+                           "matmul (single-row GEMV)", err, job);
 }
 
 template <int BITS, bool GLU>
 static int gemv1_dispatch(cuda_backend *c, const gemv1_job &job, base_dtype dt, base_err *err) {
     switch (dt) {
     case BASE_DTYPE_F32:
-        return gemv1_shape<BITS, GLU, float>(c, job, err);
+        return job.nx == 1 ? gemv1_launch<BITS, GLU, float, 1>(c, job, err)
+                           : gemv1_launch<BITS, GLU, float, 2>(c, job, err);
     case BASE_DTYPE_F16:
-        return gemv1_shape<BITS, GLU, __half>(c, job, err);
+        return job.nx == 1 ? gemv1_launch<BITS, GLU, __half, 1>(c, job, err)
+                           : gemv1_launch<BITS, GLU, __half, 2>(c, job, err);
     default:
-        return gemv1_shape<BITS, GLU, __nv_bfloat16>(c, job, err);
+        return job.nx == 1 ? gemv1_launch<BITS, GLU, __nv_bfloat16, 1>(c, job, err)
+                           : gemv1_launch<BITS, GLU, __nv_bfloat16, 2>(c, job, err);
     }
 }
 
@@ -774,8 +515,8 @@ int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, b
         }
         return 0;
     }
-    /* The tensor-core kernel reads W once for every row of x but costs more per
-     * weight: it overtakes this one from CUDA_GEMV_MMA_ROWS rows. */
+    /* The tensor-core kernel reads W once for every row of x but costs more per weight: it
+     * overtakes this one from CUDA_GEMV_MMA_ROWS rows. */
     const int pick = cuda_impl(be)->gemv_kernel;
     bool mma = pick == CUDA_GEMV_MMA || (pick == CUDA_GEMV_AUTO && x->rows >= CUDA_GEMV_MMA_ROWS);
     for (int i = 0; i < n; i++) mma = mma && cuda_gemv_mma_fits(x, ws[i]);
