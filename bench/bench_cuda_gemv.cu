@@ -10,7 +10,9 @@
  * Each shape's weights are copied until the copies pass 512 MB (eight times the H200's L2) and
  * the timed launches rotate through them, so every launch reads device memory. The launches
  * are captured in a CUDA graph and replayed, so the host's launch rate is not what is timed;
- * each figure is the median of the replays' CUDA-event timings after warm-up.
+ * each figure is the median of the replays' CUDA-event timings after warm-up. The last case,
+ * "layer", runs a decode layer's four matmuls one after another as decode does (bench_layer):
+ * single-matrix loops let a launch overlap another of the same shape, decode does not.
  * Usage: bench_cuda_gemv [reps [matrix [bits [kernels [rows]]]]]: matrix ("all" for every one),
  * bits, a comma-separated list of kernels and one of row counts pick cases, as for a profiler. */
 #include "bench_cuda.h"
@@ -57,9 +59,15 @@ static void *dev_alloc(size_t bytes) {
     return p;
 }
 
-static be_linear make_weight(int64_t out, int64_t in, int bits, uint32_t seed) {
+/* A weight's geometry without memory, for counting its bytes. */
+static be_linear make_weight_shape(int64_t out, int64_t in, int bits) {
     be_linear w = {};
     w.out = out, w.in = in, w.bits = bits, w.group_size = 64, w.dtype = BASE_DTYPE_BF16;
+    return w;
+}
+
+static be_linear make_weight(int64_t out, int64_t in, int bits, uint32_t seed) {
+    be_linear w = make_weight_shape(out, in, bits);
     size_t words = (size_t)(out * in * bits / 32), groups = (size_t)(out * in / 64);
     w.weight = dev_alloc(words * 4);
     w.scales = dev_alloc(groups * 2);
@@ -152,6 +160,72 @@ struct shape {
     int64_t out[3]; /* PLAIN: out[0]; QKV: q, k, v; GATE_UP: out[0] twice */
     int64_t in;
 };
+
+/* One decode layer's matmuls, in decode's order and form: the RMSNorm folded into Q/K/V and
+ * into gate/up, the residual added by o and down (matmul_add), each launch right after the
+ * previous one as decode issues them. Layers of distinct weights are copied until they pass 512
+ * MB, and the timed replays rotate through them, so the figure is that of a run of layers
+ * reading device memory: its share of copy bandwidth is the whole sequence's. */
+template <class K>
+static void bench_layer(be_backend *be, int bits, int rows, int reps, double copy,
+                        const char *const *kernels, const int *kernel_ids, int n_kernels,
+                        K wanted) {
+    const int64_t hid = 4096, kv = 1024, mlp = 14336;
+    struct layer {
+        be_linear q, k, v, o, gate, up, down;
+    };
+    const size_t per_layer = weight_bytes(make_weight_shape(hid, hid, bits)) * 2 +
+                             weight_bytes(make_weight_shape(kv, hid, bits)) * 2 +
+                             weight_bytes(make_weight_shape(mlp, hid, bits)) * 3;
+    const int n_layers = (int)(((size_t)512 << 20) / per_layer + 1);
+    std::vector<layer> ls;
+    for (int i = 0; i < n_layers; i++) {
+        const uint32_t s = (uint32_t)(100 + 7 * i);
+        ls.push_back({make_weight(hid, hid, bits, s), make_weight(kv, hid, bits, s + 1),
+                      make_weight(kv, hid, bits, s + 2), make_weight(hid, hid, bits, s + 3),
+                      make_weight(mlp, hid, bits, s + 4), make_weight(mlp, hid, bits, s + 5),
+                      make_weight(hid, mlp, bits, s + 6)});
+    }
+    auto f32 = [&](int64_t r, int64_t c) {
+        float *p = (float *)dev_alloc((size_t)(r * c) * 4);
+        fill_f32<<<256, 256>>>(p, (size_t)(r * c));
+        return be_tensor{p, BASE_DTYPE_F32, r, c};
+    };
+    be_tensor h = f32(rows, hid), q = f32(rows, hid), k = f32(rows, kv), v = f32(rows, kv),
+              act = f32(rows, mlp), scratch = f32(rows, hid);
+    __nv_bfloat16 *nw = (__nv_bfloat16 *)dev_alloc((size_t)hid * 2);
+    fill_bf16<<<16, 256>>>(nw, (size_t)hid, 2.0f);
+    const be_tensor norm_w = {nw, BASE_DTYPE_BF16, 1, hid};
+    const be_norm norm = {&norm_w, 1e-5f, &scratch};
+    char dims[32];
+    snprintf(dims, sizeof dims, "%dx%.0fMB", n_layers, per_layer / 1e6);
+    printf("%-8s %-14s %4d %4d", "layer", dims, bits, rows);
+    for (int ki = 0; ki < n_kernels; ki++) {
+        if (!wanted(kernels[ki])) continue;
+        cuda_impl(be)->gemv_kernel = kernel_ids[ki];
+        auto run = [&](int c, base_err *e) {
+            const layer &L = ls[c];
+            const be_linear *ws[3] = {&L.q, &L.k, &L.v};
+            be_tensor *ys[3] = {&q, &k, &v};
+            return be->ops->matmul_qkv(be, &h, &norm, ws, ys, e) ||
+                           be->ops->matmul_add(be, &q, &L.o, &h, e) ||
+                           be->ops->matmul_silu_mul(be, &h, &norm, &L.gate, &L.up, &act, e) ||
+                           be->ops->matmul_add(be, &act, &L.down, &h, e)
+                       ? -1
+                       : 0;
+        };
+        const double sec = time_rotating(be, n_layers, reps, run);
+        const double gbs = (double)per_layer / sec / 1e9;
+        printf(" | %6s %8.2f %6.0f %6.1f%% %7s", kernels[ki], sec * 1e6, gbs,
+               100.0 * gbs * 1e9 / copy, "-");
+    }
+    printf("\n");
+    fflush(stdout);
+    for (be_tensor *t : {&h, &q, &k, &v, &act, &scratch}) cudaFree(t->data);
+    cudaFree(nw);
+    for (layer &L : ls)
+        for (be_linear *w : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) free_weight(*w);
+}
 
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 20;
@@ -269,6 +343,16 @@ int main(int argc, char **argv) {
                 for (auto &w : set) free_weight(w);
         }
     }
+    if (!only || strcmp(only, "all") == 0 || strcmp(only, "layer") == 0)
+        for (int bits : bits_list) {
+            if (only_bits && bits != only_bits) continue;
+            for (int rows : rows_list) {
+                char rows_name[16];
+                snprintf(rows_name, sizeof rows_name, "%d", rows);
+                if (!listed(only_rows, rows_name)) continue;
+                bench_layer(be, bits, rows, reps, copy, kernels, kernel_ids, n_kernels, wanted);
+            }
+        }
     if (be->ops->sync(be, &err)) bench_die("sync", err.msg);
     be->ops->destroy(be);
     return 0;
