@@ -35,37 +35,6 @@ extern "C" {
 #define HD  128
 #define BS  32
 
-/* Holds the stream for `cycles` clocks, so that the calls queued behind it all wait on the
- * device rather than on the host: their event timings then hold no launch latency. */
-__global__ void bench_spin(long long cycles) {
-    const long long t0 = clock64();
-    while (clock64() - t0 < cycles) {
-    }
-}
-
-/* Milliseconds of each of reps calls of fn on stream s, ascending, after three warm-up calls:
- * an event pair around every call, all queued behind a spin of 200000 clocks per call (about
- * 100 us at the H200's clock, more than a launch takes from the host). sdpa_peer.py times its
- * calls the same way. */
-template <class F> static std::vector<float> queued_ms(cudaStream_t s, int reps, F fn) {
-    for (int i = 0; i < 3; i++) fn();
-    bench_cuda_ok(cudaStreamSynchronize(s), "warm-up");
-    std::vector<cudaEvent_t> ev(2 * reps);
-    for (auto &e : ev) bench_cuda_ok(cudaEventCreate(&e), "event");
-    bench_spin<<<1, 1, 0, s>>>(200000ll * reps);
-    for (int i = 0; i < reps; i++) {
-        cudaEventRecord(ev[2 * i], s);
-        fn();
-        cudaEventRecord(ev[2 * i + 1], s);
-    }
-    bench_cuda_ok(cudaStreamSynchronize(s), "timed runs");
-    std::vector<float> ms(reps);
-    for (int i = 0; i < reps; i++) cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]);
-    for (auto &e : ev) cudaEventDestroy(e);
-    std::sort(ms.begin(), ms.end());
-    return ms;
-}
-
 /* The planner's plan for `batch` rows of `pages` pages at this target, its workspace not yet
  * allocated. */
 static be_decode_plan planned(int pages, int batch, int target) {
@@ -278,7 +247,7 @@ int main(int argc, char **argv) {
             cuda_backend *cb = cuda_impl(be);
             const int def_stages = cb->att_stages;
             if (stages > 0) cb->att_stages = stages;
-            std::vector<float> ms = queued_ms(st, n, [&] {
+            std::vector<float> ms = bench_times_ms(st, n, true, [&] {
                 if (be->ops->attention(be, &r->q, &layer, &r->db, plan, NQ, scale, &r->out, &err))
                     bench_die("attention", err.msg);
             });
