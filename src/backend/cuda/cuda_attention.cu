@@ -934,18 +934,11 @@ __global__ void __launch_bounds__(ATT_MERGE_WARPS * 32) merge_kernel(att_params 
  * H200, batch-1 decode of the 8B shape at contexts 512 to 640 (v1 on 8 CTAs; tok/s of the
  * decode step): plain launches 480.1, PDL 486.1, PDL with a trigger at each CTA's start 462.8
  * (the GEMV's early weight loads then slow the attention itself), PDL with the chunk's K and V
- * prefetched to L2 before the wait 483.0. The dynamic shared-memory limit is raised first, as
- * past 48 KB it must be. */
+ * prefetched to L2 before the wait 483.0. */
 template <typename K>
 static int att_launch(cuda_backend *c, K kern, dim3 grid, int threads, size_t smem,
                       const att_params &p, const char *what, base_err *err) {
-    if (smem > 48 * 1024) {
-        cudaError_t e =
-            cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess)
-            return base_fail(err, "cuda: %s: %zu bytes of shared memory: %s", what, smem,
-                             cudaGetErrorString(e));
-    }
+    if (cuda_smem_limit(kern, smem, what, err)) return -1;
     return cuda_launch_pdl(c, kern, grid, dim3(threads), smem, what, err, p);
 }
 

@@ -58,17 +58,25 @@ int cuda_scratch(be_backend *be, void **buf, size_t *cap, size_t bytes, const ch
 /* Returns -1 with the CUDA error named when the last launch failed. */
 int cuda_check_launch(const char *what, base_err *err);
 
-/* kern<<<grid, threads, smem, st>>>(args) after raising the kernel's dynamic shared-memory
- * limit to smem (needed past 48 KB); errors name `what`. */
-template <typename P>
-static inline int cuda_launch_smem(void (*kern)(P), dim3 grid, int threads, size_t smem,
-                                   cudaStream_t st, const P &args, const char *what,
-                                   base_err *err) {
+/* Raises kern's dynamic shared-memory limit to smem where smem passes the 48 KB every kernel
+ * may take without asking; errors name `what`. */
+template <typename K>
+static inline int cuda_smem_limit(K kern, size_t smem, const char *what, base_err *err) {
+    if (smem <= 48 * 1024) return 0;
     cudaError_t e =
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return base_fail(err, "cuda: %s: %zu bytes of shared memory: %s", what, smem,
                          cudaGetErrorString(e));
+    return 0;
+}
+
+/* kern<<<grid, threads, smem, st>>>(args) after cuda_smem_limit; errors name `what`. */
+template <typename P>
+static inline int cuda_launch_smem(void (*kern)(P), dim3 grid, int threads, size_t smem,
+                                   cudaStream_t st, const P &args, const char *what,
+                                   base_err *err) {
+    if (cuda_smem_limit(kern, smem, what, err)) return -1;
     kern<<<grid, threads, smem, st>>>(args);
     return cuda_check_launch(what, err);
 }
