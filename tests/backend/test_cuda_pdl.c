@@ -110,9 +110,10 @@ static int run_chain(side *s, const dims *dm, bool fused, base_err *err) {
     return op->matmul(be, &s->out, &s->head, &s->logits, err);
 }
 
-static be_tensor buf(be_backend *be, const float *init, int64_t cols) {
-    float *z = calloc((size_t)cols, sizeof(float));
-    be_tensor t = tc_tensor(be, init ? init : z, BASE_DTYPE_F32, 1, cols);
+/* An F32 [rows, cols] device tensor holding init, or zeros without. */
+static be_tensor rows_buf(be_backend *be, const float *init, int64_t rows, int64_t cols) {
+    float *z = calloc((size_t)(rows * cols), sizeof(float));
+    be_tensor t = tc_tensor(be, init ? init : z, BASE_DTYPE_F32, rows, cols);
     free(z);
     return t;
 }
@@ -175,12 +176,14 @@ static void run_case(be_backend *gpu, const dims *dm) {
         /* pass 0: the CPU reference; 1: the device directly; 2: the device, recorded. */
         side *s = pass ? &g : &c;
         be_backend *be = s->be;
-        s->x = buf(be, x0, D), s->h = buf(be, h0, D), s->out = buf(be, NULL, D);
-        s->norm1 = buf(be, n1, D), s->norm2 = buf(be, n2, D);
-        s->tq = buf(be, NULL, D), s->tk = buf(be, NULL, KVW), s->tv = buf(be, NULL, KVW);
-        s->g = buf(be, NULL, dm->inter), s->u = buf(be, NULL, dm->inter);
-        s->logits = buf(be, NULL, dm->vocab);
-        s->freqs = buf(be, inv, dm->head_dim / 2);
+        s->x = rows_buf(be, x0, 1, D), s->h = rows_buf(be, h0, 1, D),
+        s->out = rows_buf(be, NULL, 1, D);
+        s->norm1 = rows_buf(be, n1, 1, D), s->norm2 = rows_buf(be, n2, 1, D);
+        s->tq = rows_buf(be, NULL, 1, D), s->tk = rows_buf(be, NULL, 1, KVW),
+        s->tv = rows_buf(be, NULL, 1, KVW);
+        s->g = rows_buf(be, NULL, 1, dm->inter), s->u = rows_buf(be, NULL, 1, dm->inter);
+        s->logits = rows_buf(be, NULL, 1, dm->vocab);
+        s->freqs = rows_buf(be, inv, 1, dm->head_dim / 2);
         s->pos = (be_tensor){tc_dev_bytes(be, &pos, 4), BASE_DTYPE_I32, 1, 1};
         s->pool = (be_kv_layer){tc_dev_bytes(be, pool0, pool_elems * 2),
                                 tc_dev_bytes(be, pool0, pool_elems * 2),
@@ -295,13 +298,6 @@ static int run_att_chain(att_side *s, const dims *dm, bool fused, base_err *err)
     }
     return op->rmsnorm(be, &s->x, &s->norm, 1e-5f, &s->out, err) ||
            op->matmul(be, &s->out, &s->head, &s->logits, err);
-}
-
-static be_tensor rows_buf(be_backend *be, const float *init, int64_t rows, int64_t cols) {
-    float *z = calloc((size_t)(rows * cols), sizeof(float));
-    be_tensor t = tc_tensor(be, init ? init : z, BASE_DTYPE_F32, rows, cols);
-    free(z);
-    return t;
 }
 
 /* The residual and the logits after a run (caller frees). */

@@ -37,7 +37,7 @@ BACKENDS = (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_AT
 def queued_ms(fn, reps):
     """Milliseconds of each of reps calls, ascending, after three warm-up calls: an event pair
     around every call, all queued behind a spin of 200000 clocks per call, so that no call
-    waits on the host's launch (bench_attention's queued_ms does the same)."""
+    waits on the host's launch (bench_cuda.h's bench_times_ms does the same)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -164,13 +164,14 @@ def alternate(ours_cmd, reps, trials, shapes, dev):
             for side in (("ours", "cudnn") if t % 2 == 0 else ("cudnn", "ours")):
                 ms = ours_ms(shape) if side == "ours" else peer_ms()
                 fig[side].append((median(ms), ms[0]))
-        tbs = {side: (kv_bytes / (median(m for m, _ in v) * 1e-3) / 1e12,
-                      kv_bytes / (median(b for _, b in v) * 1e-3) / 1e12,
-                      kv_bytes / (max(m for m, _ in v) * 1e-3) / 1e12,
-                      kv_bytes / (min(m for m, _ in v) * 1e-3) / 1e12)
+        def tb(ms):
+            return kv_bytes / (ms * 1e-3) / 1e12
+
+        tbs = {side: (tb(median(m for m, _ in v)), tb(median(b for _, b in v)),
+                      tb(max(m for m, _ in v)), tb(min(m for m, _ in v)))
                for side, v in fig.items()}
         for side in fig:
-            per_trial = " ".join(f"{kv_bytes / (m * 1e-3) / 1e12:.3f}" for m, _ in fig[side])
+            per_trial = " ".join(f"{tb(m):.3f}" for m, _ in fig[side])
             print(f"trials {shape} {side} {per_trial}", flush=True)
         o, c = tbs["ours"], tbs["cudnn"]
         print(f"{shape:<10} {call:<9} {o[0]:6.3f} {c[0]:6.3f} {o[0] / c[0]:6.3f} | "
