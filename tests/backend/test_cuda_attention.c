@@ -7,7 +7,11 @@
  * F32's), each case through both of its loaders (16-byte copies, bulk copies), unless the decode
  * grid has at most 16 CTAs (a few rows of few kv heads); the other cases keep the F32 kernel. v2
  * plans run from one chunk to hundreds, their merge kernel taking one chunk's weights or many
- * blocks of them. Skipped when no CUDA device is present. */
+ * blocks of them. Batches of decode rows only, whose rows times kv heads are 16 or fewer, at
+ * head_dim 64/128, take the wide decode kernel whatever the plan (every decode_only, offsets and
+ * the one- and two-row batches below): rows of one token to over 2000, spans that do not divide
+ * the row, spans past a short row's end, first-page offsets. Skipped when no CUDA device is
+ * present. */
 #include "test_cuda_util.h"
 
 #include <math.h>
@@ -134,6 +138,9 @@ int main(void) {
         /* the tensor cores' other blocks: three and four 16-token tiles per page */
         {4, 2, 128, 48, BASE_DTYPE_F16, BASE_DTYPE_F32},
         {2, 4, 64, 64, BASE_DTYPE_BF16, BASE_DTYPE_BF16},
+        /* the Llama-3.1-8B decode shape */
+        {4, 8, 128, 32, BASE_DTYPE_F16, BASE_DTYPE_F32},
+        {4, 8, 128, 32, BASE_DTYPE_BF16, BASE_DTYPE_F32},
     };
     /* decode rows of assorted lengths, one with a first-page offset, a fresh prompt and a
      * chunked-prefill continuation */
@@ -146,6 +153,11 @@ int main(void) {
     /* a row of over 512 pages at small blocks: at one page per chunk the merge takes its
      * chunks in more than one block of weights */
     const tc_seq long_row[] = {{8400, 1, 0}, {20, 1, 2}};
+    /* batch-1 and batch-2 decode: a row in many spans, a row of 2100 tokens next to a short one
+     * with an offset, a row shorter than one span */
+    const tc_seq one_row[] = {{611, 1, 0}};
+    const tc_seq two_rows[] = {{2100, 1, 0}, {37, 1, 5}};
+    const tc_seq tiny_row[] = {{3, 1, 0}};
     /* every case under both loaders: at 0 waves no grid takes the bulk copies, at a million
      * every grid does */
     const char *waves[] = {"0", "1000000"};
@@ -157,6 +169,9 @@ int main(void) {
             run_case(be, &cases[i], decode_only, 3);
             if (cases[i].block_size >= 32) run_case(be, &cases[i], offsets, 3);
             if (cases[i].block_size <= 16) run_case(be, &cases[i], long_row, 2);
+            run_case(be, &cases[i], one_row, 1);
+            run_case(be, &cases[i], two_rows, 2);
+            run_case(be, &cases[i], tiny_row, 1);
         }
     }
     be->ops->destroy(be);

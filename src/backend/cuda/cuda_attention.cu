@@ -1122,6 +1122,8 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
                          (long long)q->rows, (long long)q->cols, (long long)out->rows,
                          (long long)out->cols, batch->n_tokens, n_heads, hd);
     if (batch->n_tokens == 0 || batch->n_seqs == 0) return 0;
+    if (cuda_attention_wide_fits(be, layer, batch, n_heads))
+        return cuda_attention_wide(be, q, layer, batch, n_heads, scale, out, err);
     const int group = n_heads / nkv;
     int gb = ATT_MAX_GROUP;
     while (group % gb) gb >>= 1;

@@ -42,6 +42,9 @@ typedef struct cuda_backend {
     /* (gmma_bytes) the tensor-core GEMV's m-block counters and partial sums */
     void *gmma_buf;
     size_t gmma_bytes;
+    /* (wide_bytes) the wide decode attention's (row, kv head) counters and span partials */
+    void *wide_buf;
+    size_t wide_bytes;
     /* Which decode GEMV cuda_gemv1 runs: CUDA_GEMV_AUTO, or one forced for benchmarks. */
     int gemv_kernel;
 } cuda_backend;
@@ -278,6 +281,15 @@ int cuda_kv_append(be_backend *be, const be_kv_layer *layer, const be_tensor *k,
 int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
                    const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
                    float scale, be_tensor *out, base_err *err);
+/* Decode attention for tiny grids (cuda_attention_wide.cu): every row a decode row, each (row,
+ * kv head) split into spans over the SMs and merged by the last CTA of its spans. _fits says
+ * whether it serves the batch (head_dim 64 or 128, few rows of few kv heads, short enough rows
+ * for its shared memory); arguments as cuda_attention's, already validated by it. */
+bool cuda_attention_wide_fits(be_backend *be, const be_kv_layer *layer,
+                              const be_paged_batch *batch, int n_heads);
+int cuda_attention_wide(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
+                        const be_paged_batch *batch, int n_heads, float scale, be_tensor *out,
+                        base_err *err);
 /* Tensor-core prefill attention (cuda_attention_prefill.cu): the rows of sequences with
  * q_len > 1, causal, through the pages; decode rows are left untouched. Serves what
  * cuda_prefill_supported accepts (head_dim 64 or 128, F16 or BF16 pools, any block size and

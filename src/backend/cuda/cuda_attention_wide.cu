@@ -1,0 +1,336 @@
+/* Paged decode attention for tiny grids: a few decode rows of a few kv heads, where one CTA per
+ * (row, kv head) leaves almost the whole device idle and each CTA's serial walk through its
+ * pages, not the bytes, decides the time.
+ *
+ * Design: the context of each (row, kv head) is cut into `chunks` spans of equal token count,
+ * one CTA each, so the grid is (kv heads, chunks, rows). A CTA issues the copies of its whole
+ * span (K swizzled, V plain) into shared memory at once and waits once: its time is about one
+ * DRAM latency plus its share of the bytes. Then, with the span in shared memory:
+ *   scores: one thread per (token, head) of the group, the full dot product over q kept in
+ *           shared memory (eight consecutive tokens of one head per quarter warp: q is a
+ *           broadcast and the swizzle puts the eight K rows' chunks in distinct banks);
+ *   softmax: one warp per head, the span's max and sum (log2 domain, q pre-scaled);
+ *   values: one thread per (head, pair of dims) over the span's tokens.
+ * The CTA writes its unnormalized output, max and sum to the scratch; the last CTA of the
+ * (row, kv head) to arrive (a counter, reset to 0 by that CTA so recorded steps replay) merges
+ * the spans in span order, so the result does not depend on which CTA comes last.
+ *
+ * Pool offsets are 64-bit from the first multiply. Slots outside a row's tokens are never read,
+ * so garbage (NaN) there cannot reach the output. */
+#include "backend/cuda/cuda_mma.h"
+
+extern "C" {
+#include "attn/attn.h"
+}
+
+#include <stdlib.h>
+
+#define WD_THREADS    256
+#define WD_MAX_GROUP  16
+#define WD_MAX_CHUNKS 32
+#define WD_MAX_TOKENS 256 /* tokens a CTA holds in shared memory */
+#define WD_MAX_ITEMS  32  /* (row, kv head) pairs: the counters in front of the scratch */
+#define WD_LOG2E      1.4426950408889634f
+
+typedef struct wd_params {
+    const void *q; /* (n_seqs, n_heads * D) */
+    base_dtype q_dt;
+    void *out; /* (n_seqs, n_heads * D) */
+    base_dtype out_dt;
+    const void *k_pool, *v_pool;
+    int n_kv_heads, block_size, n_heads, group;
+    const int32_t *kv_len;            /* (n_seqs) */
+    const int32_t *page_indptr;       /* (n_seqs + 1) */
+    const int32_t *page_indices;      /* (page_indptr[n_seqs]) */
+    const int32_t *first_page_offset; /* (n_seqs) or NULL */
+    int chunks;                       /* spans per (row, kv head), gridDim.y */
+    int min_tokens;                   /* fewest tokens a span takes, the last one aside */
+    int max_tokens;                   /* tokens a CTA's shared memory holds */
+    int early;                        /* copy the pool's older tokens before the PDL wait */
+    float scale_log2;
+    unsigned *count; /* (n_seqs, n_kv_heads) CTAs done, reset to 0 by the last */
+    float *part;     /* (n_seqs, chunks, n_heads, D) unnormalized outputs */
+    float *ml;       /* (n_seqs, chunks, n_heads, 2) max (log2 domain) and sum */
+} wd_params;
+
+template <typename KT> __device__ __forceinline__ float2 wd_float2(uint32_t w);
+template <> __device__ __forceinline__ float2 wd_float2<__half>(uint32_t w) {
+    __half2 h;
+    memcpy(&h, &w, sizeof h);
+    return __half22float2(h);
+}
+template <> __device__ __forceinline__ float2 wd_float2<__nv_bfloat16>(uint32_t w) {
+    __nv_bfloat162 b;
+    memcpy(&b, &w, sizeof b);
+    return __bfloat1622float2(b);
+}
+
+/* Tokens per span of a row of n tokens. */
+__device__ __forceinline__ int wd_span(const wd_params &p, int n) {
+    const int t = (n + p.chunks - 1) / p.chunks;
+    return t > p.min_tokens ? t : p.min_tokens;
+}
+
+template <int D, typename KT>
+__global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
+    constexpr int CH = D / 8; /* 16-byte chunks per token row */
+    static_assert(CH >= 8, "the swizzle spreads eight tokens over eight chunks");
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ float w_s[WD_MAX_CHUNKS * WD_MAX_GROUP]; /* (chunks, group) spans' max, weight */
+    __shared__ float l_s[WD_MAX_CHUNKS * WD_MAX_GROUP]; /* (chunks, group) spans' sums */
+    __shared__ bool last;
+    const int tid = threadIdx.x, G = p.group, TM = p.max_tokens;
+    KT *ks = (KT *)smem;                        /* (TM, D), chunks XOR-swizzled by the token */
+    KT *vs = ks + (size_t)TM * D;               /* (TM, D) */
+    float *qs = (float *)(vs + (size_t)TM * D); /* (G, D) q * scale * log2 e */
+    float *ps = qs + G * D;                     /* (G, TM) scores, then exp2(score - max) */
+    float *ms = ps + G * TM;                    /* (G) the span's max */
+    float *ls = ms + G;                         /* (G) the span's sum */
+    const int kvh = blockIdx.x, chunk = blockIdx.y, s = blockIdx.z;
+    const int n = p.kv_len[s];
+    const int fpo = p.first_page_offset ? p.first_page_offset[s] : 0;
+    const int T = wd_span(p, n), t0 = chunk * T;
+    const int nt = t0 < n ? (n - t0 < T ? n - t0 : T) : 0;
+    const int32_t *pages = p.page_indices + p.page_indptr[s];
+    const uint64_t row_stride = (uint64_t)p.n_kv_heads * D;
+    const KT *kp = (const KT *)p.k_pool + (uint64_t)kvh * D;
+    const KT *vp = (const KT *)p.v_pool + (uint64_t)kvh * D;
+    const int bs = p.block_size;
+
+    /* The row's last token is the one the kernel before writes this step; the older ones were
+     * written by earlier steps. */
+    auto copy = [&](bool older, bool newest) {
+        for (int i = tid; i < nt * CH; i += WD_THREADS) {
+            const int t = i / CH, cc = i % CH;
+            if (!(t0 + t == n - 1 ? newest : older)) continue;
+            const int u = fpo + t0 + t;
+            const uint64_t off =
+                ((uint64_t)pages[u / bs] * (uint64_t)bs + (uint64_t)(u % bs)) * row_stride +
+                (uint64_t)cc * 8;
+            cuda_cp_async16(ks + (t * CH + (cc ^ (t & 7))) * 8, kp + off);
+            cuda_cp_async16(vs + (t * CH + cc) * 8, vp + off);
+        }
+    };
+    if (p.early) copy(true, false);
+    cuda_pdl_wait();
+    copy(!p.early, true);
+    cuda_cp_async_commit();
+    const size_t cell0 = ((size_t)s * p.chunks + chunk) * p.n_heads + (size_t)kvh * G;
+    if (nt > 0) {
+        const size_t qbase = ((size_t)s * p.n_heads + (size_t)kvh * G) * D;
+        for (int i = tid; i < G * D; i += WD_THREADS)
+            qs[i] = cuda_load(p.q, p.q_dt, qbase + i) * p.scale_log2;
+        cuda_cp_async_wait<0>();
+        __syncthreads();
+
+        const int nt8 = (nt + 7) & ~7;
+        for (int i = tid; i < nt8 * G; i += WD_THREADS) {
+            const int h = (i >> 3) % G, t = (i & 7) + 8 * (i / (8 * G));
+            if (t >= nt) continue;
+            const KT *kr = ks + t * D;
+            const float *qr = qs + h * D;
+            float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+            for (int cc = 0; cc < CH; cc++) {
+                const uint4 raw = *(const uint4 *)(kr + (cc ^ (t & 7)) * 8);
+                const float4 x = *(const float4 *)(qr + cc * 8);
+                const float4 y = *(const float4 *)(qr + cc * 8 + 4);
+                const float2 k0 = wd_float2<KT>(raw.x), k1 = wd_float2<KT>(raw.y),
+                             k2 = wd_float2<KT>(raw.z), k3 = wd_float2<KT>(raw.w);
+                a0 = fmaf(x.x, k0.x, a0), a1 = fmaf(x.y, k0.y, a1);
+                a0 = fmaf(x.z, k1.x, a0), a1 = fmaf(x.w, k1.y, a1);
+                a0 = fmaf(y.x, k2.x, a0), a1 = fmaf(y.y, k2.y, a1);
+                a0 = fmaf(y.z, k3.x, a0), a1 = fmaf(y.w, k3.y, a1);
+            }
+            ps[h * TM + t] = a0 + a1;
+        }
+        __syncthreads();
+
+        const int warp = tid >> 5, lane = tid & 31;
+        for (int h = warp; h < G; h += WD_THREADS / 32) {
+            float mx = -INFINITY;
+            for (int t = lane; t < nt; t += 32) mx = fmaxf(mx, ps[h * TM + t]);
+            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            float sum = 0.0f;
+            for (int t = lane; t < nt; t += 32) {
+                const float e = exp2f(ps[h * TM + t] - mx);
+                ps[h * TM + t] = e;
+                sum += e;
+            }
+            sum = cuda_warp_sum(sum);
+            if (lane == 0) ms[h] = mx, ls[h] = sum;
+        }
+        __syncthreads();
+
+        for (int i = tid; i < G * (D / 2); i += WD_THREADS) {
+            const int h = i / (D / 2), d2 = i % (D / 2);
+            const float *pr = ps + h * TM;
+            const KT *vc = vs + 2 * d2;
+            float ax = 0.0f, ay = 0.0f, bx = 0.0f, by = 0.0f;
+            int t = 0;
+            for (; t + 1 < nt; t += 2) {
+                const float2 v0 = wd_float2<KT>(*(const uint32_t *)(vc + t * D));
+                const float2 v1 = wd_float2<KT>(*(const uint32_t *)(vc + (t + 1) * D));
+                const float p0 = pr[t], p1 = pr[t + 1];
+                ax = fmaf(p0, v0.x, ax), ay = fmaf(p0, v0.y, ay);
+                bx = fmaf(p1, v1.x, bx), by = fmaf(p1, v1.y, by);
+            }
+            if (t < nt) {
+                const float2 v0 = wd_float2<KT>(*(const uint32_t *)(vc + t * D));
+                ax = fmaf(pr[t], v0.x, ax), ay = fmaf(pr[t], v0.y, ay);
+            }
+            *(float2 *)(p.part + (cell0 + h) * D + 2 * d2) = make_float2(ax + bx, ay + by);
+        }
+        if (tid < G) *(float2 *)(p.ml + (cell0 + tid) * 2) = make_float2(ms[tid], ls[tid]);
+    } else {
+        cuda_cp_async_wait<0>();
+    }
+
+    /* Arrive; the last CTA of the (row, kv head) merges. */
+    __threadfence();
+    __syncthreads();
+    unsigned *count = p.count + (size_t)s * p.n_kv_heads + kvh;
+    if (tid == 0) {
+        last = atomicAdd(count, 1u) == (unsigned)p.chunks - 1;
+        if (last) *count = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+
+    const int live = (n + T - 1) / T; /* spans holding tokens */
+    const size_t base0 = (size_t)s * p.chunks * p.n_heads + (size_t)kvh * G;
+    for (int i = tid; i < live * G; i += WD_THREADS) {
+        const int c = i / G, h = i % G;
+        const float2 v = __ldcg((const float2 *)(p.ml + (base0 + (size_t)c * p.n_heads + h) * 2));
+        w_s[i] = v.x;
+        l_s[i] = v.y;
+    }
+    __syncthreads();
+    if (tid < G) {
+        float mx = -INFINITY;
+        for (int c = 0; c < live; c++) mx = fmaxf(mx, w_s[c * G + tid]);
+        float den = 0.0f;
+        for (int c = 0; c < live; c++) {
+            const float f = exp2f(w_s[c * G + tid] - mx);
+            w_s[c * G + tid] = f;
+            den += f * l_s[c * G + tid];
+        }
+        const float inv = 1.0f / den;
+        for (int c = 0; c < live; c++) w_s[c * G + tid] *= inv;
+    }
+    __syncthreads();
+    for (int i = tid; i < G * D; i += WD_THREADS) {
+        const int h = i / D, d = i % D;
+        const float *src = p.part + (base0 + h) * D + d;
+        float acc = 0.0f;
+        for (int c = 0; c < live; c++)
+            acc = fmaf(w_s[c * G + h], __ldcg(src + (size_t)c * p.n_heads * D), acc);
+        cuda_store(p.out, p.out_dt, ((size_t)s * p.n_heads + (size_t)kvh * G + h) * D + d, acc);
+    }
+}
+
+static int env_int(const char *name, int dflt) {
+    const char *e = getenv(name);
+    return e && *e ? atoi(e) : dflt;
+}
+
+/* Spans per (row, kv head): as many as fill the SMs once, at most WD_MAX_CHUNKS. */
+static int wd_chunks(const cuda_backend *c, int items) {
+    int w = env_int("MLXCEL_ATT_WIDE_CHUNKS", c->sm_count / items);
+    if (w > WD_MAX_CHUNKS) w = WD_MAX_CHUNKS;
+    return w < 1 ? 1 : w;
+}
+
+static int wd_min_tokens(void) {
+    int m = env_int("MLXCEL_ATT_WIDE_MIN", 16);
+    return m < 1 ? 1 : (m > WD_MAX_TOKENS ? WD_MAX_TOKENS : m);
+}
+
+/* Tokens a CTA's shared memory must hold for rows of at most max_kv_len tokens. */
+static int wd_max_tokens(int max_kv_len, int chunks) {
+    int t = (max_kv_len + chunks - 1) / chunks;
+    const int m = wd_min_tokens();
+    if (t < m) t = m;
+    return (t + 7) & ~7;
+}
+
+static size_t wd_smem(int head_dim, int group, int max_tokens) {
+    return (size_t)2 * max_tokens * head_dim * 2 +
+           ((size_t)group * head_dim + (size_t)group * max_tokens + 2 * (size_t)group) *
+               sizeof(float);
+}
+
+bool cuda_attention_wide_fits(be_backend *be, const be_kv_layer *layer, const be_paged_batch *batch,
+                              int n_heads) {
+    if (env_int("MLXCEL_ATT_WIDE", 1) == 0) return false;
+    const int nkv = layer->n_kv_heads, items = batch->n_seqs * nkv;
+    if (batch->max_q_len != 1 || batch->n_tokens != batch->n_seqs ||
+        batch->n_seqs > ATTN_GRID_YZ_MAX)
+        return false;
+    if (layer->head_dim != 64 && layer->head_dim != 128) return false;
+    if (n_heads / nkv > WD_MAX_GROUP || items > WD_MAX_ITEMS ||
+        items > env_int("MLXCEL_ATT_WIDE_ITEMS", 16))
+        return false;
+    const int chunks = wd_chunks(cuda_impl(be), items);
+    return wd_max_tokens(batch->max_kv_len, chunks) <= WD_MAX_TOKENS;
+}
+
+template <int D, typename KT>
+static int wd_launch(cuda_backend *c, const wd_params &p, int n_seqs, size_t smem, base_err *err) {
+    auto kern = wide_decode_kernel<D, KT>;
+    if (cuda_smem_limit(kern, smem, "attention (wide decode)", err)) return -1;
+    return cuda_launch_pdl(c, kern,
+                           dim3((unsigned)p.n_kv_heads, (unsigned)p.chunks, (unsigned)n_seqs),
+                           dim3(WD_THREADS), smem, "attention (wide decode)", err, p);
+}
+
+int cuda_attention_wide(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
+                        const be_paged_batch *batch, int n_heads, float scale, be_tensor *out,
+                        base_err *err) {
+    cuda_backend *c = cuda_impl(be);
+    const int nkv = layer->n_kv_heads, D = layer->head_dim, ns = batch->n_seqs;
+    wd_params p = {};
+    p.q = q->data;
+    p.q_dt = q->dtype;
+    p.out = out->data;
+    p.out_dt = out->dtype;
+    p.k_pool = layer->k;
+    p.v_pool = layer->v;
+    p.n_kv_heads = nkv;
+    p.block_size = layer->block_size;
+    p.n_heads = n_heads;
+    p.group = n_heads / nkv;
+    p.kv_len = batch->kv_len;
+    p.page_indptr = batch->page_indptr;
+    p.page_indices = batch->page_indices;
+    p.first_page_offset = batch->first_page_offset;
+    p.chunks = wd_chunks(c, ns * nkv);
+    p.min_tokens = wd_min_tokens();
+    p.max_tokens = wd_max_tokens(batch->max_kv_len, p.chunks);
+    p.early = env_int("MLXCEL_ATT_WIDE_EARLY", 0);
+    p.scale_log2 = scale * WD_LOG2E;
+
+    const size_t counters = (WD_MAX_ITEMS * sizeof(unsigned) + 255) & ~(size_t)255;
+    const size_t cells = (size_t)ns * p.chunks * n_heads;
+    const size_t bytes = counters + cells * ((size_t)D + 2) * sizeof(float);
+    const size_t cap = c->wide_bytes;
+    if (cuda_scratch(be, &c->wide_buf, &c->wide_bytes, bytes, "attention (wide decode)", err))
+        return -1;
+    /* The counters start at zero once and every launch leaves them there. */
+    if (c->wide_bytes != cap) {
+        cudaError_t e = cudaMemsetAsync(c->wide_buf, 0, counters, c->stream);
+        if (e != cudaSuccess)
+            return base_fail(err, "cuda: attention (wide decode) scratch: %s",
+                             cudaGetErrorString(e));
+    }
+    p.count = (unsigned *)c->wide_buf;
+    p.part = (float *)((char *)c->wide_buf + counters);
+    p.ml = p.part + cells * D;
+    const size_t smem = wd_smem(D, p.group, p.max_tokens);
+    if (D == 64)
+        return layer->dtype == BASE_DTYPE_F16 ? wd_launch<64, __half>(c, p, ns, smem, err)
+                                              : wd_launch<64, __nv_bfloat16>(c, p, ns, smem, err);
+    return layer->dtype == BASE_DTYPE_F16 ? wd_launch<128, __half>(c, p, ns, smem, err)
+                                          : wd_launch<128, __nv_bfloat16>(c, p, ns, smem, err);
+}
