@@ -240,6 +240,13 @@ typedef struct be_ops {
     int (*rope_kv_append)(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
                           const be_tensor *positions, const be_tensor *inv_freq, float mscale,
                           const be_kv_layer *layer, const be_paged_batch *batch, base_err *err);
+    /* `rope_kv_append` then `attention` (out from the rotated q, scale as there): q and k are
+     * left rotated or not, at the backend's choice. */
+    int (*rope_kv_attention)(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
+                             const be_tensor *positions, const be_tensor *inv_freq, float mscale,
+                             const be_kv_layer *layer, const be_paged_batch *batch,
+                             const be_decode_plan *plan, int n_heads, float scale, be_tensor *out,
+                             base_err *err);
     /* y [n, out] += x [n, in] W^T (+ bias): `matmul` then `add` into y, the residual stream
      * updated in place. y may not alias x. */
     int (*matmul_add)(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,

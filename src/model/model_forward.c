@@ -218,14 +218,22 @@ static int attention_block(model *m, const model_layer *L, const be_kv_layer *kv
         TRY(norm_per_head(m, &q, H, &L->q_norm, err));
         TRY(norm_per_head(m, &k, KV, &L->k_norm, err));
     }
-    if (op->rope_kv_append && c->rope_scaling.type != IO_ROPE_DYNAMIC) {
-        be_tensor pos = {(void *)db->positions, BASE_DTYPE_I32, hb->n_tokens, 1};
-        TRY(op->rope_kv_append(be, &q, &k, &v, &pos, &m->inv_freq, m->rope_mscale, kvl, db, err));
+    const float scale = 1.0f / sqrtf((float)hd);
+    const bool static_rope = c->rope_scaling.type != IO_ROPE_DYNAMIC;
+    be_tensor pos = {(void *)db->positions, BASE_DTYPE_I32, hb->n_tokens, 1};
+    if (op->rope_kv_attention && static_rope) {
+        TRY(op->rope_kv_attention(be, &q, &k, &v, &pos, &m->inv_freq, m->rope_mscale, kvl, db, plan,
+                                  H, scale, &att, err));
     } else {
-        TRY(apply_rope(m, hb, db, &q, &k, err));
-        TRY(op->kv_append(be, kvl, &k, &v, db, err));
+        if (op->rope_kv_append && static_rope) {
+            TRY(op->rope_kv_append(be, &q, &k, &v, &pos, &m->inv_freq, m->rope_mscale, kvl, db,
+                                   err));
+        } else {
+            TRY(apply_rope(m, hb, db, &q, &k, err));
+            TRY(op->kv_append(be, kvl, &k, &v, db, err));
+        }
+        TRY(op->attention(be, &q, kvl, db, plan, H, scale, &att, err));
     }
-    TRY(op->attention(be, &q, kvl, db, plan, H, 1.0f / sqrtf((float)hd), &att, err));
     if (fold) return op->matmul_add(be, &att, &L->o, &x, err);
     TRY(op->matmul(be, &att, &L->o, &h, err));
     return residual(m, &L->mlp_norm, &x, &h, &h, err);

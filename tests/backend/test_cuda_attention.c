@@ -10,9 +10,12 @@
  * blocks of them. Batches of decode rows only, whose rows times kv heads are 16 or fewer, at
  * head_dim 64/128, take the wide decode kernel whatever the plan (every decode_only, offsets and
  * the one- and two-row batches below): rows of one token to over 2000, spans that do not divide
- * the row, spans past a short row's end, first-page offsets. Skipped when no CUDA device is
- * present. */
+ * the row, spans past a short row's end, first-page offsets. rope_kv_attention, which folds RoPE
+ * and the append into that kernel, against rope_kv_append then attention on the same batches.
+ * Skipped when no CUDA device is present. */
 #include "test_cuda_util.h"
+
+#include "attn/attn.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -119,6 +122,92 @@ static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, i
     tc_batch_free(&b);
 }
 
+/* Largest |a - b| over two device tensors of equal shape, NaN where exactly one of a pair is
+ * NaN (pool slots no token occupies hold NaN in both). */
+static double dev_diff(be_backend *be, const be_tensor *a, const be_tensor *b) {
+    size_t n = (size_t)(a->rows * a->cols);
+    float *x = tc_read(be, a), *y = tc_read(be, b);
+    double d = 0;
+    for (size_t i = 0; i < n && !isnan(d); i++) {
+        if (isnan(x[i]) || isnan(y[i]))
+            d = isnan(x[i]) && isnan(y[i]) ? d : NAN;
+        else
+            d = fmax(d, fabs((double)x[i] - y[i]));
+    }
+    free(x), free(y);
+    return d;
+}
+
+/* rope_kv_attention against rope_kv_append then attention, both on the device from the same
+ * q, k, v and pools (positions past the rows' lengths, mscale 1.1): the same outputs, and the
+ * same pools after, the new token's k and v in their slots. */
+static void run_rope_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, int n_seqs) {
+    tc_batch b;
+    tc_batch_build(seqs, n_seqs, c->block_size, 7, &b);
+    const int D = c->head_dim, H = c->group * c->n_kv, W = c->n_kv * D, bs = c->block_size;
+    tc_pools pools;
+    tc_pools_fill(&b, c, &pools);
+    const size_t qn = (size_t)b.n_tokens * H * D, kn = (size_t)b.n_tokens * W;
+    float *q = malloc(sizeof(float) * qn), *k = malloc(sizeof(float) * kn);
+    float *v = malloc(sizeof(float) * kn), inv[ATTN_MAX_HEAD_DIM / 2];
+    tc_fill(q, qn, 2.0f), tc_fill(k, kn, 1.0f), tc_fill(v, kn, 1.0f);
+    for (int i = 0; i < D / 2; i++) inv[i] = (float)pow(500000.0, -2.0 * i / D);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)b.n_seqs);
+    int64_t *slots = malloc(sizeof(int64_t) * (size_t)b.n_seqs);
+    for (int s = 0; s < b.n_seqs; s++) {
+        const int u = b.first[s] + b.kv_len[s] - 1;
+        pos[s] = b.kv_len[s] + 6;
+        slots[s] = (int64_t)b.pages[b.page_indptr[s] + u / bs] * bs + u % bs;
+    }
+    be_paged_batch db = tc_dev_batch(be, &b);
+    db.slots = tc_dev_bytes(be, slots, sizeof(int64_t) * (size_t)b.n_seqs);
+    be_tensor tp = {tc_dev_bytes(be, pos, sizeof(int32_t) * (size_t)b.n_seqs), BASE_DTYPE_I32,
+                    b.n_tokens, 1};
+    be_tensor tf = tc_tensor(be, inv, BASE_DTYPE_F32, 1, D / 2);
+    const float scale = 1.0f / sqrtf((float)D);
+    be_kv_layer layer[2];
+    be_tensor to[2], tq[2], tk[2], tv[2];
+    for (int f = 0; f < 2; f++) {
+        layer[f] = tc_dev_layer(be, &pools, &b, c);
+        tq[f] = tc_tensor(be, q, c->act_dt, b.n_tokens, (int64_t)H * D);
+        tk[f] = tc_tensor(be, k, c->act_dt, b.n_tokens, W);
+        tv[f] = tc_tensor(be, v, c->act_dt, b.n_tokens, W);
+        to[f] = tc_poisoned(be, c->act_dt, b.n_tokens, (int64_t)H * D);
+        base_err err = {{0}};
+        int rc =
+            f ? be->ops->rope_kv_attention(be, &tq[f], &tk[f], &tv[f], &tp, &tf, 1.1f, &layer[f],
+                                           &db, NULL, H, scale, &to[f], &err)
+              : be->ops->rope_kv_append(be, &tq[f], &tk[f], &tv[f], &tp, &tf, 1.1f, &layer[f], &db,
+                                        &err) ||
+                    be->ops->attention(be, &tq[f], &layer[f], &db, NULL, H, scale, &to[f], &err);
+        CHECK_MSG(rc == 0, "%s", err.msg);
+    }
+    const int64_t elems = (int64_t)(pools.bytes / 2);
+    be_tensor pk[2], pv[2];
+    for (int f = 0; f < 2; f++) {
+        pk[f] = (be_tensor){layer[f].k, c->pool_dt, elems, 1};
+        pv[f] = (be_tensor){layer[f].v, c->pool_dt, elems, 1};
+    }
+    double eo = dev_diff(be, &to[0], &to[1]);
+    double ek = dev_diff(be, &pk[0], &pk[1]), ev = dev_diff(be, &pv[0], &pv[1]);
+    double tol = c->act_dt == BASE_DTYPE_F32 ? 1e-5 : tc_tol(c->act_dt);
+    CHECK_MSG(eo < tol && ek < tc_tol(c->pool_dt) && ev == 0,
+              "rope_kv_attention G%d kv%d d%d bs%d pool %s act %s (seqs %d): out diff %g, pool "
+              "k diff %g, v diff %g",
+              c->group, c->n_kv, D, bs, base_dtype_name(c->pool_dt), base_dtype_name(c->act_dt),
+              n_seqs, eo, ek, ev);
+    for (int f = 0; f < 2; f++) {
+        void *bufs[] = {tq[f].data, tk[f].data, tv[f].data, to[f].data};
+        for (int i = 0; i < 4; i++) be->ops->free(be, bufs[i]);
+        tc_dev_layer_free(be, &layer[f]);
+    }
+    be->ops->free(be, tp.data), be->ops->free(be, tf.data), be->ops->free(be, (void *)db.slots);
+    tc_dev_batch_free(be, &db);
+    tc_pools_free(&pools);
+    free(q), free(k), free(v), free(pos), free(slots);
+    tc_batch_free(&b);
+}
+
 int main(void) {
     be_backend *be = tc_backend();
     if (!be) return 0;
@@ -173,6 +262,13 @@ int main(void) {
             run_case(be, &cases[i], two_rows, 2);
             run_case(be, &cases[i], tiny_row, 1);
         }
+    }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run_rope_case(be, &cases[i], decode_only, 3);
+        if (cases[i].block_size >= 32) run_rope_case(be, &cases[i], offsets, 3);
+        run_rope_case(be, &cases[i], one_row, 1);
+        run_rope_case(be, &cases[i], two_rows, 2);
+        run_rope_case(be, &cases[i], tiny_row, 1);
     }
     be->ops->destroy(be);
     TEST_MAIN_END();

@@ -266,7 +266,9 @@ static void att_make_q(be_backend *be, int bits, int64_t out, int64_t in, float 
     CHECK(be->ops->upload(be, (void *)d->biases, b, ng * 2, &err) == 0);
 }
 
-static int run_att_chain(att_side *s, const dims *dm, bool fused, base_err *err) {
+/* mode 0: the plain ops; 1: the fused ones, rope_kv_append then attention; 2: the fused ones
+ * with rope_kv_attention. */
+static int run_att_chain(att_side *s, const dims *dm, int mode, base_err *err) {
     be_backend *be = s->be;
     const be_ops *op = be->ops;
     const int H = dm->hidden / dm->head_dim, KV = dm->kv_width / dm->head_dim;
@@ -274,15 +276,20 @@ static int run_att_chain(att_side *s, const dims *dm, bool fused, base_err *err)
     const be_norm n = {&s->norm, 1e-5f, &s->h};
     for (int l = 0; l < dm->layers; l++) {
         be_kv_layer *pool = &s->pools[l];
-        if (fused) {
+        if (mode) {
             const be_linear *ws[3] = {&s->q, &s->k, &s->v};
             be_tensor *ys[3] = {&s->tq, &s->tk, &s->tv};
-            if (op->matmul_qkv(be, &s->x, &n, ws, ys, err) ||
-                op->rope_kv_append(be, &s->tq, &s->tk, &s->tv, &s->pos, &s->freqs, 1.0f, pool,
-                                   &s->batch, err) ||
-                op->attention(be, &s->tq, pool, &s->batch, &s->plan, H, scale, &s->ta, err) ||
-                op->matmul_add(be, &s->ta, &s->o, &s->x, err))
+            if (op->matmul_qkv(be, &s->x, &n, ws, ys, err)) return -1;
+            if (mode == 2 &&
+                op->rope_kv_attention(be, &s->tq, &s->tk, &s->tv, &s->pos, &s->freqs, 1.0f, pool,
+                                      &s->batch, &s->plan, H, scale, &s->ta, err))
                 return -1;
+            if (mode == 1 &&
+                (op->rope_kv_append(be, &s->tq, &s->tk, &s->tv, &s->pos, &s->freqs, 1.0f, pool,
+                                    &s->batch, err) ||
+                 op->attention(be, &s->tq, pool, &s->batch, &s->plan, H, scale, &s->ta, err)))
+                return -1;
+            if (op->matmul_add(be, &s->ta, &s->o, &s->x, err)) return -1;
         } else if (op->rmsnorm(be, &s->x, &s->norm, 1e-5f, &s->h, err) ||
                    op->matmul(be, &s->h, &s->q, &s->tq, err) ||
                    op->matmul(be, &s->h, &s->k, &s->tk, err) ||
@@ -358,8 +365,11 @@ static void run_att_case(be_backend *gpu, const dims *dm, int ppc) {
     uint16_t *pool0 = malloc(pool_elems * 2);
     for (size_t i = 0; i < pool_elems; i++) pool0[i] = base_f32_to_f16(tc_uniform());
     float *ref_x = NULL, *ref_l = NULL;
-    for (int pass = 0; pass < 3; pass++) {
-        /* pass 0: the CPU reference (v1); 1: the device directly; 2: the device, recorded. */
+    for (int pass = 0; pass < 5; pass++) {
+        /* pass 0: the CPU reference (v1); 1: the device directly; 2: the device, recorded;
+         * 3 and 4: the same with rope_kv_attention. */
+        const int mode = pass == 0 ? 0 : pass < 3 ? 1 : 2;
+        const bool recorded = pass == 2 || pass == 4;
         att_side *s = pass ? &g : &c;
         be_backend *be = s->be;
         s->x = rows_buf(be, x0, ATT_SEQS, D), s->h = rows_buf(be, NULL, ATT_SEQS, D);
@@ -396,17 +406,17 @@ static void run_att_case(be_backend *gpu, const dims *dm, int ppc) {
             s->plan.workspace_bytes = attn_v2_bytes(ATT_SEQS, s->plan.max_chunks, H, HD);
             CHECK(be->ops->alloc(be, s->plan.workspace_bytes, &s->plan.workspace, &err) == 0);
         }
-        if (pass < 2) {
-            CHECK_MSG(run_att_chain(s, dm, pass == 1, &err) == 0, "attention chain, pass %d: %s",
-                      pass, err.msg);
+        if (!recorded) {
+            CHECK_MSG(run_att_chain(s, dm, mode, &err) == 0, "attention chain, pass %d: %s", pass,
+                      err.msg);
             if (pass == 0)
                 att_read(s, &ref_x, &ref_l);
             else
-                att_check(s, dm, ref_x, ref_l, "direct");
+                att_check(s, dm, ref_x, ref_l, mode == 2 ? "direct, rope_kv_attention" : "direct");
         } else {
             be_graph *graph = NULL;
             CHECK_MSG(be->ops->capture_begin(be, &err) == 0, "%s", err.msg);
-            int rc = run_att_chain(s, dm, true, &err);
+            int rc = run_att_chain(s, dm, mode, &err);
             CHECK_MSG(be->ops->capture_end(be, &graph, &err) == 0 && rc == 0, "recording: %s",
                       err.msg);
             for (int rep = 0; graph && rep < REPLAYS; rep++) {
@@ -414,7 +424,8 @@ static void run_att_case(be_backend *gpu, const dims *dm, int ppc) {
                  * slots with the same values. */
                 CHECK(be->ops->upload(be, s->x.data, x0, sizeof(float) * ATT_SEQS * D, &err) == 0);
                 CHECK_MSG(be->ops->graph_launch(be, graph, &err) == 0, "replay: %s", err.msg);
-                att_check(s, dm, ref_x, ref_l, "recorded");
+                att_check(s, dm, ref_x, ref_l,
+                          mode == 2 ? "recorded, rope_kv_attention" : "recorded");
             }
             if (graph) be->ops->graph_free(be, graph);
         }
@@ -451,8 +462,9 @@ int main(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(gpu, &cases[i]);
     /* Through the attention: 8B-like (a GQA group of 4), the small model and the fixtures'
      * shape (head_dim 32); v1, and v2 of 1, 2 and 10 pages a chunk (the long row in 19, 10 and
-     * 2 chunks, the short one in 5, 3 and 1). Grids of up to 16 CTAs run on the F32 kernel,
-     * larger ones at head_dim 64 and 128 on the tensor cores, so both take part. */
+     * 2 chunks, the short one in 5, 3 and 1). Two rows of up to 8 kv heads at head_dim 64 and
+     * 128 take the wide decode kernel whatever the plan (with rope_kv_attention, its RoPE and
+     * append too); head_dim 32 the F32 kernel. */
     for (size_t i = 0; i < 3; i++) {
         const int ppcs[] = {0, 1, 2, 10};
         for (size_t k = 0; k < sizeof ppcs / sizeof ppcs[0]; k++)

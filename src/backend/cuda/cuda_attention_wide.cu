@@ -37,7 +37,7 @@ typedef struct wd_params {
     base_dtype q_dt;
     void *out; /* (n_seqs, n_heads * D) */
     base_dtype out_dt;
-    const void *k_pool, *v_pool;
+    void *k_pool, *v_pool;
     int n_kv_heads, block_size, n_heads, group;
     const int32_t *kv_len;            /* (n_seqs) */
     const int32_t *page_indptr;       /* (n_seqs + 1) */
@@ -48,10 +48,28 @@ typedef struct wd_params {
     int max_tokens;                   /* tokens a CTA's shared memory holds */
     int early;                        /* copy the pool's older tokens before the PDL wait */
     float scale_log2;
-    unsigned *count; /* (n_seqs, n_kv_heads) CTAs done, reset to 0 by the last */
-    float *part;     /* (n_seqs, chunks, n_heads, D) unnormalized outputs */
-    float *ml;       /* (n_seqs, chunks, n_heads, 2) max (log2 domain) and sum */
+    /* With RoPE folded in (the ROPE kernels): q, k and v as the projections left them, the
+     * rows' positions, the table, and the slots the new tokens go to. */
+    const void *k_new; /* (n_seqs, n_kv_heads * D) */
+    base_dtype k_dt;
+    const void *v_new; /* (n_seqs, n_kv_heads * D) */
+    base_dtype v_dt;
+    const int32_t *pos;    /* (n_seqs) */
+    const float *inv_freq; /* (D / 2) */
+    float mscale;
+    const int64_t *slots; /* (n_seqs) */
+    unsigned *count;      /* (n_seqs, n_kv_heads) CTAs done, reset to 0 by the last */
+    float *part;          /* (n_seqs, chunks, n_heads, D) unnormalized outputs */
+    float *ml;            /* (n_seqs, chunks, n_heads, 2) max (log2 domain) and sum */
 } wd_params;
+
+template <typename KT> __device__ __forceinline__ KT wd_from(float x);
+template <> __device__ __forceinline__ __half wd_from<__half>(float x) {
+    return __float2half_rn(x);
+}
+template <> __device__ __forceinline__ __nv_bfloat16 wd_from<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
 
 template <typename KT> __device__ __forceinline__ float2 wd_float2(uint32_t w);
 template <> __device__ __forceinline__ float2 wd_float2<__half>(uint32_t w) {
@@ -71,9 +89,14 @@ __device__ __forceinline__ int wd_span(const wd_params &p, int n) {
     return t > p.min_tokens ? t : p.min_tokens;
 }
 
-template <int D, typename KT>
+/* ROPE: q and the new token's k are rotated here as rope_kv_append does (the same F32 angle
+ * and arithmetic, each value rounded to its tensor's dtype), and the CTA whose span holds the
+ * new token writes its k and v to the pool and to its own shared memory. */
+template <int D, typename KT, bool ROPE>
 __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
-    constexpr int CH = D / 8; /* 16-byte chunks per token row */
+    constexpr int CH = D / 8;   /* 16-byte chunks per token row */
+    constexpr int HALF = D / 2; /* rotated pairs per head */
+    static_assert(WD_THREADS % HALF == 0, "a thread rotates one pair index throughout");
     static_assert(CH >= 8, "the swizzle spreads eight tokens over eight chunks");
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ float w_s[WD_MAX_CHUNKS * WD_MAX_GROUP]; /* (chunks, group) spans' max, weight */
@@ -96,6 +119,15 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
     const KT *kp = (const KT *)p.k_pool + (uint64_t)kvh * D;
     const KT *vp = (const KT *)p.v_pool + (uint64_t)kvh * D;
     const int bs = p.block_size;
+    /* Positions and the table are copied in before the step's first kernel. */
+    const int pair = tid % HALF;
+    float sn = 0.0f, cs = 0.0f;
+    const int64_t slot = ROPE ? p.slots[s] : -1;
+    if (ROPE) {
+        sincosf((float)p.pos[s] * p.inv_freq[pair], &sn, &cs);
+        sn *= p.mscale, cs *= p.mscale;
+    }
+    const bool fresh = slot >= 0; /* the new token comes from k and v, not the pool */
 
     /* The row's last token is the one the kernel before writes this step; the older ones were
      * written by earlier steps. */
@@ -113,13 +145,46 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
     };
     if (p.early) copy(true, false);
     cuda_pdl_wait();
-    copy(!p.early, true);
+    copy(!p.early, !fresh);
     cuda_cp_async_commit();
     const size_t cell0 = ((size_t)s * p.chunks + chunk) * p.n_heads + (size_t)kvh * G;
     if (nt > 0) {
         const size_t qbase = ((size_t)s * p.n_heads + (size_t)kvh * G) * D;
-        for (int i = tid; i < G * D; i += WD_THREADS)
-            qs[i] = cuda_load(p.q, p.q_dt, qbase + i) * p.scale_log2;
+        if (ROPE) {
+            for (int i = tid; i < G * HALF; i += WD_THREADS) {
+                const size_t o = qbase + (size_t)(i / HALF) * D + pair;
+                const float x1 = cuda_load(p.q, p.q_dt, o), x2 = cuda_load(p.q, p.q_dt, o + HALF);
+                const float r1 = x1 * cs - x2 * sn, r2 = x2 * cs + x1 * sn;
+                qs[o - qbase] = cuda_round(p.q_dt, r1) * p.scale_log2;
+                qs[o - qbase + HALF] = cuda_round(p.q_dt, r2) * p.scale_log2;
+            }
+            const int tn = n - 1 - t0;
+            if (fresh && tn < nt) {
+                const uint64_t width = (uint64_t)p.n_kv_heads * D;
+                const size_t src = (size_t)s * width + (size_t)kvh * D;
+                const uint64_t dst = (uint64_t)slot * width + (uint64_t)kvh * D;
+                KT *kd = ks + tn * D;
+                if (tid < HALF) {
+                    const float x1 = cuda_load(p.k_new, p.k_dt, src + pair);
+                    const float x2 = cuda_load(p.k_new, p.k_dt, src + pair + HALF);
+                    const KT r1 = wd_from<KT>(cuda_round(p.k_dt, x1 * cs - x2 * sn));
+                    const KT r2 = wd_from<KT>(cuda_round(p.k_dt, x2 * cs + x1 * sn));
+                    ((KT *)p.k_pool)[dst + pair] = r1;
+                    ((KT *)p.k_pool)[dst + pair + HALF] = r2;
+                    const int j1 = pair, j2 = pair + HALF;
+                    kd[((j1 >> 3) ^ (tn & 7)) * 8 + (j1 & 7)] = r1;
+                    kd[((j2 >> 3) ^ (tn & 7)) * 8 + (j2 & 7)] = r2;
+                }
+                for (int i = tid; i < D; i += WD_THREADS) {
+                    const KT x = wd_from<KT>(cuda_load(p.v_new, p.v_dt, src + i));
+                    ((KT *)p.v_pool)[dst + i] = x;
+                    vs[tn * D + i] = x;
+                }
+            }
+        } else {
+            for (int i = tid; i < G * D; i += WD_THREADS)
+                qs[i] = cuda_load(p.q, p.q_dt, qbase + i) * p.scale_log2;
+        }
         cuda_cp_async_wait<0>();
         __syncthreads();
 
@@ -276,43 +341,55 @@ bool cuda_attention_wide_fits(be_backend *be, const be_kv_layer *layer, const be
     return wd_max_tokens(batch->max_kv_len, chunks) <= WD_MAX_TOKENS;
 }
 
-template <int D, typename KT>
+template <int D, typename KT, bool ROPE>
 static int wd_launch(cuda_backend *c, const wd_params &p, int n_seqs, size_t smem, base_err *err) {
-    auto kern = wide_decode_kernel<D, KT>;
+    auto kern = wide_decode_kernel<D, KT, ROPE>;
     if (cuda_smem_limit(kern, smem, "attention (wide decode)", err)) return -1;
     return cuda_launch_pdl(c, kern,
                            dim3((unsigned)p.n_kv_heads, (unsigned)p.chunks, (unsigned)n_seqs),
                            dim3(WD_THREADS), smem, "attention (wide decode)", err, p);
 }
 
-int cuda_attention_wide(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
-                        const be_paged_batch *batch, int n_heads, float scale, be_tensor *out,
-                        base_err *err) {
+template <bool ROPE>
+static int wd_dispatch(cuda_backend *c, const wd_params &p, int head_dim, base_dtype pool_dt,
+                       int n_seqs, size_t smem, base_err *err) {
+    if (head_dim == 64)
+        return pool_dt == BASE_DTYPE_F16
+                   ? wd_launch<64, __half, ROPE>(c, p, n_seqs, smem, err)
+                   : wd_launch<64, __nv_bfloat16, ROPE>(c, p, n_seqs, smem, err);
+    return pool_dt == BASE_DTYPE_F16 ? wd_launch<128, __half, ROPE>(c, p, n_seqs, smem, err)
+                                     : wd_launch<128, __nv_bfloat16, ROPE>(c, p, n_seqs, smem, err);
+}
+
+/* The launch's parameters but the RoPE inputs, and its scratch. */
+static int wd_setup(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
+                    const be_paged_batch *batch, int n_heads, float scale, be_tensor *out,
+                    wd_params *p, base_err *err) {
     cuda_backend *c = cuda_impl(be);
     const int nkv = layer->n_kv_heads, D = layer->head_dim, ns = batch->n_seqs;
-    wd_params p = {};
-    p.q = q->data;
-    p.q_dt = q->dtype;
-    p.out = out->data;
-    p.out_dt = out->dtype;
-    p.k_pool = layer->k;
-    p.v_pool = layer->v;
-    p.n_kv_heads = nkv;
-    p.block_size = layer->block_size;
-    p.n_heads = n_heads;
-    p.group = n_heads / nkv;
-    p.kv_len = batch->kv_len;
-    p.page_indptr = batch->page_indptr;
-    p.page_indices = batch->page_indices;
-    p.first_page_offset = batch->first_page_offset;
-    p.chunks = wd_chunks(c, ns * nkv);
-    p.min_tokens = wd_min_tokens();
-    p.max_tokens = wd_max_tokens(batch->max_kv_len, p.chunks);
-    p.early = env_int("MLXCEL_ATT_WIDE_EARLY", 0);
-    p.scale_log2 = scale * WD_LOG2E;
+    *p = wd_params{};
+    p->q = q->data;
+    p->q_dt = q->dtype;
+    p->out = out->data;
+    p->out_dt = out->dtype;
+    p->k_pool = layer->k;
+    p->v_pool = layer->v;
+    p->n_kv_heads = nkv;
+    p->block_size = layer->block_size;
+    p->n_heads = n_heads;
+    p->group = n_heads / nkv;
+    p->kv_len = batch->kv_len;
+    p->page_indptr = batch->page_indptr;
+    p->page_indices = batch->page_indices;
+    p->first_page_offset = batch->first_page_offset;
+    p->chunks = wd_chunks(c, ns * nkv);
+    p->min_tokens = wd_min_tokens();
+    p->max_tokens = wd_max_tokens(batch->max_kv_len, p->chunks);
+    p->early = env_int("MLXCEL_ATT_WIDE_EARLY", 0);
+    p->scale_log2 = scale * WD_LOG2E;
 
     const size_t counters = (WD_MAX_ITEMS * sizeof(unsigned) + 255) & ~(size_t)255;
-    const size_t cells = (size_t)ns * p.chunks * n_heads;
+    const size_t cells = (size_t)ns * p->chunks * n_heads;
     const size_t bytes = counters + cells * ((size_t)D + 2) * sizeof(float);
     const size_t cap = c->wide_bytes;
     if (cuda_scratch(be, &c->wide_buf, &c->wide_bytes, bytes, "attention (wide decode)", err))
@@ -324,13 +401,45 @@ int cuda_attention_wide(be_backend *be, const be_tensor *q, const be_kv_layer *l
             return base_fail(err, "cuda: attention (wide decode) scratch: %s",
                              cudaGetErrorString(e));
     }
-    p.count = (unsigned *)c->wide_buf;
-    p.part = (float *)((char *)c->wide_buf + counters);
-    p.ml = p.part + cells * D;
-    const size_t smem = wd_smem(D, p.group, p.max_tokens);
-    if (D == 64)
-        return layer->dtype == BASE_DTYPE_F16 ? wd_launch<64, __half>(c, p, ns, smem, err)
-                                              : wd_launch<64, __nv_bfloat16>(c, p, ns, smem, err);
-    return layer->dtype == BASE_DTYPE_F16 ? wd_launch<128, __half>(c, p, ns, smem, err)
-                                          : wd_launch<128, __nv_bfloat16>(c, p, ns, smem, err);
+    p->count = (unsigned *)c->wide_buf;
+    p->part = (float *)((char *)c->wide_buf + counters);
+    p->ml = p->part + cells * D;
+    return 0;
+}
+
+int cuda_attention_wide(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
+                        const be_paged_batch *batch, int n_heads, float scale, be_tensor *out,
+                        base_err *err) {
+    wd_params p;
+    if (wd_setup(be, q, layer, batch, n_heads, scale, out, &p, err)) return -1;
+    return wd_dispatch<false>(cuda_impl(be), p, layer->head_dim, layer->dtype, batch->n_seqs,
+                              wd_smem(layer->head_dim, p.group, p.max_tokens), err);
+}
+
+int cuda_rope_kv_attention(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
+                           const be_tensor *positions, const be_tensor *inv_freq, float mscale,
+                           const be_kv_layer *layer, const be_paged_batch *batch,
+                           const be_decode_plan *plan, int n_heads, float scale, be_tensor *out,
+                           base_err *err) {
+    if (cuda_rope_kv_check(q, k, v, positions, inv_freq, layer, batch, err) ||
+        cuda_attention_check(q, layer, batch, n_heads, out, err))
+        return -1;
+    if (env_int("MLXCEL_ATT_WIDE_ROPE", 1) == 0 || !batch->slots || batch->n_tokens == 0 ||
+        !cuda_attention_wide_fits(be, layer, batch, n_heads)) {
+        if (cuda_rope_kv_append(be, q, k, v, positions, inv_freq, mscale, layer, batch, err))
+            return -1;
+        return cuda_attention(be, q, layer, batch, plan, n_heads, scale, out, err);
+    }
+    wd_params p;
+    if (wd_setup(be, q, layer, batch, n_heads, scale, out, &p, err)) return -1;
+    p.k_new = k->data;
+    p.k_dt = k->dtype;
+    p.v_new = v->data;
+    p.v_dt = v->dtype;
+    p.pos = (const int32_t *)positions->data;
+    p.inv_freq = (const float *)inv_freq->data;
+    p.mscale = mscale;
+    p.slots = batch->slots;
+    return wd_dispatch<true>(cuda_impl(be), p, layer->head_dim, layer->dtype, batch->n_seqs,
+                             wd_smem(layer->head_dim, p.group, p.max_tokens), err);
 }

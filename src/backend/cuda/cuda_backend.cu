@@ -156,6 +156,7 @@ static const be_ops cuda_ops = {
     .matmul_qkv = cuda_matmul_qkv,
     .matmul_silu_mul = cuda_matmul_silu_mul,
     .rope_kv_append = cuda_rope_kv_append,
+    .rope_kv_attention = cuda_rope_kv_attention,
     .matmul_add = cuda_matmul_add,
 };
 

@@ -175,9 +175,9 @@ __global__ void rope_kv_append_kernel(void *q, base_dtype q_dt, void *k, base_dt
     }
 }
 
-int cuda_rope_kv_append(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
-                        const be_tensor *positions, const be_tensor *inv_freq, float mscale,
-                        const be_kv_layer *layer, const be_paged_batch *batch, base_err *err) {
+int cuda_rope_kv_check(const be_tensor *q, const be_tensor *k, const be_tensor *v,
+                       const be_tensor *positions, const be_tensor *inv_freq,
+                       const be_kv_layer *layer, const be_paged_batch *batch, base_err *err) {
     if (check_float(q, "rope_kv_append q", err) || check_float(k, "rope_kv_append k", err) ||
         check_float(v, "rope_kv_append v", err))
         return -1;
@@ -197,6 +197,15 @@ int cuda_rope_kv_append(be_backend *be, be_tensor *q, be_tensor *k, const be_ten
                          (long long)q->rows, (long long)q->cols, (long long)k->rows,
                          (long long)k->cols, (long long)v->rows, (long long)v->cols,
                          batch->n_tokens, kvh, hd);
+    return 0;
+}
+
+int cuda_rope_kv_append(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
+                        const be_tensor *positions, const be_tensor *inv_freq, float mscale,
+                        const be_kv_layer *layer, const be_paged_batch *batch, base_err *err) {
+    if (cuda_rope_kv_check(q, k, v, positions, inv_freq, layer, batch, err)) return -1;
+    const int hd = layer->head_dim, kvh = layer->n_kv_heads;
+    const int64_t n = q->rows;
     const int heads = (int)(q->cols / hd);
     const int64_t total = n * (heads + kvh) * (hd / 2);
     if (total == 0) return 0;

@@ -281,15 +281,26 @@ int cuda_kv_append(be_backend *be, const be_kv_layer *layer, const be_tensor *k,
 int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
                    const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
                    float scale, be_tensor *out, base_err *err);
+/* The arguments' checks of cuda_attention (head_dim, heads, pool dtype, q and out shapes). */
+int cuda_attention_check(const be_tensor *q, const be_kv_layer *layer, const be_paged_batch *batch,
+                         int n_heads, const be_tensor *out, base_err *err);
 /* Decode attention for tiny grids (cuda_attention_wide.cu): every row a decode row, each (row,
  * kv head) split into spans over the SMs and merged by the last CTA of its spans. _fits says
  * whether it serves the batch (head_dim 64 or 128, few rows of few kv heads, short enough rows
  * for its shared memory); arguments as cuda_attention's, already validated by it. */
-bool cuda_attention_wide_fits(be_backend *be, const be_kv_layer *layer,
-                              const be_paged_batch *batch, int n_heads);
+bool cuda_attention_wide_fits(be_backend *be, const be_kv_layer *layer, const be_paged_batch *batch,
+                              int n_heads);
 int cuda_attention_wide(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
                         const be_paged_batch *batch, int n_heads, float scale, be_tensor *out,
                         base_err *err);
+/* The rope_kv_attention op: RoPE of q and k, k and v's append and the attention in the wide
+ * decode kernel where it serves the batch (q and k left as they were), else rope_kv_append
+ * then cuda_attention. */
+int cuda_rope_kv_attention(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
+                           const be_tensor *positions, const be_tensor *inv_freq, float mscale,
+                           const be_kv_layer *layer, const be_paged_batch *batch,
+                           const be_decode_plan *plan, int n_heads, float scale, be_tensor *out,
+                           base_err *err);
 /* Tensor-core prefill attention (cuda_attention_prefill.cu): the rows of sequences with
  * q_len > 1, causal, through the pages; decode rows are left untouched. Serves what
  * cuda_prefill_supported accepts (head_dim 64 or 128, F16 or BF16 pools, any block size and
@@ -320,6 +331,10 @@ int cuda_matmul_silu_mul(be_backend *be, const be_tensor *x, const be_norm *norm
                          const be_linear *gate, const be_linear *up, be_tensor *y, base_err *err);
 int cuda_matmul_add(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
                     base_err *err);
+/* The arguments' checks of cuda_rope_kv_append, failing with the one at fault named. */
+int cuda_rope_kv_check(const be_tensor *q, const be_tensor *k, const be_tensor *v,
+                       const be_tensor *positions, const be_tensor *inv_freq,
+                       const be_kv_layer *layer, const be_paged_batch *batch, base_err *err);
 int cuda_rope_kv_append(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
                         const be_tensor *positions, const be_tensor *inv_freq, float mscale,
                         const be_kv_layer *layer, const be_paged_batch *batch, base_err *err);
