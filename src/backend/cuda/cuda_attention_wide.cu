@@ -47,6 +47,7 @@ typedef struct wd_params {
     int min_tokens;                   /* fewest tokens a span takes, the last one aside */
     int max_tokens;                   /* tokens a CTA's shared memory holds */
     int early;                        /* copy the pool's older tokens before the PDL wait */
+    int trig;                         /* let the next kernel launch once the span has landed */
     float scale_log2;
     /* With RoPE folded in (the ROPE kernels): q, k and v as the projections left them, the
      * rows' positions, the table, and the slots the new tokens go to. */
@@ -187,6 +188,7 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
         }
         cuda_cp_async_wait<0>();
         __syncthreads();
+        if (p.trig) cuda_pdl_trigger();
 
         const int nt8 = (nt + 7) & ~7;
         for (int i = tid; i < nt8 * G; i += WD_THREADS) {
@@ -289,6 +291,7 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
         const int h = i / D, d = i % D;
         const float *src = p.part + (base0 + h) * D + d;
         float acc = 0.0f;
+#pragma unroll 4
         for (int c = 0; c < live; c++)
             acc = fmaf(w_s[c * G + h], __ldcg(src + (size_t)c * p.n_heads * D), acc);
         cuda_store(p.out, p.out_dt, ((size_t)s * p.n_heads + (size_t)kvh * G + h) * D + d, acc);
@@ -386,6 +389,7 @@ static int wd_setup(be_backend *be, const be_tensor *q, const be_kv_layer *layer
     p->min_tokens = wd_min_tokens();
     p->max_tokens = wd_max_tokens(batch->max_kv_len, p->chunks);
     p->early = env_int("MLXCEL_ATT_WIDE_EARLY", 0);
+    p->trig = env_int("MLXCEL_ATT_WIDE_TRIG", 0);
     p->scale_log2 = scale * WD_LOG2E;
 
     const size_t counters = (WD_MAX_ITEMS * sizeof(unsigned) + 255) & ~(size_t)255;
