@@ -23,6 +23,7 @@ extern "C" {
 #include "attn/attn.h"
 }
 
+#include <cooperative_groups.h>
 #include <stdlib.h>
 
 #define WD_THREADS    256
@@ -48,6 +49,7 @@ typedef struct wd_params {
     int max_tokens;                   /* tokens a CTA's shared memory holds */
     int early;                        /* copy the pool's older tokens before the PDL wait */
     int trig;                         /* let the next kernel launch once the span has landed */
+    int cluster;                      /* the spans of a (row, kv head) are a cluster */
     float scale_log2;
     /* With RoPE folded in (the ROPE kernels): q, k and v as the projections left them, the
      * rows' positions, the table, and the slots the new tokens go to. */
@@ -93,7 +95,7 @@ __device__ __forceinline__ int wd_span(const wd_params &p, int n) {
 /* ROPE: q and the new token's k are rotated here as rope_kv_append does (the same F32 angle
  * and arithmetic, each value rounded to its tensor's dtype), and the CTA whose span holds the
  * new token writes its k and v to the pool and to its own shared memory. */
-template <int D, typename KT, bool ROPE>
+template <int D, typename KT, bool ROPE, bool CLUSTER>
 __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
     constexpr int CH = D / 8;   /* 16-byte chunks per token row */
     constexpr int HALF = D / 2; /* rotated pairs per head */
@@ -108,7 +110,8 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
     KT *vs = ks + (size_t)TM * D;               /* (TM, D) */
     float *qs = (float *)(vs + (size_t)TM * D); /* (G, D) q * scale * log2 e */
     float *ps = qs + G * D;                     /* (G, TM) scores, then exp2(score - max) */
-    float *ms = ps + G * TM;                    /* (G) the span's max */
+    float *os = ps + G * TM;                    /* (G, D) CLUSTER: the span's output */
+    float *ms = os + G * D;                     /* (G) the span's max */
     float *ls = ms + G;                         /* (G) the span's sum */
     const int kvh = blockIdx.x, chunk = blockIdx.y, s = blockIdx.z;
     const int n = p.kv_len[s];
@@ -246,11 +249,61 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
                 const float2 v0 = wd_float2<KT>(*(const uint32_t *)(vc + t * D));
                 ax = fmaf(pr[t], v0.x, ax), ay = fmaf(pr[t], v0.y, ay);
             }
-            *(float2 *)(p.part + (cell0 + h) * D + 2 * d2) = make_float2(ax + bx, ay + by);
+            float *dst = CLUSTER ? os + h * D : p.part + (cell0 + h) * D;
+            *(float2 *)(dst + 2 * d2) = make_float2(ax + bx, ay + by);
         }
-        if (tid < G) *(float2 *)(p.ml + (cell0 + tid) * 2) = make_float2(ms[tid], ls[tid]);
+        if (!CLUSTER && tid < G)
+            *(float2 *)(p.ml + (cell0 + tid) * 2) = make_float2(ms[tid], ls[tid]);
     } else {
         cuda_cp_async_wait<0>();
+    }
+
+    /* The merge of the live spans, in span order: ml_of(c, h) is span c's (max, sum) of head h,
+     * o_of(c, i) its output i (head i / D). */
+    const int live = (n + T - 1) / T;
+    auto merge = [&](auto ml_of, auto o_of) {
+        for (int i = tid; i < live * G; i += WD_THREADS) {
+            const float2 v = ml_of(i / G, i % G);
+            w_s[i] = v.x;
+            l_s[i] = v.y;
+        }
+        __syncthreads();
+        if (tid < G) {
+            float mx = -INFINITY;
+            for (int c = 0; c < live; c++) mx = fmaxf(mx, w_s[c * G + tid]);
+            float den = 0.0f;
+            for (int c = 0; c < live; c++) {
+                const float f = exp2f(w_s[c * G + tid] - mx);
+                w_s[c * G + tid] = f;
+                den += f * l_s[c * G + tid];
+            }
+            const float inv = 1.0f / den;
+            for (int c = 0; c < live; c++) w_s[c * G + tid] *= inv;
+        }
+        __syncthreads();
+        for (int i = tid; i < G * D; i += WD_THREADS) {
+            float acc = 0.0f;
+#pragma unroll 4
+            for (int c = 0; c < live; c++) acc = fmaf(w_s[c * G + i / D], o_of(c, i), acc);
+            cuda_store(p.out, p.out_dt, ((size_t)s * p.n_heads + (size_t)kvh * G) * D + i, acc);
+        }
+    };
+
+    if (CLUSTER) {
+        /* The spans of a (row, kv head) are one cluster: span 0 reads the others' shared
+         * memory, which they keep until it is done. */
+        namespace cg = cooperative_groups;
+        cg::cluster_group cl = cg::this_cluster();
+        cl.sync();
+        if (chunk == 0)
+            merge(
+                [&](int c, int h) {
+                    return make_float2(*cl.map_shared_rank(ms + h, c),
+                                       *cl.map_shared_rank(ls + h, c));
+                },
+                [&](int c, int i) { return *cl.map_shared_rank(os + i, c); });
+        cl.sync();
+        return;
     }
 
     /* Arrive; the last CTA of the (row, kv head) merges. */
@@ -265,37 +318,12 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
     if (!last) return;
     __threadfence();
 
-    const int live = (n + T - 1) / T; /* spans holding tokens */
     const size_t base0 = (size_t)s * p.chunks * p.n_heads + (size_t)kvh * G;
-    for (int i = tid; i < live * G; i += WD_THREADS) {
-        const int c = i / G, h = i % G;
-        const float2 v = __ldcg((const float2 *)(p.ml + (base0 + (size_t)c * p.n_heads + h) * 2));
-        w_s[i] = v.x;
-        l_s[i] = v.y;
-    }
-    __syncthreads();
-    if (tid < G) {
-        float mx = -INFINITY;
-        for (int c = 0; c < live; c++) mx = fmaxf(mx, w_s[c * G + tid]);
-        float den = 0.0f;
-        for (int c = 0; c < live; c++) {
-            const float f = exp2f(w_s[c * G + tid] - mx);
-            w_s[c * G + tid] = f;
-            den += f * l_s[c * G + tid];
-        }
-        const float inv = 1.0f / den;
-        for (int c = 0; c < live; c++) w_s[c * G + tid] *= inv;
-    }
-    __syncthreads();
-    for (int i = tid; i < G * D; i += WD_THREADS) {
-        const int h = i / D, d = i % D;
-        const float *src = p.part + (base0 + h) * D + d;
-        float acc = 0.0f;
-#pragma unroll 4
-        for (int c = 0; c < live; c++)
-            acc = fmaf(w_s[c * G + h], __ldcg(src + (size_t)c * p.n_heads * D), acc);
-        cuda_store(p.out, p.out_dt, ((size_t)s * p.n_heads + (size_t)kvh * G + h) * D + d, acc);
-    }
+    merge(
+        [&](int c, int h) {
+            return __ldcg((const float2 *)(p.ml + (base0 + (size_t)c * p.n_heads + h) * 2));
+        },
+        [&](int c, int i) { return __ldcg(p.part + (base0 + (size_t)c * p.n_heads) * D + i); });
 }
 
 static int env_int(const char *name, int dflt) {
@@ -325,7 +353,7 @@ static int wd_max_tokens(int max_kv_len, int chunks) {
 
 static size_t wd_smem(int head_dim, int group, int max_tokens) {
     return (size_t)2 * max_tokens * head_dim * 2 +
-           ((size_t)group * head_dim + (size_t)group * max_tokens + 2 * (size_t)group) *
+           ((size_t)2 * group * head_dim + (size_t)group * max_tokens + 2 * (size_t)group) *
                sizeof(float);
 }
 
@@ -346,11 +374,43 @@ bool cuda_attention_wide_fits(be_backend *be, const be_kv_layer *layer, const be
 
 template <int D, typename KT, bool ROPE>
 static int wd_launch(cuda_backend *c, const wd_params &p, int n_seqs, size_t smem, base_err *err) {
-    auto kern = wide_decode_kernel<D, KT, ROPE>;
+    const dim3 grid((unsigned)p.n_kv_heads, (unsigned)p.chunks, (unsigned)n_seqs);
+    if (!p.cluster) {
+        auto kern = wide_decode_kernel<D, KT, ROPE, false>;
+        if (cuda_smem_limit(kern, smem, "attention (wide decode)", err)) return -1;
+        return cuda_launch_pdl(c, kern, grid, dim3(WD_THREADS), smem, "attention (wide decode)",
+                               err, p);
+    }
+    auto kern = wide_decode_kernel<D, KT, ROPE, true>;
     if (cuda_smem_limit(kern, smem, "attention (wide decode)", err)) return -1;
-    return cuda_launch_pdl(c, kern,
-                           dim3((unsigned)p.n_kv_heads, (unsigned)p.chunks, (unsigned)n_seqs),
-                           dim3(WD_THREADS), smem, "attention (wide decode)", err, p);
+    if (p.chunks > 8) {
+        cudaError_t e =
+            cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+        if (e != cudaSuccess)
+            return base_fail(err, "cuda: attention (wide decode): clusters of %d: %s", p.chunks,
+                             cudaGetErrorString(e));
+    }
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = (unsigned)p.chunks;
+    attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(WD_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = cuda_pdl_enabled(c) ? 2 : 1;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kern, p);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return base_fail(err, "cuda: attention (wide decode): launch failed: %s",
+                         cudaGetErrorString(e));
+    }
+    return cuda_check_launch("attention (wide decode)", err);
 }
 
 template <bool ROPE>
@@ -390,6 +450,7 @@ static int wd_setup(be_backend *be, const be_tensor *q, const be_kv_layer *layer
     p->max_tokens = wd_max_tokens(batch->max_kv_len, p->chunks);
     p->early = env_int("MLXCEL_ATT_WIDE_EARLY", 0);
     p->trig = env_int("MLXCEL_ATT_WIDE_TRIG", 0);
+    p->cluster = env_int("MLXCEL_ATT_WIDE_CLUSTER", 0) && p->chunks <= 16;
     p->scale_log2 = scale * WD_LOG2E;
 
     const size_t counters = (WD_MAX_ITEMS * sizeof(unsigned) + 255) & ~(size_t)255;
