@@ -147,7 +147,7 @@ print(f"\nceilings: copy bandwidth {bw:.0f} GB/s (read + write), bf16 GEMM {gemm
 print("| test | batch | tok/s | figure | share of ceiling |")
 print("|---|---|---|---|---|")
 for m in re.finditer(r"\|\s*(tg\d+(?:@d\d+)?)\s*\|\s*(\d+)\s*\|\s*([\d.]+)\s*\|\s*([\d.]+)\s*\|\s*([\d.]+)%", text):
-    print(f"| {m[1]} | {m[2]} | {m[3]} | {m[4]} GB/s of weights | {m[5]}% of copy bw |")
+    print(f"| {m[1]} | {m[2]} | {m[3]} | {m[4]} GB/s of weights and KV | {m[5]}% of copy bw |")
 for f in ("bench_decode.txt", "bench_prefill.txt"):
     for m in re.finditer(r"\|\s*pp(\d+)\s*\|\s*(\d+)\s*\|\s*([\d.]+)", open(f"{out}/{f}").read()):
         n, tps = int(m[1]), float(m[3])

@@ -12,9 +12,10 @@ static const char *g_help =
     "\n"
     "Measures prompt processing (ppP: a P-token prompt) and token generation (tgN: N decode\n"
     "steps of B sequences at once, after a first token each; tgN@dD: each sequence already\n"
-    "holds a D-token prompt of its own), best of R runs. Decode is also given as weight bytes\n"
-    "read per second and as a share of the backend's copy bandwidth measured in the same run\n"
-    "(read + write of 256 MiB), its memory ceiling.\n"
+    "holds a D-token prompt of its own), best of R runs. Decode is also given as bytes read\n"
+    "per second (the weights once a step, plus every sequence's K and V at its context) and as\n"
+    "a share of the backend's copy bandwidth measured in the same run (read + write of\n"
+    "256 MiB), its memory ceiling.\n"
     "\n"
     "options:\n"
     "%s"
@@ -33,7 +34,8 @@ typedef struct bench_row {
     int batch;
     int depth; /* decode only: prompt tokens per sequence before the timed steps */
     double tok_per_s;
-    double gb_per_s;      /* decode only */
+    double gb_per_s;      /* decode only: weights and KV read */
+    double kv_gb_per_s;   /* decode only: the KV part of gb_per_s */
     double ceiling_share; /* decode only */
 } bench_row;
 
@@ -46,7 +48,8 @@ static void print_row(const char *model_dir, const engine_runtime *rt, const ben
                       be->name, "device", be->device, "threads", be->n_threads, "test", r->test,
                       "batch", r->batch, "n_depth", r->depth, "tok_per_s", r->tok_per_s);
         if (r->gb_per_s > 0) {
-            json_object_set_new(o, "weight_gb_per_s", json_real(r->gb_per_s));
+            json_object_set_new(o, "weight_gb_per_s", json_real(r->gb_per_s - r->kv_gb_per_s));
+            json_object_set_new(o, "kv_gb_per_s", json_real(r->kv_gb_per_s));
             json_object_set_new(o, "copy_bandwidth_share", json_real(r->ceiling_share));
         }
         cli_print_json(o);
@@ -81,8 +84,10 @@ static int run_bench(const char *model_dir, engine_runtime *rt, long n_prompt, l
     if (!json) {
         printf("device: %s (%s backend); commit %s; copy bandwidth %.2f GB/s (read + write)\n",
                rt->be->device, rt->be->name, MLXCEL_GIT_COMMIT, copy_bw / 1e9);
-        printf("model: %s, %llu weight bytes, %llu read per decode step\n\n", model_dir,
-               (unsigned long long)model_weight_bytes(rt->model), (unsigned long long)step_bytes);
+        printf("model: %s, %llu weight bytes, %llu read per decode step, plus %llu of K and V "
+               "per token of each sequence's context\n\n",
+               model_dir, (unsigned long long)model_weight_bytes(rt->model),
+               (unsigned long long)step_bytes, (unsigned long long)rt->kv_plan.kv_bytes_per_token);
         printf("| %-24s | %-4s | %7s | %-10s | %5s | %10s | %8s | %6s |\n", "model", "dev",
                "threads", "test", "batch", "tok/s", "GB/s", "of bw");
         printf("|%s|------|---------|------------|-------|------------|----------|--------|\n",
@@ -111,7 +116,11 @@ static int run_bench(const char *model_dir, engine_runtime *rt, long n_prompt, l
             if (sec > 0 && (best == 0 || sec < best)) best = sec;
         }
         r.tok_per_s = (double)n_gen * batches[b] / best;
-        r.gb_per_s = (double)step_bytes * (double)n_gen / best / 1e9;
+        /* timed step i (1..n_gen) reads each sequence's n_depth + i + 1 tokens of K and V */
+        const double kv_step = (double)batches[b] * (double)rt->kv_plan.kv_bytes_per_token *
+                               ((double)n_depth + 1.0 + (double)(n_gen + 1) / 2.0);
+        r.kv_gb_per_s = kv_step * (double)n_gen / best / 1e9;
+        r.gb_per_s = (double)step_bytes * (double)n_gen / best / 1e9 + r.kv_gb_per_s;
         r.ceiling_share = copy_bw > 0 ? r.gb_per_s * 1e9 / copy_bw : 0;
         print_row(model_dir, rt, &r, json);
     }
