@@ -155,6 +155,19 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
     if (nt > 0) {
         const size_t qbase = ((size_t)s * p.n_heads + (size_t)kvh * G) * D;
         if (ROPE) {
+            /* The new token's k and v are loaded before q, so that both loads are in flight
+             * at once. */
+            const int tn = n - 1 - t0;
+            const bool mine = fresh && tn < nt;
+            const uint64_t width = (uint64_t)p.n_kv_heads * D;
+            const size_t src = (size_t)s * width + (size_t)kvh * D;
+            float k1 = 0.0f, k2 = 0.0f, vx = 0.0f;
+            if (mine && tid < HALF) {
+                k1 = cuda_load(p.k_new, p.k_dt, src + pair);
+                k2 = cuda_load(p.k_new, p.k_dt, src + pair + HALF);
+            }
+            static_assert(D <= WD_THREADS, "a thread appends one value of v");
+            if (mine && tid < D) vx = cuda_load(p.v_new, p.v_dt, src + tid);
             for (int i = tid; i < G * HALF; i += WD_THREADS) {
                 const size_t o = qbase + (size_t)(i / HALF) * D + pair;
                 const float x1 = cuda_load(p.q, p.q_dt, o), x2 = cuda_load(p.q, p.q_dt, o + HALF);
@@ -162,27 +175,22 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
                 qs[o - qbase] = cuda_round(p.q_dt, r1) * p.scale_log2;
                 qs[o - qbase + HALF] = cuda_round(p.q_dt, r2) * p.scale_log2;
             }
-            const int tn = n - 1 - t0;
-            if (fresh && tn < nt) {
-                const uint64_t width = (uint64_t)p.n_kv_heads * D;
-                const size_t src = (size_t)s * width + (size_t)kvh * D;
+            if (mine) {
                 const uint64_t dst = (uint64_t)slot * width + (uint64_t)kvh * D;
-                KT *kd = ks + tn * D;
                 if (tid < HALF) {
-                    const float x1 = cuda_load(p.k_new, p.k_dt, src + pair);
-                    const float x2 = cuda_load(p.k_new, p.k_dt, src + pair + HALF);
-                    const KT r1 = wd_from<KT>(cuda_round(p.k_dt, x1 * cs - x2 * sn));
-                    const KT r2 = wd_from<KT>(cuda_round(p.k_dt, x2 * cs + x1 * sn));
+                    const KT r1 = wd_from<KT>(cuda_round(p.k_dt, k1 * cs - k2 * sn));
+                    const KT r2 = wd_from<KT>(cuda_round(p.k_dt, k2 * cs + k1 * sn));
                     ((KT *)p.k_pool)[dst + pair] = r1;
                     ((KT *)p.k_pool)[dst + pair + HALF] = r2;
                     const int j1 = pair, j2 = pair + HALF;
+                    KT *kd = ks + tn * D;
                     kd[((j1 >> 3) ^ (tn & 7)) * 8 + (j1 & 7)] = r1;
                     kd[((j2 >> 3) ^ (tn & 7)) * 8 + (j2 & 7)] = r2;
                 }
-                for (int i = tid; i < D; i += WD_THREADS) {
-                    const KT x = wd_from<KT>(cuda_load(p.v_new, p.v_dt, src + i));
-                    ((KT *)p.v_pool)[dst + i] = x;
-                    vs[tn * D + i] = x;
+                if (tid < D) {
+                    const KT x = wd_from<KT>(vx);
+                    ((KT *)p.v_pool)[dst + tid] = x;
+                    vs[tn * D + tid] = x;
                 }
             }
         } else {
