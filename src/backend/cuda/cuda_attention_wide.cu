@@ -29,8 +29,8 @@ extern "C" {
 #define WD_THREADS    256
 #define WD_MAX_GROUP  16
 #define WD_MAX_CHUNKS 32
-#define WD_MAX_TOKENS 256 /* tokens a CTA holds in shared memory */
-#define WD_MAX_ITEMS  32  /* (row, kv head) pairs: the counters in front of the scratch */
+#define WD_SMEM_MAX   (223 * 1024) /* dynamic shared memory: 227 KB less the static arrays */
+#define WD_MAX_ITEMS  32           /* (row, kv head) pairs: the counters in front of the scratch */
 #define WD_LOG2E      1.4426950408889634f
 
 typedef struct wd_params {
@@ -348,15 +348,16 @@ static int wd_chunks(const cuda_backend *c, int items) {
 
 static int wd_min_tokens(void) {
     int m = env_int("MLXCEL_ATT_WIDE_MIN", 16);
-    return m < 1 ? 1 : (m > WD_MAX_TOKENS ? WD_MAX_TOKENS : m);
+    return m < 1 ? 1 : m;
 }
 
 /* Tokens a CTA's shared memory must hold for rows of at most max_kv_len tokens. */
 static int wd_max_tokens(int max_kv_len, int chunks) {
-    int t = (max_kv_len + chunks - 1) / chunks;
+    int64_t t = ((int64_t)max_kv_len + chunks - 1) / chunks;
     const int m = wd_min_tokens();
     if (t < m) t = m;
-    return (t + 7) & ~7;
+    if (t > (1 << 20)) t = 1 << 20; /* past any shared memory: the kernel declines */
+    return (int)((t + 7) & ~(int64_t)7);
 }
 
 static size_t wd_smem(int head_dim, int group, int max_tokens) {
@@ -377,7 +378,8 @@ bool cuda_attention_wide_fits(be_backend *be, const be_kv_layer *layer, const be
         items > env_int("MLXCEL_ATT_WIDE_ITEMS", 16))
         return false;
     const int chunks = wd_chunks(cuda_impl(be), items);
-    return wd_max_tokens(batch->max_kv_len, chunks) <= WD_MAX_TOKENS;
+    return wd_smem(layer->head_dim, n_heads / nkv, wd_max_tokens(batch->max_kv_len, chunks)) <=
+           WD_SMEM_MAX;
 }
 
 template <int D, typename KT, bool ROPE>
