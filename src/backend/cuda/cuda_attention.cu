@@ -1,7 +1,9 @@
 /* Paged attention: decode v1, decode v2 with its merge, and prefill rows, all through the
  * pages of a be_paged_batch.
  *
- * Decode rows (q_len == 1) at head_dim 64 or 128, groups of up to 16 query heads and blocks of
+ * Batches of decode rows only whose rows times kv heads are few (batch 1 and 2 of the 8B shape)
+ * run on the wide decode kernel (cuda_attention_wide.cu) whatever the plan, where it fits. Other
+ * decode rows (q_len == 1) at head_dim 64 or 128, groups of up to 16 query heads and blocks of
  * a multiple of 16 tokens run on the tensor cores (paged_decode_mma_kernel, described there),
  * unless their grid is tiny (ATT_F32_DECODE_CTAS). Everything else runs on
  * paged_attention_kernel, in F32:
@@ -1042,9 +1044,10 @@ static int run_decode_mma(const att_params &p0, const be_kv_layer *layer, int ch
 /* Decode grids of at most this many CTAs run on paged_attention_kernel even where the
  * tensor-core kernel fits: with so few CTAs each one's serial work per token decides, and the
  * tensor-core kernel's split q and P terms (F32 activations) and per-warp tiles cost more there.
- * H200, batch-1 decode of the 8B shape (8 kv heads), tok/s of the decode step: contexts 512 to
- * 640, v1 on 8 CTAs, 495.3 against 482.8; 1024 to 1152, 2 chunks (16 CTAs), 497.7 against
- * 476.9. */
+ * H200, batch-1 decode of the 8B shape (8 kv heads), tok/s of the decode step from an empty
+ * cache (contexts 1 to 129, v1 on 8 CTAs), two runs: 495.3 against 482.8, 497.7 against
+ * 476.9. Such grids now reach here only where the wide decode kernel declines: decode
+ * rows beside prompt rows, and rows too long for its shared memory. */
 #define ATT_F32_DECODE_CTAS 16
 
 static int run_pass(const att_params &p, const be_kv_layer *layer, int chunks, cuda_backend *c,
