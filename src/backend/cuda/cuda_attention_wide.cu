@@ -15,22 +15,32 @@
  * (row, kv head) to arrive (a counter, reset to 0 by that CTA so recorded steps replay) merges
  * the spans in span order, so the result does not depend on which CTA comes last.
  *
+ * With RoPE and the KV append folded in (rope_kv_attention), every CTA rotates q itself and the
+ * CTA whose span holds the new token rotates its k, writes k and v to the pool and puts them
+ * straight into its shared memory, so no kernel runs between the Q/K/V projection and this one.
+ *
  * Pool offsets are 64-bit from the first multiply. Slots outside a row's tokens are never read,
- * so garbage (NaN) there cannot reach the output. */
+ * so garbage (NaN) there cannot reach the output.
+ *
+ * Measured on the H200 in the decode step, batch 1 of the Llama-3.1-8B shape (tg128@dD tok/s;
+ * figures compare within one run only, as runs land on different GPUs): d512, the F32 kernel on
+ * 8 CTAs 357.7, this kernel after rope_kv_append 447.4 to 455.7, with RoPE and the append folded
+ * in 462.3 to 466.2; d64 471.6 against 484.8; d1024 278.9 against 435.3; d2048 195.6 against
+ * 413.8. Spans per kv head at d512: 4, 8, 12 and 16 within 1% of each other (454.6, 452.4 and
+ * 455.7, 455.0, 452.0), 32 worse (419.2 against 447.4 at 16), hence at most WD_MAX_CHUNKS.
+ * Tried and not kept: the spans of a kv head as one thread-block cluster merged through
+ * distributed shared memory instead of the counter (d512 445.4 against 452.0 at 16 spans, 454.7
+ * against 452.4 at 8; d2048 362.0 against 412.1), the older tokens copied before the PDL wait
+ * (453.2 against 452.4), letting the o GEMV launch once a CTA's span has landed (450.0 against
+ * 452.4), spans of at least 32 tokens rather than 16 (448.4 against 447.4). */
 #include "backend/cuda/cuda_mma.h"
-
-extern "C" {
-#include "attn/attn.h"
-}
-
-#include <cooperative_groups.h>
-#include <stdlib.h>
 
 #define WD_THREADS    256
 #define WD_MAX_GROUP  16
-#define WD_MAX_CHUNKS 32
+#define WD_MAX_CHUNKS 16
+#define WD_MIN_TOKENS 16           /* fewest tokens a span takes, a row's last span aside */
 #define WD_SMEM_MAX   (223 * 1024) /* dynamic shared memory: 227 KB less the static arrays */
-#define WD_MAX_ITEMS  32           /* (row, kv head) pairs: the counters in front of the scratch */
+#define WD_MAX_ITEMS  16           /* (row, kv head) pairs: the counters in front of the scratch */
 #define WD_LOG2E      1.4426950408889634f
 
 typedef struct wd_params {
@@ -45,11 +55,7 @@ typedef struct wd_params {
     const int32_t *page_indices;      /* (page_indptr[n_seqs]) */
     const int32_t *first_page_offset; /* (n_seqs) or NULL */
     int chunks;                       /* spans per (row, kv head), gridDim.y */
-    int min_tokens;                   /* fewest tokens a span takes, the last one aside */
     int max_tokens;                   /* tokens a CTA's shared memory holds */
-    int early;                        /* copy the pool's older tokens before the PDL wait */
-    int trig;                         /* let the next kernel launch once the span has landed */
-    int cluster;                      /* the spans of a (row, kv head) are a cluster */
     float scale_log2;
     /* With RoPE folded in (the ROPE kernels): q, k and v as the projections left them, the
      * rows' positions, the table, and the slots the new tokens go to. */
@@ -89,13 +95,13 @@ template <> __device__ __forceinline__ float2 wd_float2<__nv_bfloat16>(uint32_t 
 /* Tokens per span of a row of n tokens. */
 __device__ __forceinline__ int wd_span(const wd_params &p, int n) {
     const int t = (n + p.chunks - 1) / p.chunks;
-    return t > p.min_tokens ? t : p.min_tokens;
+    return t > WD_MIN_TOKENS ? t : WD_MIN_TOKENS;
 }
 
 /* ROPE: q and the new token's k are rotated here as rope_kv_append does (the same F32 angle
  * and arithmetic, each value rounded to its tensor's dtype), and the CTA whose span holds the
  * new token writes its k and v to the pool and to its own shared memory. */
-template <int D, typename KT, bool ROPE, bool CLUSTER>
+template <int D, typename KT, bool ROPE>
 __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
     constexpr int CH = D / 8;   /* 16-byte chunks per token row */
     constexpr int HALF = D / 2; /* rotated pairs per head */
@@ -110,8 +116,7 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
     KT *vs = ks + (size_t)TM * D;               /* (TM, D) */
     float *qs = (float *)(vs + (size_t)TM * D); /* (G, D) q * scale * log2 e */
     float *ps = qs + G * D;                     /* (G, TM) scores, then exp2(score - max) */
-    float *os = ps + G * TM;                    /* (G, D) CLUSTER: the span's output */
-    float *ms = os + G * D;                     /* (G) the span's max */
+    float *ms = ps + G * TM;                    /* (G) the span's max */
     float *ls = ms + G;                         /* (G) the span's sum */
     const int kvh = blockIdx.x, chunk = blockIdx.y, s = blockIdx.z;
     const int n = p.kv_len[s];
@@ -133,23 +138,17 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
     }
     const bool fresh = slot >= 0; /* the new token comes from k and v, not the pool */
 
-    /* The row's last token is the one the kernel before writes this step; the older ones were
-     * written by earlier steps. */
-    auto copy = [&](bool older, bool newest) {
-        for (int i = tid; i < nt * CH; i += WD_THREADS) {
-            const int t = i / CH, cc = i % CH;
-            if (!(t0 + t == n - 1 ? newest : older)) continue;
-            const int u = fpo + t0 + t;
-            const uint64_t off =
-                ((uint64_t)pages[u / bs] * (uint64_t)bs + (uint64_t)(u % bs)) * row_stride +
-                (uint64_t)cc * 8;
-            cuda_cp_async16(ks + (t * CH + (cc ^ (t & 7))) * 8, kp + off);
-            cuda_cp_async16(vs + (t * CH + cc) * 8, vp + off);
-        }
-    };
-    if (p.early) copy(true, false);
     cuda_pdl_wait();
-    copy(!p.early, !fresh);
+    for (int i = tid; i < nt * CH; i += WD_THREADS) {
+        const int t = i / CH, cc = i % CH;
+        if (fresh && t0 + t == n - 1) continue;
+        const int u = fpo + t0 + t;
+        const uint64_t off =
+            ((uint64_t)pages[u / bs] * (uint64_t)bs + (uint64_t)(u % bs)) * row_stride +
+            (uint64_t)cc * 8;
+        cuda_cp_async16(ks + (t * CH + (cc ^ (t & 7))) * 8, kp + off);
+        cuda_cp_async16(vs + (t * CH + cc) * 8, vp + off);
+    }
     cuda_cp_async_commit();
     const size_t cell0 = ((size_t)s * p.chunks + chunk) * p.n_heads + (size_t)kvh * G;
     if (nt > 0) {
@@ -199,7 +198,6 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
         }
         cuda_cp_async_wait<0>();
         __syncthreads();
-        if (p.trig) cuda_pdl_trigger();
 
         const int nt8 = (nt + 7) & ~7;
         for (int i = tid; i < nt8 * G; i += WD_THREADS) {
@@ -257,64 +255,14 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
                 const float2 v0 = wd_float2<KT>(*(const uint32_t *)(vc + t * D));
                 ax = fmaf(pr[t], v0.x, ax), ay = fmaf(pr[t], v0.y, ay);
             }
-            float *dst = CLUSTER ? os + h * D : p.part + (cell0 + h) * D;
-            *(float2 *)(dst + 2 * d2) = make_float2(ax + bx, ay + by);
+            *(float2 *)(p.part + (cell0 + h) * D + 2 * d2) = make_float2(ax + bx, ay + by);
         }
-        if (!CLUSTER && tid < G)
-            *(float2 *)(p.ml + (cell0 + tid) * 2) = make_float2(ms[tid], ls[tid]);
+        if (tid < G) *(float2 *)(p.ml + (cell0 + tid) * 2) = make_float2(ms[tid], ls[tid]);
     } else {
         cuda_cp_async_wait<0>();
     }
 
-    /* The merge of the live spans, in span order: ml_of(c, h) is span c's (max, sum) of head h,
-     * o_of(c, i) its output i (head i / D). */
-    const int live = (n + T - 1) / T;
-    auto merge = [&](auto ml_of, auto o_of) {
-        for (int i = tid; i < live * G; i += WD_THREADS) {
-            const float2 v = ml_of(i / G, i % G);
-            w_s[i] = v.x;
-            l_s[i] = v.y;
-        }
-        __syncthreads();
-        if (tid < G) {
-            float mx = -INFINITY;
-            for (int c = 0; c < live; c++) mx = fmaxf(mx, w_s[c * G + tid]);
-            float den = 0.0f;
-            for (int c = 0; c < live; c++) {
-                const float f = exp2f(w_s[c * G + tid] - mx);
-                w_s[c * G + tid] = f;
-                den += f * l_s[c * G + tid];
-            }
-            const float inv = 1.0f / den;
-            for (int c = 0; c < live; c++) w_s[c * G + tid] *= inv;
-        }
-        __syncthreads();
-        for (int i = tid; i < G * D; i += WD_THREADS) {
-            float acc = 0.0f;
-#pragma unroll 4
-            for (int c = 0; c < live; c++) acc = fmaf(w_s[c * G + i / D], o_of(c, i), acc);
-            cuda_store(p.out, p.out_dt, ((size_t)s * p.n_heads + (size_t)kvh * G) * D + i, acc);
-        }
-    };
-
-    if (CLUSTER) {
-        /* The spans of a (row, kv head) are one cluster: span 0 reads the others' shared
-         * memory, which they keep until it is done. */
-        namespace cg = cooperative_groups;
-        cg::cluster_group cl = cg::this_cluster();
-        cl.sync();
-        if (chunk == 0)
-            merge(
-                [&](int c, int h) {
-                    return make_float2(*cl.map_shared_rank(ms + h, c),
-                                       *cl.map_shared_rank(ls + h, c));
-                },
-                [&](int c, int i) { return *cl.map_shared_rank(os + i, c); });
-        cl.sync();
-        return;
-    }
-
-    /* Arrive; the last CTA of the (row, kv head) merges. */
+    /* Arrive; the last CTA of the (row, kv head) merges the live spans in span order. */
     __threadfence();
     __syncthreads();
     unsigned *count = p.count + (size_t)s * p.n_kv_heads + kvh;
@@ -326,56 +274,64 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
     if (!last) return;
     __threadfence();
 
+    const int live = (n + T - 1) / T;
     const size_t base0 = (size_t)s * p.chunks * p.n_heads + (size_t)kvh * G;
-    merge(
-        [&](int c, int h) {
-            return __ldcg((const float2 *)(p.ml + (base0 + (size_t)c * p.n_heads + h) * 2));
-        },
-        [&](int c, int i) { return __ldcg(p.part + (base0 + (size_t)c * p.n_heads) * D + i); });
-}
-
-static int env_int(const char *name, int dflt) {
-    const char *e = getenv(name);
-    return e && *e ? atoi(e) : dflt;
+    for (int i = tid; i < live * G; i += WD_THREADS) {
+        const int c = i / G, h = i % G;
+        const float2 v = __ldcg((const float2 *)(p.ml + (base0 + (size_t)c * p.n_heads + h) * 2));
+        w_s[i] = v.x;
+        l_s[i] = v.y;
+    }
+    __syncthreads();
+    if (tid < G) {
+        float mx = -INFINITY;
+        for (int c = 0; c < live; c++) mx = fmaxf(mx, w_s[c * G + tid]);
+        float den = 0.0f;
+        for (int c = 0; c < live; c++) {
+            const float f = exp2f(w_s[c * G + tid] - mx);
+            w_s[c * G + tid] = f;
+            den += f * l_s[c * G + tid];
+        }
+        const float inv = 1.0f / den;
+        for (int c = 0; c < live; c++) w_s[c * G + tid] *= inv;
+    }
+    __syncthreads();
+    for (int i = tid; i < G * D; i += WD_THREADS) {
+        const float *src = p.part + base0 * D + i;
+        float acc = 0.0f;
+#pragma unroll 4
+        for (int c = 0; c < live; c++)
+            acc = fmaf(w_s[c * G + i / D], __ldcg(src + (size_t)c * p.n_heads * D), acc);
+        cuda_store(p.out, p.out_dt, ((size_t)s * p.n_heads + (size_t)kvh * G) * D + i, acc);
+    }
 }
 
 /* Spans per (row, kv head): as many as fill the SMs once, at most WD_MAX_CHUNKS. */
 static int wd_chunks(const cuda_backend *c, int items) {
-    int w = env_int("MLXCEL_ATT_WIDE_CHUNKS", c->sm_count / items);
-    if (w > WD_MAX_CHUNKS) w = WD_MAX_CHUNKS;
-    return w < 1 ? 1 : w;
-}
-
-static int wd_min_tokens(void) {
-    int m = env_int("MLXCEL_ATT_WIDE_MIN", 16);
-    return m < 1 ? 1 : m;
+    const int w = c->sm_count / items;
+    return w > WD_MAX_CHUNKS ? WD_MAX_CHUNKS : (w < 1 ? 1 : w);
 }
 
 /* Tokens a CTA's shared memory must hold for rows of at most max_kv_len tokens. */
 static int wd_max_tokens(int max_kv_len, int chunks) {
     int64_t t = ((int64_t)max_kv_len + chunks - 1) / chunks;
-    const int m = wd_min_tokens();
-    if (t < m) t = m;
+    if (t < WD_MIN_TOKENS) t = WD_MIN_TOKENS;
     if (t > (1 << 20)) t = 1 << 20; /* past any shared memory: the kernel declines */
     return (int)((t + 7) & ~(int64_t)7);
 }
 
 static size_t wd_smem(int head_dim, int group, int max_tokens) {
     return (size_t)2 * max_tokens * head_dim * 2 +
-           ((size_t)2 * group * head_dim + (size_t)group * max_tokens + 2 * (size_t)group) *
+           ((size_t)group * head_dim + (size_t)group * max_tokens + 2 * (size_t)group) *
                sizeof(float);
 }
 
 bool cuda_attention_wide_fits(be_backend *be, const be_kv_layer *layer, const be_paged_batch *batch,
                               int n_heads) {
-    if (env_int("MLXCEL_ATT_WIDE", 1) == 0) return false;
     const int nkv = layer->n_kv_heads, items = batch->n_seqs * nkv;
-    if (batch->max_q_len != 1 || batch->n_tokens != batch->n_seqs ||
-        batch->n_seqs > ATTN_GRID_YZ_MAX)
+    if (batch->max_q_len != 1 || batch->n_tokens != batch->n_seqs || items > WD_MAX_ITEMS)
         return false;
-    if (layer->head_dim != 64 && layer->head_dim != 128) return false;
-    if (n_heads / nkv > WD_MAX_GROUP || items > WD_MAX_ITEMS ||
-        items > env_int("MLXCEL_ATT_WIDE_ITEMS", 16))
+    if ((layer->head_dim != 64 && layer->head_dim != 128) || n_heads / nkv > WD_MAX_GROUP)
         return false;
     const int chunks = wd_chunks(cuda_impl(be), items);
     return wd_smem(layer->head_dim, n_heads / nkv, wd_max_tokens(batch->max_kv_len, chunks)) <=
@@ -384,43 +340,11 @@ bool cuda_attention_wide_fits(be_backend *be, const be_kv_layer *layer, const be
 
 template <int D, typename KT, bool ROPE>
 static int wd_launch(cuda_backend *c, const wd_params &p, int n_seqs, size_t smem, base_err *err) {
-    const dim3 grid((unsigned)p.n_kv_heads, (unsigned)p.chunks, (unsigned)n_seqs);
-    if (!p.cluster) {
-        auto kern = wide_decode_kernel<D, KT, ROPE, false>;
-        if (cuda_smem_limit(kern, smem, "attention (wide decode)", err)) return -1;
-        return cuda_launch_pdl(c, kern, grid, dim3(WD_THREADS), smem, "attention (wide decode)",
-                               err, p);
-    }
-    auto kern = wide_decode_kernel<D, KT, ROPE, true>;
+    auto kern = wide_decode_kernel<D, KT, ROPE>;
     if (cuda_smem_limit(kern, smem, "attention (wide decode)", err)) return -1;
-    if (p.chunks > 8) {
-        cudaError_t e =
-            cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-        if (e != cudaSuccess)
-            return base_fail(err, "cuda: attention (wide decode): clusters of %d: %s", p.chunks,
-                             cudaGetErrorString(e));
-    }
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = (unsigned)p.chunks;
-    attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(WD_THREADS);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = c->stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = cuda_pdl_enabled(c) ? 2 : 1;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, kern, p);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        return base_fail(err, "cuda: attention (wide decode): launch failed: %s",
-                         cudaGetErrorString(e));
-    }
-    return cuda_check_launch("attention (wide decode)", err);
+    return cuda_launch_pdl(c, kern,
+                           dim3((unsigned)p.n_kv_heads, (unsigned)p.chunks, (unsigned)n_seqs),
+                           dim3(WD_THREADS), smem, "attention (wide decode)", err, p);
 }
 
 template <bool ROPE>
@@ -456,11 +380,7 @@ static int wd_setup(be_backend *be, const be_tensor *q, const be_kv_layer *layer
     p->page_indices = batch->page_indices;
     p->first_page_offset = batch->first_page_offset;
     p->chunks = wd_chunks(c, ns * nkv);
-    p->min_tokens = wd_min_tokens();
     p->max_tokens = wd_max_tokens(batch->max_kv_len, p->chunks);
-    p->early = env_int("MLXCEL_ATT_WIDE_EARLY", 0);
-    p->trig = env_int("MLXCEL_ATT_WIDE_TRIG", 0);
-    p->cluster = env_int("MLXCEL_ATT_WIDE_CLUSTER", 0) && p->chunks <= 16;
     p->scale_log2 = scale * WD_LOG2E;
 
     const size_t counters = (WD_MAX_ITEMS * sizeof(unsigned) + 255) & ~(size_t)255;
@@ -499,7 +419,7 @@ int cuda_rope_kv_attention(be_backend *be, be_tensor *q, be_tensor *k, const be_
     if (cuda_rope_kv_check(q, k, v, positions, inv_freq, layer, batch, err) ||
         cuda_attention_check(q, layer, batch, n_heads, out, err))
         return -1;
-    if (env_int("MLXCEL_ATT_WIDE_ROPE", 1) == 0 || !batch->slots || batch->n_tokens == 0 ||
+    if (!batch->slots || batch->n_tokens == 0 ||
         !cuda_attention_wide_fits(be, layer, batch, n_heads)) {
         if (cuda_rope_kv_append(be, q, k, v, positions, inv_freq, mscale, layer, batch, err))
             return -1;
