@@ -38,6 +38,7 @@ static void cuda_destroy(be_backend *be) {
     cudaFreeHost(c->tk_host);
     cudaFree(c->ftmp);
     cudaFree(c->gmma_buf);
+    free(c->tmaps);
     cudaStreamDestroy(c->stream);
     free(c);
     free(be);
