@@ -372,10 +372,10 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
  * its 8 N columns (two n-tiles for groups past 8): S^T = K Q^T with K read by ldmatrix and
  * q's B fragments held in registers, then O^T += V^T P^T with V read by ldmatrix.trans and
  * P^T, the B operand, made from S^T's accumulators by movmatrix. A group of 4 so fills half
- * of each MMA rather than a quarter (q heads as the M rows), and a tile of 32 tokens takes
- * half the MMAs and a third of the instructions of the earlier 16-token tiles. Softmax runs
- * online in F32 in the log2 domain; a head's maximum travels across the 8 lanes that hold
- * its tokens.
+ * of each MMA rather than a quarter (with the q heads as the M rows), which halves the MMAs
+ * per token, and a step's fixed work (waits, the max's shuffles, the rescale) is spread over
+ * 32 tokens. Softmax runs online in F32 in the log2 domain; a head's maximum travels across
+ * the 8 lanes that hold its tokens.
  *
  * Loads are bulk tensor copies (TMA): each pool is described to the hardware as a 5-D tensor
  * [page][kv head][half of D][token in page][64 dims] (att_tc_map), and one copy moves a box of
