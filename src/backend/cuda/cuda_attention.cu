@@ -496,9 +496,15 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
     const int kvh = blockIdx.x, chunk = blockIdx.y;
     const int head0 = kvh * p.group;
 
+    /* A split's merge waits for this grid to finish, and starting it early costs nothing but
+     * its launch: let it start once every CTA here has. */
+    if (p.split) cuda_pdl_trigger();
+
     for (int row = blockIdx.z; row < p.n_tokens; row += gridDim.z) {
-        const int s = seq_of_row(p.q_indptr, p.n_seqs, row);
-        if (p.q_indptr[s + 1] - p.q_indptr[s] != 1) continue;
+        /* A CTA's first copy waits on this chain of loads: with every sequence decoding, the
+         * row is the sequence, without a search through q_indptr. */
+        const int s = p.all_decode ? row : seq_of_row(p.q_indptr, p.n_seqs, row);
+        if (!p.all_decode && p.q_indptr[s + 1] - p.q_indptr[s] != 1) continue;
         const int n_vis = p.kv_len[s];
         int fpo, p_begin, p_end;
         if (!chunk_pages(p, s, n_vis, chunk, &fpo, &p_begin, &p_end)) continue;
@@ -510,7 +516,6 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
         const int u0 = p_begin == 0 ? fpo / ATT_TC_BOX * ATT_TC_BOX : p_begin * bs;
         const int n_tiles = (hi - u0 + ATT_TC_TILE - 1) / ATT_TC_TILE;
         const int n_my = n_tiles > warp ? (n_tiles - warp + ATT_TC_WARPS - 1) / ATT_TC_WARPS : 0;
-        cuda_pdl_wait();
 
         /* Box b of this warp (box 2i + j of its tile i) starts at slot box_u(b); lane l holds
          * the page of box 32 w + l in window w, and window w + 1 is read as window w starts,
@@ -523,6 +528,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
             return b < 2 * n_my && u < hi ? pages[u / bs] : 0;
         };
         int win_cur = page_of(lane), win_nxt = page_of(32 + lane);
+        cuda_pdl_wait();
         /* Tile i's K (part 0) or V (part 1) into stage stg: boxes past the live slots are
          * skipped; tiles are issued in order, K before V. */
         auto issue = [&](int i, int part, int stg) {
@@ -904,11 +910,12 @@ __global__ void __launch_bounds__(ATT_MERGE_WARPS * 32) merge_kernel(att_params 
 
 /* Every kernel here launches with PDL (cuda_launch_pdl): it may start while the kernel before
  * it ends, reads the batch's arrays before its wait and q, the pool and the workspace after it,
- * and never triggers its dependents early, so the o GEMV after it starts when it ends. On the
- * H200, batch-1 decode of the 8B shape at contexts 512 to 640 (v1 on 8 CTAs; tok/s of the
- * decode step): plain launches 480.1, PDL 486.1, PDL with a trigger at each CTA's start 462.8
- * (the GEMV's early weight loads then slow the attention itself), PDL with the chunk's K and V
- * prefetched to L2 before the wait 483.0. */
+ * and never triggers its dependents early (but the tensor-core kernel of a split, followed by
+ * the merge), so the o GEMV after it starts when it ends. On the H200, batch-1 decode of the 8B
+ * shape at contexts 512 to 640 (v1 on 8 CTAs; tok/s of the decode step): plain launches 480.1,
+ * PDL 486.1, PDL with a trigger at each CTA's start 462.8 (the GEMV's early weight loads then
+ * slow the attention itself), PDL with the chunk's K and V prefetched to L2 before the wait
+ * 483.0. */
 template <typename K>
 static int att_launch(cuda_backend *c, K kern, dim3 grid, int threads, size_t smem,
                       const att_params &p, const char *what, base_err *err) {
