@@ -4,24 +4,22 @@
  * mixed prefill + decode batches. Pool slots no live token occupies hold NaN, so reading one
  * shows. Decode rows at head_dim 64/128, blocks of 16/32/48/64 and groups up to 16 run on the
  * tensor cores, in single terms for 16-bit activations and split terms for F32 (whose bound is
- * F32's), each case through both of its loaders (16-byte copies, bulk copies), unless the decode
- * grid has at most 16 CTAs (a few rows of few kv heads); the other cases keep the F32 kernel. v2
- * plans run from one chunk to hundreds, their merge kernel taking one chunk's weights or many
- * blocks of them. Batches of decode rows only, whose rows times kv heads are 16 or fewer, at
- * head_dim 64/128, take the wide decode kernel whatever the plan (every decode_only, offsets and
- * the one- and two-row batches below): rows of one token to over 2000, spans that do not divide
- * the row, spans past a short row's end, first-page offsets. rope_kv_attention, which folds RoPE
- * and the append into that kernel, against rope_kv_append then attention on the same batches.
- * Skipped when no CUDA device is present. */
+ * F32's), unless the decode grid has at most 16 CTAs (a few rows of few kv heads); the other
+ * cases keep the F32 kernel. A long row among four others at every block size gives a CTA's
+ * warps far more tiles than one window of the page table holds (v1 takes the tensor cores from
+ * 4 kv heads on). v2 plans run from one chunk to hundreds, their merge kernel taking one
+ * chunk's weights or many blocks of them. Batches of decode rows only, whose rows times kv heads
+ * are 16 or fewer, at head_dim 64/128, take the wide decode kernel whatever the plan (every
+ * decode_only, offsets and the one- and two-row batches below): rows of one token to over 2000,
+ * spans that do not divide the row, spans past a short row's end, first-page offsets.
+ * rope_kv_attention, which folds RoPE and the append into that kernel, against rope_kv_append
+ * then attention on the same batches. Skipped when no CUDA device is present. */
 #include "test_cuda_util.h"
 
 #include "attn/attn.h"
 
 #include <math.h>
 #include <stdlib.h>
-
-/* MLXCEL_ATT_BULK_WAVES of this pass: which loader the tensor-core decode kernel takes */
-static const char *bulk_waves = "";
 
 static void reference(const tc_batch *b, const tc_att_case *c, const float *q, const float *kf,
                       const float *vf, float scale, double *out) {
@@ -107,10 +105,9 @@ static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, i
         if (b.max_q > 1 && (D == 64 || D == 128) && tc_tol(c->pool_dt) > tol)
             tol = tc_tol(c->pool_dt);
         CHECK_MSG(e < tol,
-                  "attention G%d kv%d d%d bs%d pool %s act %s plan %d ppc %d: err %g (seqs %d, "
-                  "bulk waves %s)",
+                  "attention G%d kv%d d%d bs%d pool %s act %s plan %d ppc %d: err %g (seqs %d)",
                   c->group, c->n_kv, D, c->block_size, base_dtype_name(c->pool_dt),
-                  base_dtype_name(c->act_dt), kinds[k], ppcs[k], e, n_seqs, bulk_waves);
+                  base_dtype_name(c->act_dt), kinds[k], ppcs[k], e, n_seqs);
         be->ops->free(be, to.data);
         be->ops->free(be, plan.workspace);
     }
@@ -241,27 +238,20 @@ int main(void) {
     const tc_seq offsets[] = {{12, 1, 20}, {40, 1, 17}, {700, 1, 31}};
     /* a row of over 512 pages at small blocks: at one page per chunk the merge takes its
      * chunks in more than one block of weights */
-    const tc_seq long_row[] = {{8400, 1, 0}, {20, 1, 2}};
+    const tc_seq long_row[] = {{8400, 1, 0}, {20, 1, 2}, {2100, 1, 7}, {1, 1, 0}, {700, 1, 3}};
     /* batch-1 and batch-2 decode: a row in many spans, a row of 2100 tokens next to a short one
      * with an offset, a row shorter than one span */
     const tc_seq one_row[] = {{611, 1, 0}};
     const tc_seq two_rows[] = {{2100, 1, 0}, {37, 1, 5}};
     const tc_seq tiny_row[] = {{3, 1, 0}};
-    /* every case under both loaders: at 0 waves no grid takes the bulk copies, at a million
-     * every grid does */
-    const char *waves[] = {"0", "1000000"};
-    for (int w = 0; w < 2; w++) {
-        bulk_waves = waves[w];
-        setenv("MLXCEL_ATT_BULK_WAVES", bulk_waves, 1);
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-            run_case(be, &cases[i], mixed, 6);
-            run_case(be, &cases[i], decode_only, 3);
-            if (cases[i].block_size >= 32) run_case(be, &cases[i], offsets, 3);
-            if (cases[i].block_size <= 16) run_case(be, &cases[i], long_row, 2);
-            run_case(be, &cases[i], one_row, 1);
-            run_case(be, &cases[i], two_rows, 2);
-            run_case(be, &cases[i], tiny_row, 1);
-        }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run_case(be, &cases[i], mixed, 6);
+        run_case(be, &cases[i], decode_only, 3);
+        if (cases[i].block_size >= 32) run_case(be, &cases[i], offsets, 3);
+        run_case(be, &cases[i], long_row, 5);
+        run_case(be, &cases[i], one_row, 1);
+        run_case(be, &cases[i], two_rows, 2);
+        run_case(be, &cases[i], tiny_row, 1);
     }
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         run_rope_case(be, &cases[i], decode_only, 3);

@@ -1,8 +1,9 @@
 /* Pool offsets past 2^32 elements: a pool of 131,073 blocks of [32, 8, 128] f16 per side
  * (4,295,000,064 elements, 8.6 GB each). K/V are appended only into the last block, whose
  * first element sits at exactly 2^32, so a 32-bit offset would land in block 0. Decode v1
- * and v2 are checked against a host reference, and block 0 is checked untouched. Runs only
- * on a GPU with room for the pool; skipped otherwise. */
+ * and v2 of NSEQ rows reading that block (24 CTAs: the tensor-core kernel, whose tensor maps
+ * then span the whole pool) are checked against a host reference, and block 0 is checked
+ * untouched. Runs only on a GPU with room for the pool; skipped otherwise. */
 #include "test_cuda_util.h"
 
 #include <math.h>
@@ -13,6 +14,7 @@
 #define HD      128
 #define GROUP   4
 #define NTOK    29
+#define NSEQ    3
 
 int main(void) {
     be_backend *be = tc_backend();
@@ -50,14 +52,16 @@ int main(void) {
     tc_round(v, (size_t)NTOK * width, BASE_DTYPE_F16);
     be_tensor tk = tc_tensor(be, k, BASE_DTYPE_F32, NTOK, width);
     be_tensor tv = tc_tensor(be, v, BASE_DTYPE_F32, NTOK, width);
-    int32_t q_indptr[2] = {0, 1}, kv_len[1] = {NTOK}, page_indptr[2] = {0, 1}, pages[1] = {last},
-            last_len[1] = {NTOK};
+    /* NSEQ decode rows share the block, as sequences with a common prefix would */
+    int32_t q_indptr[NSEQ + 1], kv_len[NSEQ], page_indptr[NSEQ + 1], pages[NSEQ], last_len[NSEQ];
+    for (int r = 0; r <= NSEQ; r++) q_indptr[r] = page_indptr[r] = r;
+    for (int r = 0; r < NSEQ; r++) kv_len[r] = last_len[r] = NTOK, pages[r] = last;
     be_paged_batch append = {.n_tokens = NTOK, .slots = tc_dev_bytes(be, slots, sizeof slots)};
     CHECK_MSG(be->ops->kv_append(be, &layer, &tk, &tv, &append, &err) == 0, "%s", err.msg);
 
     be_paged_batch db = {
-        .n_seqs = 1,
-        .n_tokens = 1,
+        .n_seqs = NSEQ,
+        .n_tokens = NSEQ,
         .max_q_len = 1,
         .max_kv_len = NTOK,
         .q_indptr = tc_dev_bytes(be, q_indptr, sizeof q_indptr),
@@ -66,12 +70,12 @@ int main(void) {
         .page_indices = tc_dev_bytes(be, pages, sizeof pages),
         .last_page_len = tc_dev_bytes(be, last_len, sizeof last_len),
     };
-    float q[32 * 128];
-    tc_fill(q, (size_t)H * HD, 2.0f);
+    float q[NSEQ * 32 * 128];
+    tc_fill(q, (size_t)NSEQ * H * HD, 2.0f);
     float scale = 1.0f / sqrtf((float)HD);
-    double ref[32 * 128];
-    for (int h = 0; h < H; h++) {
-        int kvh = h / GROUP;
+    double ref[NSEQ * 32 * 128];
+    for (int h = 0; h < NSEQ * H; h++) {
+        int kvh = h % H / GROUP;
         double sc[NTOK], mx = -INFINITY, sum = 0;
         for (int t = 0; t < NTOK; t++) {
             double d = 0;
@@ -86,13 +90,13 @@ int main(void) {
             ref[h * HD + e] = o;
         }
     }
-    be_tensor tq = tc_tensor(be, q, BASE_DTYPE_F32, 1, (int64_t)H * HD);
+    be_tensor tq = tc_tensor(be, q, BASE_DTYPE_F32, NSEQ, (int64_t)H * HD);
     be_decode_plan plans[2] = {{.kind = BE_DECODE_V1},
                                {.kind = BE_DECODE_V2, .pages_per_chunk = 1, .max_chunks = 1}};
-    plans[1].workspace_bytes = (uint64_t)H * (HD + 1) * sizeof(float);
+    plans[1].workspace_bytes = (uint64_t)NSEQ * H * (HD + 1) * sizeof(float);
     CHECK(be->ops->alloc(be, plans[1].workspace_bytes, &plans[1].workspace, &err) == 0);
     for (int p = 0; p < 2; p++) {
-        be_tensor to = tc_poisoned(be, BASE_DTYPE_F32, 1, (int64_t)H * HD);
+        be_tensor to = tc_poisoned(be, BASE_DTYPE_F32, NSEQ, (int64_t)H * HD);
         CHECK_MSG(be->ops->attention(be, &tq, &layer, &db, &plans[p], H, scale, &to, &err) == 0,
                   "%s", err.msg);
         double e = tc_err(be, &to, ref);

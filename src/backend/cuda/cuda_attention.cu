@@ -31,6 +31,8 @@ extern "C" {
 #include "attn/attn.h"
 }
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -362,54 +364,51 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
 
 /* ---- Decode rows on the tensor cores ----
  *
- * One CTA per (decode row, kv head, chunk) serves the group's query heads as the 16 M rows of
- * mma.sync m16n8k16 (rows past the group hold zeros). The chunk's pages are cut into tiles of
- * 16 tokens; each of the ATT_TC_WARPS warps takes every ATT_TC_WARPS-th tile and streams it
- * through its own att_stages shared-memory stages, so the main loop needs no block-wide
- * barrier (split-K inside the CTA); the warps' softmax states are combined once at the end.
- * Per tile: S = Q K^T with the tile's 16 tokens as N, K read by ldmatrix; softmax online in
- * F32 in the log2 domain on the accumulators; O += P V with P taken from the S accumulators
- * as the A operand in registers and V read by ldmatrix.trans. Tiles of 16 tokens rather than
- * pages keep a stage at 8.5 KB (head_dim 128), so three CTAs of 4 warps stay resident per SM
- * with every warp's next tiles in flight. Dead slots (before the first-page offset, past the
- * last token) are zeroed, since the pool may hold NaN there and 0 * NaN would reach the output.
+ * One CTA per (decode row, kv head, chunk) serves the group's query heads. The chunk's tokens
+ * are cut into tiles of ATT_TC_TILE (32); each of the ATT_TC_WARPS warps takes every
+ * ATT_TC_WARPS-th tile and streams it through its own att_stages shared-memory stages, so the
+ * main loop needs no block-wide barrier (split-K inside the CTA); the warps' softmax states
+ * are combined once at the end.
  *
- * Two ways of loading the stages, chosen by the grid (BULK):
- *   16-byte cp.async, a tile's K and V in one group, its 16-byte chunks XOR-swizzled by the
- *   token, zero-filled when dead; the next tile is issued before this one's math.
- *   Bulk copies (cp.async.bulk, the copy engine), one per token row of K or V, completing on
- *   a per-stage mbarrier of the warp (K and V apart); rows padded by 16 bytes keep ldmatrix
- *   off bank conflicts, dead rows are zeroed by hand. K's half of a stage is refilled once S
- *   is computed, V's after P V, so a warp keeps one tile more in flight in the same shared
- *   memory; the page table is read 32 tiles ahead into a lane-held window.
+ * The products run transposed, with the tokens as mma.sync m16n8k16's M rows and the heads as
+ * its 8 N columns (two n-tiles for groups past 8): S^T = K Q^T with K read by ldmatrix and
+ * q's B fragments held in registers, then O^T += V^T P^T with V read by ldmatrix.trans and
+ * P^T, the B operand, made from S^T's accumulators by movmatrix. A group of 4 so fills half
+ * of each MMA rather than a quarter (with the q heads as the M rows), which halves the MMAs
+ * per token, and a step's fixed work (waits, the max's shuffles, the rescale) is spread over
+ * 32 tokens. Softmax runs online in F32 in the log2 domain; a head's maximum travels across
+ * the 8 lanes that hold its tokens.
+ *
+ * Loads are bulk tensor copies (TMA): each pool is described to the hardware as a 5-D tensor
+ * [page][kv head][half of D][token in page][64 dims] (att_tc_map), and one copy moves a box of
+ * 16 tokens of one kv head into shared memory with the 128-byte swizzle (the 16-byte chunk
+ * index XOR the row), which keeps ldmatrix's rows in distinct banks. A tile is two boxes, each
+ * within one page (pages hold a multiple of 16 tokens), its K and V copies completing on
+ * separate mbarriers: K's half of a stage is refilled once S is computed, V's after P V. Lane
+ * 0 issues every copy of its warp; the page table is read 16 tiles ahead into a lane-held
+ * window. Slots no live token of the chunk holds (before the first-page offset, past the
+ * last token or the chunk) get a score of -inf, and their V rows are zeroed, since the pool
+ * may hold NaN there and 0 * NaN would reach the output.
  *
  * MMA inputs are the pool's dtype. SPLIT > 1 carries q and P as that many terms (the value
  * rounded, then the rounded remainder, ...), each a separate MMA into the same F32
  * accumulator: the F32 activation path then keeps F32-level accuracy while K and V, exact in
  * the pool's dtype, are read once.
  *
- * Measured on the H200 (132 SMs, 3 CTAs each: a wave of 396; Llama-3.1-8B decode, f16 KV,
- * F32 q and out, the planner's chunking; bench_attention serve, 20 calls per figure queued
- * behind a spin), TB/s of K+V, 16-byte copies -> bulk copies:
- *   1 x 131072 (392 CTAs): 3.31 -> 3.59; 4 x 16384 (384): 2.88 -> 3.06; 16 x 8192 (384): 3.31
- *   -> 3.58; 64 x 4096 (1536): 3.38 -> 3.40; 256 x 2048 (v1, 2048): 3.72 -> 3.52.
- * The bulk copies win in grids of about a wave and lose in five, hence ATT_TC_BULK_WAVES.
- * Taken in turns with cuDNN SDPA (tools/reference/sdpa_peer.py --ours, 5 trials), the default
- * choice stands at 0.84 / 0.79 / 0.81 / 0.76 / 0.82 of it at the five shapes (ours 3.57 / 3.06
- * / 3.55 / 3.39 / 3.71 TB/s, cuDNN 4.23 / 3.86 / 4.36 / 4.47 / 4.55). A third stage per warp (two
- * CTAs per SM) lost 5 to 40%. ncu at 64 x 4096: DRAM 72 to 78% of peak, L2 throughput 80 to 90%,
- * 0.4 instructions issued per scheduler and cycle over 2.9 warps, 7 cycles per issued instruction;
- * cuDNN's kernel there (one CTA per row and kv head, 128 tokens a step, 2 CTAs per SM) reads at 93%
- * of peak DRAM issuing a third of our instructions. Reading the page table ahead, counting
- * stages and skipping the masks of whole tiles changed nothing for the 16-byte copies, which
- * keep the plain loop. A kv head's token row is 256 bytes, the next one 2 KB away. The waves
- * are the plan's part (attn.h): 416 CTAs (4 rows of 16384 tokens in 13 chunks) ran at 2.16,
- * 384 (12 chunks) at 2.88. */
-#define ATT_TC_WARPS      4
-#define ATT_TC_ROWS       16
-#define ATT_TC_TILE       16
-#define ATT_TC_CTAS       3 /* resident per SM (registers and shared memory both bind) */
-#define ATT_TC_BULK_WAVES 4 /* grids of at most this many waves of CTAs load by bulk copies */
+ * Measured on the H200 (Llama-3.1-8B decode, f16 KV, F32 q and out, the planner's chunking;
+ * tools/reference/sdpa_peer.py --ours, in turns with cuDNN SDPA on contiguous K/V), TB/s of K+V
+ * at 1x131072 / 4x16384 / 16x8192 / 64x4096 / 256x2048: 3.91 / 3.44 / 3.91 / 3.96 / 4.23, cuDNN
+ * 4.20 / 3.84 / 4.37 / 4.46 / 4.55, ratios 0.93 / 0.90 / 0.89 / 0.89 / 0.93. The kernel before
+ * (16-token tiles, q heads as the M rows, 16-byte or per-row bulk copies) read 3.62 / 3.13 / 3.60
+ * / 3.42 / 3.72 (0.86 / 0.81 / 0.82 / 0.76 / 0.82). Three stages per warp (two CTAs per SM)
+ * read 3.42 / 2.92 / 3.37 / 3.69 / 4.11. With the boxes' loads near their ceiling (4.58 TB/s,
+ * att_tc_map), what remains is per call: ncu at 4x16384 (one wave of 384 CTAs) times the
+ * kernel at 74.5 us, 75% of DRAM peak on average, and the merge after it at 6.7 us. */
+#define ATT_TC_WARPS 2
+#define ATT_TC_ROWS  16 /* query heads a CTA serves at most: two n-tiles */
+#define ATT_TC_TILE  32 /* tokens per step of a warp */
+#define ATT_TC_BOX   16 /* tokens per bulk tensor copy */
+#define ATT_TC_CTAS  3  /* resident per SM: shared memory binds */
 
 /* The SPLIT terms of the pair (x, y) in the pool's dtype, packed: term s holds what terms
  * 0..s-1 left over, rounded. */
@@ -424,14 +423,18 @@ __device__ __forceinline__ void split2(float x, float y, uint32_t *terms) {
     }
 }
 
-/* Shared memory of the tensor-core decode kernel: every warp's stages of K and V tiles (token
- * rows padded by 16 bytes, which the bulk copies need and the 16-byte copies leave unused),
- * which the final combine of (ATT_TC_WARPS, 16) rows of D floats plus their max and sum reuses,
- * then every warp's (2, stages) barriers of the bulk copies. */
+/* Shared memory of the tensor-core decode kernel: 1 KB of slack to align the stages to the
+ * swizzle's 1 KB period, every warp's stages of K and V tiles, which the final combine of
+ * (ATT_TC_WARPS, 16) rows of D floats plus their max and sum reuses, then every warp's
+ * (2, stages) barriers. */
 static __host__ __device__ size_t att_tc_work_bytes(int head_dim, int n_stages) {
-    size_t stages = (size_t)ATT_TC_WARPS * n_stages * 2 * ATT_TC_TILE * (head_dim + 8) * 2;
+    size_t stages = (size_t)ATT_TC_WARPS * n_stages * 2 * ATT_TC_TILE * head_dim * 2;
     size_t red = (size_t)ATT_TC_WARPS * ATT_TC_ROWS * (head_dim + 2) * sizeof(float);
-    return (stages > red ? stages : red) + (size_t)ATT_TC_WARPS * n_stages * 16;
+    return (stages > red ? stages : red);
+}
+
+static size_t att_tc_smem_bytes(int head_dim, int n_stages) {
+    return 1024 + att_tc_work_bytes(head_dim, n_stages) + (size_t)ATT_TC_WARPS * n_stages * 16;
 }
 
 __device__ __forceinline__ void att_mbar_init(uint64_t *bar) {
@@ -457,308 +460,289 @@ __device__ __forceinline__ void att_mbar_wait(uint64_t *bar, uint32_t parity) {
                  : "memory");
 }
 
-/* One bulk copy of `bytes` (a multiple of 16) that completes on bar's transaction count. */
-__device__ __forceinline__ void att_bulk_copy(void *smem, const void *gmem, uint32_t bytes,
-                                              uint64_t *bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
-                 "%2, [%3];\n" ::"r"(cuda_smem_addr(smem)),
-                 "l"(gmem), "r"(bytes), "r"(cuda_smem_addr(bar))
+/* One box of `map` at (token in page, kv head, page) into shared memory, completing on bar. */
+__device__ __forceinline__ void att_tma_load(void *smem, const CUtensorMap *map, int tok, int kvh,
+                                             int page, uint64_t *bar) {
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n" ::"r"(cuda_smem_addr(smem)),
+                 "l"(map), "r"(0), "r"(tok), "r"(0), "r"(kvh), "r"(page), "r"(cuda_smem_addr(bar))
                  : "memory");
 }
 
-/* The work area, then q's terms past the first: (split - 1, 16, head_dim) swizzled. */
-static size_t att_tc_smem_bytes(int head_dim, int n_stages, int split) {
-    return att_tc_work_bytes(head_dim, n_stages) + (size_t)(split - 1) * ATT_TC_ROWS * head_dim * 2;
+/* The 8x8 b16 matrix of a fragment register, transposed across the warp. */
+__device__ __forceinline__ uint32_t att_movtrans(uint32_t x) {
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
 }
 
-/* Three resident CTAs per SM: q's first term and the output accumulators live in registers
- * (at most 168, none spilled at head_dim 128), and two stages of 16-token tiles take 64 KB per
- * CTA, plus 4 KB per further term of q. */
-template <int D, int SPLIT, typename KT, bool BULK>
+/* Byte offset of 16-byte chunk c of token t in a box as the 128-byte swizzle lays it out:
+ * [half of D][16 tokens][128 bytes], the chunk index within 128 bytes XORed with the row. */
+__device__ __forceinline__ uint32_t att_box_off(int t, int c) {
+    return (uint32_t)((c >> 3) * ATT_TC_BOX * 128 + t * 128 + (((c & 7) ^ (t & 7)) << 4));
+}
+
+/* Registers bound nothing at three CTAs of two warps per SM (255 each); two stages of
+ * 32-token tiles take 64 KB per CTA at head_dim 128. NT: n-tiles of 8 query heads. */
+template <int D, int SPLIT, typename KT, int NT>
 __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
-    paged_decode_mma_kernel(att_params p) {
-    constexpr int CH = D / 8;              /* 16-byte chunks per token row */
-    constexpr int KS = D / 16;             /* k-steps of Q K^T */
-    constexpr int NO = D / 8;              /* n-tiles of the output */
-    constexpr int RS = D + 8;              /* elements a token row takes in shared memory */
-    constexpr int TILE = ATT_TC_TILE * RS; /* elements of one tile of K (or of V) */
-    static_assert(CH % 8 == 0 && ATT_TC_TILE == 16, "swizzle and the P V k-step need these");
-    extern __shared__ __align__(16) unsigned char smem[];
+    paged_decode_mma_kernel(att_params p, const __grid_constant__ CUtensorMap kmap,
+                            const __grid_constant__ CUtensorMap vmap) {
+    constexpr int KS = D / 16;                    /* k-steps of S^T, m-tiles of O^T */
+    constexpr uint32_t BOXB = ATT_TC_BOX * D * 2; /* bytes of one box */
+    constexpr uint32_t TILEB = 2 * BOXB;          /* bytes of a tile of K (or of V) */
+    constexpr int NB = ATT_TC_TILE / ATT_TC_BOX;  /* boxes per tile, m-tiles of S^T */
+    static_assert(D % 64 == 0 && NB == 2, "the swizzle and the window need these");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024u - (cuda_smem_addr(smem_raw) & 1023u)) & 1023u);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, c4 = lane & 3;
-    const int n_st = p.stages, bs = p.block_size, tpp = bs / ATT_TC_TILE;
-    KT *wbuf = (KT *)smem + (size_t)warp * n_st * 2 * TILE;
-    KT *qs = (KT *)(smem + att_tc_work_bytes(D, n_st)); /* (SPLIT - 1, 16, D) */
-    uint64_t *bars = (uint64_t *)(smem + att_tc_work_bytes(D, n_st)) - ATT_TC_WARPS * n_st * 2;
-    uint64_t *wbar = bars + warp * n_st * 2; /* (2, n_st) this warp's stages: K (or both), V */
-    if (BULK) {
-        if (lane == 0)
-            for (int i = 0; i < 2 * n_st; i++) att_mbar_init(wbar + i);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        __syncwarp();
-    }
+    const int n_st = p.stages, bs = p.block_size;
+    unsigned char *wbuf = smem + (size_t)warp * n_st * 2 * TILEB;
+    uint64_t *wbar = (uint64_t *)(smem + att_tc_work_bytes(D, n_st)) + warp * n_st * 2;
+    if (lane == 0)
+        for (int i = 0; i < 2 * n_st; i++) att_mbar_init(wbar + i);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    __syncwarp();
     uint32_t used = 0; /* tiles this warp has streamed through its stages */
-    /* Element of 16-byte chunk cc of token t in a stage: rows padded to RS keep ldmatrix's 8
-     * rows in distinct banks for the bulk copies, whose rows land whole; the 16-byte copies
-     * XOR the chunk with the token instead. */
-    auto so = [](int t, int cc) { return BULK ? t * RS + cc * 8 : (t * CH + (cc ^ (t & 7))) * 8; };
     const int kvh = blockIdx.x, chunk = blockIdx.y;
     const int head0 = kvh * p.group;
-    const uint64_t row_stride = (uint64_t)p.n_kv_heads * D;
-    const KT *kp = (const KT *)p.k_pool + (uint64_t)kvh * D;
-    const KT *vp = (const KT *)p.v_pool + (uint64_t)kvh * D;
+
+    /* A split's merge waits for this grid to finish, and starting it early costs nothing but
+     * its launch: let it start once every CTA here has. */
+    if (p.split) cuda_pdl_trigger();
 
     for (int row = blockIdx.z; row < p.n_tokens; row += gridDim.z) {
-        const int s = seq_of_row(p.q_indptr, p.n_seqs, row);
-        if (p.q_indptr[s + 1] - p.q_indptr[s] != 1) continue;
+        /* A CTA's first copy waits on this chain of loads: with every sequence decoding, the
+         * row is the sequence, without a search through q_indptr. */
+        const int s = p.all_decode ? row : seq_of_row(p.q_indptr, p.n_seqs, row);
+        if (!p.all_decode && p.q_indptr[s + 1] - p.q_indptr[s] != 1) continue;
         const int n_vis = p.kv_len[s];
         int fpo, p_begin, p_end;
         if (!chunk_pages(p, s, n_vis, chunk, &fpo, &p_begin, &p_end)) continue;
         const int32_t *pages = p.page_indices + p.page_indptr[s];
         const int drow = p.split ? decode_rank(p, s) : 0;
-        /* Tiles [t_begin, t_end) of the chunk that hold a live token; tile T covers the
-         * sequence's slots [16T, 16T + 16), slot u live when fpo <= u < fpo + n_vis. */
-        const int t_begin = p_begin == 0 ? fpo / ATT_TC_TILE : p_begin * tpp;
-        const int t_live = (fpo + n_vis + ATT_TC_TILE - 1) / ATT_TC_TILE;
-        const int t_end = p_end * tpp < t_live ? p_end * tpp : t_live;
-        cuda_pdl_wait();
+        /* Slot u of the sequence is live here when fpo <= u < hi; the chunk's tiles start at
+         * u0 (16-aligned, so that each box lies within one page). */
+        const int hi = fpo + n_vis < p_end * bs ? fpo + n_vis : p_end * bs;
+        const int u0 = p_begin == 0 ? fpo / ATT_TC_BOX * ATT_TC_BOX : p_begin * bs;
+        const int n_tiles = (hi - u0 + ATT_TC_TILE - 1) / ATT_TC_TILE;
+        const int n_my = n_tiles > warp ? (n_tiles - warp + ATT_TC_WARPS - 1) / ATT_TC_WARPS : 0;
 
-        /* q's first term as A fragments in registers: register r holds rows g (+8 for odd
-         * r), columns 2 * c4 (+8 for r >= 2) of each k-step. Later terms go to shared memory
-         * (read back by ldmatrix per tile), which keeps the registers of the split path
-         * near the single one's. */
-        uint32_t qa[KS][4];
+        /* Box b of this warp (box 2i + j of its tile i) starts at slot box_u(b); lane l holds
+         * the page of box 32 w + l in window w, and window w + 1 is read as window w starts,
+         * so that issuing a copy never waits on the page table. */
+        auto box_u = [&](int b) {
+            return u0 + (warp + (b >> 1) * ATT_TC_WARPS) * ATT_TC_TILE + (b & 1) * ATT_TC_BOX;
+        };
+        auto page_of = [&](int b) -> int {
+            const int u = box_u(b);
+            return b < 2 * n_my && u < hi ? pages[u / bs] : 0;
+        };
+        int win_cur = page_of(lane), win_nxt = page_of(32 + lane);
+        cuda_pdl_wait();
+        /* Tile i's K (part 0) or V (part 1) into stage stg: boxes past the live slots are
+         * skipped; tiles are issued in order, K before V. */
+        auto issue = [&](int i, int part, int stg) {
+            if (part == 0 && i > 0 && (2 * i) % 32 == 0) {
+                win_cur = win_nxt;
+                win_nxt = page_of(2 * i + 32 + lane);
+            }
+            const int pg0 = __shfl_sync(0xffffffffu, win_cur, (2 * i) & 31);
+            const int pg1 = __shfl_sync(0xffffffffu, win_cur, (2 * i + 1) & 31);
+            if (lane == 0) {
+                const int ua = box_u(2 * i), ub = ua + ATT_TC_BOX;
+                uint64_t *bar = wbar + part * n_st + stg;
+                unsigned char *dst = wbuf + (size_t)(stg * 2 + part) * TILEB;
+                const CUtensorMap *map = part ? &vmap : &kmap;
+                att_mbar_expect(bar, ub < hi ? TILEB : BOXB);
+                att_tma_load(dst, map, ua % bs, kvh, pg0, bar);
+                if (ub < hi) att_tma_load(dst + BOXB, map, ub % bs, kvh, pg1, bar);
+            }
+        };
+
+        int stg = (int)(used % n_st);
+        uint32_t par = (used / n_st) & 1;
+        for (int i = 0, s2 = stg; i < n_st && i < n_my; i++) {
+            issue(i, 0, s2);
+            issue(i, 1, s2);
+            s2 = s2 + 1 == n_st ? 0 : s2 + 1;
+        }
+        /* q's terms as B fragments: qb[sp][ks][nt] holds head 8 nt + g, dims 16 ks + 2 c4
+         * (+1) and, in its second register, 8 dims further. */
+        uint32_t qb[SPLIT][KS][NT][2];
         const size_t qbase = (size_t)row * p.n_heads * D + (size_t)head0 * D;
 #pragma unroll
         for (int ks = 0; ks < KS; ks++)
 #pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const int h = g + (r & 1) * 8, col = ks * 16 + c4 * 2 + (r >> 1) * 8;
-                float x = 0.0f, y = 0.0f;
-                if (h < p.group) {
-                    x = cuda_load(p.q, p.q_dt, qbase + (size_t)h * D + col);
-                    y = cuda_load(p.q, p.q_dt, qbase + (size_t)h * D + col + 1);
-                }
-                uint32_t t[SPLIT];
-                split2<KT, SPLIT>(x, y, t);
-                qa[ks][r] = t[0];
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                for (int sp = 1; sp < SPLIT; sp++)
-                    *(uint32_t *)(qs + (sp - 1) * ATT_TC_ROWS * D +
-                                  (h * CH + ((col >> 3) ^ (h & 7))) * 8 + (col & 7)) = t[sp];
-            }
-        if (SPLIT > 1) __syncthreads();
+                for (int r = 0; r < 2; r++) {
+                    const int h = nt * 8 + g, col = ks * 16 + r * 8 + c4 * 2;
+                    float x = 0.0f, y = 0.0f;
+                    if (h < p.group) {
+                        x = cuda_load(p.q, p.q_dt, qbase + (size_t)h * D + col);
+                        y = cuda_load(p.q, p.q_dt, qbase + (size_t)h * D + col + 1);
+                    }
+                    uint32_t t[SPLIT];
+                    split2<KT, SPLIT>(x, y, t);
+#pragma unroll
+                    for (int sp = 0; sp < SPLIT; sp++) qb[sp][ks][nt][r] = t[sp];
+                }
 
-        float o[NO][4];
+        /* O^T accumulators: o[m][nt] holds dims 16 m + g (+8 in elements 2, 3) of heads
+         * 8 nt + 2 c4 (+1 in odd elements); m and l those two heads' running max and sum. */
+        float o[KS][NT][4];
 #pragma unroll
-        for (int n = 0; n < NO; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+        for (int m = 0; m < KS; m++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+                o[m][nt][0] = o[m][nt][1] = o[m][nt][2] = o[m][nt][3] = 0.0f;
+        float mx[NT][2], l[NT][2];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            mx[nt][0] = mx[nt][1] = -INFINITY, l[nt][0] = l[nt][1] = 0.0f;
 
-        const int span = t_end - t_begin;
-        const int n_my = span > warp ? (span - warp + ATT_TC_WARPS - 1) / ATT_TC_WARPS : 0;
-        /* The slot of each of the warp's tiles (page * tiles per page + tile in page), 32
-         * tiles at a time: lane l holds that of tile 32w + l, and window w + 1 is loaded as
-         * window w starts, so that issuing a tile's copies never waits on the page table. A
-         * slot stays below 2^32 for any pool that fits in memory (2^36 tokens). */
-        auto slot_of = [&](int i) -> uint32_t {
-            if (i >= n_my) return 0;
-            const int tile = t_begin + warp + i * ATT_TC_WARPS, q = tile / tpp;
-            return (uint32_t)pages[q] * (uint32_t)tpp + (uint32_t)(tile - q * tpp);
-        };
-        uint32_t sl_cur = 0, sl_nxt = 0;
-        if (BULK) sl_cur = slot_of(lane), sl_nxt = slot_of(32 + lane);
-        /* Tile i into stage stg: the bulk copies take K (part 0) and V (part 1) apart, the
-         * 16-byte copies both at once. */
-        auto issue = [&](int i, int part, int stg) {
-            const int tile = t_begin + warp + i * ATT_TC_WARPS;
-            const int u0 = tile * ATT_TC_TILE;
-            uint64_t base;
-            if (BULK) {
-                /* tiles are issued in order, K before V */
-                if ((i & 31) == 0 && i > 0 && part == 0) {
-                    sl_cur = sl_nxt;
-                    sl_nxt = slot_of(i + 32 + lane);
-                }
-                base =
-                    (uint64_t)__shfl_sync(0xffffffffu, sl_cur, i & 31) * ATT_TC_TILE * row_stride;
-            } else {
-                base =
-                    ((uint64_t)pages[tile / tpp] * (uint64_t)bs + (uint64_t)(u0 % bs)) * row_stride;
-            }
-            KT *kd = wbuf + (size_t)stg * 2 * TILE, *vd = kd + TILE;
-            if constexpr (BULK) {
-                /* lanes 0-15 copy K rows, 16-31 V rows; dead rows are zeroed by hand */
-                const int t = lane & 15;
-                const bool ok = u0 + t >= fpo && u0 + t < fpo + n_vis;
-                const int live = __popc(__ballot_sync(0xffffffffu, ok)) / 2;
-                uint64_t *bar = wbar + part * n_st + stg;
-                if (lane == 16 * part) att_mbar_expect(bar, (uint32_t)(live * D * 2));
-                __syncwarp();
-                KT *dst = (part ? vd : kd) + t * RS;
-                const bool mine = lane >> 4 == part;
-                if (mine && ok) {
-                    att_bulk_copy(dst, (part ? vp : kp) + base + (uint64_t)t * row_stride, D * 2,
-                                  bar);
-                } else if (mine) {
-#pragma unroll
-                    for (int c = 0; c < CH; c++) *(uint4 *)(dst + c * 8) = make_uint4(0, 0, 0, 0);
-                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                }
-            } else {
-#pragma unroll
-                for (int c = lane; c < ATT_TC_TILE * CH; c += 32) {
-                    const int t = c / CH, cc = c % CH;
-                    const bool ok = u0 + t >= fpo && u0 + t < fpo + n_vis;
-                    const uint64_t off =
-                        ok ? base + (uint64_t)t * row_stride + (uint64_t)cc * 8 : 0;
-                    cuda_cp_async16_zfill(kd + so(t, cc), kp + off, ok);
-                    cuda_cp_async16_zfill(vd + so(t, cc), vp + off, ok);
-                }
-            }
-        };
-
-        /* Stage of tile i and, for the bulk copies, the parity of its barriers' phase,
-         * counted rather than divided. The bulk copies free a tile's K half once S is computed
-         * and its V half after P V, each refilled at once for tile i + n_st: a tile more in
-         * flight per warp than the 16-byte copies keep, in the same shared memory. */
-        int stg = BULK ? (int)(used % n_st) : 0;
-        uint32_t par = BULK ? (used / n_st) & 1 : 0;
-        for (int i = 0, s2 = stg; i < n_st - !BULK; i++) {
-            if (i < n_my) issue(i, 0, s2);
-            if (BULK && i < n_my) issue(i, 1, s2);
-            if (!BULK) cuda_cp_async_commit();
-            s2 = s2 + 1 == n_st ? 0 : s2 + 1;
-        }
         for (int i = 0; i < n_my; i++) {
-            if (!BULK && i + n_st - 1 < n_my) issue(i + n_st - 1, 0, (i + n_st - 1) % n_st);
-            if (!BULK) stg = i % n_st;
-            if (BULK) {
-                att_mbar_wait(wbar + stg, par);
-            } else {
-                cuda_cp_async_commit();
-                cp_async_wait_n(n_st - 1);
-            }
-            __syncwarp();
-            const KT *kt = wbuf + (size_t)stg * 2 * TILE, *vt = kt + TILE;
-            const int u0 = (t_begin + warp + i * ATT_TC_WARPS) * ATT_TC_TILE;
+            const unsigned char *kt = wbuf + (size_t)(stg * 2) * TILEB;
+            unsigned char *vt = wbuf + (size_t)(stg * 2 + 1) * TILEB;
+            const int ut = box_u(2 * i);
+            att_mbar_wait(wbar + stg, par);
 
-            /* Even and odd k-steps go to separate accumulators, halving the chain of
-             * dependent MMAs. x4: matrices 0..3 are chunks 4kk..4kk+3 of tokens 8n..8n+7, the
-             * B fragments of k-steps 2kk and 2kk+1. */
-            float sc[2][4], sx[2][4];
+            /* S^T, even and odd k-steps into separate accumulators, halving the chain of
+             * dependent MMAs. x4: matrices are (tokens +0/+8) x (dims +0/+8) of a k-step. */
+            float sc[NB][NT][4], sx[NB][NT][4];
 #pragma unroll
-            for (int n = 0; n < 2; n++)
+            for (int mt = 0; mt < NB; mt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) sc[n][e] = sx[n][e] = 0.0f;
+                for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int kk = 0; kk < KS / 2; kk++) {
-                /* x4 on q's rows: matrices are (rows +0/+8) x (dims +0/+8) of one k-step */
-                uint32_t qt[SPLIT > 1 ? SPLIT - 1 : 1][2][4];
+                    for (int e = 0; e < 4; e++) sc[mt][nt][e] = sx[mt][nt][e] = 0.0f;
 #pragma unroll
-                for (int sp = 1; sp < SPLIT; sp++)
+            for (int mt = 0; mt < NB; mt++)
 #pragma unroll
-                    for (int j = 0; j < 2; j++) {
-                        const int h = ((lane >> 3) & 1) * 8 + (lane & 7);
-                        const int cc = (2 * kk + j) * 2 + (lane >> 4);
-                        cuda_ldmatrix_x4(qt[sp - 1][j], qs + (sp - 1) * ATT_TC_ROWS * D +
-                                                            (h * CH + (cc ^ (h & 7))) * 8);
+                for (int ks = 0; ks < KS; ks++) {
+                    uint32_t a[4];
+                    const int t = ((lane >> 3) & 1) * 8 + (lane & 7), c = ks * 2 + (lane >> 4);
+                    cuda_ldmatrix_x4(a, kt + mt * BOXB + att_box_off(t, c));
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int sp = 0; sp < SPLIT; sp++)
+                            cuda_mma16816<KT>(ks & 1 ? sx[mt][nt] : sc[mt][nt], a,
+                                              qb[sp][ks][nt][0], qb[sp][ks][nt][1]);
+                }
+
+            /* Online softmax per head column: a thread's 4 tokens, then the 8 lanes (g) that
+             * share its heads, through shuffles; the sum stays per thread until the end. */
+            const bool whole = ut >= fpo && ut + ATT_TC_TILE <= hi;
+            float alpha[NT][2];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                float tmx[2] = {mx[nt][0], mx[nt][1]};
+#pragma unroll
+                for (int mt = 0; mt < NB; mt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int u = ut + mt * ATT_TC_BOX + g + (e >> 1) * 8;
+                        const float v = whole || (u >= fpo && u < hi)
+                                            ? (sc[mt][nt][e] + sx[mt][nt][e]) * p.scale_log2
+                                            : -INFINITY;
+                        sc[mt][nt][e] = v;
+                        tmx[e & 1] = fmaxf(tmx[e & 1], v);
                     }
 #pragma unroll
-                for (int n = 0; n < 2; n++) {
-                    const int t = n * 8 + (lane & 7), cc = kk * 4 + (lane >> 3);
-                    uint32_t b[4];
-                    cuda_ldmatrix_x4(b, kt + so(t, cc));
-                    cuda_mma16816<KT>(sc[n], qa[2 * kk], b[0], b[1]);
-                    cuda_mma16816<KT>(sx[n], qa[2 * kk + 1], b[2], b[3]);
+                for (int r = 0; r < 2; r++) {
 #pragma unroll
-                    for (int sp = 1; sp < SPLIT; sp++) {
-                        cuda_mma16816<KT>(sc[n], qt[sp - 1][0], b[0], b[1]);
-                        cuda_mma16816<KT>(sx[n], qt[sp - 1][1], b[2], b[3]);
+                    for (int o2 = 4; o2 < 32; o2 <<= 1)
+                        tmx[r] = fmaxf(tmx[r], __shfl_xor_sync(0xffffffffu, tmx[r], o2));
+                    const float base = tmx[r] == -INFINITY ? 0.0f : tmx[r];
+                    alpha[nt][r] = exp2f(mx[nt][r] - base);
+                    mx[nt][r] = tmx[r];
+                    l[nt][r] *= alpha[nt][r];
+                }
+#pragma unroll
+                for (int mt = 0; mt < NB; mt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const float base = mx[nt][e & 1] == -INFINITY ? 0.0f : mx[nt][e & 1];
+                        const float pe = exp2f(sc[mt][nt][e] - base);
+                        sc[mt][nt][e] = pe;
+                        l[nt][e & 1] += pe;
                     }
-                }
             }
-#pragma unroll
-            for (int n = 0; n < 2; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) sc[n][e] += sx[n][e];
-            if (BULK) {
-                __syncwarp();
-                if (i + n_st < n_my) issue(i + n_st, 0, stg);
-            }
-
-            /* Online softmax: a row's 4 threads (same g) share its max through shuffles; the
-             * row sum stays per thread until the end. */
-            float mx[2] = {m[0], m[1]};
-            const bool whole = BULK && u0 >= fpo && u0 + ATT_TC_TILE <= fpo + n_vis;
-#pragma unroll
-            for (int n = 0; n < 2; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int u = u0 + n * 8 + c4 * 2 + (e & 1);
-                    const float v = whole || (u >= fpo && u < fpo + n_vis) ? sc[n][e] * p.scale_log2
-                                                                           : -INFINITY;
-                    sc[n][e] = v;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
-                }
-            float alpha[2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                const float base = mx[r] == -INFINITY ? 0.0f : mx[r];
-                alpha[r] = exp2f(m[r] - base);
-                m[r] = mx[r];
-                l[r] *= alpha[r];
-            }
-#pragma unroll
-            for (int n = 0; n < 2; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float base = m[e >> 1] == -INFINITY ? 0.0f : m[e >> 1];
-                    const float pe = exp2f(sc[n][e] - base);
-                    sc[n][e] = pe;
-                    l[e >> 1] += pe;
-                }
             /* Once the running max settles, tiles leave it alone: skip the rescale then. */
-            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+            bool moved = false;
 #pragma unroll
-                for (int n = 0; n < NO; n++) {
-                    o[n][0] *= alpha[0], o[n][1] *= alpha[0];
-                    o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-                }
+            for (int nt = 0; nt < NT; nt++) moved |= alpha[nt][0] != 1.0f || alpha[nt][1] != 1.0f;
+            if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+                for (int m = 0; m < KS; m++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) {
+                        o[m][nt][0] *= alpha[nt][0], o[m][nt][1] *= alpha[nt][1];
+                        o[m][nt][2] *= alpha[nt][0], o[m][nt][3] *= alpha[nt][1];
+                    }
             }
-
-            if (BULK) att_mbar_wait(wbar + n_st + stg, par);
-            /* O += P V: the tile's 16 tokens are n-tiles 0 and 1 of S, which is the A
-             * fragment's layout; x4.trans matrices are (tokens +0/+8) x (dims 16dp +0/+8). */
-            uint32_t pa[4][SPLIT];
-            split2<KT, SPLIT>(sc[0][0], sc[0][1], pa[0]);
-            split2<KT, SPLIT>(sc[0][2], sc[0][3], pa[1]);
-            split2<KT, SPLIT>(sc[1][0], sc[1][1], pa[2]);
-            split2<KT, SPLIT>(sc[1][2], sc[1][3], pa[3]);
+            /* P^T as B fragments: S^T's registers pair two heads of one token, an 8x8 matrix
+             * of (token, head) that movmatrix turns into (head, token) pairs. */
+            uint32_t pb[NB][NT][2][SPLIT];
 #pragma unroll
-            for (int dp = 0; dp < D / 16; dp++) {
-                const int t = ((lane >> 3) & 1) * 8 + (lane & 7), cc = dp * 2 + (lane >> 4);
-                uint32_t b[4];
-                cuda_ldmatrix_x4_trans(b, vt + so(t, cc));
+            for (int mt = 0; mt < NB; mt++)
 #pragma unroll
-                for (int sp = 0; sp < SPLIT; sp++) {
-                    const uint32_t a[4] = {pa[0][sp], pa[1][sp], pa[2][sp], pa[3][sp]};
-                    cuda_mma16816<KT>(o[2 * dp], a, b[0], b[1]);
-                    cuda_mma16816<KT>(o[2 * dp + 1], a, b[2], b[3]);
-                }
-            }
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        uint32_t t[SPLIT];
+                        split2<KT, SPLIT>(sc[mt][nt][2 * r], sc[mt][nt][2 * r + 1], t);
+#pragma unroll
+                        for (int sp = 0; sp < SPLIT; sp++) pb[mt][nt][r][sp] = att_movtrans(t[sp]);
+                    }
+            /* S, hence every ldmatrix of K, is spent: refill K's half of the stage */
             __syncwarp();
-            if (BULK && i + n_st < n_my) issue(i + n_st, 1, stg);
-            if (BULK && ++stg == n_st) stg = 0, par ^= 1;
+            if (i + n_st < n_my) issue(i + n_st, 0, stg);
+
+            att_mbar_wait(wbar + n_st + stg, par);
+            if (!whole) {
+                /* lane t zeroes token t's V row when that slot is not live here */
+                const int u = ut + lane;
+                if (u < fpo || u >= hi) {
+                    unsigned char *r0 = vt + (lane >> 4) * BOXB + (lane & 15) * 128;
+#pragma unroll
+                    for (int h = 0; h < D / 64; h++)
+#pragma unroll
+                        for (int c = 0; c < 8; c++)
+                            *(uint4 *)(r0 + h * ATT_TC_BOX * 128 + c * 16) = make_uint4(0, 0, 0, 0);
+                }
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                __syncwarp();
+            }
+            /* O^T += V^T P^T: x4.trans matrices are (dims +0/+8) x (tokens +0/+8). */
+#pragma unroll
+            for (int mt = 0; mt < NB; mt++)
+#pragma unroll
+                for (int m = 0; m < KS; m++) {
+                    uint32_t a[4];
+                    const int t = (lane >> 4) * 8 + (lane & 7), c = m * 2 + ((lane >> 3) & 1);
+                    cuda_ldmatrix_x4_trans(a, vt + mt * BOXB + att_box_off(t, c));
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int sp = 0; sp < SPLIT; sp++)
+                            cuda_mma16816<KT>(o[m][nt], a, pb[mt][nt][0][sp], pb[mt][nt][1][sp]);
+                }
+            __syncwarp();
+            if (i + n_st < n_my) issue(i + n_st, 1, stg);
+            if (++stg == n_st) stg = 0, par ^= 1;
         }
         used += n_my;
-        cuda_cp_async_wait<0>();
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-        }
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int o2 = 4; o2 < 32; o2 <<= 1)
+                    l[nt][r] += __shfl_xor_sync(0xffffffffu, l[nt][r], o2);
         __syncthreads();
 
         /* Combine the warps: each writes its unnormalized rows, max and sum; the stage
@@ -766,15 +750,19 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
         float *red = (float *)smem;                       /* (ATT_TC_WARPS, 16, D) */
         float *mw = red + ATT_TC_WARPS * ATT_TC_ROWS * D; /* (ATT_TC_WARPS, 16) */
         float *lw = mw + ATT_TC_WARPS * ATT_TC_ROWS;      /* (ATT_TC_WARPS, 16) */
-        if (c4 == 0) {
-            mw[warp * ATT_TC_ROWS + g] = m[0], mw[warp * ATT_TC_ROWS + g + 8] = m[1];
-            lw[warp * ATT_TC_ROWS + g] = l[0], lw[warp * ATT_TC_ROWS + g + 8] = l[1];
-        }
 #pragma unroll
-        for (int n = 0; n < NO; n++) {
-            float *r0 = red + (size_t)(warp * ATT_TC_ROWS + g) * D + n * 8 + c4 * 2;
-            r0[0] = o[n][0], r0[1] = o[n][1];
-            r0[8 * D] = o[n][2], r0[8 * D + 1] = o[n][3];
+        for (int nt = 0; nt < NT; nt++) {
+            const int h = nt * 8 + c4 * 2;
+            if (g == 0) {
+                mw[warp * ATT_TC_ROWS + h] = mx[nt][0], mw[warp * ATT_TC_ROWS + h + 1] = mx[nt][1];
+                lw[warp * ATT_TC_ROWS + h] = l[nt][0], lw[warp * ATT_TC_ROWS + h + 1] = l[nt][1];
+            }
+#pragma unroll
+            for (int m = 0; m < KS; m++) {
+                float *r0 = red + (size_t)(warp * ATT_TC_ROWS + h) * D + m * 16 + g;
+                r0[0] = o[m][nt][0], r0[D] = o[m][nt][1];
+                r0[8] = o[m][nt][2], r0[D + 8] = o[m][nt][3];
+            }
         }
         __syncthreads();
         for (int i = threadIdx.x; i < p.group * D; i += ATT_TC_WARPS * 32) {
@@ -800,6 +788,8 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
                 cuda_store(p.out, p.out_dt, (size_t)row * p.n_heads * D + (size_t)hg * D + d, v);
             }
         }
+        /* the next row's copies overwrite what the combine wrote through the generic proxy */
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
     }
     cuda_pdl_wait();
@@ -932,11 +922,12 @@ __global__ void __launch_bounds__(ATT_MERGE_WARPS * 32) merge_kernel(att_params 
 
 /* Every kernel here launches with PDL (cuda_launch_pdl): it may start while the kernel before
  * it ends, reads the batch's arrays before its wait and q, the pool and the workspace after it,
- * and never triggers its dependents early, so the o GEMV after it starts when it ends. On the
- * H200, batch-1 decode of the 8B shape at contexts 512 to 640 (v1 on 8 CTAs; tok/s of the
- * decode step): plain launches 480.1, PDL 486.1, PDL with a trigger at each CTA's start 462.8
- * (the GEMV's early weight loads then slow the attention itself), PDL with the chunk's K and V
- * prefetched to L2 before the wait 483.0. */
+ * and never triggers its dependents early (but the tensor-core kernel of a split, followed by
+ * the merge), so the o GEMV after it starts when it ends. On the H200, batch-1 decode of the 8B
+ * shape at contexts 512 to 640 (v1 on 8 CTAs; tok/s of the decode step): plain launches 480.1,
+ * PDL 486.1, PDL with a trigger at each CTA's start 462.8 (the GEMV's early weight loads then
+ * slow the attention itself), PDL with the chunk's K and V prefetched to L2 before the wait
+ * 483.0. */
 template <typename K>
 static int att_launch(cuda_backend *c, K kern, dim3 grid, int threads, size_t smem,
                       const att_params &p, const char *what, base_err *err) {
@@ -988,57 +979,130 @@ static int dispatch(const att_params &p, int head_dim, int gb, dim3 grid, size_t
     }
 }
 
-template <int D, int SPLIT, typename KT>
-static int launch_decode_mma(const att_params &p, dim3 grid, size_t smem, cuda_backend *c,
-                             base_err *err) {
-    /* MLXCEL_ATT_BULK_WAVES moves the threshold (0: never bulk), for tests and other devices */
-    const char *env = getenv("MLXCEL_ATT_BULK_WAVES");
-    const long long waves = env && *env ? strtoll(env, NULL, 10) : ATT_TC_BULK_WAVES;
-    const long long ctas = (long long)grid.x * grid.y * grid.z;
-    if (ctas <= waves * ATT_TC_CTAS * c->sm_count)
-        return att_launch(c, paged_decode_mma_kernel<D, SPLIT, KT, true>, grid, ATT_TC_WARPS * 32,
-                          smem, p, "attention (tensor cores)", err);
-    return att_launch(c, paged_decode_mma_kernel<D, SPLIT, KT, false>, grid, ATT_TC_WARPS * 32,
-                      smem, p, "attention (tensor cores)", err);
+/* A pool's tensor map (the 5-D view of paged_decode_mma_kernel's loads), by pool pointer and
+ * geometry: encoded once per pool, since a pool lives as long as its model. */
+struct cuda_tmap {
+    const void *pool;
+    base_dtype dtype;
+    int64_t num_blocks;
+    int block_size, n_kv_heads, head_dim;
+    CUtensorMap map;
+};
+
+/* Pools cached at most; past it the cache starts over (a model has two per layer). */
+#define ATT_TMAP_CACHE 512
+
+/* The tensor map of `pool` (layer->k or layer->v): dims, innermost first, 64 dims (128 bytes,
+ * the swizzle's span), token in page, half of head_dim, kv head, page. Sizes are 32-bit and
+ * strides 64-bit, and a page index is an int32, so any pool the page table can address fits.
+ * No L2 promotion: each 128-byte row of a box is its own request. On the H200, copies of such
+ * boxes alone (16 tokens of one kv head, pages in random order, 192 KB in flight per SM) read
+ * 4.58 TB/s without promotion or with 64- or 128-byte promotion, 4.28 with 256-byte promotion,
+ * which also fetches each row's other half. */
+static int att_tc_map(cuda_backend *c, const void *pool, const be_kv_layer *layer, CUtensorMap *map,
+                      base_err *err) {
+    for (int i = 0; i < c->n_tmaps; i++) {
+        const cuda_tmap *t = &c->tmaps[i];
+        if (t->pool == pool && t->dtype == layer->dtype && t->num_blocks == layer->num_blocks &&
+            t->block_size == layer->block_size && t->n_kv_heads == layer->n_kv_heads &&
+            t->head_dim == layer->head_dim) {
+            *map = t->map;
+            return 0;
+        }
+    }
+    if (!c->tmap_encode) {
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult found;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                             cudaEnableDefault, &found) != cudaSuccess ||
+            found != cudaDriverEntryPointSuccess || !fn)
+            return base_fail(err, "cuda: attention: the driver has no cuTensorMapEncodeTiled");
+        c->tmap_encode = fn;
+    }
+    if (!c->tmaps) {
+        c->tmaps = (cuda_tmap *)malloc(ATT_TMAP_CACHE * sizeof *c->tmaps);
+        if (!c->tmaps) return base_fail(err, "cuda: attention: out of host memory");
+    }
+    const int D = layer->head_dim, bs = layer->block_size;
+    const cuuint64_t row = (cuuint64_t)layer->n_kv_heads * D * 2;
+    const int64_t blocks = layer->num_blocks < INT32_MAX ? layer->num_blocks : INT32_MAX;
+    const cuuint64_t dims[5] = {64, (cuuint64_t)bs, (cuuint64_t)D / 64,
+                                (cuuint64_t)layer->n_kv_heads, (cuuint64_t)blocks};
+    const cuuint64_t strides[4] = {row, 128, (cuuint64_t)D * 2, (cuuint64_t)bs * row};
+    const cuuint32_t box[5] = {64, ATT_TC_BOX, (cuuint32_t)D / 64, 1, 1};
+    const cuuint32_t step[5] = {1, 1, 1, 1, 1};
+    CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)c->tmap_encode)(
+        map,
+        layer->dtype == BASE_DTYPE_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                       : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        5, (void *)pool, dims, strides, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
+        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return base_fail(err,
+                         "cuda: attention: tensor map of a pool of %lld blocks of %d: error %d",
+                         (long long)layer->num_blocks, bs, (int)r);
+    if (c->n_tmaps == ATT_TMAP_CACHE) c->n_tmaps = 0;
+    c->tmaps[c->n_tmaps++] = {pool, layer->dtype, layer->num_blocks, bs, layer->n_kv_heads,
+                              D,    *map};
+    return 0;
 }
 
-template <int D, typename KT>
-static int dispatch_mma_split(const att_params &p, bool exact, dim3 grid, size_t smem,
-                              cuda_backend *c, base_err *err) {
-    /* Two f16 terms carry 22 bits, three bf16 terms 24: an F32 float's worth either way
-     * (run_decode_mma sizes shared memory for the same count). */
+template <int D, int SPLIT, typename KT, int NT>
+static int launch_decode_mma(const att_params &p, const CUtensorMap &km, const CUtensorMap &vm,
+                             dim3 grid, size_t smem, cuda_backend *c, base_err *err) {
+    auto kern = paged_decode_mma_kernel<D, SPLIT, KT, NT>;
+    const char *what = "attention (tensor cores)";
+    if (cuda_smem_limit(kern, smem, what, err)) return -1;
+    return cuda_launch_pdl(c, kern, grid, dim3(ATT_TC_WARPS * 32), smem, what, err, p, km, vm);
+}
+
+template <int D, typename KT, int NT>
+static int dispatch_mma_split(const att_params &p, bool exact, const CUtensorMap &km,
+                              const CUtensorMap &vm, dim3 grid, size_t smem, cuda_backend *c,
+                              base_err *err) {
+    /* Two f16 terms carry 22 bits, three bf16 terms 24: an F32 float's worth either way. */
     constexpr int FULL = std::is_same<KT, __half>::value ? 2 : 3;
-    if (exact) return launch_decode_mma<D, FULL, KT>(p, grid, smem, c, err);
-    return launch_decode_mma<D, 1, KT>(p, grid, smem, c, err);
+    if (exact) return launch_decode_mma<D, FULL, KT, NT>(p, km, vm, grid, smem, c, err);
+    return launch_decode_mma<D, 1, KT, NT>(p, km, vm, grid, smem, c, err);
 }
 
 /* The tensor-core decode kernel takes head_dim 64 or 128, groups of up to 16 and blocks of a
  * multiple of 16 tokens; every other decode shape runs on paged_attention_kernel. */
 static bool mma_decode_fits(const att_params &p, const be_kv_layer *layer) {
     return p.decode && (layer->head_dim == 64 || layer->head_dim == 128) &&
-           p.group <= ATT_TC_ROWS && layer->block_size % ATT_TC_TILE == 0;
+           p.group <= ATT_TC_ROWS && layer->block_size % ATT_TC_BOX == 0;
 }
 
-/* Decode rows on the tensor cores, each warp att_stages tiles of 16 tokens deep. An F32
+/* Decode rows on the tensor cores, each warp att_stages tiles of 32 tokens deep. An F32
  * output is owed F32 accuracy, so q and P then go in as split terms. */
 static int run_decode_mma(const att_params &p0, const be_kv_layer *layer, int chunks,
                           cuda_backend *c, base_err *err) {
     att_params p = p0;
     const bool exact = p.out_dt == BASE_DTYPE_F32;
-    const int split = !exact ? 1 : layer->dtype == BASE_DTYPE_F16 ? 2 : 3;
-    while (p.stages > ATT_MIN_STAGES &&
-           att_tc_smem_bytes(layer->head_dim, p.stages, split) > ATT_SMEM_MAX)
-        p.stages--;
-    const size_t smem = att_tc_smem_bytes(layer->head_dim, p.stages, split);
+    const int D = layer->head_dim;
+    while (p.stages > ATT_MIN_STAGES && att_tc_smem_bytes(D, p.stages) > ATT_SMEM_MAX) p.stages--;
+    const size_t smem = att_tc_smem_bytes(D, p.stages);
+    CUtensorMap km, vm;
+    if (att_tc_map(c, layer->k, layer, &km, err) || att_tc_map(c, layer->v, layer, &vm, err))
+        return -1;
     dim3 grid((unsigned)p.n_kv_heads, (unsigned)chunks,
               (unsigned)(p.n_tokens < ATT_GRID_MAX ? p.n_tokens : ATT_GRID_MAX));
-    if (layer->head_dim == 64)
-        return layer->dtype == BASE_DTYPE_F16
-                   ? dispatch_mma_split<64, __half>(p, exact, grid, smem, c, err)
-                   : dispatch_mma_split<64, __nv_bfloat16>(p, exact, grid, smem, c, err);
-    return layer->dtype == BASE_DTYPE_F16
-               ? dispatch_mma_split<128, __half>(p, exact, grid, smem, c, err)
-               : dispatch_mma_split<128, __nv_bfloat16>(p, exact, grid, smem, c, err);
+    const bool f16 = layer->dtype == BASE_DTYPE_F16, wide = p.group > 8;
+    if (D == 64) {
+        if (wide)
+            return f16 ? dispatch_mma_split<64, __half, 2>(p, exact, km, vm, grid, smem, c, err)
+                       : dispatch_mma_split<64, __nv_bfloat16, 2>(p, exact, km, vm, grid, smem, c,
+                                                                  err);
+        return f16 ? dispatch_mma_split<64, __half, 1>(p, exact, km, vm, grid, smem, c, err)
+                   : dispatch_mma_split<64, __nv_bfloat16, 1>(p, exact, km, vm, grid, smem, c, err);
+    }
+    if (wide)
+        return f16 ? dispatch_mma_split<128, __half, 2>(p, exact, km, vm, grid, smem, c, err)
+                   : dispatch_mma_split<128, __nv_bfloat16, 2>(p, exact, km, vm, grid, smem, c,
+                                                               err);
+    return f16 ? dispatch_mma_split<128, __half, 1>(p, exact, km, vm, grid, smem, c, err)
+               : dispatch_mma_split<128, __nv_bfloat16, 1>(p, exact, km, vm, grid, smem, c, err);
 }
 
 /* Decode grids of at most this many CTAs run on paged_attention_kernel even where the

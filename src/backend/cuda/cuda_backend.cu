@@ -39,6 +39,7 @@ static void cuda_destroy(be_backend *be) {
     cudaFree(c->ftmp);
     cudaFree(c->gmma_buf);
     cudaFree(c->wide_buf);
+    free(c->tmaps);
     cudaStreamDestroy(c->stream);
     free(c);
     free(be);

@@ -20,6 +20,8 @@ extern "C" {
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+typedef struct cuda_tmap cuda_tmap; /* cuda_attention.cu */
+
 typedef struct cuda_backend {
     int device;
     int sm_count;
@@ -47,6 +49,11 @@ typedef struct cuda_backend {
     size_t wide_bytes;
     /* Which decode GEMV cuda_gemv1 runs: CUDA_GEMV_AUTO, or one forced for benchmarks. */
     int gemv_kernel;
+    /* (n_tmaps) tensor maps of KV pools for the decode attention's bulk tensor copies, and
+     * the driver's cuTensorMapEncodeTiled that makes them */
+    cuda_tmap *tmaps;
+    int n_tmaps;
+    void *tmap_encode;
 } cuda_backend;
 
 static inline cuda_backend *cuda_impl(be_backend *be) {
