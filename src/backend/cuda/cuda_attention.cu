@@ -396,14 +396,17 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
  * the pool's dtype, are read once.
  *
  * Measured on the H200 (Llama-3.1-8B decode, f16 KV, F32 q and out, the planner's chunking;
- * tools/reference/sdpa_peer.py --ours, in turns with cuDNN SDPA on contiguous K/V), TB/s of K+V
- * at 1x131072 / 4x16384 / 16x8192 / 64x4096 / 256x2048: 3.91 / 3.44 / 3.91 / 3.96 / 4.23, cuDNN
- * 4.20 / 3.84 / 4.37 / 4.46 / 4.55, ratios 0.93 / 0.90 / 0.89 / 0.89 / 0.93. The kernel before
- * (16-token tiles, q heads as the M rows, 16-byte or per-row bulk copies) read 3.62 / 3.13 / 3.60
- * / 3.42 / 3.72 (0.86 / 0.81 / 0.82 / 0.76 / 0.82). Three stages per warp (two CTAs per SM)
- * read 3.42 / 2.92 / 3.37 / 3.69 / 4.11. With the boxes' loads near their ceiling (4.58 TB/s,
- * att_tc_map), what remains is per call: ncu at 4x16384 (one wave of 384 CTAs) times the
- * kernel at 74.5 us, 75% of DRAM peak on average, and the merge after it at 6.7 us. */
+ * tools/reference/sdpa_peer.py --ours, 7 trials in turns with cuDNN SDPA on contiguous K/V),
+ * TB/s of K+V at 1x131072 / 4x16384 / 16x8192 / 64x4096 / 256x2048: 3.83 / 3.38 / 3.85 / 3.83
+ * / 4.08, cuDNN 4.12 / 3.78 / 4.26 / 4.37 / 4.40, ratios 0.930 / 0.895 / 0.903 / 0.877 / 0.927.
+ * The kernel before (16-token tiles, q heads as the M rows, 16-byte or per-row bulk copies)
+ * stood at 0.858 / 0.809 / 0.824 / 0.763 / 0.818 of cuDNN. Three stages per warp (two CTAs per
+ * SM) read 3.42 / 2.92 / 3.37 / 3.69 / 4.11 against two stages' 3.91 / 3.44 / 3.90 / 3.97 /
+ * 4.23 in one run. With the boxes' loads near their ceiling (4.58 TB/s, att_tc_map), the rest
+ * goes per call and per CTA: ncu at 4x16384 (one wave of 384 CTAs) times the kernel at 74.5
+ * us, 75% of DRAM peak on average, and the merge after it at 6.7 us; at 64x4096 270.9 us at 83%
+ * and 7.4 us, half of the warps' stall cycles on shared-memory results (the copies' barriers,
+ * ldmatrix). */
 #define ATT_TC_WARPS 2
 #define ATT_TC_ROWS  16 /* query heads a CTA serves at most: two n-tiles */
 #define ATT_TC_TILE  32 /* tokens per step of a warp */
