@@ -28,6 +28,7 @@
  * reduction. The small matrices are bound by latency: one short wave per SM. */
 #include "backend/cuda/cuda_internal.h"
 
+#include <stdlib.h>
 #include <type_traits>
 
 /* Warps per CTA (one CTA per SM: the registers of the chunks in flight bound it), 16-byte
@@ -54,8 +55,11 @@ struct gemv1_job {
     int gshift;     /* unit index >> gshift = group index */
     int64_t rows;   /* PLAIN: sum of the outs; GLU: out */
     int64_t steps;  /* blocks: ceil(rows / rows per block) */
-    int64_t warps;  /* warps that take blocks (warp w takes w, w + warps, ...) */
-    int nx;         /* rows of x in this pass (1 to the kernel's NX); y rows follow them */
+    int cpb;        /* chunks per block (of 32 GEMV1_C units a row) */
+    int split;      /* a warp's range of chunks may start or end inside a block */
+    int stage;      /* x is copied whole into shared memory before its digits are made */
+    int brk;
+    int nx; /* rows of x in this pass (1 to the kernel's NX); y rows follow them */
     cuda_gemv_fuse fz;
 };
 
@@ -74,12 +78,14 @@ static size_t gemv1_smem(int bits, int nx, int64_t units) {
  * Coherent loads (not __ldg, whose non-coherent path is for data no kernel writes while this
  * grid runs) that still keep x in L1 for the CTA's other threads. */
 template <int N>
-__device__ __forceinline__ void gemv1_load_x(const gemv1_job &job, int j, int64_t k0, bool ok,
-                                             float (&v)[N]) {
-    const float4 *p = (const float4 *)(job.x + j * job.in + k0);
+__device__ __forceinline__ void gemv1_load_x(const gemv1_job &job, const float *xs, int j,
+                                             int64_t k0, bool ok, float (&v)[N]) {
+    const float4 *p = (const float4 *)((job.stage ? xs : job.x) + j * job.in + k0);
 #pragma unroll
     for (int c = 0; c < N / 4; c++) {
-        const float4 f = ok ? __ldca(p + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float4 f = !ok         ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
+                         : job.stage ? p[c]
+                                     : __ldca(p + c);
         v[4 * c] = f.x, v[4 * c + 1] = f.y, v[4 * c + 2] = f.z, v[4 * c + 3] = f.w;
     }
 }
@@ -135,7 +141,7 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
 /* dot(q, X) of one unit from its digits (word 3 b + c: digit c against weight byte word b, as
  * gemv1_digits packs them quarter by quarter): one integer sum per digit (|sum| < 2^20), put
  * together in F32. */
-template <int BITS>
+template <int BITS, int D>
 __device__ __forceinline__ float unit_dot(uint4 q, const uint32_t (&d)[3 * 32 / BITS]) {
     const uint32_t w[4] = {q.x, q.y, q.z, q.w};
     int a0 = 0, a1 = 0, a2 = 0;
@@ -147,7 +153,7 @@ __device__ __forceinline__ float unit_dot(uint4 q, const uint32_t (&d)[3 * 32 / 
             const uint32_t wb = BITS == 4 ? (w[k] >> (4 * h)) & 0x0F0F0F0Fu : w[k];
             a0 = dp4a_us(wb, d[3 * b], a0);
             a1 = dp4a_us(wb, d[3 * b + 1], a1);
-            a2 = dp4a_us(wb, d[3 * b + 2], a2);
+            if (D == 3) a2 = dp4a_us(wb, d[3 * b + 2], a2);
         }
     return fmaf((float)a2, 65536.0f, (float)(a1 * 256 + a0));
 }
@@ -212,32 +218,48 @@ __device__ __forceinline__ void gemv1_emit(const gemv1_job &job, int64_t step, i
     }
 }
 
-template <int BITS, bool GLU, typename S, int NX>
+template <int BITS, bool GLU, typename S, int NX, int D>
 __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job job) {
     constexpr int WPU = 128 / BITS, R = GEMV1_R, C = GEMV1_C, OUT = GLU ? R / 2 : R;
     constexpr int DW = 3 * WPU / 16;   /* 16-byte words of digits per unit */
     constexpr int QW = 3 * 8 / BITS;   /* 4-byte words of digits per quarter unit */
-    extern __shared__ uint4 gemv1_x[]; /* (NX, DW, up) digits, then (NX, up) unscale and sum */
-    const int lane = threadIdx.x & 31;
-    const int U = (int)job.units, up = (int)gemv1_padded(U), chunks = up / (32 * C);
+    extern __shared__ uint4 gemv1_x[]; /* (NX, DW, up) digits, (NX, up) unscale and sum, then
+                                          (NX, in) x when staged */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int U = (int)job.units, up = (int)gemv1_padded(U), cpb = job.cpb;
     uint32_t *xw = (uint32_t *)gemv1_x;
     float2 *xf = (float2 *)(gemv1_x + (size_t)NX * DW * up);
+    float *xs = (float *)(xf + (size_t)NX * up);
 
     struct buf {
         uint4 q[R][C];
         uint32_t s[R][C], b[R][C];
     };
-    /* The chunk computed next (blk, ch) and the one loaded next (lblk, lch), with where each
-     * row of lblk reads its weights, scales and biases. No branches: a row past the matrix
-     * reads its last row (nothing stores it), a unit past the row its last unit (the digits of
-     * x there are zero). */
-    const int64_t gw = (int64_t)(threadIdx.x >> 5) * gridDim.x + blockIdx.x;
-    int64_t blk = gw < job.warps ? gw : job.steps, lblk = blk;
-    int ch = 0, lch = 0;
+    /* The CTA takes blocks [b0, b0 + nb); its first `act` warps split their chunks (block-major)
+     * into ranges [cs, ce) of equal length, each at least a block long, so that a block falls
+     * to at most two warps: the end of warp w's range and the start of w + 1's. Without split
+     * the ranges are whole blocks. */
+    const int64_t b0 = job.steps * blockIdx.x / gridDim.x;
+    const int64_t nb = job.steps * (blockIdx.x + 1) / gridDim.x - b0;
+    const int act = nb < GEMV1_WARPS ? (int)nb : GEMV1_WARPS;
+    int64_t cs = 0, ce = 0;
+    if (warp < act) {
+        if (job.split) {
+            cs = b0 * cpb + nb * cpb * warp / act;
+            ce = b0 * cpb + nb * cpb * (warp + 1) / act;
+        } else {
+            cs = (b0 + nb * warp / act) * cpb;
+            ce = (b0 + nb * (warp + 1) / act) * cpb;
+        }
+    }
+    /* The chunk loaded next (li: block lblk, chunk lch), with where each row of lblk reads its
+     * weights, scales and biases. No branches: a row past the matrix reads its last row
+     * (nothing stores it), a unit past the row its last unit (the digits of x there are zero). */
+    int64_t li = cs, lblk = cs / cpb;
+    int lch = (int)(cs % cpb);
     const uint4 *lw[R];
     const S *ls[R], *lb[R];
     auto seek = [&]() {
-        if (lblk >= job.steps) return;
         int64_t row0;
         const int m0 = step_start<GLU, R>(job, lblk, &row0);
 #pragma unroll
@@ -257,7 +279,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
         }
     };
     auto load = [&](buf &B) {
-        if (lblk >= job.steps) return;
+        if (li >= ce) return;
 #pragma unroll
         for (int c = 0; c < C; c++) {
             int u = lch * 32 * C + c * 32 + lane;
@@ -270,19 +292,20 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
                 B.b[r][c] = gemv1_ldscale(lb[r] + g);
             }
         }
-        if (++lch == chunks) {
+        li++;
+        if (++lch == cpb) {
             lch = 0;
-            lblk += job.warps;
-            seek();
+            lblk++;
+            if (li < ce) seek();
         }
     };
     /* Four slots, named rather than indexed, so that all of them stay in registers. */
-    buf b0, b1, b2, b3;
+    buf b0s, b1s, b2s, b3s;
     /* The weights depend on no kernel: the first chunks load while the previous kernel ends. */
-    seek();
-    load(b0);
-    load(b1);
-    load(b2);
+    if (cs < ce) seek();
+    load(b0s);
+    load(b1s);
+    load(b2s);
     /* Nor do the norm's weights, which every CTA reads whole after the wait: into L1 now. */
     if (job.fz.norm)
         for (int64_t o = threadIdx.x * 128LL;
@@ -290,6 +313,17 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
             asm volatile("prefetch.global.L1 [%0];" ::"l"((const char *)job.fz.norm + o));
     cuda_pdl_trigger();
     cuda_pdl_wait();
+    /* All of x in one round trip to L2, rather than one for each round of the loop below. */
+    if (job.stage) {
+        const int n16 = (int)(job.nx * job.in / 4);
+        for (int i = threadIdx.x; i < n16; i += blockDim.x)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                             (unsigned)__cvta_generic_to_shared(xs + 4 * i)),
+                         "l"(job.x + 4 * i)
+                         : "memory");
+        asm volatile("cp.async.wait_all;" ::: "memory");
+        __syncthreads();
+    }
     /* Four threads a unit (lanes 4i to 4i + 3 of a warp: up * 4 is a multiple of 32, so whole
      * warps take part in the shuffles), each a quarter of it. With a norm, x is multiplied by
      * its weight here and the sums of squares meet at the barrier after. */
@@ -306,7 +340,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
 #pragma unroll
         for (int j = 0; j < NX; j++) {
             float v[WPU / 4];
-            gemv1_load_x<WPU / 4>(job, j, u * WPU + qt * (WPU / 4), u < U && j < job.nx, v);
+            gemv1_load_x<WPU / 4>(job, xs, j, u * WPU + qt * (WPU / 4), u < U && j < job.nx, v);
             if (job.fz.norm && u < U) {
 #pragma unroll
                 for (int k = 0; k < WPU / 4; k++) ss[j] += v[k] * v[k], v[k] *= nw[k];
@@ -333,7 +367,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
 #pragma unroll
         for (int j = 0; j < NX; j++) {
             ss[j] = cuda_warp_sum(ss[j]);
-            if (lane == 0) nss[threadIdx.x >> 5][j] = ss[j];
+            if (lane == 0) nss[warp][j] = ss[j];
         }
     }
     __syncthreads();
@@ -346,17 +380,36 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
         inv[j] = job.fz.norm ? cuda_rms_inv(t, job.in, job.fz.eps) : 1.0f;
     }
 
+    /* A block split between warps w and w + 1: w leaves its sums of the first chunks in
+     * part[w][0], w + 1 those of the rest in part[w + 1][1]; after the barrier that ends the
+     * loop, w + 1 adds the two and stores the block. */
+    __shared__ float part[GEMV1_WARPS][2][R][NX];
     float acc[R][NX];
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
-    /* The output a lane stores for its block, when the job adds into y: read as the block
-     * starts, ahead of its sums. */
-    float prev = 0.0f;
+    /* The output a lane stores for its block, when the job adds into y: read as the warp starts
+     * the block, ahead of its sums. */
+    float prev = 0.0f, head_prev = 0.0f;
+    int64_t ci = cs, blk = cs / cpb;
+    int ch = (int)(cs % cpb);
+    const bool split_head = ch != 0;
+    /* Lane j OUT + r stores output row r of block `at` for row j of x. */
+    auto emit = [&](const float(&a)[R][NX], int64_t at, float pv) {
+        float v = 0.0f, v2 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NX; j++)
+#pragma unroll
+            for (int r = 0; r < OUT; r++)
+                if (lane == j * OUT + r)
+                    v = a[r][j] * inv[j], v2 = GLU ? a[OUT + r][j] * inv[j] : 0.0f;
+        if (lane < OUT * NX && lane / OUT < job.nx)
+            gemv1_emit<GLU, R>(job, at, lane % OUT, lane / OUT, v, v2, pv);
+    };
     auto step = [&](const buf &cur, buf &nxt) {
         load(nxt);
-        if (!GLU && job.fz.acc && ch == 0 && lane < OUT * NX && lane / OUT < job.nx &&
+        if (!GLU && job.fz.acc && (ch == 0 || ci == cs) && lane < OUT * NX && lane / OUT < job.nx &&
             blk * R + lane % OUT < job.rows) {
             int64_t row0;
             const int m0 = step_start<GLU, R>(job, blk, &row0);
@@ -377,41 +430,56 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
 #pragma unroll
                 for (int r = 0; r < R; r++)
                     /* Scaled before the unscale, which may be subnormal for tiny x. */
-                    acc[r][j] = fmaf(gemv1_scale<S>(cur.s[r][c]) * unit_dot<BITS>(cur.q[r][c], d),
-                                     f.x, fmaf(gemv1_scale<S>(cur.b[r][c]), f.y, acc[r][j]));
+                    acc[r][j] =
+                        fmaf(gemv1_scale<S>(cur.s[r][c]) * unit_dot<BITS, D>(cur.q[r][c], d), f.x,
+                             fmaf(gemv1_scale<S>(cur.b[r][c]), f.y, acc[r][j]));
             }
         }
-        if (ch == chunks - 1) {
+        const bool block_end = ch == cpb - 1;
+        if (block_end || ci == ce - 1) {
 #pragma unroll
             for (int r = 0; r < R; r++)
 #pragma unroll
                 for (int j = 0; j < NX; j++) acc[r][j] = cuda_warp_sum(acc[r][j]);
-            /* Lane j OUT + r stores output row r for row j of x. */
-            float v = 0.0f, v2 = 0.0f;
+            const bool head = split_head && blk == cs / cpb;
+            if (!block_end || head) {
+                if (lane == 0)
 #pragma unroll
-            for (int j = 0; j < NX; j++)
+                    for (int r = 0; r < R; r++)
 #pragma unroll
-                for (int r = 0; r < OUT; r++)
-                    if (lane == j * OUT + r)
-                        v = acc[r][j] * inv[j], v2 = GLU ? acc[OUT + r][j] * inv[j] : 0.0f;
-            if (lane < OUT * NX && lane / OUT < job.nx)
-                gemv1_emit<GLU, R>(job, blk, lane % OUT, lane / OUT, v, v2, prev);
+                        for (int j = 0; j < NX; j++) part[warp][head][r][j] = acc[r][j];
+                if (head) head_prev = prev;
+            } else {
+                emit(acc, blk, prev);
+            }
 #pragma unroll
             for (int r = 0; r < R; r++)
 #pragma unroll
                 for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
         }
-        if (++ch == chunks) ch = 0, blk += job.warps;
+        ci++;
+        if (++ch == cpb) ch = 0, blk++;
     };
     /* Slot i % 4 holds chunk i. */
-    while (blk < job.steps) {
-        step(b0, b3);
-        if (blk >= job.steps) break;
-        step(b1, b0);
-        if (blk >= job.steps) break;
-        step(b2, b1);
-        if (blk >= job.steps) break;
-        step(b3, b2);
+    while (ci < ce) {
+        step(b0s, b3s);
+        if (ci >= ce) break;
+        step(b1s, b0s);
+        if (ci >= ce) break;
+        step(b2s, b1s);
+        if (ci >= ce) break;
+        step(b3s, b2s);
+    }
+    if (job.split) {
+        __syncthreads();
+        if (split_head) {
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int j = 0; j < NX; j++)
+                    acc[r][j] = (job.brk ? 0.0f : part[warp - 1][0][r][j]) + part[warp][1][r][j];
+            emit(acc, cs / cpb, head_prev);
+        }
     }
 }
 
@@ -434,10 +502,10 @@ bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w) {
            gemv1_smem(w->bits, 2, w->in * w->bits / 128) <= GEMV1_MAX_SMEM;
 }
 
-template <int BITS, bool GLU, typename S, int NX>
+template <int BITS, bool GLU, typename S, int NX, int D = 3>
 static int gemv1_launch(cuda_backend *c, gemv1_job job, base_err *err) {
-    auto kernel = gemv1_kernel<BITS, GLU, S, NX>;
-    const size_t smem = gemv1_smem(BITS, NX, job.units);
+    auto kernel = gemv1_kernel<BITS, GLU, S, NX, D>;
+    size_t smem = gemv1_smem(BITS, NX, job.units);
     /* Shared memory the kernel may take on this device, and resident CTAs per SM at that. */
     static int limit, per_sm;
     if (per_sm == 0) {
@@ -459,15 +527,18 @@ static int gemv1_launch(cuda_backend *c, gemv1_job job, base_err *err) {
                          "shared memory, the device offers %d",
                          (long long)job.in, smem, limit);
     job.steps = (job.rows + (GLU ? GEMV1_R / 2 : GEMV1_R) - 1) / (GLU ? GEMV1_R / 2 : GEMV1_R);
-    /* Every warp that takes blocks takes as many as the others (a warp left alone on a last
-     * block costs a whole memory latency), and those warps spread over every SM (the loads in
-     * flight, not the blocks per warp, set the pace of a short launch): warp w of CTA b is
-     * warp w grid + b of the grid. */
+    job.cpb = (int)(gemv1_padded(job.units) / (32 * GEMV1_C));
+    static int variant = -1;
+    if (variant < 0) {
+        const char *v = getenv("MLXCEL_GEMV1_VARIANT");
+        variant = v ? atoi(v) : 3;
+    }
+    job.stage = (variant & 1) && smem + (size_t)(job.nx * job.in * 4) <= (size_t)limit;
+    if (job.stage) smem += (size_t)(job.nx * job.in * 4);
+    job.split = (variant & 2) != 0;
+    job.brk = (variant & 8) != 0;
     int64_t grid = (int64_t)per_sm * c->sm_count;
-    const int64_t per_cta = (job.steps + GEMV1_WARPS - 1) / GEMV1_WARPS;
-    if (grid > per_cta) grid = per_cta;
-    const int64_t iters = (job.steps + grid * GEMV1_WARPS - 1) / (grid * GEMV1_WARPS);
-    job.warps = (job.steps + iters - 1) / iters;
+    if (grid > job.steps) grid = job.steps;
     return cuda_launch_pdl(c, kernel, (unsigned)grid, GEMV1_WARPS * 32, smem,
                            "matmul (single-row GEMV)", err, job);
 }
@@ -482,6 +553,8 @@ static int gemv1_dispatch(cuda_backend *c, const gemv1_job &job, base_dtype dt, 
         return job.nx == 1 ? gemv1_launch<BITS, GLU, __half, 1>(c, job, err)
                            : gemv1_launch<BITS, GLU, __half, 2>(c, job, err);
     default:
+        if (job.nx == 1 && getenv("MLXCEL_GEMV1_TWO_DIGITS"))
+            return gemv1_launch<BITS, GLU, __nv_bfloat16, 1, 2>(c, job, err);
         return job.nx == 1 ? gemv1_launch<BITS, GLU, __nv_bfloat16, 1>(c, job, err)
                            : gemv1_launch<BITS, GLU, __nv_bfloat16, 2>(c, job, err);
     }
