@@ -59,7 +59,8 @@ struct gemv1_job {
     int split;      /* a warp's range of chunks may start or end inside a block */
     int stage;      /* x is copied whole into shared memory before its digits are made */
     int brk;
-    int nx; /* rows of x in this pass (1 to the kernel's NX); y rows follow them */
+    int pre; /* chunks each warp copies into shared memory before the wait (at most 8) */
+    int nx;  /* rows of x in this pass (1 to the kernel's NX); y rows follow them */
     cuda_gemv_fuse fz;
 };
 
@@ -230,6 +231,11 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     uint32_t *xw = (uint32_t *)gemv1_x;
     float2 *xf = (float2 *)(gemv1_x + (size_t)NX * DW * up);
     float *xs = (float *)(xf + (size_t)NX * up);
+    /* (GEMV1_WARPS, job.pre, R, C) slots of 32 lanes' 16-byte weights, then 4-byte scale and bias
+     * words */
+    uint4 *pre = (uint4 *)(xs + (job.stage ? job.nx * job.in : 0));
+    int npre = 0;     /* chunks this warp copied into its slots */
+    uint32_t par = 0; /* bit (k R + r) C + c: slot k's scale and bias are the high halves */
 
     struct buf {
         uint4 q[R][C];
@@ -278,8 +284,10 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
             }
         }
     };
-    auto load = [&](buf &B) {
-        if (li >= ce) return;
+    /* Chunk li's weights, scales and biases for this lane: into registers (sink false: the
+     * caller's buffer), or (sink true) copied into shared memory slot p while the lane goes on,
+     * scales and biases as the 4-byte words that hold them, with which half in par. */
+    auto issue = [&](buf &B, bool sink, int p) {
 #pragma unroll
         for (int c = 0; c < C; c++) {
             int u = lch * 32 * C + c * 32 + lane;
@@ -287,9 +295,28 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
             const int g = u >> job.gshift;
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                B.q[r][c] = gemv1_ld16(lw[r] + u);
-                B.s[r][c] = gemv1_ldscale(ls[r] + g);
-                B.b[r][c] = gemv1_ldscale(lb[r] + g);
+                if (!sink) {
+                    B.q[r][c] = gemv1_ld16(lw[r] + u);
+                    B.s[r][c] = gemv1_ldscale(ls[r] + g);
+                    B.b[r][c] = gemv1_ldscale(lb[r] + g);
+                    continue;
+                }
+                uint4 *slot = pre + ((size_t)(warp * job.pre + p) * R * C + r * C + c) * 32 * 3 / 2;
+                const S *sp = ls[r] + g, *bp = lb[r] + g;
+                const int odd = sizeof(S) == 2 ? (int)(((uintptr_t)sp >> 1) & 1) : 0;
+                par |= (uint32_t)odd << (p * R * C + r * C + c);
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                                 (unsigned)__cvta_generic_to_shared((uint4 *)slot + lane)),
+                             "l"(lw[r] + u)
+                             : "memory");
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((
+                                 unsigned)__cvta_generic_to_shared((uint32_t *)(slot + 32) + lane)),
+                             "l"((const char *)sp - 2 * odd)
+                             : "memory");
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((
+                                 unsigned)__cvta_generic_to_shared((uint32_t *)(slot + 40) + lane)),
+                             "l"((const char *)bp - 2 * odd)
+                             : "memory");
             }
         }
         li++;
@@ -299,30 +326,78 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
             if (li < ce) seek();
         }
     };
+    /* Chunk ri into B: from its shared-memory slot when it was copied there, else from global
+     * memory. */
+    int64_t ri = cs;
+    auto load = [&](buf &B) {
+        if (ri >= ce) return;
+        const int64_t k = ri - cs - 3;
+        if (k >= 0 && k < npre) {
+            if (k == 0) asm volatile("cp.async.wait_all;" ::: "memory");
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int c = 0; c < C; c++) {
+                    const uint4 *slot =
+                        pre + ((size_t)(warp * job.pre + k) * R * C + r * C + c) * 32 * 3 / 2;
+                    const int sh = (par >> (k * R * C + r * C + c) & 1) * 16;
+                    B.q[r][c] = slot[lane];
+                    B.s[r][c] = ((const uint32_t *)(slot + 32))[lane] >> sh;
+                    B.b[r][c] = ((const uint32_t *)(slot + 40))[lane] >> sh;
+                    if (sizeof(S) == 2) B.s[r][c] &= 0xFFFFu, B.b[r][c] &= 0xFFFFu;
+                }
+        } else {
+            issue(B, false, 0);
+        }
+        ri++;
+    };
     /* Four slots, named rather than indexed, so that all of them stay in registers. */
     buf b0s, b1s, b2s, b3s;
-    /* The weights depend on no kernel: the first chunks load while the previous kernel ends. */
+    /* The weights depend on no kernel: the first chunks load while the previous kernel ends,
+     * three into registers and the next job.pre into shared memory. */
     if (cs < ce) seek();
     load(b0s);
     load(b1s);
     load(b2s);
+    while (npre < job.pre && li < ce) issue(b3s, true, npre++);
     /* Nor do the norm's weights, which every CTA reads whole after the wait: into L1 now. */
     if (job.fz.norm)
         for (int64_t o = threadIdx.x * 128LL;
              o < job.in * (job.fz.norm_dt == BASE_DTYPE_F32 ? 4 : 2); o += blockDim.x * 128LL)
             asm volatile("prefetch.global.L1 [%0];" ::"l"((const char *)job.fz.norm + o));
+    __shared__ uint64_t xbar;
+    if (job.stage) {
+        if (threadIdx.x == 0) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(
+                             (unsigned)__cvta_generic_to_shared(&xbar))
+                         : "memory");
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncthreads();
+    }
     cuda_pdl_trigger();
     cuda_pdl_wait();
-    /* All of x in one round trip to L2, rather than one for each round of the loop below. */
+    /* All of x in one bulk copy (one round trip to L2, rather than one for each round of the
+     * loop below), its arrival signalled on xbar apart from the weights' copies. */
     if (job.stage) {
-        const int n16 = (int)(job.nx * job.in / 4);
-        for (int i = threadIdx.x; i < n16; i += blockDim.x)
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-                             (unsigned)__cvta_generic_to_shared(xs + 4 * i)),
-                         "l"(job.x + 4 * i)
+        const unsigned bar = (unsigned)__cvta_generic_to_shared(&xbar);
+        if (threadIdx.x == 0) {
+            const unsigned bytes = (unsigned)(job.nx * job.in * 4);
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                         "r"(bytes)
                          : "memory");
-        asm volatile("cp.async.wait_all;" ::: "memory");
-        __syncthreads();
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], "
+                         "[%1], %2, [%3];" ::"r"((unsigned)__cvta_generic_to_shared(xs)),
+                         "l"(job.x), "r"(bytes), "r"(bar)
+                         : "memory");
+        }
+        uint32_t done = 0;
+        while (!done)
+            asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; "
+                         "selp.u32 %0, 1, 0, p; }"
+                         : "=r"(done)
+                         : "r"(bar)
+                         : "memory");
     }
     /* Four threads a unit (lanes 4i to 4i + 3 of a warp: up * 4 is a multiple of 32, so whole
      * warps take part in the shuffles), each a quarter of it. With a norm, x is multiplied by
@@ -531,11 +606,18 @@ static int gemv1_launch(cuda_backend *c, gemv1_job job, base_err *err) {
     static int variant = -1;
     if (variant < 0) {
         const char *v = getenv("MLXCEL_GEMV1_VARIANT");
-        variant = v ? atoi(v) : 3;
+        variant = v ? atoi(v) : 7;
     }
     job.stage = (variant & 1) && smem + (size_t)(job.nx * job.in * 4) <= (size_t)limit;
     if (job.stage) smem += (size_t)(job.nx * job.in * 4);
     job.split = (variant & 2) != 0;
+    job.pre = 0;
+    if (variant & 4) {
+        const size_t slot = GEMV1_R * GEMV1_C * 32 * 24, room = (size_t)limit - smem;
+        job.pre = (int)(room / (slot * GEMV1_WARPS));
+        if (job.pre > 8) job.pre = 8;
+        smem += (size_t)job.pre * slot * GEMV1_WARPS;
+    }
     job.brk = (variant & 8) != 0;
     int64_t grid = (int64_t)per_sm * c->sm_count;
     if (grid > job.steps) grid = job.steps;
