@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Where one batch-1 decode step's time goes, kernel by kernel, on CUDA:
-#   1. the step's wall time: `mlxcel bench -n 128 -b 1` (replayed recorded steps, sampling and
-#      the host's work between steps included);
+#   1. the step's wall time: `mlxcel bench -n 128 -d 512 -b 1` (replayed recorded steps,
+#      sampling and the host's work between steps included);
 #   2. under ncu, `mlxcel generate` of a few tokens after a KV-token prompt (so attention
 #      sees a context as long as in the middle of the benchmark's 128 steps): the recorded step
 #      as one whole (--graph-profiling graph), GPU time from its first kernel's start to its
@@ -14,7 +14,7 @@
 #
 #   bench/decode_profile.sh MODEL
 # Environment: MLX (default build/bin/mlxcel), TOKS (tg128 tok/s already measured: skips 1),
-# KV (prompt tokens, default 64), OUT (folder for the ncu logs, default a temporary one), NCU
+# KV (prompt tokens, default 576: the middle of the benchmark's contexts, 512 to 640), OUT (folder for the ncu logs, default a temporary one), NCU
 # (default ncu), MODES (ncu runs, default "node graph"; "graph" alone gives the step's GPU
 # time without the table).
 set -u
@@ -22,12 +22,12 @@ MODEL=${1:?usage: bench/decode_profile.sh MODEL}
 MLX=${MLX:-build/bin/mlxcel}
 NCU=${NCU:-ncu}
 OUT=${OUT:-$(mktemp -d)}
-KV=${KV:-64}
+KV=${KV:-576}
 mkdir -p "$OUT"
 
 if [ -z "${TOKS:-}" ]; then
-    TOKS=$(timeout 60 "$MLX" bench -m "$MODEL" -p 0 -n 128 -b 1 -r 2 --device cuda 2>&1 |
-        grep -E '\| *tg128 *\| *1 *\|' | awk -F'|' '{gsub(/ /, "", $7); print $7}')
+    TOKS=$(timeout 60 "$MLX" bench -m "$MODEL" -p 0 -n 128 -d 512 -b 1 -r 2 --device cuda 2>&1 |
+        grep -E '\| *tg128@d512 *\| *1 *\|' | awk -F'|' '{gsub(/ /, "", $7); print $7}')
 fi
 
 # The prompt's prefill, then decode steps: the first runs directly, the second is recorded and
@@ -35,7 +35,7 @@ fi
 run_ncu() {
     timeout 90 "$NCU" --clock-control none --cache-control none --graph-profiling "$1" \
         --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu_$1.csv" \
-        "$MLX" generate -m "$MODEL" --tokens "$(seq -s, 1 "$KV")" -n 5 -c 512 --seed 1 \
+        "$MLX" generate -m "$MODEL" --tokens "$(seq -s, 1 "$KV")" -n 5 -c $((KV + 8)) --seed 1 \
         --device cuda > "$OUT/ncu_$1.app.log" 2>&1 ||
         { echo "ncu --graph-profiling $1 failed:"; tail -n 5 "$OUT/ncu_$1.app.log" "$OUT/ncu_$1.csv"; }
 }

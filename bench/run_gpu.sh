@@ -119,11 +119,12 @@ log "c. prefill attention against SDPA"
 timeout 60 "$B/bench/bench_prefill_attention" 10 2>&1 | tail -6 | say
 PYTHONUNBUFFERED=1 timeout 60 python3 tools/reference/sdpa_prefill_peer.py 10 2>&1 | grep peer | say
 
-log "d. the 8B model: decode"
-timeout 200 "$MLX" bench -m "$MODEL" -p 512 -n 128 -b 1,8,64,256 -r 2 --device cuda 2>&1 |
+log "d. the 8B model: decode, 128 steps after a 512-token prompt in each sequence's cache"
+timeout 200 "$MLX" bench -m "$MODEL" -p 512 -n 128 -d 512 -b 1,8,64,256 -r 2 --device cuda 2>&1 |
     tee "$OUT/bench_decode.txt" | say
-log "d. batch 1 with recorded decode steps off (MLXCEL_DECODE_GRAPHS=0)"
-MLXCEL_DECODE_GRAPHS=0 timeout 60 "$MLX" bench -m "$MODEL" -p 512 -n 128 -b 1 -r 2 \
+log "d. batch 1 from an empty cache (llama-bench's tg128), and with recorded steps off"
+timeout 60 "$MLX" bench -m "$MODEL" -p 0 -n 128 -b 1 -r 2 --device cuda 2>&1 | grep tg128 | say
+MLXCEL_DECODE_GRAPHS=0 timeout 60 "$MLX" bench -m "$MODEL" -p 0 -n 128 -d 512 -b 1 -r 2 \
     --device cuda 2>&1 | grep tg128 | say
 log "d. the 8B model: prefill"
 timeout 100 "$MLX" bench -m "$MODEL" -p 2048 -n 0 -r 3 --device cuda 2>&1 |
@@ -145,8 +146,8 @@ bw = float(re.search(r"copy bandwidth ([\d.]+) GB/s", text).group(1))
 print(f"\nceilings: copy bandwidth {bw:.0f} GB/s (read + write), bf16 GEMM {gemm:.0f} TFLOP/s")
 print("| test | batch | tok/s | figure | share of ceiling |")
 print("|---|---|---|---|---|")
-for m in re.finditer(r"\|\s*(tg\d+)\s*\|\s*(\d+)\s*\|\s*([\d.]+)\s*\|\s*([\d.]+)\s*\|\s*([\d.]+)%", text):
-    print(f"| {m[1]} | {m[2]} | {m[3]} | {m[4]} GB/s of weights | {m[5]}% of copy bw |")
+for m in re.finditer(r"\|\s*(tg\d+(?:@d\d+)?)\s*\|\s*(\d+)\s*\|\s*([\d.]+)\s*\|\s*([\d.]+)\s*\|\s*([\d.]+)%", text):
+    print(f"| {m[1]} | {m[2]} | {m[3]} | {m[4]} GB/s of weights and KV | {m[5]}% of copy bw |")
 for f in ("bench_decode.txt", "bench_prefill.txt"):
     for m in re.finditer(r"\|\s*pp(\d+)\s*\|\s*(\d+)\s*\|\s*([\d.]+)", open(f"{out}/{f}").read()):
         n, tps = int(m[1]), float(m[3])
@@ -154,8 +155,8 @@ for f in ("bench_decode.txt", "bench_prefill.txt"):
         tf = flop / (n / tps) / 1e12
         print(f"| pp{n} | 1 | {tps:.0f} | {tf:.1f} TFLOP/s | {100 * tf / gemm:.1f}% of GEMM |")
 EOF
-log "profiles: one batch-1 decode step kernel by kernel after a 448-token prompt"
-MLX=$MLX KV=448 OUT=$OUT/profile timeout 200 bench/decode_profile.sh "$MODEL" 2>&1 | tail -22 | say
+log "profiles: one batch-1 decode step kernel by kernel after a 576-token prompt"
+MLX=$MLX KV=576 OUT=$OUT/profile timeout 200 bench/decode_profile.sh "$MODEL" 2>&1 | tail -22 | say
 prof() { # what, ncu kernel regex, launches to skip, command...
     local what=$1 re=$2 skip=$3
     shift 3

@@ -7,29 +7,35 @@
 #include <string.h>
 
 static const char *g_help =
-    "usage: mlxcel bench -m MODEL [-p 512] [-n 128] [-b 1,8,64] [-r 3] [--json] [options]\n"
+    "usage: mlxcel bench -m MODEL [-p 512] [-n 128] [-d 0] [-b 1,8,64] [-r 3] [--json] "
+    "[options]\n"
     "\n"
     "Measures prompt processing (ppP: a P-token prompt) and token generation (tgN: N decode\n"
-    "steps of B sequences at once, after a first token each), best of R runs. Decode is also\n"
-    "given as weight bytes read per second and as a share of the backend's copy bandwidth\n"
-    "measured in the same run (read + write of 256 MiB), its memory ceiling.\n"
+    "steps of B sequences at once, after a first token each; tgN@dD: each sequence already\n"
+    "holds a D-token prompt of its own), best of R runs. Decode is also given as bytes read\n"
+    "per second (the weights once a step, plus every sequence's K and V at its context) and as\n"
+    "a share of the backend's copy bandwidth measured in the same run (read + write of\n"
+    "256 MiB), its memory ceiling.\n"
     "\n"
     "options:\n"
     "%s"
     "  -p, --n-prompt P         prompt tokens (default 512; 0 = skip)\n"
     "  -n, --n-gen N            decode steps (default 128; 0 = skip)\n"
+    "  -d, --n-depth D          prompt tokens in each sequence's cache before tgN (default 0)\n"
     "  -b, --batch LIST         concurrent sequences for tgN, comma-separated (default 1)\n"
     "  -r, --repetitions R      runs of each test, the best is kept (default 3)\n"
     "      --json               one JSON object per test, one per line\n"
     "\n"
     "example:\n"
-    "  mlxcel bench -m models/demo -p 512 -n 128 -b 1,8 -t 2\n";
+    "  mlxcel bench -m models/demo -p 512 -n 128 -d 512 -b 1,8 -t 2\n";
 
 typedef struct bench_row {
-    char test[32];
+    char test[48];
     int batch;
+    int depth; /* decode only: prompt tokens per sequence before the timed steps */
     double tok_per_s;
-    double gb_per_s;      /* decode only */
+    double gb_per_s;      /* decode only: weights and KV read */
+    double kv_gb_per_s;   /* decode only: the KV part of gb_per_s */
     double ceiling_share; /* decode only */
 } bench_row;
 
@@ -37,11 +43,13 @@ static void print_row(const char *model_dir, const engine_runtime *rt, const ben
                       bool json) {
     const be_backend *be = rt->be;
     if (json) {
-        json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:s, s:i, s:f}", "model", model_dir, "backend",
-                              be->name, "device", be->device, "threads", be->n_threads, "test",
-                              r->test, "batch", r->batch, "tok_per_s", r->tok_per_s);
+        json_t *o =
+            json_pack("{s:s, s:s, s:s, s:i, s:s, s:i, s:i, s:f}", "model", model_dir, "backend",
+                      be->name, "device", be->device, "threads", be->n_threads, "test", r->test,
+                      "batch", r->batch, "n_depth", r->depth, "tok_per_s", r->tok_per_s);
         if (r->gb_per_s > 0) {
-            json_object_set_new(o, "weight_gb_per_s", json_real(r->gb_per_s));
+            json_object_set_new(o, "weight_gb_per_s", json_real(r->gb_per_s - r->kv_gb_per_s));
+            json_object_set_new(o, "kv_gb_per_s", json_real(r->kv_gb_per_s));
             json_object_set_new(o, "copy_bandwidth_share", json_real(r->ceiling_share));
         }
         cli_print_json(o);
@@ -68,15 +76,18 @@ static int parse_batches(const char *s, int *out, int max, int *n) {
 }
 
 static int run_bench(const char *model_dir, engine_runtime *rt, long n_prompt, long n_gen,
-                     const int *batches, int n_batches, long reps, bool json, base_err *err) {
+                     long n_depth, const int *batches, int n_batches, long reps, bool json,
+                     base_err *err) {
     double copy_bw;
     if (engine_bench_copy_bandwidth(rt->be, &copy_bw, err)) return -1;
     uint64_t step_bytes = model_decode_bytes(rt->model);
     if (!json) {
         printf("device: %s (%s backend); commit %s; copy bandwidth %.2f GB/s (read + write)\n",
                rt->be->device, rt->be->name, MLXCEL_GIT_COMMIT, copy_bw / 1e9);
-        printf("model: %s, %llu weight bytes, %llu read per decode step\n\n", model_dir,
-               (unsigned long long)model_weight_bytes(rt->model), (unsigned long long)step_bytes);
+        printf("model: %s, %llu weight bytes, %llu read per decode step, plus %llu of K and V "
+               "per token of each sequence's context\n\n",
+               model_dir, (unsigned long long)model_weight_bytes(rt->model),
+               (unsigned long long)step_bytes, (unsigned long long)rt->kv_plan.kv_bytes_per_token);
         printf("| %-24s | %-4s | %7s | %-10s | %5s | %10s | %8s | %6s |\n", "model", "dev",
                "threads", "test", "batch", "tok/s", "GB/s", "of bw");
         printf("|%s|------|---------|------------|-------|------------|----------|--------|\n",
@@ -93,16 +104,23 @@ static int run_bench(const char *model_dir, engine_runtime *rt, long n_prompt, l
         print_row(model_dir, rt, &r, json);
     }
     for (int b = 0; b < n_batches && n_gen > 0; b++) {
-        bench_row r = {.batch = batches[b]};
-        snprintf(r.test, sizeof r.test, "tg%ld", n_gen);
+        bench_row r = {.batch = batches[b], .depth = (int)n_depth};
+        if (n_depth > 0)
+            snprintf(r.test, sizeof r.test, "tg%ld@d%ld", n_gen, n_depth);
+        else
+            snprintf(r.test, sizeof r.test, "tg%ld", n_gen);
         double best = 0;
         for (long i = 0; i < reps; i++) {
             double sec;
-            if (engine_bench_decode(rt, batches[b], (int)n_gen, &sec, err)) return -1;
+            if (engine_bench_decode(rt, batches[b], (int)n_depth, (int)n_gen, &sec, err)) return -1;
             if (sec > 0 && (best == 0 || sec < best)) best = sec;
         }
         r.tok_per_s = (double)n_gen * batches[b] / best;
-        r.gb_per_s = (double)step_bytes * (double)n_gen / best / 1e9;
+        /* timed step i (1..n_gen) reads each sequence's n_depth + i + 1 tokens of K and V */
+        const double kv_step = (double)batches[b] * (double)rt->kv_plan.kv_bytes_per_token *
+                               ((double)n_depth + 1.0 + (double)(n_gen + 1) / 2.0);
+        r.kv_gb_per_s = kv_step * (double)n_gen / best / 1e9;
+        r.gb_per_s = (double)step_bytes * (double)n_gen / best / 1e9 + r.kv_gb_per_s;
         r.ceiling_share = copy_bw > 0 ? r.gb_per_s * 1e9 / copy_bw : 0;
         print_row(model_dir, rt, &r, json);
     }
@@ -112,7 +130,7 @@ static int run_bench(const char *model_dir, engine_runtime *rt, long n_prompt, l
 int cli_cmd_bench(int argc, char **argv) {
     cli_runtime_flags rtf;
     cli_runtime_init(&rtf);
-    long n_prompt = 512, n_gen = 128, reps = 3;
+    long n_prompt = 512, n_gen = 128, n_depth = 0, reps = 3;
     const char *batch_list = "1";
     bool json = false;
     cli_parser p;
@@ -125,6 +143,7 @@ int cli_cmd_bench(int argc, char **argv) {
         if (cli_take_runtime(&p, &rtf) ||
             cli_take_int(&p, "-p", "--n-prompt", 0, 1 << 20, &n_prompt) ||
             cli_take_int(&p, "-n", "--n-gen", 0, 1 << 20, &n_gen) ||
+            cli_take_int(&p, "-d", "--n-depth", 0, 1 << 20, &n_depth) ||
             cli_take_int(&p, "-r", "--repetitions", 1, 1000, &reps) ||
             cli_take(&p, "-b", "--batch", &batch_list))
             continue;
@@ -142,14 +161,20 @@ int cli_cmd_bench(int argc, char **argv) {
                               batch_list);
     int max_batch = 1;
     for (int i = 0; i < n_batches; i++) max_batch = batches[i] > max_batch ? batches[i] : max_batch;
+    /* a decoded sequence ends with n_depth + n_gen + 1 tokens */
+    const long decode_len = n_depth + n_gen + 1;
     if (rtf.opts.ctx_size <= 0)
-        rtf.opts.ctx_size = (int)(n_prompt > n_gen + 1 ? n_prompt : n_gen + 1);
+        rtf.opts.ctx_size = (int)(n_prompt > decode_len ? n_prompt : decode_len);
+    else if (n_gen > 0 && decode_len > rtf.opts.ctx_size)
+        return cli_usage_fail("bench: -d %ld with -n %ld needs a context of %ld tokens; -c is %d",
+                              n_depth, n_gen, decode_len, rtf.opts.ctx_size);
     rtf.opts.n_parallel = max_batch;
     base_err err;
     engine_runtime *rt;
     if (cli_runtime_resolve(&rtf, &err) || engine_runtime_open(rtf.model, &rtf.opts, &rt, &err))
         return cli_fail(&err);
-    int rc = run_bench(rtf.model, rt, n_prompt, n_gen, batches, n_batches, reps, json, &err);
+    int rc =
+        run_bench(rtf.model, rt, n_prompt, n_gen, n_depth, batches, n_batches, reps, json, &err);
     engine_runtime_close(rt);
     return rc ? cli_fail(&err) : CLI_OK;
 }

@@ -181,6 +181,10 @@ void engine_runtime_describe(const engine_runtime *rt, const char *model_dir, ch
  * the last one only (all_logits NULL, last_logits [vocab] caller-provided). */
 int engine_prefill_logits(engine_runtime *rt, const int32_t *prompt, int n_prompt,
                           float **all_logits, float *last_logits, base_err *err);
+/* Runs n tokens through the model into seq's cache (in prefill chunks), the last position's
+ * logits left in backend memory (model_logits). */
+int engine_prefill_seq(engine_runtime *rt, kv_seq *seq, const int32_t *tokens, int n,
+                       base_err *err);
 
 /* Called with each generated token; return false to stop early. */
 typedef bool (*engine_token_fn)(void *ctx, int32_t token);
@@ -201,8 +205,9 @@ int engine_generate(engine_runtime *rt, const int32_t *prompt, int n_prompt, int
 
 /* Seconds to run a prompt of n_tokens (fixed pseudo-random ids) through the model. */
 int engine_bench_prefill(engine_runtime *rt, int n_tokens, double *seconds, base_err *err);
-/* Seconds for n_steps decode steps of n_seqs sequences at once (after a first token each). */
-int engine_bench_decode(engine_runtime *rt, int n_seqs, int n_steps, double *seconds,
+/* Seconds for n_steps decode steps of n_seqs sequences at once, each sequence holding n_depth
+ * prompt tokens of its own (prefilled first, not timed) and a first decoded token. */
+int engine_bench_decode(engine_runtime *rt, int n_seqs, int n_depth, int n_steps, double *seconds,
                         base_err *err);
 /* The backend's copy bandwidth (bytes read + written per second, best of 4 copies of
  * 256 MiB): the ceiling a decode step's weight reads are measured against. */

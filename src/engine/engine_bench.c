@@ -26,7 +26,7 @@ int engine_bench_prefill(engine_runtime *rt, int n_tokens, double *seconds, base
     return rc;
 }
 
-int engine_bench_decode(engine_runtime *rt, int n_seqs, int n_steps, double *seconds,
+int engine_bench_decode(engine_runtime *rt, int n_seqs, int n_depth, int n_steps, double *seconds,
                         base_err *err) {
     const io_model_config *c = model_config(rt->model);
     kv_seq **seqs = base_xcalloc((size_t)n_seqs, sizeof *seqs);
@@ -46,6 +46,13 @@ int engine_bench_decode(engine_runtime *rt, int n_seqs, int n_steps, double *sec
         sp.seed = (uint64_t)s;
         rc = engine_sampler_new(&sp, c->vocab_size, &samplers[s], err);
     }
+    /* Each sequence's own prompt (no shared prefix): its attention reads its own pages. */
+    int32_t *prompt = n_depth > 0 ? base_xmalloc((size_t)n_depth * sizeof *prompt) : NULL;
+    for (int s = 0; s < n_seqs && rc == 0 && n_depth > 0; s++) {
+        bench_tokens(prompt, n_depth, c->vocab_size, 101u + (uint32_t)s);
+        rc = engine_prefill_seq(rt, seqs[s], prompt, n_depth, err);
+    }
+    free(prompt);
     double t0 = 0;
     /* step 0 writes each sequence's first token and is not timed (it is a 1-token prefill).
      * Every step samples each row as the server does (llama-server's default chain), but

@@ -129,6 +129,11 @@ int engine_prefill_logits(engine_runtime *rt, const int32_t *prompt, int n_promp
     return 0;
 }
 
+int engine_prefill_seq(engine_runtime *rt, kv_seq *seq, const int32_t *tokens, int n,
+                       base_err *err) {
+    return prefill(rt, seq, tokens, n, NULL, NULL, err);
+}
+
 static bool is_eos(const io_model_config *c, int32_t t) {
     for (int i = 0; i < c->n_eos; i++)
         if (c->eos_token_ids[i] == t) return true;

@@ -6,6 +6,7 @@
 #include "io/io.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -139,6 +140,52 @@ int main(void) {
         CHECK(bpb > 0 && blocks == (10000000 - reserve) / bpb);
         json_decref(plan);
     }
+    /* bench -d: each sequence's prompt goes into its cache before the timed steps. A budget of
+     * one 300-token context (11 blocks of 32) holds four sequences of 5 tokens, not of 205. */
+    for (int depth = 0; depth <= 200; depth += 200) {
+        snprintf(args, sizeof args,
+                 "bench -m %s/models/demo -p 0 -n 4 -d %d -c 300 -b 4 --kv-cache-budget 2200000 "
+                 "-r 1 --json --device cpu",
+                 test_source_dir(), depth);
+        int status = run(args, out, sizeof out, err, sizeof err);
+        if (depth == 0) {
+            json_t *row = json_loads(out, 0, NULL);
+            CHECK_MSG(status == 0 && row &&
+                          !strcmp(json_string_value(json_object_get(row, "test")), "tg4"),
+                      "bench -d 0: %d %s %s", status, out, err);
+            json_decref(row);
+        } else {
+            CHECK_MSG(status == 1 && strstr(err, "kv cache full"), "bench -d 200: %d %s", status,
+                      err);
+        }
+    }
+    snprintf(args, sizeof args,
+             "bench -m %s/models/demo -p 0 -n 4 -d 100 -b 2 -r 1 --json --device cpu",
+             test_source_dir());
+    CHECK_MSG(run(args, out, sizeof out, err, sizeof err) == 0 && strstr(out, "\"tg4@d100\"") &&
+                  strstr(out, "\"n_depth\":100"),
+              "bench -d 100: %s %s", out, err);
+    /* bytes read: the weights once a step, K and V of both sequences at each timed step's
+     * context (100 + 1 + i for i = 1..4, a mean of 103.5), in the header's units */
+    json_t *row = json_loads(out, 0, NULL);
+    snprintf(args, sizeof args, "bench -m %s/models/demo -p 0 -n 1 -r 1 --device cpu",
+             test_source_dir());
+    unsigned long long step = 0, per_tok = 0;
+    const char *hdr =
+        run(args, out, sizeof out, err, sizeof err) == 0 ? strstr(out, "bytes, ") : NULL;
+    CHECK_MSG(hdr &&
+                  sscanf(hdr, "bytes, %llu read per decode step, plus %llu", &step, &per_tok) == 2,
+              "bench header: %s", out);
+    double w = json_real_value(json_object_get(row, "weight_gb_per_s"));
+    double kv = json_real_value(json_object_get(row, "kv_gb_per_s"));
+    double kv_want = 2.0 * (double)per_tok * 103.5 / (double)step;
+    CHECK_MSG(w > 0 && per_tok > 0 && fabs(kv / w - kv_want) < 1e-9 * kv_want,
+              "kv/weights %g, want %g", kv / w, kv_want);
+    json_decref(row);
+    snprintf(args, sizeof args, "bench -m %s/models/demo -p 0 -n 8 -d 32 -c 40", test_source_dir());
+    CHECK_MSG(run(args, out, sizeof out, err, sizeof err) == 2 && strstr(err, "-d 32") &&
+                  strstr(err, "-c is 40"),
+              "bench -d past -c: %s", err);
     /* a budget that cannot hold one full-context sequence is refused, naming both numbers */
     snprintf(args, sizeof args, "inspect -m %s/models/demo -c 512 --kv-cache-budget 1000",
              test_source_dir());
