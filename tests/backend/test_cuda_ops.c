@@ -826,11 +826,11 @@ static void test_matmul_add(be_backend *be) {
     }
 }
 
-/* Decode shapes whose blocks of output rows outnumber the warps of a CTA, so that the one- and
- * two-row GEMV splits some blocks between two warps and adds the halves: 4-bit rows of 4096 (two
- * chunks a block) and 14336 (seven) and 8-bit rows of 4096 (four), in every form that ends a
- * block differently (plain, the residual add, Q/K/V and gate/up with their norm), each output
- * checked. Rows enough that a CTA holds more than twelve blocks on devices of up to 264 SMs. */
+/* Decode shapes whose blocks of output rows are no multiple of the warps of the grid, so that
+ * the one- and two-row GEMV splits the last blocks between warps by chunks and adds the pieces:
+ * 4-bit rows of 4096 (two chunks a block) and 14336 (seven) and 8-bit rows of 4096 (four), in
+ * every form that ends a block differently (plain, the residual add, Q/K/V and gate/up with
+ * their norm), each output checked. */
 static void test_gemv_split(be_backend *be) {
     struct {
         int64_t out, in;

@@ -56,11 +56,11 @@ struct gemv1_job {
     int64_t rows;   /* PLAIN: sum of the outs; GLU: out */
     int64_t steps;  /* blocks: ceil(rows / rows per block) */
     int cpb;        /* chunks per block (of 32 GEMV1_C units a row) */
-    int split;      /* a warp's range of chunks may start or end inside a block */
-    int stage;      /* x is copied whole into shared memory before its digits are made */
+    int warps;      /* warps that take whole blocks (warp w takes w, w + warps, ...) */
+    int iters;      /* whole blocks a warp takes at most */
+    int rem0;       /* blocks from rem0 on are the tail, split among the warps by chunks */
     int brk;
-    int pre; /* chunks each warp copies into shared memory before the wait (at most 8) */
-    int nx;  /* rows of x in this pass (1 to the kernel's NX); y rows follow them */
+    int nx; /* rows of x in this pass (1 to the kernel's NX); y rows follow them */
     cuda_gemv_fuse fz;
 };
 
@@ -79,14 +79,12 @@ static size_t gemv1_smem(int bits, int nx, int64_t units) {
  * Coherent loads (not __ldg, whose non-coherent path is for data no kernel writes while this
  * grid runs) that still keep x in L1 for the CTA's other threads. */
 template <int N>
-__device__ __forceinline__ void gemv1_load_x(const gemv1_job &job, const float *xs, int j,
-                                             int64_t k0, bool ok, float (&v)[N]) {
-    const float4 *p = (const float4 *)((job.stage ? xs : job.x) + j * job.in + k0);
+__device__ __forceinline__ void gemv1_load_x(const gemv1_job &job, int j, int64_t k0, bool ok,
+                                             float (&v)[N]) {
+    const float4 *p = (const float4 *)(job.x + j * job.in + k0);
 #pragma unroll
     for (int c = 0; c < N / 4; c++) {
-        const float4 f = !ok         ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
-                         : job.stage ? p[c]
-                                     : __ldca(p + c);
+        const float4 f = ok ? __ldca(p + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         v[4 * c] = f.x, v[4 * c + 1] = f.y, v[4 * c + 2] = f.z, v[4 * c + 3] = f.w;
     }
 }
@@ -142,7 +140,7 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
 /* dot(q, X) of one unit from its digits (word 3 b + c: digit c against weight byte word b, as
  * gemv1_digits packs them quarter by quarter): one integer sum per digit (|sum| < 2^20), put
  * together in F32. */
-template <int BITS, int D>
+template <int BITS>
 __device__ __forceinline__ float unit_dot(uint4 q, const uint32_t (&d)[3 * 32 / BITS]) {
     const uint32_t w[4] = {q.x, q.y, q.z, q.w};
     int a0 = 0, a1 = 0, a2 = 0;
@@ -154,7 +152,7 @@ __device__ __forceinline__ float unit_dot(uint4 q, const uint32_t (&d)[3 * 32 / 
             const uint32_t wb = BITS == 4 ? (w[k] >> (4 * h)) & 0x0F0F0F0Fu : w[k];
             a0 = dp4a_us(wb, d[3 * b], a0);
             a1 = dp4a_us(wb, d[3 * b + 1], a1);
-            if (D == 3) a2 = dp4a_us(wb, d[3 * b + 2], a2);
+            a2 = dp4a_us(wb, d[3 * b + 2], a2);
         }
     return fmaf((float)a2, 65536.0f, (float)(a1 * 256 + a0));
 }
@@ -219,53 +217,59 @@ __device__ __forceinline__ void gemv1_emit(const gemv1_job &job, int64_t step, i
     }
 }
 
-template <int BITS, bool GLU, typename S, int NX, int D>
+template <int BITS, bool GLU, typename S, int NX>
 __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job job) {
     constexpr int WPU = 128 / BITS, R = GEMV1_R, C = GEMV1_C, OUT = GLU ? R / 2 : R;
     constexpr int DW = 3 * WPU / 16;   /* 16-byte words of digits per unit */
     constexpr int QW = 3 * 8 / BITS;   /* 4-byte words of digits per quarter unit */
-    extern __shared__ uint4 gemv1_x[]; /* (NX, DW, up) digits, (NX, up) unscale and sum, then
-                                          (NX, in) x when staged */
+    extern __shared__ uint4 gemv1_x[]; /* (NX, DW, up) digits, then (NX, up) unscale and sum */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int U = (int)job.units, up = (int)gemv1_padded(U), cpb = job.cpb;
     uint32_t *xw = (uint32_t *)gemv1_x;
     float2 *xf = (float2 *)(gemv1_x + (size_t)NX * DW * up);
-    float *xs = (float *)(xf + (size_t)NX * up);
-    /* (GEMV1_WARPS, job.pre, R, C) slots of 32 lanes' 16-byte weights, then 4-byte scale and bias
-     * words */
-    uint4 *pre = (uint4 *)(xs + (job.stage ? job.nx * job.in : 0));
-    int npre = 0;     /* chunks this warp copied into its slots */
-    uint32_t par = 0; /* bit (k R + r) C + c: slot k's scale and bias are the high halves */
 
     struct buf {
         uint4 q[R][C];
         uint32_t s[R][C], b[R][C];
     };
-    /* The CTA takes blocks [b0, b0 + nb); its first `act` warps split their chunks (block-major)
-     * into ranges [cs, ce) of equal length, each at least a block long, so that a block falls
-     * to at most two warps: the end of warp w's range and the start of w + 1's. Without split
-     * the ranges are whole blocks. */
-    const int64_t b0 = job.steps * blockIdx.x / gridDim.x;
-    const int64_t nb = job.steps * (blockIdx.x + 1) / gridDim.x - b0;
-    const int act = nb < GEMV1_WARPS ? (int)nb : GEMV1_WARPS;
-    int64_t cs = 0, ce = 0;
-    if (warp < act) {
-        if (job.split) {
-            cs = b0 * cpb + nb * cpb * warp / act;
-            ce = b0 * cpb + nb * cpb * (warp + 1) / act;
-        } else {
-            cs = (b0 + nb * warp / act) * cpb;
-            ce = (b0 + nb * (warp + 1) / act) * cpb;
+    /* A warp's work, chunk t = 0, 1, ... of it: first na whole blocks, gw, gw + warps, ... (warp
+     * w of CTA b is warp gw = w grid + b: the warps of the grid read neighbouring blocks at the
+     * same time), then the chunks [cs, ce) (block-major) of the tail: blocks [rem0, steps) go to
+     * the CTAs in runs, and each CTA's warps take equal ranges of its run's chunks, which may
+     * start or end inside a block. */
+    const int gw = warp * (int)gridDim.x + (int)blockIdx.x, nt = (int)job.steps - job.rem0;
+    const int na = gw < job.warps && gw < job.rem0
+                       ? min((job.rem0 - gw + job.warps - 1) / job.warps, job.iters)
+                       : 0;
+    const int tb0 = job.rem0 + (int)((int64_t)nt * blockIdx.x / gridDim.x);
+    const int tn = (job.rem0 + (int)((int64_t)nt * (blockIdx.x + 1) / gridDim.x) - tb0) * cpb;
+    /* Warp k's tail range. */
+    auto tail = [&](int k, int *s, int *e) {
+        *s = tb0 * cpb + tn * k / GEMV1_WARPS;
+        *e = tb0 * cpb + tn * (k + 1) / GEMV1_WARPS;
+    };
+    int cs, ce;
+    tail(warp, &cs, &ce);
+    const int ta = na * cpb, total = ta + (ce - cs);
+    /* Moves (t, blk, ch) to the next chunk of the warp's work. */
+    auto next = [&](int &t, int &blk, int &ch) {
+        t++;
+        if (t == ta) {
+            blk = cs / cpb;
+            ch = cs % cpb;
+        } else if (++ch == cpb) {
+            ch = 0;
+            blk += t < ta ? job.warps : 1;
         }
-    }
-    /* The chunk loaded next (li: block lblk, chunk lch), with where each row of lblk reads its
+    };
+    /* The chunk loaded next (lt: block lblk, chunk lch), with where each row of lblk reads its
      * weights, scales and biases. No branches: a row past the matrix reads its last row
      * (nothing stores it), a unit past the row its last unit (the digits of x there are zero). */
-    int64_t li = cs, lblk = cs / cpb;
-    int lch = (int)(cs % cpb);
+    int lt = 0, lblk = na ? gw : cs / cpb, lch = na ? 0 : cs % cpb;
     const uint4 *lw[R];
     const S *ls[R], *lb[R];
     auto seek = [&]() {
+        if (lt >= total) return;
         int64_t row0;
         const int m0 = step_start<GLU, R>(job, lblk, &row0);
 #pragma unroll
@@ -284,10 +288,8 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
             }
         }
     };
-    /* Chunk li's weights, scales and biases for this lane: into registers (sink false: the
-     * caller's buffer), or (sink true) copied into shared memory slot p while the lane goes on,
-     * scales and biases as the 4-byte words that hold them, with which half in par. */
-    auto issue = [&](buf &B, bool sink, int p) {
+    auto load = [&](buf &B) {
+        if (lt >= total) return;
 #pragma unroll
         for (int c = 0; c < C; c++) {
             int u = lch * 32 * C + c * 32 + lane;
@@ -295,110 +297,29 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
             const int g = u >> job.gshift;
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                if (!sink) {
-                    B.q[r][c] = gemv1_ld16(lw[r] + u);
-                    B.s[r][c] = gemv1_ldscale(ls[r] + g);
-                    B.b[r][c] = gemv1_ldscale(lb[r] + g);
-                    continue;
-                }
-                uint4 *slot = pre + ((size_t)(warp * job.pre + p) * R * C + r * C + c) * 32 * 3 / 2;
-                const S *sp = ls[r] + g, *bp = lb[r] + g;
-                const int odd = sizeof(S) == 2 ? (int)(((uintptr_t)sp >> 1) & 1) : 0;
-                par |= (uint32_t)odd << (p * R * C + r * C + c);
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-                                 (unsigned)__cvta_generic_to_shared((uint4 *)slot + lane)),
-                             "l"(lw[r] + u)
-                             : "memory");
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((
-                                 unsigned)__cvta_generic_to_shared((uint32_t *)(slot + 32) + lane)),
-                             "l"((const char *)sp - 2 * odd)
-                             : "memory");
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((
-                                 unsigned)__cvta_generic_to_shared((uint32_t *)(slot + 40) + lane)),
-                             "l"((const char *)bp - 2 * odd)
-                             : "memory");
+                B.q[r][c] = gemv1_ld16(lw[r] + u);
+                B.s[r][c] = gemv1_ldscale(ls[r] + g);
+                B.b[r][c] = gemv1_ldscale(lb[r] + g);
             }
         }
-        li++;
-        if (++lch == cpb) {
-            lch = 0;
-            lblk++;
-            if (li < ce) seek();
-        }
-    };
-    /* Chunk ri into B: from its shared-memory slot when it was copied there, else from global
-     * memory. */
-    int64_t ri = cs;
-    auto load = [&](buf &B) {
-        if (ri >= ce) return;
-        const int64_t k = ri - cs - 3;
-        if (k >= 0 && k < npre) {
-            if (k == 0) asm volatile("cp.async.wait_all;" ::: "memory");
-#pragma unroll
-            for (int r = 0; r < R; r++)
-#pragma unroll
-                for (int c = 0; c < C; c++) {
-                    const uint4 *slot =
-                        pre + ((size_t)(warp * job.pre + k) * R * C + r * C + c) * 32 * 3 / 2;
-                    const int sh = (par >> (k * R * C + r * C + c) & 1) * 16;
-                    B.q[r][c] = slot[lane];
-                    B.s[r][c] = ((const uint32_t *)(slot + 32))[lane] >> sh;
-                    B.b[r][c] = ((const uint32_t *)(slot + 40))[lane] >> sh;
-                    if (sizeof(S) == 2) B.s[r][c] &= 0xFFFFu, B.b[r][c] &= 0xFFFFu;
-                }
-        } else {
-            issue(B, false, 0);
-        }
-        ri++;
+        const int from = lblk;
+        next(lt, lblk, lch);
+        if (lblk != from) seek();
     };
     /* Four slots, named rather than indexed, so that all of them stay in registers. */
-    buf b0s, b1s, b2s, b3s;
-    /* The weights depend on no kernel: the first chunks load while the previous kernel ends,
-     * three into registers and the next job.pre into shared memory. */
-    if (cs < ce) seek();
-    load(b0s);
-    load(b1s);
-    load(b2s);
-    while (npre < job.pre && li < ce) issue(b3s, true, npre++);
+    buf b0, b1, b2, b3;
+    /* The weights depend on no kernel: the first chunks load while the previous kernel ends. */
+    seek();
+    load(b0);
+    load(b1);
+    load(b2);
     /* Nor do the norm's weights, which every CTA reads whole after the wait: into L1 now. */
     if (job.fz.norm)
         for (int64_t o = threadIdx.x * 128LL;
              o < job.in * (job.fz.norm_dt == BASE_DTYPE_F32 ? 4 : 2); o += blockDim.x * 128LL)
             asm volatile("prefetch.global.L1 [%0];" ::"l"((const char *)job.fz.norm + o));
-    __shared__ uint64_t xbar;
-    if (job.stage) {
-        if (threadIdx.x == 0) {
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(
-                             (unsigned)__cvta_generic_to_shared(&xbar))
-                         : "memory");
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        }
-        __syncthreads();
-    }
     cuda_pdl_trigger();
     cuda_pdl_wait();
-    /* All of x in one bulk copy (one round trip to L2, rather than one for each round of the
-     * loop below), its arrival signalled on xbar apart from the weights' copies. */
-    if (job.stage) {
-        const unsigned bar = (unsigned)__cvta_generic_to_shared(&xbar);
-        if (threadIdx.x == 0) {
-            const unsigned bytes = (unsigned)(job.nx * job.in * 4);
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                         "r"(bytes)
-                         : "memory");
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], "
-                         "[%1], %2, [%3];" ::"r"((unsigned)__cvta_generic_to_shared(xs)),
-                         "l"(job.x), "r"(bytes), "r"(bar)
-                         : "memory");
-        }
-        uint32_t done = 0;
-        while (!done)
-            asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; "
-                         "selp.u32 %0, 1, 0, p; }"
-                         : "=r"(done)
-                         : "r"(bar)
-                         : "memory");
-    }
     /* Four threads a unit (lanes 4i to 4i + 3 of a warp: up * 4 is a multiple of 32, so whole
      * warps take part in the shuffles), each a quarter of it. With a norm, x is multiplied by
      * its weight here and the sums of squares meet at the barrier after. */
@@ -415,7 +336,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
 #pragma unroll
         for (int j = 0; j < NX; j++) {
             float v[WPU / 4];
-            gemv1_load_x<WPU / 4>(job, xs, j, u * WPU + qt * (WPU / 4), u < U && j < job.nx, v);
+            gemv1_load_x<WPU / 4>(job, j, u * WPU + qt * (WPU / 4), u < U && j < job.nx, v);
             if (job.fz.norm && u < U) {
 #pragma unroll
                 for (int k = 0; k < WPU / 4; k++) ss[j] += v[k] * v[k], v[k] *= nw[k];
@@ -455,9 +376,10 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
         inv[j] = job.fz.norm ? cuda_rms_inv(t, job.in, job.fz.eps) : 1.0f;
     }
 
-    /* A block split between warps w and w + 1: w leaves its sums of the first chunks in
-     * part[w][0], w + 1 those of the rest in part[w + 1][1]; after the barrier that ends the
-     * loop, w + 1 adds the two and stores the block. */
+    /* The sums of a tail block that is not whole in this warp's range: part[warp][0] for the
+     * first block of the range, part[warp][1] for the last. The warp that holds the block's
+     * last chunk stores it after the barrier that ends the loop, adding the pieces in the order
+     * of the warps. */
     __shared__ float part[GEMV1_WARPS][2][R][NX];
     float acc[R][NX];
 #pragma unroll
@@ -465,11 +387,9 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
 #pragma unroll
         for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
     /* The output a lane stores for its block, when the job adds into y: read as the warp starts
-     * the block, ahead of its sums. */
-    float prev = 0.0f, head_prev = 0.0f;
-    int64_t ci = cs, blk = cs / cpb;
-    int ch = (int)(cs % cpb);
-    const bool split_head = ch != 0;
+     * the block, ahead of its sums; own_prev that of the split block this warp stores. */
+    float prev = 0.0f, own_prev = 0.0f;
+    int t = 0, blk = na ? gw : cs / cpb, own = -1, ch = na ? 0 : cs % cpb;
     /* Lane j OUT + r stores output row r of block `at` for row j of x. */
     auto emit = [&](const float(&a)[R][NX], int64_t at, float pv) {
         float v = 0.0f, v2 = 0.0f;
@@ -484,7 +404,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     };
     auto step = [&](const buf &cur, buf &nxt) {
         load(nxt);
-        if (!GLU && job.fz.acc && (ch == 0 || ci == cs) && lane < OUT * NX && lane / OUT < job.nx &&
+        if (!GLU && job.fz.acc && (ch == 0 || t == ta) && lane < OUT * NX && lane / OUT < job.nx &&
             blk * R + lane % OUT < job.rows) {
             int64_t row0;
             const int m0 = step_start<GLU, R>(job, blk, &row0);
@@ -505,25 +425,25 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
 #pragma unroll
                 for (int r = 0; r < R; r++)
                     /* Scaled before the unscale, which may be subnormal for tiny x. */
-                    acc[r][j] =
-                        fmaf(gemv1_scale<S>(cur.s[r][c]) * unit_dot<BITS, D>(cur.q[r][c], d), f.x,
-                             fmaf(gemv1_scale<S>(cur.b[r][c]), f.y, acc[r][j]));
+                    acc[r][j] = fmaf(gemv1_scale<S>(cur.s[r][c]) * unit_dot<BITS>(cur.q[r][c], d),
+                                     f.x, fmaf(gemv1_scale<S>(cur.b[r][c]), f.y, acc[r][j]));
             }
         }
         const bool block_end = ch == cpb - 1;
-        if (block_end || ci == ce - 1) {
+        if (block_end || t == total - 1) {
 #pragma unroll
             for (int r = 0; r < R; r++)
 #pragma unroll
                 for (int j = 0; j < NX; j++) acc[r][j] = cuda_warp_sum(acc[r][j]);
-            const bool head = split_head && blk == cs / cpb;
-            if (!block_end || head) {
+            /* In the tail, the block is split when it began before cs or goes on past ce. */
+            const bool first = t >= ta && blk == cs / cpb;
+            if (t >= ta && ((first && cs % cpb != 0) || !block_end)) {
                 if (lane == 0)
 #pragma unroll
                     for (int r = 0; r < R; r++)
 #pragma unroll
-                        for (int j = 0; j < NX; j++) part[warp][head][r][j] = acc[r][j];
-                if (head) head_prev = prev;
+                        for (int j = 0; j < NX; j++) part[warp][first ? 0 : 1][r][j] = acc[r][j];
+                if (block_end) own = blk, own_prev = prev;
             } else {
                 emit(acc, blk, prev);
             }
@@ -532,28 +452,37 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
 #pragma unroll
                 for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
         }
-        ci++;
-        if (++ch == cpb) ch = 0, blk++;
+        next(t, blk, ch);
     };
     /* Slot i % 4 holds chunk i. */
-    while (ci < ce) {
-        step(b0s, b3s);
-        if (ci >= ce) break;
-        step(b1s, b0s);
-        if (ci >= ce) break;
-        step(b2s, b1s);
-        if (ci >= ce) break;
-        step(b3s, b2s);
+    while (t < total) {
+        step(b0, b3);
+        if (t >= total) break;
+        step(b1, b0);
+        if (t >= total) break;
+        step(b2, b1);
+        if (t >= total) break;
+        step(b3, b2);
     }
-    if (job.split) {
+    if (job.rem0 < job.steps) {
         __syncthreads();
-        if (split_head) {
+        if (own >= 0) {
 #pragma unroll
             for (int r = 0; r < R; r++)
 #pragma unroll
-                for (int j = 0; j < NX; j++)
-                    acc[r][j] = (job.brk ? 0.0f : part[warp - 1][0][r][j]) + part[warp][1][r][j];
-            emit(acc, cs / cpb, head_prev);
+                for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
+            for (int k = 0; k <= warp; k++) {
+                int s, e;
+                tail(k, &s, &e);
+                if (s < e && s < (own + 1) * cpb && e > own * cpb && (!job.brk || k == warp)) {
+                    const int slot = s / cpb == own ? 0 : 1;
+#pragma unroll
+                    for (int r = 0; r < R; r++)
+#pragma unroll
+                        for (int j = 0; j < NX; j++) acc[r][j] += part[k][slot][r][j];
+                }
+            }
+            emit(acc, own, own_prev);
         }
     }
 }
@@ -577,10 +506,10 @@ bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w) {
            gemv1_smem(w->bits, 2, w->in * w->bits / 128) <= GEMV1_MAX_SMEM;
 }
 
-template <int BITS, bool GLU, typename S, int NX, int D = 3>
+template <int BITS, bool GLU, typename S, int NX>
 static int gemv1_launch(cuda_backend *c, gemv1_job job, base_err *err) {
-    auto kernel = gemv1_kernel<BITS, GLU, S, NX, D>;
-    size_t smem = gemv1_smem(BITS, NX, job.units);
+    auto kernel = gemv1_kernel<BITS, GLU, S, NX>;
+    const size_t smem = gemv1_smem(BITS, NX, job.units);
     /* Shared memory the kernel may take on this device, and resident CTAs per SM at that. */
     static int limit, per_sm;
     if (per_sm == 0) {
@@ -606,21 +535,26 @@ static int gemv1_launch(cuda_backend *c, gemv1_job job, base_err *err) {
     static int variant = -1;
     if (variant < 0) {
         const char *v = getenv("MLXCEL_GEMV1_VARIANT");
-        variant = v ? atoi(v) : 7;
-    }
-    job.stage = (variant & 1) && smem + (size_t)(job.nx * job.in * 4) <= (size_t)limit;
-    if (job.stage) smem += (size_t)(job.nx * job.in * 4);
-    job.split = (variant & 2) != 0;
-    job.pre = 0;
-    if (variant & 4) {
-        const size_t slot = GEMV1_R * GEMV1_C * 32 * 24, room = (size_t)limit - smem;
-        job.pre = (int)(room / (slot * GEMV1_WARPS));
-        if (job.pre > 8) job.pre = 8;
-        smem += (size_t)job.pre * slot * GEMV1_WARPS;
+        variant = v ? atoi(v) : 2;
     }
     job.brk = (variant & 8) != 0;
     int64_t grid = (int64_t)per_sm * c->sm_count;
-    if (grid > job.steps) grid = job.steps;
+    if (variant & 2) {
+        if (grid > job.steps) grid = job.steps;
+        job.warps = (int)grid * GEMV1_WARPS;
+        job.iters = (int)(job.steps / job.warps);
+        job.rem0 = job.iters * job.warps;
+    } else {
+        /* Every warp that takes blocks takes as many as the others (a warp left alone on a last
+         * block costs a whole memory latency), and those warps spread over every SM (the loads in
+         * flight, not the blocks per warp, set the pace of a short launch): warp w of CTA b is
+         * warp w grid + b of the grid. */
+        const int64_t per_cta = (job.steps + GEMV1_WARPS - 1) / GEMV1_WARPS;
+        if (grid > per_cta) grid = per_cta;
+        job.iters = (int)((job.steps + grid * GEMV1_WARPS - 1) / (grid * GEMV1_WARPS));
+        job.warps = (int)((job.steps + job.iters - 1) / job.iters);
+        job.rem0 = (int)job.steps;
+    }
     return cuda_launch_pdl(c, kernel, (unsigned)grid, GEMV1_WARPS * 32, smem,
                            "matmul (single-row GEMV)", err, job);
 }
@@ -635,8 +569,6 @@ static int gemv1_dispatch(cuda_backend *c, const gemv1_job &job, base_dtype dt, 
         return job.nx == 1 ? gemv1_launch<BITS, GLU, __half, 1>(c, job, err)
                            : gemv1_launch<BITS, GLU, __half, 2>(c, job, err);
     default:
-        if (job.nx == 1 && getenv("MLXCEL_GEMV1_TWO_DIGITS"))
-            return gemv1_launch<BITS, GLU, __nv_bfloat16, 1, 2>(c, job, err);
         return job.nx == 1 ? gemv1_launch<BITS, GLU, __nv_bfloat16, 1>(c, job, err)
                            : gemv1_launch<BITS, GLU, __nv_bfloat16, 2>(c, job, err);
     }
