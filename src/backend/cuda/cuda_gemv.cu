@@ -60,6 +60,7 @@ struct gemv1_job {
     int iters;      /* whole blocks a warp takes at most */
     int rem0;       /* blocks from rem0 on are the tail, split among the warps by chunks */
     int brk;
+    int tf;
     int nx; /* rows of x in this pass (1 to the kernel's NX); y rows follow them */
     cuda_gemv_fuse fz;
 };
@@ -251,21 +252,25 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     int cs, ce;
     tail(warp, &cs, &ce);
     const int ta = na * cpb, total = ta + (ce - cs);
+    /* With job.tf the tail comes first: chunks [t0, t1) of the work are the tail's. */
+    const int t0 = job.tf ? 0 : ta, t1 = job.tf ? ce - cs : total, sw = job.tf ? t1 : ta;
+    const int blk_a = gw, blk_t = cs / cpb, ch_t = cs % cpb;
+    const bool a_first = job.tf ? t1 == 0 : na > 0;
     /* Moves (t, blk, ch) to the next chunk of the warp's work. */
     auto next = [&](int &t, int &blk, int &ch) {
         t++;
-        if (t == ta) {
-            blk = cs / cpb;
-            ch = cs % cpb;
+        if (t == sw) {
+            blk = job.tf ? blk_a : blk_t;
+            ch = job.tf ? 0 : ch_t;
         } else if (++ch == cpb) {
             ch = 0;
-            blk += t < ta ? job.warps : 1;
+            blk += t >= t0 && t < t1 ? 1 : job.warps;
         }
     };
     /* The chunk loaded next (lt: block lblk, chunk lch), with where each row of lblk reads its
      * weights, scales and biases. No branches: a row past the matrix reads its last row
      * (nothing stores it), a unit past the row its last unit (the digits of x there are zero). */
-    int lt = 0, lblk = na ? gw : cs / cpb, lch = na ? 0 : cs % cpb;
+    int lt = 0, lblk = a_first ? blk_a : blk_t, lch = a_first ? 0 : ch_t;
     const uint4 *lw[R];
     const S *ls[R], *lb[R];
     auto seek = [&]() {
@@ -323,7 +328,8 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     /* Four threads a unit (lanes 4i to 4i + 3 of a warp: up * 4 is a multiple of 32, so whole
      * warps take part in the shuffles), each a quarter of it. With a norm, x is multiplied by
      * its weight here and the sums of squares meet at the barrier after. */
-    __shared__ float nss[GEMV1_WARPS][NX]; /* each warp's share of x's sums of squares */
+    __shared__ float nss[GEMV1_WARPS][NX];     /* each warp's share of x's sums of squares */
+    __shared__ volatile int done[GEMV1_WARPS]; /* with job.tf: the warp's tail pieces are in part */
     float ss[NX];
 #pragma unroll
     for (int j = 0; j < NX; j++) ss[j] = 0.0f;
@@ -366,6 +372,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
             if (lane == 0) nss[warp][j] = ss[j];
         }
     }
+    if (lane == 0) done[warp] = 0;
     __syncthreads();
     /* Each row's 1/rms scales its outputs (1 without a norm). */
     float inv[NX];
@@ -389,7 +396,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     /* The output a lane stores for its block, when the job adds into y: read as the warp starts
      * the block, ahead of its sums; own_prev that of the split block this warp stores. */
     float prev = 0.0f, own_prev = 0.0f;
-    int t = 0, blk = na ? gw : cs / cpb, own = -1, ch = na ? 0 : cs % cpb;
+    int t = 0, blk = a_first ? blk_a : blk_t, own = -1, ch = a_first ? 0 : ch_t;
     /* Lane j OUT + r stores output row r of block `at` for row j of x. */
     auto emit = [&](const float(&a)[R][NX], int64_t at, float pv) {
         float v = 0.0f, v2 = 0.0f;
@@ -404,7 +411,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     };
     auto step = [&](const buf &cur, buf &nxt) {
         load(nxt);
-        if (!GLU && job.fz.acc && (ch == 0 || t == ta) && lane < OUT * NX && lane / OUT < job.nx &&
+        if (!GLU && job.fz.acc && (ch == 0 || t == t0) && lane < OUT * NX && lane / OUT < job.nx &&
             blk * R + lane % OUT < job.rows) {
             int64_t row0;
             const int m0 = step_start<GLU, R>(job, blk, &row0);
@@ -429,15 +436,15 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
                                      f.x, fmaf(gemv1_scale<S>(cur.b[r][c]), f.y, acc[r][j]));
             }
         }
-        const bool block_end = ch == cpb - 1;
-        if (block_end || t == total - 1) {
+        const bool block_end = ch == cpb - 1, in_tail = t >= t0 && t < t1;
+        if (block_end || (in_tail && t == t1 - 1)) {
 #pragma unroll
             for (int r = 0; r < R; r++)
 #pragma unroll
                 for (int j = 0; j < NX; j++) acc[r][j] = cuda_warp_sum(acc[r][j]);
             /* In the tail, the block is split when it began before cs or goes on past ce. */
-            const bool first = t >= ta && blk == cs / cpb;
-            if (t >= ta && ((first && cs % cpb != 0) || !block_end)) {
+            const bool first = in_tail && blk == blk_t;
+            if (in_tail && ((first && ch_t != 0) || !block_end)) {
                 if (lane == 0)
 #pragma unroll
                     for (int r = 0; r < R; r++)
@@ -451,6 +458,10 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
             for (int r = 0; r < R; r++)
 #pragma unroll
                 for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
+            if (job.tf && t == t1 - 1 && lane == 0) {
+                __threadfence_block();
+                done[warp] = 1;
+            }
         }
         next(t, blk, ch);
     };
@@ -465,7 +476,8 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
         step(b3, b2);
     }
     if (job.rem0 < job.steps) {
-        __syncthreads();
+        if (!job.tf) __syncthreads();
+        __syncwarp();
         if (own >= 0) {
 #pragma unroll
             for (int r = 0; r < R; r++)
@@ -476,6 +488,10 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
                 tail(k, &s, &e);
                 if (s < e && s < (own + 1) * cpb && e > own * cpb && (!job.brk || k == warp)) {
                     const int slot = s / cpb == own ? 0 : 1;
+                    if (job.tf && k != warp)
+                        while (done[k] == 0) {
+                        }
+                    __threadfence_block();
 #pragma unroll
                     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -535,24 +551,34 @@ static int gemv1_launch(cuda_backend *c, gemv1_job job, base_err *err) {
     static int variant = -1;
     if (variant < 0) {
         const char *v = getenv("MLXCEL_GEMV1_VARIANT");
-        variant = v ? atoi(v) : 2;
+        variant = v ? atoi(v) : 3;
     }
     job.brk = (variant & 8) != 0;
-    int64_t grid = (int64_t)per_sm * c->sm_count;
-    if (variant & 2) {
-        if (grid > job.steps) grid = job.steps;
+    const int64_t sms = (int64_t)per_sm * c->sm_count;
+    /* Main's order: every warp that takes blocks takes as many as the others, those warps
+     * spread over every SM: warp w of CTA b is warp w grid + b of the grid. */
+    const int64_t per_cta = (job.steps + GEMV1_WARPS - 1) / GEMV1_WARPS;
+    const int64_t grid_o = sms < per_cta ? sms : per_cta;
+    const int64_t iters_o = (job.steps + grid_o * GEMV1_WARPS - 1) / (grid_o * GEMV1_WARPS);
+    /* Whole rounds over every warp, then the tail by chunks. */
+    const int64_t grid_n = sms < job.steps ? sms : job.steps;
+    const int64_t iters_n = job.steps / (grid_n * GEMV1_WARPS);
+    const int64_t tail_cta = (job.steps - iters_n * grid_n * GEMV1_WARPS + grid_n - 1) / grid_n;
+    const int64_t max_o = iters_o * job.cpb,
+                  max_n = iters_n * job.cpb + (tail_cta * job.cpb + GEMV1_WARPS - 1) / GEMV1_WARPS;
+    bool split = (variant & 2) != 0;
+    if (split && (variant & 1)) split = max_o - max_n >= 2;
+    job.tf = split && (variant & 4);
+    int64_t grid;
+    if (split) {
+        grid = grid_n;
         job.warps = (int)grid * GEMV1_WARPS;
-        job.iters = (int)(job.steps / job.warps);
+        job.iters = (int)iters_n;
         job.rem0 = job.iters * job.warps;
     } else {
-        /* Every warp that takes blocks takes as many as the others (a warp left alone on a last
-         * block costs a whole memory latency), and those warps spread over every SM (the loads in
-         * flight, not the blocks per warp, set the pace of a short launch): warp w of CTA b is
-         * warp w grid + b of the grid. */
-        const int64_t per_cta = (job.steps + GEMV1_WARPS - 1) / GEMV1_WARPS;
-        if (grid > per_cta) grid = per_cta;
-        job.iters = (int)((job.steps + grid * GEMV1_WARPS - 1) / (grid * GEMV1_WARPS));
-        job.warps = (int)((job.steps + job.iters - 1) / job.iters);
+        grid = grid_o;
+        job.iters = (int)iters_o;
+        job.warps = (int)((job.steps + iters_o - 1) / iters_o);
         job.rem0 = (int)job.steps;
     }
     return cuda_launch_pdl(c, kernel, (unsigned)grid, GEMV1_WARPS * 32, smem,
