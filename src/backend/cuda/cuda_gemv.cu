@@ -21,6 +21,18 @@
  * reduction and no barrier in the loop. The first chunks' loads are issued before the wait on
  * the previous kernel.
  *
+ * Which blocks a warp takes: the grid's warps take whole blocks in turn, warp w of CTA b being
+ * warp w grid + b, so that the grid reads neighbouring blocks at the same time. Where that
+ * leaves some warps two chunks or more beyond the others (4-bit down_proj on the H200: 2048
+ * blocks of seven chunks on 1584 warps, 14 chunks for the busiest warp), the blocks past the
+ * last whole round are split by chunks among each CTA's warps instead (busiest warp: 10), and
+ * the warp that holds a split block's last chunk adds the pieces in warp order. In a decode
+ * layer's sequence (bench_cuda_gemv's layer line) down_proj went from 17.0 to 16.0 us and the
+ * layer from 58.5 to 57.4 us, batch-1 decode after a 512-token prompt from 311 to 318 tok/s.
+ * Splitting where it gains one chunk (o_proj, 4 to 3) made those launches slower (6.7 to
+ * 7.7 us): the pieces' sums come after the last chunk. So did staging x in shared memory by one
+ * bulk copy (no change) and copying more chunks into shared memory before the wait (slower).
+ *
  * On the H200 (bench/bench_cuda_gemv.cu, 4-bit, group 64, BF16 scales, one row), against the
  * F32 kernel with a cp.async ring this replaces: lm_head [128256 x 4096] 92% of copy bandwidth
  * (was 43%), gate+up 85% (38%), down 52% (28%), q+k+v 51% (25%), o 45% (21%); in that ring
@@ -28,7 +40,6 @@
  * reduction. The small matrices are bound by latency: one short wave per SM. */
 #include "backend/cuda/cuda_internal.h"
 
-#include <stdlib.h>
 #include <type_traits>
 
 /* Warps per CTA (one CTA per SM: the registers of the chunks in flight bound it), 16-byte
@@ -59,9 +70,7 @@ struct gemv1_job {
     int warps;      /* warps that take whole blocks (warp w takes w, w + warps, ...) */
     int iters;      /* whole blocks a warp takes at most */
     int rem0;       /* blocks from rem0 on are the tail, split among the warps by chunks */
-    int brk;
-    int tf;
-    int nx; /* rows of x in this pass (1 to the kernel's NX); y rows follow them */
+    int nx;         /* rows of x in this pass (1 to the kernel's NX); y rows follow them */
     cuda_gemv_fuse fz;
 };
 
@@ -233,11 +242,12 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
         uint4 q[R][C];
         uint32_t s[R][C], b[R][C];
     };
-    /* A warp's work, chunk t = 0, 1, ... of it: first na whole blocks, gw, gw + warps, ... (warp
-     * w of CTA b is warp gw = w grid + b: the warps of the grid read neighbouring blocks at the
-     * same time), then the chunks [cs, ce) (block-major) of the tail: blocks [rem0, steps) go to
-     * the CTAs in runs, and each CTA's warps take equal ranges of its run's chunks, which may
-     * start or end inside a block. */
+    /* A warp's work, chunk t = 0, 1, ... of it. First the chunks [cs, ce) (block-major) of the
+     * tail, blocks [rem0, steps): they go to the CTAs in runs, and each CTA's warps take equal
+     * ranges of its run's chunks, which may start or end inside a block; the tail comes first so
+     * that the pieces of split blocks are ready long before the warps that add them up finish.
+     * Then na whole blocks gw, gw + warps, ... (warp w of CTA b is gw = w grid + b, so that the
+     * grid's warps read neighbouring blocks at the same time). */
     const int gw = warp * (int)gridDim.x + (int)blockIdx.x, nt = (int)job.steps - job.rem0;
     const int na = gw < job.warps && gw < job.rem0
                        ? min((job.rem0 - gw + job.warps - 1) / job.warps, job.iters)
@@ -251,26 +261,22 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     };
     int cs, ce;
     tail(warp, &cs, &ce);
-    const int ta = na * cpb, total = ta + (ce - cs);
-    /* With job.tf the tail comes first: chunks [t0, t1) of the work are the tail's. */
-    const int t0 = job.tf ? 0 : ta, t1 = job.tf ? ce - cs : total, sw = job.tf ? t1 : ta;
-    const int blk_a = gw, blk_t = cs / cpb, ch_t = cs % cpb;
-    const bool a_first = job.tf ? t1 == 0 : na > 0;
+    const int tt = ce - cs, total = tt + na * cpb, blk_t = cs / cpb, ch_t = cs % cpb;
     /* Moves (t, blk, ch) to the next chunk of the warp's work. */
     auto next = [&](int &t, int &blk, int &ch) {
         t++;
-        if (t == sw) {
-            blk = job.tf ? blk_a : blk_t;
-            ch = job.tf ? 0 : ch_t;
+        if (t == tt) {
+            blk = gw;
+            ch = 0;
         } else if (++ch == cpb) {
             ch = 0;
-            blk += t >= t0 && t < t1 ? 1 : job.warps;
+            blk += t < tt ? 1 : job.warps;
         }
     };
     /* The chunk loaded next (lt: block lblk, chunk lch), with where each row of lblk reads its
      * weights, scales and biases. No branches: a row past the matrix reads its last row
      * (nothing stores it), a unit past the row its last unit (the digits of x there are zero). */
-    int lt = 0, lblk = a_first ? blk_a : blk_t, lch = a_first ? 0 : ch_t;
+    int lt = 0, lblk = tt ? blk_t : gw, lch = tt ? ch_t : 0;
     const uint4 *lw[R];
     const S *ls[R], *lb[R];
     auto seek = [&]() {
@@ -329,7 +335,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
      * warps take part in the shuffles), each a quarter of it. With a norm, x is multiplied by
      * its weight here and the sums of squares meet at the barrier after. */
     __shared__ float nss[GEMV1_WARPS][NX];     /* each warp's share of x's sums of squares */
-    __shared__ volatile int done[GEMV1_WARPS]; /* with job.tf: the warp's tail pieces are in part */
+    __shared__ volatile int done[GEMV1_WARPS]; /* the warp's tail pieces are in part */
     float ss[NX];
 #pragma unroll
     for (int j = 0; j < NX; j++) ss[j] = 0.0f;
@@ -384,9 +390,10 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     }
 
     /* The sums of a tail block that is not whole in this warp's range: part[warp][0] for the
-     * first block of the range, part[warp][1] for the last. The warp that holds the block's
-     * last chunk stores it after the barrier that ends the loop, adding the pieces in the order
-     * of the warps. */
+     * first block of the range, part[warp][1] for the last; done[warp] once the warp's tail is
+     * done. The warp that holds the block's last chunk stores it at its end, adding the pieces
+     * in the order of the warps (the same sums on every run: recorded steps replay
+     * bit-identical). */
     __shared__ float part[GEMV1_WARPS][2][R][NX];
     float acc[R][NX];
 #pragma unroll
@@ -396,7 +403,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     /* The output a lane stores for its block, when the job adds into y: read as the warp starts
      * the block, ahead of its sums; own_prev that of the split block this warp stores. */
     float prev = 0.0f, own_prev = 0.0f;
-    int t = 0, blk = a_first ? blk_a : blk_t, own = -1, ch = a_first ? 0 : ch_t;
+    int t = 0, blk = tt ? blk_t : gw, own = -1, ch = tt ? ch_t : 0;
     /* Lane j OUT + r stores output row r of block `at` for row j of x. */
     auto emit = [&](const float(&a)[R][NX], int64_t at, float pv) {
         float v = 0.0f, v2 = 0.0f;
@@ -411,7 +418,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     };
     auto step = [&](const buf &cur, buf &nxt) {
         load(nxt);
-        if (!GLU && job.fz.acc && (ch == 0 || t == t0) && lane < OUT * NX && lane / OUT < job.nx &&
+        if (!GLU && job.fz.acc && (ch == 0 || t == 0) && lane < OUT * NX && lane / OUT < job.nx &&
             blk * R + lane % OUT < job.rows) {
             int64_t row0;
             const int m0 = step_start<GLU, R>(job, blk, &row0);
@@ -436,8 +443,8 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
                                      f.x, fmaf(gemv1_scale<S>(cur.b[r][c]), f.y, acc[r][j]));
             }
         }
-        const bool block_end = ch == cpb - 1, in_tail = t >= t0 && t < t1;
-        if (block_end || (in_tail && t == t1 - 1)) {
+        const bool block_end = ch == cpb - 1, in_tail = t < tt;
+        if (block_end || t == tt - 1) {
 #pragma unroll
             for (int r = 0; r < R; r++)
 #pragma unroll
@@ -458,7 +465,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
             for (int r = 0; r < R; r++)
 #pragma unroll
                 for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
-            if (job.tf && t == t1 - 1 && lane == 0) {
+            if (t == tt - 1 && lane == 0) {
                 __threadfence_block();
                 done[warp] = 1;
             }
@@ -476,7 +483,6 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
         step(b3, b2);
     }
     if (job.rem0 < job.steps) {
-        if (!job.tf) __syncthreads();
         __syncwarp();
         if (own >= 0) {
 #pragma unroll
@@ -486,9 +492,9 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
             for (int k = 0; k <= warp; k++) {
                 int s, e;
                 tail(k, &s, &e);
-                if (s < e && s < (own + 1) * cpb && e > own * cpb && (!job.brk || k == warp)) {
+                if (s < e && s < (own + 1) * cpb && e > own * cpb) {
                     const int slot = s / cpb == own ? 0 : 1;
-                    if (job.tf && k != warp)
+                    if (k != warp)
                         while (done[k] == 0) {
                         }
                     __threadfence_block();
@@ -548,15 +554,9 @@ static int gemv1_launch(cuda_backend *c, gemv1_job job, base_err *err) {
                          (long long)job.in, smem, limit);
     job.steps = (job.rows + (GLU ? GEMV1_R / 2 : GEMV1_R) - 1) / (GLU ? GEMV1_R / 2 : GEMV1_R);
     job.cpb = (int)(gemv1_padded(job.units) / (32 * GEMV1_C));
-    static int variant = -1;
-    if (variant < 0) {
-        const char *v = getenv("MLXCEL_GEMV1_VARIANT");
-        variant = v ? atoi(v) : 3;
-    }
-    job.brk = (variant & 8) != 0;
     const int64_t sms = (int64_t)per_sm * c->sm_count;
-    /* Main's order: every warp that takes blocks takes as many as the others, those warps
-     * spread over every SM: warp w of CTA b is warp w grid + b of the grid. */
+    /* Whole blocks only: every warp that takes blocks takes as many as the others (a warp left
+     * alone on a last block costs a whole memory latency), those warps spread over every SM. */
     const int64_t per_cta = (job.steps + GEMV1_WARPS - 1) / GEMV1_WARPS;
     const int64_t grid_o = sms < per_cta ? sms : per_cta;
     const int64_t iters_o = (job.steps + grid_o * GEMV1_WARPS - 1) / (grid_o * GEMV1_WARPS);
@@ -566,9 +566,9 @@ static int gemv1_launch(cuda_backend *c, gemv1_job job, base_err *err) {
     const int64_t tail_cta = (job.steps - iters_n * grid_n * GEMV1_WARPS + grid_n - 1) / grid_n;
     const int64_t max_o = iters_o * job.cpb,
                   max_n = iters_n * job.cpb + (tail_cta * job.cpb + GEMV1_WARPS - 1) / GEMV1_WARPS;
-    bool split = (variant & 2) != 0;
-    if (split && (variant & 1)) split = max_o - max_n >= 2;
-    job.tf = split && (variant & 4);
+    /* Splitting costs the pieces' sums and stores at the end: worth it where it shortens the
+     * busiest warp by two chunks or more (see the note at the top). */
+    const bool split = max_o - max_n >= 2;
     int64_t grid;
     if (split) {
         grid = grid_n;
