@@ -826,98 +826,6 @@ static void test_matmul_add(be_backend *be) {
     }
 }
 
-/* Decode shapes whose blocks of output rows are no multiple of the warps of the grid, so that
- * the one- and two-row GEMV splits the last blocks between warps by chunks and adds the pieces
- * (where that shortens the longest warp by two chunks or more: on the H200 all of these but the
- * 4-bit rows of 4096): 4-bit rows of 4096 (two chunks a block) and 14336 (seven) and 8-bit rows
- * of 4096 (four), in every form that ends a block differently (plain, the residual add, Q/K/V
- * and gate/up with their norm), each output checked. */
-static void test_gemv_split(be_backend *be) {
-    struct {
-        int64_t out, in;
-        int bits;
-    } plain[] = {{7000, 4096, 4}, {3400, 14336, 4}, {7000, 4096, 8}};
-    for (int c = 0; c < 3; c++) {
-        host_linear L;
-        make_linear(be, &L, plain[c].out, plain[c].in, plain[c].bits, 64, BASE_DTYPE_BF16, c == 2);
-        const int64_t out = plain[c].out, in = plain[c].in;
-        for (int n = 1; n <= 2; n++)
-            for (int add = 0; add < 2; add++) {
-                float *x = rand_rows(n, in), *y0 = rand_rows(n, out);
-                float *ref = malloc(sizeof(float) * (size_t)(n * out));
-                cpu_matmul(x, n, &L.host, ref);
-                for (int i = 0; add && i < n * out; i++) ref[i] += y0[i];
-                be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
-                be_tensor ty = add ? tc_tensor(be, y0, BASE_DTYPE_F32, n, out)
-                                   : tc_poisoned(be, BASE_DTYPE_F32, n, out);
-                base_err err = {{0}};
-                CHECK_MSG((add ? be->ops->matmul_add(be, &tx, &L.dev, &ty, &err)
-                               : be->ops->matmul(be, &tx, &L.dev, &ty, &err)) == 0,
-                          "%s", err.msg);
-                float *got = tc_read(be, &ty);
-                for (int r = 0; r < n; r++) {
-                    double e = test_rel_err(got + r * out, ref + r * out, (size_t)out);
-                    CHECK_MSG(e < 1e-5, "split q%d [%lld x %lld] n=%d add=%d row %d: err %g",
-                              plain[c].bits, (long long)out, (long long)in, n, add, r, e);
-                }
-                be->ops->free(be, tx.data);
-                be->ops->free(be, ty.data);
-                free(x), free(y0), free(ref), free(got);
-            }
-        free_linear(be, &L);
-    }
-    const int64_t in = 14336, outs[3] = {2560, 512, 328}, glu_out = 1700;
-    host_linear Q[3], G, U;
-    for (int i = 0; i < 3; i++) make_linear(be, &Q[i], outs[i], in, 4, 64, BASE_DTYPE_BF16, i == 1);
-    make_linear(be, &G, glu_out, in, 4, 64, BASE_DTYPE_BF16, false);
-    make_linear(be, &U, glu_out, in, 4, 64, BASE_DTYPE_BF16, false);
-    float *w;
-    be_tensor tw = norm_weight(be, in, BASE_DTYPE_BF16, &w);
-    for (int n = 1; n <= 2; n++) {
-        float *x = scaled_rows(n, in), *h = cpu_normed(x, n, in, w);
-        be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
-        be_tensor scratch = tc_poisoned(be, BASE_DTYPE_F32, n, in);
-        const be_norm norm = {&tw, 1e-5f, &scratch};
-        be_tensor ty[3];
-        float *ref[3];
-        for (int i = 0; i < 3; i++) {
-            ref[i] = malloc(sizeof(float) * (size_t)(n * outs[i]));
-            cpu_matmul(h, n, &Q[i].host, ref[i]);
-            ty[i] = tc_poisoned(be, BASE_DTYPE_F32, n, outs[i]);
-        }
-        const be_linear *ws[3] = {&Q[0].dev, &Q[1].dev, &Q[2].dev};
-        be_tensor *ys[3] = {&ty[0], &ty[1], &ty[2]};
-        base_err err = {{0}};
-        CHECK_MSG(be->ops->matmul_qkv(be, &tx, &norm, ws, ys, &err) == 0, "%s", err.msg);
-        for (int i = 0; i < 3; i++) {
-            double e = dev_err(be, &ty[i], ref[i]);
-            CHECK_MSG(e < 1e-5, "split qkv n=%d output %d: err %g", n, i, e);
-            be->ops->free(be, ty[i].data);
-            free(ref[i]);
-        }
-        float *g = malloc(sizeof(float) * (size_t)(n * glu_out));
-        float *u = malloc(sizeof(float) * (size_t)(n * glu_out));
-        cpu_matmul(h, n, &G.host, g);
-        cpu_matmul(h, n, &U.host, u);
-        be_tensor tg = {g, BASE_DTYPE_F32, n, glu_out}, tu = {u, BASE_DTYPE_F32, n, glu_out};
-        CHECK(cpu->ops->silu_mul(cpu, &tg, &tu, &tg, &err) == 0);
-        be_tensor tgu = tc_poisoned(be, BASE_DTYPE_F32, n, glu_out);
-        CHECK_MSG(be->ops->matmul_silu_mul(be, &tx, &norm, &G.dev, &U.dev, &tgu, &err) == 0, "%s",
-                  err.msg);
-        double e = dev_err(be, &tgu, g);
-        CHECK_MSG(e < 1e-5, "split gate/up n=%d: err %g", n, e);
-        be->ops->free(be, tgu.data);
-        be->ops->free(be, tx.data);
-        be->ops->free(be, scratch.data);
-        free(x), free(h), free(g), free(u);
-    }
-    for (int i = 0; i < 3; i++) free_linear(be, &Q[i]);
-    free_linear(be, &G);
-    free_linear(be, &U);
-    be->ops->free(be, tw.data);
-    free(w);
-}
-
 /* x += d; y = rmsnorm(x) * w against add then rmsnorm on the CPU, y aliasing d; rows of 4100
  * and of 9000 (past the values a thread keeps in registers). */
 static void test_add_rmsnorm(be_backend *be) {
@@ -1026,7 +934,6 @@ int main(void) {
     test_qkv_norm(be);
     test_glu_norm(be);
     test_matmul_add(be);
-    test_gemv_split(be);
     test_add_rmsnorm(be);
     test_rope_kv_append(be);
     cpu->ops->destroy(cpu);

@@ -21,18 +21,6 @@
  * reduction and no barrier in the loop. The first chunks' loads are issued before the wait on
  * the previous kernel.
  *
- * Which blocks a warp takes: the grid's warps take whole blocks in turn, warp w of CTA b being
- * warp w grid + b, so that the grid reads neighbouring blocks at the same time. Where that
- * leaves some warps two chunks or more beyond the others (4-bit down_proj on the H200: 2048
- * blocks of seven chunks on 1584 warps, 14 chunks for the busiest warp), the blocks past the
- * last whole round are split by chunks among each CTA's warps instead (busiest warp: 10), and
- * the warp that holds a split block's last chunk adds the pieces in warp order. In a decode
- * layer's sequence (bench_cuda_gemv's layer line) down_proj went from 17.0 to 16.0 us and the
- * layer from 58.5 to 57.4 us, batch-1 decode after a 512-token prompt from 311 to 318 tok/s.
- * Splitting where it gains one chunk (o_proj, 4 to 3) made those launches slower (6.7 to
- * 7.7 us): the pieces' sums come after the last chunk. So did staging x in shared memory by one
- * bulk copy (no change) and copying more chunks into shared memory before the wait (slower).
- *
  * On the H200 (bench/bench_cuda_gemv.cu, 4-bit, group 64, BF16 scales, one row), against the
  * F32 kernel with a cp.async ring this replaces: lm_head [128256 x 4096] 92% of copy bandwidth
  * (was 43%), gate+up 85% (38%), down 52% (28%), q+k+v 51% (25%), o 45% (21%); in that ring
@@ -66,10 +54,7 @@ struct gemv1_job {
     int gshift;     /* unit index >> gshift = group index */
     int64_t rows;   /* PLAIN: sum of the outs; GLU: out */
     int64_t steps;  /* blocks: ceil(rows / rows per block) */
-    int cpb;        /* chunks per block (of 32 GEMV1_C units a row) */
-    int warps;      /* warps that take whole blocks (warp w takes w, w + warps, ...) */
-    int iters;      /* whole blocks a warp takes at most */
-    int rem0;       /* blocks from rem0 on are the tail, split among the warps by chunks */
+    int64_t warps;  /* warps that take blocks (warp w takes w, w + warps, ...) */
     int nx;         /* rows of x in this pass (1 to the kernel's NX); y rows follow them */
     cuda_gemv_fuse fz;
 };
@@ -233,8 +218,8 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     constexpr int DW = 3 * WPU / 16;   /* 16-byte words of digits per unit */
     constexpr int QW = 3 * 8 / BITS;   /* 4-byte words of digits per quarter unit */
     extern __shared__ uint4 gemv1_x[]; /* (NX, DW, up) digits, then (NX, up) unscale and sum */
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int U = (int)job.units, up = (int)gemv1_padded(U), cpb = job.cpb;
+    const int lane = threadIdx.x & 31;
+    const int U = (int)job.units, up = (int)gemv1_padded(U), chunks = up / (32 * C);
     uint32_t *xw = (uint32_t *)gemv1_x;
     float2 *xf = (float2 *)(gemv1_x + (size_t)NX * DW * up);
 
@@ -242,45 +227,17 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
         uint4 q[R][C];
         uint32_t s[R][C], b[R][C];
     };
-    /* A warp's work, chunk t = 0, 1, ... of it. First the chunks [cs, ce) (block-major) of the
-     * tail, blocks [rem0, steps): they go to the CTAs in runs, and each CTA's warps take equal
-     * ranges of its run's chunks, which may start or end inside a block; the tail comes first so
-     * that the pieces of split blocks are ready long before the warps that add them up finish.
-     * Then na whole blocks gw, gw + warps, ... (warp w of CTA b is gw = w grid + b, so that the
-     * grid's warps read neighbouring blocks at the same time). */
-    const int gw = warp * (int)gridDim.x + (int)blockIdx.x, nt = (int)job.steps - job.rem0;
-    const int na = gw < job.warps && gw < job.rem0
-                       ? min((job.rem0 - gw + job.warps - 1) / job.warps, job.iters)
-                       : 0;
-    const int tb0 = job.rem0 + (int)((int64_t)nt * blockIdx.x / gridDim.x);
-    const int tn = (job.rem0 + (int)((int64_t)nt * (blockIdx.x + 1) / gridDim.x) - tb0) * cpb;
-    /* Warp k's tail range. */
-    auto tail = [&](int k, int *s, int *e) {
-        *s = tb0 * cpb + tn * k / GEMV1_WARPS;
-        *e = tb0 * cpb + tn * (k + 1) / GEMV1_WARPS;
-    };
-    int cs, ce;
-    tail(warp, &cs, &ce);
-    const int tt = ce - cs, total = tt + na * cpb, blk_t = cs / cpb, ch_t = cs % cpb;
-    /* Moves (t, blk, ch) to the next chunk of the warp's work. */
-    auto next = [&](int &t, int &blk, int &ch) {
-        t++;
-        if (t == tt) {
-            blk = gw;
-            ch = 0;
-        } else if (++ch == cpb) {
-            ch = 0;
-            blk += t < tt ? 1 : job.warps;
-        }
-    };
-    /* The chunk loaded next (lt: block lblk, chunk lch), with where each row of lblk reads its
-     * weights, scales and biases. No branches: a row past the matrix reads its last row
-     * (nothing stores it), a unit past the row its last unit (the digits of x there are zero). */
-    int lt = 0, lblk = tt ? blk_t : gw, lch = tt ? ch_t : 0;
+    /* The chunk computed next (blk, ch) and the one loaded next (lblk, lch), with where each
+     * row of lblk reads its weights, scales and biases. No branches: a row past the matrix
+     * reads its last row (nothing stores it), a unit past the row its last unit (the digits of
+     * x there are zero). */
+    const int64_t gw = (int64_t)(threadIdx.x >> 5) * gridDim.x + blockIdx.x;
+    int64_t blk = gw < job.warps ? gw : job.steps, lblk = blk;
+    int ch = 0, lch = 0;
     const uint4 *lw[R];
     const S *ls[R], *lb[R];
     auto seek = [&]() {
-        if (lt >= total) return;
+        if (lblk >= job.steps) return;
         int64_t row0;
         const int m0 = step_start<GLU, R>(job, lblk, &row0);
 #pragma unroll
@@ -300,7 +257,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
         }
     };
     auto load = [&](buf &B) {
-        if (lt >= total) return;
+        if (lblk >= job.steps) return;
 #pragma unroll
         for (int c = 0; c < C; c++) {
             int u = lch * 32 * C + c * 32 + lane;
@@ -313,9 +270,11 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
                 B.b[r][c] = gemv1_ldscale(lb[r] + g);
             }
         }
-        const int from = lblk;
-        next(lt, lblk, lch);
-        if (lblk != from) seek();
+        if (++lch == chunks) {
+            lch = 0;
+            lblk += job.warps;
+            seek();
+        }
     };
     /* Four slots, named rather than indexed, so that all of them stay in registers. */
     buf b0, b1, b2, b3;
@@ -334,8 +293,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     /* Four threads a unit (lanes 4i to 4i + 3 of a warp: up * 4 is a multiple of 32, so whole
      * warps take part in the shuffles), each a quarter of it. With a norm, x is multiplied by
      * its weight here and the sums of squares meet at the barrier after. */
-    __shared__ float nss[GEMV1_WARPS][NX];     /* each warp's share of x's sums of squares */
-    __shared__ volatile int done[GEMV1_WARPS]; /* the warp's tail pieces are in part */
+    __shared__ float nss[GEMV1_WARPS][NX]; /* each warp's share of x's sums of squares */
     float ss[NX];
 #pragma unroll
     for (int j = 0; j < NX; j++) ss[j] = 0.0f;
@@ -375,10 +333,9 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
 #pragma unroll
         for (int j = 0; j < NX; j++) {
             ss[j] = cuda_warp_sum(ss[j]);
-            if (lane == 0) nss[warp][j] = ss[j];
+            if (lane == 0) nss[threadIdx.x >> 5][j] = ss[j];
         }
     }
-    if (lane == 0) done[warp] = 0;
     __syncthreads();
     /* Each row's 1/rms scales its outputs (1 without a norm). */
     float inv[NX];
@@ -389,36 +346,17 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
         inv[j] = job.fz.norm ? cuda_rms_inv(t, job.in, job.fz.eps) : 1.0f;
     }
 
-    /* The sums of a tail block that is not whole in this warp's range: part[warp][0] for the
-     * first block of the range, part[warp][1] for the last; done[warp] once the warp's tail is
-     * done. The warp that holds the block's last chunk stores it at its end, adding the pieces
-     * in the order of the warps (the same sums on every run: recorded steps replay
-     * bit-identical). */
-    __shared__ float part[GEMV1_WARPS][2][R][NX];
     float acc[R][NX];
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
-    /* The output a lane stores for its block, when the job adds into y: read as the warp starts
-     * the block, ahead of its sums; own_prev that of the split block this warp stores. */
-    float prev = 0.0f, own_prev = 0.0f;
-    int t = 0, blk = tt ? blk_t : gw, own = -1, ch = tt ? ch_t : 0;
-    /* Lane j OUT + r stores output row r of block `at` for row j of x. */
-    auto emit = [&](const float(&a)[R][NX], int64_t at, float pv) {
-        float v = 0.0f, v2 = 0.0f;
-#pragma unroll
-        for (int j = 0; j < NX; j++)
-#pragma unroll
-            for (int r = 0; r < OUT; r++)
-                if (lane == j * OUT + r)
-                    v = a[r][j] * inv[j], v2 = GLU ? a[OUT + r][j] * inv[j] : 0.0f;
-        if (lane < OUT * NX && lane / OUT < job.nx)
-            gemv1_emit<GLU, R>(job, at, lane % OUT, lane / OUT, v, v2, pv);
-    };
+    /* The output a lane stores for its block, when the job adds into y: read as the block
+     * starts, ahead of its sums. */
+    float prev = 0.0f;
     auto step = [&](const buf &cur, buf &nxt) {
         load(nxt);
-        if (!GLU && job.fz.acc && (ch == 0 || t == 0) && lane < OUT * NX && lane / OUT < job.nx &&
+        if (!GLU && job.fz.acc && ch == 0 && lane < OUT * NX && lane / OUT < job.nx &&
             blk * R + lane % OUT < job.rows) {
             int64_t row0;
             const int m0 = step_start<GLU, R>(job, blk, &row0);
@@ -443,69 +381,37 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
                                      f.x, fmaf(gemv1_scale<S>(cur.b[r][c]), f.y, acc[r][j]));
             }
         }
-        const bool block_end = ch == cpb - 1, in_tail = t < tt;
-        if (block_end || t == tt - 1) {
+        if (ch == chunks - 1) {
 #pragma unroll
             for (int r = 0; r < R; r++)
 #pragma unroll
                 for (int j = 0; j < NX; j++) acc[r][j] = cuda_warp_sum(acc[r][j]);
-            /* In the tail, the block is split when it began before cs or goes on past ce. */
-            const bool first = in_tail && blk == blk_t;
-            if (in_tail && ((first && ch_t != 0) || !block_end)) {
-                if (lane == 0)
+            /* Lane j OUT + r stores output row r for row j of x. */
+            float v = 0.0f, v2 = 0.0f;
 #pragma unroll
-                    for (int r = 0; r < R; r++)
+            for (int j = 0; j < NX; j++)
 #pragma unroll
-                        for (int j = 0; j < NX; j++) part[warp][first ? 0 : 1][r][j] = acc[r][j];
-                if (block_end) own = blk, own_prev = prev;
-            } else {
-                emit(acc, blk, prev);
-            }
+                for (int r = 0; r < OUT; r++)
+                    if (lane == j * OUT + r)
+                        v = acc[r][j] * inv[j], v2 = GLU ? acc[OUT + r][j] * inv[j] : 0.0f;
+            if (lane < OUT * NX && lane / OUT < job.nx)
+                gemv1_emit<GLU, R>(job, blk, lane % OUT, lane / OUT, v, v2, prev);
 #pragma unroll
             for (int r = 0; r < R; r++)
 #pragma unroll
                 for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
-            if (t == tt - 1 && lane == 0) {
-                __threadfence_block();
-                done[warp] = 1;
-            }
         }
-        next(t, blk, ch);
+        if (++ch == chunks) ch = 0, blk += job.warps;
     };
     /* Slot i % 4 holds chunk i. */
-    while (t < total) {
+    while (blk < job.steps) {
         step(b0, b3);
-        if (t >= total) break;
+        if (blk >= job.steps) break;
         step(b1, b0);
-        if (t >= total) break;
+        if (blk >= job.steps) break;
         step(b2, b1);
-        if (t >= total) break;
+        if (blk >= job.steps) break;
         step(b3, b2);
-    }
-    if (job.rem0 < job.steps) {
-        __syncwarp();
-        if (own >= 0) {
-#pragma unroll
-            for (int r = 0; r < R; r++)
-#pragma unroll
-                for (int j = 0; j < NX; j++) acc[r][j] = 0.0f;
-            for (int k = 0; k <= warp; k++) {
-                int s, e;
-                tail(k, &s, &e);
-                if (s < e && s < (own + 1) * cpb && e > own * cpb) {
-                    const int slot = s / cpb == own ? 0 : 1;
-                    if (k != warp)
-                        while (done[k] == 0) {
-                        }
-                    __threadfence_block();
-#pragma unroll
-                    for (int r = 0; r < R; r++)
-#pragma unroll
-                        for (int j = 0; j < NX; j++) acc[r][j] += part[k][slot][r][j];
-                }
-            }
-            emit(acc, own, own_prev);
-        }
     }
 }
 
@@ -553,34 +459,15 @@ static int gemv1_launch(cuda_backend *c, gemv1_job job, base_err *err) {
                          "shared memory, the device offers %d",
                          (long long)job.in, smem, limit);
     job.steps = (job.rows + (GLU ? GEMV1_R / 2 : GEMV1_R) - 1) / (GLU ? GEMV1_R / 2 : GEMV1_R);
-    job.cpb = (int)(gemv1_padded(job.units) / (32 * GEMV1_C));
-    const int64_t sms = (int64_t)per_sm * c->sm_count;
-    /* Whole blocks only: every warp that takes blocks takes as many as the others (a warp left
-     * alone on a last block costs a whole memory latency), those warps spread over every SM. */
+    /* Every warp that takes blocks takes as many as the others (a warp left alone on a last
+     * block costs a whole memory latency), and those warps spread over every SM (the loads in
+     * flight, not the blocks per warp, set the pace of a short launch): warp w of CTA b is
+     * warp w grid + b of the grid. */
+    int64_t grid = (int64_t)per_sm * c->sm_count;
     const int64_t per_cta = (job.steps + GEMV1_WARPS - 1) / GEMV1_WARPS;
-    const int64_t grid_o = sms < per_cta ? sms : per_cta;
-    const int64_t iters_o = (job.steps + grid_o * GEMV1_WARPS - 1) / (grid_o * GEMV1_WARPS);
-    /* Whole rounds over every warp, then the tail by chunks. */
-    const int64_t grid_n = sms < job.steps ? sms : job.steps;
-    const int64_t iters_n = job.steps / (grid_n * GEMV1_WARPS);
-    const int64_t tail_cta = (job.steps - iters_n * grid_n * GEMV1_WARPS + grid_n - 1) / grid_n;
-    const int64_t max_o = iters_o * job.cpb,
-                  max_n = iters_n * job.cpb + (tail_cta * job.cpb + GEMV1_WARPS - 1) / GEMV1_WARPS;
-    /* Splitting costs the pieces' sums and stores at the end: worth it where it shortens the
-     * busiest warp by two chunks or more (see the note at the top). */
-    const bool split = max_o - max_n >= 2;
-    int64_t grid;
-    if (split) {
-        grid = grid_n;
-        job.warps = (int)grid * GEMV1_WARPS;
-        job.iters = (int)iters_n;
-        job.rem0 = job.iters * job.warps;
-    } else {
-        grid = grid_o;
-        job.iters = (int)iters_o;
-        job.warps = (int)((job.steps + iters_o - 1) / iters_o);
-        job.rem0 = (int)job.steps;
-    }
+    if (grid > per_cta) grid = per_cta;
+    const int64_t iters = (job.steps + grid * GEMV1_WARPS - 1) / (grid * GEMV1_WARPS);
+    job.warps = (job.steps + iters - 1) / iters;
     return cuda_launch_pdl(c, kernel, (unsigned)grid, GEMV1_WARPS * 32, smem,
                            "matmul (single-row GEMV)", err, job);
 }
