@@ -33,8 +33,10 @@ static double pf_round_unit(base_dtype dt) {
 /* ref and bound (n_tokens x H x D) for every row: q' is q * scale * log2 e rounded to the
  * pool dtype, as the kernel sees it. `extra` more keys (up to kv_len) are visible to prompt
  * rows: 0 for the true function, 1 for a reference with the causal mask one key too wide. Decode
- * rows are exact softmax too, with a bound of the same form taken from the existing kernel's F32
- * path (u = 0). */
+ * rows are exact softmax too, with a bound of the same form: with F32 activations (split terms,
+ * or the F32 kernel) u = 0; with 16-bit activations the tensor-core decode kernel takes q rounded
+ * to the pool dtype before the scale (q' = round(q), then its F32 scores times scale * log2 e,
+ * one rounding more) and rounds the weights to the pool dtype for P V (u as for prompt rows). */
 static void pf_reference(const tc_batch *b, const tc_att_case *c, const float *q, const float *kf,
                          const float *vf, float scale, int extra, double *ref, double *bound) {
     const int D = c->head_dim, H = c->group * c->n_kv, width = c->n_kv * D;
@@ -43,7 +45,8 @@ static void pf_reference(const tc_batch *b, const tc_att_case *c, const float *q
     double *qr = malloc(sizeof(double) * (size_t)D);
     for (int s = 0; s < b->n_seqs; s++) {
         const int ql = b->q_indptr[s + 1] - b->q_indptr[s];
-        const double u = ql > 1 ? pf_round_unit(c->pool_dt) : 0;
+        const bool single = ql == 1 && c->act_dt != BASE_DTYPE_F32 && c->block_size % 16 == 0;
+        const double u = ql > 1 || single ? pf_round_unit(c->pool_dt) : 0;
         for (int i = 0; i < ql; i++) {
             const int row = b->q_indptr[s] + i;
             int nvis = b->kv_len[s] - ql + i + 1 + (ql > 1 ? extra : 0);
@@ -52,9 +55,10 @@ static void pf_reference(const tc_batch *b, const tc_att_case *c, const float *q
                 const int kvh = h / c->group;
                 const float *qh = q + ((size_t)row * H + h) * D;
                 for (int e = 0; e < D; e++) {
-                    float x = qh[e] * (scale * 1.4426950408889634f);
+                    float x = qh[e] * (scale * 1.4426950408889634f), y = qh[e];
                     if (ql > 1) tc_round(&x, 1, c->pool_dt);
-                    qr[e] = ql > 1 ? x : (double)qh[e] * scale * 1.4426950408889634;
+                    if (single) tc_round(&y, 1, c->pool_dt);
+                    qr[e] = ql > 1 ? x : (double)y * scale * 1.4426950408889634;
                 }
                 double mx = -INFINITY, sum = 0, E = 0;
                 for (int j = 0; j < nvis; j++) {
@@ -62,7 +66,7 @@ static void pf_reference(const tc_batch *b, const tc_att_case *c, const float *q
                     double d = 0, a = 0;
                     for (int e = 0; e < D; e++) d += qr[e] * kr[e], a += fabs(qr[e] * kr[e]);
                     sc[j] = d;
-                    double ej = (D + 4) * ldexp(a, -23) + ldexp(1, -21);
+                    double ej = (D + 4 + single) * ldexp(a, -23) + ldexp(1, -21);
                     E = ej > E ? ej : E;
                     mx = d > mx ? d : mx;
                 }
