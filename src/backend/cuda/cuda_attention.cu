@@ -79,21 +79,9 @@ __device__ __forceinline__ void cp_async_wait_n(int n) {
         cuda_cp_async_wait<3>();
 }
 
-template <typename KT> __device__ __forceinline__ float2 to_float2(uint32_t w);
-template <> __device__ __forceinline__ float2 to_float2<__half>(uint32_t w) {
-    __half2 h;
-    memcpy(&h, &w, sizeof h);
-    return __half22float2(h);
-}
-template <> __device__ __forceinline__ float2 to_float2<__nv_bfloat16>(uint32_t w) {
-    __nv_bfloat162 b;
-    memcpy(&b, &w, sizeof b);
-    return __bfloat1622float2(b);
-}
-
 template <typename KT> __device__ __forceinline__ void cvt8(uint4 raw, float *f) {
-    float2 a = to_float2<KT>(raw.x), b = to_float2<KT>(raw.y), c = to_float2<KT>(raw.z),
-           d = to_float2<KT>(raw.w);
+    float2 a = cuda_unpack2<KT>(raw.x), b = cuda_unpack2<KT>(raw.y), c = cuda_unpack2<KT>(raw.z),
+           d = cuda_unpack2<KT>(raw.w);
     f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y, f[4] = c.x, f[5] = c.y, f[6] = d.x, f[7] = d.y;
 }
 
@@ -420,7 +408,7 @@ __device__ __forceinline__ void split2(float x, float y, uint32_t *terms) {
 #pragma unroll
     for (int s = 0; s < SPLIT; s++) {
         terms[s] = cuda_pack2<KT>(x, y);
-        float2 r = to_float2<KT>(terms[s]);
+        float2 r = cuda_unpack2<KT>(terms[s]);
         x -= r.x;
         y -= r.y;
     }

@@ -83,18 +83,6 @@ template <> __device__ __forceinline__ __nv_bfloat16 wd_from<__nv_bfloat16>(floa
     return __float2bfloat16_rn(x);
 }
 
-template <typename KT> __device__ __forceinline__ float2 wd_float2(uint32_t w);
-template <> __device__ __forceinline__ float2 wd_float2<__half>(uint32_t w) {
-    __half2 h;
-    memcpy(&h, &w, sizeof h);
-    return __half22float2(h);
-}
-template <> __device__ __forceinline__ float2 wd_float2<__nv_bfloat16>(uint32_t w) {
-    __nv_bfloat162 b;
-    memcpy(&b, &w, sizeof b);
-    return __bfloat1622float2(b);
-}
-
 /* Tokens per span of a row of n tokens. */
 __device__ __forceinline__ int wd_span(const wd_params &p, int n) {
     const int t = (n + p.chunks - 1) / p.chunks;
@@ -214,8 +202,8 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
                 const uint4 raw = *(const uint4 *)(kr + (cc ^ (t & 7)) * 8);
                 const float4 x = *(const float4 *)(qr + cc * 8);
                 const float4 y = *(const float4 *)(qr + cc * 8 + 4);
-                const float2 k0 = wd_float2<KT>(raw.x), k1 = wd_float2<KT>(raw.y),
-                             k2 = wd_float2<KT>(raw.z), k3 = wd_float2<KT>(raw.w);
+                const float2 k0 = cuda_unpack2<KT>(raw.x), k1 = cuda_unpack2<KT>(raw.y),
+                             k2 = cuda_unpack2<KT>(raw.z), k3 = cuda_unpack2<KT>(raw.w);
                 a0 = fmaf(x.x, k0.x, a0), a1 = fmaf(x.y, k0.y, a1);
                 a0 = fmaf(x.z, k1.x, a0), a1 = fmaf(x.w, k1.y, a1);
                 a0 = fmaf(y.x, k2.x, a0), a1 = fmaf(y.y, k2.y, a1);
@@ -248,14 +236,14 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
             float ax = 0.0f, ay = 0.0f, bx = 0.0f, by = 0.0f;
             int t = 0;
             for (; t + 1 < nt; t += 2) {
-                const float2 v0 = wd_float2<KT>(*(const uint32_t *)(vc + t * D));
-                const float2 v1 = wd_float2<KT>(*(const uint32_t *)(vc + (t + 1) * D));
+                const float2 v0 = cuda_unpack2<KT>(*(const uint32_t *)(vc + t * D));
+                const float2 v1 = cuda_unpack2<KT>(*(const uint32_t *)(vc + (t + 1) * D));
                 const float p0 = pr[t], p1 = pr[t + 1];
                 ax = fmaf(p0, v0.x, ax), ay = fmaf(p0, v0.y, ay);
                 bx = fmaf(p1, v1.x, bx), by = fmaf(p1, v1.y, by);
             }
             if (t < nt) {
-                const float2 v0 = wd_float2<KT>(*(const uint32_t *)(vc + t * D));
+                const float2 v0 = cuda_unpack2<KT>(*(const uint32_t *)(vc + t * D));
                 ax = fmaf(pr[t], v0.x, ax), ay = fmaf(pr[t], v0.y, ay);
             }
             *(float2 *)(p.part + (cell0 + h) * D + 2 * d2) = make_float2(ax + bx, ay + by);

@@ -84,4 +84,17 @@ template <> __device__ __forceinline__ uint32_t cuda_pack2<__nv_bfloat16>(float 
     return w;
 }
 
+/* The two KT values packed in w (low first), as floats: cuda_pack2's inverse. */
+template <typename KT> __device__ __forceinline__ float2 cuda_unpack2(uint32_t w);
+template <> __device__ __forceinline__ float2 cuda_unpack2<__half>(uint32_t w) {
+    __half2 h;
+    memcpy(&h, &w, sizeof h);
+    return __half22float2(h);
+}
+template <> __device__ __forceinline__ float2 cuda_unpack2<__nv_bfloat16>(uint32_t w) {
+    __nv_bfloat162 b;
+    memcpy(&b, &w, sizeof b);
+    return __bfloat1622float2(b);
+}
+
 #endif
