@@ -44,7 +44,6 @@ extern "C" {
 #define ATT_SMEM_MAX   (227 * 1024)
 #define ATT_MAX_GROUP  8
 #define ATT_GRID_MAX   65535
-#define ATT_LOG2E      1.4426950408889634f
 #define ATT_LN2        0.6931471805599453f
 
 typedef struct att_params {
@@ -1222,7 +1221,7 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
     p.n_tokens = batch->n_tokens;
     p.all_decode = batch->max_q_len == 1;
     p.pages_per_chunk = INT_MAX;
-    p.scale_log2 = scale * ATT_LOG2E;
+    p.scale_log2 = scale * CUDA_LOG2E;
     p.stages = stages;
     cuda_backend *c = cuda_impl(be);
 

@@ -19,7 +19,6 @@
 #include "backend/cuda/cuda_mma.h"
 
 #define PF_BN      64 /* keys per shared-memory tile */
-#define PF_LOG2E   1.4426950408889634f
 #define PF_GRID_YZ 65535
 /* The launch shape cuda_attention uses (pf_dispatch_variant): 8 warps measured best or level
  * on the H200 at 8B geometry (bench/RESULTS.md). */
@@ -282,7 +281,7 @@ int cuda_attention_prefill_variant(be_backend *be, const be_tensor *q, const be_
     p.page_indptr = batch->page_indptr;
     p.page_indices = batch->page_indices;
     p.first_page_offset = batch->first_page_offset;
-    p.scale_log2 = scale * PF_LOG2E;
+    p.scale_log2 = scale * CUDA_LOG2E;
     cuda_backend *cb = cuda_impl(be);
     if (layer->head_dim == 64) {
         if (layer->dtype == BASE_DTYPE_F16)

@@ -44,7 +44,6 @@
 #define WD_MIN_TOKENS 16           /* fewest tokens a span takes, a row's last span aside */
 #define WD_SMEM_MAX   (223 * 1024) /* dynamic shared memory: 227 KB less the static arrays */
 #define WD_MAX_ITEMS  16           /* (row, kv head) pairs: the counters in front of the scratch */
-#define WD_LOG2E      1.4426950408889634f
 
 typedef struct wd_params {
     const void *q; /* (n_seqs, n_heads * D) */
@@ -123,10 +122,7 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
     const int pair = tid % HALF;
     float sn = 0.0f, cs = 0.0f;
     const int64_t slot = ROPE ? p.slots[s] : -1;
-    if (ROPE) {
-        sincosf((float)p.pos[s] * p.inv_freq[pair], &sn, &cs);
-        sn *= p.mscale, cs *= p.mscale;
-    }
+    if (ROPE) cuda_rope_sincos(p.pos[s], p.inv_freq[pair], p.mscale, &sn, &cs);
     const bool fresh = slot >= 0; /* the new token comes from k and v, not the pool */
 
     cuda_pdl_wait();
@@ -160,16 +156,17 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
             if (mine && tid < D) vx = cuda_load(p.v_new, p.v_dt, src + tid);
             for (int i = tid; i < G * HALF; i += WD_THREADS) {
                 const size_t o = qbase + (size_t)(i / HALF) * D + pair;
-                const float x1 = cuda_load(p.q, p.q_dt, o), x2 = cuda_load(p.q, p.q_dt, o + HALF);
-                const float r1 = x1 * cs - x2 * sn, r2 = x2 * cs + x1 * sn;
-                qs[o - qbase] = cuda_round(p.q_dt, r1) * p.scale_log2;
-                qs[o - qbase + HALF] = cuda_round(p.q_dt, r2) * p.scale_log2;
+                const float2 r = cuda_rope_rotate(cuda_load(p.q, p.q_dt, o),
+                                                  cuda_load(p.q, p.q_dt, o + HALF), sn, cs);
+                qs[o - qbase] = cuda_round(p.q_dt, r.x) * p.scale_log2;
+                qs[o - qbase + HALF] = cuda_round(p.q_dt, r.y) * p.scale_log2;
             }
             if (mine) {
                 const uint64_t dst = (uint64_t)slot * width + (uint64_t)kvh * D;
                 if (tid < HALF) {
-                    const KT r1 = wd_from<KT>(cuda_round(p.k_dt, k1 * cs - k2 * sn));
-                    const KT r2 = wd_from<KT>(cuda_round(p.k_dt, k2 * cs + k1 * sn));
+                    const float2 r = cuda_rope_rotate(k1, k2, sn, cs);
+                    const KT r1 = wd_from<KT>(cuda_round(p.k_dt, r.x));
+                    const KT r2 = wd_from<KT>(cuda_round(p.k_dt, r.y));
                     ((KT *)p.k_pool)[dst + pair] = r1;
                     ((KT *)p.k_pool)[dst + pair + HALF] = r2;
                     const int j1 = pair, j2 = pair + HALF;
@@ -372,7 +369,7 @@ static int wd_setup(be_backend *be, const be_tensor *q, const be_kv_layer *layer
     p->first_page_offset = batch->first_page_offset;
     p->chunks = wd_chunks(c, ns * nkv);
     p->max_tokens = wd_max_tokens(batch->max_kv_len, p->chunks);
-    p->scale_log2 = scale * WD_LOG2E;
+    p->scale_log2 = scale * CUDA_LOG2E;
 
     const size_t counters = (WD_MAX_ITEMS * sizeof(unsigned) + 255) & ~(size_t)255;
     const size_t cells = (size_t)ns * p->chunks * n_heads;

@@ -147,23 +147,23 @@ __global__ void rope_kv_append_kernel(void *q, base_dtype q_dt, void *k, base_dt
     const int half = head_dim / 2, heads = n_heads + n_kv_heads;
     const int64_t total = n * heads * half, first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     float s = 0.0f, c = 0.0f;
-    if (first < total) sincosf((float)pos[first / half / heads] * inv_freq[first % half], &s, &c);
+    if (first < total)
+        cuda_rope_sincos(pos[first / half / heads], inv_freq[first % half], mscale, &s, &c);
     cuda_pdl_wait();
     for (int64_t i = first; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         const int p = (int)(i % half);
         const int64_t th = i / half, t = th / heads;
         const int h = (int)(th % heads);
-        if (i != first) sincosf((float)pos[t] * inv_freq[p], &s, &c);
-        const float sm = s * mscale, cm = c * mscale;
+        if (i != first) cuda_rope_sincos(pos[t], inv_freq[p], mscale, &s, &c);
         const bool is_q = h < n_heads;
         void *x = is_q ? q : k;
         const base_dtype dt = is_q ? q_dt : k_dt;
         const int64_t width = (int64_t)(is_q ? n_heads : n_kv_heads) * head_dim;
         const size_t off = (size_t)(t * width + (int64_t)(is_q ? h : h - n_heads) * head_dim);
-        const float x1 = cuda_load(x, dt, off + p), x2 = cuda_load(x, dt, off + p + half);
-        const float r1 = x1 * cm - x2 * sm, r2 = x2 * cm + x1 * sm;
-        cuda_store(x, dt, off + p, r1);
-        cuda_store(x, dt, off + p + half, r2);
+        const float2 r =
+            cuda_rope_rotate(cuda_load(x, dt, off + p), cuda_load(x, dt, off + p + half), s, c);
+        cuda_store(x, dt, off + p, r.x);
+        cuda_store(x, dt, off + p + half, r.y);
         if (is_q || slots[t] < 0) continue;
         /* The pool holds k as stored in k's dtype, as kv_append after rope would copy it. */
         const size_t po =

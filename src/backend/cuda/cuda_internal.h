@@ -169,6 +169,25 @@ __device__ __forceinline__ float cuda_round(base_dtype dt, float v) {
     return v;
 }
 
+/* RoPE's angle at position pos and frequency inv_freq, as its sine and cosine times mscale:
+ * F32 as the CPU computes it, with sincosf (not the fast intrinsic) so that large positions stay
+ * accurate. Every RoPE kernel (plain, with the KV append, folded into the wide decode attention)
+ * takes it and cuda_rope_rotate from here, so the fused paths rotate exactly as the plain one. */
+__device__ __forceinline__ void cuda_rope_sincos(int32_t pos, float inv_freq, float mscale,
+                                                 float *s, float *c) {
+    sincosf((float)pos * inv_freq, s, c);
+    *s *= mscale;
+    *c *= mscale;
+}
+
+/* The pair (x[i], x[i + head_dim / 2]) rotated by the angle of cuda_rope_sincos. */
+__device__ __forceinline__ float2 cuda_rope_rotate(float x1, float x2, float s, float c) {
+    return make_float2(x1 * c - x2 * s, x2 * c + x1 * s);
+}
+
+/* log2(e): the attention kernels take scores in the log2 domain (exp2f). */
+#define CUDA_LOG2E 1.4426950408889634f
+
 /* Values of a row a thread of the row kernels (RMSNorm, residual add + RMSNorm) keeps in
  * registers; a longer row's rest is read again from memory. */
 #define CUDA_ROW_VPT 8

@@ -165,12 +165,11 @@ __global__ void rope_kernel(void *x, base_dtype dt, int n_heads, int head_dim, i
         int64_t t = th / n_heads;
         size_t base = (size_t)th * head_dim;
         float s, c;
-        sincosf((float)pos[t] * inv_freq[p], &s, &c);
-        s *= mscale;
-        c *= mscale;
-        float x1 = cuda_load(x, dt, base + p), x2 = cuda_load(x, dt, base + p + half);
-        cuda_store(x, dt, base + p, x1 * c - x2 * s);
-        cuda_store(x, dt, base + p + half, x2 * c + x1 * s);
+        cuda_rope_sincos(pos[t], inv_freq[p], mscale, &s, &c);
+        const float2 r =
+            cuda_rope_rotate(cuda_load(x, dt, base + p), cuda_load(x, dt, base + p + half), s, c);
+        cuda_store(x, dt, base + p, r.x);
+        cuda_store(x, dt, base + p + half, r.y);
     }
 }
 
