@@ -59,8 +59,8 @@
 
 /* Warps per CTA. */
 #define GMMA_WARPS 8
-/* Shared memory a CTA may give its x fragments: two CTAs fit on an SM. */
-#define GMMA_SMEM (64 << 10)
+/* Most rows of x one launch serves. */
+#define GMMA_MAX_NX 64
 /* Most m-blocks a launch may have. Their counters sit first in the scratch at a fixed size, so
  * a launch never finds another launch's partial sums where it expects a counter at zero. */
 #define GMMA_MAX_MBLOCKS 4096
@@ -74,9 +74,21 @@ template <int BITS> __host__ __device__ constexpr int gmma_vps() {
 template <int BITS> __host__ __device__ constexpr int gmma_vpl() {
     return 64 / BITS;
 }
-/* uint4s of x fragments per lane, sector and n-tile: the hi words, then the lo words. */
-template <int BITS> __host__ __device__ constexpr int gmma_parts() {
-    return gmma_vpl<BITS>() / 4;
+/* Whether x takes its lo term: up to 16 rows (NT n-tiles of 8 / C rows). Past them one F16
+ * term (relative 2^-11) is still finer than the GEMM path's BF16 (2^-9) and halves the mmas
+ * and the fragments. */
+template <int C, int NT> __host__ __device__ constexpr bool gmma_lo() {
+    return NT * (8 / C) <= 16;
+}
+/* uint4s of x fragments per lane, sector and n-tile: the hi words, then the lo words if any. */
+template <int BITS, int C, int NT> __host__ __device__ constexpr int gmma_parts() {
+    return gmma_vpl<BITS>() / (gmma_lo<C, NT>() ? 4 : 8);
+}
+/* Shared memory a CTA may give its x fragments: two CTAs fit on an SM. Past 2 n-tiles the
+ * fragments of a sector grow, and the k-ranges with them take the most two CTAs can share
+ * (fewer k-ranges: fewer partial sums to write and add). */
+template <int NT> __host__ __device__ constexpr int gmma_smem() {
+    return NT <= 2 ? 64 << 10 : 110 << 10;
 }
 /* m-tiles a warp computes together, sharing each read of the x fragments: one when several
  * n-tiles of fragments already fill the registers. */
@@ -102,8 +114,8 @@ struct gmma_job {
     int spc;           /* sectors per k-range */
     const float *x;    /* (nx, in) */
     float *part;       /* (ksplit, nx, tiles * 16) partial sums */
-    float *ssq;        /* (m-blocks, ksplit, 16) with a norm: x's sums of squares per k-range */
-    unsigned *count;   /* (m-blocks) CTAs done, reset to 0 by the last */
+    float *ssq; /* (m-blocks, ksplit, GMMA_MAX_NX) with a norm: x's sums of squares per k-range */
+    unsigned *count; /* (m-blocks) CTAs done, reset to 0 by the last */
     cuda_gemv_fuse fz;
 };
 
@@ -190,10 +202,12 @@ __device__ __forceinline__ int gmma_row(const gmma_job &j, int64_t tile, int i, 
 template <int BITS, int C, int NT, bool GLU, typename S>
 __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job job) {
     constexpr int VPS = gmma_vps<BITS>(), VPL = gmma_vpl<BITS>(), XU = VPL / 2;
-    constexpr int PARTS = gmma_parts<BITS>(), XR = 8 / C, Q = 4 / C, MB = gmma_mb<NT>();
-    constexpr int WV = 32 / BITS; /* values per word */
+    constexpr int PARTS = gmma_parts<BITS, C, NT>(), XR = 8 / C, Q = 4 / C, MB = gmma_mb<NT>();
+    constexpr bool LO = gmma_lo<C, NT>();
+    constexpr int HP = LO ? PARTS / 2 : PARTS; /* uint4s of hi words */
+    constexpr int WV = 32 / BITS;              /* values per word */
     extern __shared__ uint4 gmma_smem[];
-    __shared__ int cmax[16];
+    __shared__ int cmax[GMMA_MAX_NX];
     __shared__ bool last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int ks = blockIdx.x;
@@ -229,7 +243,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
         }
         if (lane == 0) {
             cmax[xr] = __float_as_int(m);
-            if (job.fz.norm) job.ssq[(mb * job.ksplit + ks) * 16 + xr] = ss;
+            if (job.fz.norm) job.ssq[(mb * job.ksplit + ks) * GMMA_MAX_NX + xr] = ss;
         }
     }
     __syncthreads();
@@ -262,33 +276,26 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
                 const float a = xv[wd * WV + p], b = xv[wd * WV + p + WV / 2];
                 sum += a + b;
                 const __half2 h = __floats2half2_rn(a, b);
-                const float2 hf = __half22float2(h);
-                const __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);
                 hw[wd * WV / 2 + p] = *(const uint32_t *)&h;
-                lw[wd * WV / 2 + p] = *(const uint32_t *)&l;
+                if (LO) {
+                    const float2 hf = __half22float2(h);
+                    const __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);
+                    lw[wd * WV / 2 + p] = *(const uint32_t *)&l;
+                }
             }
         uint4 *dst = frag + (size_t)(sl * NT + nt) * PARTS * 32 + ln;
 #pragma unroll
-        for (int p = 0; p < PARTS / 2; p++) {
+        for (int p = 0; p < HP; p++) {
             dst[p * 32] = make_uint4(hw[4 * p], hw[4 * p + 1], hw[4 * p + 2], hw[4 * p + 3]);
-            dst[(p + PARTS / 2) * 32] =
-                make_uint4(lw[4 * p], lw[4 * p + 1], lw[4 * p + 2], lw[4 * p + 3]);
+            if (LO)
+                dst[(p + HP) * 32] =
+                    make_uint4(lw[4 * p], lw[4 * p + 1], lw[4 * p + 2], lw[4 * p + 3]);
         }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         if (lt == 0) csum[(sl * NT + nt) * 8 + lg] = sum;
     }
     __syncthreads();
-
-    /* 2^-e of the lane's accumulator columns 2t and 2t + 1. */
-    float unscale[NT][2];
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int c = 0; c < 2; c++) {
-            const int xr = C == 1 ? nt * 8 + 2 * t + c : nt * 4 + t;
-            unscale[nt][c] = xr < job.nx ? gmma_pow2(-gmma_exp(cmax[xr])) : 0.0f;
-        }
 
     const int64_t vrows = job.tiles * 16;
     const int64_t t_begin = mb * job.tpb;
@@ -371,89 +378,106 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
             /* A new line of every row: ask for the one GMMA_L2_AHEAD lines on. */
             if (pf && (sl & 3) == 0 && (sl + 4 * GMMA_L2_AHEAD) < ns)
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(pf + sl * 32 + GMMA_L2_AHEAD * 128));
-            uint32_t xh[NT][XU], xl[NT][XU];
-            float xs[NT][2];
+            /* The sector's weights of every m-tile as the mmas' A, then one n-tile of x
+             * fragments at a time against them: the registers hold MB tiles of A and one
+             * n-tile of B, whatever NT. */
+            constexpr int PAIRS = BITS == 4 ? 4 : 2;
+            uint32_t h[MB][2][2][PAIRS]; /* m-tile, row half, word, pair */
+#pragma unroll
+            for (int mt = 0; mt < MB; mt++)
+#pragma unroll
+                for (int rh = 0; rh < 2; rh++)
+#pragma unroll
+                    for (int wd = 0; wd < 2; wd++) {
+                        const uint32_t w = wd ? st.w[mt][rh].y : st.w[mt][rh].x;
+                        if (BITS == 4)
+                            gmma_dq4(w, h[mt][rh][wd]);
+                        else
+                            gmma_dq8(w, h[mt][rh][wd]);
+                    }
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
+                uint32_t xh[XU], xl[XU];
                 const uint4 *src = frag + (size_t)(sl * NT + nt) * PARTS * 32 + lane;
 #pragma unroll
-                for (int p = 0; p < PARTS / 2; p++) {
-                    const uint4 h = src[p * 32], l = src[(p + PARTS / 2) * 32];
-                    xh[nt][4 * p] = h.x, xh[nt][4 * p + 1] = h.y, xh[nt][4 * p + 2] = h.z,
-                               xh[nt][4 * p + 3] = h.w;
-                    xl[nt][4 * p] = l.x, xl[nt][4 * p + 1] = l.y, xl[nt][4 * p + 2] = l.z,
-                               xl[nt][4 * p + 3] = l.w;
+                for (int p = 0; p < HP; p++) {
+                    const uint4 v = src[p * 32];
+                    xh[4 * p] = v.x, xh[4 * p + 1] = v.y, xh[4 * p + 2] = v.z, xh[4 * p + 3] = v.w;
+                    if (LO) {
+                        const uint4 l = src[(p + HP) * 32];
+                        xl[4 * p] = l.x, xl[4 * p + 1] = l.y, xl[4 * p + 2] = l.z,
+                               xl[4 * p + 3] = l.w;
+                    }
                 }
                 const float2 cs = *(const float2 *)&csum[(sl * NT + nt) * 8 + 2 * t];
-                xs[nt][0] = cs.x, xs[nt][1] = cs.y;
-            }
 #pragma unroll
-            for (int mt = 0; mt < MB; mt++) {
-                /* The hi and lo terms in two accumulators: two shorter chains of mmas. */
-                float ch[NT][4], cl[NT][4];
+                for (int mt = 0; mt < MB; mt++) {
+                    /* The hi and lo terms in two accumulators: two shorter chains of mmas. */
+                    float ch[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++)
+                    for (int wd = 0; wd < 2; wd++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) ch[nt][i] = cl[nt][i] = 0.0f;
-#pragma unroll
-                for (int wd = 0; wd < 2; wd++) {
-                    const uint32_t w0 = wd ? st.w[mt][0].y : st.w[mt][0].x;
-                    const uint32_t w1 = wd ? st.w[mt][1].y : st.w[mt][1].x;
-                    constexpr int PAIRS = BITS == 4 ? 4 : 2;
-                    uint32_t h0[PAIRS], h1[PAIRS];
-                    if (BITS == 4) {
-                        gmma_dq4(w0, h0);
-                        gmma_dq4(w1, h1);
-                    } else {
-                        gmma_dq8(w0, h0);
-                        gmma_dq8(w1, h1);
-                    }
-#pragma unroll
-                    for (int j = 0; j < PAIRS / 2; j++) {
-                        const uint32_t a[4] = {h0[2 * j], h1[2 * j], h0[2 * j + 1], h1[2 * j + 1]};
-                        const int u = wd * PAIRS + 2 * j;
-#pragma unroll
-                        for (int nt = 0; nt < NT; nt++) {
-                            cuda_mma16816<__half>(ch[nt], a, xh[nt][u], xh[nt][u + 1]);
-                            cuda_mma16816<__half>(cl[nt], a, xl[nt][u], xl[nt][u + 1]);
+                        for (int j = 0; j < PAIRS / 2; j++) {
+                            const uint32_t a[4] = {h[mt][0][wd][2 * j], h[mt][1][wd][2 * j],
+                                                   h[mt][0][wd][2 * j + 1],
+                                                   h[mt][1][wd][2 * j + 1]};
+                            const int u = wd * PAIRS + 2 * j;
+                            cuda_mma16816<__half>(ch, a, xh[u], xh[u + 1]);
+                            if (LO) cuda_mma16816<__half>(cl, a, xl[u], xl[u + 1]);
                         }
-                    }
-                }
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
                         const int rh = i >> 1, c = C == 2 ? (i & 1) : 0;
-                        acc[mt][nt][i] = fmaf(st.s[mt][rh][c], ch[nt][i] + cl[nt][i],
-                                              fmaf(st.b[mt][rh][c], xs[nt][i & 1], acc[mt][nt][i]));
+                        acc[mt][nt][i] =
+                            fmaf(st.s[mt][rh][c], LO ? ch[i] + cl[i] : ch[i],
+                                 fmaf(st.b[mt][rh][c], i & 1 ? cs.y : cs.x, acc[mt][nt][i]));
                     }
+                }
             }
         };
-        /* Two sectors in flight: the next one's loads go out before this one computes. */
+        /* Two sectors in flight: the next one's loads go out before this one computes. With 8
+         * n-tiles the registers hold one sector's (the two would spill), its loads served from
+         * L2 where the prefetches ahead put them, and a sector's 32 mmas a warp for the other
+         * warps to fill its wait. */
         sector_regs ra, rb;
-        load(0, ra);
-        for (int sl = 0; sl < ns; sl += 2) {
-            if (sl + 1 < ns) load(sl + 1, rb);
-            compute(sl, ra);
-            if (sl + 1 >= ns) break;
-            if (sl + 2 < ns) load(sl + 2, ra);
-            compute(sl + 1, rb);
+        if (NT == 8) {
+            for (int sl = 0; sl < ns; sl++) {
+                load(sl, ra);
+                compute(sl, ra);
+            }
+        } else {
+            load(0, ra);
+            for (int sl = 0; sl < ns; sl += 2) {
+                if (sl + 1 < ns) load(sl + 1, rb);
+                compute(sl, ra);
+                if (sl + 1 >= ns) break;
+                if (sl + 2 < ns) load(sl + 2, ra);
+                compute(sl + 1, rb);
+            }
         }
 #pragma unroll
-        for (int mt = 0; mt < MB; mt++)
+        for (int nt = 0; nt < NT; nt++) {
+            /* 2^-e of the lane's accumulator columns 2t and 2t + 1. */
+            float unscale[2];
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+            for (int c = 0; c < 2; c++) {
+                const int xr = C == 1 ? nt * 8 + 2 * t + c : nt * 4 + t;
+                unscale[c] = xr < job.nx ? gmma_pow2(-gmma_exp(cmax[xr])) : 0.0f;
+            }
+#pragma unroll
+            for (int mt = 0; mt < MB; mt++)
 #pragma unroll
                 for (int q = 0; q < Q; q++) {
-                    const float v = C == 1 ? acc[mt][nt][q] * unscale[nt][q & 1]
-                                           : acc[mt][nt][2 * q] * unscale[nt][0] +
-                                                 acc[mt][nt][2 * q + 1] * unscale[nt][1];
+                    const float v = C == 1 ? acc[mt][nt][q] * unscale[q & 1]
+                                           : acc[mt][nt][2 * q] * unscale[0] +
+                                                 acc[mt][nt][2 * q + 1] * unscale[1];
                     const int rh = C == 1 ? q >> 1 : q;
                     const int xr = C == 1 ? nt * 8 + 2 * t + (q & 1) : nt * 4 + t;
                     if (xr < job.nx && tile0 + mt < t_end)
                         job.part[((int64_t)ks * job.nx + xr) * vrows + (tile0 + mt) * 16 + g +
                                  8 * rh] = v;
                 }
+        }
     }
 
     /* The last CTA of the m-block to finish adds the k-ranges' partials in order. */
@@ -480,7 +504,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
             const float *p = job.part + ((int64_t)k * job.nx + xr) * vrows + v0;
             v += __ldcg(p);
             if (GLU) v2 += __ldcg(p + 16);
-            if (job.fz.norm) ss += __ldcg(&job.ssq[(mb * job.ksplit + k) * 16 + xr]);
+            if (job.fz.norm) ss += __ldcg(&job.ssq[(mb * job.ksplit + k) * GMMA_MAX_NX + xr]);
         }
         if (job.fz.norm) {
             const float inv = cuda_rms_inv(ss, job.in, job.fz.eps);
@@ -499,7 +523,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
 }
 
 bool cuda_gemv_mma_fits(const be_tensor *x, const be_linear *w) {
-    return x->rows >= 1 && x->rows <= 16 && x->dtype == BASE_DTYPE_F32 &&
+    return x->rows >= 1 && x->rows <= GMMA_MAX_NX && x->dtype == BASE_DTYPE_F32 &&
            (w->bits == 4 || w->bits == 8) && (w->in * w->bits) % 256 == 0 &&
            (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) &&
            w->in % w->group_size == 0 && ((uintptr_t)w->weight & 7) == 0 &&
@@ -512,16 +536,18 @@ static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     cuda_backend *c = cuda_impl(be);
     auto kernel = gmma_kernel<BITS, C, NT, GLU, S>;
     constexpr int MB = gmma_mb<NT>();
-    constexpr size_t per_sector = (size_t)NT * (gmma_parts<BITS>() * 32 * 16 + 8 * sizeof(float));
+    constexpr int SMEM = gmma_smem<NT>();
+    constexpr size_t per_sector =
+        (size_t)NT * (gmma_parts<BITS, C, NT>() * 32 * 16 + 8 * sizeof(float));
     /* The k-ranges: few enough that each CTA's fragments fit its shared memory, many enough
      * that the warps' units of MB tiles and one k-range fill the device's resident warps. */
     static int per_sm;
     if (per_sm == 0) {
         cudaError_t e =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, GMMA_SMEM);
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
         if (e == cudaSuccess)
             e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GMMA_WARPS * 32,
-                                                              GMMA_SMEM);
+                                                              SMEM);
         if (e != cudaSuccess)
             return base_fail(err, "cuda: matmul: tensor-core GEMV occupancy: %s",
                              cudaGetErrorString(e));
@@ -529,7 +555,7 @@ static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     }
     const int64_t resident = (int64_t)per_sm * c->sm_count;
     const int64_t units = (job.tiles + MB - 1) / MB;
-    const int64_t spc_most = GMMA_SMEM / per_sector;
+    const int64_t spc_most = SMEM / per_sector;
     int64_t ksplit = (job.sectors + spc_most - 1) / spc_most;
     const int64_t fill = (resident * GMMA_WARPS + units - 1) / units;
     if (ksplit < fill) ksplit = fill;
@@ -550,7 +576,7 @@ static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
 
     const size_t parts = (size_t)job.ksplit * job.nx * (size_t)job.tiles * 16;
     const size_t bytes =
-        gmma_part_offset() + (parts + (size_t)mblocks * job.ksplit * 16) * sizeof(float);
+        gmma_part_offset() + (parts + (size_t)mblocks * job.ksplit * GMMA_MAX_NX) * sizeof(float);
     const size_t cap = c->gmma_bytes;
     if (cuda_scratch(be, &c->gmma_buf, &c->gmma_bytes, bytes, "tensor-core GEMV", err)) return -1;
     /* The counters start at zero once and every launch leaves them there. */
@@ -574,7 +600,8 @@ static int gmma_dispatch_nt(be_backend *be, const gmma_job &job, base_err *err) 
     const int nt = (job.nx + 8 / C - 1) / (8 / C);
     if (nt == 1) return gmma_launch<BITS, C, 1, GLU, S>(be, job, err);
     if (nt == 2) return gmma_launch<BITS, C, 2, GLU, S>(be, job, err);
-    return gmma_launch < BITS, C, C == 2 ? 4 : 2, GLU, S > (be, job, err);
+    if (nt <= 4) return gmma_launch<BITS, C, 4, GLU, S>(be, job, err);
+    return gmma_launch<BITS, C, 8, GLU, S>(be, job, err);
 }
 
 template <bool GLU, typename S>
@@ -594,6 +621,22 @@ static int gmma_dispatch(be_backend *be, const gmma_job &job, int bits, base_err
 int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws,
                   be_tensor *const *ys, int n, bool glu, const cuda_gemv_fuse *fz, base_err *err) {
     const be_linear *w = ws[0];
+    /* 4-bit groups of 32 put 4 rows of x in an n-tile: 8 n-tiles, as many accumulators as the
+     * other forms' 64 rows take, serve 32 rows a pass. */
+    const int64_t most = w->bits == 4 && w->group_size == 32 ? GMMA_MAX_NX / 2 : GMMA_MAX_NX;
+    if (x->rows > most) {
+        for (int64_t r0 = 0; r0 < x->rows; r0 += most) {
+            const int64_t rows = x->rows - r0 < most ? x->rows - r0 : most;
+            const be_tensor xs = be_tensor_rows(x, r0, rows);
+            be_tensor yv[3], *yp[3];
+            for (int i = 0; i < (glu ? 1 : n); i++) {
+                yv[i] = be_tensor_rows(ys[i], r0, rows);
+                yp[i] = &yv[i];
+            }
+            if (cuda_gemv_mma(be, &xs, ws, yp, n, glu, fz, err)) return -1;
+        }
+        return 0;
+    }
     gmma_job job = {};
     if (fz) job.fz = *fz;
     job.sdt = w->dtype;

@@ -438,10 +438,20 @@ __device__ __forceinline__ void cuda_gemv_store(const J &j, int mi, int64_t xr, 
                (size_t)(xr * cuda_gemv_pick(j, mi, &cuda_gemv_mat::out) + row), v);
 }
 
-/* Rows of x from which a quantized matmul dequantizes W to BF16 and multiplies with cuBLAS
- * (cuda_matmul.cu); below it the GEMVs serve the rows, 16 at a time past 16. */
+/* Rows of x from which a matmul that the decode GEMVs do not serve (dense weights, other bit
+ * widths, 16-bit x) dequantizes W to BF16 and multiplies with cuBLAS (cuda_matmul.cu). */
 #define CUDA_GEMM_MIN_ROWS 64
-#define CUDA_GEMV_MAX_ROWS 16
+static inline int64_t cuda_ab_rows(const char *name, int64_t dflt) {
+    const char *v = getenv(name);
+    return v ? atoll(v) : dflt;
+}
+/* Most rows of F32 x the decode GEMVs serve against 4- and 8-bit W, CUDA_GEMV_MAX_ROWS a pass
+ * over W; more take the GEMM path. */
+#define CUDA_GEMV_MOST_ROWS cuda_ab_rows("MLXCEL_GEMV_MOST_ROWS", 64)
+#define CUDA_GEMV_MAX_ROWS  cuda_ab_rows("MLXCEL_GEMV_MAX_ROWS", 64)
+/* Most rows of x the one-row kernel serves by itself (in passes of two): past them only the
+ * tensor-core kernel fits. */
+#define CUDA_GEMV_PAIR_ROWS 16
 
 /* Which kernel cuda_gemv1 runs (cuda_backend.gemv_kernel): chosen by rows, or forced. */
 enum { CUDA_GEMV_AUTO, CUDA_GEMV_ROWS, CUDA_GEMV_MMA };
