@@ -1,19 +1,22 @@
-/* The decode GEMV on the tensor cores: y = x W^T for 1 to 16 F32 rows of x against 4- or 8-bit
+/* The decode GEMV on the tensor cores: y = x W^T for 1 to 64 F32 rows of x against 4- or 8-bit
  * MLX affine weights, every row of x served by ONE pass over W (the single-row GEMV of
- * cuda_gemv.cu holds x in registers and serves one or two rows a pass).
+ * cuda_gemv.cu holds x in registers and serves one or two rows a pass). 4-bit groups of 32
+ * take 32 rows a pass.
  *
  * Precision. A quantized value q is exact in F16, and a word of packed values becomes F16
  * pairs without conversions: (w & 0x000F000F) | 0x64006400 is the half2 (1024 + q0, 1024 + q4),
  * one packed subtraction leaves (q0, q4); the nibbles at bits 4..7 come out as 1024 + 16 q and
  * one packed FMA by (1/16, -64) leaves q. 8-bit bytes take the same path (1024 + q, q < 256).
- * x is split into two F16 terms, hi = f16(x') and lo = f16(x' - hi), of x' = x 2^e, where the
- * power of two e puts the largest |x'| of a row of x over one CTA's k-range in [2^14, 2^15):
- * no term overflows whatever the row's range, and hi + lo carries 22 bits of each value, with
- * an absolute floor of 2^-25 (F16's subnormals) against a largest value of 2^14. Products of
- * q and a term are exact and the tensor core sums them in F32. The affine form is folded per
- * group: y = sum_g s_g dot(q_g, x'_g) + b_g sum(x'_g), with sum(x'_g) computed once, and each
- * partial sum is scaled back by 2^-e before the k-ranges meet. This needs every mma's k-range
- * inside one group.
+ * Up to 16 rows x is split into two F16 terms, hi = f16(x') and lo = f16(x' - hi), of
+ * x' = x 2^e, where the power of two e puts the largest |x'| of a row of x over one CTA's
+ * k-range in [2^14, 2^15): no term overflows whatever the row's range, and hi + lo carries 22
+ * bits of each value, with an absolute floor of 2^-25 (F16's subnormals) against a largest
+ * value of 2^14. Past 16 rows x' is hi alone (relative 2^-11, the same floor): half the mmas
+ * and fragments, and still finer than the BF16 (2^-9) of the GEMM path those rows took.
+ * Products of q and a term are exact and the tensor core sums them in F32. The affine form is
+ * folded per group: y = sum_g s_g dot(q_g, x'_g) + b_g sum(x'_g), with sum(x'_g) computed once
+ * from the unrounded x', and each partial sum is scaled back by 2^-e before the k-ranges meet.
+ * This needs every mma's k-range inside one group.
  *
  * Layout. An m16n8k16 mma takes W as A (16 output rows) and x as B (8 columns, the rows of x).
  * Within an mma the k order is free as long as A and B agree: the quad of lane g (lanes 4g to
@@ -30,11 +33,14 @@
  * follows the pairs of the weight word: values j and j + 4 of a 4-bit word, j and j + 2 of an
  * 8-bit one), with the sums of each column and one e per row of x. Then each warp streams its
  * own 32 rows (16 when x takes two n-tiles or more) across the whole k-range: per sector an
- * 8-byte load per row and lane, the next sector's loads in flight while this one computes,
- * the rows' next lines prefetched into L2, and no barrier. The CTAs of one m-block (one per
- * k-range, as many as it takes to fill the device) write partial sums to scratch; the last of
- * them to finish (a counter per m-block) adds them in k order, deterministically, and writes
- * y with the bias, the SiLU-mul of gate/up, and the output dtype.
+ * 8-byte load per row and lane, the next sector's loads in flight while this one computes
+ * (with 8 n-tiles, this sector's only: their mmas fill the wait), the rows' next lines
+ * prefetched into L2, and no barrier. Each sector's A is dequantized once and meets the
+ * n-tiles one after another, so the registers hold one n-tile of x whatever NT; past 2
+ * n-tiles a CTA takes more shared memory (fewer k-ranges, fewer partial sums). The CTAs of one
+ * m-block (one per k-range, as many as it takes to fill the device) write partial sums to scratch;
+ * the last of them to finish (a counter per m-block) adds them in k order, deterministically, and
+ * writes y with the bias, the SiLU-mul of gate/up, and the output dtype.
  *
  * Fused forms (cuda_gemv_fuse). An RMSNorm before the product needs each row's whole sum of
  * squares, while a CTA sees one k-range: so the CTA multiplies x by the norm's weight as it
@@ -87,13 +93,13 @@ template <int BITS, int C, int NT> __host__ __device__ constexpr int gmma_parts(
 /* Shared memory a CTA may give its x fragments: two CTAs fit on an SM. Past 2 n-tiles the
  * fragments of a sector grow, and the k-ranges with them take the most two CTAs can share
  * (fewer k-ranges: fewer partial sums to write and add). */
-template <int NT> __host__ __device__ constexpr int gmma_smem() {
-    return NT <= 2 ? 64 << 10 : 110 << 10;
+template <int NT, bool ONE> __host__ __device__ constexpr int gmma_smem_cap() {
+    return ONE ? 220 << 10 : (NT <= 2 ? 64 << 10 : 110 << 10);
 }
 /* m-tiles a warp computes together, sharing each read of the x fragments: one when several
  * n-tiles of fragments already fill the registers. */
-template <int NT> __host__ __device__ constexpr int gmma_mb() {
-    return NT == 1 ? 2 : 1;
+template <int NT, bool ONE> __host__ __device__ constexpr int gmma_mb() {
+    return NT == 1 || ONE ? 2 : 1;
 }
 
 struct gmma_job {
@@ -114,8 +120,9 @@ struct gmma_job {
     int spc;           /* sectors per k-range */
     const float *x;    /* (nx, in) */
     float *part;       /* (ksplit, nx, tiles * 16) partial sums */
-    float *ssq; /* (m-blocks, ksplit, GMMA_MAX_NX) with a norm: x's sums of squares per k-range */
-    unsigned *count; /* (m-blocks) CTAs done, reset to 0 by the last */
+    float *ssq;        /* (m-blocks, ksplit, GMMA_MAX_NX) with a norm: x's sums of squares
+                        * per k-range */
+    unsigned *count;   /* (m-blocks) CTAs done, reset to 0 by the last */
     cuda_gemv_fuse fz;
 };
 
@@ -199,10 +206,10 @@ __device__ __forceinline__ int gmma_row(const gmma_job &j, int64_t tile, int i, 
 /* Partials of the rows of x against the CTA's k-range for its m-block's tiles; the last CTA of
  * the m-block reduces them into y. C: groups per sector (2 for 4-bit groups of 32), NT: n-tiles
  * of 8 / C rows of x. */
-template <int BITS, int C, int NT, bool GLU, typename S>
-__global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job job) {
+template <int BITS, int C, int NT, bool GLU, typename S, bool ONE>
+__global__ void __launch_bounds__(GMMA_WARPS * 32, ONE ? 1 : 2) gmma_kernel(const gmma_job job) {
     constexpr int VPS = gmma_vps<BITS>(), VPL = gmma_vpl<BITS>(), XU = VPL / 2;
-    constexpr int PARTS = gmma_parts<BITS, C, NT>(), XR = 8 / C, Q = 4 / C, MB = gmma_mb<NT>();
+    constexpr int PARTS = gmma_parts<BITS, C, NT>(), XR = 8 / C, Q = 4 / C, MB = gmma_mb<NT, ONE>();
     constexpr bool LO = gmma_lo<C, NT>();
     constexpr int HP = LO ? PARTS / 2 : PARTS; /* uint4s of hi words */
     constexpr int WV = 32 / BITS;              /* values per word */
@@ -440,7 +447,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
          * L2 where the prefetches ahead put them, and a sector's 32 mmas a warp for the other
          * warps to fill its wait. */
         sector_regs ra, rb;
-        if (NT == 8) {
+        if (NT == 8 && !ONE) {
             for (int sl = 0; sl < ns; sl++) {
                 load(sl, ra);
                 compute(sl, ra);
@@ -531,12 +538,12 @@ bool cuda_gemv_mma_fits(const be_tensor *x, const be_linear *w) {
            (!w->bias || cuda_float_dtype(w->bias_dtype));
 }
 
-template <int BITS, int C, int NT, bool GLU, typename S>
+template <int BITS, int C, int NT, bool GLU, typename S, bool ONE = false>
 static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     cuda_backend *c = cuda_impl(be);
-    auto kernel = gmma_kernel<BITS, C, NT, GLU, S>;
-    constexpr int MB = gmma_mb<NT>();
-    constexpr int SMEM = gmma_smem<NT>();
+    auto kernel = gmma_kernel<BITS, C, NT, GLU, S, ONE>;
+    constexpr int MB = gmma_mb<NT, ONE>();
+    constexpr int SMEM = gmma_smem_cap<NT, ONE>();
     constexpr size_t per_sector =
         (size_t)NT * (gmma_parts<BITS, C, NT>() * 32 * 16 + 8 * sizeof(float));
     /* The k-ranges: few enough that each CTA's fragments fit its shared memory, many enough
@@ -601,6 +608,8 @@ static int gmma_dispatch_nt(be_backend *be, const gmma_job &job, base_err *err) 
     if (nt == 1) return gmma_launch<BITS, C, 1, GLU, S>(be, job, err);
     if (nt == 2) return gmma_launch<BITS, C, 2, GLU, S>(be, job, err);
     if (nt <= 4) return gmma_launch<BITS, C, 4, GLU, S>(be, job, err);
+    static const bool one = getenv("MLXCEL_GMMA_ONE") && atoi(getenv("MLXCEL_GMMA_ONE"));
+    if (one) return gmma_launch<BITS, C, 8, GLU, S, true>(be, job, err);
     return gmma_launch<BITS, C, 8, GLU, S>(be, job, err);
 }
 
