@@ -101,28 +101,36 @@ template <int NT, bool ONE> __host__ __device__ constexpr int gmma_smem_cap() {
 template <int NT, bool ONE> __host__ __device__ constexpr int gmma_mb() {
     return NT == 1 || ONE ? 2 : 1;
 }
+/* Shared-memory bytes per sector of a k-range: the fragments, then the column sums. */
+template <int BITS, int C, int NT> __host__ __device__ constexpr size_t gmma_per_sector() {
+    return (size_t)NT * (gmma_parts<BITS, C, NT>() * 32 * 16 + 8 * sizeof(float));
+}
 
 struct gmma_job {
     cuda_gemv_mat m[3];
-    base_dtype sdt;    /* scales and biases */
-    int64_t in;        /* values per row of W and x */
-    int64_t row_bytes; /* in * bits / 8 */
-    int64_t groups;    /* groups per row */
-    int gsize;         /* values per group */
-    int gshift;        /* log2(gsize) */
-    int64_t sectors;   /* 32-byte sectors per row */
-    int64_t rows;      /* PLAIN: the outs summed; GLU: out */
-    int64_t tiles;     /* m-tiles: PLAIN ceil(rows / 16); GLU 2 ceil(out / 16), gate and up
-                        * alternating */
-    int64_t tpb;       /* m-tiles per m-block (even) */
-    int nx;            /* rows of x */
-    int ksplit;        /* k-ranges (CTAs per m-block) */
-    int spc;           /* sectors per k-range */
-    const float *x;    /* (nx, in) */
-    float *part;       /* (ksplit, nx, tiles * 16) partial sums */
-    float *ssq;        /* (m-blocks, ksplit, GMMA_MAX_NX) with a norm: x's sums of squares
-                        * per k-range */
-    unsigned *count;   /* (m-blocks) CTAs done, reset to 0 by the last */
+    base_dtype sdt;       /* scales and biases */
+    int64_t in;           /* values per row of W and x */
+    int64_t row_bytes;    /* in * bits / 8 */
+    int64_t groups;       /* groups per row */
+    int gsize;            /* values per group */
+    int gshift;           /* log2(gsize) */
+    int64_t sectors;      /* 32-byte sectors per row */
+    int64_t rows;         /* PLAIN: the outs summed; GLU: out */
+    int64_t tiles;        /* m-tiles: PLAIN ceil(rows / 16); GLU 2 ceil(out / 16), gate and up
+                           * alternating */
+    int64_t tpb;          /* m-tiles per m-block (even) */
+    int nx;               /* rows of x */
+    int ksplit;           /* k-ranges (CTAs per m-block) */
+    int spc;              /* sectors per k-range */
+    const float *x;       /* (nx, in) */
+    float *part;          /* (ksplit, nx, tiles * 16) partial sums */
+    float *ssq;           /* (m-blocks, ksplit, GMMA_MAX_NX) with a norm: x's sums of squares
+                           * per k-range */
+    unsigned *count;      /* (m-blocks) CTAs done, reset to 0 by the last */
+    int64_t ssq_mb;       /* ssq's stride per m-block: ksplit GMMA_MAX_NX, or 0 when staged */
+    const uint4 *stage;   /* (ksplit, spc * per sector / 16) x staged once (gmma_stage_kernel), or
+                           * NULL: each CTA stages its own k-range */
+    const int *stage_max; /* (ksplit, GMMA_MAX_NX) the staged rows' largest |x'| as bits */
     cuda_gemv_fuse fz;
 };
 
@@ -203,29 +211,23 @@ __device__ __forceinline__ int gmma_row(const gmma_job &j, int64_t tile, int i, 
     return g < e0 ? 0 : (g < e1 ? 1 : 2);
 }
 
-/* Partials of the rows of x against the CTA's k-range for its m-block's tiles; the last CTA of
- * the m-block reduces them into y. C: groups per sector (2 for 4-bit groups of 32), NT: n-tiles
- * of 8 / C rows of x. */
-template <int BITS, int C, int NT, bool GLU, typename S, bool ONE>
-__global__ void __launch_bounds__(GMMA_WARPS * 32, ONE ? 1 : 2) gmma_kernel(const gmma_job job) {
+/* Stages k-range ks of x for the mmas: fragments into frag (sectors, NT, PARTS, 32 lanes), the
+ * sums of each B column into csum (sectors, NT, 8), each row's largest |x'| into cmax
+ * (GMMA_MAX_NX, shared) and, with a norm, each row's sum of squares over the k-range into
+ * ssq (GMMA_MAX_NX). frag and csum may be shared or global memory; every thread of the CTA
+ * takes part, and the caller syncs before reading them. */
+template <int BITS, int C, int NT>
+__device__ __forceinline__ void gmma_stage(const gmma_job &job, int ks, uint4 *frag, float *csum,
+                                           int *cmax, float *ssq) {
     constexpr int VPS = gmma_vps<BITS>(), VPL = gmma_vpl<BITS>(), XU = VPL / 2;
-    constexpr int PARTS = gmma_parts<BITS, C, NT>(), XR = 8 / C, Q = 4 / C, MB = gmma_mb<NT, ONE>();
+    constexpr int PARTS = gmma_parts<BITS, C, NT>(), XR = 8 / C;
     constexpr bool LO = gmma_lo<C, NT>();
     constexpr int HP = LO ? PARTS / 2 : PARTS; /* uint4s of hi words */
     constexpr int WV = 32 / BITS;              /* values per word */
-    extern __shared__ uint4 gmma_smem[];
-    __shared__ int cmax[GMMA_MAX_NX];
-    __shared__ bool last;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int ks = blockIdx.x;
-    const int64_t mb = blockIdx.y;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t s_first = (int64_t)ks * job.spc;
     const int ns = (int)(job.sectors - s_first < job.spc ? job.sectors - s_first : job.spc);
     const int64_t k0 = s_first * VPS;
-    /* Fragments (spc, NT, PARTS, 32 lanes), then the sums of each B column (spc, NT, 8). */
-    uint4 *frag = gmma_smem;
-    float *csum = (float *)(frag + (size_t)job.spc * NT * PARTS * 32);
-
     /* A norm scales each row of x by its weight here and by the row's 1/rms in the final sum:
      * a CTA sees only its k-range, so it leaves the sum of squares over it for the last CTA.
      * Then, with x' the values multiplied, the largest |x'| of each row over the k-range (as
@@ -250,7 +252,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, ONE ? 1 : 2) gmma_kernel(cons
         }
         if (lane == 0) {
             cmax[xr] = __float_as_int(m);
-            if (job.fz.norm) job.ssq[(mb * job.ksplit + ks) * GMMA_MAX_NX + xr] = ss;
+            if (job.fz.norm) ssq[xr] = ss;
         }
     }
     __syncthreads();
@@ -301,6 +303,57 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, ONE ? 1 : 2) gmma_kernel(cons
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         if (lt == 0) csum[(sl * NT + nt) * 8 + lg] = sum;
+    }
+}
+
+/* gmma_kernel's staging of x done once per k-range instead of once per CTA: CTA ks stages
+ * k-range ks into job.stage, job.stage_max and job.ssq for every m-block to copy. */
+template <int BITS, int C, int NT>
+__global__ void __launch_bounds__(GMMA_WARPS * 32) gmma_stage_kernel(const gmma_job job) {
+    __shared__ int cmax[GMMA_MAX_NX];
+    const int ks = blockIdx.x;
+    uint4 *frag = (uint4 *)job.stage + (size_t)ks * job.spc * (gmma_per_sector<BITS, C, NT>() / 16);
+    float *csum = (float *)(frag + (size_t)job.spc * NT * gmma_parts<BITS, C, NT>() * 32);
+    gmma_stage<BITS, C, NT>(job, ks, frag, csum, cmax, job.ssq + ks * GMMA_MAX_NX);
+    __syncthreads();
+    for (int xr = threadIdx.x; xr < job.nx; xr += blockDim.x)
+        ((int *)job.stage_max)[ks * GMMA_MAX_NX + xr] = cmax[xr];
+}
+
+/* Partials of the rows of x against the CTA's k-range for its m-block's tiles; the last CTA of
+ * the m-block reduces them into y. C: groups per sector (2 for 4-bit groups of 32), NT: n-tiles
+ * of 8 / C rows of x. */
+template <int BITS, int C, int NT, bool GLU, typename S, bool ONE>
+__global__ void __launch_bounds__(GMMA_WARPS * 32, ONE ? 1 : 2) gmma_kernel(const gmma_job job) {
+    constexpr int VPS = gmma_vps<BITS>(), VPL = gmma_vpl<BITS>(), XU = VPL / 2;
+    constexpr int PARTS = gmma_parts<BITS, C, NT>(), Q = 4 / C, MB = gmma_mb<NT, ONE>();
+    constexpr bool LO = gmma_lo<C, NT>();
+    constexpr int HP = LO ? PARTS / 2 : PARTS; /* uint4s of hi words */
+    extern __shared__ uint4 gmma_smem[];
+    __shared__ int cmax[GMMA_MAX_NX];
+    __shared__ bool last;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int ks = blockIdx.x;
+    const int64_t mb = blockIdx.y;
+    const int64_t s_first = (int64_t)ks * job.spc;
+    const int ns = (int)(job.sectors - s_first < job.spc ? job.sectors - s_first : job.spc);
+    const int64_t k0 = s_first * VPS;
+    /* Fragments (spc, NT, PARTS, 32 lanes), then the sums of each B column (spc, NT, 8). */
+    uint4 *frag = gmma_smem;
+    float *csum = (float *)(frag + (size_t)job.spc * NT * PARTS * 32);
+
+    if (job.stage) {
+        /* The k-range as gmma_stage_kernel left it: a copy. */
+        constexpr size_t PS = gmma_per_sector<BITS, C, NT>() / 16;
+        const uint4 *src = job.stage + (size_t)ks * job.spc * PS;
+        const int n4 = (int)(job.spc * PS);
+#pragma unroll 4
+        for (int u = tid; u < n4; u += blockDim.x) gmma_smem[u] = __ldcg(src + u);
+        for (int xr = tid; xr < job.nx; xr += blockDim.x)
+            cmax[xr] = __ldcg(job.stage_max + ks * GMMA_MAX_NX + xr);
+    } else {
+        gmma_stage<BITS, C, NT>(job, ks, frag, csum, cmax,
+                                job.ssq + mb * job.ssq_mb + ks * GMMA_MAX_NX);
     }
     __syncthreads();
 
@@ -511,7 +564,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, ONE ? 1 : 2) gmma_kernel(cons
             const float *p = job.part + ((int64_t)k * job.nx + xr) * vrows + v0;
             v += __ldcg(p);
             if (GLU) v2 += __ldcg(p + 16);
-            if (job.fz.norm) ss += __ldcg(&job.ssq[(mb * job.ksplit + k) * GMMA_MAX_NX + xr]);
+            if (job.fz.norm) ss += __ldcg(&job.ssq[mb * job.ssq_mb + k * GMMA_MAX_NX + xr]);
         }
         if (job.fz.norm) {
             const float inv = cuda_rms_inv(ss, job.in, job.fz.eps);
@@ -544,8 +597,7 @@ static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     auto kernel = gmma_kernel<BITS, C, NT, GLU, S, ONE>;
     constexpr int MB = gmma_mb<NT, ONE>();
     constexpr int SMEM = gmma_smem_cap<NT, ONE>();
-    constexpr size_t per_sector =
-        (size_t)NT * (gmma_parts<BITS, C, NT>() * 32 * 16 + 8 * sizeof(float));
+    constexpr size_t per_sector = gmma_per_sector<BITS, C, NT>();
     /* The k-ranges: few enough that each CTA's fragments fit its shared memory, many enough
      * that the warps' units of MB tiles and one k-range fill the device's resident warps. */
     static int per_sm;
@@ -581,9 +633,18 @@ static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     mblocks = (job.tiles + tpb - 1) / tpb;
     job.tpb = tpb;
 
+    /* Past 2 n-tiles x is staged once per k-range, not once per CTA: every CTA would read its
+     * k-range of x twice in F32 (the same bytes for each of the m-blocks), where the staged
+     * copy is F16 and read once. */
+    static const bool staged_env = getenv("MLXCEL_GMMA_STAGE") && atoi(getenv("MLXCEL_GMMA_STAGE"));
+    const bool staged = NT >= 4 && staged_env;
     const size_t parts = (size_t)job.ksplit * job.nx * (size_t)job.tiles * 16;
-    const size_t bytes =
-        gmma_part_offset() + (parts + (size_t)mblocks * job.ksplit * GMMA_MAX_NX) * sizeof(float);
+    const size_t ssqs = (size_t)mblocks * job.ksplit * GMMA_MAX_NX;
+    const size_t stage_off =
+        (gmma_part_offset() + (parts + ssqs) * sizeof(float) + 255) & ~(size_t)255;
+    const size_t stage_bytes = (size_t)job.ksplit * job.spc * per_sector;
+    const size_t bytes = staged ? stage_off + stage_bytes + (size_t)job.ksplit * GMMA_MAX_NX * 4
+                                : gmma_part_offset() + (parts + ssqs) * sizeof(float);
     const size_t cap = c->gmma_bytes;
     if (cuda_scratch(be, &c->gmma_buf, &c->gmma_bytes, bytes, "tensor-core GEMV", err)) return -1;
     /* The counters start at zero once and every launch leaves them there. */
@@ -596,7 +657,15 @@ static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     job.count = (unsigned *)c->gmma_buf;
     job.part = (float *)((char *)c->gmma_buf + gmma_part_offset());
     job.ssq = job.part + parts;
+    job.ssq_mb = staged ? 0 : (int64_t)job.ksplit * GMMA_MAX_NX;
     const size_t smem = (size_t)job.spc * per_sector;
+    if (staged) {
+        job.stage = (const uint4 *)((char *)c->gmma_buf + stage_off);
+        job.stage_max = (const int *)((char *)c->gmma_buf + stage_off + stage_bytes);
+        gmma_stage_kernel<BITS, C, NT>
+            <<<(unsigned)job.ksplit, GMMA_WARPS * 32, 0, c->stream>>>(job);
+        if (cuda_check_launch("matmul (tensor-core GEMV staging)", err)) return -1;
+    }
     kernel<<<dim3((unsigned)job.ksplit, (unsigned)mblocks), GMMA_WARPS * 32, smem, c->stream>>>(
         job);
     return cuda_check_launch("matmul (tensor-core GEMV)", err);
