@@ -631,6 +631,34 @@ static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     int64_t tpb = (job.tiles + mblocks - 1) / mblocks;
     tpb = (tpb + 1) / 2 * 2;
     mblocks = (job.tiles + tpb - 1) / tpb;
+    static const bool bal = getenv("MLXCEL_GMMA_BAL") && atoi(getenv("MLXCEL_GMMA_BAL"));
+    if (NT >= 4 && bal) {
+        /* Whole rounds of tiles for every warp (GMMA_WARPS * MB a round): the split whose
+         * rounds times sectors per warp, the staging of x once per wave and the partial sums
+         * it writes and adds cost least, at 3 TB/s for the weights and 6 TB/s for the rest
+         * (the fewest CTAs of equal cost). */
+        const int64_t round = GMMA_WARPS * MB, ks_min = (job.sectors + spc_most - 1) / spc_most;
+        double best = 0.0;
+        for (int64_t r = 1; r <= 64 && (r - 1) * round < job.tiles; r++) {
+            const int64_t tb = r * round, mbl = (job.tiles + tb - 1) / tb;
+            if (mbl > GMMA_MAX_MBLOCKS) continue;
+            int64_t ks = resident / mbl;
+            if (ks < ks_min) ks = ks_min;
+            if (ks > job.sectors) ks = job.sectors;
+            if (ks < 1) ks = 1;
+            const int64_t spc = (job.sectors + ks - 1) / ks;
+            ks = (job.sectors + spc - 1) / spc;
+            const int64_t waves = (mbl * ks + resident - 1) / resident;
+            const double cost =
+                (double)(waves * r * spc) * resident * GMMA_WARPS * MB * 512 / 3e12 +
+                (double)(waves * spc) * per_sector * resident / 6e12 +
+                8.0 * ks * job.nx * job.tiles * 16 / 6e12;
+            if (best == 0.0 || cost <= best) {
+                best = cost;
+                tpb = tb, mblocks = mbl, job.ksplit = (int)ks, job.spc = (int)spc;
+            }
+        }
+    }
     job.tpb = tpb;
 
     /* Past 2 n-tiles x is staged once per k-range, not once per CTA: every CTA would read its
