@@ -1,7 +1,7 @@
-/* The decode GEMV on the tensor cores: y = x W^T for 1 to 64 F32 rows of x against 4- or 8-bit
+/* The decode GEMV on the tensor cores: y = x W^T for 1 to 32 F32 rows of x against 4- or 8-bit
  * MLX affine weights, every row of x served by ONE pass over W (the single-row GEMV of
  * cuda_gemv.cu holds x in registers and serves one or two rows a pass). 4-bit groups of 32
- * take 32 rows a pass.
+ * take 16 rows a pass.
  *
  * Precision. A quantized value q is exact in F16, and a word of packed values becomes F16
  * pairs without conversions: (w & 0x000F000F) | 0x64006400 is the half2 (1024 + q0, 1024 + q4),
@@ -12,11 +12,11 @@
  * k-range in [2^14, 2^15): no term overflows whatever the row's range, and hi + lo carries 22
  * bits of each value, with an absolute floor of 2^-25 (F16's subnormals) against a largest
  * value of 2^14. Past 16 rows x' is hi alone (relative 2^-11, the same floor): half the mmas
- * and fragments, and still finer than the BF16 (2^-9) of the GEMM path those rows took.
- * Products of q and a term are exact and the tensor core sums them in F32. The affine form is
- * folded per group: y = sum_g s_g dot(q_g, x'_g) + b_g sum(x'_g), with sum(x'_g) computed once
- * from the unrounded x', and each partial sum is scaled back by 2^-e before the k-ranges meet.
- * This needs every mma's k-range inside one group.
+ * and fragments, and still finer than the BF16 (2^-9) of the GEMM path. Products of q and a
+ * term are exact and the tensor core sums them in F32. The affine form is folded per group:
+ * y = sum_g s_g dot(q_g, x'_g) + b_g sum(x'_g), with sum(x'_g) computed once from the
+ * unrounded x', and each partial sum is scaled back by 2^-e before the k-ranges meet. This
+ * needs every mma's k-range inside one group.
  *
  * Layout. An m16n8k16 mma takes W as A (16 output rows) and x as B (8 columns, the rows of x).
  * Within an mma the k order is free as long as A and B agree: the quad of lane g (lanes 4g to
@@ -33,14 +33,11 @@
  * follows the pairs of the weight word: values j and j + 4 of a 4-bit word, j and j + 2 of an
  * 8-bit one), with the sums of each column and one e per row of x. Then each warp streams its
  * own 32 rows (16 when x takes two n-tiles or more) across the whole k-range: per sector an
- * 8-byte load per row and lane, the next sector's loads in flight while this one computes
- * (with 8 n-tiles, this sector's only: their mmas fill the wait), the rows' next lines
- * prefetched into L2, and no barrier. Each sector's A is dequantized once and meets the
- * n-tiles one after another, so the registers hold one n-tile of x whatever NT; past 2
- * n-tiles a CTA takes more shared memory (fewer k-ranges, fewer partial sums). The CTAs of one
- * m-block (one per k-range, as many as it takes to fill the device) write partial sums to scratch;
- * the last of them to finish (a counter per m-block) adds them in k order, deterministically, and
- * writes y with the bias, the SiLU-mul of gate/up, and the output dtype.
+ * 8-byte load per row and lane, the next sector's loads in flight while this one computes,
+ * the rows' next lines prefetched into L2, and no barrier. The CTAs of one m-block (one per
+ * k-range, as many as it takes to fill the device) write partial sums to scratch; the last of
+ * them to finish (a counter per m-block) adds them in k order, deterministically, and writes
+ * y with the bias, the SiLU-mul of gate/up, and the output dtype.
  *
  * Fused forms (cuda_gemv_fuse). An RMSNorm before the product needs each row's whole sum of
  * squares, while a CTA sees one k-range: so the CTA multiplies x by the norm's weight as it
@@ -58,15 +55,19 @@
  * kernel (its ~2.3 instructions per weight, a third of them the dequantization, against that
  * kernel's 3 per weight and row), so cuda_gemv1 keeps 1 and 2 rows. A first version that met
  * the warps of a CTA in shared memory after every 2 m-tiles was latency-bound at 10-17% of
- * copy; streaming each warp's rows without barriers doubled that. */
+ * copy; streaming each warp's rows without barriers doubled that. Past 16 rows (H200, decode
+ * of the 8B model after 512 tokens, tok/s): 32 rows in one pass 2707 against 1915 in two of
+ * 16; 64 rows in one pass of 8 n-tiles 2161 against 2979 on the GEMM path (its decode layer
+ * 793 us, 3.7% of copy, the staging of x, the partial sums and the last CTA's reduction
+ * growing with the rows), so a pass stops at 4 n-tiles and 64 rows take cuBLAS. */
 #include "backend/cuda/cuda_mma.h"
 
 #include <type_traits>
 
 /* Warps per CTA. */
 #define GMMA_WARPS 8
-/* Most rows of x one launch serves. */
-#define GMMA_MAX_NX 64
+/* Most rows of x one launch serves: 4 n-tiles of 8 (cuda_gemv1 slices more). */
+#define GMMA_MAX_NX 32
 /* Most m-blocks a launch may have. Their counters sit first in the scratch at a fixed size, so
  * a launch never finds another launch's partial sums where it expects a counter at zero. */
 #define GMMA_MAX_MBLOCKS 4096
@@ -91,46 +92,38 @@ template <int BITS, int C, int NT> __host__ __device__ constexpr int gmma_parts(
     return gmma_vpl<BITS>() / (gmma_lo<C, NT>() ? 4 : 8);
 }
 /* Shared memory a CTA may give its x fragments: two CTAs fit on an SM. Past 2 n-tiles the
- * fragments of a sector grow, and the k-ranges with them take the most two CTAs can share
- * (fewer k-ranges: fewer partial sums to write and add). */
-template <int NT, bool ONE> __host__ __device__ constexpr int gmma_smem_cap() {
-    return ONE ? 220 << 10 : (NT <= 2 ? 64 << 10 : 110 << 10);
+ * fragments of a sector grow, and the k-ranges take the most two CTAs can share (fewer
+ * k-ranges: fewer partial sums to write and add). */
+template <int NT> __host__ __device__ constexpr int gmma_smem_cap() {
+    return NT <= 2 ? 64 << 10 : 110 << 10;
 }
 /* m-tiles a warp computes together, sharing each read of the x fragments: one when several
  * n-tiles of fragments already fill the registers. */
-template <int NT, bool ONE> __host__ __device__ constexpr int gmma_mb() {
-    return NT == 1 || ONE ? 2 : 1;
-}
-/* Shared-memory bytes per sector of a k-range: the fragments, then the column sums. */
-template <int BITS, int C, int NT> __host__ __device__ constexpr size_t gmma_per_sector() {
-    return (size_t)NT * (gmma_parts<BITS, C, NT>() * 32 * 16 + 8 * sizeof(float));
+template <int NT> __host__ __device__ constexpr int gmma_mb() {
+    return NT == 1 ? 2 : 1;
 }
 
 struct gmma_job {
     cuda_gemv_mat m[3];
-    base_dtype sdt;       /* scales and biases */
-    int64_t in;           /* values per row of W and x */
-    int64_t row_bytes;    /* in * bits / 8 */
-    int64_t groups;       /* groups per row */
-    int gsize;            /* values per group */
-    int gshift;           /* log2(gsize) */
-    int64_t sectors;      /* 32-byte sectors per row */
-    int64_t rows;         /* PLAIN: the outs summed; GLU: out */
-    int64_t tiles;        /* m-tiles: PLAIN ceil(rows / 16); GLU 2 ceil(out / 16), gate and up
-                           * alternating */
-    int64_t tpb;          /* m-tiles per m-block (even) */
-    int nx;               /* rows of x */
-    int ksplit;           /* k-ranges (CTAs per m-block) */
-    int spc;              /* sectors per k-range */
-    const float *x;       /* (nx, in) */
-    float *part;          /* (ksplit, nx, tiles * 16) partial sums */
-    float *ssq;           /* (m-blocks, ksplit, GMMA_MAX_NX) with a norm: x's sums of squares
-                           * per k-range */
-    unsigned *count;      /* (m-blocks) CTAs done, reset to 0 by the last */
-    int64_t ssq_mb;       /* ssq's stride per m-block: ksplit GMMA_MAX_NX, or 0 when staged */
-    const uint4 *stage;   /* (ksplit, spc * per sector / 16) x staged once (gmma_stage_kernel), or
-                           * NULL: each CTA stages its own k-range */
-    const int *stage_max; /* (ksplit, GMMA_MAX_NX) the staged rows' largest |x'| as bits */
+    base_dtype sdt;    /* scales and biases */
+    int64_t in;        /* values per row of W and x */
+    int64_t row_bytes; /* in * bits / 8 */
+    int64_t groups;    /* groups per row */
+    int gsize;         /* values per group */
+    int gshift;        /* log2(gsize) */
+    int64_t sectors;   /* 32-byte sectors per row */
+    int64_t rows;      /* PLAIN: the outs summed; GLU: out */
+    int64_t tiles;     /* m-tiles: PLAIN ceil(rows / 16); GLU 2 ceil(out / 16), gate and up
+                        * alternating */
+    int64_t tpb;       /* m-tiles per m-block (even) */
+    int nx;            /* rows of x */
+    int ksplit;        /* k-ranges (CTAs per m-block) */
+    int spc;           /* sectors per k-range */
+    const float *x;    /* (nx, in) */
+    float *part;       /* (ksplit, nx, tiles * 16) partial sums */
+    float *ssq;        /* (m-blocks, ksplit, GMMA_MAX_NX) with a norm: x's sums of squares
+                        * per k-range */
+    unsigned *count;   /* (m-blocks) CTAs done, reset to 0 by the last */
     cuda_gemv_fuse fz;
 };
 
@@ -211,23 +204,29 @@ __device__ __forceinline__ int gmma_row(const gmma_job &j, int64_t tile, int i, 
     return g < e0 ? 0 : (g < e1 ? 1 : 2);
 }
 
-/* Stages k-range ks of x for the mmas: fragments into frag (sectors, NT, PARTS, 32 lanes), the
- * sums of each B column into csum (sectors, NT, 8), each row's largest |x'| into cmax
- * (GMMA_MAX_NX, shared) and, with a norm, each row's sum of squares over the k-range into
- * ssq (GMMA_MAX_NX). frag and csum may be shared or global memory; every thread of the CTA
- * takes part, and the caller syncs before reading them. */
-template <int BITS, int C, int NT>
-__device__ __forceinline__ void gmma_stage(const gmma_job &job, int ks, uint4 *frag, float *csum,
-                                           int *cmax, float *ssq) {
+/* Partials of the rows of x against the CTA's k-range for its m-block's tiles; the last CTA of
+ * the m-block reduces them into y. C: groups per sector (2 for 4-bit groups of 32), NT: n-tiles
+ * of 8 / C rows of x. */
+template <int BITS, int C, int NT, bool GLU, typename S>
+__global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job job) {
     constexpr int VPS = gmma_vps<BITS>(), VPL = gmma_vpl<BITS>(), XU = VPL / 2;
-    constexpr int PARTS = gmma_parts<BITS, C, NT>(), XR = 8 / C;
+    constexpr int PARTS = gmma_parts<BITS, C, NT>(), XR = 8 / C, Q = 4 / C, MB = gmma_mb<NT>();
     constexpr bool LO = gmma_lo<C, NT>();
     constexpr int HP = LO ? PARTS / 2 : PARTS; /* uint4s of hi words */
     constexpr int WV = 32 / BITS;              /* values per word */
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    extern __shared__ uint4 gmma_smem[];
+    __shared__ int cmax[GMMA_MAX_NX];
+    __shared__ bool last;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int ks = blockIdx.x;
+    const int64_t mb = blockIdx.y;
     const int64_t s_first = (int64_t)ks * job.spc;
     const int ns = (int)(job.sectors - s_first < job.spc ? job.sectors - s_first : job.spc);
     const int64_t k0 = s_first * VPS;
+    /* Fragments (spc, NT, PARTS, 32 lanes), then the sums of each B column (spc, NT, 8). */
+    uint4 *frag = gmma_smem;
+    float *csum = (float *)(frag + (size_t)job.spc * NT * PARTS * 32);
+
     /* A norm scales each row of x by its weight here and by the row's 1/rms in the final sum:
      * a CTA sees only its k-range, so it leaves the sum of squares over it for the last CTA.
      * Then, with x' the values multiplied, the largest |x'| of each row over the k-range (as
@@ -252,7 +251,7 @@ __device__ __forceinline__ void gmma_stage(const gmma_job &job, int ks, uint4 *f
         }
         if (lane == 0) {
             cmax[xr] = __float_as_int(m);
-            if (job.fz.norm) ssq[xr] = ss;
+            if (job.fz.norm) job.ssq[(mb * job.ksplit + ks) * GMMA_MAX_NX + xr] = ss;
         }
     }
     __syncthreads();
@@ -304,58 +303,17 @@ __device__ __forceinline__ void gmma_stage(const gmma_job &job, int ks, uint4 *f
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         if (lt == 0) csum[(sl * NT + nt) * 8 + lg] = sum;
     }
-}
-
-/* gmma_kernel's staging of x done once per k-range instead of once per CTA: CTA ks stages
- * k-range ks into job.stage, job.stage_max and job.ssq for every m-block to copy. */
-template <int BITS, int C, int NT>
-__global__ void __launch_bounds__(GMMA_WARPS * 32) gmma_stage_kernel(const gmma_job job) {
-    __shared__ int cmax[GMMA_MAX_NX];
-    const int ks = blockIdx.x;
-    uint4 *frag = (uint4 *)job.stage + (size_t)ks * job.spc * (gmma_per_sector<BITS, C, NT>() / 16);
-    float *csum = (float *)(frag + (size_t)job.spc * NT * gmma_parts<BITS, C, NT>() * 32);
-    gmma_stage<BITS, C, NT>(job, ks, frag, csum, cmax, job.ssq + ks * GMMA_MAX_NX);
     __syncthreads();
-    for (int xr = threadIdx.x; xr < job.nx; xr += blockDim.x)
-        ((int *)job.stage_max)[ks * GMMA_MAX_NX + xr] = cmax[xr];
-}
 
-/* Partials of the rows of x against the CTA's k-range for its m-block's tiles; the last CTA of
- * the m-block reduces them into y. C: groups per sector (2 for 4-bit groups of 32), NT: n-tiles
- * of 8 / C rows of x. */
-template <int BITS, int C, int NT, bool GLU, typename S, bool ONE>
-__global__ void __launch_bounds__(GMMA_WARPS * 32, ONE ? 1 : 2) gmma_kernel(const gmma_job job) {
-    constexpr int VPS = gmma_vps<BITS>(), VPL = gmma_vpl<BITS>(), XU = VPL / 2;
-    constexpr int PARTS = gmma_parts<BITS, C, NT>(), Q = 4 / C, MB = gmma_mb<NT, ONE>();
-    constexpr bool LO = gmma_lo<C, NT>();
-    constexpr int HP = LO ? PARTS / 2 : PARTS; /* uint4s of hi words */
-    extern __shared__ uint4 gmma_smem[];
-    __shared__ int cmax[GMMA_MAX_NX];
-    __shared__ bool last;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int ks = blockIdx.x;
-    const int64_t mb = blockIdx.y;
-    const int64_t s_first = (int64_t)ks * job.spc;
-    const int ns = (int)(job.sectors - s_first < job.spc ? job.sectors - s_first : job.spc);
-    const int64_t k0 = s_first * VPS;
-    /* Fragments (spc, NT, PARTS, 32 lanes), then the sums of each B column (spc, NT, 8). */
-    uint4 *frag = gmma_smem;
-    float *csum = (float *)(frag + (size_t)job.spc * NT * PARTS * 32);
-
-    if (job.stage) {
-        /* The k-range as gmma_stage_kernel left it: a copy. */
-        constexpr size_t PS = gmma_per_sector<BITS, C, NT>() / 16;
-        const uint4 *src = job.stage + (size_t)ks * job.spc * PS;
-        const int n4 = (int)(job.spc * PS);
-#pragma unroll 4
-        for (int u = tid; u < n4; u += blockDim.x) gmma_smem[u] = __ldcg(src + u);
-        for (int xr = tid; xr < job.nx; xr += blockDim.x)
-            cmax[xr] = __ldcg(job.stage_max + ks * GMMA_MAX_NX + xr);
-    } else {
-        gmma_stage<BITS, C, NT>(job, ks, frag, csum, cmax,
-                                job.ssq + mb * job.ssq_mb + ks * GMMA_MAX_NX);
-    }
-    __syncthreads();
+    /* 2^-e of the lane's accumulator columns 2t and 2t + 1. */
+    float unscale[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const int xr = C == 1 ? nt * 8 + 2 * t + c : nt * 4 + t;
+            unscale[nt][c] = xr < job.nx ? gmma_pow2(-gmma_exp(cmax[xr])) : 0.0f;
+        }
 
     const int64_t vrows = job.tiles * 16;
     const int64_t t_begin = mb * job.tpb;
@@ -438,106 +396,93 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, ONE ? 1 : 2) gmma_kernel(cons
             /* A new line of every row: ask for the one GMMA_L2_AHEAD lines on. */
             if (pf && (sl & 3) == 0 && (sl + 4 * GMMA_L2_AHEAD) < ns)
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(pf + sl * 32 + GMMA_L2_AHEAD * 128));
-            /* The sector's weights of every m-tile as the mmas' A, then one n-tile of x
-             * fragments at a time against them: the registers hold MB tiles of A and one
-             * n-tile of B, whatever NT. */
-            constexpr int PAIRS = BITS == 4 ? 4 : 2;
-            uint32_t h[MB][2][2][PAIRS]; /* m-tile, row half, word, pair */
-#pragma unroll
-            for (int mt = 0; mt < MB; mt++)
-#pragma unroll
-                for (int rh = 0; rh < 2; rh++)
-#pragma unroll
-                    for (int wd = 0; wd < 2; wd++) {
-                        const uint32_t w = wd ? st.w[mt][rh].y : st.w[mt][rh].x;
-                        if (BITS == 4)
-                            gmma_dq4(w, h[mt][rh][wd]);
-                        else
-                            gmma_dq8(w, h[mt][rh][wd]);
-                    }
+            uint32_t xh[NT][XU], xl[NT][XU];
+            float xs[NT][2];
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                uint32_t xh[XU], xl[XU];
                 const uint4 *src = frag + (size_t)(sl * NT + nt) * PARTS * 32 + lane;
 #pragma unroll
                 for (int p = 0; p < HP; p++) {
-                    const uint4 v = src[p * 32];
-                    xh[4 * p] = v.x, xh[4 * p + 1] = v.y, xh[4 * p + 2] = v.z, xh[4 * p + 3] = v.w;
+                    const uint4 h = src[p * 32];
+                    xh[nt][4 * p] = h.x, xh[nt][4 * p + 1] = h.y, xh[nt][4 * p + 2] = h.z,
+                               xh[nt][4 * p + 3] = h.w;
                     if (LO) {
                         const uint4 l = src[(p + HP) * 32];
-                        xl[4 * p] = l.x, xl[4 * p + 1] = l.y, xl[4 * p + 2] = l.z,
-                               xl[4 * p + 3] = l.w;
+                        xl[nt][4 * p] = l.x, xl[nt][4 * p + 1] = l.y, xl[nt][4 * p + 2] = l.z,
+                                   xl[nt][4 * p + 3] = l.w;
                     }
                 }
                 const float2 cs = *(const float2 *)&csum[(sl * NT + nt) * 8 + 2 * t];
+                xs[nt][0] = cs.x, xs[nt][1] = cs.y;
+            }
 #pragma unroll
-                for (int mt = 0; mt < MB; mt++) {
-                    /* The hi and lo terms in two accumulators: two shorter chains of mmas. */
-                    float ch[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int mt = 0; mt < MB; mt++) {
+                /* The hi and lo terms in two accumulators: two shorter chains of mmas. */
+                float ch[NT][4], cl[NT][4];
 #pragma unroll
-                    for (int wd = 0; wd < 2; wd++)
+                for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                        for (int j = 0; j < PAIRS / 2; j++) {
-                            const uint32_t a[4] = {h[mt][0][wd][2 * j], h[mt][1][wd][2 * j],
-                                                   h[mt][0][wd][2 * j + 1],
-                                                   h[mt][1][wd][2 * j + 1]};
-                            const int u = wd * PAIRS + 2 * j;
-                            cuda_mma16816<__half>(ch, a, xh[u], xh[u + 1]);
-                            if (LO) cuda_mma16816<__half>(cl, a, xl[u], xl[u + 1]);
+                    for (int i = 0; i < 4; i++) ch[nt][i] = cl[nt][i] = 0.0f;
+#pragma unroll
+                for (int wd = 0; wd < 2; wd++) {
+                    const uint32_t w0 = wd ? st.w[mt][0].y : st.w[mt][0].x;
+                    const uint32_t w1 = wd ? st.w[mt][1].y : st.w[mt][1].x;
+                    constexpr int PAIRS = BITS == 4 ? 4 : 2;
+                    uint32_t h0[PAIRS], h1[PAIRS];
+                    if (BITS == 4) {
+                        gmma_dq4(w0, h0);
+                        gmma_dq4(w1, h1);
+                    } else {
+                        gmma_dq8(w0, h0);
+                        gmma_dq8(w1, h1);
+                    }
+#pragma unroll
+                    for (int j = 0; j < PAIRS / 2; j++) {
+                        const uint32_t a[4] = {h0[2 * j], h1[2 * j], h0[2 * j + 1], h1[2 * j + 1]};
+                        const int u = wd * PAIRS + 2 * j;
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++) {
+                            cuda_mma16816<__half>(ch[nt], a, xh[nt][u], xh[nt][u + 1]);
+                            if (LO) cuda_mma16816<__half>(cl[nt], a, xl[nt][u], xl[nt][u + 1]);
                         }
+                    }
+                }
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
                         const int rh = i >> 1, c = C == 2 ? (i & 1) : 0;
                         acc[mt][nt][i] =
-                            fmaf(st.s[mt][rh][c], LO ? ch[i] + cl[i] : ch[i],
-                                 fmaf(st.b[mt][rh][c], i & 1 ? cs.y : cs.x, acc[mt][nt][i]));
+                            fmaf(st.s[mt][rh][c], LO ? ch[nt][i] + cl[nt][i] : ch[nt][i],
+                                 fmaf(st.b[mt][rh][c], xs[nt][i & 1], acc[mt][nt][i]));
                     }
-                }
             }
         };
-        /* Two sectors in flight: the next one's loads go out before this one computes. With 8
-         * n-tiles the registers hold one sector's (the two would spill), its loads served from
-         * L2 where the prefetches ahead put them, and a sector's 32 mmas a warp for the other
-         * warps to fill its wait. */
+        /* Two sectors in flight: the next one's loads go out before this one computes. */
         sector_regs ra, rb;
-        if (NT == 8 && !ONE) {
-            for (int sl = 0; sl < ns; sl++) {
-                load(sl, ra);
-                compute(sl, ra);
-            }
-        } else {
-            load(0, ra);
-            for (int sl = 0; sl < ns; sl += 2) {
-                if (sl + 1 < ns) load(sl + 1, rb);
-                compute(sl, ra);
-                if (sl + 1 >= ns) break;
-                if (sl + 2 < ns) load(sl + 2, ra);
-                compute(sl + 1, rb);
-            }
+        load(0, ra);
+        for (int sl = 0; sl < ns; sl += 2) {
+            if (sl + 1 < ns) load(sl + 1, rb);
+            compute(sl, ra);
+            if (sl + 1 >= ns) break;
+            if (sl + 2 < ns) load(sl + 2, ra);
+            compute(sl + 1, rb);
         }
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            /* 2^-e of the lane's accumulator columns 2t and 2t + 1. */
-            float unscale[2];
+        for (int mt = 0; mt < MB; mt++)
 #pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int xr = C == 1 ? nt * 8 + 2 * t + c : nt * 4 + t;
-                unscale[c] = xr < job.nx ? gmma_pow2(-gmma_exp(cmax[xr])) : 0.0f;
-            }
-#pragma unroll
-            for (int mt = 0; mt < MB; mt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int q = 0; q < Q; q++) {
-                    const float v = C == 1 ? acc[mt][nt][q] * unscale[q & 1]
-                                           : acc[mt][nt][2 * q] * unscale[0] +
-                                                 acc[mt][nt][2 * q + 1] * unscale[1];
+                    const float v = C == 1 ? acc[mt][nt][q] * unscale[nt][q & 1]
+                                           : acc[mt][nt][2 * q] * unscale[nt][0] +
+                                                 acc[mt][nt][2 * q + 1] * unscale[nt][1];
                     const int rh = C == 1 ? q >> 1 : q;
                     const int xr = C == 1 ? nt * 8 + 2 * t + (q & 1) : nt * 4 + t;
                     if (xr < job.nx && tile0 + mt < t_end)
                         job.part[((int64_t)ks * job.nx + xr) * vrows + (tile0 + mt) * 16 + g +
                                  8 * rh] = v;
                 }
-        }
     }
 
     /* The last CTA of the m-block to finish adds the k-ranges' partials in order. */
@@ -564,7 +509,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, ONE ? 1 : 2) gmma_kernel(cons
             const float *p = job.part + ((int64_t)k * job.nx + xr) * vrows + v0;
             v += __ldcg(p);
             if (GLU) v2 += __ldcg(p + 16);
-            if (job.fz.norm) ss += __ldcg(&job.ssq[mb * job.ssq_mb + k * GMMA_MAX_NX + xr]);
+            if (job.fz.norm) ss += __ldcg(&job.ssq[(mb * job.ksplit + k) * GMMA_MAX_NX + xr]);
         }
         if (job.fz.norm) {
             const float inv = cuda_rms_inv(ss, job.in, job.fz.eps);
@@ -591,13 +536,14 @@ bool cuda_gemv_mma_fits(const be_tensor *x, const be_linear *w) {
            (!w->bias || cuda_float_dtype(w->bias_dtype));
 }
 
-template <int BITS, int C, int NT, bool GLU, typename S, bool ONE = false>
+template <int BITS, int C, int NT, bool GLU, typename S>
 static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     cuda_backend *c = cuda_impl(be);
-    auto kernel = gmma_kernel<BITS, C, NT, GLU, S, ONE>;
-    constexpr int MB = gmma_mb<NT, ONE>();
-    constexpr int SMEM = gmma_smem_cap<NT, ONE>();
-    constexpr size_t per_sector = gmma_per_sector<BITS, C, NT>();
+    auto kernel = gmma_kernel<BITS, C, NT, GLU, S>;
+    constexpr int MB = gmma_mb<NT>();
+    constexpr int SMEM = gmma_smem_cap<NT>();
+    constexpr size_t per_sector =
+        (size_t)NT * (gmma_parts<BITS, C, NT>() * 32 * 16 + 8 * sizeof(float));
     /* The k-ranges: few enough that each CTA's fragments fit its shared memory, many enough
      * that the warps' units of MB tiles and one k-range fill the device's resident warps. */
     static int per_sm;
@@ -631,48 +577,11 @@ static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     int64_t tpb = (job.tiles + mblocks - 1) / mblocks;
     tpb = (tpb + 1) / 2 * 2;
     mblocks = (job.tiles + tpb - 1) / tpb;
-    static const bool bal = getenv("MLXCEL_GMMA_BAL") && atoi(getenv("MLXCEL_GMMA_BAL"));
-    if (NT >= 4 && bal) {
-        /* Whole rounds of tiles for every warp (GMMA_WARPS * MB a round): the split whose
-         * rounds times sectors per warp, the staging of x once per wave and the partial sums
-         * it writes and adds cost least, at 3 TB/s for the weights and 6 TB/s for the rest
-         * (the fewest CTAs of equal cost). */
-        const int64_t round = GMMA_WARPS * MB, ks_min = (job.sectors + spc_most - 1) / spc_most;
-        double best = 0.0;
-        for (int64_t r = 1; r <= 64 && (r - 1) * round < job.tiles; r++) {
-            const int64_t tb = r * round, mbl = (job.tiles + tb - 1) / tb;
-            if (mbl > GMMA_MAX_MBLOCKS) continue;
-            int64_t ks = resident / mbl;
-            if (ks < ks_min) ks = ks_min;
-            if (ks > job.sectors) ks = job.sectors;
-            if (ks < 1) ks = 1;
-            const int64_t spc = (job.sectors + ks - 1) / ks;
-            ks = (job.sectors + spc - 1) / spc;
-            const int64_t waves = (mbl * ks + resident - 1) / resident;
-            const double cost =
-                (double)(waves * r * spc) * resident * GMMA_WARPS * MB * 512 / 3e12 +
-                (double)(waves * spc) * per_sector * resident / 6e12 +
-                8.0 * ks * job.nx * job.tiles * 16 / 6e12;
-            if (best == 0.0 || cost <= best) {
-                best = cost;
-                tpb = tb, mblocks = mbl, job.ksplit = (int)ks, job.spc = (int)spc;
-            }
-        }
-    }
     job.tpb = tpb;
 
-    /* Past 2 n-tiles x is staged once per k-range, not once per CTA: every CTA would read its
-     * k-range of x twice in F32 (the same bytes for each of the m-blocks), where the staged
-     * copy is F16 and read once. */
-    static const bool staged_env = getenv("MLXCEL_GMMA_STAGE") && atoi(getenv("MLXCEL_GMMA_STAGE"));
-    const bool staged = NT >= 4 && staged_env;
     const size_t parts = (size_t)job.ksplit * job.nx * (size_t)job.tiles * 16;
-    const size_t ssqs = (size_t)mblocks * job.ksplit * GMMA_MAX_NX;
-    const size_t stage_off =
-        (gmma_part_offset() + (parts + ssqs) * sizeof(float) + 255) & ~(size_t)255;
-    const size_t stage_bytes = (size_t)job.ksplit * job.spc * per_sector;
-    const size_t bytes = staged ? stage_off + stage_bytes + (size_t)job.ksplit * GMMA_MAX_NX * 4
-                                : gmma_part_offset() + (parts + ssqs) * sizeof(float);
+    const size_t bytes =
+        gmma_part_offset() + (parts + (size_t)mblocks * job.ksplit * GMMA_MAX_NX) * sizeof(float);
     const size_t cap = c->gmma_bytes;
     if (cuda_scratch(be, &c->gmma_buf, &c->gmma_bytes, bytes, "tensor-core GEMV", err)) return -1;
     /* The counters start at zero once and every launch leaves them there. */
@@ -685,15 +594,7 @@ static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     job.count = (unsigned *)c->gmma_buf;
     job.part = (float *)((char *)c->gmma_buf + gmma_part_offset());
     job.ssq = job.part + parts;
-    job.ssq_mb = staged ? 0 : (int64_t)job.ksplit * GMMA_MAX_NX;
     const size_t smem = (size_t)job.spc * per_sector;
-    if (staged) {
-        job.stage = (const uint4 *)((char *)c->gmma_buf + stage_off);
-        job.stage_max = (const int *)((char *)c->gmma_buf + stage_off + stage_bytes);
-        gmma_stage_kernel<BITS, C, NT>
-            <<<(unsigned)job.ksplit, GMMA_WARPS * 32, 0, c->stream>>>(job);
-        if (cuda_check_launch("matmul (tensor-core GEMV staging)", err)) return -1;
-    }
     kernel<<<dim3((unsigned)job.ksplit, (unsigned)mblocks), GMMA_WARPS * 32, smem, c->stream>>>(
         job);
     return cuda_check_launch("matmul (tensor-core GEMV)", err);
@@ -704,10 +605,7 @@ static int gmma_dispatch_nt(be_backend *be, const gmma_job &job, base_err *err) 
     const int nt = (job.nx + 8 / C - 1) / (8 / C);
     if (nt == 1) return gmma_launch<BITS, C, 1, GLU, S>(be, job, err);
     if (nt == 2) return gmma_launch<BITS, C, 2, GLU, S>(be, job, err);
-    if (nt <= 4) return gmma_launch<BITS, C, 4, GLU, S>(be, job, err);
-    static const bool one = getenv("MLXCEL_GMMA_ONE") && atoi(getenv("MLXCEL_GMMA_ONE"));
-    if (one) return gmma_launch<BITS, C, 8, GLU, S, true>(be, job, err);
-    return gmma_launch<BITS, C, 8, GLU, S>(be, job, err);
+    return gmma_launch<BITS, C, 4, GLU, S>(be, job, err);
 }
 
 template <bool GLU, typename S>
@@ -727,8 +625,7 @@ static int gmma_dispatch(be_backend *be, const gmma_job &job, int bits, base_err
 int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws,
                   be_tensor *const *ys, int n, bool glu, const cuda_gemv_fuse *fz, base_err *err) {
     const be_linear *w = ws[0];
-    /* 4-bit groups of 32 put 4 rows of x in an n-tile: 8 n-tiles, as many accumulators as the
-     * other forms' 64 rows take, serve 32 rows a pass. */
+    /* 4-bit groups of 32 put 4 rows of x in an n-tile: 4 n-tiles serve 16 rows a pass. */
     const int64_t most = w->bits == 4 && w->group_size == 32 ? GMMA_MAX_NX / 2 : GMMA_MAX_NX;
     if (x->rows > most) {
         for (int64_t r0 = 0; r0 < x->rows; r0 += most) {

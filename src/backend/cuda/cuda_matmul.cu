@@ -14,9 +14,8 @@
  * accumulation. That rounds each weight and input to BF16 (relative 2^-9), as a BF16 model's
  * inference does at every matmul.
  *
- * F32 rows against 4- or 8-bit weights (decode, up to CUDA_GEMV_MOST_ROWS rows, past
- * CUDA_GEMM_MIN_ROWS too) take the kernels of cuda_gemv.cu and cuda_gemv_mma.cu instead: the
- * tensor-core GEMV reads W once for up to CUDA_GEMV_MAX_ROWS rows and reads no scratch of it. */
+ * F32 rows below CUDA_GEMM_MIN_ROWS against 4- or 8-bit weights (decode) take the faster
+ * kernels of cuda_gemv.cu and cuda_gemv_mma.cu. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <string.h>
@@ -418,15 +417,13 @@ static int matmul_run(be_backend *be, const be_tensor *x, const be_linear *w, be
     size_t need = w->bits % 4 == 0 ? 16 : (w->bits % 2 == 0 ? 8 : 4);
     if (!aligned(w->weight, need))
         return base_fail(err, "cuda: matmul: %d-bit weight is not %zu-byte aligned", w->bits, need);
-    /* The decode GEMVs first: they take 4- and 8-bit W past CUDA_GEMM_MIN_ROWS rows, up to
-     * CUDA_GEMV_MOST_ROWS. */
+    if (w->bits >= 2 && w->bits <= 8 && w->bits != 7 && gemm_fits(x, w, y))
+        return gemm_launch(be, x, w, y, acc, err);
     if (cuda_gemv1_fits(x, w)) {
         cuda_gemv_fuse fz = {};
         fz.acc = acc;
         return cuda_gemv1(be, x, &w, &y, 1, false, &fz, err);
     }
-    if (w->bits >= 2 && w->bits <= 8 && w->bits != 7 && gemm_fits(x, w, y))
-        return gemm_launch(be, x, w, y, acc, err);
     switch (w->bits) {
     case 2:
         return quant_launch<2>(be, x, w, y, acc, err);
