@@ -91,11 +91,11 @@ template <int C, int NT> __host__ __device__ constexpr bool gmma_lo() {
 template <int BITS, int C, int NT> __host__ __device__ constexpr int gmma_parts() {
     return gmma_vpl<BITS>() / (gmma_lo<C, NT>() ? 4 : 8);
 }
-/* Shared memory a CTA may give its x fragments: two CTAs fit on an SM. Past 2 n-tiles the
+/* Shared memory a CTA may give its x fragments: two CTAs fit on an SM. Past 16 rows the
  * fragments of a sector grow, and the k-ranges take the most two CTAs can share (fewer
  * k-ranges: fewer partial sums to write and add). */
-template <int NT> __host__ __device__ constexpr int gmma_smem_cap() {
-    return NT <= 2 ? 64 << 10 : 110 << 10;
+template <int C, int NT> __host__ __device__ constexpr int gmma_smem_cap() {
+    return gmma_lo<C, NT>() ? 64 << 10 : 110 << 10;
 }
 /* m-tiles a warp computes together, sharing each read of the x fragments: one when several
  * n-tiles of fragments already fill the registers. */
@@ -541,7 +541,7 @@ static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     cuda_backend *c = cuda_impl(be);
     auto kernel = gmma_kernel<BITS, C, NT, GLU, S>;
     constexpr int MB = gmma_mb<NT>();
-    constexpr int SMEM = gmma_smem_cap<NT>();
+    constexpr int SMEM = gmma_smem_cap<C, NT>();
     constexpr size_t per_sector =
         (size_t)NT * (gmma_parts<BITS, C, NT>() * 32 * 16 + 8 * sizeof(float));
     /* The k-ranges: few enough that each CTA's fragments fit its shared memory, many enough
