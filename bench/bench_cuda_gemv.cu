@@ -1,6 +1,6 @@
 /* The decode matmuls of a Llama-3.1-8B-shaped MLX model (hidden 4096, 32/8 heads of 128, MLP
  * 14336, vocab 128256), through the backend's ops: GB/s of weights read (packed values, scales
- * and biases) for 1, 2, 4, 8 and 16 rows of F32 x, 4 and 8 bits, group 64, BF16 scales, and
+ * and biases) for 1 to 64 rows of F32 x (powers of two), 4 and 8 bits, group 64, BF16 scales, and
  * the fraction of the device-to-device copy bandwidth measured in the same run (a 1 GiB
  * cudaMemcpy, read + write counted). Q/K/V and gate/up run through their fused ops. Each case
  * runs twice, the decode GEMV forced to each of its two kernels: "rows" (integer dot products,
@@ -244,7 +244,7 @@ int main(int argc, char **argv) {
         {"gate+up", GATE_UP, {14336}, 4096},      {"down", PLAIN, {4096}, 14336},
         {"lm_head", PLAIN, {128256}, 4096},
     };
-    const int bits_list[] = {4, 8}, rows_list[] = {1, 2, 4, 8, 16};
+    const int bits_list[] = {4, 8}, rows_list[] = {1, 2, 4, 8, 16, 32, 64};
     const char *kernels[] = {"rows", "mma"};
     const int kernel_ids[] = {CUDA_GEMV_ROWS, CUDA_GEMV_MMA};
     const int n_kernels = 2;

@@ -401,6 +401,73 @@ static float *rand_rows(int n, int64_t in) {
     return x;
 }
 
+/* Past 16 rows a pass the tensor-core GEMV rounds x' (each row of x scaled by a power of two so
+ * that its largest |x'| lies in [2^14, 2^15)) to one F16 term instead of two: by at most
+ * 2^-11 |x'| where x' is a normal F16 and 2^-25 where it is subnormal, which scaled back is at
+ * most 2^-39 of the row's largest |x|, m_r (2^-e <= m_r 2^-14). The products with the quantized
+ * values q are exact and each group's bias meets the unrounded sum of x', so output o of row r
+ * moves by at most 2^-11 sum_k |s_k q_k x_k| + 2^-39 m_r sum_k |s_k q_k|. Returns that bound
+ * per output, (n, out); the caller frees it. */
+static double *f16x_dev(const host_linear *L, const float *x, int n) {
+    const be_linear *h = &L->host;
+    const int64_t in = h->in, out = h->out, ng = in / h->group_size;
+    double *d = malloc(sizeof(double) * (size_t)(n * out)), *sq = malloc(sizeof(double) * in);
+    for (int64_t o = 0; o < out; o++) {
+        const uint8_t *w = (const uint8_t *)h->weight + o * in * h->bits / 8;
+        for (int64_t k = 0; k < in; k++)
+            sq[k] =
+                fabs(base_load_float(h->scales, h->dtype, (size_t)(o * ng + k / h->group_size))) *
+                stream_value(w, k, h->bits);
+        for (int r = 0; r < n; r++) {
+            double a = 0, s = 0, m = 0;
+            for (int64_t k = 0; k < in; k++) {
+                const double v = fabs((double)x[r * in + k]);
+                a += sq[k] * v, s += sq[k], m = v > m ? v : m;
+            }
+            d[r * out + o] = ldexp(a, -11) + ldexp(m * s, -39);
+        }
+    }
+    free(sq);
+    return d;
+}
+
+/* The normalized error (test_rel_err's) allowed against ref (len values): 1e-5 for the F32
+ * sums, the whole bound up to 16 rows where hi + lo carry 22 bits of x, plus what the
+ * deviations d (f16x_dev's, or NULL: none) add. */
+static double f16x_tol(const double *d, const float *ref, size_t len) {
+    if (!d) return 1e-5;
+    double num = 0, den = 0;
+    for (size_t i = 0; i < len; i++) num += d[i] * d[i], den += (double)ref[i] * ref[i];
+    return 1e-5 + (den > 0 ? sqrt(num / den) : sqrt(num));
+}
+
+/* f16x_tol of n rows of x against L's outputs ref: the F32 allowance alone up to 16 rows. */
+static double gemv_tol(const host_linear *L, const float *x, int n, const float *ref) {
+    if (n <= 16) return 1e-5;
+    double *d = f16x_dev(L, x, n);
+    const double t = f16x_tol(d, ref, (size_t)(n * L->host.out));
+    free(d);
+    return t;
+}
+
+/* f16x_tol of y = silu(x G^T) * (x U^T) from the products g and u: silu's slope is under 1.1
+ * in magnitude, so y moves by at most 1.1 dg (|u| + du) + |silu(g)| du. */
+static double glu_tol(const host_linear *G, const host_linear *U, const float *x, int n,
+                      const float *g, const float *u) {
+    if (n <= 16) return 1e-5;
+    const size_t len = (size_t)(n * G->host.out);
+    double *dg = f16x_dev(G, x, n), *du = f16x_dev(U, x, n);
+    float *y = malloc(sizeof(float) * len);
+    for (size_t i = 0; i < len; i++) {
+        const double sg = g[i] / (1.0 + exp(-(double)g[i]));
+        y[i] = (float)(sg * u[i]);
+        dg[i] = 1.1 * dg[i] * (fabs(u[i]) + du[i]) + fabs(sg) * du[i];
+    }
+    const double t = f16x_tol(dg, y, len);
+    free(dg), free(du), free(y);
+    return t;
+}
+
 /* 1 to 16 F32 rows, the decode case: every bit width and group, odd row counts, rows of x
  * past the ones a pass holds, and enough output rows that CTAs take several steps. */
 static void test_gemv_rows(be_backend *be) {
@@ -500,14 +567,16 @@ static void test_gemv_ranges(be_backend *be) {
                     base_err err = {{0}};
                     CHECK_MSG(be->ops->matmul(be, &tx, &L.dev, &ty, &err) == 0, "%s", err.msg);
                     float *got = tc_read(be, &ty);
+                    double *dv = n > 16 ? f16x_dev(&L, x, n) : NULL;
                     for (int r = 0; r < n; r++) {
                         double e = test_rel_err(got + r * out, ref + r * out, (size_t)out);
-                        CHECK_MSG(e < 1e-5, "q%d g%d scales %s n=%d row %d: err %g", bits[b],
+                        double tol = f16x_tol(dv ? dv + r * out : NULL, ref + r * out, (size_t)out);
+                        CHECK_MSG(e < tol, "q%d g%d scales %s n=%d row %d: err %g", bits[b],
                                   groups[g], base_dtype_name(sdts[d]), n, r, e);
                     }
                     be->ops->free(be, tx.data);
                     be->ops->free(be, ty.data);
-                    free(x), free(ref), free(got);
+                    free(x), free(ref), free(got), free(dv);
                 }
                 free_linear(be, &L);
             }
@@ -624,7 +693,8 @@ static void test_matmul_qkv(be_backend *be) {
             CHECK_MSG(be->ops->matmul_qkv(be, &tx, NULL, ws, ys, &err) == 0, "%s", err.msg);
             for (int i = 0; i < 3; i++) {
                 double e = dev_err(be, &ty[i], ref[i]);
-                CHECK_MSG(e < 1e-5, "qkv config %d n=%d output %d: err %g", c, n, i, e);
+                CHECK_MSG(e < gemv_tol(&L[i], x, n, ref[i]), "qkv config %d n=%d output %d: err %g",
+                          c, n, i, e);
                 be->ops->free(be, ty[i].data);
                 free(ref[i]);
                 free_linear(be, &L[i]);
@@ -650,6 +720,7 @@ static void test_matmul_silu_mul(be_backend *be) {
             cpu_matmul(x, n, &G.host, g);
             cpu_matmul(x, n, &U.host, u);
             be_tensor tg = {g, BASE_DTYPE_F32, n, out}, tu = {u, BASE_DTYPE_F32, n, out};
+            const double tol = glu_tol(&G, &U, x, n, g, u);
             base_err err = {{0}};
             CHECK(cpu->ops->silu_mul(cpu, &tg, &tu, &tg, &err) == 0);
             be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
@@ -657,7 +728,7 @@ static void test_matmul_silu_mul(be_backend *be) {
             CHECK_MSG(be->ops->matmul_silu_mul(be, &tx, NULL, &G.dev, &U.dev, &ty, &err) == 0, "%s",
                       err.msg);
             double e = dev_err(be, &ty, g);
-            CHECK_MSG(e < 1e-5, "silu_mul config %d n=%d: err %g", c, n, e);
+            CHECK_MSG(e < tol, "silu_mul config %d n=%d: err %g", c, n, e);
             be->ops->free(be, tx.data);
             be->ops->free(be, ty.data);
             free(x), free(g), free(u);
@@ -668,14 +739,15 @@ static void test_matmul_silu_mul(be_backend *be) {
 
 /* ---- RMSNorm folded before the fused matmuls, the residual add after a matmul ---- */
 
-/* Row counts: the one-row GEMV (1, 2), the tensor-core GEMV (3 to 16), slices of 16 (17, 40),
- * and the cuBLAS path with the ops composed (64). */
-static const int fused_rows[] = {1, 2, 3, 8, 16, 17, 40, 64};
-#define N_FUSED_ROWS 8
+/* Row counts: the one-row GEMV (1, 2), the tensor-core GEMV with x in two terms (3 to 16),
+ * in one (17 to 32) and slices of 32 (33, 40), and the cuBLAS path with the ops composed (64). */
+static const int fused_rows[] = {1, 2, 3, 8, 16, 17, 33, 40, 64};
+#define N_FUSED_ROWS 9
 
-/* From 64 rows the product runs on cuBLAS with W and x rounded to BF16. */
-static double fused_tol(int n) {
-    return n < 64 ? 1e-5 : tc_tol(BASE_DTYPE_BF16);
+/* gemv, the GEMVs' bound, below 64 rows; from 64 the product runs on cuBLAS with W and x
+ * rounded to BF16. */
+static double fused_tol(int n, double gemv) {
+    return n < 64 ? gemv : tc_tol(BASE_DTYPE_BF16);
 }
 
 /* Rows of different scales (row r times 1 + 3r), so that a row normed by another's 1/rms
@@ -736,8 +808,8 @@ static void test_qkv_norm(be_backend *be) {
             CHECK_MSG(be->ops->matmul_qkv(be, &tx, &norm, ws, ys, &err) == 0, "%s", err.msg);
             for (int i = 0; i < 3; i++) {
                 double e = dev_err(be, &ty[i], ref[i]);
-                CHECK_MSG(e < fused_tol(n), "normed qkv config %d n=%d output %d: err %g", c, n, i,
-                          e);
+                CHECK_MSG(e < fused_tol(n, gemv_tol(&L[i], h, n, ref[i])),
+                          "normed qkv config %d n=%d output %d: err %g", c, n, i, e);
                 be->ops->free(be, ty[i].data);
                 free(ref[i]);
             }
@@ -772,6 +844,7 @@ static void test_glu_norm(be_backend *be) {
             cpu_matmul(h, n, &G.host, g);
             cpu_matmul(h, n, &U.host, u);
             be_tensor tg = {g, BASE_DTYPE_F32, n, out}, tu = {u, BASE_DTYPE_F32, n, out};
+            const double tol = fused_tol(n, glu_tol(&G, &U, h, n, g, u));
             base_err err = {{0}};
             CHECK(cpu->ops->silu_mul(cpu, &tg, &tu, &tg, &err) == 0);
             be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
@@ -781,7 +854,7 @@ static void test_glu_norm(be_backend *be) {
             CHECK_MSG(be->ops->matmul_silu_mul(be, &tx, &norm, &G.dev, &U.dev, &ty, &err) == 0,
                       "%s", err.msg);
             double e = dev_err(be, &ty, g);
-            CHECK_MSG(e < fused_tol(n), "normed gate/up config %d n=%d: err %g", c, n, e);
+            CHECK_MSG(e < tol, "normed gate/up config %d n=%d: err %g", c, n, e);
             be->ops->free(be, tx.data);
             be->ops->free(be, scratch.data);
             be->ops->free(be, ty.data);
@@ -815,7 +888,9 @@ static void test_matmul_add(be_backend *be) {
             base_err err = {{0}};
             CHECK_MSG(be->ops->matmul_add(be, &tx, &L.dev, &ty, &err) == 0, "%s", err.msg);
             double e = dev_err(be, &ty, ref);
-            CHECK_MSG(e < fused_tol(n), "matmul_add q%d n=%d: err %g", bits[c], n, e);
+            const bool mma = bits[c] == 4 || bits[c] == 8;
+            const double tol = fused_tol(n, mma ? gemv_tol(&L, x, n, ref) : 1e-5);
+            CHECK_MSG(e < tol, "matmul_add q%d n=%d: err %g", bits[c], n, e);
             CHECK(be->ops->matmul_add(be, &tx, &L.dev, &tx, &err) != 0 &&
                   strstr(err.msg, "overlaps"));
             be->ops->free(be, tx.data);
@@ -823,6 +898,144 @@ static void test_matmul_add(be_backend *be) {
             free(x), free(y0), free(ref);
         }
         free_linear(be, &L);
+    }
+}
+
+/* ---- 17 to 63 rows of x, up to 32 a pass over W ---- */
+
+/* Row counts past 16: n-tiles of 8 rows, full and partial (3 and 4 of them), slices of 32
+ * with a last slice of 1, 16 and 31 rows (33, 48, 63), and 4-bit groups of 32, which serve 16
+ * rows a pass. */
+static const int wide_rows[] = {17, 24, 32, 33, 48, 63};
+#define N_WIDE_ROWS 6
+
+/* Each row of x against its own bound, rows of very different magnitudes (ranged_rows), a NaN
+ * in row 9 and an inf in row n - 2, whose outputs must all be non-finite while every other
+ * row's stay in bounds: 4 and 8 bits, every group, the three scale dtypes, an out that ends
+ * inside a 16-row tile, and a shape of several m-blocks and k-ranges. */
+static void test_gemv_wide_rows(be_backend *be) {
+    const int bits[] = {4, 8}, groups[] = {32, 64, 128};
+    const base_dtype sdts[] = {BASE_DTYPE_BF16, BASE_DTYPE_F16, BASE_DTYPE_F32};
+    for (int b = 0; b < 2; b++)
+        for (int g = 0; g < 3; g++)
+            for (int z = 0; z < 2; z++) {
+                const int64_t out = z ? 520 : 37, in = z ? 2048 : 512;
+                host_linear L;
+                make_linear(be, &L, out, in, bits[b], groups[g], sdts[(b + g + z) % 3], z == 0);
+                for (int k = 0; k < N_WIDE_ROWS; k++) {
+                    const int n = wide_rows[k];
+                    if (z && k % 3 != 2) continue;
+                    float *x = ranged_rows(n, in);
+                    x[9 * in + 100] = NAN;
+                    x[(n - 2) * in + 7] = INFINITY;
+                    float *ref = malloc(sizeof(float) * (size_t)(n * out));
+                    cpu_matmul(x, n, &L.host, ref);
+                    double *dv = f16x_dev(&L, x, n);
+                    be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
+                    be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, out);
+                    base_err err = {{0}};
+                    CHECK_MSG(be->ops->matmul(be, &tx, &L.dev, &ty, &err) == 0, "%s", err.msg);
+                    float *got = tc_read(be, &ty);
+                    for (int r = 0; r < n; r++) {
+                        if (r == 9 || r == n - 2) {
+                            int finite = 0;
+                            for (int64_t o = 0; o < out; o++) finite += isfinite(got[r * out + o]);
+                            CHECK_MSG(finite == 0, "q%d g%d n=%d row %d: %d finite outputs",
+                                      bits[b], groups[g], n, r, finite);
+                            continue;
+                        }
+                        double e = test_rel_err(got + r * out, ref + r * out, (size_t)out);
+                        double tol = f16x_tol(dv + r * out, ref + r * out, (size_t)out);
+                        CHECK_MSG(e < tol,
+                                  "q%d g%d scales %s [%lld x %lld] n=%d row %d: err %g >= %g",
+                                  bits[b], groups[g], base_dtype_name(L.host.dtype), (long long)out,
+                                  (long long)in, n, r, e, tol);
+                    }
+                    be->ops->free(be, tx.data);
+                    be->ops->free(be, ty.data);
+                    free(x), free(ref), free(got), free(dv);
+                }
+                free_linear(be, &L);
+            }
+}
+
+/* The fused forms past 16 rows in geometries the tests above leave out: Q/K/V with a norm on
+ * 8-bit groups of 128 and on 4-bit groups of 32, gate/up with a norm on 4-bit groups of 32 and
+ * 8-bit groups of 128, y += x W^T on 4-bit groups of 128 and 8-bit groups of 64; rows of x
+ * scaled apart (scaled_rows). */
+static void test_gemv_wide_fused(be_backend *be) {
+    const int cfg[2][2] = {{8, 128}, {4, 32}};
+    const int64_t outs[3] = {128, 64, 40}, in = 512, out = 200;
+    for (int c = 0; c < 2; c++) {
+        host_linear L[3];
+        for (int i = 0; i < 3; i++)
+            make_linear(be, &L[i], outs[i], in, cfg[c][0], cfg[c][1], BASE_DTYPE_BF16, c == 1);
+        host_linear A;
+        make_linear(be, &A, out, in, cfg[c][0] == 8 ? 4 : 8, cfg[c][0] == 8 ? 128 : 64,
+                    BASE_DTYPE_F16, c == 0);
+        float *w;
+        be_tensor tw = norm_weight(be, in, BASE_DTYPE_BF16, &w);
+        for (int k = 0; k < N_WIDE_ROWS; k++) {
+            const int n = wide_rows[k];
+            float *x = scaled_rows(n, in), *h = cpu_normed(x, n, in, w), *ref[3];
+            be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
+            be_tensor scratch = tc_poisoned(be, BASE_DTYPE_F32, n, in), ty[3];
+            const be_norm norm = {&tw, 1e-5f, &scratch};
+            base_err err = {{0}};
+            /* Q, K and V. */
+            for (int i = 0; i < 3; i++) {
+                ref[i] = malloc(sizeof(float) * (size_t)(n * outs[i]));
+                cpu_matmul(h, n, &L[i].host, ref[i]);
+                ty[i] = tc_poisoned(be, BASE_DTYPE_F32, n, outs[i]);
+            }
+            const be_linear *ws[3] = {&L[0].dev, &L[1].dev, &L[2].dev};
+            be_tensor *ys[3] = {&ty[0], &ty[1], &ty[2]};
+            CHECK_MSG(be->ops->matmul_qkv(be, &tx, &norm, ws, ys, &err) == 0, "%s", err.msg);
+            for (int i = 0; i < 3; i++) {
+                double e = dev_err(be, &ty[i], ref[i]);
+                CHECK_MSG(e < gemv_tol(&L[i], h, n, ref[i]),
+                          "wide qkv q%d g%d n=%d output %d: err %g", cfg[c][0], cfg[c][1], n, i, e);
+                be->ops->free(be, ty[i].data);
+            }
+            /* Gate (Q's matrix shape) and up (its K's rows twice): one out. */
+            const int64_t go = outs[1];
+            float *gg = malloc(sizeof(float) * (size_t)(n * go));
+            float *uu = malloc(sizeof(float) * (size_t)(n * go));
+            cpu_matmul(h, n, &L[1].host, gg);
+            host_linear U;
+            make_linear(be, &U, go, in, cfg[c][0], cfg[c][1], BASE_DTYPE_BF16, false);
+            cpu_matmul(h, n, &U.host, uu);
+            const double gtol = glu_tol(&L[1], &U, h, n, gg, uu);
+            be_tensor tg = {gg, BASE_DTYPE_F32, n, go}, tu = {uu, BASE_DTYPE_F32, n, go};
+            CHECK(cpu->ops->silu_mul(cpu, &tg, &tu, &tg, &err) == 0);
+            be_tensor tyg = tc_poisoned(be, BASE_DTYPE_F32, n, go);
+            CHECK_MSG(be->ops->matmul_silu_mul(be, &tx, &norm, &L[1].dev, &U.dev, &tyg, &err) == 0,
+                      "%s", err.msg);
+            double e = dev_err(be, &tyg, gg);
+            CHECK_MSG(e < gtol, "wide gate/up q%d g%d n=%d: err %g", cfg[c][0], cfg[c][1], n, e);
+            be->ops->free(be, tyg.data);
+            free_linear(be, &U);
+            free(gg), free(uu);
+            /* y += x A^T from random y. */
+            float *y0 = rand_rows(n, out), *ra = malloc(sizeof(float) * (size_t)(n * out));
+            cpu_matmul(x, n, &A.host, ra);
+            for (int i = 0; i < n * out; i++) ra[i] += y0[i];
+            be_tensor tya = tc_tensor(be, y0, BASE_DTYPE_F32, n, out);
+            CHECK_MSG(be->ops->matmul_add(be, &tx, &A.dev, &tya, &err) == 0, "%s", err.msg);
+            e = dev_err(be, &tya, ra);
+            CHECK_MSG(e < gemv_tol(&A, x, n, ra), "wide matmul_add q%d n=%d: err %g", A.host.bits,
+                      n, e);
+            be->ops->free(be, tya.data);
+            free(y0), free(ra);
+            for (int i = 0; i < 3; i++) free(ref[i]);
+            be->ops->free(be, tx.data);
+            be->ops->free(be, scratch.data);
+            free(x), free(h);
+        }
+        for (int i = 0; i < 3; i++) free_linear(be, &L[i]);
+        free_linear(be, &A);
+        be->ops->free(be, tw.data);
+        free(w);
     }
 }
 
@@ -934,6 +1147,8 @@ int main(void) {
     test_qkv_norm(be);
     test_glu_norm(be);
     test_matmul_add(be);
+    test_gemv_wide_rows(be);
+    test_gemv_wide_fused(be);
     test_add_rmsnorm(be);
     test_rope_kv_append(be);
     cpu->ops->destroy(cpu);

@@ -416,11 +416,12 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
 }
 
 bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w) {
-    /* Past 16 rows cuda_gemv1 takes slices of 16 rows, each on the tensor-core kernel (a last
-     * slice of one or two rows on this one), until the GEMM path starts. */
-    if (x->rows > CUDA_GEMV_MAX_ROWS) {
+    /* Past CUDA_GEMV_PAIR_ROWS rows only the tensor-core kernel serves them, in slices of
+     * CUDA_GEMV_MAX_ROWS rows (a last slice of one or two rows on this one), until the GEMM
+     * path starts. */
+    if (x->rows > CUDA_GEMV_PAIR_ROWS) {
         be_tensor slice = *x;
-        slice.rows = CUDA_GEMV_MAX_ROWS;
+        slice.rows = CUDA_GEMV_PAIR_ROWS;
         return x->rows < CUDA_GEMM_MIN_ROWS && cuda_gemv_mma_fits(&slice, w) &&
                cuda_gemv1_fits(&slice, w);
     }

@@ -1,19 +1,22 @@
-/* The decode GEMV on the tensor cores: y = x W^T for 1 to 16 F32 rows of x against 4- or 8-bit
+/* The decode GEMV on the tensor cores: y = x W^T for 1 to 32 F32 rows of x against 4- or 8-bit
  * MLX affine weights, every row of x served by ONE pass over W (the single-row GEMV of
- * cuda_gemv.cu holds x in registers and serves one or two rows a pass).
+ * cuda_gemv.cu holds x in registers and serves one or two rows a pass). 4-bit groups of 32
+ * take 16 rows a pass.
  *
  * Precision. A quantized value q is exact in F16, and a word of packed values becomes F16
  * pairs without conversions: (w & 0x000F000F) | 0x64006400 is the half2 (1024 + q0, 1024 + q4),
  * one packed subtraction leaves (q0, q4); the nibbles at bits 4..7 come out as 1024 + 16 q and
  * one packed FMA by (1/16, -64) leaves q. 8-bit bytes take the same path (1024 + q, q < 256).
- * x is split into two F16 terms, hi = f16(x') and lo = f16(x' - hi), of x' = x 2^e, where the
- * power of two e puts the largest |x'| of a row of x over one CTA's k-range in [2^14, 2^15):
- * no term overflows whatever the row's range, and hi + lo carries 22 bits of each value, with
- * an absolute floor of 2^-25 (F16's subnormals) against a largest value of 2^14. Products of
- * q and a term are exact and the tensor core sums them in F32. The affine form is folded per
- * group: y = sum_g s_g dot(q_g, x'_g) + b_g sum(x'_g), with sum(x'_g) computed once, and each
- * partial sum is scaled back by 2^-e before the k-ranges meet. This needs every mma's k-range
- * inside one group.
+ * Up to 16 rows x is split into two F16 terms, hi = f16(x') and lo = f16(x' - hi), of
+ * x' = x 2^e, where the power of two e puts the largest |x'| of a row of x over one CTA's
+ * k-range in [2^14, 2^15): no term overflows whatever the row's range, and hi + lo carries 22
+ * bits of each value, with an absolute floor of 2^-25 (F16's subnormals) against a largest
+ * value of 2^14. Past 16 rows x' is hi alone (relative 2^-11, the same floor): half the mmas
+ * and fragments, and still finer than the BF16 (2^-9) of the GEMM path. Products of q and a
+ * term are exact and the tensor core sums them in F32. The affine form is folded per group:
+ * y = sum_g s_g dot(q_g, x'_g) + b_g sum(x'_g), with sum(x'_g) computed once from the
+ * unrounded x', and each partial sum is scaled back by 2^-e before the k-ranges meet. This
+ * needs every mma's k-range inside one group.
  *
  * Layout. An m16n8k16 mma takes W as A (16 output rows) and x as B (8 columns, the rows of x).
  * Within an mma the k order is free as long as A and B agree: the quad of lane g (lanes 4g to
@@ -52,15 +55,19 @@
  * kernel (its ~2.3 instructions per weight, a third of them the dequantization, against that
  * kernel's 3 per weight and row), so cuda_gemv1 keeps 1 and 2 rows. A first version that met
  * the warps of a CTA in shared memory after every 2 m-tiles was latency-bound at 10-17% of
- * copy; streaming each warp's rows without barriers doubled that. */
+ * copy; streaming each warp's rows without barriers doubled that. Past 16 rows (H200, decode
+ * of the 8B model after 512 tokens, tok/s): 32 rows in one pass 2707 against 1915 in two of
+ * 16; 64 rows in one pass of 8 n-tiles 2161 against 2979 on the GEMM path (its decode layer
+ * 793 us, 3.7% of copy, the staging of x, the partial sums and the last CTA's reduction
+ * growing with the rows), so a pass stops at 4 n-tiles and 64 rows take cuBLAS. */
 #include "backend/cuda/cuda_mma.h"
 
 #include <type_traits>
 
 /* Warps per CTA. */
 #define GMMA_WARPS 8
-/* Shared memory a CTA may give its x fragments: two CTAs fit on an SM. */
-#define GMMA_SMEM (64 << 10)
+/* Most rows of x one launch serves: 4 n-tiles of 8 (cuda_gemv1 slices more). */
+#define GMMA_MAX_NX 32
 /* Most m-blocks a launch may have. Their counters sit first in the scratch at a fixed size, so
  * a launch never finds another launch's partial sums where it expects a counter at zero. */
 #define GMMA_MAX_MBLOCKS 4096
@@ -74,9 +81,21 @@ template <int BITS> __host__ __device__ constexpr int gmma_vps() {
 template <int BITS> __host__ __device__ constexpr int gmma_vpl() {
     return 64 / BITS;
 }
-/* uint4s of x fragments per lane, sector and n-tile: the hi words, then the lo words. */
-template <int BITS> __host__ __device__ constexpr int gmma_parts() {
-    return gmma_vpl<BITS>() / 4;
+/* Whether x takes its lo term: up to 16 rows (NT n-tiles of 8 / C rows). Past them one F16
+ * term (relative 2^-11) is still finer than the GEMM path's BF16 (2^-9) and halves the mmas
+ * and the fragments. */
+template <int C, int NT> __host__ __device__ constexpr bool gmma_lo() {
+    return NT * (8 / C) <= 16;
+}
+/* uint4s of x fragments per lane, sector and n-tile: the hi words, then the lo words if any. */
+template <int BITS, int C, int NT> __host__ __device__ constexpr int gmma_parts() {
+    return gmma_vpl<BITS>() / (gmma_lo<C, NT>() ? 4 : 8);
+}
+/* Shared memory a CTA may give its x fragments: two CTAs fit on an SM. Past 16 rows the
+ * fragments of a sector grow, and the k-ranges take the most two CTAs can share (fewer
+ * k-ranges: fewer partial sums to write and add). */
+template <int C, int NT> __host__ __device__ constexpr int gmma_smem_cap() {
+    return gmma_lo<C, NT>() ? 64 << 10 : 110 << 10;
 }
 /* m-tiles a warp computes together, sharing each read of the x fragments: one when several
  * n-tiles of fragments already fill the registers. */
@@ -102,7 +121,8 @@ struct gmma_job {
     int spc;           /* sectors per k-range */
     const float *x;    /* (nx, in) */
     float *part;       /* (ksplit, nx, tiles * 16) partial sums */
-    float *ssq;        /* (m-blocks, ksplit, 16) with a norm: x's sums of squares per k-range */
+    float *ssq;        /* (m-blocks, ksplit, GMMA_MAX_NX) with a norm: x's sums of squares
+                        * per k-range */
     unsigned *count;   /* (m-blocks) CTAs done, reset to 0 by the last */
     cuda_gemv_fuse fz;
 };
@@ -190,10 +210,12 @@ __device__ __forceinline__ int gmma_row(const gmma_job &j, int64_t tile, int i, 
 template <int BITS, int C, int NT, bool GLU, typename S>
 __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job job) {
     constexpr int VPS = gmma_vps<BITS>(), VPL = gmma_vpl<BITS>(), XU = VPL / 2;
-    constexpr int PARTS = gmma_parts<BITS>(), XR = 8 / C, Q = 4 / C, MB = gmma_mb<NT>();
-    constexpr int WV = 32 / BITS; /* values per word */
+    constexpr int PARTS = gmma_parts<BITS, C, NT>(), XR = 8 / C, Q = 4 / C, MB = gmma_mb<NT>();
+    constexpr bool LO = gmma_lo<C, NT>();
+    constexpr int HP = LO ? PARTS / 2 : PARTS; /* uint4s of hi words */
+    constexpr int WV = 32 / BITS;              /* values per word */
     extern __shared__ uint4 gmma_smem[];
-    __shared__ int cmax[16];
+    __shared__ int cmax[GMMA_MAX_NX];
     __shared__ bool last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int ks = blockIdx.x;
@@ -229,7 +251,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
         }
         if (lane == 0) {
             cmax[xr] = __float_as_int(m);
-            if (job.fz.norm) job.ssq[(mb * job.ksplit + ks) * 16 + xr] = ss;
+            if (job.fz.norm) job.ssq[(mb * job.ksplit + ks) * GMMA_MAX_NX + xr] = ss;
         }
     }
     __syncthreads();
@@ -262,17 +284,20 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
                 const float a = xv[wd * WV + p], b = xv[wd * WV + p + WV / 2];
                 sum += a + b;
                 const __half2 h = __floats2half2_rn(a, b);
-                const float2 hf = __half22float2(h);
-                const __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);
                 hw[wd * WV / 2 + p] = *(const uint32_t *)&h;
-                lw[wd * WV / 2 + p] = *(const uint32_t *)&l;
+                if (LO) {
+                    const float2 hf = __half22float2(h);
+                    const __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);
+                    lw[wd * WV / 2 + p] = *(const uint32_t *)&l;
+                }
             }
         uint4 *dst = frag + (size_t)(sl * NT + nt) * PARTS * 32 + ln;
 #pragma unroll
-        for (int p = 0; p < PARTS / 2; p++) {
+        for (int p = 0; p < HP; p++) {
             dst[p * 32] = make_uint4(hw[4 * p], hw[4 * p + 1], hw[4 * p + 2], hw[4 * p + 3]);
-            dst[(p + PARTS / 2) * 32] =
-                make_uint4(lw[4 * p], lw[4 * p + 1], lw[4 * p + 2], lw[4 * p + 3]);
+            if (LO)
+                dst[(p + HP) * 32] =
+                    make_uint4(lw[4 * p], lw[4 * p + 1], lw[4 * p + 2], lw[4 * p + 3]);
         }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
@@ -377,12 +402,15 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
             for (int nt = 0; nt < NT; nt++) {
                 const uint4 *src = frag + (size_t)(sl * NT + nt) * PARTS * 32 + lane;
 #pragma unroll
-                for (int p = 0; p < PARTS / 2; p++) {
-                    const uint4 h = src[p * 32], l = src[(p + PARTS / 2) * 32];
+                for (int p = 0; p < HP; p++) {
+                    const uint4 h = src[p * 32];
                     xh[nt][4 * p] = h.x, xh[nt][4 * p + 1] = h.y, xh[nt][4 * p + 2] = h.z,
                                xh[nt][4 * p + 3] = h.w;
-                    xl[nt][4 * p] = l.x, xl[nt][4 * p + 1] = l.y, xl[nt][4 * p + 2] = l.z,
-                               xl[nt][4 * p + 3] = l.w;
+                    if (LO) {
+                        const uint4 l = src[(p + HP) * 32];
+                        xl[nt][4 * p] = l.x, xl[nt][4 * p + 1] = l.y, xl[nt][4 * p + 2] = l.z,
+                                   xl[nt][4 * p + 3] = l.w;
+                    }
                 }
                 const float2 cs = *(const float2 *)&csum[(sl * NT + nt) * 8 + 2 * t];
                 xs[nt][0] = cs.x, xs[nt][1] = cs.y;
@@ -415,7 +443,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
 #pragma unroll
                         for (int nt = 0; nt < NT; nt++) {
                             cuda_mma16816<__half>(ch[nt], a, xh[nt][u], xh[nt][u + 1]);
-                            cuda_mma16816<__half>(cl[nt], a, xl[nt][u], xl[nt][u + 1]);
+                            if (LO) cuda_mma16816<__half>(cl[nt], a, xl[nt][u], xl[nt][u + 1]);
                         }
                     }
                 }
@@ -424,8 +452,9 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
                         const int rh = i >> 1, c = C == 2 ? (i & 1) : 0;
-                        acc[mt][nt][i] = fmaf(st.s[mt][rh][c], ch[nt][i] + cl[nt][i],
-                                              fmaf(st.b[mt][rh][c], xs[nt][i & 1], acc[mt][nt][i]));
+                        acc[mt][nt][i] =
+                            fmaf(st.s[mt][rh][c], LO ? ch[nt][i] + cl[nt][i] : ch[nt][i],
+                                 fmaf(st.b[mt][rh][c], xs[nt][i & 1], acc[mt][nt][i]));
                     }
             }
         };
@@ -480,7 +509,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
             const float *p = job.part + ((int64_t)k * job.nx + xr) * vrows + v0;
             v += __ldcg(p);
             if (GLU) v2 += __ldcg(p + 16);
-            if (job.fz.norm) ss += __ldcg(&job.ssq[(mb * job.ksplit + k) * 16 + xr]);
+            if (job.fz.norm) ss += __ldcg(&job.ssq[(mb * job.ksplit + k) * GMMA_MAX_NX + xr]);
         }
         if (job.fz.norm) {
             const float inv = cuda_rms_inv(ss, job.in, job.fz.eps);
@@ -499,7 +528,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
 }
 
 bool cuda_gemv_mma_fits(const be_tensor *x, const be_linear *w) {
-    return x->rows >= 1 && x->rows <= 16 && x->dtype == BASE_DTYPE_F32 &&
+    return x->rows >= 1 && x->rows <= GMMA_MAX_NX && x->dtype == BASE_DTYPE_F32 &&
            (w->bits == 4 || w->bits == 8) && (w->in * w->bits) % 256 == 0 &&
            (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) &&
            w->in % w->group_size == 0 && ((uintptr_t)w->weight & 7) == 0 &&
@@ -512,16 +541,18 @@ static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     cuda_backend *c = cuda_impl(be);
     auto kernel = gmma_kernel<BITS, C, NT, GLU, S>;
     constexpr int MB = gmma_mb<NT>();
-    constexpr size_t per_sector = (size_t)NT * (gmma_parts<BITS>() * 32 * 16 + 8 * sizeof(float));
+    constexpr int SMEM = gmma_smem_cap<C, NT>();
+    constexpr size_t per_sector =
+        (size_t)NT * (gmma_parts<BITS, C, NT>() * 32 * 16 + 8 * sizeof(float));
     /* The k-ranges: few enough that each CTA's fragments fit its shared memory, many enough
      * that the warps' units of MB tiles and one k-range fill the device's resident warps. */
     static int per_sm;
     if (per_sm == 0) {
         cudaError_t e =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, GMMA_SMEM);
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
         if (e == cudaSuccess)
             e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GMMA_WARPS * 32,
-                                                              GMMA_SMEM);
+                                                              SMEM);
         if (e != cudaSuccess)
             return base_fail(err, "cuda: matmul: tensor-core GEMV occupancy: %s",
                              cudaGetErrorString(e));
@@ -529,7 +560,7 @@ static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     }
     const int64_t resident = (int64_t)per_sm * c->sm_count;
     const int64_t units = (job.tiles + MB - 1) / MB;
-    const int64_t spc_most = GMMA_SMEM / per_sector;
+    const int64_t spc_most = SMEM / per_sector;
     int64_t ksplit = (job.sectors + spc_most - 1) / spc_most;
     const int64_t fill = (resident * GMMA_WARPS + units - 1) / units;
     if (ksplit < fill) ksplit = fill;
@@ -550,7 +581,7 @@ static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
 
     const size_t parts = (size_t)job.ksplit * job.nx * (size_t)job.tiles * 16;
     const size_t bytes =
-        gmma_part_offset() + (parts + (size_t)mblocks * job.ksplit * 16) * sizeof(float);
+        gmma_part_offset() + (parts + (size_t)mblocks * job.ksplit * GMMA_MAX_NX) * sizeof(float);
     const size_t cap = c->gmma_bytes;
     if (cuda_scratch(be, &c->gmma_buf, &c->gmma_bytes, bytes, "tensor-core GEMV", err)) return -1;
     /* The counters start at zero once and every launch leaves them there. */
@@ -574,7 +605,7 @@ static int gmma_dispatch_nt(be_backend *be, const gmma_job &job, base_err *err) 
     const int nt = (job.nx + 8 / C - 1) / (8 / C);
     if (nt == 1) return gmma_launch<BITS, C, 1, GLU, S>(be, job, err);
     if (nt == 2) return gmma_launch<BITS, C, 2, GLU, S>(be, job, err);
-    return gmma_launch < BITS, C, C == 2 ? 4 : 2, GLU, S > (be, job, err);
+    return gmma_launch<BITS, C, 4, GLU, S>(be, job, err);
 }
 
 template <bool GLU, typename S>
@@ -594,6 +625,21 @@ static int gmma_dispatch(be_backend *be, const gmma_job &job, int bits, base_err
 int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws,
                   be_tensor *const *ys, int n, bool glu, const cuda_gemv_fuse *fz, base_err *err) {
     const be_linear *w = ws[0];
+    /* 4-bit groups of 32 put 4 rows of x in an n-tile: 4 n-tiles serve 16 rows a pass. */
+    const int64_t most = w->bits == 4 && w->group_size == 32 ? GMMA_MAX_NX / 2 : GMMA_MAX_NX;
+    if (x->rows > most) {
+        for (int64_t r0 = 0; r0 < x->rows; r0 += most) {
+            const int64_t rows = x->rows - r0 < most ? x->rows - r0 : most;
+            const be_tensor xs = be_tensor_rows(x, r0, rows);
+            be_tensor yv[3], *yp[3];
+            for (int i = 0; i < (glu ? 1 : n); i++) {
+                yv[i] = be_tensor_rows(ys[i], r0, rows);
+                yp[i] = &yv[i];
+            }
+            if (cuda_gemv_mma(be, &xs, ws, yp, n, glu, fz, err)) return -1;
+        }
+        return 0;
+    }
     gmma_job job = {};
     if (fz) job.fz = *fz;
     job.sdt = w->dtype;

@@ -439,18 +439,21 @@ __device__ __forceinline__ void cuda_gemv_store(const J &j, int mi, int64_t xr, 
 }
 
 /* Rows of x from which a quantized matmul dequantizes W to BF16 and multiplies with cuBLAS
- * (cuda_matmul.cu); below it the GEMVs serve the rows, 16 at a time past 16. */
+ * (cuda_matmul.cu); below it the GEMVs serve the rows, CUDA_GEMV_MAX_ROWS a pass over W. */
 #define CUDA_GEMM_MIN_ROWS 64
-#define CUDA_GEMV_MAX_ROWS 16
+#define CUDA_GEMV_MAX_ROWS 32
+/* Most rows of x the one-row kernel serves by itself (in passes of two): past them only the
+ * tensor-core kernel fits. */
+#define CUDA_GEMV_PAIR_ROWS 16
 
 /* Which kernel cuda_gemv1 runs (cuda_backend.gemv_kernel): chosen by rows, or forced. */
 enum { CUDA_GEMV_AUTO, CUDA_GEMV_ROWS, CUDA_GEMV_MMA };
 /* Rows of x from which CUDA_GEMV_AUTO takes the tensor-core kernel: on the H200 the one-row
  * kernel is faster at 1 and 2 rows, 4 and 8 bits alike (bench/bench_cuda_gemv.cu). */
 #define CUDA_GEMV_MMA_ROWS 3
-/* The tensor-core decode GEMV (cuda_gemv_mma.cu): one pass over 4- or 8-bit W for 1 to 16 F32
- * rows of x; arguments as cuda_gemv1's (any out, no multiple of 4 needed), every ws[i] passing
- * cuda_gemv_mma_fits. */
+/* The tensor-core decode GEMV (cuda_gemv_mma.cu): one pass over 4- or 8-bit W for 1 to 32 F32
+ * rows of x (16 with 4-bit groups of 32, more in passes of that many); arguments as cuda_gemv1's
+ * (any out, no multiple of 4 needed), every ws[i] passing cuda_gemv_mma_fits. */
 bool cuda_gemv_mma_fits(const be_tensor *x, const be_linear *w);
 int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws,
                   be_tensor *const *ys, int n, bool glu, const cuda_gemv_fuse *fz, base_err *err);
