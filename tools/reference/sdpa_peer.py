@@ -17,7 +17,7 @@ Prints one machine-readable `peer shape` line per shape and one `peer call` line
 With --ours BENCH it instead runs `BENCH serve` (bench_attention) beside it and times the two
 in turns, several trials each, and prints the ratio of figures taken the same way
 (alternate() says how).
-Usage: sdpa_peer.py [reps] [--ours BENCH [--trials N]] [--shapes BxL,...]"""
+Usage: sdpa_peer.py [reps] [--ours BENCH [--trials N] [--ab NAME=V1,V2]] [--shapes BxL,...]"""
 import argparse
 import subprocess
 import sys
@@ -105,16 +105,20 @@ def median(xs):
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
-def alternate(ours_cmd, reps, trials, shapes, dev):
+def alternate(ours_cmd, reps, trials, shapes, dev, ab=None):
     """Ours (bench_attention serve, the planner's plan) against cuDNN at its best call form,
     in turns: each trial times reps calls of one side, then of the other (the order flips
     every trial), so that both meet the same clocks, temperature and neighbours. A trial's
     figure is the median of its calls (and, as `best`, its fastest call); each side reports
-    the median over trials of both, so that the ratios compare figures taken the same way."""
+    the median over trials of both, so that the ratios compare figures taken the same way.
+    With ab = (NAME, [values]) ours runs once per value of that environment variable in each
+    trial (the turn rotating over them and cuDNN), one ratio per value."""
     ours = subprocess.Popen(ours_cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             bufsize=1)
 
-    def ours_ms(shape):
+    def ours_ms(shape, env=None):
+        if env:
+            ours.stdin.write(f"env {env[0]} {env[1]}\n")
         ours.stdin.write(f"{shape} {reps}\n")
         ours.stdin.flush()
         while True:
@@ -124,6 +128,8 @@ def alternate(ours_cmd, reps, trials, shapes, dev):
             f = line.split()
             if f[:2] == ["ours", shape]:
                 return [float(x) for x in f[2:]]
+            if f[:1] == ["env"]:
+                continue
             print(line.rstrip(), flush=True)
 
     print(f"fair: ours (planner's plan, F32 q/out) and cuDNN SDPA (its fastest call form, "
@@ -154,15 +160,20 @@ def alternate(ours_cmd, reps, trials, shapes, dev):
         forms, kv_bytes = calls(batch, ctx, pick[1], dev)
         fn = dict(forms)[pick[2]]
         call = f"{pick[2]}/{'f16' if pick[1] == torch.float16 else 'bf16'}"
-        fig = {"ours": [], "cudnn": []}
+        sides = [f"ours:{v}" for v in ab[1]] if ab else ["ours"]
+        fig = {side: [] for side in sides + ["cudnn"]}
 
         def peer_ms():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 return queued_ms(fn, reps)
 
+        turn = sides + ["cudnn"]
         for t in range(trials):
-            for side in (("ours", "cudnn") if t % 2 == 0 else ("cudnn", "ours")):
-                ms = ours_ms(shape) if side == "ours" else peer_ms()
+            for side in turn[t % len(turn):] + turn[:t % len(turn)]:
+                if side == "cudnn":
+                    ms = peer_ms()
+                else:
+                    ms = ours_ms(shape, (ab[0], side[5:]) if ab else None)
                 fig[side].append((median(ms), ms[0]))
         def tb(ms):
             return kv_bytes / (ms * 1e-3) / 1e12
@@ -173,10 +184,13 @@ def alternate(ours_cmd, reps, trials, shapes, dev):
         for side in fig:
             per_trial = " ".join(f"{tb(m):.3f}" for m, _ in fig[side])
             print(f"trials {shape} {side} {per_trial}", flush=True)
-        o, c = tbs["ours"], tbs["cudnn"]
-        print(f"{shape:<10} {call:<9} {o[0]:6.3f} {c[0]:6.3f} {o[0] / c[0]:6.3f} | "
-              f"{o[1]:6.3f} {c[1]:6.3f} {o[1] / c[1]:6.3f} | {o[2]:5.3f}-{o[3]:5.3f} "
-              f"{c[2]:5.3f}-{c[3]:5.3f}", flush=True)
+        c = tbs["cudnn"]
+        for side in sides:
+            o = tbs[side]
+            label = shape if side == "ours" else f"{shape} {side[5:]}"
+            print(f"{label:<10} {call:<9} {o[0]:6.3f} {c[0]:6.3f} {o[0] / c[0]:6.3f} | "
+                  f"{o[1]:6.3f} {c[1]:6.3f} {o[1] / c[1]:6.3f} | {o[2]:5.3f}-{o[3]:5.3f} "
+                  f"{c[2]:5.3f}-{c[3]:5.3f}", flush=True)
         del forms, fn
         torch.cuda.empty_cache()
     ours.stdin.close()
@@ -189,6 +203,8 @@ def main():
     ap.add_argument("--ours", help="bench_attention binary: alternate it with cuDNN")
     ap.add_argument("--trials", type=int, default=7, help="turns per side with --ours")
     ap.add_argument("--shapes", help="BxL,... (default: all five)")
+    ap.add_argument("--ab", help="NAME=V1,V2,...: with --ours, ours at each value of that "
+                    "environment variable, in turns")
     a = ap.parse_args()
     shapes = SHAPES
     if a.shapes:
@@ -199,7 +215,11 @@ def main():
     print(f"peer device {torch.cuda.get_device_name(0)} torch {torch.__version__} "
           f"cudnn {torch.backends.cudnn.version()}", flush=True)
     if a.ours:
-        alternate([a.ours, "serve"], a.reps, a.trials, shapes, dev)
+        ab = None
+        if a.ab:
+            name, values = a.ab.split("=", 1)
+            ab = (name, values.split(","))
+        alternate([a.ours, "serve"], a.reps, a.trials, shapes, dev, ab)
     else:
         survey(a.reps, shapes, dev)
 

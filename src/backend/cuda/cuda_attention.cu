@@ -62,6 +62,9 @@ typedef struct att_params {
     int max_chunks;
     float *partial; /* (n_decode, max_chunks, n_heads, head_dim) */
     float *lse;     /* (n_decode, max_chunks, n_heads) */
+    /* (n_seqs, n_kv_heads) CTAs of a decode row's kv head done, for the tensor-core kernel's
+     * fold; NULL: the merge kernel merges */
+    unsigned *count;
     float scale_log2;
     int stages; /* shared-memory pages in flight + 1, ATT_MIN_STAGES..ATT_MAX_STAGES */
 } att_params;
@@ -394,11 +397,12 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
  * us, 75% of DRAM peak on average, and the merge after it at 6.7 us; at 64x4096 270.9 us at 83%
  * and 7.4 us, half of the warps' stall cycles on shared-memory results (the copies' barriers,
  * ldmatrix). */
-#define ATT_TC_WARPS 2
-#define ATT_TC_ROWS  16 /* query heads a CTA serves at most: two n-tiles */
-#define ATT_TC_TILE  32 /* tokens per step of a warp */
-#define ATT_TC_BOX   16 /* tokens per bulk tensor copy */
-#define ATT_TC_CTAS  3  /* resident per SM: shared memory binds */
+#define ATT_TC_WARPS        2
+#define ATT_TC_ROWS         16 /* query heads a CTA serves at most: two n-tiles */
+#define ATT_TC_TILE         32 /* tokens per step of a warp */
+#define ATT_TC_BOX          16 /* tokens per bulk tensor copy */
+#define ATT_TC_CTAS         3  /* resident per SM: shared memory binds */
+#define ATT_FOLD_MAX_CHUNKS 512
 
 /* The SPLIT terms of the pair (x, y) in the pool's dtype, packed: term s holds what terms
  * 0..s-1 left over, rounded. */
@@ -498,9 +502,9 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
     const int kvh = blockIdx.x, chunk = blockIdx.y;
     const int head0 = kvh * p.group;
 
-    /* A split's merge waits for this grid to finish, and starting it early costs nothing but
-     * its launch: let it start once every CTA here has. */
-    if (p.split) cuda_pdl_trigger();
+    /* A split's merge kernel waits for this grid to finish, and starting it early costs
+     * nothing but its launch: let it start once every CTA here has. */
+    if (p.split && !p.count) cuda_pdl_trigger();
 
     for (int row = blockIdx.z; row < p.n_tokens; row += gridDim.z) {
         /* A CTA's first copy waits on this chain of loads: with every sequence decoding, the
@@ -777,6 +781,22 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
             } else {
                 cuda_store(p.out, p.out_dt, (size_t)row * p.n_heads * D + (size_t)hg * D + d, v);
             }
+        }
+        /* The fold: the last of the row's live chunks to arrive merges them all; its weights
+         * take the stage buffers (att_fold_fits). */
+        const int live = ((fpo + n_vis + bs - 1) / bs - 1) / p.pages_per_chunk + 1;
+        if (p.count &&
+            cuda_arrive_last(p.count + (size_t)drow * p.n_kv_heads + kvh, (unsigned)live)) {
+            float *w = (float *)smem; /* (live, group) */
+            const size_t cell0 = (size_t)drow * p.max_chunks * p.n_heads + head0;
+            for (int i = threadIdx.x; i < live * p.group; i += ATT_TC_WARPS * 32)
+                w[i] = __ldcg(p.lse + cell0 + (size_t)(i / p.group) * p.n_heads + i % p.group) *
+                       CUDA_LOG2E;
+            __syncthreads();
+            cuda_merge_weights(w, NULL, live, p.group);
+            __syncthreads();
+            cuda_merge_sum(p.out, p.out_dt, (size_t)row * p.n_heads * D + (size_t)head0 * D,
+                           p.partial + cell0 * D, (size_t)p.n_heads * D, w, live, p.group, D);
         }
         /* the next row's copies overwrite what the combine wrote through the generic proxy */
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -1104,11 +1124,28 @@ static int run_decode_mma(const att_params &p0, const be_kv_layer *layer, int ch
  * rows beside prompt rows, and rows too long for its shared memory. */
 #define ATT_F32_DECODE_CTAS 16
 
+static bool on_tensor_cores(const att_params &p, const be_kv_layer *layer, int chunks) {
+    const int64_t ctas = (int64_t)p.n_tokens * p.n_kv_heads * chunks;
+    return mma_decode_fits(p, layer) && ctas > ATT_F32_DECODE_CTAS;
+}
+
+/* Whether the tensor-core kernel merges a split itself (its last CTA of each decode row's kv
+ * head) rather than the merge kernel after it: rows of at most ATT_FOLD_MAX_CHUNKS chunks,
+ * whose weights fit in the stage buffers, and counters for every (row, kv head). */
+static bool att_fold_fits(const att_params &p, const be_kv_layer *layer) {
+    const char *env = getenv("MLXCEL_ATT_FOLD");
+    if (env && !strcmp(env, "0")) return false;
+    const char *mc = getenv("MLXCEL_ATT_FOLD_MAX_CHUNKS");
+    const int max_chunks = mc ? atoi(mc) : ATT_FOLD_MAX_CHUNKS;
+    return on_tensor_cores(p, layer, p.max_chunks) && p.max_chunks <= max_chunks &&
+           (size_t)p.max_chunks * p.group * sizeof(float) <=
+               att_tc_work_bytes(layer->head_dim, ATT_MIN_STAGES) &&
+           (int64_t)p.n_seqs * p.n_kv_heads <= CUDA_ATT_COUNTERS;
+}
+
 static int run_pass(const att_params &p, const be_kv_layer *layer, int chunks, cuda_backend *c,
                     base_err *err) {
-    const int64_t ctas = (int64_t)p.n_tokens * p.n_kv_heads * chunks;
-    if (mma_decode_fits(p, layer) && ctas > ATT_F32_DECODE_CTAS)
-        return run_decode_mma(p, layer, chunks, c, err);
+    if (on_tensor_cores(p, layer, chunks)) return run_decode_mma(p, layer, chunks, c, err);
     int gb = p.group / p.n_sub;
     dim3 grid((unsigned)(p.n_kv_heads * p.n_sub), (unsigned)chunks,
               (unsigned)(p.n_tokens < ATT_GRID_MAX ? p.n_tokens : ATT_GRID_MAX));
@@ -1239,6 +1276,7 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
     p.max_chunks = plan->max_chunks;
     p.partial = (float *)plan->workspace;
     p.lse = p.partial + (size_t)batch->n_seqs * plan->max_chunks * n_heads * hd;
+    if (att_fold_fits(p, layer) && cuda_att_scratch(be, 0, &p.count, NULL, err)) return -1;
     if (run_pass(p, layer, plan->max_chunks, c, err)) return -1;
-    return run_merge(p, hd, c, err);
+    return p.count ? 0 : run_merge(p, hd, c, err);
 }
