@@ -7,13 +7,16 @@
  * F32's), unless the decode grid has at most 16 CTAs (a few rows of few kv heads); the other
  * cases keep the F32 kernel. A long row among four others at every block size gives a CTA's
  * warps far more tiles than one window of the page table holds (v1 takes the tensor cores from
- * 4 kv heads on). v2 plans run from one chunk to hundreds, their merge kernel taking one
- * chunk's weights or many blocks of them. Batches of decode rows only, whose rows times kv heads
- * are 16 or fewer, at head_dim 64/128, take the wide decode kernel whatever the plan (every
- * decode_only, offsets and the one- and two-row batches below): rows of one token to over 2000,
- * spans that do not divide the row, spans past a short row's end, first-page offsets.
- * rope_kv_attention, which folds RoPE and the append into that kernel, against rope_kv_append
- * then attention on the same batches. Skipped when no CUDA device is present. */
+ * 4 kv heads on). v2 plans run from one chunk to hundreds (about 40 among them); on the tensor
+ * cores the last CTA of each decode row's kv head merges that row's live chunks, elsewhere the
+ * merge kernel takes one chunk's weights or many blocks of them. Every plan runs twice on the
+ * same workspace, and the second output must equal the first bit for bit: a counter left
+ * nonzero, or a merge that depends on which CTA came last, shows there. Batches of decode rows
+ * only, whose rows times kv heads are 16 or fewer, at head_dim 64/128, take the wide decode kernel
+ * whatever the plan (every decode_only, offsets and the one- and two-row batches below): rows of
+ * one token to over 2000, spans that do not divide the row, spans past a short row's end,
+ * first-page offsets. rope_kv_attention, which folds RoPE and the append into that kernel, against
+ * rope_kv_append then attention on the same batches. Skipped when no CUDA device is present. */
 #include "test_cuda_util.h"
 
 #include "attn/attn.h"

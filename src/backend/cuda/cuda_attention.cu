@@ -23,8 +23,9 @@
  *           once at the end.
  * Pool offsets are 64-bit from the first multiply. A decode row follows the plan: v1 is one
  * chunk covering all pages; v2 writes each chunk's normalized output and log-sum-exp to the
- * workspace (layout in attn.h) and a merge kernel combines them, whichever kernel wrote them.
- * Prefill rows are v1 rows with a causal limit. */
+ * workspace (layout in attn.h), which the tensor-core kernel's last CTA of each (row, kv head)
+ * merges (att_fold_fits says where), else a merge kernel after it. Prefill rows are v1 rows
+ * with a causal limit. */
 #include "backend/cuda/cuda_mma.h"
 
 extern "C" {
@@ -384,6 +385,14 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
  * rounded, then the rounded remainder, ...), each a separate MMA into the same F32
  * accumulator: the F32 activation path then keeps F32-level accuracy while K and V, exact in
  * the pool's dtype, are read once.
+ *
+ * A split (v2) merges in the kernel itself: each CTA writes its chunk's partial and LSE as
+ * the merge kernel would read them, then arrives at its (decode row, kv head)'s counter
+ * (cuda_arrive_last); the last of the row's live chunks to arrive reads them all back from L2
+ * and merges them in chunk order (cuda_merge_weights, cuda_merge_sum, as the wide decode
+ * kernel does), so the output does not depend on the order of arrival. Chunks past a row's
+ * pages hold no CTA work and never arrive: the count is the row's live chunks. Without a
+ * merge launch after it, the kernel triggers no dependents early.
  *
  * Measured on the H200 (Llama-3.1-8B decode, f16 KV, F32 q and out, the planner's chunking;
  * tools/reference/sdpa_peer.py --ours, 7 trials in turns with cuDNN SDPA on contiguous K/V),
@@ -931,13 +940,13 @@ __global__ void __launch_bounds__(ATT_MERGE_WARPS * 32) merge_kernel(att_params 
 }
 
 /* Every kernel here launches with PDL (cuda_launch_pdl): it may start while the kernel before
- * it ends, reads the batch's arrays before its wait and q, the pool and the workspace after it,
- * and never triggers its dependents early (but the tensor-core kernel of a split, followed by
- * the merge), so the o GEMV after it starts when it ends. On the H200, batch-1 decode of the 8B
- * shape at contexts 512 to 640 (v1 on 8 CTAs; tok/s of the decode step): plain launches 480.1,
- * PDL 486.1, PDL with a trigger at each CTA's start 462.8 (the GEMV's early weight loads then
- * slow the attention itself), PDL with the chunk's K and V prefetched to L2 before the wait
- * 483.0. */
+ * it ends, reads the batch's arrays before its wait and q, the pool, the workspace and the
+ * counters after it, and never triggers its dependents early (but the tensor-core kernel of a
+ * split that the merge kernel follows), so the o GEMV after it starts when it ends. On the H200,
+ * batch-1 decode of the 8B shape at contexts 512 to 640 (v1 on 8 CTAs; tok/s of the decode step):
+ * plain launches 480.1, PDL 486.1, PDL with a trigger at each CTA's start 462.8 (the GEMV's early
+ * weight loads then slow the attention itself), PDL with the chunk's K and V prefetched to L2
+ * before the wait 483.0. */
 template <typename K>
 static int att_launch(cuda_backend *c, K kern, dim3 grid, int threads, size_t smem,
                       const att_params &p, const char *what, base_err *err) {

@@ -323,7 +323,7 @@ __device__ __forceinline__ void cuda_merge_sum(void *out, base_dtype out_dt, siz
     for (int i = 4 * threadIdx.x; i < G * D; i += 4 * blockDim.x) {
         const float *src = part + i, *wc = w + i / D;
         float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
+#pragma unroll 8
         for (int c = 0; c < live; c++) {
             const float4 x = __ldcg((const float4 *)(src + (size_t)c * stride));
             const float f = wc[c * G];
