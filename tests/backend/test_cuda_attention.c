@@ -7,11 +7,11 @@
  * F32's), unless the decode grid has at most 16 CTAs (a few rows of few kv heads); the other
  * cases keep the F32 kernel. A long row among four others at every block size gives a CTA's
  * warps far more tiles than one window of the page table holds (v1 takes the tensor cores from
- * 4 kv heads on). v2 plans run from one chunk to hundreds (about 40 among them); on the tensor
- * cores the last CTA of each decode row's kv head merges that row's live chunks, elsewhere the
- * merge kernel takes one chunk's weights or many blocks of them. Every plan runs twice on the
- * same workspace, and the second output must equal the first bit for bit: a counter left
- * nonzero, or a merge that depends on which CTA came last, shows there. Batches of decode rows
+ * 4 kv heads on). v2 plans run from one chunk to hundreds (about 40 among them), their merge
+ * kernel taking one chunk's weights or many blocks of them. Every plan runs twice on the same
+ * workspace, and the second output must equal the first bit for bit: whatever the kernels
+ * leave behind for the next launch (the wide decode kernel's counters) shows there, and so
+ * does a merge that depends on which CTA finished last. Batches of decode rows
  * only, whose rows times kv heads are 16 or fewer, at head_dim 64/128, take the wide decode kernel
  * whatever the plan (every decode_only, offsets and the one- and two-row batches below): rows of
  * one token to over 2000, spans that do not divide the row, spans past a short row's end,
@@ -127,9 +127,8 @@ static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, i
                   "attention G%d kv%d d%d bs%d pool %s act %s plan %d ppc %d: err %g (seqs %d)",
                   c->group, c->n_kv, D, c->block_size, base_dtype_name(c->pool_dt),
                   base_dtype_name(c->act_dt), kinds[k], ppcs[k], e, n_seqs);
-        /* The same launch again on the same workspace: where the last CTA of a row's chunks
-         * merges them, it must have left its counter at zero, and the merge must not depend
-         * on which CTA came last. */
+        /* The same launch again on the same workspace: what a launch leaves behind (the wide
+         * decode kernel's counters, the workspace's partials) must not change the next. */
         be_tensor again = tc_poisoned(be, c->act_dt, b.n_tokens, (int64_t)H * D);
         rc = be->ops->attention(be, &tq, &layer, &db, pp, H, scale, &again, &err);
         CHECK_MSG(rc == 0 && be->ops->sync(be, &err) == 0, "%s", err.msg);

@@ -23,9 +23,8 @@
  *           once at the end.
  * Pool offsets are 64-bit from the first multiply. A decode row follows the plan: v1 is one
  * chunk covering all pages; v2 writes each chunk's normalized output and log-sum-exp to the
- * workspace (layout in attn.h), which the tensor-core kernel's last CTA of each (row, kv head)
- * merges (att_fold_fits says where), else a merge kernel after it. Prefill rows are v1 rows
- * with a causal limit. */
+ * workspace (layout in attn.h) and a merge kernel combines them, whichever kernel wrote them.
+ * Prefill rows are v1 rows with a causal limit. */
 #include "backend/cuda/cuda_mma.h"
 
 extern "C" {
@@ -63,9 +62,6 @@ typedef struct att_params {
     int max_chunks;
     float *partial; /* (n_decode, max_chunks, n_heads, head_dim) */
     float *lse;     /* (n_decode, max_chunks, n_heads) */
-    /* (n_seqs, n_kv_heads) CTAs of a decode row's kv head done, for the tensor-core kernel's
-     * fold; NULL: the merge kernel merges */
-    unsigned *count;
     float scale_log2;
     int stages; /* shared-memory pages in flight + 1, ATT_MIN_STAGES..ATT_MAX_STAGES */
 } att_params;
@@ -386,14 +382,6 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
  * accumulator: the F32 activation path then keeps F32-level accuracy while K and V, exact in
  * the pool's dtype, are read once.
  *
- * A split (v2) merges in the kernel itself: each CTA writes its chunk's partial and LSE as
- * the merge kernel would read them, then arrives at its (decode row, kv head)'s counter
- * (cuda_arrive_last); the last of the row's live chunks to arrive reads them all back from L2
- * and merges them in chunk order (cuda_merge_weights, cuda_merge_sum, as the wide decode
- * kernel does), so the output does not depend on the order of arrival. Chunks past a row's
- * pages hold no CTA work and never arrive: the count is the row's live chunks. Without a
- * merge launch after it, the kernel triggers no dependents early.
- *
  * Measured on the H200 (Llama-3.1-8B decode, f16 KV, F32 q and out, the planner's chunking;
  * tools/reference/sdpa_peer.py --ours, 7 trials in turns with cuDNN SDPA on contiguous K/V),
  * TB/s of K+V at 1x131072 / 4x16384 / 16x8192 / 64x4096 / 256x2048: 3.83 / 3.38 / 3.85 / 3.83
@@ -406,12 +394,11 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
  * us, 75% of DRAM peak on average, and the merge after it at 6.7 us; at 64x4096 270.9 us at 83%
  * and 7.4 us, half of the warps' stall cycles on shared-memory results (the copies' barriers,
  * ldmatrix). */
-#define ATT_TC_WARPS        2
-#define ATT_TC_ROWS         16 /* query heads a CTA serves at most: two n-tiles */
-#define ATT_TC_TILE         32 /* tokens per step of a warp */
-#define ATT_TC_BOX          16 /* tokens per bulk tensor copy */
-#define ATT_TC_CTAS         3  /* resident per SM: shared memory binds */
-#define ATT_FOLD_MAX_CHUNKS 512
+#define ATT_TC_WARPS 2
+#define ATT_TC_ROWS  16 /* query heads a CTA serves at most: two n-tiles */
+#define ATT_TC_TILE  32 /* tokens per step of a warp */
+#define ATT_TC_BOX   16 /* tokens per bulk tensor copy */
+#define ATT_TC_CTAS  3  /* resident per SM: shared memory binds */
 
 /* The SPLIT terms of the pair (x, y) in the pool's dtype, packed: term s holds what terms
  * 0..s-1 left over, rounded. */
@@ -511,9 +498,9 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
     const int kvh = blockIdx.x, chunk = blockIdx.y;
     const int head0 = kvh * p.group;
 
-    /* A split's merge kernel waits for this grid to finish, and starting it early costs
-     * nothing but its launch: let it start once every CTA here has. */
-    if (p.split && !p.count) cuda_pdl_trigger();
+    /* A split's merge waits for this grid to finish, and starting it early costs nothing but
+     * its launch: let it start once every CTA here has. */
+    if (p.split) cuda_pdl_trigger();
 
     for (int row = blockIdx.z; row < p.n_tokens; row += gridDim.z) {
         /* A CTA's first copy waits on this chain of loads: with every sequence decoding, the
@@ -791,22 +778,6 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
                 cuda_store(p.out, p.out_dt, (size_t)row * p.n_heads * D + (size_t)hg * D + d, v);
             }
         }
-        /* The fold: the last of the row's live chunks to arrive merges them all; its weights
-         * take the stage buffers (att_fold_fits). */
-        const int live = ((fpo + n_vis + bs - 1) / bs - 1) / p.pages_per_chunk + 1;
-        if (p.count &&
-            cuda_arrive_last(p.count + (size_t)drow * p.n_kv_heads + kvh, (unsigned)live)) {
-            float *w = (float *)smem; /* (live, group) */
-            const size_t cell0 = (size_t)drow * p.max_chunks * p.n_heads + head0;
-            for (int i = threadIdx.x; i < live * p.group; i += ATT_TC_WARPS * 32)
-                w[i] = __ldcg(p.lse + cell0 + (size_t)(i / p.group) * p.n_heads + i % p.group) *
-                       CUDA_LOG2E;
-            __syncthreads();
-            cuda_merge_weights(w, NULL, live, p.group);
-            __syncthreads();
-            cuda_merge_sum(p.out, p.out_dt, (size_t)row * p.n_heads * D + (size_t)head0 * D,
-                           p.partial + cell0 * D, (size_t)p.n_heads * D, w, live, p.group, D);
-        }
         /* the next row's copies overwrite what the combine wrote through the generic proxy */
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
@@ -823,7 +794,17 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
  * (H200) made v2 of one chunk at 256 x 2048 tokens 10% slower than v1 (3.33 against 3.71 TB/s)
  * and took 9 us after the 151 us attention of one 131072-token row in 49 chunks; this one
  * takes 7 us after the 154 us attention at 16 x 8192 in 3 chunks, bound by the latency of its
- * few dependent loads. */
+ * few dependent loads.
+ * Tried and not kept: the merge folded into the tensor-core kernel, the last CTA of each
+ * (decode row, kv head) to arrive at a counter merging the row's chunks in chunk order (the
+ * wide decode kernel's scheme), with no merge launch and no early trigger. In turns with
+ * cuDNN on one H200 (5 trials, fold on against off, planner's chunking), ratios at 1x131072 /
+ * 4x16384 / 16x8192 / 64x4096: 0.887 against 0.926, 0.867 against 0.885, 0.894 against 0.892,
+ * 0.870 against 0.881 (256x2048 runs v1 either way: 0.917 / 0.918). Every CTA then waits for
+ * its fence and the counter's atomic before it frees its slot, which costs more than the merge
+ * launch saves where CTAs run in several waves, and one CTA of 64 threads per kv head merges
+ * 49 chunks (1x131072) far slower than the merge kernel's 4 warps per query head; ncu at 4x16384
+ * timed the folded kernel at 79.2-80.1 us against 74.5 plus a 6.5-7.0 us merge here. */
 #define ATT_MERGE_WARPS 4
 
 /* Decode rows before sequence s (the workspace numbering), counted by one warp. */
@@ -940,13 +921,13 @@ __global__ void __launch_bounds__(ATT_MERGE_WARPS * 32) merge_kernel(att_params 
 }
 
 /* Every kernel here launches with PDL (cuda_launch_pdl): it may start while the kernel before
- * it ends, reads the batch's arrays before its wait and q, the pool, the workspace and the
- * counters after it, and never triggers its dependents early (but the tensor-core kernel of a
- * split that the merge kernel follows), so the o GEMV after it starts when it ends. On the H200,
- * batch-1 decode of the 8B shape at contexts 512 to 640 (v1 on 8 CTAs; tok/s of the decode step):
- * plain launches 480.1, PDL 486.1, PDL with a trigger at each CTA's start 462.8 (the GEMV's early
- * weight loads then slow the attention itself), PDL with the chunk's K and V prefetched to L2
- * before the wait 483.0. */
+ * it ends, reads the batch's arrays before its wait and q, the pool and the workspace after it,
+ * and never triggers its dependents early (but the tensor-core kernel of a split, followed by
+ * the merge), so the o GEMV after it starts when it ends. On the H200, batch-1 decode of the 8B
+ * shape at contexts 512 to 640 (v1 on 8 CTAs; tok/s of the decode step): plain launches 480.1,
+ * PDL 486.1, PDL with a trigger at each CTA's start 462.8 (the GEMV's early weight loads then
+ * slow the attention itself), PDL with the chunk's K and V prefetched to L2 before the wait
+ * 483.0. */
 template <typename K>
 static int att_launch(cuda_backend *c, K kern, dim3 grid, int threads, size_t smem,
                       const att_params &p, const char *what, base_err *err) {
@@ -1133,28 +1114,11 @@ static int run_decode_mma(const att_params &p0, const be_kv_layer *layer, int ch
  * rows beside prompt rows, and rows too long for its shared memory. */
 #define ATT_F32_DECODE_CTAS 16
 
-static bool on_tensor_cores(const att_params &p, const be_kv_layer *layer, int chunks) {
-    const int64_t ctas = (int64_t)p.n_tokens * p.n_kv_heads * chunks;
-    return mma_decode_fits(p, layer) && ctas > ATT_F32_DECODE_CTAS;
-}
-
-/* Whether the tensor-core kernel merges a split itself (its last CTA of each decode row's kv
- * head) rather than the merge kernel after it: rows of at most ATT_FOLD_MAX_CHUNKS chunks,
- * whose weights fit in the stage buffers, and counters for every (row, kv head). */
-static bool att_fold_fits(const att_params &p, const be_kv_layer *layer) {
-    const char *env = getenv("MLXCEL_ATT_FOLD");
-    if (env && !strcmp(env, "0")) return false;
-    const char *mc = getenv("MLXCEL_ATT_FOLD_MAX_CHUNKS");
-    const int max_chunks = mc ? atoi(mc) : ATT_FOLD_MAX_CHUNKS;
-    return on_tensor_cores(p, layer, p.max_chunks) && p.max_chunks <= max_chunks &&
-           (size_t)p.max_chunks * p.group * sizeof(float) <=
-               att_tc_work_bytes(layer->head_dim, ATT_MIN_STAGES) &&
-           (int64_t)p.n_seqs * p.n_kv_heads <= CUDA_ATT_COUNTERS;
-}
-
 static int run_pass(const att_params &p, const be_kv_layer *layer, int chunks, cuda_backend *c,
                     base_err *err) {
-    if (on_tensor_cores(p, layer, chunks)) return run_decode_mma(p, layer, chunks, c, err);
+    const int64_t ctas = (int64_t)p.n_tokens * p.n_kv_heads * chunks;
+    if (mma_decode_fits(p, layer) && ctas > ATT_F32_DECODE_CTAS)
+        return run_decode_mma(p, layer, chunks, c, err);
     int gb = p.group / p.n_sub;
     dim3 grid((unsigned)(p.n_kv_heads * p.n_sub), (unsigned)chunks,
               (unsigned)(p.n_tokens < ATT_GRID_MAX ? p.n_tokens : ATT_GRID_MAX));
@@ -1285,7 +1249,6 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
     p.max_chunks = plan->max_chunks;
     p.partial = (float *)plan->workspace;
     p.lse = p.partial + (size_t)batch->n_seqs * plan->max_chunks * n_heads * hd;
-    if (att_fold_fits(p, layer) && cuda_att_scratch(be, 0, &p.count, NULL, err)) return -1;
     if (run_pass(p, layer, plan->max_chunks, c, err)) return -1;
-    return p.count ? 0 : run_merge(p, hd, c, err);
+    return run_merge(p, hd, c, err);
 }

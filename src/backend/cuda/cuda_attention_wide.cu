@@ -43,7 +43,7 @@
 #define WD_MAX_CHUNKS 16
 #define WD_MIN_TOKENS 16           /* fewest tokens a span takes, a row's last span aside */
 #define WD_SMEM_MAX   (223 * 1024) /* dynamic shared memory: 227 KB less the static arrays */
-#define WD_MAX_ITEMS  16           /* (row, kv head) pairs */
+#define WD_MAX_ITEMS  16           /* (row, kv head) pairs: the counters in front of the scratch */
 
 typedef struct wd_params {
     const void *q; /* (n_seqs, n_heads * D) */
@@ -100,6 +100,7 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ float w_s[WD_MAX_CHUNKS * WD_MAX_GROUP]; /* (chunks, group) spans' max, weight */
     __shared__ float l_s[WD_MAX_CHUNKS * WD_MAX_GROUP]; /* (chunks, group) spans' sums */
+    __shared__ bool last;
     const int tid = threadIdx.x, G = p.group, TM = p.max_tokens;
     KT *ks = (KT *)smem;                        /* (TM, D), chunks XOR-swizzled by the token */
     KT *vs = ks + (size_t)TM * D;               /* (TM, D) */
@@ -250,7 +251,17 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
     }
 
     /* Arrive; the last CTA of the (row, kv head) merges the live spans in span order. */
-    if (!cuda_arrive_last(p.count + (size_t)s * p.n_kv_heads + kvh, (unsigned)p.chunks)) return;
+    __threadfence();
+    __syncthreads();
+    unsigned *count = p.count + (size_t)s * p.n_kv_heads + kvh;
+    if (tid == 0) {
+        last = atomicAdd(count, 1u) == (unsigned)p.chunks - 1;
+        if (last) *count = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+
     const int live = (n + T - 1) / T;
     const size_t base0 = (size_t)s * p.chunks * p.n_heads + (size_t)kvh * G;
     for (int i = tid; i < live * G; i += WD_THREADS) {
@@ -260,26 +271,27 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
         l_s[i] = v.y;
     }
     __syncthreads();
-    cuda_merge_weights(w_s, l_s, live, G);
-    __syncthreads();
-    cuda_merge_sum(p.out, p.out_dt, ((size_t)s * p.n_heads + (size_t)kvh * G) * D,
-                   p.part + base0 * D, (size_t)p.n_heads * D, w_s, live, G, D);
-}
-
-int cuda_att_scratch(be_backend *be, size_t bytes, unsigned **count, void **rest, base_err *err) {
-    cuda_backend *c = cuda_impl(be);
-    const size_t counters = CUDA_ATT_COUNTERS * sizeof(unsigned);
-    const size_t cap = c->wide_bytes;
-    if (cuda_scratch(be, &c->wide_buf, &c->wide_bytes, counters + bytes, "attention scratch", err))
-        return -1;
-    if (c->wide_bytes != cap) {
-        cudaError_t e = cudaMemsetAsync(c->wide_buf, 0, counters, c->stream);
-        if (e != cudaSuccess)
-            return base_fail(err, "cuda: attention scratch: %s", cudaGetErrorString(e));
+    if (tid < G) {
+        float mx = -INFINITY;
+        for (int c = 0; c < live; c++) mx = fmaxf(mx, w_s[c * G + tid]);
+        float den = 0.0f;
+        for (int c = 0; c < live; c++) {
+            const float f = exp2f(w_s[c * G + tid] - mx);
+            w_s[c * G + tid] = f;
+            den += f * l_s[c * G + tid];
+        }
+        const float inv = 1.0f / den;
+        for (int c = 0; c < live; c++) w_s[c * G + tid] *= inv;
     }
-    *count = (unsigned *)c->wide_buf;
-    if (rest) *rest = (char *)c->wide_buf + counters;
-    return 0;
+    __syncthreads();
+    for (int i = tid; i < G * D; i += WD_THREADS) {
+        const float *src = p.part + base0 * D + i;
+        float acc = 0.0f;
+#pragma unroll 4
+        for (int c = 0; c < live; c++)
+            acc = fmaf(w_s[c * G + i / D], __ldcg(src + (size_t)c * p.n_heads * D), acc);
+        cuda_store(p.out, p.out_dt, ((size_t)s * p.n_heads + (size_t)kvh * G) * D + i, acc);
+    }
 }
 
 /* Spans per (row, kv head): as many as fill the SMs once, at most WD_MAX_CHUNKS. */
@@ -359,11 +371,21 @@ static int wd_setup(be_backend *be, const be_tensor *q, const be_kv_layer *layer
     p->max_tokens = wd_max_tokens(batch->max_kv_len, p->chunks);
     p->scale_log2 = scale * CUDA_LOG2E;
 
+    const size_t counters = (WD_MAX_ITEMS * sizeof(unsigned) + 255) & ~(size_t)255;
     const size_t cells = (size_t)ns * p->chunks * n_heads;
-    void *rest;
-    if (cuda_att_scratch(be, cells * ((size_t)D + 2) * sizeof(float), &p->count, &rest, err))
+    const size_t bytes = counters + cells * ((size_t)D + 2) * sizeof(float);
+    const size_t cap = c->wide_bytes;
+    if (cuda_scratch(be, &c->wide_buf, &c->wide_bytes, bytes, "attention (wide decode)", err))
         return -1;
-    p->part = (float *)rest;
+    /* The counters start at zero once and every launch leaves them there. */
+    if (c->wide_bytes != cap) {
+        cudaError_t e = cudaMemsetAsync(c->wide_buf, 0, counters, c->stream);
+        if (e != cudaSuccess)
+            return base_fail(err, "cuda: attention (wide decode) scratch: %s",
+                             cudaGetErrorString(e));
+    }
+    p->count = (unsigned *)c->wide_buf;
+    p->part = (float *)((char *)c->wide_buf + counters);
     p->ml = p->part + cells * D;
     return 0;
 }

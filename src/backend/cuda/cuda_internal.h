@@ -44,8 +44,7 @@ typedef struct cuda_backend {
     /* (gmma_bytes) the tensor-core GEMV's m-block counters and partial sums */
     void *gmma_buf;
     size_t gmma_bytes;
-    /* (wide_bytes) the decode attentions' (row, kv head) counters (CUDA_ATT_COUNTERS), then
-     * the wide decode kernel's span partials */
+    /* (wide_bytes) the wide decode attention's (row, kv head) counters and span partials */
     void *wide_buf;
     size_t wide_bytes;
     /* Which decode GEMV cuda_gemv1 runs: CUDA_GEMV_AUTO, or one forced for benchmarks. */
@@ -277,64 +276,6 @@ __device__ __forceinline__ float cuda_block_sum(float v) {
     return v;
 }
 
-/* Arrival of a CTA at a counter that n CTAs share; true, in every thread, for the last to
- * arrive, which resets the counter to 0 so that the next launch, or a recorded graph's replay,
- * starts from zero. Each thread fences its writes before the CTA arrives, and the last fences
- * again before it reads the others' (through __ldcg: L1 is not coherent across SMs). Every
- * thread of the block must call it. */
-__device__ __forceinline__ bool cuda_arrive_last(unsigned *count, unsigned n) {
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(count, 1u) == n - 1;
-        if (last) *count = 0;
-    }
-    __syncthreads();
-    const bool r = last;
-    if (r) __threadfence();
-    return r;
-}
-
-/* The last CTA's merge of a (row, kv head)'s chunks, in chunk order whichever CTA came last,
- * so the result is the same run to run. w and l (live, G) in shared memory hold each chunk's
- * log2-domain weight and its sum (l NULL: 1, for normalized partials); on return (after the
- * caller's barrier) w holds each chunk's share. A row's chunks hold at least one token each. */
-__device__ __forceinline__ void cuda_merge_weights(float *w, const float *l, int live, int G) {
-    for (int h = threadIdx.x; h < G; h += blockDim.x) {
-        float mx = -INFINITY;
-        for (int c = 0; c < live; c++) mx = fmaxf(mx, w[c * G + h]);
-        float den = 0.0f;
-        for (int c = 0; c < live; c++) {
-            const float f = exp2f(w[c * G + h] - mx);
-            w[c * G + h] = f;
-            den += l ? f * l[c * G + h] : f;
-        }
-        const float inv = 1.0f / den;
-        for (int c = 0; c < live; c++) w[c * G + h] *= inv;
-    }
-}
-
-/* out[out0 + i] = sum over chunks c of w[c * G + i / D] * part[c * stride + i], i < G * D (a
- * multiple of 4, part and stride 16-byte aligned), in chunk order. */
-__device__ __forceinline__ void cuda_merge_sum(void *out, base_dtype out_dt, size_t out0,
-                                               const float *part, size_t stride, const float *w,
-                                               int live, int G, int D) {
-    for (int i = 4 * threadIdx.x; i < G * D; i += 4 * blockDim.x) {
-        const float *src = part + i, *wc = w + i / D;
-        float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
-        for (int c = 0; c < live; c++) {
-            const float4 x = __ldcg((const float4 *)(src + (size_t)c * stride));
-            const float f = wc[c * G];
-            a.x = fmaf(f, x.x, a.x), a.y = fmaf(f, x.y, a.y);
-            a.z = fmaf(f, x.z, a.z), a.w = fmaf(f, x.w, a.w);
-        }
-        cuda_store(out, out_dt, out0 + i, a.x), cuda_store(out, out_dt, out0 + i + 1, a.y);
-        cuda_store(out, out_dt, out0 + i + 2, a.z), cuda_store(out, out_dt, out0 + i + 3, a.w);
-    }
-}
-
 /* Value k of a row of MLX affine-quantized weights: the row's words are one little-endian bit
  * stream, value k at bits [k * bits, (k + 1) * bits); 3, 5 and 6 bits can straddle words. */
 __device__ __forceinline__ uint32_t cuda_quant_value(const uint32_t *row, int64_t k, int bits) {
@@ -369,13 +310,6 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
 /* The arguments' checks of cuda_attention (head_dim, heads, pool dtype, q and out shapes). */
 int cuda_attention_check(const be_tensor *q, const be_kv_layer *layer, const be_paged_batch *batch,
                          int n_heads, const be_tensor *out, base_err *err);
-/* (row, kv head) counters at the front of c->wide_buf, for the decode attentions whose last
- * CTA merges: enough for 4096 rows of 8 kv heads. */
-#define CUDA_ATT_COUNTERS 32768
-/* c->wide_buf with CUDA_ATT_COUNTERS counters at its front, zeroed when it is allocated (every
- * launch leaves them at 0), and `bytes` after them (cuda_attention_wide.cu): *count and *rest
- * point there; growing it makes recordings stale (cuda_scratch). */
-int cuda_att_scratch(be_backend *be, size_t bytes, unsigned **count, void **rest, base_err *err);
 /* Decode attention for tiny grids (cuda_attention_wide.cu): every row a decode row, each (row,
  * kv head) split into spans over the SMs and merged by the last CTA of its spans. _fits says
  * whether it serves the batch (head_dim 64 or 128, few rows of few kv heads, short enough rows
