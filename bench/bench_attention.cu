@@ -15,7 +15,8 @@
  *
  * `bench_attention serve` answers each stdin line `BxL reps [stages]` with `ours BxL ms...`:
  * that many calls of the planner's plan (F32 q/out, as the runtime runs it; at that pipeline
- * depth when given), each timed alone behind a spin that keeps the stream ahead of the host.
+ * depth when given), each timed alone behind a spin that keeps the stream ahead of the host;
+ * a line `env NAME VALUE` sets that environment variable for the calls after it.
  * tools/reference/sdpa_peer.py --ours alternates these with cuDNN's calls, timed the same way. */
 #include "bench_cuda.h"
 
@@ -236,6 +237,13 @@ int main(int argc, char **argv) {
         fflush(stdout);
         char line[128];
         while (fgets(line, sizeof line, stdin)) {
+            char name[64], value[64];
+            if (sscanf(line, "env %63s %63s", name, value) == 2) {
+                setenv(name, value, 1);
+                printf("env %s %s\n", name, value);
+                fflush(stdout);
+                continue;
+            }
             int B = 0, L = 0, n = 0, stages = 0;
             if (sscanf(line, "%dx%d %d %d", &B, &L, &n, &stages) < 3 || n < 1)
                 bench_die("serve", line);

@@ -7,13 +7,16 @@
  * F32's), unless the decode grid has at most 16 CTAs (a few rows of few kv heads); the other
  * cases keep the F32 kernel. A long row among four others at every block size gives a CTA's
  * warps far more tiles than one window of the page table holds (v1 takes the tensor cores from
- * 4 kv heads on). v2 plans run from one chunk to hundreds, their merge kernel taking one
- * chunk's weights or many blocks of them. Batches of decode rows only, whose rows times kv heads
- * are 16 or fewer, at head_dim 64/128, take the wide decode kernel whatever the plan (every
- * decode_only, offsets and the one- and two-row batches below): rows of one token to over 2000,
- * spans that do not divide the row, spans past a short row's end, first-page offsets.
- * rope_kv_attention, which folds RoPE and the append into that kernel, against rope_kv_append
- * then attention on the same batches. Skipped when no CUDA device is present. */
+ * 4 kv heads on). v2 plans run from one chunk to hundreds (about 40 among them), their merge
+ * kernel taking one chunk's weights or many blocks of them. Every plan runs twice on the same
+ * workspace, and the second output must equal the first bit for bit: whatever the kernels
+ * leave behind for the next launch (the wide decode kernel's counters) shows there, and so
+ * does a merge that depends on which CTA finished last. Batches of decode rows
+ * only, whose rows times kv heads are 16 or fewer, at head_dim 64/128, take the wide decode kernel
+ * whatever the plan (every decode_only, offsets and the one- and two-row batches below): rows of
+ * one token to over 2000, spans that do not divide the row, spans past a short row's end,
+ * first-page offsets. rope_kv_attention, which folds RoPE and the append into that kernel, against
+ * rope_kv_append then attention on the same batches. Skipped when no CUDA device is present. */
 #include "test_cuda_util.h"
 
 #include "attn/attn.h"
@@ -53,6 +56,22 @@ static void reference(const tc_batch *b, const tc_att_case *c, const float *q, c
     free(sc);
 }
 
+/* Largest |a - b| over two device tensors of equal shape, NaN where exactly one of a pair is
+ * NaN (pool slots no token occupies hold NaN in both). */
+static double dev_diff(be_backend *be, const be_tensor *a, const be_tensor *b) {
+    size_t n = (size_t)(a->rows * a->cols);
+    float *x = tc_read(be, a), *y = tc_read(be, b);
+    double d = 0;
+    for (size_t i = 0; i < n && !isnan(d); i++) {
+        if (isnan(x[i]) || isnan(y[i]))
+            d = isnan(x[i]) && isnan(y[i]) ? d : NAN;
+        else
+            d = fmax(d, fabs((double)x[i] - y[i]));
+    }
+    free(x), free(y);
+    return d;
+}
+
 static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, int n_seqs) {
     tc_batch b;
     tc_batch_build(seqs, n_seqs, c->block_size, 7, &b);
@@ -70,13 +89,13 @@ static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, i
     be_kv_layer layer = tc_dev_layer(be, &pools, &b, c);
     be_paged_batch db = tc_dev_batch(be, &b);
     be_tensor tq = tc_tensor(be, q, c->act_dt, b.n_tokens, (int64_t)H * D);
-    /* plans: none (v1), v1, gather (served as v1), v2 at 1 and 3 pages per chunk and in 2 and
-     * 1 chunks */
+    /* plans: none (v1), v1, gather (served as v1), v2 at 1 and 3 pages per chunk, in about 40
+     * chunks, and in 2 and 1 chunks */
     const int whole = b.max_pages + 1;
     int kinds[] = {-1,           BE_DECODE_V1, BE_DECODE_GATHER, BE_DECODE_V2,
-                   BE_DECODE_V2, BE_DECODE_V2, BE_DECODE_V2};
-    int ppcs[] = {0, 0, 0, 1, 3, (whole + 1) / 2, whole};
-    for (int k = 0; k < 7; k++) {
+                   BE_DECODE_V2, BE_DECODE_V2, BE_DECODE_V2,     BE_DECODE_V2};
+    int ppcs[] = {0, 0, 0, 1, 3, whole > 40 ? whole / 40 : 1, (whole + 1) / 2, whole};
+    for (int k = 0; k < 8; k++) {
         be_decode_plan plan = {0}, *pp = NULL;
         if (kinds[k] >= 0) {
             plan.kind = (be_decode_kind)kinds[k];
@@ -108,6 +127,16 @@ static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, i
                   "attention G%d kv%d d%d bs%d pool %s act %s plan %d ppc %d: err %g (seqs %d)",
                   c->group, c->n_kv, D, c->block_size, base_dtype_name(c->pool_dt),
                   base_dtype_name(c->act_dt), kinds[k], ppcs[k], e, n_seqs);
+        /* The same launch again on the same workspace: what a launch leaves behind (the wide
+         * decode kernel's counters, the workspace's partials) must not change the next. */
+        be_tensor again = tc_poisoned(be, c->act_dt, b.n_tokens, (int64_t)H * D);
+        rc = be->ops->attention(be, &tq, &layer, &db, pp, H, scale, &again, &err);
+        CHECK_MSG(rc == 0 && be->ops->sync(be, &err) == 0, "%s", err.msg);
+        double d2 = dev_diff(be, &to, &again);
+        CHECK_MSG(d2 == 0,
+                  "attention G%d kv%d d%d bs%d plan %d ppc %d: second launch differs by %g",
+                  c->group, c->n_kv, D, c->block_size, kinds[k], ppcs[k], d2);
+        be->ops->free(be, again.data);
         be->ops->free(be, to.data);
         be->ops->free(be, plan.workspace);
     }
@@ -117,22 +146,6 @@ static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, i
     tc_pools_free(&pools);
     free(q), free(ref);
     tc_batch_free(&b);
-}
-
-/* Largest |a - b| over two device tensors of equal shape, NaN where exactly one of a pair is
- * NaN (pool slots no token occupies hold NaN in both). */
-static double dev_diff(be_backend *be, const be_tensor *a, const be_tensor *b) {
-    size_t n = (size_t)(a->rows * a->cols);
-    float *x = tc_read(be, a), *y = tc_read(be, b);
-    double d = 0;
-    for (size_t i = 0; i < n && !isnan(d); i++) {
-        if (isnan(x[i]) || isnan(y[i]))
-            d = isnan(x[i]) && isnan(y[i]) ? d : NAN;
-        else
-            d = fmax(d, fabs((double)x[i] - y[i]));
-    }
-    free(x), free(y);
-    return d;
 }
 
 /* rope_kv_attention against rope_kv_append then attention, both on the device from the same

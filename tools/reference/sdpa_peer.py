@@ -17,7 +17,8 @@ Prints one machine-readable `peer shape` line per shape and one `peer call` line
 With --ours BENCH it instead runs `BENCH serve` (bench_attention) beside it and times the two
 in turns, several trials each, and prints the ratio of figures taken the same way
 (alternate() says how).
-Usage: sdpa_peer.py [reps] [--ours BENCH [--trials N]] [--shapes BxL,...]"""
+Usage: sdpa_peer.py [reps] [--ours BENCH [--vs BENCH2] [--trials N] [--ab NAME=V1,V2]]
+       [--shapes BxL,...]"""
 import argparse
 import subprocess
 import sys
@@ -105,26 +106,41 @@ def median(xs):
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
-def alternate(ours_cmd, reps, trials, shapes, dev):
+def alternate(ours_cmds, reps, trials, shapes, dev, ab=None):
     """Ours (bench_attention serve, the planner's plan) against cuDNN at its best call form,
     in turns: each trial times reps calls of one side, then of the other (the order flips
     every trial), so that both meet the same clocks, temperature and neighbours. A trial's
     figure is the median of its calls (and, as `best`, its fastest call); each side reports
-    the median over trials of both, so that the ratios compare figures taken the same way."""
-    ours = subprocess.Popen(ours_cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            bufsize=1)
+    the median over trials of both, so that the ratios compare figures taken the same way.
+    A second command in ours_cmds (`vs`, e.g. main's build) joins the turns as a side of its
+    own; with ab = (NAME, [values]) each binary runs once per value of that environment
+    variable in each trial. The turn rotates over all sides, one ratio to cuDNN each."""
+    procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              bufsize=1) for cmd in ours_cmds]
 
-    def ours_ms(shape):
+    def ours_ms(k, shape, env=None):
+        ours = procs[k]
+        if env:
+            ours.stdin.write(f"env {env[0]} {env[1]}\n")
         ours.stdin.write(f"{shape} {reps}\n")
         ours.stdin.flush()
         while True:
             line = ours.stdout.readline()
             if not line:
-                sys.exit(f"sdpa_peer.py: {ours_cmd[0]} ended before answering {shape}")
+                sys.exit(f"sdpa_peer.py: {ours_cmds[k][0]} ended before answering {shape}")
             f = line.split()
             if f[:2] == ["ours", shape]:
                 return [float(x) for x in f[2:]]
+            if f[:1] == ["env"]:
+                continue
             print(line.rstrip(), flush=True)
+
+    # (label, binary, environment value)
+    sides = []
+    for k in range(len(procs)):
+        name = "ours" if k == 0 else "vs"
+        for v in (ab[1] if ab else [None]):
+            sides.append((name if v is None else f"{name}:{v}", k, v))
 
     print(f"fair: ours (planner's plan, F32 q/out) and cuDNN SDPA (its fastest call form, "
           f"contiguous K/V) in turns, {trials} trials x {reps} calls each; TB/s of K+V; med: "
@@ -154,16 +170,21 @@ def alternate(ours_cmd, reps, trials, shapes, dev):
         forms, kv_bytes = calls(batch, ctx, pick[1], dev)
         fn = dict(forms)[pick[2]]
         call = f"{pick[2]}/{'f16' if pick[1] == torch.float16 else 'bf16'}"
-        fig = {"ours": [], "cudnn": []}
+        fig = {label: [] for label, _, _ in sides}
+        fig["cudnn"] = []
 
         def peer_ms():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 return queued_ms(fn, reps)
 
+        turn = sides + [("cudnn", -1, None)]
         for t in range(trials):
-            for side in (("ours", "cudnn") if t % 2 == 0 else ("cudnn", "ours")):
-                ms = ours_ms(shape) if side == "ours" else peer_ms()
-                fig[side].append((median(ms), ms[0]))
+            for label, k, v in turn[t % len(turn):] + turn[:t % len(turn)]:
+                if k < 0:
+                    ms = peer_ms()
+                else:
+                    ms = ours_ms(k, shape, (ab[0], v) if v is not None else None)
+                fig[label].append((median(ms), ms[0]))
         def tb(ms):
             return kv_bytes / (ms * 1e-3) / 1e12
 
@@ -173,14 +194,18 @@ def alternate(ours_cmd, reps, trials, shapes, dev):
         for side in fig:
             per_trial = " ".join(f"{tb(m):.3f}" for m, _ in fig[side])
             print(f"trials {shape} {side} {per_trial}", flush=True)
-        o, c = tbs["ours"], tbs["cudnn"]
-        print(f"{shape:<10} {call:<9} {o[0]:6.3f} {c[0]:6.3f} {o[0] / c[0]:6.3f} | "
-              f"{o[1]:6.3f} {c[1]:6.3f} {o[1] / c[1]:6.3f} | {o[2]:5.3f}-{o[3]:5.3f} "
-              f"{c[2]:5.3f}-{c[3]:5.3f}", flush=True)
+        c = tbs["cudnn"]
+        for side, _, _ in sides:
+            o = tbs[side]
+            label = shape if side == "ours" else f"{shape} {side}"
+            print(f"{label:<10} {call:<9} {o[0]:6.3f} {c[0]:6.3f} {o[0] / c[0]:6.3f} | "
+                  f"{o[1]:6.3f} {c[1]:6.3f} {o[1] / c[1]:6.3f} | {o[2]:5.3f}-{o[3]:5.3f} "
+                  f"{c[2]:5.3f}-{c[3]:5.3f}", flush=True)
         del forms, fn
         torch.cuda.empty_cache()
-    ours.stdin.close()
-    ours.wait()
+    for ours in procs:
+        ours.stdin.close()
+        ours.wait()
 
 
 def main():
@@ -189,6 +214,10 @@ def main():
     ap.add_argument("--ours", help="bench_attention binary: alternate it with cuDNN")
     ap.add_argument("--trials", type=int, default=7, help="turns per side with --ours")
     ap.add_argument("--shapes", help="BxL,... (default: all five)")
+    ap.add_argument("--vs", help="with --ours, a second bench_attention (e.g. main's) in the "
+                    "same turns")
+    ap.add_argument("--ab", help="NAME=V1,V2,...: with --ours, each binary at each value of that "
+                    "environment variable, in turns")
     a = ap.parse_args()
     shapes = SHAPES
     if a.shapes:
@@ -199,7 +228,12 @@ def main():
     print(f"peer device {torch.cuda.get_device_name(0)} torch {torch.__version__} "
           f"cudnn {torch.backends.cudnn.version()}", flush=True)
     if a.ours:
-        alternate([a.ours, "serve"], a.reps, a.trials, shapes, dev)
+        ab = None
+        if a.ab:
+            name, values = a.ab.split("=", 1)
+            ab = (name, values.split(","))
+        cmds = [[a.ours, "serve"]] + ([[a.vs, "serve"]] if a.vs else [])
+        alternate(cmds, a.reps, a.trials, shapes, dev, ab)
     else:
         survey(a.reps, shapes, dev)
 

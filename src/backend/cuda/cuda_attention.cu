@@ -794,7 +794,17 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
  * (H200) made v2 of one chunk at 256 x 2048 tokens 10% slower than v1 (3.33 against 3.71 TB/s)
  * and took 9 us after the 151 us attention of one 131072-token row in 49 chunks; this one
  * takes 7 us after the 154 us attention at 16 x 8192 in 3 chunks, bound by the latency of its
- * few dependent loads. */
+ * few dependent loads.
+ * Tried and not kept: the merge folded into the tensor-core kernel, the last CTA of each
+ * (decode row, kv head) to arrive at a counter merging the row's chunks in chunk order (the
+ * wide decode kernel's scheme), with no merge launch and no early trigger. In turns with
+ * cuDNN on one H200 (5 trials, fold on against off, planner's chunking), ratios at 1x131072 /
+ * 4x16384 / 16x8192 / 64x4096: 0.887 against 0.926, 0.867 against 0.885, 0.894 against 0.892,
+ * 0.870 against 0.881 (256x2048 runs v1 either way: 0.917 / 0.918). Every CTA then waits for
+ * its fence and the counter's atomic before it frees its slot, which costs more than the merge
+ * launch saves where CTAs run in several waves, and one CTA of 64 threads per kv head merges
+ * 49 chunks (1x131072) far slower than the merge kernel's 4 warps per query head; ncu at 4x16384
+ * timed the folded kernel at 79.2-80.1 us against 74.5 plus a 6.5-7.0 us merge here. */
 #define ATT_MERGE_WARPS 4
 
 /* Decode rows before sequence s (the workspace numbering), counted by one warp. */
