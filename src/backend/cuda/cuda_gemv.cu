@@ -500,22 +500,26 @@ int64_t cuda_gemv_mats(cuda_gemv_mat *m, const be_linear *const *ws, be_tensor *
     return glu ? ws[0]->out : rows;
 }
 
+int cuda_gemv_in_slices(be_backend *be, const be_tensor *x, const be_linear *const *ws,
+                        be_tensor *const *ys, int n, bool glu, const cuda_gemv_fuse *fz,
+                        int64_t most, cuda_gemv_pass_fn pass, base_err *err) {
+    for (int64_t r0 = 0; r0 < x->rows; r0 += most) {
+        const int64_t rows = x->rows - r0 < most ? x->rows - r0 : most;
+        const be_tensor xs = be_tensor_rows(x, r0, rows);
+        be_tensor yv[3], *yp[3];
+        for (int i = 0; i < (glu ? 1 : n); i++) {
+            yv[i] = be_tensor_rows(ys[i], r0, rows);
+            yp[i] = &yv[i];
+        }
+        if (pass(be, &xs, ws, yp, n, glu, fz, err)) return -1;
+    }
+    return 0;
+}
+
 int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, be_tensor *const *ys,
                int n, bool glu, const cuda_gemv_fuse *fz, base_err *err) {
-    if (x->rows > CUDA_GEMV_MAX_ROWS) {
-        for (int64_t r0 = 0; r0 < x->rows; r0 += CUDA_GEMV_MAX_ROWS) {
-            const int64_t rows =
-                x->rows - r0 < CUDA_GEMV_MAX_ROWS ? x->rows - r0 : CUDA_GEMV_MAX_ROWS;
-            const be_tensor xs = be_tensor_rows(x, r0, rows);
-            be_tensor yv[3], *yp[3];
-            for (int i = 0; i < (glu ? 1 : n); i++) {
-                yv[i] = be_tensor_rows(ys[i], r0, rows);
-                yp[i] = &yv[i];
-            }
-            if (cuda_gemv1(be, &xs, ws, yp, n, glu, fz, err)) return -1;
-        }
-        return 0;
-    }
+    if (x->rows > CUDA_GEMV_MAX_ROWS)
+        return cuda_gemv_in_slices(be, x, ws, ys, n, glu, fz, CUDA_GEMV_MAX_ROWS, cuda_gemv1, err);
     /* The tensor-core kernel reads W once for every row of x but costs more per weight: it
      * overtakes this one from CUDA_GEMV_MMA_ROWS rows. */
     const int pick = cuda_impl(be)->gemv_kernel;

@@ -627,19 +627,8 @@ int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws
     const be_linear *w = ws[0];
     /* 4-bit groups of 32 put 4 rows of x in an n-tile: 4 n-tiles serve 16 rows a pass. */
     const int64_t most = w->bits == 4 && w->group_size == 32 ? GMMA_MAX_NX / 2 : GMMA_MAX_NX;
-    if (x->rows > most) {
-        for (int64_t r0 = 0; r0 < x->rows; r0 += most) {
-            const int64_t rows = x->rows - r0 < most ? x->rows - r0 : most;
-            const be_tensor xs = be_tensor_rows(x, r0, rows);
-            be_tensor yv[3], *yp[3];
-            for (int i = 0; i < (glu ? 1 : n); i++) {
-                yv[i] = be_tensor_rows(ys[i], r0, rows);
-                yp[i] = &yv[i];
-            }
-            if (cuda_gemv_mma(be, &xs, ws, yp, n, glu, fz, err)) return -1;
-        }
-        return 0;
-    }
+    if (x->rows > most)
+        return cuda_gemv_in_slices(be, x, ws, ys, n, glu, fz, most, cuda_gemv_mma, err);
     gmma_job job = {};
     if (fz) job.fz = *fz;
     job.sdt = w->dtype;

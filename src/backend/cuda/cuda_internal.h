@@ -402,6 +402,15 @@ struct cuda_gemv_mat {
     int64_t out;
 };
 
+/* A decode GEMV of any row count as passes of at most `most` rows of x (and of each output),
+ * each by `pass`, which takes cuda_gemv1's arguments. */
+typedef int (*cuda_gemv_pass_fn)(be_backend *be, const be_tensor *x, const be_linear *const *ws,
+                                 be_tensor *const *ys, int n, bool glu, const cuda_gemv_fuse *fz,
+                                 base_err *err);
+int cuda_gemv_in_slices(be_backend *be, const be_tensor *x, const be_linear *const *ws,
+                        be_tensor *const *ys, int n, bool glu, const cuda_gemv_fuse *fz,
+                        int64_t most, cuda_gemv_pass_fn pass, base_err *err);
+
 /* Fills m[0..n) from cuda_gemv1's matrices and outputs; returns the output rows the job walks:
  * the sum of the outs, or gate's out for gate and up (glu). */
 int64_t cuda_gemv_mats(cuda_gemv_mat *m, const be_linear *const *ws, be_tensor *const *ys, int n,
