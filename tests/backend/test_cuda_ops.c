@@ -1039,6 +1039,85 @@ static void test_gemv_wide_fused(be_backend *be) {
     }
 }
 
+/* Rows of 14336 4-bit values (down's: several passes of the one-row GEMV's prologue over x a
+ * thread): y += x W^T over 3170 rows (1585 blocks of two rows, one past what one block a warp
+ * covers, so some warps take two), Q/K/V with a norm over 1028 + 260 + 256 rows, and gate/up
+ * with a norm over an odd out; one and two rows of x. */
+static void test_gemv_down(be_backend *be) {
+    const int64_t in = 14336;
+    float *w;
+    be_tensor tw = norm_weight(be, in, BASE_DTYPE_BF16, &w);
+    for (int n = 1; n <= 2; n++) {
+        base_err err = {{0}};
+        float *x = scaled_rows(n, in), *h = cpu_normed(x, n, in, w);
+        be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
+
+        host_linear D;
+        const int64_t dout = 3170;
+        make_linear(be, &D, dout, in, 4, 64, BASE_DTYPE_BF16, n == 2);
+        float *y0 = rand_rows(n, dout), *ref = malloc(sizeof(float) * (size_t)(n * dout));
+        cpu_matmul(x, n, &D.host, ref);
+        for (int i = 0; i < n * dout; i++) ref[i] = y0[i] + ref[i];
+        be_tensor ty = tc_tensor(be, y0, BASE_DTYPE_F32, n, dout);
+        CHECK_MSG(be->ops->matmul_add(be, &tx, &D.dev, &ty, &err) == 0, "%s", err.msg);
+        double e = dev_err(be, &ty, ref);
+        CHECK_MSG(e < fused_tol(n, 1e-5), "down-shaped matmul_add n=%d: err %g", n, e);
+        be->ops->free(be, ty.data);
+        free(y0), free(ref);
+        free_linear(be, &D);
+
+        const int64_t outs[3] = {1028, 260, 256};
+        host_linear L[3];
+        be_tensor tq[3];
+        float *qref[3];
+        for (int i = 0; i < 3; i++) {
+            make_linear(be, &L[i], outs[i], in, 4, 64, BASE_DTYPE_BF16, i == 1);
+            qref[i] = malloc(sizeof(float) * (size_t)(n * outs[i]));
+            cpu_matmul(h, n, &L[i].host, qref[i]);
+            tq[i] = tc_poisoned(be, BASE_DTYPE_F32, n, outs[i]);
+        }
+        be_tensor scratch = tc_poisoned(be, BASE_DTYPE_F32, n, in);
+        const be_norm norm = {&tw, 1e-5f, &scratch};
+        const be_linear *ws[3] = {&L[0].dev, &L[1].dev, &L[2].dev};
+        be_tensor *ys[3] = {&tq[0], &tq[1], &tq[2]};
+        CHECK_MSG(be->ops->matmul_qkv(be, &tx, &norm, ws, ys, &err) == 0, "%s", err.msg);
+        for (int i = 0; i < 3; i++) {
+            e = dev_err(be, &tq[i], qref[i]);
+            CHECK_MSG(e < fused_tol(n, 1e-5), "normed qkv in 14336 n=%d output %d: err %g", n, i,
+                      e);
+            be->ops->free(be, tq[i].data);
+            free(qref[i]);
+            free_linear(be, &L[i]);
+        }
+
+        const int64_t gout = 301;
+        host_linear G, U;
+        make_linear(be, &G, gout, in, 4, 64, BASE_DTYPE_BF16, false);
+        make_linear(be, &U, gout, in, 4, 64, BASE_DTYPE_BF16, true);
+        float *g = malloc(sizeof(float) * (size_t)(n * gout));
+        float *u = malloc(sizeof(float) * (size_t)(n * gout));
+        cpu_matmul(h, n, &G.host, g);
+        cpu_matmul(h, n, &U.host, u);
+        be_tensor tg = {g, BASE_DTYPE_F32, n, gout}, tu = {u, BASE_DTYPE_F32, n, gout};
+        CHECK(cpu->ops->silu_mul(cpu, &tg, &tu, &tg, &err) == 0);
+        be_tensor tgy = tc_poisoned(be, BASE_DTYPE_F32, n, gout);
+        CHECK_MSG(be->ops->matmul_silu_mul(be, &tx, &norm, &G.dev, &U.dev, &tgy, &err) == 0, "%s",
+                  err.msg);
+        e = dev_err(be, &tgy, g);
+        CHECK_MSG(e < fused_tol(n, 1e-5), "normed gate/up in 14336 n=%d: err %g", n, e);
+        be->ops->free(be, tgy.data);
+        free(g), free(u);
+        free_linear(be, &G);
+        free_linear(be, &U);
+
+        be->ops->free(be, scratch.data);
+        be->ops->free(be, tx.data);
+        free(x), free(h);
+    }
+    be->ops->free(be, tw.data);
+    free(w);
+}
+
 /* x += d; y = rmsnorm(x) * w against add then rmsnorm on the CPU, y aliasing d; rows of 4100
  * and of 9000 (past the values a thread keeps in registers). */
 static void test_add_rmsnorm(be_backend *be) {
@@ -1149,6 +1228,7 @@ int main(void) {
     test_matmul_add(be);
     test_gemv_wide_rows(be);
     test_gemv_wide_fused(be);
+    test_gemv_down(be);
     test_add_rmsnorm(be);
     test_rope_kv_append(be);
     cpu->ops->destroy(cpu);
