@@ -959,6 +959,67 @@ static void test_gemv_wide_rows(be_backend *be) {
             }
 }
 
+/* The three fused forms for the rows x (n, in) against the CPU: Q/K/V (L) and gate/up (G, U)
+ * with the RMSNorm of weight tw (host copy w) folded in, and y += x A^T from random y; each
+ * within the bound of the path its row count takes. `what` names the case in failures. */
+static void check_fused_forms(be_backend *be, const host_linear L[3], const host_linear *G,
+                              const host_linear *U, const host_linear *A, const be_tensor *tw,
+                              float *w, float *x, int n, int64_t in, const char *what) {
+    float *h = cpu_normed(x, n, in, w);
+    be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
+    be_tensor scratch = tc_poisoned(be, BASE_DTYPE_F32, n, in), ty[3];
+    const be_norm norm = {tw, 1e-5f, &scratch};
+    base_err err = {{0}};
+    /* Q, K and V. */
+    float *ref[3];
+    for (int i = 0; i < 3; i++) {
+        ref[i] = malloc(sizeof(float) * (size_t)(n * L[i].host.out));
+        cpu_matmul(h, n, &L[i].host, ref[i]);
+        ty[i] = tc_poisoned(be, BASE_DTYPE_F32, n, L[i].host.out);
+    }
+    const be_linear *ws[3] = {&L[0].dev, &L[1].dev, &L[2].dev};
+    be_tensor *ys[3] = {&ty[0], &ty[1], &ty[2]};
+    CHECK_MSG(be->ops->matmul_qkv(be, &tx, &norm, ws, ys, &err) == 0, "%s", err.msg);
+    for (int i = 0; i < 3; i++) {
+        double e = dev_err(be, &ty[i], ref[i]);
+        CHECK_MSG(e < fused_tol(n, gemv_tol(&L[i], h, n, ref[i])),
+                  "%s: normed qkv n=%d output %d: err %g", what, n, i, e);
+        be->ops->free(be, ty[i].data);
+        free(ref[i]);
+    }
+    /* Gate and up. */
+    const int64_t go = G->host.out;
+    float *g = malloc(sizeof(float) * (size_t)(n * go));
+    float *u = malloc(sizeof(float) * (size_t)(n * go));
+    cpu_matmul(h, n, &G->host, g);
+    cpu_matmul(h, n, &U->host, u);
+    const double gtol = fused_tol(n, glu_tol(G, U, h, n, g, u));
+    be_tensor tg = {g, BASE_DTYPE_F32, n, go}, tu = {u, BASE_DTYPE_F32, n, go};
+    CHECK(cpu->ops->silu_mul(cpu, &tg, &tu, &tg, &err) == 0);
+    be_tensor tyg = tc_poisoned(be, BASE_DTYPE_F32, n, go);
+    CHECK_MSG(be->ops->matmul_silu_mul(be, &tx, &norm, &G->dev, &U->dev, &tyg, &err) == 0, "%s",
+              err.msg);
+    double e = dev_err(be, &tyg, g);
+    CHECK_MSG(e < gtol, "%s: normed gate/up n=%d: err %g", what, n, e);
+    be->ops->free(be, tyg.data);
+    free(g), free(u);
+    /* y += x A^T from random y. */
+    const int64_t out = A->host.out;
+    float *y0 = rand_rows(n, out), *ra = malloc(sizeof(float) * (size_t)(n * out));
+    cpu_matmul(x, n, &A->host, ra);
+    for (int i = 0; i < n * out; i++) ra[i] += y0[i];
+    be_tensor tya = tc_tensor(be, y0, BASE_DTYPE_F32, n, out);
+    CHECK_MSG(be->ops->matmul_add(be, &tx, &A->dev, &tya, &err) == 0, "%s", err.msg);
+    e = dev_err(be, &tya, ra);
+    CHECK_MSG(e < fused_tol(n, gemv_tol(A, x, n, ra)), "%s: matmul_add q%d n=%d: err %g", what,
+              A->host.bits, n, e);
+    be->ops->free(be, tya.data);
+    free(y0), free(ra);
+    be->ops->free(be, tx.data);
+    be->ops->free(be, scratch.data);
+    free(h);
+}
+
 /* The fused forms past 16 rows in geometries the tests above leave out: Q/K/V with a norm on
  * 8-bit groups of 128 and on 4-bit groups of 32, gate/up with a norm on 4-bit groups of 32 and
  * 8-bit groups of 128, y += x W^T on 4-bit groups of 128 and 8-bit groups of 64; rows of x
@@ -967,72 +1028,24 @@ static void test_gemv_wide_fused(be_backend *be) {
     const int cfg[2][2] = {{8, 128}, {4, 32}};
     const int64_t outs[3] = {128, 64, 40}, in = 512, out = 200;
     for (int c = 0; c < 2; c++) {
-        host_linear L[3];
+        host_linear L[3], U, A;
         for (int i = 0; i < 3; i++)
             make_linear(be, &L[i], outs[i], in, cfg[c][0], cfg[c][1], BASE_DTYPE_BF16, c == 1);
-        host_linear A;
+        /* Gate is K's matrix, up one more of its shape. */
+        make_linear(be, &U, outs[1], in, cfg[c][0], cfg[c][1], BASE_DTYPE_BF16, false);
         make_linear(be, &A, out, in, cfg[c][0] == 8 ? 4 : 8, cfg[c][0] == 8 ? 128 : 64,
                     BASE_DTYPE_F16, c == 0);
         float *w;
         be_tensor tw = norm_weight(be, in, BASE_DTYPE_BF16, &w);
+        char what[32];
+        snprintf(what, sizeof what, "wide q%d g%d", cfg[c][0], cfg[c][1]);
         for (int k = 0; k < N_WIDE_ROWS; k++) {
-            const int n = wide_rows[k];
-            float *x = scaled_rows(n, in), *h = cpu_normed(x, n, in, w), *ref[3];
-            be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
-            be_tensor scratch = tc_poisoned(be, BASE_DTYPE_F32, n, in), ty[3];
-            const be_norm norm = {&tw, 1e-5f, &scratch};
-            base_err err = {{0}};
-            /* Q, K and V. */
-            for (int i = 0; i < 3; i++) {
-                ref[i] = malloc(sizeof(float) * (size_t)(n * outs[i]));
-                cpu_matmul(h, n, &L[i].host, ref[i]);
-                ty[i] = tc_poisoned(be, BASE_DTYPE_F32, n, outs[i]);
-            }
-            const be_linear *ws[3] = {&L[0].dev, &L[1].dev, &L[2].dev};
-            be_tensor *ys[3] = {&ty[0], &ty[1], &ty[2]};
-            CHECK_MSG(be->ops->matmul_qkv(be, &tx, &norm, ws, ys, &err) == 0, "%s", err.msg);
-            for (int i = 0; i < 3; i++) {
-                double e = dev_err(be, &ty[i], ref[i]);
-                CHECK_MSG(e < gemv_tol(&L[i], h, n, ref[i]),
-                          "wide qkv q%d g%d n=%d output %d: err %g", cfg[c][0], cfg[c][1], n, i, e);
-                be->ops->free(be, ty[i].data);
-            }
-            /* Gate (Q's matrix shape) and up (its K's rows twice): one out. */
-            const int64_t go = outs[1];
-            float *gg = malloc(sizeof(float) * (size_t)(n * go));
-            float *uu = malloc(sizeof(float) * (size_t)(n * go));
-            cpu_matmul(h, n, &L[1].host, gg);
-            host_linear U;
-            make_linear(be, &U, go, in, cfg[c][0], cfg[c][1], BASE_DTYPE_BF16, false);
-            cpu_matmul(h, n, &U.host, uu);
-            const double gtol = glu_tol(&L[1], &U, h, n, gg, uu);
-            be_tensor tg = {gg, BASE_DTYPE_F32, n, go}, tu = {uu, BASE_DTYPE_F32, n, go};
-            CHECK(cpu->ops->silu_mul(cpu, &tg, &tu, &tg, &err) == 0);
-            be_tensor tyg = tc_poisoned(be, BASE_DTYPE_F32, n, go);
-            CHECK_MSG(be->ops->matmul_silu_mul(be, &tx, &norm, &L[1].dev, &U.dev, &tyg, &err) == 0,
-                      "%s", err.msg);
-            double e = dev_err(be, &tyg, gg);
-            CHECK_MSG(e < gtol, "wide gate/up q%d g%d n=%d: err %g", cfg[c][0], cfg[c][1], n, e);
-            be->ops->free(be, tyg.data);
-            free_linear(be, &U);
-            free(gg), free(uu);
-            /* y += x A^T from random y. */
-            float *y0 = rand_rows(n, out), *ra = malloc(sizeof(float) * (size_t)(n * out));
-            cpu_matmul(x, n, &A.host, ra);
-            for (int i = 0; i < n * out; i++) ra[i] += y0[i];
-            be_tensor tya = tc_tensor(be, y0, BASE_DTYPE_F32, n, out);
-            CHECK_MSG(be->ops->matmul_add(be, &tx, &A.dev, &tya, &err) == 0, "%s", err.msg);
-            e = dev_err(be, &tya, ra);
-            CHECK_MSG(e < gemv_tol(&A, x, n, ra), "wide matmul_add q%d n=%d: err %g", A.host.bits,
-                      n, e);
-            be->ops->free(be, tya.data);
-            free(y0), free(ra);
-            for (int i = 0; i < 3; i++) free(ref[i]);
-            be->ops->free(be, tx.data);
-            be->ops->free(be, scratch.data);
-            free(x), free(h);
+            float *x = scaled_rows(wide_rows[k], in);
+            check_fused_forms(be, L, &L[1], &U, &A, &tw, w, x, wide_rows[k], in, what);
+            free(x);
         }
         for (int i = 0; i < 3; i++) free_linear(be, &L[i]);
+        free_linear(be, &U);
         free_linear(be, &A);
         be->ops->free(be, tw.data);
         free(w);
@@ -1044,75 +1057,23 @@ static void test_gemv_wide_fused(be_backend *be) {
  * covers, so some warps take two), Q/K/V with a norm over 1028 + 260 + 256 rows, and gate/up
  * with a norm over an odd out; one and two rows of x. */
 static void test_gemv_down(be_backend *be) {
-    const int64_t in = 14336;
+    const int64_t in = 14336, outs[3] = {1028, 260, 256};
     float *w;
     be_tensor tw = norm_weight(be, in, BASE_DTYPE_BF16, &w);
     for (int n = 1; n <= 2; n++) {
-        base_err err = {{0}};
-        float *x = scaled_rows(n, in), *h = cpu_normed(x, n, in, w);
-        be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
-
-        host_linear D;
-        const int64_t dout = 3170;
-        make_linear(be, &D, dout, in, 4, 64, BASE_DTYPE_BF16, n == 2);
-        float *y0 = rand_rows(n, dout), *ref = malloc(sizeof(float) * (size_t)(n * dout));
-        cpu_matmul(x, n, &D.host, ref);
-        for (int i = 0; i < n * dout; i++) ref[i] = y0[i] + ref[i];
-        be_tensor ty = tc_tensor(be, y0, BASE_DTYPE_F32, n, dout);
-        CHECK_MSG(be->ops->matmul_add(be, &tx, &D.dev, &ty, &err) == 0, "%s", err.msg);
-        double e = dev_err(be, &ty, ref);
-        CHECK_MSG(e < fused_tol(n, 1e-5), "down-shaped matmul_add n=%d: err %g", n, e);
-        be->ops->free(be, ty.data);
-        free(y0), free(ref);
-        free_linear(be, &D);
-
-        const int64_t outs[3] = {1028, 260, 256};
-        host_linear L[3];
-        be_tensor tq[3];
-        float *qref[3];
-        for (int i = 0; i < 3; i++) {
+        host_linear L[3], G, U, D;
+        for (int i = 0; i < 3; i++)
             make_linear(be, &L[i], outs[i], in, 4, 64, BASE_DTYPE_BF16, i == 1);
-            qref[i] = malloc(sizeof(float) * (size_t)(n * outs[i]));
-            cpu_matmul(h, n, &L[i].host, qref[i]);
-            tq[i] = tc_poisoned(be, BASE_DTYPE_F32, n, outs[i]);
-        }
-        be_tensor scratch = tc_poisoned(be, BASE_DTYPE_F32, n, in);
-        const be_norm norm = {&tw, 1e-5f, &scratch};
-        const be_linear *ws[3] = {&L[0].dev, &L[1].dev, &L[2].dev};
-        be_tensor *ys[3] = {&tq[0], &tq[1], &tq[2]};
-        CHECK_MSG(be->ops->matmul_qkv(be, &tx, &norm, ws, ys, &err) == 0, "%s", err.msg);
-        for (int i = 0; i < 3; i++) {
-            e = dev_err(be, &tq[i], qref[i]);
-            CHECK_MSG(e < fused_tol(n, 1e-5), "normed qkv in 14336 n=%d output %d: err %g", n, i,
-                      e);
-            be->ops->free(be, tq[i].data);
-            free(qref[i]);
-            free_linear(be, &L[i]);
-        }
-
-        const int64_t gout = 301;
-        host_linear G, U;
-        make_linear(be, &G, gout, in, 4, 64, BASE_DTYPE_BF16, false);
-        make_linear(be, &U, gout, in, 4, 64, BASE_DTYPE_BF16, true);
-        float *g = malloc(sizeof(float) * (size_t)(n * gout));
-        float *u = malloc(sizeof(float) * (size_t)(n * gout));
-        cpu_matmul(h, n, &G.host, g);
-        cpu_matmul(h, n, &U.host, u);
-        be_tensor tg = {g, BASE_DTYPE_F32, n, gout}, tu = {u, BASE_DTYPE_F32, n, gout};
-        CHECK(cpu->ops->silu_mul(cpu, &tg, &tu, &tg, &err) == 0);
-        be_tensor tgy = tc_poisoned(be, BASE_DTYPE_F32, n, gout);
-        CHECK_MSG(be->ops->matmul_silu_mul(be, &tx, &norm, &G.dev, &U.dev, &tgy, &err) == 0, "%s",
-                  err.msg);
-        e = dev_err(be, &tgy, g);
-        CHECK_MSG(e < fused_tol(n, 1e-5), "normed gate/up in 14336 n=%d: err %g", n, e);
-        be->ops->free(be, tgy.data);
-        free(g), free(u);
+        make_linear(be, &G, 301, in, 4, 64, BASE_DTYPE_BF16, false);
+        make_linear(be, &U, 301, in, 4, 64, BASE_DTYPE_BF16, true);
+        make_linear(be, &D, 3170, in, 4, 64, BASE_DTYPE_BF16, n == 2);
+        float *x = scaled_rows(n, in);
+        check_fused_forms(be, L, &G, &U, &D, &tw, w, x, n, in, "in 14336");
+        free(x);
+        for (int i = 0; i < 3; i++) free_linear(be, &L[i]);
         free_linear(be, &G);
         free_linear(be, &U);
-
-        be->ops->free(be, scratch.data);
-        be->ops->free(be, tx.data);
-        free(x), free(h);
+        free_linear(be, &D);
     }
     be->ops->free(be, tw.data);
     free(w);
