@@ -60,8 +60,10 @@ typedef struct att_params {
     int pages_per_chunk; /* INT_MAX for one chunk */
     int split;           /* v2: write partial + lse instead of out */
     int max_chunks;
-    float *partial; /* (n_decode, max_chunks, n_heads, head_dim) */
-    float *lse;     /* (n_decode, max_chunks, n_heads) */
+    int chunks;                /* chunks of this pass: max_chunks for v2, 1 for v1 */
+    unsigned long long *queue; /* (2) items claimed past the grid, CTAs done; NULL: static */
+    float *partial;            /* (n_decode, max_chunks, n_heads, head_dim) */
+    float *lse;                /* (n_decode, max_chunks, n_heads) */
     float scale_log2;
     int stages; /* shared-memory pages in flight + 1, ATT_MIN_STAGES..ATT_MAX_STAGES */
 } att_params;
@@ -414,19 +416,23 @@ __device__ __forceinline__ void split2(float x, float y, uint32_t *terms) {
 }
 
 /* Shared memory of the tensor-core decode kernel: 1 KB of slack to align the stages to the
- * swizzle's 1 KB period, every warp's stages of K and V tiles, which the final combine of
- * (ATT_TC_WARPS, 16) rows of D floats plus their max and sum reuses, then every warp's
- * (2, stages) barriers. */
+ * swizzle's 1 KB period, every warp's stages of K and V tiles, every warp's (2, stages)
+ * barriers, then the exchange through which the warps combine an item (att_tc_xch_bytes). */
 static __host__ __device__ size_t att_tc_work_bytes(int head_dim, int n_stages) {
-    size_t stages = (size_t)ATT_TC_WARPS * n_stages * 2 * ATT_TC_TILE * head_dim * 2;
-    size_t red = (size_t)ATT_TC_WARPS * ATT_TC_ROWS * (head_dim + 2) * sizeof(float);
-    return (stages > red ? stages : red);
+    return (size_t)ATT_TC_WARPS * n_stages * 2 * ATT_TC_TILE * head_dim * 2;
+}
+
+/* Per warp: the half of its O^T accumulators that the other warp finishes, as
+ * (D / 32 m-tiles, 2 n-tiles, 4, 32 lanes) floats, then its max and sum of each head
+ * (2 [max, sum], 2 n-tiles, 2, 4) floats; sized for two n-tiles whatever the group. */
+static __host__ __device__ size_t att_tc_xch_floats(int head_dim) {
+    return (size_t)(head_dim / 32) * 2 * 4 * 32 + 2 * 2 * 2 * 4;
 }
 
 static size_t att_tc_smem_bytes(int head_dim, int n_stages) {
-    return 1024 + att_tc_work_bytes(head_dim, n_stages) + (size_t)ATT_TC_WARPS * n_stages * 16;
+    return 1024 + att_tc_work_bytes(head_dim, n_stages) + (size_t)ATT_TC_WARPS * n_stages * 16 +
+           ATT_TC_WARPS * att_tc_xch_floats(head_dim) * sizeof(float);
 }
-
 __device__ __forceinline__ void att_mbar_init(uint64_t *bar) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(cuda_smem_addr(bar)) : "memory");
 }
@@ -472,17 +478,80 @@ __device__ __forceinline__ uint32_t att_box_off(int t, int c) {
     return (uint32_t)((c >> 3) * ATT_TC_BOX * 128 + t * 128 + (((c & 7) ^ (t & 7)) << 4));
 }
 
+/* Decode rows before sequence s (the workspace numbering), counted by one warp. */
+__device__ int warp_decode_rank(const att_params &p, int s, int lane) {
+    if (p.all_decode) return s;
+    int c = 0;
+    for (int i = lane; i < s; i += 32) c += p.q_indptr[i + 1] - p.q_indptr[i] == 1;
+    for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+    return c;
+}
+
+/* One work item of the tensor-core decode kernel: a chunk of a decode row's pages for one kv
+ * head. Slot u of the sequence is live here when fpo <= u < hi; the chunk's tiles start at u0
+ * (16-aligned, so that each box lies within one page); n_my of them are this warp's. */
+struct att_tc_item {
+    int row, s, kvh, chunk, fpo, hi, u0, n_my;
+    bool live; /* false: no tokens (a queue's item), nothing to store */
+    const int32_t *pages;
+};
+
+/* The first item at or after *at, stepping by step, that has tokens to read; false when none
+ * is left. Items run kv head fastest, then chunk, then row. */
+__device__ __forceinline__ bool att_tc_find(const att_params &p, int64_t *at, int64_t step,
+                                            int warp, att_tc_item *it) {
+    const int64_t n = (int64_t)p.n_tokens * p.n_kv_heads * p.chunks;
+    for (; *at < n; *at += step) {
+        it->fpo = it->hi = it->u0 = it->n_my = 0;
+        it->pages = p.page_indices;
+        it->live = false;
+        const int64_t rest = *at / p.n_kv_heads;
+        it->kvh = (int)(*at % p.n_kv_heads);
+        it->chunk = (int)(rest % p.chunks);
+        it->row = (int)(rest / p.chunks);
+        /* A first copy waits on this chain of loads: with every sequence decoding, the row is
+         * the sequence, without a search through q_indptr. */
+        it->s = p.all_decode ? it->row : seq_of_row(p.q_indptr, p.n_seqs, it->row);
+        if (!p.all_decode && p.q_indptr[it->s + 1] - p.q_indptr[it->s] != 1) {
+            if (p.queue) return true;
+            continue;
+        }
+        const int n_vis = p.kv_len[it->s];
+        int p_begin, p_end;
+        if (!chunk_pages(p, it->s, n_vis, it->chunk, &it->fpo, &p_begin, &p_end)) {
+            if (p.queue) return true;
+            continue;
+        }
+        it->live = true;
+        it->pages = p.page_indices + p.page_indptr[it->s];
+        const int bs = p.block_size;
+        it->hi = it->fpo + n_vis < p_end * bs ? it->fpo + n_vis : p_end * bs;
+        it->u0 = p_begin == 0 ? it->fpo / ATT_TC_BOX * ATT_TC_BOX : p_begin * bs;
+        const int n_tiles = (it->hi - it->u0 + ATT_TC_TILE - 1) / ATT_TC_TILE;
+        it->n_my = n_tiles > warp ? (n_tiles - warp + ATT_TC_WARPS - 1) / ATT_TC_WARPS : 0;
+        return true;
+    }
+    return false;
+}
+
 /* Registers bound nothing at three CTAs of two warps per SM (255 each); two stages of
- * 32-token tiles take 64 KB per CTA at head_dim 128. NT: n-tiles of 8 query heads. */
+ * 32-token tiles take 64 KB per CTA at head_dim 128. NT: n-tiles of 8 query heads.
+ * The grid is at most the CTAs resident at once, and each CTA walks the items blockIdx.x,
+ * + gridDim.x, ...: as a warp finishes an item's tiles it issues the next item's first tiles
+ * into its stages, whose page table it read as the item began, and only then combines and
+ * stores the item, so no CTA's launch or teardown, nor the combine, leaves its share of DRAM
+ * idle between items. */
 template <int D, int SPLIT, typename KT, int NT>
 __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
     paged_decode_mma_kernel(att_params p, const __grid_constant__ CUtensorMap kmap,
                             const __grid_constant__ CUtensorMap vmap) {
     constexpr int KS = D / 16;                    /* k-steps of S^T, m-tiles of O^T */
+    constexpr int KH = KS / 2;                    /* m-tiles each warp finishes */
     constexpr uint32_t BOXB = ATT_TC_BOX * D * 2; /* bytes of one box */
     constexpr uint32_t TILEB = 2 * BOXB;          /* bytes of a tile of K (or of V) */
     constexpr int NB = ATT_TC_TILE / ATT_TC_BOX;  /* boxes per tile, m-tiles of S^T */
     static_assert(D % 64 == 0 && NB == 2, "the swizzle and the window need these");
+    static_assert(ATT_TC_WARPS == 2 && NT <= 2, "the exchange pairs two warps");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024u - (cuda_smem_addr(smem_raw) & 1023u)) & 1023u);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -490,78 +559,86 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
     const int n_st = p.stages, bs = p.block_size;
     unsigned char *wbuf = smem + (size_t)warp * n_st * 2 * TILEB;
     uint64_t *wbar = (uint64_t *)(smem + att_tc_work_bytes(D, n_st)) + warp * n_st * 2;
+    float *xch = (float *)(smem + att_tc_work_bytes(D, n_st) + (size_t)ATT_TC_WARPS * n_st * 16);
+    constexpr int XO = KH * 2 * 4 * 32; /* floats of a warp's half of O^T in the exchange */
+    constexpr int XW = XO + 2 * 2 * 2 * 4;
     if (lane == 0)
         for (int i = 0; i < 2 * n_st; i++) att_mbar_init(wbar + i);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     __syncwarp();
     uint32_t used = 0; /* tiles this warp has streamed through its stages */
-    const int kvh = blockIdx.x, chunk = blockIdx.y;
-    const int head0 = kvh * p.group;
 
     /* A split's merge waits for this grid to finish, and starting it early costs nothing but
      * its launch: let it start once every CTA here has. */
     if (p.split) cuda_pdl_trigger();
 
-    for (int row = blockIdx.z; row < p.n_tokens; row += gridDim.z) {
-        /* A CTA's first copy waits on this chain of loads: with every sequence decoding, the
-         * row is the sequence, without a search through q_indptr. */
-        const int s = p.all_decode ? row : seq_of_row(p.q_indptr, p.n_seqs, row);
-        if (!p.all_decode && p.q_indptr[s + 1] - p.q_indptr[s] != 1) continue;
-        const int n_vis = p.kv_len[s];
-        int fpo, p_begin, p_end;
-        if (!chunk_pages(p, s, n_vis, chunk, &fpo, &p_begin, &p_end)) continue;
-        const int32_t *pages = p.page_indices + p.page_indptr[s];
-        const int drow = p.split ? decode_rank(p, s) : 0;
-        /* Slot u of the sequence is live here when fpo <= u < hi; the chunk's tiles start at
-         * u0 (16-aligned, so that each box lies within one page). */
-        const int hi = fpo + n_vis < p_end * bs ? fpo + n_vis : p_end * bs;
-        const int u0 = p_begin == 0 ? fpo / ATT_TC_BOX * ATT_TC_BOX : p_begin * bs;
-        const int n_tiles = (hi - u0 + ATT_TC_TILE - 1) / ATT_TC_TILE;
-        const int n_my = n_tiles > warp ? (n_tiles - warp + ATT_TC_WARPS - 1) / ATT_TC_WARPS : 0;
-
-        /* Box b of this warp (box 2i + j of its tile i) starts at slot box_u(b); lane l holds
-         * the page of box 32 w + l in window w, and window w + 1 is read as window w starts,
-         * so that issuing a copy never waits on the page table. */
-        auto box_u = [&](int b) {
-            return u0 + (warp + (b >> 1) * ATT_TC_WARPS) * ATT_TC_TILE + (b & 1) * ATT_TC_BOX;
-        };
-        auto page_of = [&](int b) -> int {
-            const int u = box_u(b);
-            return b < 2 * n_my && u < hi ? pages[u / bs] : 0;
-        };
-        int win_cur = page_of(lane), win_nxt = page_of(32 + lane);
-        cuda_pdl_wait();
-        /* Tile i's K (part 0) or V (part 1) into stage stg: boxes past the live slots are
-         * skipped; tiles are issued in order, K before V. */
-        auto issue = [&](int i, int part, int stg) {
-            if (part == 0 && i > 0 && (2 * i) % 32 == 0) {
-                win_cur = win_nxt;
-                win_nxt = page_of(2 * i + 32 + lane);
-            }
-            const int pg0 = __shfl_sync(0xffffffffu, win_cur, (2 * i) & 31);
-            const int pg1 = __shfl_sync(0xffffffffu, win_cur, (2 * i + 1) & 31);
-            if (lane == 0) {
-                const int ua = box_u(2 * i), ub = ua + ATT_TC_BOX;
-                uint64_t *bar = wbar + part * n_st + stg;
-                unsigned char *dst = wbuf + (size_t)(stg * 2 + part) * TILEB;
-                const CUtensorMap *map = part ? &vmap : &kmap;
-                att_mbar_expect(bar, ub < hi ? TILEB : BOXB);
-                att_tma_load(dst, map, ua % bs, kvh, pg0, bar);
-                if (ub < hi) att_tma_load(dst + BOXB, map, ub % bs, kvh, pg1, bar);
-            }
-        };
-
-        int stg = (int)(used % n_st);
-        uint32_t par = (used / n_st) & 1;
-        for (int i = 0, s2 = stg; i < n_st && i < n_my; i++) {
-            issue(i, 0, s2);
-            issue(i, 1, s2);
+    /* Box b of this warp in item t (box 2i + j of its tile i) starts at slot box_u(t, b); lane
+     * l holds the page of box 32 w + l in window w, and window w + 1 is read as window w
+     * starts, so that issuing a copy never waits on the page table. */
+    auto box_u = [&](const att_tc_item &t, int b) {
+        return t.u0 + (warp + (b >> 1) * ATT_TC_WARPS) * ATT_TC_TILE + (b & 1) * ATT_TC_BOX;
+    };
+    auto page_of = [&](const att_tc_item &t, int b) -> int {
+        const int u = box_u(t, b);
+        return b < 2 * t.n_my && u < t.hi ? t.pages[u / bs] : 0;
+    };
+    const int64_t step = gridDim.x;
+    int64_t at = blockIdx.x;
+    att_tc_item it, nx;
+    bool have = att_tc_find(p, &at, step, warp, &it);
+    int win_cur = 0, win_nxt = 0;
+    if (have) win_cur = page_of(it, lane), win_nxt = page_of(it, 32 + lane);
+    cuda_pdl_wait();
+    /* Tile i of item t, its K (part 0) or V (part 1), into stage stg: boxes past the live
+     * slots are skipped; tiles are issued in order, K before V. */
+    auto issue = [&](const att_tc_item &t, int i, int part, int stg) {
+        if (part == 0 && i > 0 && (2 * i) % 32 == 0) {
+            win_cur = win_nxt;
+            win_nxt = page_of(t, 2 * i + 32 + lane);
+        }
+        const int pg0 = __shfl_sync(0xffffffffu, win_cur, (2 * i) & 31);
+        const int pg1 = __shfl_sync(0xffffffffu, win_cur, (2 * i + 1) & 31);
+        if (lane == 0) {
+            const int ua = box_u(t, 2 * i), ub = ua + ATT_TC_BOX;
+            uint64_t *bar = wbar + part * n_st + stg;
+            unsigned char *dst = wbuf + (size_t)(stg * 2 + part) * TILEB;
+            const CUtensorMap *map = part ? &vmap : &kmap;
+            att_mbar_expect(bar, ub < t.hi ? TILEB : BOXB);
+            att_tma_load(dst, map, ua % bs, t.kvh, pg0, bar);
+            if (ub < t.hi) att_tma_load(dst + BOXB, map, ub % bs, t.kvh, pg1, bar);
+        }
+    };
+    /* An item's first tiles, into the stages after the `used` tiles streamed before it. */
+    auto issue_first = [&](const att_tc_item &t) {
+        for (int i = 0, s2 = (int)(used % n_st); i < n_st && i < t.n_my; i++) {
+            issue(t, i, 0, s2);
+            issue(t, i, 1, s2);
             s2 = s2 + 1 == n_st ? 0 : s2 + 1;
         }
+    };
+    if (have) issue_first(it);
+    /* With a queue, slot k & 1 takes the claim made during item k (the initial one slot 1):
+     * a slot is rewritten only after both warps have read it. */
+    __shared__ long long claim_s[2];
+    int64_t pending = 0;
+    if (p.queue) {
+        if (threadIdx.x == 0)
+            claim_s[1] = (long long)gridDim.x + (long long)atomicAdd(p.queue, 1ull);
+        __syncthreads();
+        pending = claim_s[1];
+    }
+
+    for (int k = 0; have; k++) {
+        int64_t at_nx = p.queue ? pending : at + step;
+        const bool have_nx = att_tc_find(p, &at_nx, step, warp, &nx);
+        const int nwin = have_nx ? page_of(nx, lane) : 0;
+        const int head0 = it.kvh * p.group;
+        int stg = (int)(used % n_st);
+        uint32_t par = (used / n_st) & 1;
         /* q's terms as B fragments: qb[sp][ks][nt] holds head 8 nt + g, dims 16 ks + 2 c4
          * (+1) and, in its second register, 8 dims further. */
         uint32_t qb[SPLIT][KS][NT][2];
-        const size_t qbase = (size_t)row * p.n_heads * D + (size_t)head0 * D;
+        const size_t qbase = (size_t)it.row * p.n_heads * D + (size_t)head0 * D;
 #pragma unroll
         for (int ks = 0; ks < KS; ks++)
 #pragma unroll
@@ -593,12 +670,12 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
         for (int nt = 0; nt < NT; nt++)
             mx[nt][0] = mx[nt][1] = -INFINITY, l[nt][0] = l[nt][1] = 0.0f;
 
-        for (int i = 0; i < n_my; i++) {
+        const int fpo = it.fpo, hi = it.hi;
+        for (int i = 0; i < it.n_my; i++) {
             const unsigned char *kt = wbuf + (size_t)(stg * 2) * TILEB;
             unsigned char *vt = wbuf + (size_t)(stg * 2 + 1) * TILEB;
-            const int ut = box_u(2 * i);
+            const int ut = box_u(it, 2 * i);
             att_mbar_wait(wbar + stg, par);
-
             /* S^T, even and odd k-steps into separate accumulators, halving the chain of
              * dependent MMAs. x4: matrices are (tokens +0/+8) x (dims +0/+8) of a k-step. */
             float sc[NB][NT][4], sx[NB][NT][4];
@@ -690,7 +767,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
                     }
             /* S, hence every ldmatrix of K, is spent: refill K's half of the stage */
             __syncwarp();
-            if (i + n_st < n_my) issue(i + n_st, 0, stg);
+            if (i + n_st < it.n_my) issue(it, i + n_st, 0, stg);
 
             att_mbar_wait(wbar + n_st + stg, par);
             if (!whole) {
@@ -722,10 +799,10 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
                             cuda_mma16816<KT>(o[m][nt], a, pb[mt][nt][0][sp], pb[mt][nt][1][sp]);
                 }
             __syncwarp();
-            if (i + n_st < n_my) issue(i + n_st, 1, stg);
+            if (i + n_st < it.n_my) issue(it, i + n_st, 1, stg);
             if (++stg == n_st) stg = 0, par ^= 1;
         }
-        used += n_my;
+        used += it.n_my;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -733,57 +810,100 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
 #pragma unroll
                 for (int o2 = 4; o2 < 32; o2 <<= 1)
                     l[nt][r] += __shfl_xor_sync(0xffffffffu, l[nt][r], o2);
-        __syncthreads();
+        if (have_nx) {
+            win_cur = nwin;
+            win_nxt = page_of(nx, 32 + lane);
+            issue_first(nx);
+        }
 
-        /* Combine the warps: each writes its unnormalized rows, max and sum; the stage
-         * buffers are free now. */
-        float *red = (float *)smem;                       /* (ATT_TC_WARPS, 16, D) */
-        float *mw = red + ATT_TC_WARPS * ATT_TC_ROWS * D; /* (ATT_TC_WARPS, 16) */
-        float *lw = mw + ATT_TC_WARPS * ATT_TC_ROWS;      /* (ATT_TC_WARPS, 16) */
+        /* Combine the warps: each hands the other the m-tiles that one finishes, with its
+         * max and sum per head, then finishes its own half of the dims. */
+        const int oth = warp ^ 1;
+        float *mine = xch + warp * XW, *theirs = xch + oth * XW;
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const int h = nt * 8 + c4 * 2;
-            if (g == 0) {
-                mw[warp * ATT_TC_ROWS + h] = mx[nt][0], mw[warp * ATT_TC_ROWS + h + 1] = mx[nt][1];
-                lw[warp * ATT_TC_ROWS + h] = l[nt][0], lw[warp * ATT_TC_ROWS + h + 1] = l[nt][1];
-            }
+        for (int mm = 0; mm < KH; mm++)
 #pragma unroll
-            for (int m = 0; m < KS; m++) {
-                float *r0 = red + (size_t)(warp * ATT_TC_ROWS + h) * D + m * 16 + g;
-                r0[0] = o[m][nt][0], r0[D] = o[m][nt][1];
-                r0[8] = o[m][nt][2], r0[D + 8] = o[m][nt][3];
-            }
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    mine[((mm * 2 + nt) * 4 + e) * 32 + lane] =
+                        warp ? o[mm][nt][e] : o[KH + mm][nt][e];
+        if (g == 0) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    mine[XO + (nt * 2 + r) * 4 + c4] = mx[nt][r];
+                    mine[XO + 16 + (nt * 2 + r) * 4 + c4] = l[nt][r];
+                }
         }
+        if (p.queue && threadIdx.x == 0 && have_nx)
+            claim_s[k & 1] = (long long)gridDim.x + (long long)atomicAdd(p.queue, 1ull);
         __syncthreads();
-        for (int i = threadIdx.x; i < p.group * D; i += ATT_TC_WARPS * 32) {
-            const int h = i / D, d = i % D;
-            float mmax = -INFINITY;
+        if (p.queue && have_nx) pending = claim_s[k & 1];
+        float fs[NT][2], fo[NT][2], den[NT][2], mmax[NT][2];
 #pragma unroll
-            for (int w = 0; w < ATT_TC_WARPS; w++) mmax = fmaxf(mmax, mw[w * ATT_TC_ROWS + h]);
-            float num = 0.0f, den = 0.0f;
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int w = 0; w < ATT_TC_WARPS; w++) {
-                const float mv = mw[w * ATT_TC_ROWS + h];
-                const float f = mv == -INFINITY ? 0.0f : exp2f(mv - mmax);
-                num += f * red[(size_t)(w * ATT_TC_ROWS + h) * D + d];
-                den += f * lw[w * ATT_TC_ROWS + h];
+            for (int r = 0; r < 2; r++) {
+                const float mo = theirs[XO + (nt * 2 + r) * 4 + c4];
+                const float lo = theirs[XO + 16 + (nt * 2 + r) * 4 + c4];
+                mmax[nt][r] = fmaxf(mx[nt][r], mo);
+                fs[nt][r] = mx[nt][r] == -INFINITY ? 0.0f : exp2f(mx[nt][r] - mmax[nt][r]);
+                fo[nt][r] = mo == -INFINITY ? 0.0f : exp2f(mo - mmax[nt][r]);
+                den[nt][r] = fs[nt][r] * l[nt][r] + fo[nt][r] * lo;
             }
-            const float v = den > 0.0f ? num / den : 0.0f;
-            const int hg = head0 + h;
-            if (p.split) {
-                const size_t cell = ((size_t)drow * p.max_chunks + chunk) * p.n_heads + hg;
-                p.partial[cell * D + d] = v;
-                if (d == 0) p.lse[cell] = den > 0.0f ? (mmax + log2f(den)) * ATT_LN2 : -INFINITY;
-            } else {
-                cuda_store(p.out, p.out_dt, (size_t)row * p.n_heads * D + (size_t)hg * D + d, v);
-            }
-        }
-        /* the next row's copies overwrite what the combine wrote through the generic proxy */
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        float res[KH][NT][4];
+#pragma unroll
+        for (int mm = 0; mm < KH; mm++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float num = fs[nt][e & 1] * (warp ? o[KH + mm][nt][e] : o[mm][nt][e]) +
+                                      fo[nt][e & 1] * theirs[((mm * 2 + nt) * 4 + e) * 32 + lane];
+                    res[mm][nt][e] = den[nt][e & 1] > 0.0f ? num / den[nt][e & 1] : 0.0f;
+                }
+        /* the exchange is read: the next item may write it */
         __syncthreads();
+        const int drow = p.split ? warp_decode_rank(p, it.s, lane) : 0;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int h = nt * 8 + c4 * 2 + r;
+                if (h >= p.group || !it.live) continue;
+                const int hg = head0 + h;
+                const size_t cell = ((size_t)drow * p.max_chunks + it.chunk) * p.n_heads + hg;
+                if (p.split && warp == 0 && g == 0)
+                    p.lse[cell] =
+                        den[nt][r] > 0.0f ? (mmax[nt][r] + log2f(den[nt][r])) * ATT_LN2 : -INFINITY;
+#pragma unroll
+                for (int mm = 0; mm < KH; mm++)
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        const int d = (warp * KH + mm) * 16 + g + hf * 8;
+                        const float v = res[mm][nt][hf * 2 + r];
+                        if (p.split)
+                            p.partial[cell * D + d] = v;
+                        else
+                            cuda_store(p.out, p.out_dt,
+                                       (size_t)it.row * p.n_heads * D + (size_t)hg * D + d, v);
+                    }
+            }
+        it = nx;
+        at = at_nx;
+        have = have_nx;
     }
+    /* the last CTA out resets the queue for the next launch (a graph's replay among them) */
+    if (p.queue && threadIdx.x == 0 && atomicAdd(p.queue + 1, 1ull) == gridDim.x - 1)
+        p.queue[0] = 0, p.queue[1] = 0;
     cuda_pdl_wait();
 }
+
+/* The queue of paged_decode_mma_kernel's items: one per device, as launches of the kernel on
+ * one device run one at a time (the backend's one stream). */
+__device__ unsigned long long att_tc_queue[2];
 
 /* Combines a decode row's chunks: weights exp(lse_c - max) over its own chunk count. Warps
  * serve (row, head) pairs: MW = 1 gives each warp a pair of its own, four to a CTA, for many
@@ -807,15 +927,6 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
  * timed the folded kernel at 79.2-80.1 us against 74.5 plus a 6.5-7.0 us merge here. */
 #define ATT_MERGE_WARPS 4
 
-/* Decode rows before sequence s (the workspace numbering), counted by one warp. */
-__device__ int warp_decode_rank(const att_params &p, int s, int lane) {
-    if (p.all_decode) return s;
-    int c = 0;
-    for (int i = lane; i < s; i += 32) c += p.q_indptr[i + 1] - p.q_indptr[i] == 1;
-    for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
-    return c;
-}
-
 /* VEC consecutive floats from a 4 * VEC-byte aligned address. */
 template <int VEC> __device__ __forceinline__ void load_vec(const float *src, float *x) {
     if constexpr (VEC % 4 == 0) {
@@ -832,6 +943,9 @@ template <int VEC> __device__ __forceinline__ void load_vec(const float *src, fl
     }
 }
 
+/* Chunks of a warp whose partials are loaded before their weights are known. */
+#define MERGE_PREFETCH 4
+
 template <int D, int MW>
 __global__ void __launch_bounds__(ATT_MERGE_WARPS * 32) merge_kernel(att_params p) {
     constexpr int VEC = D / 32;                 /* dimensions per lane */
@@ -846,9 +960,11 @@ __global__ void __launch_bounds__(ATT_MERGE_WARPS * 32) merge_kernel(att_params 
         const int row = (int)(pair / p.n_heads), hg = (int)(pair % p.n_heads);
         bool live = pair < n_pairs;
         int s = 0;
-        if (live) {
+        if (live && !p.all_decode) {
             s = seq_of_row(p.q_indptr, p.n_seqs, row);
             live = p.q_indptr[s + 1] - p.q_indptr[s] == 1;
+        } else {
+            s = row;
         }
         float num[VEC], mx = -INFINITY, den = 0.0f;
 #pragma unroll
@@ -864,15 +980,35 @@ __global__ void __launch_bounds__(ATT_MERGE_WARPS * 32) merge_kernel(att_params 
             const float *part = p.partial + (cell0 + (size_t)slice * p.n_heads) * D + lane * VEC;
             const size_t step = (size_t)MW * p.n_heads; /* cells between this warp's chunks */
             cuda_pdl_wait();
-            for (int k = lane; k < mine; k += 32) mx = fmaxf(mx, lse[k * step]);
+            /* The first chunks' partials load beside the weights rather than after them: the
+             * merge is a short chain of dependent loads, each an L2 round trip. */
+            float xp[MERGE_PREFETCH][VEC];
+#pragma unroll
+            for (int j = 0; j < MERGE_PREFETCH; j++)
+                if (j < mine) load_vec<VEC>(part + (size_t)j * step * D, xp[j]);
+            const float lse0 = lane < mine ? lse[lane * step] : -INFINITY;
+            mx = lse0;
+            for (int k = lane + 32; k < mine; k += 32) mx = fmaxf(mx, lse[k * step]);
             for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
             if (mx != -INFINITY) {
                 for (int kb = 0; kb < mine; kb += 32) {
-                    const float w = kb + lane < mine ? __expf(lse[(kb + lane) * step] - mx) : 0.0f;
+                    const float lk = kb == 0            ? lse0
+                                     : kb + lane < mine ? lse[(kb + lane) * step]
+                                                        : 0.0f;
+                    const float w = kb + lane < mine ? __expf(lk - mx) : 0.0f;
                     den += w;
                     const int nk = mine - kb < 32 ? mine - kb : 32;
+                    if (kb == 0) {
+#pragma unroll
+                        for (int j = 0; j < MERGE_PREFETCH; j++) {
+                            const float wj = __shfl_sync(0xffffffffu, w, j);
+                            if (j < nk)
+#pragma unroll
+                                for (int v = 0; v < VEC; v++) num[v] = fmaf(wj, xp[j][v], num[v]);
+                        }
+                    }
 #pragma unroll 8
-                    for (int j = 0; j < nk; j++) {
+                    for (int j = kb == 0 ? MERGE_PREFETCH : 0; j < nk; j++) {
                         const float wj = __shfl_sync(0xffffffffu, w, j);
                         float x[VEC];
                         load_vec<VEC>(part + (size_t)(kb + j) * step * D, x);
@@ -1048,18 +1184,44 @@ static int att_tc_map(cuda_backend *c, const void *pool, const be_kv_layer *laye
     return 0;
 }
 
+/* The grid is the CTAs resident at once (as the occupancy calculator counts them for this
+ * shared-memory size, asked once per kernel), or fewer where there are fewer items. */
 template <int D, int SPLIT, typename KT, int NT>
 static int launch_decode_mma(const att_params &p, const CUtensorMap &km, const CUtensorMap &vm,
-                             dim3 grid, size_t smem, cuda_backend *c, base_err *err) {
+                             int64_t items, size_t smem, cuda_backend *c, base_err *err) {
     auto kern = paged_decode_mma_kernel<D, SPLIT, KT, NT>;
     const char *what = "attention (tensor cores)";
     if (cuda_smem_limit(kern, smem, what, err)) return -1;
-    return cuda_launch_pdl(c, kern, grid, dim3(ATT_TC_WARPS * 32), smem, what, err, p, km, vm);
+    static size_t known_smem;
+    static int per_sm;
+    if (known_smem != smem) {
+        int n = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, ATT_TC_WARPS * 32, smem) !=
+                cudaSuccess ||
+            n < 1)
+            return base_fail(err, "cuda: %s: no CTA of %zu bytes of shared memory fits an SM", what,
+                             smem);
+        per_sm = n;
+        known_smem = smem;
+    }
+    int64_t resident = (int64_t)per_sm * c->sm_count;
+    const char *env = getenv("MLXCEL_ATT_TC_PERSIST");
+    att_params pq = p;
+    if (env && strcmp(env, "0") == 0) resident = INT_MAX;
+    if (env && strcmp(env, "2") == 0 && items > resident) {
+        void *q = NULL;
+        if (cudaGetSymbolAddress(&q, att_tc_queue) != cudaSuccess)
+            return base_fail(err, "cuda: %s: no address of the item queue", what);
+        pq.queue = (unsigned long long *)q;
+    }
+    const unsigned grid = (unsigned)(items < resident ? items : resident);
+    return cuda_launch_pdl(c, kern, dim3(grid), dim3(ATT_TC_WARPS * 32), smem, what, err, pq, km,
+                           vm);
 }
 
 template <int D, typename KT, int NT>
 static int dispatch_mma_split(const att_params &p, bool exact, const CUtensorMap &km,
-                              const CUtensorMap &vm, dim3 grid, size_t smem, cuda_backend *c,
+                              const CUtensorMap &vm, int64_t grid, size_t smem, cuda_backend *c,
                               base_err *err) {
     /* Two f16 terms carry 22 bits, three bf16 terms 24: an F32 float's worth either way. */
     constexpr int FULL = std::is_same<KT, __half>::value ? 2 : 3;
@@ -1086,8 +1248,8 @@ static int run_decode_mma(const att_params &p0, const be_kv_layer *layer, int ch
     CUtensorMap km, vm;
     if (att_tc_map(c, layer->k, layer, &km, err) || att_tc_map(c, layer->v, layer, &vm, err))
         return -1;
-    dim3 grid((unsigned)p.n_kv_heads, (unsigned)chunks,
-              (unsigned)(p.n_tokens < ATT_GRID_MAX ? p.n_tokens : ATT_GRID_MAX));
+    p.chunks = chunks;
+    const int64_t grid = (int64_t)p.n_tokens * p.n_kv_heads * chunks;
     const bool f16 = layer->dtype == BASE_DTYPE_F16, wide = p.group > 8;
     if (D == 64) {
         if (wide)
