@@ -224,7 +224,8 @@ def main():
     ap.add_argument("--vs", help="with --ours, a second bench_attention (e.g. main's) in the "
                     "same turns")
     ap.add_argument("--ab", help="NAME=V1,V2,...: with --ours, each binary at each value of that "
-                    "environment variable, in turns")
+                    "environment variable, in turns; a value V+NAME2=W also sets NAME2 to W (and "
+                    "the values that do not name NAME2 set it to 0)")
     a = ap.parse_args()
     shapes = SHAPES
     if a.shapes:
