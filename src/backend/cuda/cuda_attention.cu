@@ -423,15 +423,15 @@ static __host__ __device__ size_t att_tc_work_bytes(int head_dim, int n_stages) 
 }
 
 /* Per warp: the half of its O^T accumulators that the other warp finishes, as
- * (D / 32 m-tiles, 2 n-tiles, 4, 32 lanes) floats, then its max and sum of each head
- * (2 [max, sum], 2 n-tiles, 2, 4) floats; sized for two n-tiles whatever the group. */
-static __host__ __device__ size_t att_tc_xch_floats(int head_dim) {
-    return (size_t)(head_dim / 32) * 2 * 4 * 32 + 2 * 2 * 2 * 4;
+ * (D / 32 m-tiles, nt n-tiles, 4, 32 lanes) floats, then its max and sum of each head
+ * (2 [max, sum], nt n-tiles, 2, 4) floats. */
+static size_t att_tc_xch_floats(int head_dim, int nt) {
+    return (size_t)(head_dim / 32) * nt * 4 * 32 + 2 * (size_t)nt * 2 * 4;
 }
 
-static size_t att_tc_smem_bytes(int head_dim, int n_stages) {
+static size_t att_tc_smem_bytes(int head_dim, int n_stages, int nt) {
     return 1024 + att_tc_work_bytes(head_dim, n_stages) + (size_t)ATT_TC_WARPS * n_stages * 16 +
-           ATT_TC_WARPS * att_tc_xch_floats(head_dim) * sizeof(float);
+           ATT_TC_WARPS * att_tc_xch_floats(head_dim, nt) * sizeof(float);
 }
 __device__ __forceinline__ void att_mbar_init(uint64_t *bar) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(cuda_smem_addr(bar)) : "memory");
@@ -560,8 +560,8 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
     unsigned char *wbuf = smem + (size_t)warp * n_st * 2 * TILEB;
     uint64_t *wbar = (uint64_t *)(smem + att_tc_work_bytes(D, n_st)) + warp * n_st * 2;
     float *xch = (float *)(smem + att_tc_work_bytes(D, n_st) + (size_t)ATT_TC_WARPS * n_st * 16);
-    constexpr int XO = KH * 2 * 4 * 32; /* floats of a warp's half of O^T in the exchange */
-    constexpr int XW = XO + 2 * 2 * 2 * 4;
+    constexpr int XO = KH * NT * 4 * 32; /* floats of a warp's half of O^T in the exchange */
+    constexpr int XW = XO + 2 * NT * 2 * 4;
     if (lane == 0)
         for (int i = 0; i < 2 * n_st; i++) att_mbar_init(wbar + i);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -826,7 +826,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    mine[((mm * 2 + nt) * 4 + e) * 32 + lane] =
+                    mine[((mm * NT + nt) * 4 + e) * 32 + lane] =
                         warp ? o[mm][nt][e] : o[KH + mm][nt][e];
         if (g == 0) {
 #pragma unroll
@@ -834,7 +834,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
                     mine[XO + (nt * 2 + r) * 4 + c4] = mx[nt][r];
-                    mine[XO + 16 + (nt * 2 + r) * 4 + c4] = l[nt][r];
+                    mine[XO + NT * 8 + (nt * 2 + r) * 4 + c4] = l[nt][r];
                 }
         }
         if (p.queue && threadIdx.x == 0 && have_nx)
@@ -847,7 +847,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const float mo = theirs[XO + (nt * 2 + r) * 4 + c4];
-                const float lo = theirs[XO + 16 + (nt * 2 + r) * 4 + c4];
+                const float lo = theirs[XO + NT * 8 + (nt * 2 + r) * 4 + c4];
                 mmax[nt][r] = fmaxf(mx[nt][r], mo);
                 fs[nt][r] = mx[nt][r] == -INFINITY ? 0.0f : exp2f(mx[nt][r] - mmax[nt][r]);
                 fo[nt][r] = mo == -INFINITY ? 0.0f : exp2f(mo - mmax[nt][r]);
@@ -861,7 +861,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const float num = fs[nt][e & 1] * (warp ? o[KH + mm][nt][e] : o[mm][nt][e]) +
-                                      fo[nt][e & 1] * theirs[((mm * 2 + nt) * 4 + e) * 32 + lane];
+                                      fo[nt][e & 1] * theirs[((mm * NT + nt) * 4 + e) * 32 + lane];
                     res[mm][nt][e] = den[nt][e & 1] > 0.0f ? num / den[nt][e & 1] : 0.0f;
                 }
         /* the exchange is read: the next item may write it */
@@ -1242,15 +1242,16 @@ static int run_decode_mma(const att_params &p0, const be_kv_layer *layer, int ch
                           cuda_backend *c, base_err *err) {
     att_params p = p0;
     const bool exact = p.out_dt == BASE_DTYPE_F32;
-    const int D = layer->head_dim;
-    while (p.stages > ATT_MIN_STAGES && att_tc_smem_bytes(D, p.stages) > ATT_SMEM_MAX) p.stages--;
-    const size_t smem = att_tc_smem_bytes(D, p.stages);
+    const int D = layer->head_dim, nt = p.group > 8 ? 2 : 1;
+    while (p.stages > ATT_MIN_STAGES && att_tc_smem_bytes(D, p.stages, nt) > ATT_SMEM_MAX)
+        p.stages--;
+    const size_t smem = att_tc_smem_bytes(D, p.stages, nt);
     CUtensorMap km, vm;
     if (att_tc_map(c, layer->k, layer, &km, err) || att_tc_map(c, layer->v, layer, &vm, err))
         return -1;
     p.chunks = chunks;
     const int64_t grid = (int64_t)p.n_tokens * p.n_kv_heads * chunks;
-    const bool f16 = layer->dtype == BASE_DTYPE_F16, wide = p.group > 8;
+    const bool f16 = layer->dtype == BASE_DTYPE_F16, wide = nt == 2;
     if (D == 64) {
         if (wide)
             return f16 ? dispatch_mma_split<64, __half, 2>(p, exact, km, vm, grid, smem, c, err)
