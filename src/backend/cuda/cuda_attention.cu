@@ -60,10 +60,10 @@ typedef struct att_params {
     int pages_per_chunk; /* INT_MAX for one chunk */
     int split;           /* v2: write partial + lse instead of out */
     int max_chunks;
-    int chunks;                /* chunks of this pass: max_chunks for v2, 1 for v1 */
-    unsigned long long *queue; /* (2) items claimed past the grid, CTAs done; NULL: static */
-    float *partial;            /* (n_decode, max_chunks, n_heads, head_dim) */
-    float *lse;                /* (n_decode, max_chunks, n_heads) */
+    int chunks; /* chunks of this pass: max_chunks for v2, 1 for v1 */
+    int l2pf, evict;
+    float *partial; /* (n_decode, max_chunks, n_heads, head_dim) */
+    float *lse;     /* (n_decode, max_chunks, n_heads) */
     float scale_log2;
     int stages; /* shared-memory pages in flight + 1, ATT_MIN_STAGES..ATT_MAX_STAGES */
 } att_params;
@@ -465,6 +465,28 @@ __device__ __forceinline__ void att_tma_load(void *smem, const CUtensorMap *map,
                  : "memory");
 }
 
+/* The same box with an evict-first L2 policy. */
+__device__ __forceinline__ void att_tma_load_ef(void *smem, const CUtensorMap *map, int tok,
+                                                int kvh, int page, uint64_t *bar) {
+    asm volatile("{\n"
+                 ".reg .b64 pol;\n"
+                 "createpolicy.fractional.L2::evict_first.b64 pol, 1.0;\n"
+                 "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3, %4, %5, %6}], [%7], pol;\n"
+                 "}\n" ::"r"(cuda_smem_addr(smem)),
+                 "l"(map), "r"(0), "r"(tok), "r"(0), "r"(kvh), "r"(page), "r"(cuda_smem_addr(bar))
+                 : "memory");
+}
+
+/* A box of `map` into L2 only. */
+__device__ __forceinline__ void att_tma_prefetch(const CUtensorMap *map, int tok, int kvh,
+                                                 int page) {
+    asm volatile(
+        "cp.async.bulk.prefetch.tensor.5d.L2.global.tile [%0, {%1, %2, %3, %4, %5}];\n" ::"l"(map),
+        "r"(0), "r"(tok), "r"(0), "r"(kvh), "r"(page)
+        : "memory");
+}
+
 /* The 8x8 b16 matrix of a fragment register, transposed across the warp. */
 __device__ __forceinline__ uint32_t att_movtrans(uint32_t x) {
     uint32_t y;
@@ -492,7 +514,6 @@ __device__ int warp_decode_rank(const att_params &p, int s, int lane) {
  * (16-aligned, so that each box lies within one page); n_my of them are this warp's. */
 struct att_tc_item {
     int row, s, kvh, chunk, fpo, hi, u0, n_my;
-    bool live; /* false: no tokens (a queue's item), nothing to store */
     const int32_t *pages;
 };
 
@@ -502,9 +523,6 @@ __device__ __forceinline__ bool att_tc_find(const att_params &p, int64_t *at, in
                                             int warp, att_tc_item *it) {
     const int64_t n = (int64_t)p.n_tokens * p.n_kv_heads * p.chunks;
     for (; *at < n; *at += step) {
-        it->fpo = it->hi = it->u0 = it->n_my = 0;
-        it->pages = p.page_indices;
-        it->live = false;
         const int64_t rest = *at / p.n_kv_heads;
         it->kvh = (int)(*at % p.n_kv_heads);
         it->chunk = (int)(rest % p.chunks);
@@ -512,17 +530,10 @@ __device__ __forceinline__ bool att_tc_find(const att_params &p, int64_t *at, in
         /* A first copy waits on this chain of loads: with every sequence decoding, the row is
          * the sequence, without a search through q_indptr. */
         it->s = p.all_decode ? it->row : seq_of_row(p.q_indptr, p.n_seqs, it->row);
-        if (!p.all_decode && p.q_indptr[it->s + 1] - p.q_indptr[it->s] != 1) {
-            if (p.queue) return true;
-            continue;
-        }
+        if (!p.all_decode && p.q_indptr[it->s + 1] - p.q_indptr[it->s] != 1) continue;
         const int n_vis = p.kv_len[it->s];
         int p_begin, p_end;
-        if (!chunk_pages(p, it->s, n_vis, it->chunk, &it->fpo, &p_begin, &p_end)) {
-            if (p.queue) return true;
-            continue;
-        }
-        it->live = true;
+        if (!chunk_pages(p, it->s, n_vis, it->chunk, &it->fpo, &p_begin, &p_end)) continue;
         it->pages = p.page_indices + p.page_indptr[it->s];
         const int bs = p.block_size;
         it->hi = it->fpo + n_vis < p_end * bs ? it->fpo + n_vis : p_end * bs;
@@ -604,8 +615,26 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
             unsigned char *dst = wbuf + (size_t)(stg * 2 + part) * TILEB;
             const CUtensorMap *map = part ? &vmap : &kmap;
             att_mbar_expect(bar, ub < t.hi ? TILEB : BOXB);
-            att_tma_load(dst, map, ua % bs, t.kvh, pg0, bar);
-            if (ub < t.hi) att_tma_load(dst + BOXB, map, ub % bs, t.kvh, pg1, bar);
+            if (p.evict) {
+                att_tma_load_ef(dst, map, ua % bs, t.kvh, pg0, bar);
+                if (ub < t.hi) att_tma_load_ef(dst + BOXB, map, ub % bs, t.kvh, pg1, bar);
+            } else {
+                att_tma_load(dst, map, ua % bs, t.kvh, pg0, bar);
+                if (ub < t.hi) att_tma_load(dst + BOXB, map, ub % bs, t.kvh, pg1, bar);
+            }
+        }
+        if (p.l2pf > 0 && i + p.l2pf < t.n_my) {
+            /* window (2 i) / 32 + 1 was read long before its boxes are prefetched */
+            const int bp = 2 * (i + p.l2pf);
+            const int src = (bp >> 5) != ((2 * i) >> 5) ? win_nxt : win_cur;
+            const int q0 = __shfl_sync(0xffffffffu, src, bp & 31);
+            const int q1 = __shfl_sync(0xffffffffu, src, (bp + 1) & 31);
+            if (lane == 0) {
+                const int ua = box_u(t, bp), ub = ua + ATT_TC_BOX;
+                const CUtensorMap *map = part ? &vmap : &kmap;
+                att_tma_prefetch(map, ua % bs, t.kvh, q0);
+                if (ub < t.hi) att_tma_prefetch(map, ub % bs, t.kvh, q1);
+            }
         }
     };
     /* An item's first tiles, into the stages after the `used` tiles streamed before it. */
@@ -617,19 +646,8 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
         }
     };
     if (have) issue_first(it);
-    /* With a queue, slot k & 1 takes the claim made during item k (the initial one slot 1):
-     * a slot is rewritten only after both warps have read it. */
-    __shared__ long long claim_s[2];
-    int64_t pending = 0;
-    if (p.queue) {
-        if (threadIdx.x == 0)
-            claim_s[1] = (long long)gridDim.x + (long long)atomicAdd(p.queue, 1ull);
-        __syncthreads();
-        pending = claim_s[1];
-    }
-
-    for (int k = 0; have; k++) {
-        int64_t at_nx = p.queue ? pending : at + step;
+    while (have) {
+        int64_t at_nx = at + step;
         const bool have_nx = att_tc_find(p, &at_nx, step, warp, &nx);
         const int nwin = have_nx ? page_of(nx, lane) : 0;
         const int head0 = it.kvh * p.group;
@@ -837,10 +855,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
                     mine[XO + NT * 8 + (nt * 2 + r) * 4 + c4] = l[nt][r];
                 }
         }
-        if (p.queue && threadIdx.x == 0 && have_nx)
-            claim_s[k & 1] = (long long)gridDim.x + (long long)atomicAdd(p.queue, 1ull);
         __syncthreads();
-        if (p.queue && have_nx) pending = claim_s[k & 1];
         float fs[NT][2], fo[NT][2], den[NT][2], mmax[NT][2];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
@@ -872,7 +887,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int h = nt * 8 + c4 * 2 + r;
-                if (h >= p.group || !it.live) continue;
+                if (h >= p.group) continue;
                 const int hg = head0 + h;
                 const size_t cell = ((size_t)drow * p.max_chunks + it.chunk) * p.n_heads + hg;
                 if (p.split && warp == 0 && g == 0)
@@ -895,15 +910,8 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
         at = at_nx;
         have = have_nx;
     }
-    /* the last CTA out resets the queue for the next launch (a graph's replay among them) */
-    if (p.queue && threadIdx.x == 0 && atomicAdd(p.queue + 1, 1ull) == gridDim.x - 1)
-        p.queue[0] = 0, p.queue[1] = 0;
     cuda_pdl_wait();
 }
-
-/* The queue of paged_decode_mma_kernel's items: one per device, as launches of the kernel on
- * one device run one at a time (the backend's one stream). */
-__device__ unsigned long long att_tc_queue[2];
 
 /* Combines a decode row's chunks: weights exp(lse_c - max) over its own chunk count. Warps
  * serve (row, head) pairs: MW = 1 gives each warp a pair of its own, four to a CTA, for many
@@ -1204,19 +1212,15 @@ static int launch_decode_mma(const att_params &p, const CUtensorMap &km, const C
         per_sm = n;
         known_smem = smem;
     }
-    int64_t resident = (int64_t)per_sm * c->sm_count;
+    /* MLXCEL_ATT_TC_PERSIST: 1 resident CTAs, xK K items per CTA, else one */
+    int64_t grid = items;
     const char *env = getenv("MLXCEL_ATT_TC_PERSIST");
-    att_params pq = p;
-    if (env && strcmp(env, "0") == 0) resident = INT_MAX;
-    if (env && strcmp(env, "2") == 0 && items > resident) {
-        void *q = NULL;
-        if (cudaGetSymbolAddress(&q, att_tc_queue) != cudaSuccess)
-            return base_fail(err, "cuda: %s: no address of the item queue", what);
-        pq.queue = (unsigned long long *)q;
-    }
-    const unsigned grid = (unsigned)(items < resident ? items : resident);
-    return cuda_launch_pdl(c, kern, dim3(grid), dim3(ATT_TC_WARPS * 32), smem, what, err, pq, km,
-                           vm);
+    if (env && strcmp(env, "1") == 0 && grid > (int64_t)per_sm * c->sm_count)
+        grid = (int64_t)per_sm * c->sm_count;
+    if (env && env[0] == 'x' && atoi(env + 1) > 1)
+        grid = (items + atoi(env + 1) - 1) / atoi(env + 1);
+    return cuda_launch_pdl(c, kern, dim3((unsigned)grid), dim3(ATT_TC_WARPS * 32), smem, what, err,
+                           p, km, vm);
 }
 
 template <int D, typename KT, int NT>
@@ -1250,6 +1254,10 @@ static int run_decode_mma(const att_params &p0, const be_kv_layer *layer, int ch
     if (att_tc_map(c, layer->k, layer, &km, err) || att_tc_map(c, layer->v, layer, &vm, err))
         return -1;
     p.chunks = chunks;
+    const char *pf = getenv("MLXCEL_ATT_TC_L2PF"), *ev = getenv("MLXCEL_ATT_TC_EVICT");
+    p.l2pf = pf ? atoi(pf) : 0;
+    if (p.l2pf > 8) p.l2pf = 8;
+    p.evict = ev && atoi(ev) > 0;
     const int64_t grid = (int64_t)p.n_tokens * p.n_kv_heads * chunks;
     const bool f16 = layer->dtype == BASE_DTYPE_F16, wide = nt == 2;
     if (D == 64) {
