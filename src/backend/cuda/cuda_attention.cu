@@ -579,10 +579,6 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
     __syncwarp();
     uint32_t used = 0; /* tiles this warp has streamed through its stages */
 
-    /* A split's merge waits for this grid to finish, and starting it early costs nothing but
-     * its launch: let it start once every CTA here has. */
-    if (p.split) cuda_pdl_trigger();
-
     /* Box b of this warp in item t (box 2i + j of its tile i) starts at slot box_u(t, b); lane
      * l holds the page of box 32 w + l in window w, and window w + 1 is read as window w
      * starts, so that issuing a copy never waits on the page table. */
@@ -649,6 +645,9 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
     while (have) {
         int64_t at_nx = at + step;
         const bool have_nx = att_tc_find(p, &at_nx, step, warp, &nx);
+        /* A split's merge waits for this grid to finish, and starting it early costs nothing
+         * but its launch: let it start once every CTA here has begun its last item. */
+        if (p.split && !have_nx) cuda_pdl_trigger();
         const int nwin = have_nx ? page_of(nx, lane) : 0;
         const int head0 = it.kvh * p.group;
         int stg = (int)(used % n_st);
