@@ -252,15 +252,6 @@ int main(int argc, char **argv) {
                 if (x.B == B && x.L == L) r = &x;
             if (!r) bench_die("serve: no such shape", line);
             const be_decode_plan *plan = &r->v2[0];
-            /* MLXCEL_BENCH_CHUNKS_X=k: k times the planner's chunks (a v2 plan only) */
-            const char *cx = getenv("MLXCEL_BENCH_CHUNKS_X");
-            be_decode_plan finer = r->ws;
-            if (cx && atoi(cx) > 1 && plan->kind == BE_DECODE_V2) {
-                const int c = std::min(r->pages, plan->max_chunks * atoi(cx));
-                finer.pages_per_chunk = (r->pages + c - 1) / c;
-                finer.max_chunks = (r->pages + finer.pages_per_chunk - 1) / finer.pages_per_chunk;
-                plan = &finer;
-            }
             cuda_backend *cb = cuda_impl(be);
             const int def_stages = cb->att_stages;
             if (stages > 0) cb->att_stages = stages;

@@ -60,8 +60,6 @@ typedef struct att_params {
     int pages_per_chunk; /* INT_MAX for one chunk */
     int split;           /* v2: write partial + lse instead of out */
     int max_chunks;
-    int chunks; /* chunks of this pass: max_chunks for v2, 1 for v1 */
-    int l2pf, evict;
     float *partial; /* (n_decode, max_chunks, n_heads, head_dim) */
     float *lse;     /* (n_decode, max_chunks, n_heads) */
     float scale_log2;
@@ -357,7 +355,9 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
  * are cut into tiles of ATT_TC_TILE (32); each of the ATT_TC_WARPS warps takes every
  * ATT_TC_WARPS-th tile and streams it through its own att_stages shared-memory stages, so the
  * main loop needs no block-wide barrier (split-K inside the CTA); the warps' softmax states
- * are combined once at the end.
+ * are combined once at the end, register to register: each warp hands the other, through a
+ * 4 KB exchange beside the stages, the half of its O^T tiles that one finishes, with its max
+ * and sum per head, and stores its own half of the dims.
  *
  * The products run transposed, with the tokens as mma.sync m16n8k16's M rows and the heads as
  * its 8 N columns (two n-tiles for groups past 8): S^T = K Q^T with K read by ldmatrix and
@@ -375,9 +375,9 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
  * within one page (pages hold a multiple of 16 tokens), its K and V copies completing on
  * separate mbarriers: K's half of a stage is refilled once S is computed, V's after P V. Lane
  * 0 issues every copy of its warp; the page table is read 16 tiles ahead into a lane-held
- * window. Slots no live token of the chunk holds (before the first-page offset, past the
- * last token or the chunk) get a score of -inf, and their V rows are zeroed, since the pool
- * may hold NaN there and 0 * NaN would reach the output.
+ * window. The copies are evict-first in L2 (att_tma_load). Slots no live token of the chunk holds
+ * (before the first-page offset, past the last token or the chunk) get a score of -inf, and their V
+ * rows are zeroed, since the pool may hold NaN there and 0 * NaN would reach the output.
  *
  * MMA inputs are the pool's dtype. SPLIT > 1 carries q and P as that many terms (the value
  * rounded, then the rounded remainder, ...), each a separate MMA into the same F32
@@ -395,7 +395,21 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
  * goes per call and per CTA: ncu at 4x16384 (one wave of 384 CTAs) times the kernel at 74.5
  * us, 75% of DRAM peak on average, and the merge after it at 6.7 us; at 64x4096 270.9 us at 83%
  * and 7.4 us, half of the warps' stall cycles on shared-memory results (the copies' barriers,
- * ldmatrix). */
+ * ldmatrix).
+ * In turns with main's build and cuDNN on one H200 (5 trials; 64x4096 / 4x16384 / 16x8192 /
+ * 256x2048 / 1x131072), the combine through the exchange and the merge's early partial loads
+ * read 0.891 / 0.920 / 0.903 / 0.930 / 0.938 of cuDNN against main's 0.891 / 0.900 / 0.898 /
+ * 0.934 / 0.926; on another H200 0.879 / 0.894 / 0.893 / 0.906 / 0.927 against 0.883 / 0.893 /
+ * 0.893 / 0.931 / 0.927, and with evict-first copies 0.892 / 0.919 / 0.905 / 0.921 / 0.946.
+ * Tried there and not kept: resident CTAs (3 per SM) walking the (row, kv head, chunk) items,
+ * each warp issuing the next item's first tiles before the combine, so that no launch or
+ * combine leaves a slot's DRAM share idle: items taken statically 0.844 / 0.918 / 0.903 /
+ * 0.874 / 0.937, from an atomic queue (the last CTA resetting it) 0.859 / 0.916 / 0.903 /
+ * 0.928 / 0.938, the queue over 2x and 3x the planner's chunks down to 0.813 / 0.746 / 0.791
+ * / 0.928 / 0.789; two and three items per CTA 0.846 / 0.800 / 0.822 / 0.897 / 0.862 and
+ * 0.719 / 0.555 / 0.568 / 0.878 / 0.600; tiles prefetched into L2 (bulk tensor prefetch) one
+ * and two past the stages 0.760 / 0.780 / 0.770 / 0.813 / 0.796 and 0.733 / 0.734 / 0.726 /
+ * 0.784 / 0.746, with evict-first copies 0.758 / 0.774 / 0.767 / 0.815 / 0.793. */
 #define ATT_TC_WARPS 2
 #define ATT_TC_ROWS  16 /* query heads a CTA serves at most: two n-tiles */
 #define ATT_TC_TILE  32 /* tokens per step of a warp */
@@ -417,7 +431,7 @@ __device__ __forceinline__ void split2(float x, float y, uint32_t *terms) {
 
 /* Shared memory of the tensor-core decode kernel: 1 KB of slack to align the stages to the
  * swizzle's 1 KB period, every warp's stages of K and V tiles, every warp's (2, stages)
- * barriers, then the exchange through which the warps combine an item (att_tc_xch_bytes). */
+ * barriers, then the exchange through which the warps combine a row (att_tc_xch_floats). */
 static __host__ __device__ size_t att_tc_work_bytes(int head_dim, int n_stages) {
     return (size_t)ATT_TC_WARPS * n_stages * 2 * ATT_TC_TILE * head_dim * 2;
 }
@@ -433,6 +447,7 @@ static size_t att_tc_smem_bytes(int head_dim, int n_stages, int nt) {
     return 1024 + att_tc_work_bytes(head_dim, n_stages) + (size_t)ATT_TC_WARPS * n_stages * 16 +
            ATT_TC_WARPS * att_tc_xch_floats(head_dim, nt) * sizeof(float);
 }
+
 __device__ __forceinline__ void att_mbar_init(uint64_t *bar) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(cuda_smem_addr(bar)) : "memory");
 }
@@ -456,18 +471,11 @@ __device__ __forceinline__ void att_mbar_wait(uint64_t *bar, uint32_t parity) {
                  : "memory");
 }
 
-/* One box of `map` at (token in page, kv head, page) into shared memory, completing on bar. */
+/* One box of `map` at (token in page, kv head, page) into shared memory, completing on bar,
+ * evict-first in L2: each K/V byte is read once, and the lines it would keep would push out
+ * what is read again (the page table, q, the partials the merge reads back). */
 __device__ __forceinline__ void att_tma_load(void *smem, const CUtensorMap *map, int tok, int kvh,
                                              int page, uint64_t *bar) {
-    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n" ::"r"(cuda_smem_addr(smem)),
-                 "l"(map), "r"(0), "r"(tok), "r"(0), "r"(kvh), "r"(page), "r"(cuda_smem_addr(bar))
-                 : "memory");
-}
-
-/* The same box with an evict-first L2 policy. */
-__device__ __forceinline__ void att_tma_load_ef(void *smem, const CUtensorMap *map, int tok,
-                                                int kvh, int page, uint64_t *bar) {
     asm volatile("{\n"
                  ".reg .b64 pol;\n"
                  "createpolicy.fractional.L2::evict_first.b64 pol, 1.0;\n"
@@ -476,15 +484,6 @@ __device__ __forceinline__ void att_tma_load_ef(void *smem, const CUtensorMap *m
                  "}\n" ::"r"(cuda_smem_addr(smem)),
                  "l"(map), "r"(0), "r"(tok), "r"(0), "r"(kvh), "r"(page), "r"(cuda_smem_addr(bar))
                  : "memory");
-}
-
-/* A box of `map` into L2 only. */
-__device__ __forceinline__ void att_tma_prefetch(const CUtensorMap *map, int tok, int kvh,
-                                                 int page) {
-    asm volatile(
-        "cp.async.bulk.prefetch.tensor.5d.L2.global.tile [%0, {%1, %2, %3, %4, %5}];\n" ::"l"(map),
-        "r"(0), "r"(tok), "r"(0), "r"(kvh), "r"(page)
-        : "memory");
 }
 
 /* The 8x8 b16 matrix of a fragment register, transposed across the warp. */
@@ -500,69 +499,17 @@ __device__ __forceinline__ uint32_t att_box_off(int t, int c) {
     return (uint32_t)((c >> 3) * ATT_TC_BOX * 128 + t * 128 + (((c & 7) ^ (t & 7)) << 4));
 }
 
-/* Decode rows before sequence s (the workspace numbering), counted by one warp. */
-__device__ int warp_decode_rank(const att_params &p, int s, int lane) {
-    if (p.all_decode) return s;
-    int c = 0;
-    for (int i = lane; i < s; i += 32) c += p.q_indptr[i + 1] - p.q_indptr[i] == 1;
-    for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
-    return c;
-}
-
-/* One work item of the tensor-core decode kernel: a chunk of a decode row's pages for one kv
- * head. Slot u of the sequence is live here when fpo <= u < hi; the chunk's tiles start at u0
- * (16-aligned, so that each box lies within one page); n_my of them are this warp's. */
-struct att_tc_item {
-    int row, s, kvh, chunk, fpo, hi, u0, n_my;
-    const int32_t *pages;
-};
-
-/* The first item at or after *at, stepping by step, that has tokens to read; false when none
- * is left. Items run kv head fastest, then chunk, then row. */
-__device__ __forceinline__ bool att_tc_find(const att_params &p, int64_t *at, int64_t step,
-                                            int warp, att_tc_item *it) {
-    const int64_t n = (int64_t)p.n_tokens * p.n_kv_heads * p.chunks;
-    for (; *at < n; *at += step) {
-        const int64_t rest = *at / p.n_kv_heads;
-        it->kvh = (int)(*at % p.n_kv_heads);
-        it->chunk = (int)(rest % p.chunks);
-        it->row = (int)(rest / p.chunks);
-        /* A first copy waits on this chain of loads: with every sequence decoding, the row is
-         * the sequence, without a search through q_indptr. */
-        it->s = p.all_decode ? it->row : seq_of_row(p.q_indptr, p.n_seqs, it->row);
-        if (!p.all_decode && p.q_indptr[it->s + 1] - p.q_indptr[it->s] != 1) continue;
-        const int n_vis = p.kv_len[it->s];
-        int p_begin, p_end;
-        if (!chunk_pages(p, it->s, n_vis, it->chunk, &it->fpo, &p_begin, &p_end)) continue;
-        it->pages = p.page_indices + p.page_indptr[it->s];
-        const int bs = p.block_size;
-        it->hi = it->fpo + n_vis < p_end * bs ? it->fpo + n_vis : p_end * bs;
-        it->u0 = p_begin == 0 ? it->fpo / ATT_TC_BOX * ATT_TC_BOX : p_begin * bs;
-        const int n_tiles = (it->hi - it->u0 + ATT_TC_TILE - 1) / ATT_TC_TILE;
-        it->n_my = n_tiles > warp ? (n_tiles - warp + ATT_TC_WARPS - 1) / ATT_TC_WARPS : 0;
-        return true;
-    }
-    return false;
-}
-
 /* Registers bound nothing at three CTAs of two warps per SM (255 each); two stages of
- * 32-token tiles take 64 KB per CTA at head_dim 128. NT: n-tiles of 8 query heads.
- * The grid is at most the CTAs resident at once, and each CTA walks the items blockIdx.x,
- * + gridDim.x, ...: as a warp finishes an item's tiles it issues the next item's first tiles
- * into its stages, whose page table it read as the item began, and only then combines and
- * stores the item, so no CTA's launch or teardown, nor the combine, leaves its share of DRAM
- * idle between items. */
+ * 32-token tiles take 64 KB per CTA at head_dim 128. NT: n-tiles of 8 query heads. */
 template <int D, int SPLIT, typename KT, int NT>
 __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
     paged_decode_mma_kernel(att_params p, const __grid_constant__ CUtensorMap kmap,
                             const __grid_constant__ CUtensorMap vmap) {
     constexpr int KS = D / 16;                    /* k-steps of S^T, m-tiles of O^T */
-    constexpr int KH = KS / 2;                    /* m-tiles each warp finishes */
     constexpr uint32_t BOXB = ATT_TC_BOX * D * 2; /* bytes of one box */
     constexpr uint32_t TILEB = 2 * BOXB;          /* bytes of a tile of K (or of V) */
     constexpr int NB = ATT_TC_TILE / ATT_TC_BOX;  /* boxes per tile, m-tiles of S^T */
     static_assert(D % 64 == 0 && NB == 2, "the swizzle and the window need these");
-    static_assert(ATT_TC_WARPS == 2 && NT <= 2, "the exchange pairs two warps");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024u - (cuda_smem_addr(smem_raw) & 1023u)) & 1023u);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -571,91 +518,82 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
     unsigned char *wbuf = smem + (size_t)warp * n_st * 2 * TILEB;
     uint64_t *wbar = (uint64_t *)(smem + att_tc_work_bytes(D, n_st)) + warp * n_st * 2;
     float *xch = (float *)(smem + att_tc_work_bytes(D, n_st) + (size_t)ATT_TC_WARPS * n_st * 16);
+    constexpr int KH = KS / 2;           /* m-tiles each warp finishes */
     constexpr int XO = KH * NT * 4 * 32; /* floats of a warp's half of O^T in the exchange */
     constexpr int XW = XO + 2 * NT * 2 * 4;
+    static_assert(ATT_TC_WARPS == 2, "the exchange pairs two warps");
     if (lane == 0)
         for (int i = 0; i < 2 * n_st; i++) att_mbar_init(wbar + i);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     __syncwarp();
     uint32_t used = 0; /* tiles this warp has streamed through its stages */
+    const int kvh = blockIdx.x, chunk = blockIdx.y;
+    const int head0 = kvh * p.group;
 
-    /* Box b of this warp in item t (box 2i + j of its tile i) starts at slot box_u(t, b); lane
-     * l holds the page of box 32 w + l in window w, and window w + 1 is read as window w
-     * starts, so that issuing a copy never waits on the page table. */
-    auto box_u = [&](const att_tc_item &t, int b) {
-        return t.u0 + (warp + (b >> 1) * ATT_TC_WARPS) * ATT_TC_TILE + (b & 1) * ATT_TC_BOX;
-    };
-    auto page_of = [&](const att_tc_item &t, int b) -> int {
-        const int u = box_u(t, b);
-        return b < 2 * t.n_my && u < t.hi ? t.pages[u / bs] : 0;
-    };
-    const int64_t step = gridDim.x;
-    int64_t at = blockIdx.x;
-    att_tc_item it, nx;
-    bool have = att_tc_find(p, &at, step, warp, &it);
-    int win_cur = 0, win_nxt = 0;
-    if (have) win_cur = page_of(it, lane), win_nxt = page_of(it, 32 + lane);
-    cuda_pdl_wait();
-    /* Tile i of item t, its K (part 0) or V (part 1), into stage stg: boxes past the live
-     * slots are skipped; tiles are issued in order, K before V. */
-    auto issue = [&](const att_tc_item &t, int i, int part, int stg) {
-        if (part == 0 && i > 0 && (2 * i) % 32 == 0) {
-            win_cur = win_nxt;
-            win_nxt = page_of(t, 2 * i + 32 + lane);
-        }
-        const int pg0 = __shfl_sync(0xffffffffu, win_cur, (2 * i) & 31);
-        const int pg1 = __shfl_sync(0xffffffffu, win_cur, (2 * i + 1) & 31);
-        if (lane == 0) {
-            const int ua = box_u(t, 2 * i), ub = ua + ATT_TC_BOX;
-            uint64_t *bar = wbar + part * n_st + stg;
-            unsigned char *dst = wbuf + (size_t)(stg * 2 + part) * TILEB;
-            const CUtensorMap *map = part ? &vmap : &kmap;
-            att_mbar_expect(bar, ub < t.hi ? TILEB : BOXB);
-            if (p.evict) {
-                att_tma_load_ef(dst, map, ua % bs, t.kvh, pg0, bar);
-                if (ub < t.hi) att_tma_load_ef(dst + BOXB, map, ub % bs, t.kvh, pg1, bar);
-            } else {
-                att_tma_load(dst, map, ua % bs, t.kvh, pg0, bar);
-                if (ub < t.hi) att_tma_load(dst + BOXB, map, ub % bs, t.kvh, pg1, bar);
+    /* A split's merge waits for this grid to finish, and starting it early costs nothing but
+     * its launch: let it start once every CTA here has. */
+    if (p.split) cuda_pdl_trigger();
+
+    for (int row = blockIdx.z; row < p.n_tokens; row += gridDim.z) {
+        /* A CTA's first copy waits on this chain of loads: with every sequence decoding, the
+         * row is the sequence, without a search through q_indptr. */
+        const int s = p.all_decode ? row : seq_of_row(p.q_indptr, p.n_seqs, row);
+        if (!p.all_decode && p.q_indptr[s + 1] - p.q_indptr[s] != 1) continue;
+        const int n_vis = p.kv_len[s];
+        int fpo, p_begin, p_end;
+        if (!chunk_pages(p, s, n_vis, chunk, &fpo, &p_begin, &p_end)) continue;
+        const int32_t *pages = p.page_indices + p.page_indptr[s];
+        const int drow = p.split ? decode_rank(p, s) : 0;
+        /* Slot u of the sequence is live here when fpo <= u < hi; the chunk's tiles start at
+         * u0 (16-aligned, so that each box lies within one page). */
+        const int hi = fpo + n_vis < p_end * bs ? fpo + n_vis : p_end * bs;
+        const int u0 = p_begin == 0 ? fpo / ATT_TC_BOX * ATT_TC_BOX : p_begin * bs;
+        const int n_tiles = (hi - u0 + ATT_TC_TILE - 1) / ATT_TC_TILE;
+        const int n_my = n_tiles > warp ? (n_tiles - warp + ATT_TC_WARPS - 1) / ATT_TC_WARPS : 0;
+
+        /* Box b of this warp (box 2i + j of its tile i) starts at slot box_u(b); lane l holds
+         * the page of box 32 w + l in window w, and window w + 1 is read as window w starts,
+         * so that issuing a copy never waits on the page table. */
+        auto box_u = [&](int b) {
+            return u0 + (warp + (b >> 1) * ATT_TC_WARPS) * ATT_TC_TILE + (b & 1) * ATT_TC_BOX;
+        };
+        auto page_of = [&](int b) -> int {
+            const int u = box_u(b);
+            return b < 2 * n_my && u < hi ? pages[u / bs] : 0;
+        };
+        int win_cur = page_of(lane), win_nxt = page_of(32 + lane);
+        cuda_pdl_wait();
+        /* Tile i's K (part 0) or V (part 1) into stage stg: boxes past the live slots are
+         * skipped; tiles are issued in order, K before V. */
+        auto issue = [&](int i, int part, int stg) {
+            if (part == 0 && i > 0 && (2 * i) % 32 == 0) {
+                win_cur = win_nxt;
+                win_nxt = page_of(2 * i + 32 + lane);
             }
-        }
-        if (p.l2pf > 0 && i + p.l2pf < t.n_my) {
-            /* window (2 i) / 32 + 1 was read long before its boxes are prefetched */
-            const int bp = 2 * (i + p.l2pf);
-            const int src = (bp >> 5) != ((2 * i) >> 5) ? win_nxt : win_cur;
-            const int q0 = __shfl_sync(0xffffffffu, src, bp & 31);
-            const int q1 = __shfl_sync(0xffffffffu, src, (bp + 1) & 31);
+            const int pg0 = __shfl_sync(0xffffffffu, win_cur, (2 * i) & 31);
+            const int pg1 = __shfl_sync(0xffffffffu, win_cur, (2 * i + 1) & 31);
             if (lane == 0) {
-                const int ua = box_u(t, bp), ub = ua + ATT_TC_BOX;
+                const int ua = box_u(2 * i), ub = ua + ATT_TC_BOX;
+                uint64_t *bar = wbar + part * n_st + stg;
+                unsigned char *dst = wbuf + (size_t)(stg * 2 + part) * TILEB;
                 const CUtensorMap *map = part ? &vmap : &kmap;
-                att_tma_prefetch(map, ua % bs, t.kvh, q0);
-                if (ub < t.hi) att_tma_prefetch(map, ub % bs, t.kvh, q1);
+                att_mbar_expect(bar, ub < hi ? TILEB : BOXB);
+                att_tma_load(dst, map, ua % bs, kvh, pg0, bar);
+                if (ub < hi) att_tma_load(dst + BOXB, map, ub % bs, kvh, pg1, bar);
             }
-        }
-    };
-    /* An item's first tiles, into the stages after the `used` tiles streamed before it. */
-    auto issue_first = [&](const att_tc_item &t) {
-        for (int i = 0, s2 = (int)(used % n_st); i < n_st && i < t.n_my; i++) {
-            issue(t, i, 0, s2);
-            issue(t, i, 1, s2);
-            s2 = s2 + 1 == n_st ? 0 : s2 + 1;
-        }
-    };
-    if (have) issue_first(it);
-    while (have) {
-        int64_t at_nx = at + step;
-        const bool have_nx = att_tc_find(p, &at_nx, step, warp, &nx);
-        /* A split's merge waits for this grid to finish, and starting it early costs nothing
-         * but its launch: let it start once every CTA here has begun its last item. */
-        if (p.split && !have_nx) cuda_pdl_trigger();
-        const int nwin = have_nx ? page_of(nx, lane) : 0;
-        const int head0 = it.kvh * p.group;
+        };
+
         int stg = (int)(used % n_st);
         uint32_t par = (used / n_st) & 1;
+        for (int i = 0, s2 = stg; i < n_st && i < n_my; i++) {
+            issue(i, 0, s2);
+            issue(i, 1, s2);
+            s2 = s2 + 1 == n_st ? 0 : s2 + 1;
+        }
         /* q's terms as B fragments: qb[sp][ks][nt] holds head 8 nt + g, dims 16 ks + 2 c4
          * (+1) and, in its second register, 8 dims further. */
         uint32_t qb[SPLIT][KS][NT][2];
-        const size_t qbase = (size_t)it.row * p.n_heads * D + (size_t)head0 * D;
+        const size_t qbase = (size_t)row * p.n_heads * D + (size_t)head0 * D;
 #pragma unroll
         for (int ks = 0; ks < KS; ks++)
 #pragma unroll
@@ -687,12 +625,12 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
         for (int nt = 0; nt < NT; nt++)
             mx[nt][0] = mx[nt][1] = -INFINITY, l[nt][0] = l[nt][1] = 0.0f;
 
-        const int fpo = it.fpo, hi = it.hi;
-        for (int i = 0; i < it.n_my; i++) {
+        for (int i = 0; i < n_my; i++) {
             const unsigned char *kt = wbuf + (size_t)(stg * 2) * TILEB;
             unsigned char *vt = wbuf + (size_t)(stg * 2 + 1) * TILEB;
-            const int ut = box_u(it, 2 * i);
+            const int ut = box_u(2 * i);
             att_mbar_wait(wbar + stg, par);
+
             /* S^T, even and odd k-steps into separate accumulators, halving the chain of
              * dependent MMAs. x4: matrices are (tokens +0/+8) x (dims +0/+8) of a k-step. */
             float sc[NB][NT][4], sx[NB][NT][4];
@@ -784,7 +722,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
                     }
             /* S, hence every ldmatrix of K, is spent: refill K's half of the stage */
             __syncwarp();
-            if (i + n_st < it.n_my) issue(it, i + n_st, 0, stg);
+            if (i + n_st < n_my) issue(i + n_st, 0, stg);
 
             att_mbar_wait(wbar + n_st + stg, par);
             if (!whole) {
@@ -816,10 +754,10 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
                             cuda_mma16816<KT>(o[m][nt], a, pb[mt][nt][0][sp], pb[mt][nt][1][sp]);
                 }
             __syncwarp();
-            if (i + n_st < it.n_my) issue(it, i + n_st, 1, stg);
+            if (i + n_st < n_my) issue(i + n_st, 1, stg);
             if (++stg == n_st) stg = 0, par ^= 1;
         }
-        used += it.n_my;
+        used += n_my;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -827,12 +765,6 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
 #pragma unroll
                 for (int o2 = 4; o2 < 32; o2 <<= 1)
                     l[nt][r] += __shfl_xor_sync(0xffffffffu, l[nt][r], o2);
-        if (have_nx) {
-            win_cur = nwin;
-            win_nxt = page_of(nx, 32 + lane);
-            issue_first(nx);
-        }
-
         /* Combine the warps: each hands the other the m-tiles that one finishes, with its
          * max and sum per head, then finishes its own half of the dims. */
         const int oth = warp ^ 1;
@@ -878,9 +810,8 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
                                       fo[nt][e & 1] * theirs[((mm * NT + nt) * 4 + e) * 32 + lane];
                     res[mm][nt][e] = den[nt][e & 1] > 0.0f ? num / den[nt][e & 1] : 0.0f;
                 }
-        /* the exchange is read: the next item may write it */
+        /* the exchange is read: the next row may write it */
         __syncthreads();
-        const int drow = p.split ? warp_decode_rank(p, it.s, lane) : 0;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -888,7 +819,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
                 const int h = nt * 8 + c4 * 2 + r;
                 if (h >= p.group) continue;
                 const int hg = head0 + h;
-                const size_t cell = ((size_t)drow * p.max_chunks + it.chunk) * p.n_heads + hg;
+                const size_t cell = ((size_t)drow * p.max_chunks + chunk) * p.n_heads + hg;
                 if (p.split && warp == 0 && g == 0)
                     p.lse[cell] =
                         den[nt][r] > 0.0f ? (mmax[nt][r] + log2f(den[nt][r])) * ATT_LN2 : -INFINITY;
@@ -902,12 +833,9 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
                             p.partial[cell * D + d] = v;
                         else
                             cuda_store(p.out, p.out_dt,
-                                       (size_t)it.row * p.n_heads * D + (size_t)hg * D + d, v);
+                                       (size_t)row * p.n_heads * D + (size_t)hg * D + d, v);
                     }
             }
-        it = nx;
-        at = at_nx;
-        have = have_nx;
     }
     cuda_pdl_wait();
 }
@@ -921,7 +849,8 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
  * (H200) made v2 of one chunk at 256 x 2048 tokens 10% slower than v1 (3.33 against 3.71 TB/s)
  * and took 9 us after the 151 us attention of one 131072-token row in 49 chunks; this one
  * takes 7 us after the 154 us attention at 16 x 8192 in 3 chunks, bound by the latency of its
- * few dependent loads.
+ * few dependent loads: a warp's first MERGE_PREFETCH partials are loaded beside the weights,
+ * and with every sequence decoding the row is the sequence, without a search.
  * Tried and not kept: the merge folded into the tensor-core kernel, the last CTA of each
  * (decode row, kv head) to arrive at a counter merging the row's chunks in chunk order (the
  * wide decode kernel's scheme), with no merge launch and no early trigger. In turns with
@@ -933,6 +862,15 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
  * 49 chunks (1x131072) far slower than the merge kernel's 4 warps per query head; ncu at 4x16384
  * timed the folded kernel at 79.2-80.1 us against 74.5 plus a 6.5-7.0 us merge here. */
 #define ATT_MERGE_WARPS 4
+
+/* Decode rows before sequence s (the workspace numbering), counted by one warp. */
+__device__ int warp_decode_rank(const att_params &p, int s, int lane) {
+    if (p.all_decode) return s;
+    int c = 0;
+    for (int i = lane; i < s; i += 32) c += p.q_indptr[i + 1] - p.q_indptr[i] == 1;
+    for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+    return c;
+}
 
 /* VEC consecutive floats from a 4 * VEC-byte aligned address. */
 template <int VEC> __device__ __forceinline__ void load_vec(const float *src, float *x) {
@@ -1191,40 +1129,18 @@ static int att_tc_map(cuda_backend *c, const void *pool, const be_kv_layer *laye
     return 0;
 }
 
-/* The grid is the CTAs resident at once (as the occupancy calculator counts them for this
- * shared-memory size, asked once per kernel), or fewer where there are fewer items. */
 template <int D, int SPLIT, typename KT, int NT>
 static int launch_decode_mma(const att_params &p, const CUtensorMap &km, const CUtensorMap &vm,
-                             int64_t items, size_t smem, cuda_backend *c, base_err *err) {
+                             dim3 grid, size_t smem, cuda_backend *c, base_err *err) {
     auto kern = paged_decode_mma_kernel<D, SPLIT, KT, NT>;
     const char *what = "attention (tensor cores)";
     if (cuda_smem_limit(kern, smem, what, err)) return -1;
-    static size_t known_smem;
-    static int per_sm;
-    if (known_smem != smem) {
-        int n = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, ATT_TC_WARPS * 32, smem) !=
-                cudaSuccess ||
-            n < 1)
-            return base_fail(err, "cuda: %s: no CTA of %zu bytes of shared memory fits an SM", what,
-                             smem);
-        per_sm = n;
-        known_smem = smem;
-    }
-    /* MLXCEL_ATT_TC_PERSIST: 1 resident CTAs, xK K items per CTA, else one */
-    int64_t grid = items;
-    const char *env = getenv("MLXCEL_ATT_TC_PERSIST");
-    if (env && strcmp(env, "1") == 0 && grid > (int64_t)per_sm * c->sm_count)
-        grid = (int64_t)per_sm * c->sm_count;
-    if (env && env[0] == 'x' && atoi(env + 1) > 1)
-        grid = (items + atoi(env + 1) - 1) / atoi(env + 1);
-    return cuda_launch_pdl(c, kern, dim3((unsigned)grid), dim3(ATT_TC_WARPS * 32), smem, what, err,
-                           p, km, vm);
+    return cuda_launch_pdl(c, kern, grid, dim3(ATT_TC_WARPS * 32), smem, what, err, p, km, vm);
 }
 
 template <int D, typename KT, int NT>
 static int dispatch_mma_split(const att_params &p, bool exact, const CUtensorMap &km,
-                              const CUtensorMap &vm, int64_t grid, size_t smem, cuda_backend *c,
+                              const CUtensorMap &vm, dim3 grid, size_t smem, cuda_backend *c,
                               base_err *err) {
     /* Two f16 terms carry 22 bits, three bf16 terms 24: an F32 float's worth either way. */
     constexpr int FULL = std::is_same<KT, __half>::value ? 2 : 3;
@@ -1252,12 +1168,8 @@ static int run_decode_mma(const att_params &p0, const be_kv_layer *layer, int ch
     CUtensorMap km, vm;
     if (att_tc_map(c, layer->k, layer, &km, err) || att_tc_map(c, layer->v, layer, &vm, err))
         return -1;
-    p.chunks = chunks;
-    const char *pf = getenv("MLXCEL_ATT_TC_L2PF"), *ev = getenv("MLXCEL_ATT_TC_EVICT");
-    p.l2pf = pf ? atoi(pf) : 0;
-    if (p.l2pf > 8) p.l2pf = 8;
-    p.evict = ev && atoi(ev) > 0;
-    const int64_t grid = (int64_t)p.n_tokens * p.n_kv_heads * chunks;
+    dim3 grid((unsigned)p.n_kv_heads, (unsigned)chunks,
+              (unsigned)(p.n_tokens < ATT_GRID_MAX ? p.n_tokens : ATT_GRID_MAX));
     const bool f16 = layer->dtype == BASE_DTYPE_F16, wide = nt == 2;
     if (D == 64) {
         if (wide)
