@@ -118,10 +118,17 @@ def alternate(ours_cmds, reps, trials, shapes, dev, ab=None):
     procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                               bufsize=1) for cmd in ours_cmds]
 
+    # a value V+NAME2=W also sets NAME2 (to 0 for the values that do not name it)
+    extra = sorted({a.split("=")[0] for v in (ab[1] if ab else []) for a in v.split("+")[1:]})
+
     def ours_ms(k, shape, env=None):
         ours = procs[k]
         if env:
-            ours.stdin.write(f"env {env[0]} {env[1]}\n")
+            parts = env[1].split("+")
+            ours.stdin.write(f"env {env[0]} {parts[0]}\n")
+            named = dict(a.split("=", 1) for a in parts[1:])
+            for n in extra:
+                ours.stdin.write(f"env {n} {named.get(n, '0')}\n")
         ours.stdin.write(f"{shape} {reps}\n")
         ours.stdin.flush()
         while True:
@@ -217,7 +224,8 @@ def main():
     ap.add_argument("--vs", help="with --ours, a second bench_attention (e.g. main's) in the "
                     "same turns")
     ap.add_argument("--ab", help="NAME=V1,V2,...: with --ours, each binary at each value of that "
-                    "environment variable, in turns")
+                    "environment variable, in turns; a value V+NAME2=W also sets NAME2 to W (and "
+                    "the values that do not name NAME2 set it to 0)")
     a = ap.parse_args()
     shapes = SHAPES
     if a.shapes:

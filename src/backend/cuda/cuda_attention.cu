@@ -355,7 +355,9 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
  * are cut into tiles of ATT_TC_TILE (32); each of the ATT_TC_WARPS warps takes every
  * ATT_TC_WARPS-th tile and streams it through its own att_stages shared-memory stages, so the
  * main loop needs no block-wide barrier (split-K inside the CTA); the warps' softmax states
- * are combined once at the end.
+ * are combined once at the end, register to register: each warp hands the other, through a
+ * 4 KB exchange beside the stages, the half of its O^T tiles that one finishes, with its max
+ * and sum per head, and stores its own half of the dims.
  *
  * The products run transposed, with the tokens as mma.sync m16n8k16's M rows and the heads as
  * its 8 N columns (two n-tiles for groups past 8): S^T = K Q^T with K read by ldmatrix and
@@ -373,9 +375,9 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
  * within one page (pages hold a multiple of 16 tokens), its K and V copies completing on
  * separate mbarriers: K's half of a stage is refilled once S is computed, V's after P V. Lane
  * 0 issues every copy of its warp; the page table is read 16 tiles ahead into a lane-held
- * window. Slots no live token of the chunk holds (before the first-page offset, past the
- * last token or the chunk) get a score of -inf, and their V rows are zeroed, since the pool
- * may hold NaN there and 0 * NaN would reach the output.
+ * window. The copies are evict-first in L2 (att_tma_load). Slots no live token of the chunk holds
+ * (before the first-page offset, past the last token or the chunk) get a score of -inf, and their V
+ * rows are zeroed, since the pool may hold NaN there and 0 * NaN would reach the output.
  *
  * MMA inputs are the pool's dtype. SPLIT > 1 carries q and P as that many terms (the value
  * rounded, then the rounded remainder, ...), each a separate MMA into the same F32
@@ -393,7 +395,21 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
  * goes per call and per CTA: ncu at 4x16384 (one wave of 384 CTAs) times the kernel at 74.5
  * us, 75% of DRAM peak on average, and the merge after it at 6.7 us; at 64x4096 270.9 us at 83%
  * and 7.4 us, half of the warps' stall cycles on shared-memory results (the copies' barriers,
- * ldmatrix). */
+ * ldmatrix).
+ * In turns with main's build and cuDNN on one H200 (5 trials; 64x4096 / 4x16384 / 16x8192 /
+ * 256x2048 / 1x131072), the combine through the exchange and the merge's early partial loads
+ * read 0.891 / 0.920 / 0.903 / 0.930 / 0.938 of cuDNN against main's 0.891 / 0.900 / 0.898 /
+ * 0.934 / 0.926; on another H200 0.879 / 0.894 / 0.893 / 0.906 / 0.927 against 0.883 / 0.893 /
+ * 0.893 / 0.931 / 0.927, and with evict-first copies 0.892 / 0.919 / 0.905 / 0.921 / 0.946.
+ * Tried there and not kept: resident CTAs (3 per SM) walking the (row, kv head, chunk) items,
+ * each warp issuing the next item's first tiles before the combine, so that no launch or
+ * combine leaves a slot's DRAM share idle: items taken statically 0.844 / 0.918 / 0.903 /
+ * 0.874 / 0.937, from an atomic queue (the last CTA resetting it) 0.859 / 0.916 / 0.903 /
+ * 0.928 / 0.938, the queue over 2x and 3x the planner's chunks down to 0.813 / 0.746 / 0.791
+ * / 0.928 / 0.789; two and three items per CTA 0.846 / 0.800 / 0.822 / 0.897 / 0.862 and
+ * 0.719 / 0.555 / 0.568 / 0.878 / 0.600; tiles prefetched into L2 (bulk tensor prefetch) one
+ * and two past the stages 0.760 / 0.780 / 0.770 / 0.813 / 0.796 and 0.733 / 0.734 / 0.726 /
+ * 0.784 / 0.746, with evict-first copies 0.758 / 0.774 / 0.767 / 0.815 / 0.793. */
 #define ATT_TC_WARPS 2
 #define ATT_TC_ROWS  16 /* query heads a CTA serves at most: two n-tiles */
 #define ATT_TC_TILE  32 /* tokens per step of a warp */
@@ -414,17 +430,22 @@ __device__ __forceinline__ void split2(float x, float y, uint32_t *terms) {
 }
 
 /* Shared memory of the tensor-core decode kernel: 1 KB of slack to align the stages to the
- * swizzle's 1 KB period, every warp's stages of K and V tiles, which the final combine of
- * (ATT_TC_WARPS, 16) rows of D floats plus their max and sum reuses, then every warp's
- * (2, stages) barriers. */
+ * swizzle's 1 KB period, every warp's stages of K and V tiles, every warp's (2, stages)
+ * barriers, then the exchange through which the warps combine a row (att_tc_xch_floats). */
 static __host__ __device__ size_t att_tc_work_bytes(int head_dim, int n_stages) {
-    size_t stages = (size_t)ATT_TC_WARPS * n_stages * 2 * ATT_TC_TILE * head_dim * 2;
-    size_t red = (size_t)ATT_TC_WARPS * ATT_TC_ROWS * (head_dim + 2) * sizeof(float);
-    return (stages > red ? stages : red);
+    return (size_t)ATT_TC_WARPS * n_stages * 2 * ATT_TC_TILE * head_dim * 2;
 }
 
-static size_t att_tc_smem_bytes(int head_dim, int n_stages) {
-    return 1024 + att_tc_work_bytes(head_dim, n_stages) + (size_t)ATT_TC_WARPS * n_stages * 16;
+/* Per warp: the half of its O^T accumulators that the other warp finishes, as
+ * (D / 32 m-tiles, nt n-tiles, 4, 32 lanes) floats, then its max and sum of each head
+ * (2 [max, sum], nt n-tiles, 2, 4) floats. */
+static size_t att_tc_xch_floats(int head_dim, int nt) {
+    return (size_t)(head_dim / 32) * nt * 4 * 32 + 2 * (size_t)nt * 2 * 4;
+}
+
+static size_t att_tc_smem_bytes(int head_dim, int n_stages, int nt) {
+    return 1024 + att_tc_work_bytes(head_dim, n_stages) + (size_t)ATT_TC_WARPS * n_stages * 16 +
+           ATT_TC_WARPS * att_tc_xch_floats(head_dim, nt) * sizeof(float);
 }
 
 __device__ __forceinline__ void att_mbar_init(uint64_t *bar) {
@@ -450,11 +471,17 @@ __device__ __forceinline__ void att_mbar_wait(uint64_t *bar, uint32_t parity) {
                  : "memory");
 }
 
-/* One box of `map` at (token in page, kv head, page) into shared memory, completing on bar. */
+/* One box of `map` at (token in page, kv head, page) into shared memory, completing on bar,
+ * evict-first in L2: each K/V byte is read once, and the lines it would keep would push out
+ * what is read again (the page table, q, the partials the merge reads back). */
 __device__ __forceinline__ void att_tma_load(void *smem, const CUtensorMap *map, int tok, int kvh,
                                              int page, uint64_t *bar) {
-    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n" ::"r"(cuda_smem_addr(smem)),
+    asm volatile("{\n"
+                 ".reg .b64 pol;\n"
+                 "createpolicy.fractional.L2::evict_first.b64 pol, 1.0;\n"
+                 "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3, %4, %5, %6}], [%7], pol;\n"
+                 "}\n" ::"r"(cuda_smem_addr(smem)),
                  "l"(map), "r"(0), "r"(tok), "r"(0), "r"(kvh), "r"(page), "r"(cuda_smem_addr(bar))
                  : "memory");
 }
@@ -490,6 +517,11 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
     const int n_st = p.stages, bs = p.block_size;
     unsigned char *wbuf = smem + (size_t)warp * n_st * 2 * TILEB;
     uint64_t *wbar = (uint64_t *)(smem + att_tc_work_bytes(D, n_st)) + warp * n_st * 2;
+    float *xch = (float *)(smem + att_tc_work_bytes(D, n_st) + (size_t)ATT_TC_WARPS * n_st * 16);
+    constexpr int KH = KS / 2;           /* m-tiles each warp finishes */
+    constexpr int XO = KH * NT * 4 * 32; /* floats of a warp's half of O^T in the exchange */
+    constexpr int XW = XO + 2 * NT * 2 * 4;
+    static_assert(ATT_TC_WARPS == 2, "the exchange pairs two warps");
     if (lane == 0)
         for (int i = 0; i < 2 * n_st; i++) att_mbar_init(wbar + i);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -733,54 +765,77 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
 #pragma unroll
                 for (int o2 = 4; o2 < 32; o2 <<= 1)
                     l[nt][r] += __shfl_xor_sync(0xffffffffu, l[nt][r], o2);
-        __syncthreads();
-
-        /* Combine the warps: each writes its unnormalized rows, max and sum; the stage
-         * buffers are free now. */
-        float *red = (float *)smem;                       /* (ATT_TC_WARPS, 16, D) */
-        float *mw = red + ATT_TC_WARPS * ATT_TC_ROWS * D; /* (ATT_TC_WARPS, 16) */
-        float *lw = mw + ATT_TC_WARPS * ATT_TC_ROWS;      /* (ATT_TC_WARPS, 16) */
+        /* Combine the warps: each hands the other the m-tiles that one finishes, with its
+         * max and sum per head, then finishes its own half of the dims. */
+        const int oth = warp ^ 1;
+        float *mine = xch + warp * XW, *theirs = xch + oth * XW;
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const int h = nt * 8 + c4 * 2;
-            if (g == 0) {
-                mw[warp * ATT_TC_ROWS + h] = mx[nt][0], mw[warp * ATT_TC_ROWS + h + 1] = mx[nt][1];
-                lw[warp * ATT_TC_ROWS + h] = l[nt][0], lw[warp * ATT_TC_ROWS + h + 1] = l[nt][1];
-            }
+        for (int mm = 0; mm < KH; mm++)
 #pragma unroll
-            for (int m = 0; m < KS; m++) {
-                float *r0 = red + (size_t)(warp * ATT_TC_ROWS + h) * D + m * 16 + g;
-                r0[0] = o[m][nt][0], r0[D] = o[m][nt][1];
-                r0[8] = o[m][nt][2], r0[D + 8] = o[m][nt][3];
-            }
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    mine[((mm * NT + nt) * 4 + e) * 32 + lane] =
+                        warp ? o[mm][nt][e] : o[KH + mm][nt][e];
+        if (g == 0) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    mine[XO + (nt * 2 + r) * 4 + c4] = mx[nt][r];
+                    mine[XO + NT * 8 + (nt * 2 + r) * 4 + c4] = l[nt][r];
+                }
         }
         __syncthreads();
-        for (int i = threadIdx.x; i < p.group * D; i += ATT_TC_WARPS * 32) {
-            const int h = i / D, d = i % D;
-            float mmax = -INFINITY;
+        float fs[NT][2], fo[NT][2], den[NT][2], mmax[NT][2];
 #pragma unroll
-            for (int w = 0; w < ATT_TC_WARPS; w++) mmax = fmaxf(mmax, mw[w * ATT_TC_ROWS + h]);
-            float num = 0.0f, den = 0.0f;
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int w = 0; w < ATT_TC_WARPS; w++) {
-                const float mv = mw[w * ATT_TC_ROWS + h];
-                const float f = mv == -INFINITY ? 0.0f : exp2f(mv - mmax);
-                num += f * red[(size_t)(w * ATT_TC_ROWS + h) * D + d];
-                den += f * lw[w * ATT_TC_ROWS + h];
+            for (int r = 0; r < 2; r++) {
+                const float mo = theirs[XO + (nt * 2 + r) * 4 + c4];
+                const float lo = theirs[XO + NT * 8 + (nt * 2 + r) * 4 + c4];
+                mmax[nt][r] = fmaxf(mx[nt][r], mo);
+                fs[nt][r] = mx[nt][r] == -INFINITY ? 0.0f : exp2f(mx[nt][r] - mmax[nt][r]);
+                fo[nt][r] = mo == -INFINITY ? 0.0f : exp2f(mo - mmax[nt][r]);
+                den[nt][r] = fs[nt][r] * l[nt][r] + fo[nt][r] * lo;
             }
-            const float v = den > 0.0f ? num / den : 0.0f;
-            const int hg = head0 + h;
-            if (p.split) {
+        float res[KH][NT][4];
+#pragma unroll
+        for (int mm = 0; mm < KH; mm++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float num = fs[nt][e & 1] * (warp ? o[KH + mm][nt][e] : o[mm][nt][e]) +
+                                      fo[nt][e & 1] * theirs[((mm * NT + nt) * 4 + e) * 32 + lane];
+                    res[mm][nt][e] = den[nt][e & 1] > 0.0f ? num / den[nt][e & 1] : 0.0f;
+                }
+        /* the exchange is read: the next row may write it */
+        __syncthreads();
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int h = nt * 8 + c4 * 2 + r;
+                if (h >= p.group) continue;
+                const int hg = head0 + h;
                 const size_t cell = ((size_t)drow * p.max_chunks + chunk) * p.n_heads + hg;
-                p.partial[cell * D + d] = v;
-                if (d == 0) p.lse[cell] = den > 0.0f ? (mmax + log2f(den)) * ATT_LN2 : -INFINITY;
-            } else {
-                cuda_store(p.out, p.out_dt, (size_t)row * p.n_heads * D + (size_t)hg * D + d, v);
+                if (p.split && warp == 0 && g == 0)
+                    p.lse[cell] =
+                        den[nt][r] > 0.0f ? (mmax[nt][r] + log2f(den[nt][r])) * ATT_LN2 : -INFINITY;
+#pragma unroll
+                for (int mm = 0; mm < KH; mm++)
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        const int d = (warp * KH + mm) * 16 + g + hf * 8;
+                        const float v = res[mm][nt][hf * 2 + r];
+                        if (p.split)
+                            p.partial[cell * D + d] = v;
+                        else
+                            cuda_store(p.out, p.out_dt,
+                                       (size_t)row * p.n_heads * D + (size_t)hg * D + d, v);
+                    }
             }
-        }
-        /* the next row's copies overwrite what the combine wrote through the generic proxy */
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
     }
     cuda_pdl_wait();
 }
@@ -794,7 +849,8 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
  * (H200) made v2 of one chunk at 256 x 2048 tokens 10% slower than v1 (3.33 against 3.71 TB/s)
  * and took 9 us after the 151 us attention of one 131072-token row in 49 chunks; this one
  * takes 7 us after the 154 us attention at 16 x 8192 in 3 chunks, bound by the latency of its
- * few dependent loads.
+ * few dependent loads: a warp's first MERGE_PREFETCH partials are loaded beside the weights,
+ * and with every sequence decoding the row is the sequence, without a search.
  * Tried and not kept: the merge folded into the tensor-core kernel, the last CTA of each
  * (decode row, kv head) to arrive at a counter merging the row's chunks in chunk order (the
  * wide decode kernel's scheme), with no merge launch and no early trigger. In turns with
@@ -832,6 +888,9 @@ template <int VEC> __device__ __forceinline__ void load_vec(const float *src, fl
     }
 }
 
+/* Chunks of a warp whose partials are loaded before their weights are known. */
+#define MERGE_PREFETCH 4
+
 template <int D, int MW>
 __global__ void __launch_bounds__(ATT_MERGE_WARPS * 32) merge_kernel(att_params p) {
     constexpr int VEC = D / 32;                 /* dimensions per lane */
@@ -846,9 +905,11 @@ __global__ void __launch_bounds__(ATT_MERGE_WARPS * 32) merge_kernel(att_params 
         const int row = (int)(pair / p.n_heads), hg = (int)(pair % p.n_heads);
         bool live = pair < n_pairs;
         int s = 0;
-        if (live) {
+        if (live && !p.all_decode) {
             s = seq_of_row(p.q_indptr, p.n_seqs, row);
             live = p.q_indptr[s + 1] - p.q_indptr[s] == 1;
+        } else {
+            s = row;
         }
         float num[VEC], mx = -INFINITY, den = 0.0f;
 #pragma unroll
@@ -864,15 +925,35 @@ __global__ void __launch_bounds__(ATT_MERGE_WARPS * 32) merge_kernel(att_params 
             const float *part = p.partial + (cell0 + (size_t)slice * p.n_heads) * D + lane * VEC;
             const size_t step = (size_t)MW * p.n_heads; /* cells between this warp's chunks */
             cuda_pdl_wait();
-            for (int k = lane; k < mine; k += 32) mx = fmaxf(mx, lse[k * step]);
+            /* The first chunks' partials load beside the weights rather than after them: the
+             * merge is a short chain of dependent loads, each an L2 round trip. */
+            float xp[MERGE_PREFETCH][VEC];
+#pragma unroll
+            for (int j = 0; j < MERGE_PREFETCH; j++)
+                if (j < mine) load_vec<VEC>(part + (size_t)j * step * D, xp[j]);
+            const float lse0 = lane < mine ? lse[lane * step] : -INFINITY;
+            mx = lse0;
+            for (int k = lane + 32; k < mine; k += 32) mx = fmaxf(mx, lse[k * step]);
             for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
             if (mx != -INFINITY) {
                 for (int kb = 0; kb < mine; kb += 32) {
-                    const float w = kb + lane < mine ? __expf(lse[(kb + lane) * step] - mx) : 0.0f;
+                    const float lk = kb == 0            ? lse0
+                                     : kb + lane < mine ? lse[(kb + lane) * step]
+                                                        : 0.0f;
+                    const float w = kb + lane < mine ? __expf(lk - mx) : 0.0f;
                     den += w;
                     const int nk = mine - kb < 32 ? mine - kb : 32;
+                    if (kb == 0) {
+#pragma unroll
+                        for (int j = 0; j < MERGE_PREFETCH; j++) {
+                            const float wj = __shfl_sync(0xffffffffu, w, j);
+                            if (j < nk)
+#pragma unroll
+                                for (int v = 0; v < VEC; v++) num[v] = fmaf(wj, xp[j][v], num[v]);
+                        }
+                    }
 #pragma unroll 8
-                    for (int j = 0; j < nk; j++) {
+                    for (int j = kb == 0 ? MERGE_PREFETCH : 0; j < nk; j++) {
                         const float wj = __shfl_sync(0xffffffffu, w, j);
                         float x[VEC];
                         load_vec<VEC>(part + (size_t)(kb + j) * step * D, x);
@@ -1080,15 +1161,16 @@ static int run_decode_mma(const att_params &p0, const be_kv_layer *layer, int ch
                           cuda_backend *c, base_err *err) {
     att_params p = p0;
     const bool exact = p.out_dt == BASE_DTYPE_F32;
-    const int D = layer->head_dim;
-    while (p.stages > ATT_MIN_STAGES && att_tc_smem_bytes(D, p.stages) > ATT_SMEM_MAX) p.stages--;
-    const size_t smem = att_tc_smem_bytes(D, p.stages);
+    const int D = layer->head_dim, nt = p.group > 8 ? 2 : 1;
+    while (p.stages > ATT_MIN_STAGES && att_tc_smem_bytes(D, p.stages, nt) > ATT_SMEM_MAX)
+        p.stages--;
+    const size_t smem = att_tc_smem_bytes(D, p.stages, nt);
     CUtensorMap km, vm;
     if (att_tc_map(c, layer->k, layer, &km, err) || att_tc_map(c, layer->v, layer, &vm, err))
         return -1;
     dim3 grid((unsigned)p.n_kv_heads, (unsigned)chunks,
               (unsigned)(p.n_tokens < ATT_GRID_MAX ? p.n_tokens : ATT_GRID_MAX));
-    const bool f16 = layer->dtype == BASE_DTYPE_F16, wide = p.group > 8;
+    const bool f16 = layer->dtype == BASE_DTYPE_F16, wide = nt == 2;
     if (D == 64) {
         if (wide)
             return f16 ? dispatch_mma_split<64, __half, 2>(p, exact, km, vm, grid, smem, c, err)
