@@ -401,6 +401,8 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
  * read 0.891 / 0.920 / 0.903 / 0.930 / 0.938 of cuDNN against main's 0.891 / 0.900 / 0.898 /
  * 0.934 / 0.926; on another H200 0.879 / 0.894 / 0.893 / 0.906 / 0.927 against 0.883 / 0.893 /
  * 0.893 / 0.931 / 0.927, and with evict-first copies 0.892 / 0.919 / 0.905 / 0.921 / 0.946.
+ * This kernel (all three, 7 trials, a third H200): 0.915 / 0.941 / 0.926 / 0.955 / 0.963
+ * against main's 0.886 / 0.887 / 0.896 / 0.932 / 0.928.
  * Tried there and not kept: resident CTAs (3 per SM) walking the (row, kv head, chunk) items,
  * each warp issuing the next item's first tiles before the combine, so that no launch or
  * combine leaves a slot's DRAM share idle: items taken statically 0.844 / 0.918 / 0.903 /
