@@ -44,6 +44,7 @@
 #define WD_MIN_TOKENS 16           /* fewest tokens a span takes, a row's last span aside */
 #define WD_SMEM_MAX   (223 * 1024) /* dynamic shared memory: 227 KB less the static arrays */
 #define WD_MAX_ITEMS  16           /* (row, kv head) pairs: the counters in front of the scratch */
+#define WD_CARVEOUT   0            /* shared-memory carveout preference: the largest L1 */
 
 typedef struct wd_params {
     const void *q; /* (n_seqs, n_heads * D) */
@@ -330,9 +331,13 @@ template <int D, typename KT, bool ROPE>
 static int wd_launch(cuda_backend *c, const wd_params &p, int n_seqs, size_t smem, base_err *err) {
     auto kern = wide_decode_kernel<D, KT, ROPE>;
     if (cuda_smem_limit(kern, smem, "attention (wide decode)", err)) return -1;
-    return cuda_launch_pdl(c, kern,
-                           dim3((unsigned)p.n_kv_heads, (unsigned)p.chunks, (unsigned)n_seqs),
-                           dim3(WD_THREADS), smem, "attention (wide decode)", err, p);
+    /* The grid is one wave at most, and it starts while the kernel before it still holds the
+     * SMs: with the driver's carveout (room for several of these CTAs an SM) the SMs freed
+     * first took two CTAs each (a measurement build's per-CTA SM ids: 63 of 64 pairs at
+     * d512) while others stayed idle. The largest L1 leaves room for one, so the CTAs spread. */
+    return cuda_launch_pdl_carveout(
+        c, kern, dim3((unsigned)p.n_kv_heads, (unsigned)p.chunks, (unsigned)n_seqs),
+        dim3(WD_THREADS), smem, WD_CARVEOUT, "attention (wide decode)", err, p);
 }
 
 template <bool ROPE>
