@@ -340,7 +340,8 @@ static int wd_launch(cuda_backend *c, const wd_params &p, int n_seqs, size_t sme
      * 476.1, 473.8 against 465.9, 465.6, 463.5; d64 495.8, 498.2 against 492.7, 491.6; d2048
      * 439.1, 435.9 against 436.4, 437.8; batch 2 at d512 708.2, 716.0 against 692.2, 691.5.
      * Every PDL kernel at carveout 0 did no better at batch 1 and cost the tensor-core decode
-     * attention a third of its bandwidth (fewer CTAs an SM), so only this launch asks. */
+     * attention a quarter to a third of its bandwidth (fewer CTAs an SM), so only this launch
+     * asks. */
     return cuda_launch_pdl_carveout(
         c, kern, dim3((unsigned)p.n_kv_heads, (unsigned)p.chunks, (unsigned)n_seqs),
         dim3(WD_THREADS), smem, WD_CARVEOUT, "attention (wide decode)", err, p);
