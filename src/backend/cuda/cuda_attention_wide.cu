@@ -44,6 +44,7 @@
 #define WD_MIN_TOKENS 16           /* fewest tokens a span takes, a row's last span aside */
 #define WD_SMEM_MAX   (223 * 1024) /* dynamic shared memory: 227 KB less the static arrays */
 #define WD_MAX_ITEMS  16           /* (row, kv head) pairs: the counters in front of the scratch */
+#define WD_CARVEOUT   0            /* shared-memory carveout preference: the largest L1 */
 
 typedef struct wd_params {
     const void *q; /* (n_seqs, n_heads * D) */
@@ -330,9 +331,20 @@ template <int D, typename KT, bool ROPE>
 static int wd_launch(cuda_backend *c, const wd_params &p, int n_seqs, size_t smem, base_err *err) {
     auto kern = wide_decode_kernel<D, KT, ROPE>;
     if (cuda_smem_limit(kern, smem, "attention (wide decode)", err)) return -1;
-    return cuda_launch_pdl(c, kern,
-                           dim3((unsigned)p.n_kv_heads, (unsigned)p.chunks, (unsigned)n_seqs),
-                           dim3(WD_THREADS), smem, "attention (wide decode)", err, p);
+    /* The grid is one wave at most, and it starts while the kernel before it still holds the
+     * SMs. With the driver's carveout (room for several of these CTAs an SM) the SMs freed
+     * first can take two or more while others stay idle: a measurement build of a kernel on
+     * this one's body (attention with the o projection, not kept) recorded each CTA's SM and
+     * found 63 of its 64 pairs sharing one. The largest L1 leaves room for one, so the CTAs
+     * spread. On the H200 in turns with the driver's carveout, batch 1 (tok/s): d512 476.0,
+     * 476.1, 473.8 against 465.9, 465.6, 463.5; d64 495.8, 498.2 against 492.7, 491.6; d2048
+     * 439.1, 435.9 against 436.4, 437.8; batch 2 at d512 708.2, 716.0 against 692.2, 691.5.
+     * Every PDL kernel at carveout 0 did no better at batch 1 and cost the tensor-core decode
+     * attention a quarter to a third of its bandwidth (fewer CTAs an SM), so only this launch
+     * asks. */
+    return cuda_launch_pdl_carveout(
+        c, kern, dim3((unsigned)p.n_kv_heads, (unsigned)p.chunks, (unsigned)n_seqs),
+        dim3(WD_THREADS), smem, WD_CARVEOUT, "attention (wide decode)", err, p);
 }
 
 template <bool ROPE>

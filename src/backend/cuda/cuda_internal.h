@@ -124,26 +124,43 @@ __device__ __forceinline__ void cuda_pdl_trigger() {
 bool cuda_pdl_enabled(cuda_backend *c);
 
 /* kern<<<grid, block, smem, c->stream>>>(args), allowed to overlap the kernel before it as
- * cuda_pdl_wait describes; errors name `what`. */
+ * cuda_pdl_wait describes, with the launch's shared-memory carveout preference (percent of the
+ * SM's shared memory, cudaLaunchAttributePreferredSharedMemoryCarveout; -1 leaves the driver's
+ * choice); errors name `what`. */
 template <typename... P, typename... A>
-static inline int cuda_launch_pdl(cuda_backend *c, void (*kern)(P...), dim3 grid, dim3 block,
-                                  size_t smem, const char *what, base_err *err, A... args) {
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+static inline int cuda_launch_pdl_carveout(cuda_backend *c, void (*kern)(P...), dim3 grid,
+                                           dim3 block, size_t smem, int carveout, const char *what,
+                                           base_err *err, A... args) {
+    cudaLaunchAttribute attr[2];
+    unsigned n = 0;
+    if (cuda_pdl_enabled(c)) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (carveout >= 0) {
+        attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+        attr[n++].val.sharedMemCarveout = (unsigned)carveout;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
     cfg.attrs = attr;
-    cfg.numAttrs = cuda_pdl_enabled(c) ? 1 : 0;
+    cfg.numAttrs = n;
     cudaError_t e = cudaLaunchKernelEx(&cfg, kern, args...);
     if (e != cudaSuccess) {
         cudaGetLastError();
         return base_fail(err, "cuda: %s: launch failed: %s", what, cudaGetErrorString(e));
     }
     return cuda_check_launch(what, err);
+}
+
+/* cuda_launch_pdl_carveout with the driver's carveout. */
+template <typename... P, typename... A>
+static inline int cuda_launch_pdl(cuda_backend *c, void (*kern)(P...), dim3 grid, dim3 block,
+                                  size_t smem, const char *what, base_err *err, A... args) {
+    return cuda_launch_pdl_carveout(c, kern, grid, block, smem, -1, what, err, args...);
 }
 
 /* Element i of a float array of dtype dt (F32, F16 or BF16), as float. */
