@@ -22,6 +22,9 @@ enum {
     FUZZ_HTTP_N_ROUTES
 };
 
+/* The context prompts are judged against before they are tokenized (the demo model holds 512). */
+#define FUZZ_HTTP_CTX 512
+
 /* mlxcel-server's default --max-body: larger bodies get a 413 before they are parsed. */
 #define FUZZ_HTTP_MAX_BODY (8u << 20)
 
@@ -152,7 +155,8 @@ static inline int fuzz_http_body(const uint8_t *data, size_t size) {
         static const server_kind kinds[] = {SERVER_CHAT, SERVER_COMPLETIONS,
                                             SERVER_LLAMA_COMPLETION};
         server_params p;
-        rc = server_params_parse(body, kinds[route], &st->o, st->pr, st->vocab, &p, &err);
+        rc = server_params_parse(body, kinds[route], &st->o, st->pr, st->vocab, FUZZ_HTTP_CTX, &p,
+                                 &err);
         if (rc == 0) fuzz_http_check_params(st, kinds[route], &p);
         server_params_free(&p);
     }

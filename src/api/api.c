@@ -177,13 +177,13 @@ static int encode_prompt(const mlxcel_engine *e, const mlxcel_request *r, int32_
         if (!r->messages) return base_fail(err, "mlxcel_request.messages is NULL");
         json_t *msgs = NULL;
         if (messages_json(r, &msgs, err)) return -1;
-        int rc = engine_prompter_encode_chat(e->pr, msgs, true, NULL, ids, n, err);
+        int rc = engine_prompter_encode_chat(e->pr, msgs, true, NULL, 0, ids, n, err);
         json_decref(msgs);
         return rc;
     }
     if (!r->prompt)
         return base_fail(err, "mlxcel_request.prompt is NULL (and there are no messages)");
-    return engine_prompter_encode_text(e->pr, r->prompt, ids, n, err);
+    return engine_prompter_encode_text(e->pr, r->prompt, 0, ids, n, err);
 }
 
 static int submit(mlxcel_engine *e, const mlxcel_request *r, mlxcel_event_fn fn, void *ctx,

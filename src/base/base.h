@@ -125,6 +125,16 @@ void *base_xcalloc(size_t n, size_t size);
 void *base_xrealloc(void *p, size_t n);
 char *base_xstrdup(const char *s);
 
+/* ---- UTF-8 ---- */
+
+/* Copies src[0..n) into dst (cap bytes, always NUL-terminated when cap > 0) as well-formed
+ * UTF-8: every byte that does not begin a well-formed sequence becomes U+FFFD, and when dst is
+ * too small the copy ends at a character boundary. Returns the bytes written. */
+size_t base_utf8_clean(char *dst, size_t cap, const char *src, size_t n);
+/* base_utf8_clean of a whole string into a new buffer (caller frees). */
+char *base_utf8_dup(const char *s);
+bool base_utf8_valid(const char *s, size_t n);
+
 /* Monotonic time in seconds. */
 double base_now(void);
 

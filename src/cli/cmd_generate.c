@@ -89,7 +89,7 @@ int cli_cmd_generate(int argc, char **argv) {
     if (f.tokens) {
         if (load_prompt("--tokens", f.tokens, &prompt, &n_prompt)) return CLI_USAGE;
     } else if (engine_prompter_open(f.rt.model, NULL, &pr, &err) ||
-               engine_prompter_encode_text(pr, f.prompt, &prompt, &n_prompt, &err)) {
+               engine_prompter_encode_text(pr, f.prompt, 0, &prompt, &n_prompt, &err)) {
         engine_prompter_close(pr);
         return cli_fail(&err);
     }

@@ -66,7 +66,7 @@ int cli_cmd_perplexity(int argc, char **argv) {
     int n = 0;
     int rc = engine_prompter_open(rtf.model, NULL, &pr, &err);
     if (rc == 0) {
-        rc = engine_prompter_encode_text(pr, text, &ids, &n, &err);
+        rc = engine_prompter_encode_text(pr, text, 0, &ids, &n, &err);
         engine_prompter_close(pr);
     }
     free(text);

@@ -86,10 +86,10 @@ static bool print_token(void *ctx, int32_t token) {
 /* Encodes the conversation for the next reply. When it no longer fits the context, the
  * oldest turns are dropped (the newest message always stays), as a chat UI scrolls. */
 static int encode_turn(run_session *s, const char *text, int32_t **ids, int *n, base_err *err) {
-    if (s->raw || !s->pr->tmpl) return engine_prompter_encode_text(s->pr, text, ids, n, err);
+    if (s->raw || !s->pr->tmpl) return engine_prompter_encode_text(s->pr, text, 0, ids, n, err);
     int room = s->rt->kv_plan.ctx_size - RUN_REPLY_ROOM;
     for (;;) {
-        if (engine_prompter_encode_chat(s->pr, s->messages, true, NULL, ids, n, err)) return -1;
+        if (engine_prompter_encode_chat(s->pr, s->messages, true, NULL, 0, ids, n, err)) return -1;
         if (*n <= room || json_array_size(s->messages) <= 1) return 0;
         free(*ids);
         json_array_remove(s->messages, 0);

@@ -1,6 +1,6 @@
 /* `mlxcel-server`: flags (llama-server's spellings, and its LLAMA_ARG_* environment variables
- * underneath them), startup, and shutdown on SIGINT or SIGTERM. The HTTP port opens before the
- * model loads so that /health can say 503 meanwhile. */
+ * underneath them), startup, and a graceful stop on SIGINT, SIGTERM or SIGHUP. The HTTP port
+ * opens before the model loads so that /health can say 503 meanwhile. */
 #include "cli/cmd_server.h"
 #include "cli/cli_runtime.h"
 #include "server/server.h"
@@ -9,12 +9,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct server_flags {
     cli_runtime_flags rt;
     server_options srv;
     engine_sched_options sched;
     const char *template_file;
+    int shutdown_timeout_s;
     bool help;
 } server_flags;
 
@@ -40,6 +42,7 @@ static const struct {
     {"LLAMA_ARG_MAX_QUEUE", "--max-queue", false},
     {"LLAMA_ARG_MAX_BATCH_TOKENS", "--max-batch-tokens", false},
     {"LLAMA_ARG_PREFILL_CHUNK_SIZE", "--prefill-chunk-size", false},
+    {"LLAMA_ARG_SHUTDOWN_TIMEOUT", "--shutdown-timeout", false},
 };
 
 static const char g_help[] =
@@ -64,13 +67,21 @@ static const char g_help[] =
     "      --read-timeout S     a request's headers and body must arrive within S seconds of\n"
     "                           the connection opening or of its previous response, or the\n"
     "                           connection is closed (default 30; 0: no limit)\n"
-    "      --max-connections N  connections open at once; more are closed at once\n"
-    "                           (default 512)\n"
-    "      --max-connections-per-ip N  the same, from one client address (default: no limit)\n"
+    "      --max-connections N  connections open at once (default 1024), and from one client\n"
+    "      --max-connections-per-ip N  address (default 256; 0: no limit). A connection past\n"
+    "                           a limit replaces the oldest one of its address (or any, past\n"
+    "                           the first) that has been sending a request for a second or\n"
+    "                           more; when there is none, its request gets a 503\n"
     "      --max-header BYTES   request line and headers, at most (default 32 KiB; more gets\n"
     "                           431)\n"
     "      --cors ORIGIN        allow browsers from ORIGIN ('*' for any): Access-Control-*\n"
-    "                           headers and OPTIONS preflight answers (default: none)\n"
+    "                           headers and OPTIONS preflight answers (default: none). Other\n"
+    "                           sites' pages get 403, and so does a Host header that is not a\n"
+    "                           name of this machine while the server listens on loopback\n"
+    "      --shutdown-timeout S on SIGTERM, SIGINT or SIGHUP, running requests may finish for\n"
+    "                           S seconds (default 10); queued ones get 503, and what is still\n"
+    "                           running then ends with finish_reason \"abort\". A second signal\n"
+    "                           ends them at once. Exit status 1 when a request was cut short\n"
     "      --max-queue N        requests waiting to start, at most; more get 503 (default 256)\n"
     "      --max-batch-tokens N tokens per scheduler step, decode rows and prefill chunks\n"
     "                           together (default 2048)\n"
@@ -85,8 +96,8 @@ static const char g_help[] =
     "LLAMA_ARG_HOST, LLAMA_ARG_PORT, LLAMA_ARG_CTX_SIZE, LLAMA_ARG_N_PARALLEL, LLAMA_ARG_THREADS,\n"
     "LLAMA_ARG_N_PREDICT, LLAMA_ARG_API_KEY, LLAMA_ARG_ENDPOINT_METRICS, LLAMA_ARG_TIMEOUT,\n"
     "LLAMA_ARG_CHAT_TEMPLATE_FILE, LLAMA_ARG_ALIAS, LLAMA_ARG_KV_CACHE_BUDGET,\n"
-    "LLAMA_ARG_MAX_QUEUE, LLAMA_ARG_MAX_BATCH_TOKENS, LLAMA_ARG_PREFILL_CHUNK_SIZE); a flag on\n"
-    "the command line wins.\n"
+    "LLAMA_ARG_MAX_QUEUE, LLAMA_ARG_MAX_BATCH_TOKENS, LLAMA_ARG_PREFILL_CHUNK_SIZE,\n"
+    "LLAMA_ARG_SHUTDOWN_TIMEOUT); a flag on the command line wins.\n"
     "\n"
     "examples:\n"
     "  mlxcel-server -m models/demo\n"
@@ -110,7 +121,19 @@ static bool take_server_flag(cli_parser *p, server_flags *f) {
         f->srv.port = (int)v;
         return true;
     }
-    if (cli_take(p, NULL, "--api-key", &f->srv.api_key)) return true;
+    if (cli_take(p, NULL, "--api-key", &f->srv.api_key)) {
+        /* an empty key would mean no key at all: refused, not taken as "auth off" */
+        if (!f->srv.api_key[0])
+            cli_usage(p,
+                      "%s: --api-key: the key is empty (leave the flag out to serve without "
+                      "a key)",
+                      p->command);
+        return true;
+    }
+    if (cli_take_int(p, NULL, "--shutdown-timeout", 0, 1 << 20, &v)) {
+        f->shutdown_timeout_s = (int)v;
+        return true;
+    }
     if (cli_take(p, "-a", "--alias", &f->srv.model_id)) return true;
     if (cli_flag(p, NULL, "--metrics")) {
         f->srv.metrics = true;
@@ -165,7 +188,9 @@ static void defaults(server_flags *f) {
     f->srv.port = 8080;
     f->srv.timeout_s = 600;
     f->srv.read_timeout_s = 30;
-    f->srv.max_connections = 512;
+    f->srv.max_connections = 1024;
+    f->srv.max_connections_ip = 256;
+    f->shutdown_timeout_s = 10;
     f->srv.max_header = 32u << 10;
     f->srv.max_body = 8u << 20;
     f->sched.max_queue = 256;
@@ -260,6 +285,36 @@ static void unload(loaded *L) {
     free(L->eos);
 }
 
+/* The graceful stop: running requests get up to the timeout, then what is left is aborted;
+ * a second signal aborts at once. Returns the exit status: 1 when a request was cut short. */
+static int drain(server *srv, const sigset_t *sigs, int timeout_s) {
+    server_drain(srv);
+    int active = server_active(srv);
+    if (active)
+        fprintf(stderr,
+                "mlxcel-server: stopping: %d request(s) may finish for %d s (a second signal "
+                "ends them now)\n",
+                active, timeout_s);
+    double end = base_now() + timeout_s;
+    struct timespec tick = {0, 50 * 1000 * 1000};
+    bool aborted = false;
+    /* after the abort, the streams write their last chunks; bounded, in case one cannot */
+    double give_up = 0;
+    while (server_active(srv) > 0) {
+        bool second = sigtimedwait(sigs, NULL, &tick) > 0;
+        double now = base_now();
+        if (!aborted && (second || now >= end)) {
+            server_abort(srv);
+            aborted = true;
+            give_up = now + 5;
+        }
+        if (aborted && now >= give_up) break;
+    }
+    int cut = server_cut(srv);
+    if (cut) fprintf(stderr, "mlxcel-server: %d request(s) cut short by the stop\n", cut);
+    return cut ? CLI_FAIL : CLI_OK;
+}
+
 int cli_cmd_server(int argc, char **argv) {
     server_flags f;
     defaults(&f);
@@ -275,6 +330,7 @@ int cli_cmd_server(int argc, char **argv) {
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
     base_err err;
@@ -290,8 +346,9 @@ int cli_cmd_server(int argc, char **argv) {
     print_startup(f.rt.model, L.rt, srv, &f.srv);
     int sig;
     sigwait(&sigs, &sig);
-    fprintf(stderr, "mlxcel-server: stopping\n");
+    fprintf(stderr, "mlxcel-server: stopping (%s)\n", strsignal(sig));
+    rc = drain(srv, &sigs, f.shutdown_timeout_s);
     server_stop(srv);
     unload(&L);
-    return CLI_OK;
+    return rc;
 }

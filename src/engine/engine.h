@@ -216,9 +216,10 @@ int engine_bench_copy_bandwidth(be_backend *be, double *bytes_per_second, base_e
 /* ---- prompts: tokenizer + chat template of a model directory ---- */
 
 typedef struct engine_prompter {
-    tok_tokenizer *tok;   /* owned */
-    chat_template *tmpl;  /* owned; NULL when the model has no chat template */
-    json_t *special_vars; /* owned: bos_token, eos_token, ... as the template sees them */
+    tok_tokenizer *tok;     /* owned */
+    chat_template *tmpl;    /* owned; NULL when the model has no chat template */
+    json_t *special_vars;   /* owned: bos_token, eos_token, ... as the template sees them */
+    size_t max_token_bytes; /* the longest token's text, for the encoders' length bound */
 } engine_prompter;
 
 /* Loads dir's tokenizer and chat template; template_file (may be NULL) replaces the model's
@@ -232,13 +233,17 @@ int engine_prompter_render(const engine_prompter *p, const json_t *messages,
                            bool add_generation_prompt, const json_t *extra, char **prompt,
                            base_err *err);
 /* Renders and tokenizes a conversation. Special tokens come from the template itself, so the
- * tokenizer adds none (as transformers' apply_chat_template(tokenize=True) does). */
+ * tokenizer adds none (as transformers' apply_chat_template(tokenize=True) does).
+ * max_tokens > 0: a text too long to fit in that many tokens is refused before it is
+ * tokenized (which costs seconds for megabytes), judged by its length against the longest
+ * token's, with room for normalization; the caller still checks the count it gets. */
 int engine_prompter_encode_chat(const engine_prompter *p, const json_t *messages,
-                                bool add_generation_prompt, const json_t *extra, int32_t **ids,
-                                int *n, base_err *err);
-/* Tokenizes plain text with the tokenizer's special tokens (e.g. BOS) added. */
-int engine_prompter_encode_text(const engine_prompter *p, const char *text, int32_t **ids, int *n,
-                                base_err *err);
+                                bool add_generation_prompt, const json_t *extra, int max_tokens,
+                                int32_t **ids, int *n, base_err *err);
+/* Tokenizes plain text with the tokenizer's special tokens (e.g. BOS) added; max_tokens as for
+ * engine_prompter_encode_chat. */
+int engine_prompter_encode_text(const engine_prompter *p, const char *text, int max_tokens,
+                                int32_t **ids, int *n, base_err *err);
 
 /* ---- the scheduler ---- */
 
@@ -336,6 +341,10 @@ int engine_sched_start(engine_runtime *rt, const engine_sched_options *o, engine
                        base_err *err);
 /* Cancels everything (each request gets its final event), joins the thread and frees. */
 void engine_sched_stop(engine_sched *s);
+/* The first step of a graceful stop: from now on engine_submit refuses (ENGINE_REJECT_STOPPED),
+ * and the waiting requests that have not started get their final event, CANCELLED with nothing
+ * generated; running ones (and preempted ones, which have output) go on. Any thread. */
+void engine_sched_drain(engine_sched *s);
 /* Queues a request. On failure *why says whose fault it is and err says what. */
 int engine_submit(engine_sched *s, const engine_request *r, uint64_t *id, engine_reject *why,
                   base_err *err);

@@ -61,7 +61,7 @@ struct engine_sched {
     uint64_t *cancels; /* (n_cancels) ids to cancel */
     int n_cancels, cancels_cap;
     int64_t step_limit;
-    bool stopping, idle;
+    bool stopping, draining, idle;
     uint64_t next_id;
     engine_sched_stats stats;
     /* step thread only */
@@ -271,6 +271,18 @@ static void preempt(engine_sched *s, sreq *q) {
     waiting_insert(s, 0, q);
     s->stats.preemptions++;
     pthread_mutex_unlock(&s->mu);
+}
+
+/* While draining (mu held): the waiting requests never admitted leave the queue for `out`
+ * (capacity n_waiting); returns how many. */
+static int take_unstarted(engine_sched *s, sreq **out) {
+    int n = 0;
+    for (int i = 0; s->draining && i < s->n_waiting;)
+        if (!s->waiting[i]->admitted)
+            out[n++] = waiting_remove(s, i);
+        else
+            i++;
+    return n;
 }
 
 static void apply_cancels(engine_sched *s, const uint64_t *ids, int n) {
@@ -561,6 +573,17 @@ static void *sched_main(void *arg) {
     int cap = 0;
     pthread_mutex_lock(&s->mu);
     for (;;) {
+        int n_unstarted = s->draining ? s->n_waiting : 0;
+        sreq **unstarted =
+            n_unstarted ? base_xmalloc((size_t)n_unstarted * sizeof *unstarted) : NULL;
+        n_unstarted = unstarted ? take_unstarted(s, unstarted) : 0;
+        if (n_unstarted) {
+            pthread_mutex_unlock(&s->mu);
+            for (int i = 0; i < n_unstarted; i++)
+                finish_plain(s, unstarted[i], ENGINE_FINISH_CANCELLED, NULL);
+            pthread_mutex_lock(&s->mu);
+        }
+        free(unstarted);
         while (!s->stopping && s->n_cancels == 0 && !runnable(s)) {
             s->idle = true;
             pthread_cond_broadcast(&s->idle_cv);
@@ -679,7 +702,7 @@ int engine_submit(engine_sched *s, const engine_request *r, uint64_t *id, engine
     *why = ENGINE_REJECT_INVALID;
     if (sreq_new(s, r, &q, err)) return -1;
     pthread_mutex_lock(&s->mu);
-    if (s->stopping)
+    if (s->stopping || s->draining)
         *why = ENGINE_REJECT_STOPPED;
     else if (s->o.max_queue > 0 && s->n_waiting >= s->o.max_queue)
         *why = ENGINE_REJECT_BUSY;
@@ -697,6 +720,13 @@ int engine_submit(engine_sched *s, const engine_request *r, uint64_t *id, engine
     if (*why == ENGINE_REJECT_BUSY)
         return base_fail(err, "the queue is full (%d waiting; --max-queue)", s->o.max_queue);
     return base_fail(err, "the server is shutting down");
+}
+
+void engine_sched_drain(engine_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    s->draining = true;
+    pthread_cond_signal(&s->wake);
+    pthread_mutex_unlock(&s->mu);
 }
 
 void engine_cancel(engine_sched *s, uint64_t id) {

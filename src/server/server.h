@@ -1,8 +1,9 @@
 /* server: the OpenAI-compatible HTTP server (libmicrohttpd): /v1/chat/completions,
  * /v1/completions and /v1/models, llama-server's /completion, /tokenize, /detokenize,
  * /apply-template, /health, /metrics, /slots and /props; SSE streaming, bearer-key auth,
- * header, body, connection and read-time limits, opt-in CORS, and OpenAI-shaped errors.
- * Touches no tensors: generation goes through the engine's scheduler. */
+ * header, body, connection and read-time limits, Host and Origin checks, opt-in CORS,
+ * OpenAI-shaped errors, and a graceful stop. Touches no tensors: generation goes through the
+ * engine's scheduler. */
 #ifndef MLXCEL_SERVER_H
 #define MLXCEL_SERVER_H
 
@@ -11,21 +12,29 @@
 typedef struct server_options {
     const char *host;    /* numeric IPv4 or IPv6 address to bind */
     int port;            /* 0: any free port (server_port says which) */
-    const char *api_key; /* NULL: no auth */
+    const char *api_key; /* NULL: no auth; "" is refused by server_start */
     bool metrics;        /* serve GET /metrics */
     int timeout_s;       /* idle connection timeout; <= 0: none */
     /* a request's line, headers and body must all arrive within this many seconds of the
      * connection opening or of its previous response, however steadily the bytes trickle in;
      * slower connections are closed. <= 0: no limit */
     int read_timeout_s;
-    size_t max_body;             /* bytes; larger requests get 413 */
-    size_t max_header;           /* bytes of request line and headers; 0: the library's */
-    unsigned max_connections;    /* open at once; 0: the library's default */
-    unsigned max_connections_ip; /* open at once from one address; 0: no limit */
-    const char *cors_origin;     /* Access-Control-Allow-Origin; NULL: no CORS headers */
-    int n_predict;               /* default max_tokens; <= 0: up to the context */
-    engine_sampling defaults;    /* sampling when a request leaves a field out */
-    const char *model_id;        /* the name /v1/models reports */
+    size_t max_body;   /* bytes; larger requests get 413 */
+    size_t max_header; /* bytes of request line and headers; 0: the library's */
+    /* Connections open at once, in all and from one address (0: no per-address limit). A
+     * connection past either limit takes the place of the oldest one of that address (or of
+     * any address, past the global limit) that has spent a second or more sending a request
+     * that has not arrived yet; when there is none, its request gets a 503. So a client that
+     * holds connections by trickling bytes cannot lock out others, nor its own next request. */
+    unsigned max_connections; /* must be > 0 */
+    unsigned max_connections_ip;
+    /* Access-Control-Allow-Origin; NULL: no CORS headers. Requests whose Origin header names
+     * another site than this one or this origin get a 403, so that a web page cannot drive the
+     * server behind its user's back. */
+    const char *cors_origin;
+    int n_predict;            /* default max_tokens; <= 0: up to the context */
+    engine_sampling defaults; /* sampling when a request leaves a field out */
+    const char *model_id;     /* the name /v1/models reports */
 } server_options;
 
 typedef struct server server;
@@ -36,6 +45,17 @@ int server_start(const server_options *o, server **out, base_err *err);
 int server_port(const server *s);
 /* Serves the loaded model. None of the three is owned; they must outlive server_stop. */
 void server_attach(server *s, engine_runtime *rt, engine_prompter *pr, engine_sched *sched);
+/* A graceful stop in two steps. server_drain closes the listening socket, answers new requests
+ * on open connections and the queued requests that have not started with 503, and lets
+ * running ones go on; server_abort ends those still running: a stream gets its last chunk with
+ * finish_reason "abort" and [DONE], a whole response what was generated, with the same reason
+ * (or a 503 when nothing was). Both return at once; server_active says how many responses are
+ * still being written. */
+void server_drain(server *s);
+void server_abort(server *s);
+int server_active(const server *s);
+/* Requests that a drain or an abort cut short (503s and aborted outputs). */
+int server_cut(const server *s);
 /* Stops listening and waits for the connection threads. Call before stopping the scheduler. */
 void server_stop(server *s);
 

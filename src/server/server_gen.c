@@ -4,7 +4,13 @@
  * A job joins the scheduler's thread, which appends text and log-probabilities as tokens
  * come, with the connection's thread, which waits for them and writes the response. It is
  * freed by whichever of the two lets go last. A client that hangs up is noticed within a
- * poll period and its request cancelled, which frees its blocks. */
+ * poll period and its request cancelled, which frees its blocks.
+ *
+ * The response's status waits for the request's first token (or its end), so that a request
+ * that fails or is refused before it produces anything gets its own status (500, 503) instead
+ * of a 200 stream holding an error. A graceful stop (server_drain, server_abort) cancels what
+ * it must; a cancelled request that had produced text ends as usual with finish_reason
+ * "abort", one that had produced nothing gets a 503. */
 #include "server/server_internal.h"
 #include "server/server_params.h"
 
@@ -117,8 +123,9 @@ static void on_event(void *ctx, const engine_event *ev) {
 static bool job_wait(job *j) {
     base_cond_wait_ms(&j->cv, &j->mu, SERVER_POLL_MS);
     bool gone = server_client_gone(j->conn);
-    if ((gone || __atomic_load_n(&j->srv->stopping, __ATOMIC_ACQUIRE)) && !j->cancelled &&
-        j->finish == ENGINE_FINISH_NONE) {
+    bool stop = __atomic_load_n(&j->srv->stopping, __ATOMIC_ACQUIRE) ||
+                __atomic_load_n(&j->srv->aborting, __ATOMIC_ACQUIRE);
+    if ((gone || stop) && !j->cancelled && j->finish == ENGINE_FINISH_NONE) {
         j->cancelled = true;
         engine_cancel(j->srv->sched, j->id);
     }
@@ -128,7 +135,7 @@ static bool job_wait(job *j) {
 /* ---- JSON pieces ---- */
 
 static const char *finish_reason(engine_finish f) {
-    return f == ENGINE_FINISH_LENGTH ? "length" : "stop";
+    return f == ENGINE_FINISH_LENGTH ? "length" : f == ENGINE_FINISH_CANCELLED ? "abort" : "stop";
 }
 
 static json_t *token_json(server *s, int32_t id, float lp, bool with_bytes) {
@@ -205,7 +212,7 @@ static json_t *envelope(server *s, const job *j, const char *object, json_t *cho
 }
 
 static const char *llama_stop_type(engine_finish f) {
-    return f == ENGINE_FINISH_LENGTH ? "limit" : "eos";
+    return f == ENGINE_FINISH_LENGTH ? "limit" : f == ENGINE_FINISH_CANCELLED ? "abort" : "eos";
 }
 
 static json_t *llama_body(server *s, const job *j, const char *content, bool stop) {
@@ -256,11 +263,15 @@ static void out_append(job *j, const char *data, size_t n) {
     j->out_len += n;
 }
 
+/* One SSE event. A chunk that cannot be built (out of memory, or text jansson refuses) is sent
+ * as an error event, so that the stream still says what happened. */
 static void out_event(job *j, json_t *o) {
-    char *t = json_dumps(o, JSON_COMPACT);
+    static const char unbuildable[] = "{\"error\":{\"message\":\"a chunk of the response could "
+                                      "not be built\",\"type\":\"server_error\",\"code\":500}}";
+    char *t = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     out_append(j, "data: ", 6);
-    out_append(j, t, strlen(t));
+    out_append(j, t ? t : unbuildable, t ? strlen(t) : sizeof unbuildable - 1);
     out_append(j, "\n\n", 2);
     free(t);
 }
@@ -325,6 +336,18 @@ static void format_news(server *s, job *j) {
     out_append(j, "data: [DONE]\n\n", 14);
 }
 
+/* The connection's side lets go of the job (its response is done or abandoned). */
+static void connection_done(job *j) {
+    __atomic_sub_fetch(&j->srv->active, 1, __ATOMIC_ACQ_REL);
+    job_release(j);
+}
+
+/* A request that a drain or an abort ended (mu held), not one whose client left. */
+static bool cut_short(const job *j) {
+    return j->finish == ENGINE_FINISH_CANCELLED &&
+           __atomic_load_n(&j->srv->draining, __ATOMIC_ACQUIRE);
+}
+
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     job *j = cls;
     pthread_mutex_lock(&j->mu);
@@ -335,6 +358,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             return MHD_CONTENT_READER_END_OF_STREAM;
         }
         format_news(j->srv, j);
+        if (j->tail_sent && cut_short(j)) __atomic_add_fetch(&j->srv->cut, 1, __ATOMIC_RELAXED);
         if (j->out_len) break;
         if (job_wait(j)) {
             pthread_mutex_unlock(&j->mu);
@@ -357,12 +381,16 @@ static void stream_free(void *cls) {
     j->cancelled = true;
     pthread_mutex_unlock(&j->mu);
     if (running) engine_cancel(j->srv->sched, j->id);
-    job_release(j);
+    connection_done(j);
 }
 
 static enum MHD_Result reply_stream(server *s, struct MHD_Connection *c, job *j) {
     struct MHD_Response *r =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, j, stream_free);
+    if (!r) {
+        stream_free(j);
+        return MHD_NO;
+    }
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
     enum MHD_Result rc = server_queue(s, c, 200, r);
@@ -370,19 +398,33 @@ static enum MHD_Result reply_stream(server *s, struct MHD_Connection *c, job *j)
     return rc;
 }
 
-static enum MHD_Result reply_whole(server *s, struct MHD_Connection *c, job *j) {
+/* Waits for the first token of a stream, or for the end. A stream with a token answers 200 and
+ * goes on in MHD's hands; anything else is answered here. A client that left gets nothing,
+ * once its request has ended (so that its blocks are back before the connection closes). */
+static enum MHD_Result reply(server *s, struct MHD_Connection *c, job *j) {
     pthread_mutex_lock(&j->mu);
     bool gone = false;
-    while (j->finish == ENGINE_FINISH_NONE) gone = job_wait(j) || gone;
+    while (j->finish == ENGINE_FINISH_NONE && (gone || !j->stream || j->n_generated == 0))
+        gone = job_wait(j) || gone;
+    bool nothing = j->n_generated == 0 && j->text_len == 0;
     enum MHD_Result rc;
-    if (gone || j->finish == ENGINE_FINISH_CANCELLED)
+    if (gone) {
         rc = MHD_NO;
-    else if (j->finish == ENGINE_FINISH_ERROR)
+    } else if (nothing && cut_short(j)) {
+        __atomic_add_fetch(&s->cut, 1, __ATOMIC_RELAXED);
+        rc = server_reply_error(s, c, 503, "unavailable_error",
+                                "the server is shutting down; the request was not started");
+    } else if (j->finish == ENGINE_FINISH_ERROR && (nothing || !j->stream)) {
         rc = server_reply_error(s, c, 500, "server_error", "%s", j->error ? j->error : "failed");
-    else
+    } else if (j->stream) {
+        pthread_mutex_unlock(&j->mu);
+        return reply_stream(s, c, j);
+    } else {
+        if (cut_short(j)) __atomic_add_fetch(&s->cut, 1, __ATOMIC_RELAXED);
         rc = server_reply_json(s, c, 200, final_body(s, j));
+    }
     pthread_mutex_unlock(&j->mu);
-    job_release(j);
+    connection_done(j);
     return rc;
 }
 
@@ -424,7 +466,8 @@ enum MHD_Result server_route_generate(server *s, struct MHD_Connection *c, const
     server_params p;
     base_err err;
     int vocab = model_config(s->rt->model)->vocab_size;
-    if (server_params_parse(body, route_kind(url), &s->o, s->pr, vocab, &p, &err)) {
+    if (server_params_parse(body, route_kind(url), &s->o, s->pr, vocab, s->rt->kv_plan.ctx_size, &p,
+                            &err)) {
         server_params_free(&p);
         return server_reply_error(s, c, 400, "invalid_request_error", "%s", err.msg);
     }
@@ -441,5 +484,6 @@ enum MHD_Result server_route_generate(server *s, struct MHD_Connection *c, const
             return server_reply_error(s, c, 400, "invalid_request_error", "%s", err.msg);
         return server_reply_error(s, c, 503, "unavailable_error", "%s", err.msg);
     }
-    return j->stream ? reply_stream(s, c, j) : reply_whole(s, c, j);
+    __atomic_add_fetch(&s->active, 1, __ATOMIC_ACQ_REL);
+    return reply(s, c, j);
 }

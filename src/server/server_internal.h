@@ -8,11 +8,15 @@
 #include <microhttpd.h>
 #include <pthread.h>
 
-/* One open connection, for the read deadline. */
+/* One open connection, for the connection limits and the read deadline (server_guard.c). */
 typedef struct server_conn {
     struct server_conn *prev, *next;
     int fd;
-    double deadline; /* base_now() seconds; 0: disarmed while a response is being made */
+    unsigned char addr[17]; /* the client's address: family, then 4 or 16 bytes */
+    bool reading;           /* its request has not fully arrived (false while it is answered) */
+    bool refused;           /* opened past a limit with no slow connection to replace */
+    bool evicted;           /* shut down to make room; gone once its thread sees it */
+    double since;           /* base_now() when its current request began to arrive */
 } server_conn;
 
 struct server {
@@ -25,16 +29,22 @@ struct server {
     engine_runtime *rt;
     engine_prompter *pr;
     engine_sched *sched;
-    int ready;    /* atomic */
-    int stopping; /* atomic: waiting handlers cancel their jobs */
-    /* the read-deadline guard: its thread closes connections past their deadline */
+    int ready;          /* atomic */
+    int stopping;       /* atomic: waiting handlers cancel their jobs */
+    int draining;       /* atomic: new requests get 503 (server_drain) */
+    int aborting;       /* atomic: running requests are cancelled and end with "abort" */
+    int active;         /* atomic: generation responses still being written */
+    int cut;            /* atomic: requests a drain or an abort cut short */
+    bool loopback;      /* bound to a loopback address: the Host header must name this machine */
+    char hostname[256]; /* this machine's name, which a Host header may also give */
+    /* the connection guard: its thread closes connections past their deadline */
     pthread_t guard;
     pthread_mutex_t guard_mu;
     pthread_cond_t guard_cv;
     bool guard_running, guard_stop; /* under guard_mu */
     server_conn *conns;             /* under guard_mu: open connections, a list */
     /* counters for /metrics, atomics */
-    uint64_t n_requests, n_errors, n_dropped;
+    uint64_t n_requests, n_errors, n_dropped, n_replaced, n_refused;
 };
 
 /* One HTTP request while its body arrives. */
@@ -56,14 +66,20 @@ enum MHD_Result server_reply_error(const server *s, struct MHD_Connection *c, un
     __attribute__((format(printf, 5, 6)));
 /* True when the client has hung up (peer closed or socket error). */
 bool server_client_gone(struct MHD_Connection *c);
-/* The read-deadline guard (server_guard.c). start/stop bracket the daemon's life; notify is
- * libmicrohttpd's connection callback (cls: the server); arm restarts a connection's deadline
- * (armed) or lifts it while its request is being answered. */
+/* The connection guard (server_guard.c): the connection limits and the read deadline.
+ * start/stop bracket the daemon's life; notify is libmicrohttpd's connection callback (cls: the
+ * server); arm marks a connection as reading its next request (armed) or being answered; refused
+ * says whether the connection was opened past a limit, so that its request gets a 503. */
 int server_guard_start(server *s, base_err *err);
 void server_guard_stop(server *s);
 void server_guard_notify(void *cls, struct MHD_Connection *c, void **socket_context,
                          enum MHD_ConnectionNotificationCode code);
 void server_guard_arm(server *s, struct MHD_Connection *c, bool armed);
+bool server_guard_refused(server *s, struct MHD_Connection *c);
+/* Whether the request's Host and Origin headers may reach this server (server_origin.c); on
+ * false, why[] says which header and value were refused. */
+bool server_host_allowed(const server *s, struct MHD_Connection *c, char *why, size_t why_size);
+bool server_origin_allowed(const server *s, struct MHD_Connection *c, char *why, size_t why_size);
 /* Routes. `body` is the parsed JSON request (NULL for GET). */
 enum MHD_Result server_route_generate(server *s, struct MHD_Connection *c, const char *url,
                                       json_t *body);

@@ -163,13 +163,13 @@ static int parse_stream(json_t *b, server_params *p, base_err *err) {
 
 /* The prompt of /v1/completions and /completion: a string, an array of token ids, or an
  * array holding one string. */
-static int parse_text_prompt(json_t *b, const engine_prompter *pr, int vocab, server_params *p,
-                             base_err *err) {
+static int parse_text_prompt(json_t *b, const engine_prompter *pr, int vocab, int ctx,
+                             server_params *p, base_err *err) {
     json_t *v = field(b, "prompt");
     if (json_is_array(v) && json_array_size(v) == 1 && json_is_string(json_array_get(v, 0)))
         v = json_array_get(v, 0);
     if (json_is_string(v))
-        return engine_prompter_encode_text(pr, json_string_value(v), &p->ids, &p->n_ids, err);
+        return engine_prompter_encode_text(pr, json_string_value(v), ctx, &p->ids, &p->n_ids, err);
     if (!json_is_array(v) || json_array_size(v) == 0)
         return base_fail(err, "'prompt' must be a string or a non-empty array of token ids");
     p->n_ids = (int)json_array_size(v);
@@ -183,9 +183,9 @@ static int parse_text_prompt(json_t *b, const engine_prompter *pr, int vocab, se
     return 0;
 }
 
-static int parse_prompt(json_t *b, server_kind kind, const engine_prompter *pr, int vocab,
+static int parse_prompt(json_t *b, server_kind kind, const engine_prompter *pr, int vocab, int ctx,
                         server_params *p, base_err *err) {
-    if (kind != SERVER_CHAT) return parse_text_prompt(b, pr, vocab, p, err);
+    if (kind != SERVER_CHAT) return parse_text_prompt(b, pr, vocab, ctx, p, err);
     json_t *m = field(b, "messages");
     if (!json_is_array(m) || json_array_size(m) == 0)
         return base_fail(err, "'messages' must be a non-empty array");
@@ -198,11 +198,12 @@ static int parse_prompt(json_t *b, server_kind kind, const engine_prompter *pr, 
     json_t *extra = field(b, "chat_template_kwargs");
     if (extra && !json_is_object(extra))
         return base_fail(err, "'chat_template_kwargs' must be an object");
-    return engine_prompter_encode_chat(pr, m, true, extra, &p->ids, &p->n_ids, err);
+    return engine_prompter_encode_chat(pr, m, true, extra, ctx, &p->ids, &p->n_ids, err);
 }
 
 int server_params_parse(json_t *b, server_kind kind, const server_options *o,
-                        const engine_prompter *pr, int vocab, server_params *p, base_err *err) {
+                        const engine_prompter *pr, int vocab, int ctx, server_params *p,
+                        base_err *err) {
     memset(p, 0, sizeof *p);
     p->kind = kind;
     p->req.sampling = o->defaults;
@@ -215,7 +216,7 @@ int server_params_parse(json_t *b, server_kind kind, const server_options *o,
         parse_stop(b, p, err) || parse_logit_bias(b, vocab, p, err) ||
         parse_logprobs(b, kind, p, err) || parse_format(b, err) ||
         get_bool(b, "ignore_eos", &p->req.ignore_eos, err) ||
-        parse_prompt(b, kind, pr, vocab, p, err))
+        parse_prompt(b, kind, pr, vocab, ctx, p, err))
         return -1;
     p->req.n_stop = p->n_stop;
     p->req.prompt = p->ids;

@@ -23,10 +23,12 @@ typedef struct server_params {
     engine_logit_bias *bias; /* owned */
 } server_params;
 
-/* Fills p from the body (which must outlive p). On failure err names the field; call
+/* Fills p from the body (which must outlive p). ctx: tokens a sequence holds, against which a
+ * prompt is judged long before it is tokenized. On failure err names the field; call
  * server_params_free either way. */
 int server_params_parse(json_t *body, server_kind kind, const server_options *o,
-                        const engine_prompter *pr, int vocab, server_params *p, base_err *err);
+                        const engine_prompter *pr, int vocab, int ctx, server_params *p,
+                        base_err *err);
 void server_params_free(server_params *p);
 
 /* The response object of /tokenize ({"tokens"}), /detokenize ({"content"}) and /apply-template

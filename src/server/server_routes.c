@@ -93,6 +93,12 @@ static enum MHD_Result metrics(server *s, struct MHD_Connection *c) {
     metric(&b, &len, &cap, "counter", "mlxcel_http_read_timeouts_total",
            "connections closed because a request did not arrive within --read-timeout",
            (double)__atomic_load_n(&s->n_dropped, __ATOMIC_RELAXED));
+    metric(&b, &len, &cap, "counter", "mlxcel_http_connections_replaced_total",
+           "connections slow to send a request, shut down to make room for a new one",
+           (double)__atomic_load_n(&s->n_replaced, __ATOMIC_RELAXED));
+    metric(&b, &len, &cap, "counter", "mlxcel_http_connections_refused_total",
+           "connections opened past --max-connections or --max-connections-per-ip",
+           (double)__atomic_load_n(&s->n_refused, __ATOMIC_RELAXED));
     metric(&b, &len, &cap, "counter", "mlxcel_requests_finished_total",
            "generation requests finished", (double)st.requests_done);
     metric(&b, &len, &cap, "counter", "mlxcel_requests_cancelled_total",

@@ -31,7 +31,7 @@ static char *engine_text(const char *dir) {
     greedy.temperature = 0;
     int rc = engine_runtime_open(dir, &o, &rt, &err) ||
              engine_prompter_open(dir, NULL, &pr, &err) ||
-             engine_prompter_encode_text(pr, PROMPT, &ids, &n, &err) ||
+             engine_prompter_encode_text(pr, PROMPT, 0, &ids, &n, &err) ||
              engine_generate(rt, ids, n, MAX_NEW, &greedy, NULL, NULL, &res, &err) ||
              tok_decode(pr->tok, res.tokens, (size_t)res.n_tokens, true, &text, &len, &err);
     CHECK_MSG(rc == 0, "%s", err.msg);

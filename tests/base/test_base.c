@@ -124,7 +124,33 @@ static void test_errors(void) {
     CHECK(base_dtype_parse("F8_E4M3", &dt) == -1);
 }
 
+static void test_utf8(void) {
+    char out[64];
+    /* well-formed text passes unchanged */
+    const char *ok = "caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80";
+    CHECK(base_utf8_valid(ok, strlen(ok)));
+    CHECK(base_utf8_clean(out, sizeof out, ok, strlen(ok)) == strlen(ok) && strcmp(out, ok) == 0);
+    /* a lone byte, an overlong form, a surrogate, past U+10FFFF, a cut sequence: each U+FFFD */
+    const char *bad[] = {"demo\xE9", "\xC0\xAF", "\xED\xA0\x80", "\xF4\x90\x80\x80", "\xE2\x82"};
+    const char *want[] = {
+        "demo\xEF\xBF\xBD", "\xEF\xBF\xBD\xEF\xBF\xBD", "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD",
+        "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD", "\xEF\xBF\xBD\xEF\xBF\xBD"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        CHECK_MSG(!base_utf8_valid(bad[i], strlen(bad[i])), "case %zu", i);
+        base_utf8_clean(out, sizeof out, bad[i], strlen(bad[i]));
+        CHECK_MSG(strcmp(out, want[i]) == 0, "case %zu", i);
+        CHECK(base_utf8_valid(out, strlen(out)));
+    }
+    /* too small a buffer ends the copy at a character boundary */
+    CHECK(base_utf8_clean(out, 5, "ab\xE2\x82\xAC", 5) == 2 && strcmp(out, "ab") == 0);
+    CHECK(base_utf8_clean(out, 6, "ab\xE2\x82\xAC", 5) == 5);
+    char *d = base_utf8_dup("x\xFFy");
+    CHECK(strcmp(d, "x\xEF\xBF\xBDy") == 0);
+    free(d);
+}
+
 int main(void) {
+    test_utf8();
     test_f16();
     test_bf16();
     test_saturating();
