@@ -83,16 +83,24 @@ static enum MHD_Result reply_error_close(const server *s, struct MHD_Connection 
     return queue_json_text(s, c, status, text, true);
 }
 
-/* Hung up: the connection was reset or is closed both ways. The end of the client's stream
- * alone is not enough: a client may shut down its sending side after a whole request (legal
- * HTTP) and still read the answer. A client that closed its socket outright is found out by
- * the first bytes written to it, which it answers with a reset. */
-bool server_client_gone(struct MHD_Connection *c) {
+static short poll_events(struct MHD_Connection *c, short events) {
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return true;
-    struct pollfd p = {.fd = ci->connect_fd, .events = 0};
-    return poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLNVAL));
+    if (!ci) return POLLNVAL;
+    struct pollfd p = {.fd = ci->connect_fd, .events = events};
+    return poll(&p, 1, 0) > 0 ? p.revents : 0;
+}
+
+/* The end of the client's stream alone is not "gone": a client may shut down its sending side
+ * after a whole request (legal HTTP) and still read the answer, and nothing tells that apart
+ * from a client that closed its socket until bytes are written to it, which the latter answers
+ * with a reset (see server_gen.c). */
+bool server_client_gone(struct MHD_Connection *c) {
+    return poll_events(c, 0) & (POLLHUP | POLLERR | POLLNVAL);
+}
+
+bool server_client_done_sending(struct MHD_Connection *c) {
+    return poll_events(c, POLLRDHUP) & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL);
 }
 
 /* Compares the whole length whatever the content, so the time taken says nothing about how

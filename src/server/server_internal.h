@@ -64,8 +64,10 @@ enum MHD_Result server_reply_json(const server *s, struct MHD_Connection *c, uns
 enum MHD_Result server_reply_error(const server *s, struct MHD_Connection *c, unsigned status,
                                    const char *type, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
-/* True when the client has hung up (peer closed or socket error). */
+/* True when the client has hung up (reset, or closed both ways). */
 bool server_client_gone(struct MHD_Connection *c);
+/* True when the client has sent all it will (it shut down its side, or closed the socket). */
+bool server_client_done_sending(struct MHD_Connection *c);
 /* The connection guard (server_guard.c): the connection limits and the read deadline.
  * start/stop bracket the daemon's life; notify is libmicrohttpd's connection callback (cls: the
  * server); arm marks a connection as reading its next request (armed) or being answered; refused

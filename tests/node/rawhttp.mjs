@@ -40,9 +40,10 @@ export function rawHttp({ key, timeoutMs: defaultTimeoutMs }) {
   function buildRequest(method, route, body, extra = {}) {
     const b = body === undefined ? Buffer.alloc(0) : Buffer.from(typeof body === 'string' ? body : JSON.stringify(body));
     const headers = { Host: '127.0.0.1', Connection: 'close', ...(key ? { Authorization: `Bearer ${key}` } : {}), ...extra };
+    // defaults only for the headers the caller did not name (null: leave it out)
     if (method === 'POST') {
-      headers['Content-Type'] ??= 'application/json';
-      headers['Content-Length'] ??= String(b.length);
+      if (!('Content-Type' in headers)) headers['Content-Type'] = 'application/json';
+      if (!('Content-Length' in headers)) headers['Content-Length'] = String(b.length);
     }
     for (const k of Object.keys(headers)) if (headers[k] === null) delete headers[k];
     const head = `${method} ${route} HTTP/1.1\r\n` + Object.entries(headers).map(([k, v]) => `${k}: ${v}\r\n`).join('') + '\r\n';

@@ -5,17 +5,20 @@
 // requests of every route, streamed and not, mixed with aborts mid-stream and mid-body,
 // malformed, oversize and unauthorized bodies, prompts longer than the context and odd fields.
 // Meanwhile slow clients send their headers or bodies a byte at a time from other loopback
-// addresses: the per-address limit refuses some at once, the read deadline drops the rest, and
-// well-formed requests keep completing while they hold their connections. Every well-formed
-// request must complete (200 and a whole response); every other one must get its 4xx with an
-// OpenAI-shaped error or be dropped. At the end the server is alive, no KV block is referenced
-// and free + cached blocks make up the pool.
+// addresses: the per-address limit refuses some (closed within a second), the read deadline
+// drops the rest, and well-formed requests keep completing while they hold their connections.
+// Then a burst of simultaneous requests over the server's capacity: each is answered, 200 or
+// 503. Every well-formed request of the load must complete (200 and a whole response); every
+// other one must get its 4xx with an OpenAI-shaped error or be dropped. At the end the server
+// is alive, no KV block is referenced, free + cached blocks make up the pool, and its resident
+// memory is within 10% of what it was after a warm-up.
 //
 // Before the load a table of odd bodies runs one by one, each followed by /health; after it a
 // second server checks the global connection limit, the header limit flag and CORS.
 //
 // Randomness is seeded: MLXCEL_SOAK_SEED=N replays a run's choices (timing still varies).
 // MLXCEL_SOAK_REQUESTS sets the number of requests (default 400).
+import { readFileSync } from 'node:fs';
 import path from 'node:path';
 
 import { harness } from '../node/harness.mjs';
@@ -37,8 +40,12 @@ const REQUEST_TIMEOUT_MS = 30_000 * TIME_SCALE;
 const MAX_BODY = 65536;
 const READ_TIMEOUT_S = 2;
 const PER_IP = 48;
+const REFUSED_S = 1; // a connection refused by a limit must send its request within this
 const N_SLOW_HEADERS = 64; // from 127.0.0.2: PER_IP of them are let in
 const N_SLOW_BODIES = 8; // from 127.0.0.3
+const N_BURST = 160; // from 127.0.0.5, past PER_IP and MAX_QUEUE
+const MAX_QUEUE = 40; // more than N_CLIENTS: the load itself is never refused
+const N_WARMUP = 60; // requests of the load after which the server's memory is its baseline
 const CTX = 256;
 // 16 blocks of 32 tokens: two full sequences, while -np 4 runs four at once
 const KV_BUDGET = 16 * 196608;
@@ -63,7 +70,7 @@ const pick = (arr) => arr[Math.floor(rand() * arr.length)];
 const h = harness({ bin: BIN, label: 'soak', timeoutMs: 115_000 * TIME_SCALE });
 const { check, stopServer } = h;
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-const startServer = (args) => h.startServer(['-m', MODEL, '--metrics', '--api-key', KEY, ...args]);
+const startServer = (args, env) => h.startServer(['-m', MODEL, '--metrics', '--api-key', KEY, ...args], env);
 
 const { buildRequest, exchange } = rawHttp({ key: KEY, timeoutMs: REQUEST_TIMEOUT_MS });
 
@@ -136,6 +143,24 @@ function tally(kind, r) {
   stats.byKind[kind] = (stats.byKind[kind] ?? 0) + 1;
   const key = r.aborted ? 'aborted by client' : r.status ? String(r.status) : r.error;
   stats.errors[key] = (stats.errors[key] ?? 0) + 1;
+}
+
+// Resident memory of the server (kB), from /proc.
+const rssKb = (pid) => Number(readFileSync(`/proc/${pid}/status`, 'utf8').match(/^VmRSS:\s+(\d+)/m)[1]);
+
+// Many requests at once, more than -np runs and --max-queue holds, from one address (more
+// connections than its limit): each one is answered, 200 or a 503 that says why.
+async function burstPart(port) {
+  const results = await Promise.all(Array.from({ length: N_BURST }, () =>
+    call(port, 'POST', '/v1/chat/completions', { messages: [{ role: 'user', content: words(6) }], max_tokens: 4 }, {},
+      { localAddress: '127.0.0.5', timeoutMs: REQUEST_TIMEOUT_MS * 2 })));
+  const tally = {};
+  for (const r of results) tally[r.status ?? r.error] = (tally[r.status ?? r.error] ?? 0) + 1;
+  console.log(`soak: a burst of ${N_BURST} simultaneous chats: ${JSON.stringify(tally)}`);
+  check(results.every((r) => (r.status === 200 && !validChat(r, false, 4)) || openaiError(r, 503)),
+    `the burst: every request answered with a whole 200 or an OpenAI 503 (${JSON.stringify(tally)})`);
+  check(results.some((r) => r.status === 200) && results.some((r) => r.status === 503),
+    `the burst: some served, some refused for capacity (${JSON.stringify(tally)})`);
 }
 
 // One random request: [kind, promise of a failure message or null].
@@ -297,8 +322,8 @@ async function oddPart(port) {
 // A request that never finishes arriving: its headers (or its body) a byte every 100 ms.
 function slowClient(port, localAddress, body) {
   const head = body
-    ? `POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n{"prompt": "`
-    : 'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n';
+    ? `POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n{"prompt": "`
+    : 'POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n';
   const drip = body ? 'a'.repeat(2000) : 'X-Slow: yes\r\n'.repeat(200);
   const bytes = Buffer.from(head + drip);
   const pieces = body ? [bytes.subarray(0, head.length), ...Array.from(drip, (c) => Buffer.from(c))]
@@ -315,9 +340,12 @@ async function slowPart(port) {
   runs.forEach((p) => p.then(() => slow.held--));
   const results = await Promise.all(runs);
   for (const r of results) {
-    if (r.status) slow.answered++;
+    if (r.status) {
+      slow.answered++;
+      console.error(`  a slow client was answered: ${r.status} ${r.body?.slice(0, 160)}`);
+    }
     else if (r.error === 'client timeout') continue;
-    else if (r.ms < 1000) slow.refused++;
+    else if (r.ms < (REFUSED_S + READ_TIMEOUT_S) * 500) slow.refused++;
     else {
       slow.dropped++;
       slow.lateMs.push(r.ms);
@@ -333,7 +361,7 @@ async function slowPart(port) {
 
 // ---- the load ----
 
-async function loadPart(port) {
+async function loadPart(port, pid) {
   const failures = [];
   let next = 0;
   const t0 = Date.now();
@@ -341,6 +369,7 @@ async function loadPart(port) {
     while (next < N_REQUESTS && Date.now() - t0 < LOAD_S * 1000) {
       next++;
       stats.requests++;
+      if (stats.requests === N_WARMUP) stats.rssWarmKb = rssKb(pid);
       const [kind, r, bad] = await oneRequest(port);
       tally(kind, r);
       if (r.aborted) stats.aborted++;
@@ -349,7 +378,7 @@ async function loadPart(port) {
         stats.slowestMs = Math.max(stats.slowestMs, r.ms);
       }
       if (r.status === 200 && slow.held >= PER_IP / 2) stats.completedWhileSlowHeld++;
-      if (bad) failures.push(`${kind}: ${bad}`);
+      if (bad) failures.push(`${kind}: ${bad}${r.status === 503 ? ` ${r.body?.slice(0, 160)}` : ''}`);
     }
   };
   const clients = Array.from({ length: N_CLIENTS }, client);
@@ -380,14 +409,19 @@ async function poolSettles(port, what) {
 // ---- limits on a second server: connections in all, header size, CORS; and the key ----
 
 async function limitsPart() {
-  const s = await startServer(['-c', '128', '-np', '1', '--max-connections', '6', '--read-timeout', '1', '--max-header', '8192', '--cors', 'https://app.example']);
-  // six silent connections fill the server; a seventh is closed at once
+  const s = await startServer(['-c', '128', '-np', '1', '--max-connections', '6', '--read-timeout', '3', '--max-header', '8192', '--cors', 'https://app.example']);
+  // six silent connections fill the server; a seventh is answered 503 at once, and once they
+  // have been silent for a second, a new one takes the place of the oldest
   const holders = Array.from({ length: 6 }, (_, i) => exchange(s.port, [], { localAddress: `127.0.0.${10 + i}`, timeoutMs: 10_000 }));
   await sleep(300);
   const refused = await call(s.port, 'GET', '/health', undefined, {}, { timeoutMs: 5_000 });
-  check(!refused.status && refused.ms < 1000, `a connection past --max-connections is closed at once (${refused.status ?? refused.error}, ${refused.ms} ms)`);
-  const held = await Promise.all(holders);
-  check(held.every((r) => !r.status && r.ms >= 900 && r.ms < 3500), `silent connections are dropped by --read-timeout 1 (${held.map((r) => r.ms).join(', ')} ms)`);
+  check(openaiError(refused, 503) && refused.ms < 1000, `a connection past --max-connections gets a 503 at once (${refused.status ?? refused.error}, ${refused.ms} ms)`);
+  await sleep(1200);
+  const replacing = await call(s.port, 'GET', '/health', undefined, {}, { timeoutMs: 5_000 });
+  check(replacing.status === 200, `once they are slow, a new connection takes the place of one (${replacing.status ?? replacing.error})`);
+  const held = (await Promise.all(holders)).map((r) => (r.status ? -1 : r.ms)).sort((a, b) => a - b);
+  check(held[0] >= 1000 && held[0] < 2500, `the oldest silent connection was replaced (${held.join(', ')} ms)`);
+  check(held.slice(1).every((ms) => ms >= 2900 && ms < 5000), `the rest are dropped by --read-timeout 3 (${held.join(', ')} ms)`);
   await sleep(100);
   await alive(s.port, 'after the connection limit');
 
@@ -429,15 +463,22 @@ async function keyAndCorsOffPart(port) {
 let s;
 try {
   s = await startServer(['-c', String(CTX), '-np', '4', '--kv-cache-budget', String(KV_BUDGET), '--max-body', String(MAX_BODY),
-    '--read-timeout', String(READ_TIMEOUT_S), '--max-connections', '160', '--max-connections-per-ip', String(PER_IP)]);
+    '--read-timeout', String(READ_TIMEOUT_S), '--max-connections', '160', '--max-connections-per-ip', String(PER_IP),
+    '--max-queue', String(MAX_QUEUE)],
+    // ASan holds freed memory back in a quarantine, which would read as growth
+    { ASAN_OPTIONS: `${process.env.ASAN_OPTIONS ? process.env.ASAN_OPTIONS + ':' : ''}quarantine_size_mb=8` });
   await keyAndCorsOffPart(s.port);
   const tOdd = Date.now();
   await oddPart(s.port);
   console.log(`soak: ${ODD.length} odd bodies in ${((Date.now() - tOdd) / 1000).toFixed(1)} s, the server alive after each`);
   await poolSettles(s.port, 'after the odd bodies');
-  await loadPart(s.port);
+  await loadPart(s.port, s.child.pid);
+  await burstPart(s.port);
   check(s.exited === null, `the server is still running (${s.exited})`);
   const m = await poolSettles(s.port, 'after the load');
+  const rssEndKb = rssKb(s.child.pid);
+  console.log(`soak: resident memory ${stats.rssWarmKb} kB after ${N_WARMUP} requests, ${rssEndKb} kB at the end`);
+  check(rssEndKb <= stats.rssWarmKb * 1.1, `resident memory within 10% of its value after the warm-up (${stats.rssWarmKb} -> ${rssEndKb} kB)`);
   check(m.preemptions > 0, `the pool was short enough that sequences were preempted (${m.preemptions})`);
   check(m.readTimeouts >= PER_IP + N_SLOW_BODIES, `/metrics counts the read timeouts (${m.readTimeouts})`);
   const r = await call(s.port, 'POST', '/v1/chat/completions', { messages: msgs, max_tokens: 8 });
