@@ -31,20 +31,25 @@ if ! clang -fsanitize=fuzzer "$probe/p.c" -o "$probe/p" 2>/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libclang-rt-dev >/dev/null
 fi
 
-# Only the modules the targets reach are built (the parsers, not the backends), each file
-# with coverage instrumentation for the fuzzer; of the engine and the server, only the files
-# that turn a request body into work (no scheduler, model or HTTP library).
-modules=(base io tokenizer chat)
-files=(src/engine/engine_prompter.c src/engine/engine_sampler.c src/server/server_params.c)
-cflags="$flags -std=c11 -D_GNU_SOURCE -Isrc -Iinclude $(pkg-config --cflags jansson libpcre2-8 libutf8proc)"
+# The modules the targets reach (all but the CUDA backend, the hub and the CLI), each file with
+# coverage instrumentation for the fuzzer; the SIMD kernels with the flags CMakeLists.txt gives
+# them. The HTTP target runs the real server, which links the scheduler and the model.
+modules=(base io tokenizer chat model kv attn backend backend/cpu engine server)
+cflags="$flags -std=c11 -D_GNU_SOURCE -Isrc -Iinclude $(pkg-config --cflags jansson libpcre2-8 libutf8proc libmicrohttpd)"
 rm -rf "$build/obj"
 mkdir -p "$build/obj"
-{ for m in "${modules[@]}"; do ls src/"$m"/*.c; done; printf '%s\n' "${files[@]}"; } |
-    xargs -P "$jobs" -I{} sh -c 'o="$0/obj/$(echo "$1" | tr / _).o"; exec clang $2 -fsanitize=fuzzer-no-link -c "$1" -o "$o"' \
+for m in "${modules[@]}"; do ls src/"$m"/*.c; done |
+    xargs -P "$jobs" -I{} sh -c 'o="$0/obj/$(echo "$1" | tr / _).o"
+        case "$1" in
+        *_avx2.c) simd="-mavx2 -mfma -mf16c" ;;
+        *_avx512.c) simd="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c -mavx2" ;;
+        *) simd= ;;
+        esac
+        exec clang $2 $simd -fsanitize=fuzzer-no-link -c "$1" -o "$o"' \
         "$build" {} "$cflags"
 rm -f "$build/libfuzzcore.a"
 ar rcs "$build/libfuzzcore.a" "$build"/obj/*.o
-libs="$(pkg-config --libs jansson libpcre2-8 libutf8proc) -lm -lpthread"
+libs="$(pkg-config --libs jansson libpcre2-8 libutf8proc libmicrohttpd) -lm -lpthread"
 
 if (($# == 0)); then
     set -- $(ls fuzz/fuzz_*.c | sed 's|fuzz/fuzz_\(.*\)\.c|\1|')
@@ -59,7 +64,7 @@ done
 
 # Executions per target in deterministic mode: about a minute each on a 2-core CI machine.
 declare -A runs=([safetensors]=1200000 [config]=3000000 [tokenizer_json]=80000 [bpe]=80000
-                 [chat]=150000 [npy]=3000000 [http_body]=1000000)
+                 [chat]=150000 [npy]=3000000 [http_body]=1000000 [http_request]=50000)
 failed=()
 for t in "$@"; do
     mkdir -p "$build/corpus/$t" "$build/artifacts/$t" "$build/logs"

@@ -3,6 +3,7 @@
  * back crashes this test, or aborts it naming the broken promise; the sanitizer build in CI
  * catches the memory errors a plain build would survive. */
 #include "../../fuzz/fuzz_http.h"
+#include "../../fuzz/fuzz_http_request.h"
 #include "test.h"
 
 #include <dirent.h>
@@ -20,6 +21,7 @@ static const regress_target targets[] = {
     {"chat", fuzz_chat},
     {"npy", fuzz_npy},
     {"http_body", fuzz_http_body},
+    {"http_request", fuzz_http_request},
 };
 
 static int name_cmp(const void *a, const void *b) {
