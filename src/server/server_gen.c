@@ -14,10 +14,9 @@
  *
  * A client that stops sending may have closed its socket, or only its sending side (legal
  * HTTP, and it still reads): only bytes written tell which, since a closed socket answers them
- * with a reset. So once such a client's request has a token, a whole response commits to 200
- * and writes one byte of JSON whitespace at once; the rest of the body follows at the end (an
- * error then, should one come, goes in the body). Work for a client that left is bounded by
- * its time in the queue and its prefill, as it would be for a stream. */
+ * with a reset. So when an HTTP/1.1 client stops sending while its request waits, it is sent
+ * an interim "100 Continue", which every HTTP/1.1 client must read past (RFC 9110, 15.2) and
+ * which a closed socket answers with the reset that cancels the request. */
 #include "server/server_internal.h"
 #include "server/server_params.h"
 
@@ -309,26 +308,6 @@ static json_t *delta_chunk(server *s, job *j, const char *text, size_t n, int lp
                     json_pack("[o]", choice));
 }
 
-/* A whole response written through the stream machinery (mu held): a space first, which sends
- * the headers and finds out whether the client still reads, then the body once it is done. */
-static void format_whole(server *s, job *j) {
-    if (!j->head_sent) {
-        out_append(j, " ", 1);
-        j->head_sent = true;
-    }
-    if (j->finish == ENGINE_FINISH_NONE) return;
-    json_t *o = j->finish == ENGINE_FINISH_ERROR
-                    ? json_pack("{s:{s:s,s:s,s:i}}", "error", "message",
-                                j->error ? j->error : "generation failed", "type", "server_error",
-                                "code", 500)
-                    : final_body(s, j);
-    char *t = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o);
-    if (t) out_append(j, t, strlen(t));
-    free(t);
-    j->tail_sent = true;
-}
-
 /* Formats (mu held) whatever is new into the out buffer. */
 static void format_news(server *s, job *j) {
     size_t n = j->text_len - j->text_sent;
@@ -384,10 +363,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             pthread_mutex_unlock(&j->mu);
             return MHD_CONTENT_READER_END_OF_STREAM;
         }
-        if (j->stream)
-            format_news(j->srv, j);
-        else
-            format_whole(j->srv, j);
+        format_news(j->srv, j);
         if (j->tail_sent && cut_short(j)) __atomic_add_fetch(&j->srv->cut, 1, __ATOMIC_RELAXED);
         if (j->out_len) break;
         if (job_wait(j)) {
@@ -414,7 +390,6 @@ static void stream_free(void *cls) {
     connection_done(j);
 }
 
-/* A stream, or a whole response written as the job goes (format_whole). */
 static enum MHD_Result reply_stream(server *s, struct MHD_Connection *c, job *j) {
     struct MHD_Response *r =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, j, stream_free);
@@ -430,25 +405,20 @@ static enum MHD_Result reply_stream(server *s, struct MHD_Connection *c, job *j)
     return rc;
 }
 
-/* Waits for the first token of a stream, or for the end, or for the first token once the
- * client has stopped sending. From then on MHD writes the response (reply_stream); anything
- * else is answered here. A client that left gets nothing, once its request has ended (so that
- * its blocks are back before the connection closes). */
-static enum MHD_Result reply(server *s, struct MHD_Connection *c, job *j) {
+/* Waits for the first token of a stream, or for the end; a stream then goes on in MHD's hands,
+ * anything else is answered here. A client that left gets nothing, once its request has ended
+ * (so that its blocks are back before the connection closes). */
+static enum MHD_Result reply(server *s, struct MHD_Connection *c, job *j, bool http11) {
     pthread_mutex_lock(&j->mu);
-    bool gone = false, done_sending = false;
-    while (j->finish == ENGINE_FINISH_NONE &&
-           (gone || j->n_generated == 0 || !(j->stream || done_sending))) {
+    bool gone = false, probed = !http11;
+    while (j->finish == ENGINE_FINISH_NONE && (gone || !j->stream || j->n_generated == 0)) {
         gone = job_wait(j) || gone;
-        done_sending = done_sending || server_client_done_sending(c);
+        if (!probed && server_client_done_sending(c)) probed = server_probe_client(c);
     }
     bool nothing = j->n_generated == 0 && j->text_len == 0;
     enum MHD_Result rc;
     if (gone) {
         rc = MHD_NO;
-    } else if (j->finish == ENGINE_FINISH_NONE) {
-        pthread_mutex_unlock(&j->mu);
-        return reply_stream(s, c, j);
     } else if (nothing && cut_short(j)) {
         __atomic_add_fetch(&s->cut, 1, __ATOMIC_RELAXED);
         rc = server_reply_error(s, c, 503, "unavailable_error",
@@ -501,7 +471,7 @@ static server_kind route_kind(const char *url) {
 }
 
 enum MHD_Result server_route_generate(server *s, struct MHD_Connection *c, const char *url,
-                                      json_t *body) {
+                                      const char *version, json_t *body) {
     server_params p;
     base_err err;
     int vocab = model_config(s->rt->model)->vocab_size;
@@ -524,5 +494,5 @@ enum MHD_Result server_route_generate(server *s, struct MHD_Connection *c, const
         return server_reply_error(s, c, 503, "unavailable_error", "%s", err.msg);
     }
     __atomic_add_fetch(&s->active, 1, __ATOMIC_ACQ_REL);
-    return reply(s, c, j);
+    return reply(s, c, j, strcmp(version, MHD_HTTP_VERSION_1_1) == 0);
 }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -103,6 +104,16 @@ bool server_client_done_sending(struct MHD_Connection *c) {
     return poll_events(c, POLLRDHUP) & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL);
 }
 
+bool server_probe_client(struct MHD_Connection *c) {
+    static const char interim[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    /* libmicrohttpd writes nothing on this connection while its handler runs, which is where
+     * this is called from: the interim response cannot interleave with the final one */
+    return ci && send(ci->connect_fd, interim, sizeof interim - 1, MSG_NOSIGNAL | MSG_DONTWAIT) ==
+                     (ssize_t)(sizeof interim - 1);
+}
+
 /* Compares the whole length whatever the content, so the time taken says nothing about how
  * much of the key was right. */
 static bool key_equal(const char *given, const char *key) {
@@ -163,7 +174,7 @@ static bool refused(server *s, struct MHD_Connection *c, enum MHD_Result *rc) {
 }
 
 static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, const char *url,
-                                const char *method, server_exchange *x) {
+                                const char *method, const char *version, server_exchange *x) {
     __atomic_add_fetch(&s->n_requests, 1, __ATOMIC_RELAXED);
     server_guard_arm(s, c, false);
     /* HEAD is GET without the body, which libmicrohttpd leaves out by itself */
@@ -196,7 +207,7 @@ static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, const char 
                                       body ? "another JSON value" : je.text, je.line, je.column);
         }
     }
-    rc = gen ? server_route_generate(s, c, url, body) : server_route_info(s, c, url, body);
+    rc = gen ? server_route_generate(s, c, url, version, body) : server_route_info(s, c, url, body);
     json_decref(body);
     return rc;
 }
@@ -261,7 +272,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (!cl || strtoull(cl, NULL, 10) <= s->o.max_body) return MHD_YES;
         x->too_large = true;
-        return dispatch(s, c, url, method, x);
+        return dispatch(s, c, url, method, version, x);
     }
     if (*upload_size) {
         if (x->len + *upload_size > s->o.max_body) x->too_large = true;
@@ -277,7 +288,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return MHD_YES;
     }
-    return dispatch(s, c, url, method, x);
+    return dispatch(s, c, url, method, version, x);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,

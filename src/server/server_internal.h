@@ -68,6 +68,9 @@ enum MHD_Result server_reply_error(const server *s, struct MHD_Connection *c, un
 bool server_client_gone(struct MHD_Connection *c);
 /* True when the client has sent all it will (it shut down its side, or closed the socket). */
 bool server_client_done_sending(struct MHD_Connection *c);
+/* Writes an interim "100 Continue" (HTTP/1.1 only, before the final response) so that a client
+ * that closed its socket answers with a reset; true when written. */
+bool server_probe_client(struct MHD_Connection *c);
 /* The connection guard (server_guard.c): the connection limits and the read deadline.
  * start/stop bracket the daemon's life; notify is libmicrohttpd's connection callback (cls: the
  * server); arm marks a connection as reading its next request (armed) or being answered; refused
@@ -82,9 +85,10 @@ bool server_guard_refused(server *s, struct MHD_Connection *c);
  * false, why[] says which header and value were refused. */
 bool server_host_allowed(const server *s, struct MHD_Connection *c, char *why, size_t why_size);
 bool server_origin_allowed(const server *s, struct MHD_Connection *c, char *why, size_t why_size);
-/* Routes. `body` is the parsed JSON request (NULL for GET). */
+/* Routes. `body` is the parsed JSON request (NULL for GET); version: the request's HTTP
+ * version. */
 enum MHD_Result server_route_generate(server *s, struct MHD_Connection *c, const char *url,
-                                      json_t *body);
+                                      const char *version, json_t *body);
 enum MHD_Result server_route_info(server *s, struct MHD_Connection *c, const char *url,
                                   json_t *body);
 /* True for the routes server_route_generate / server_route_info serve. */

@@ -18,7 +18,17 @@ function decodeChunked(buf) {
 }
 
 // { status, headers, body, complete } of a raw response, or null when it has no status line.
+// Interim 1xx responses before it are read past, as HTTP/1.1 clients must; `interim` counts
+// them.
 export function parseResponse(raw) {
+  let interim = 0;
+  for (;;) {
+    const m = raw.toString('latin1', 0, 16).match(/^HTTP\/1\.1 1\d\d /);
+    const end = raw.indexOf('\r\n\r\n');
+    if (!m || end < 0) break;
+    raw = raw.subarray(end + 4);
+    interim++;
+  }
   const end = raw.indexOf('\r\n\r\n');
   if (end < 0) return null;
   const lines = raw.subarray(0, end).toString('latin1').split('\r\n');
@@ -31,7 +41,7 @@ export function parseResponse(raw) {
   }
   let body = raw.subarray(end + 4);
   if (/chunked/i.test(headers['transfer-encoding'] ?? '')) body = decodeChunked(body);
-  return { status: Number(m[1]), headers, body: body?.toString('utf8') ?? null, complete: body !== null };
+  return { status: Number(m[1]), headers, body: body?.toString('utf8') ?? null, complete: body !== null, interim };
 }
 
 // key: the bearer key every request carries unless its headers say otherwise (null drops a

@@ -201,7 +201,7 @@ async function connectionsPart() {
 
 // 6, 7, 8, 9, 11 on one server.
 async function requestsPart() {
-  const s = await startServer(['-m', MODEL, '-c', '256', '-np', '2', '--cors', 'https://app.example']);
+  const s = await startServer(['-m', MODEL, '-c', '512', '-np', '2', '--metrics', '--cors', 'https://app.example']);
   // 6: error messages that would not be UTF-8
   let r = await exchange(s.port, Buffer.from('GET /%ff HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n'));
   check(errorBody(r, 404), `6: GET /%ff gets a 404 with a JSON error (${r.status ?? r.error})`);
@@ -214,7 +214,20 @@ async function requestsPart() {
     r = await call(s.port, 'POST', '/v1/chat/completions', { messages: msgs, max_tokens: 6, stream }, {}, { halfClose: true });
     const ok = stream ? sseData(r.body).at(-1) === '[DONE]' : r.status === 200 && JSON.parse(r.body).choices[0].message.content.length > 0;
     check(r.status === 200 && ok, `7: a half-closed client gets its ${stream ? 'stream' : 'response'} (${r.status ?? r.error})`);
+    check(r.interim === 1, `7: after one interim 100 Continue, which finds out it still reads (${r.interim})`);
   }
+
+  // 7: but a client that closed its socket while its whole response was being made is found
+  // out, and its request cancelled
+  const cancelled = async () => Number(((await call(s.port, 'GET', '/metrics')).body ?? '').match(/^mlxcel_requests_cancelled_total (\S+)$/m)?.[1]);
+  const before = await cancelled();
+  r = await call(s.port, 'POST', '/v1/completions', { prompt: 'Once', n_predict: 400, ignore_eos: true }, {}, { abortMs: 300 });
+  let after = before;
+  for (let i = 0; i < 40 && after === before; i++) {
+    await sleep(50);
+    after = await cancelled();
+  }
+  check(r.aborted && after === before + 1, `7: a whole request whose client closed is cancelled (${before} -> ${after})`);
 
   // 8: pages of other sites, and names that are not this machine's
   const plain = { 'Content-Type': 'text/plain' };
