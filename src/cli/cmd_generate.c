@@ -104,7 +104,8 @@ int cli_cmd_generate(int argc, char **argv) {
     char *text = NULL;
     size_t len;
     if (rc == 0 && pr)
-        rc = tok_decode(pr->tok, res.tokens, (size_t)res.n_tokens, true, &text, &len, &err);
+        rc = tok_decode_continued(pr->tok, res.tokens, (size_t)res.n_tokens, true, &text, &len,
+                                  &err);
     if (rc == 0) {
         if (f.json) {
             if (text) printf("%s\n", text);

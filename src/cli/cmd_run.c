@@ -103,6 +103,7 @@ static int run_turn(run_session *s, const char *text, base_err *err) {
     int rc = encode_turn(s, text, &ids, &n, err);
     if (rc) return -1;
     s->stream = tok_stream_new(s->pr->tok, true);
+    tok_stream_continue(s->stream);
     engine_generate_result res;
     g_interrupted = 0;
     rc = engine_generate(s->rt, ids, n, s->max_new, &s->sampling, print_token, s, &res, err);
@@ -116,8 +117,8 @@ static int run_turn(run_session *s, const char *text, base_err *err) {
     if (rc == 0) {
         char *reply;
         size_t rlen;
-        if (tok_decode(s->pr->tok, res.tokens, (size_t)res.n_tokens, true, &reply, &rlen, err) ==
-            0) {
+        if (tok_decode_continued(s->pr->tok, res.tokens, (size_t)res.n_tokens, true, &reply, &rlen,
+                                 err) == 0) {
             json_array_append_new(s->messages,
                                   json_pack("{s:s, s:s}", "role", "assistant", "content", reply));
             free(reply);

@@ -143,7 +143,11 @@ static int sreq_new(const engine_sched *s, const engine_request *r, sreq **out, 
     q->tokens = base_xmalloc((size_t)q->cap * sizeof *q->tokens);
     memcpy(q->tokens, r->prompt, (size_t)r->n_prompt * sizeof *q->tokens);
     q->r.prompt = NULL;
-    if (s->o.tok) q->stream = tok_stream_new(s->o.tok, true);
+    /* the text continues the prompt: a SentencePiece first token keeps its leading space */
+    if (s->o.tok) {
+        q->stream = tok_stream_new(s->o.tok, true);
+        tok_stream_continue(q->stream);
+    }
     q->t_submit = base_now();
     *out = q;
     return 0;

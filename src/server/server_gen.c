@@ -148,7 +148,7 @@ static json_t *token_json(server *s, int32_t id, float lp, bool with_bytes) {
     char *t = NULL;
     size_t n = 0;
     base_err err;
-    if (tok_decode(s->pr->tok, &id, 1, false, &t, &n, &err)) {
+    if (tok_decode_continued(s->pr->tok, &id, 1, false, &t, &n, &err)) {
         t = base_xstrdup("");
         n = 0;
     }

@@ -199,12 +199,12 @@ int tok_decode_raw(const tok_tokenizer *tok, const int32_t *ids, size_t n, bool 
     return 0;
 }
 
-int tok_decode(const tok_tokenizer *tok, const int32_t *ids, size_t n, bool skip_special,
-               char **text, size_t *len, base_err *err) {
+static int decode_text(const tok_tokenizer *tok, const int32_t *ids, size_t n, bool skip_special,
+                       bool at_start, char **text, size_t *len, base_err *err) {
     *text = NULL;
     *len = 0;
     tok_buf raw = {0}, out = {0};
-    if (tok_decode_raw(tok, ids, n, skip_special, true, true, &raw, err)) {
+    if (tok_decode_raw(tok, ids, n, skip_special, at_start, true, &raw, err)) {
         free(raw.data);
         return -1;
     }
@@ -214,6 +214,16 @@ int tok_decode(const tok_tokenizer *tok, const int32_t *ids, size_t n, bool skip
     *text = out.data;
     *len = out.len;
     return 0;
+}
+
+int tok_decode(const tok_tokenizer *tok, const int32_t *ids, size_t n, bool skip_special,
+               char **text, size_t *len, base_err *err) {
+    return decode_text(tok, ids, n, skip_special, true, text, len, err);
+}
+
+int tok_decode_continued(const tok_tokenizer *tok, const int32_t *ids, size_t n, bool skip_special,
+                         char **text, size_t *len, base_err *err) {
+    return decode_text(tok, ids, n, skip_special, false, text, len, err);
 }
 
 int tok_token_bytes(const tok_tokenizer *tok, int32_t id, char **bytes, size_t *len,
@@ -247,6 +257,10 @@ tok_stream *tok_stream_new(const tok_tokenizer *tok, bool skip_special) {
     s->skip_special = skip_special;
     s->at_start = true;
     return s;
+}
+
+void tok_stream_continue(tok_stream *s) {
+    s->at_start = false;
 }
 
 void tok_stream_free(tok_stream *s) {

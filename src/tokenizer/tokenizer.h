@@ -36,6 +36,11 @@ int tok_encode(const tok_tokenizer *tok, const char *text, size_t len, bool add_
  * NUL-terminated. skip_special: drop special tokens. An id outside the vocabulary is an error. */
 int tok_decode(const tok_tokenizer *tok, const int32_t *ids, size_t n, bool skip_special,
                char **text, size_t *len, base_err *err);
+/* tok_decode of ids that continue a text (generated after a prompt): what a decoder strips at
+ * the start of a text, SentencePiece's leading space, is kept, so that the continuation joins
+ * its prompt as the decode of the two together would. */
+int tok_decode_continued(const tok_tokenizer *tok, const int32_t *ids, size_t n, bool skip_special,
+                         char **text, size_t *len, base_err *err);
 
 /* The bytes token `id` stands for in the middle of a text: the decoder chain without the
  * repair of ill-formed UTF-8, so a byte-fallback token gives its one byte (what OpenAI's
@@ -60,6 +65,8 @@ typedef struct tok_stream tok_stream;
 tok_stream *tok_stream_new(const tok_tokenizer *tok, bool skip_special);
 /* *piece: caller frees, NUL-terminated, possibly empty. */
 int tok_stream_push(tok_stream *s, int32_t id, char **piece, size_t *len, base_err *err);
+/* The stream continues a text, as tok_decode_continued: call before the first push. */
+void tok_stream_continue(tok_stream *s);
 /* Emits what was held back and resets the stream for a new sequence. */
 int tok_stream_flush(tok_stream *s, char **piece, size_t *len, base_err *err);
 void tok_stream_free(tok_stream *s);

