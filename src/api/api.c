@@ -177,7 +177,8 @@ static int encode_prompt(const mlxcel_engine *e, const mlxcel_request *r, int32_
         if (!r->messages) return base_fail(err, "mlxcel_request.messages is NULL");
         json_t *msgs = NULL;
         if (messages_json(r, &msgs, err)) return -1;
-        int rc = engine_prompter_encode_chat(e->pr, msgs, true, NULL, 0, ids, n, err);
+        engine_chat_options opts = engine_chat_defaults(msgs);
+        int rc = engine_prompter_encode_chat(e->pr, msgs, &opts, 0, ids, n, err);
         json_decref(msgs);
         return rc;
     }

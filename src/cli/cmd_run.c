@@ -89,7 +89,8 @@ static int encode_turn(run_session *s, const char *text, int32_t **ids, int *n, 
     if (s->raw || !s->pr->tmpl) return engine_prompter_encode_text(s->pr, text, 0, ids, n, err);
     int room = s->rt->kv_plan.ctx_size - RUN_REPLY_ROOM;
     for (;;) {
-        if (engine_prompter_encode_chat(s->pr, s->messages, true, NULL, 0, ids, n, err)) return -1;
+        engine_chat_options o = {.add_generation_prompt = true};
+        if (engine_prompter_encode_chat(s->pr, s->messages, &o, 0, ids, n, err)) return -1;
         if (*n <= room || json_array_size(s->messages) <= 1) return 0;
         free(*ids);
         json_array_remove(s->messages, 0);

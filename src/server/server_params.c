@@ -183,22 +183,49 @@ static int parse_text_prompt(json_t *b, const engine_prompter *pr, int vocab, in
     return 0;
 }
 
+/* How the conversation is rendered: add_generation_prompt and continue_final_message as vLLM
+ * spells them, defaulting to continuing a final assistant message (a prefill), and
+ * chat_template_kwargs as more template variables. */
+static int parse_chat_options(json_t *b, const json_t *messages, engine_chat_options *o,
+                              base_err *err) {
+    *o = engine_chat_defaults(messages);
+    bool add_set = field(b, "add_generation_prompt") != NULL;
+    bool cont_set = field(b, "continue_final_message") != NULL;
+    if (get_bool(b, "add_generation_prompt", &o->add_generation_prompt, err) ||
+        get_bool(b, "continue_final_message", &o->continue_final_message, err))
+        return -1;
+    /* naming one of the two decides the other, unless both are named */
+    if (add_set && !cont_set) o->continue_final_message = false;
+    if (cont_set && !add_set) o->add_generation_prompt = !o->continue_final_message;
+    json_t *extra = field(b, "chat_template_kwargs");
+    if (extra && !json_is_object(extra))
+        return base_fail(err, "'chat_template_kwargs' must be an object");
+    o->extra = extra;
+    return 0;
+}
+
+/* Fields of features not implemented yet (issue 22): refused, never ignored. */
+static int refuse_unimplemented(json_t *b, base_err *err) {
+    json_t *tools = field(b, "tools");
+    if (tools && (!json_is_array(tools) || json_array_size(tools) > 0))
+        return base_fail(err, "'tools' (tool calling) is not supported yet");
+    static const char *const fields[] = {"grammar", "json_schema"};
+    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++)
+        if (field(b, fields[i]))
+            return base_fail(err, "'%s' (constrained output) is not supported yet", fields[i]);
+    return 0;
+}
+
 static int parse_prompt(json_t *b, server_kind kind, const engine_prompter *pr, int vocab, int ctx,
                         server_params *p, base_err *err) {
+    if (refuse_unimplemented(b, err)) return -1;
     if (kind != SERVER_CHAT) return parse_text_prompt(b, pr, vocab, ctx, p, err);
     json_t *m = field(b, "messages");
     if (!json_is_array(m) || json_array_size(m) == 0)
         return base_fail(err, "'messages' must be a non-empty array");
-    size_t i;
-    json_t *e;
-    json_array_foreach(m, i, e) {
-        if (!json_is_object(e) || !json_is_string(json_object_get(e, "role")))
-            return base_fail(err, "'messages[%zu]' must be an object with a string 'role'", i);
-    }
-    json_t *extra = field(b, "chat_template_kwargs");
-    if (extra && !json_is_object(extra))
-        return base_fail(err, "'chat_template_kwargs' must be an object");
-    return engine_prompter_encode_chat(pr, m, true, extra, ctx, &p->ids, &p->n_ids, err);
+    engine_chat_options o;
+    if (parse_chat_options(b, m, &o, err)) return -1;
+    return engine_prompter_encode_chat(pr, m, &o, ctx, &p->ids, &p->n_ids, err);
 }
 
 int server_params_parse(json_t *b, server_kind kind, const server_options *o,
@@ -273,8 +300,10 @@ int server_body_detokenize(const engine_prompter *pr, json_t *b, json_t **out, b
 int server_body_apply_template(const engine_prompter *pr, json_t *b, json_t **out, base_err *err) {
     json_t *m = json_object_get(b, "messages");
     if (!json_is_array(m)) return base_fail(err, "'messages' must be an array");
+    engine_chat_options o;
+    if (parse_chat_options(b, m, &o, err)) return -1;
     char *prompt = NULL;
-    if (engine_prompter_render(pr, m, true, NULL, &prompt, err)) return -1;
+    if (engine_prompter_render(pr, m, &o, &prompt, err)) return -1;
     *out = json_pack("{s:s}", "prompt", prompt);
     free(prompt);
     return 0;
