@@ -1,0 +1,663 @@
+/* The matcher: parse states as canonical sets of parse stacks, interned, with cached
+ * transitions and cached token masks.
+ *
+ * A parse stack is a list of offsets into the grammar's code, bottom first; its top is always
+ * a character class (the next code point it can take), or the stack is empty (the grammar is
+ * complete). Taking a code point replaces the top by the offset after it and expands: a frame
+ * at an alternative's end is popped, a call is replaced by its continuation and one copy of
+ * the stack per alternative of the callee is pushed (a continuation that is an alternative's
+ * end is dropped, so right recursion does not deepen the stack). The state is the sorted set
+ * of distinct stacks; it is interned, and its id keys the transition cache (per code point:
+ * an array for ASCII, a hash table past it) and the mask cache.
+ *
+ * Input is bytes: a character split across tokens is carried as a partial code point (its
+ * length, bytes still to come, bits so far) beside the set. A byte that leaves a partial is
+ * allowed when some stack's top class holds a valid character with that prefix.
+ *
+ * A mask is one pass over the vocabulary trie (grammar_vocab.c) carrying the state of every
+ * prefix on the path: a dead prefix skips its subtree, so a state that allows little costs
+ * little, and a state that allows most of the vocabulary (inside a string) is walked once and
+ * then served from the cache. */
+#include "grammar/grammar_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define DEAD    UINT32_MAX
+#define UNKNOWN (UINT32_MAX - 1)
+
+/* Bounds that keep a pathological grammar from exhausting memory: stacks in one state, the
+ * depth of one stack, and the cache's size before it is dropped and rebuilt. */
+#define MAX_STACKS     4096
+#define MAX_DEPTH      4096
+#define MAX_SETS       (1u << 16)
+#define MAX_MASK_BYTES ((size_t)128 << 20)
+
+typedef struct gset {
+    size_t off;       /* in pool: n_stacks, then per stack its length and its offsets */
+    uint32_t n_words; /* of the blob at off */
+    uint64_t hash;
+    uint32_t *ascii; /* (128) transitions by ASCII code point, or NULL until the first */
+} gset;
+
+/* Open-addressed map from 64-bit keys to 32-bit values (key 0 is never used). */
+typedef struct u64map {
+    uint64_t *keys;
+    uint32_t *vals;
+    size_t cap, n; /* cap: a power of two */
+} u64map;
+
+struct gram_matcher {
+    const gram_grammar *g;
+    const gram_vocab *v;
+    uint32_t gen; /* bumped when the cache is dropped; states re-intern their blob */
+    /* interned sets */
+    uint32_t *pool;
+    size_t n_pool, cap_pool;
+    gset *sets;
+    uint32_t n_sets, cap_sets;
+    uint32_t *table; /* (cap_table) set id + 1, 0 empty */
+    size_t cap_table;
+    u64map trans; /* (set << 32 | code point, or | 1 << 31 | partial) -> set or DEAD */
+    u64map masks; /* (set << 32 | partial) + 1 -> index into mask */
+    uint32_t **mask;
+    size_t n_mask, cap_mask;
+    /* scratch */
+    uint32_t *work; /* stacks being expanded */
+    size_t n_work, cap_work;
+    uint32_t *bld; /* stacks emitted: length then offsets, back to back */
+    size_t n_bld, cap_bld;
+    size_t *bld_at; /* (n_bld_stacks) where each emitted stack starts in bld */
+    size_t n_bld_stacks, cap_bld_at;
+    uint32_t *canon;
+    size_t cap_canon;
+    uint32_t *walk_set, *walk_part; /* (v->max_depth + 1) the trie walk's path states */
+    int depth;
+    bool overflow; /* a bound was hit while building the current set */
+    gram_stats st;
+};
+
+struct gram_state {
+    gram_matcher *m;
+    uint32_t gen, set, partial;
+    uint32_t *blob; /* (n_blob) the set's own copy, to re-intern after the cache is dropped */
+    uint32_t n_blob;
+};
+
+/* ---- small containers ---- */
+
+static void reserve_u32(uint32_t **p, size_t *cap, size_t need) {
+    if (need <= *cap) return;
+    size_t c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    *p = base_xrealloc(*p, c * sizeof **p);
+    *cap = c;
+}
+
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    return x ^ (x >> 33);
+}
+
+static bool map_get(const u64map *mp, uint64_t key, uint32_t *val) {
+    if (!mp->cap) return false;
+    for (size_t i = mix64(key) & (mp->cap - 1);; i = (i + 1) & (mp->cap - 1)) {
+        if (mp->keys[i] == key) {
+            *val = mp->vals[i];
+            return true;
+        }
+        if (mp->keys[i] == 0) return false;
+    }
+}
+
+static void map_put(u64map *mp, uint64_t key, uint32_t val) {
+    if (2 * (mp->n + 1) > mp->cap) {
+        u64map old = *mp;
+        mp->cap = old.cap ? 2 * old.cap : 1024;
+        mp->keys = base_xcalloc(mp->cap, sizeof *mp->keys);
+        mp->vals = base_xmalloc(mp->cap * sizeof *mp->vals);
+        mp->n = 0;
+        for (size_t i = 0; i < old.cap; i++)
+            if (old.keys[i]) map_put(mp, old.keys[i], old.vals[i]);
+        free(old.keys);
+        free(old.vals);
+    }
+    size_t i = mix64(key) & (mp->cap - 1);
+    while (mp->keys[i] && mp->keys[i] != key) i = (i + 1) & (mp->cap - 1);
+    if (!mp->keys[i]) mp->n++;
+    mp->keys[i] = key;
+    mp->vals[i] = val;
+}
+
+static void map_free(u64map *mp) {
+    free(mp->keys);
+    free(mp->vals);
+    *mp = (u64map){0};
+}
+
+/* ---- building a set: expansion and canonical form ---- */
+
+static void emit_stack(gram_matcher *m, size_t off, uint32_t len) {
+    if (m->n_bld_stacks == MAX_STACKS) {
+        m->overflow = true;
+        return;
+    }
+    if (m->n_bld_stacks == m->cap_bld_at) {
+        m->cap_bld_at = m->cap_bld_at ? 2 * m->cap_bld_at : 64;
+        m->bld_at = base_xrealloc(m->bld_at, m->cap_bld_at * sizeof *m->bld_at);
+    }
+    reserve_u32(&m->bld, &m->cap_bld, m->n_bld + 1 + len);
+    m->bld_at[m->n_bld_stacks++] = m->n_bld;
+    m->bld[m->n_bld++] = len;
+    memcpy(m->bld + m->n_bld, m->work + off, len * sizeof *m->work);
+    m->n_bld += len;
+}
+
+/* Expands the stack work[off, off + len) until its top is a class (or it is empty) and emits
+ * every stack that results. Never writes below work[off + len): a caller's stack stays. */
+static void expand(gram_matcher *m, size_t off, uint32_t len) {
+    const uint32_t *code = m->g->code;
+    while (len > 0 && GRAM_OP(code[m->work[off + len - 1]]) == GOP_END) len--;
+    if (len == 0 || GRAM_OP(code[m->work[off + len - 1]]) != GOP_REF) {
+        emit_stack(m, off, len);
+        return;
+    }
+    uint32_t top = m->work[off + len - 1], callee = code[top + 1], cont = top + 2;
+    uint32_t keep = len - 1 + (GRAM_OP(code[cont]) != GOP_END);
+    if (keep + 1 > MAX_DEPTH || m->depth > MAX_DEPTH) {
+        m->overflow = true;
+        return;
+    }
+    size_t child = m->n_work;
+    reserve_u32(&m->work, &m->cap_work, child + keep + 1);
+    memmove(m->work + child, m->work + off, (len - 1) * sizeof *m->work);
+    if (keep == len) m->work[child + len - 1] = cont;
+    m->n_work = child + keep + 1;
+    m->depth++;
+    const gram_rule *r = &m->g->rules[callee];
+    for (uint32_t a = 0; a < r->n_alts && !m->overflow; a++) {
+        m->work[child + keep] = m->g->alts[r->first_alt + a];
+        expand(m, child, keep + 1);
+    }
+    m->depth--;
+    m->n_work = child;
+}
+
+static int cmp_stacks(const uint32_t *a, const uint32_t *b) {
+    if (a[0] != b[0]) return a[0] < b[0] ? -1 : 1;
+    for (uint32_t i = 1; i <= a[0]; i++)
+        if (a[i] != b[i]) return a[i] < b[i] ? -1 : 1;
+    return 0;
+}
+
+/* Shell sort of the emitted stacks (qsort has no context argument in C11). */
+static void sort_emitted(gram_matcher *m) {
+    size_t n = m->n_bld_stacks, *at = m->bld_at;
+    for (size_t gap = n / 2; gap > 0; gap /= 2) {
+        for (size_t i = gap; i < n; i++) {
+            size_t x = at[i], j = i;
+            while (j >= gap && cmp_stacks(m->bld + at[j - gap], m->bld + x) > 0) {
+                at[j] = at[j - gap];
+                j -= gap;
+            }
+            at[j] = x;
+        }
+    }
+}
+
+static uint64_t hash_words(const uint32_t *w, size_t n) {
+    return base_hash64(BASE_HASH_SEED, w, n * sizeof *w);
+}
+
+/* The id of the set blob w (n words), interned when new. */
+static uint32_t intern(gram_matcher *m, const uint32_t *w, uint32_t n) {
+    uint64_t h = hash_words(w, n);
+    if (2 * ((size_t)m->n_sets + 1) > m->cap_table) {
+        free(m->table);
+        m->cap_table = m->cap_table ? 2 * m->cap_table : 1024;
+        m->table = base_xcalloc(m->cap_table, sizeof *m->table);
+        for (uint32_t s = 0; s < m->n_sets; s++) {
+            size_t i = m->sets[s].hash & (m->cap_table - 1);
+            while (m->table[i]) i = (i + 1) & (m->cap_table - 1);
+            m->table[i] = s + 1;
+        }
+    }
+    size_t i = h & (m->cap_table - 1);
+    for (; m->table[i]; i = (i + 1) & (m->cap_table - 1)) {
+        const gset *s = &m->sets[m->table[i] - 1];
+        if (s->hash == h && s->n_words == n && !memcmp(m->pool + s->off, w, n * sizeof *w))
+            return m->table[i] - 1;
+    }
+    if (m->n_sets == m->cap_sets) {
+        m->cap_sets = m->cap_sets ? 2 * m->cap_sets : 256;
+        m->sets = base_xrealloc(m->sets, m->cap_sets * sizeof *m->sets);
+    }
+    reserve_u32(&m->pool, &m->cap_pool, m->n_pool + n);
+    memcpy(m->pool + m->n_pool, w, n * sizeof *w);
+    m->sets[m->n_sets] = (gset){.off = m->n_pool, .n_words = n, .hash = h};
+    m->n_pool += n;
+    m->table[i] = m->n_sets + 1;
+    m->st.states = m->n_sets + 1;
+    return m->n_sets++;
+}
+
+/* The emitted stacks as an interned set (DEAD when none). */
+static uint32_t finish_set(gram_matcher *m) {
+    if (m->n_bld_stacks == 0) return DEAD;
+    sort_emitted(m);
+    size_t n = 1;
+    reserve_u32(&m->canon, &m->cap_canon, m->n_bld + 1);
+    m->canon[0] = 0;
+    const uint32_t *prev = NULL;
+    for (size_t i = 0; i < m->n_bld_stacks; i++) {
+        const uint32_t *s = m->bld + m->bld_at[i];
+        if (prev && !cmp_stacks(prev, s)) continue;
+        memcpy(m->canon + n, s, (1 + s[0]) * sizeof *s);
+        n += 1 + s[0];
+        m->canon[0]++;
+        prev = s;
+    }
+    return intern(m, m->canon, (uint32_t)n);
+}
+
+static void begin_set(gram_matcher *m) {
+    m->n_bld = m->n_bld_stacks = m->n_work = 0;
+    m->overflow = false;
+}
+
+static uint32_t initial_set(gram_matcher *m) {
+    begin_set(m);
+    const gram_rule *r = &m->g->rules[m->g->root];
+    reserve_u32(&m->work, &m->cap_work, 1);
+    m->n_work = 1;
+    for (uint32_t a = 0; a < r->n_alts; a++) {
+        m->work[0] = m->g->alts[r->first_alt + a];
+        expand(m, 0, 1);
+    }
+    return m->overflow ? UNKNOWN : finish_set(m);
+}
+
+/* The set after code point cp (DEAD, or UNKNOWN when a bound was hit). */
+static uint32_t advance(gram_matcher *m, uint32_t set, uint32_t cp) {
+    begin_set(m);
+    const uint32_t *code = m->g->code;
+    size_t at = m->sets[set].off;
+    uint32_t n = m->pool[at++];
+    for (uint32_t k = 0; k < n && !m->overflow; k++) {
+        uint32_t len = m->pool[at];
+        const uint32_t *stk = m->pool + at + 1;
+        at += 1 + len;
+        if (len == 0 || !gram_class_match(code, stk[len - 1], cp)) continue;
+        reserve_u32(&m->work, &m->cap_work, len);
+        memcpy(m->work, stk, len * sizeof *stk);
+        m->work[len - 1] += gram_elem_size(code, stk[len - 1]);
+        m->n_work = len;
+        expand(m, 0, len);
+    }
+    return m->overflow ? UNKNOWN : finish_set(m);
+}
+
+/* ---- UTF-8 ---- */
+
+/* A partial character: total length (2..4) << 28 | bytes still to come << 24 | bits so far.
+ * 0 means none. */
+#define PART(total, rem, val) ((uint32_t)(total) << 28 | (uint32_t)(rem) << 24 | (val))
+#define PART_TOTAL(p)         ((p) >> 28)
+#define PART_REM(p)           (((p) >> 24) & 0xF)
+#define PART_VAL(p)           ((p)&0xFFFFFF)
+
+/* Whether [lo, hi] and the class at code[at] share a code point. */
+static bool class_meets(const uint32_t *code, uint32_t at, uint32_t lo, uint32_t hi) {
+    uint32_t n = GRAM_NRANGE(code[at]);
+    const uint32_t *r = code + at + 1;
+    if (GRAM_OP(code[at]) == GOP_CLASS) {
+        for (uint32_t i = 0; i < n; i++)
+            if (r[2 * i] <= hi && r[2 * i + 1] >= lo) return true;
+        return false;
+    }
+    /* negated: some code point of [lo, hi] is outside every range */
+    uint32_t cur = lo;
+    for (bool moved = true; moved && cur <= hi;) {
+        moved = false;
+        for (uint32_t i = 0; i < n; i++) {
+            if (r[2 * i] <= cur && r[2 * i + 1] >= cur) {
+                if (r[2 * i + 1] >= hi) return false;
+                cur = r[2 * i + 1] + 1;
+                moved = true;
+            }
+        }
+    }
+    return cur <= hi;
+}
+
+/* Whether some stack of set can take a valid character that starts with partial p. */
+static bool partial_viable(const gram_matcher *m, uint32_t set, uint32_t p) {
+    uint32_t rem = PART_REM(p), total = PART_TOTAL(p), shift = 6 * rem;
+    uint32_t lo = PART_VAL(p) << shift, hi = lo | ((1u << shift) - 1);
+    static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (lo < min_cp[total]) lo = min_cp[total];
+    if (hi > 0x10FFFF) hi = 0x10FFFF;
+    if (lo > hi) return false;
+    /* the surrogates split [lo, hi] in two */
+    uint32_t lo2 = 1, hi2 = 0;
+    if (lo <= 0xDFFF && hi >= 0xD800) {
+        lo2 = 0xE000 > lo ? 0xE000 : lo;
+        hi2 = hi;
+        hi = 0xD7FF;
+    }
+    const uint32_t *code = m->g->code;
+    size_t at = m->sets[set].off;
+    uint32_t n = m->pool[at++];
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t len = m->pool[at];
+        uint32_t top = len ? m->pool[at + len] : 0;
+        at += 1 + len;
+        if (!len) continue;
+        if ((lo <= hi && class_meets(code, top, lo, hi)) ||
+            (lo2 <= hi2 && class_meets(code, top, lo2, hi2)))
+            return true;
+    }
+    return false;
+}
+
+/* The set after code point cp from set, through the cache. */
+static uint32_t step_cp(gram_matcher *m, uint32_t set, uint32_t cp) {
+    m->st.steps++;
+    uint32_t next;
+    if (cp < 128 && m->sets[set].ascii && (next = m->sets[set].ascii[cp]) != UNKNOWN) {
+        m->st.step_hits++;
+        return next;
+    }
+    uint64_t key = (uint64_t)set << 32 | cp;
+    if (cp >= 128 && map_get(&m->trans, key, &next)) {
+        m->st.step_hits++;
+        return next;
+    }
+    next = advance(m, set, cp);
+    if (next == UNKNOWN) return UNKNOWN;
+    if (cp < 128) {
+        if (!m->sets[set].ascii) {
+            m->sets[set].ascii = base_xmalloc(128 * sizeof(uint32_t));
+            for (int i = 0; i < 128; i++) m->sets[set].ascii[i] = UNKNOWN;
+        }
+        m->sets[set].ascii[cp] = next;
+    } else {
+        map_put(&m->trans, key, next);
+    }
+    return next;
+}
+
+/* Steps (set, partial) by one byte. Returns false when the input is dead there; UNKNOWN in
+ * *set means a bound was hit. */
+static bool step_byte(gram_matcher *m, uint32_t *set, uint32_t *part, uint8_t b) {
+    uint32_t p = *part, cp;
+    if (!p) {
+        if (b < 0x80) {
+            *set = step_cp(m, *set, b);
+            return *set != DEAD && *set != UNKNOWN;
+        }
+        int total = b >= 0xC2 && b <= 0xDF   ? 2
+                    : (b & 0xF0) == 0xE0     ? 3
+                    : b >= 0xF0 && b <= 0xF4 ? 4
+                                             : 0;
+        if (!total) return false;
+        p = PART(total, total - 1, b & (0x7F >> total));
+    } else {
+        if ((b & 0xC0) != 0x80) return false;
+        p = PART(PART_TOTAL(p), PART_REM(p) - 1, PART_VAL(p) << 6 | (b & 0x3F));
+    }
+    if (PART_REM(p) == 0) {
+        static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+        cp = PART_VAL(p);
+        if (cp < min_cp[PART_TOTAL(p)] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            return false;
+        *part = 0;
+        *set = step_cp(m, *set, cp);
+        return *set != DEAD && *set != UNKNOWN;
+    }
+    m->st.steps++;
+    uint64_t key = (uint64_t)*set << 32 | 1u << 31 | p;
+    uint32_t ok;
+    if (map_get(&m->trans, key, &ok)) {
+        m->st.step_hits++;
+    } else {
+        ok = partial_viable(m, *set, p);
+        map_put(&m->trans, key, ok);
+    }
+    *part = p;
+    return ok;
+}
+
+/* ---- the cache's bounds ---- */
+
+static void drop_cache(gram_matcher *m) {
+    for (uint32_t s = 0; s < m->n_sets; s++) free(m->sets[s].ascii);
+    for (size_t i = 0; i < m->n_mask; i++) free(m->mask[i]);
+    m->n_sets = 0;
+    m->n_pool = 0;
+    m->n_mask = 0;
+    if (m->table) memset(m->table, 0, m->cap_table * sizeof *m->table);
+    map_free(&m->trans);
+    map_free(&m->masks);
+    m->gen++;
+    m->st.resets++;
+    m->st.states = 0;
+}
+
+static void bound_cache(gram_matcher *m) {
+    size_t mask_bytes = m->n_mask * (size_t)gram_mask_words(m->v) * sizeof(uint32_t);
+    if (m->n_sets > MAX_SETS || mask_bytes > MAX_MASK_BYTES || m->trans.n > 8 * (size_t)MAX_SETS)
+        drop_cache(m);
+}
+
+/* The state's set id in the current cache. */
+static uint32_t state_set(gram_state *s) {
+    if (s->gen != s->m->gen) {
+        s->set = intern(s->m, s->blob, s->n_blob);
+        s->gen = s->m->gen;
+    }
+    return s->set;
+}
+
+static void state_take(gram_state *s, uint32_t set, uint32_t part) {
+    const gset *g = &s->m->sets[set];
+    s->set = set;
+    s->partial = part;
+    s->gen = s->m->gen;
+    s->blob = base_xrealloc(s->blob, g->n_words * sizeof *s->blob);
+    memcpy(s->blob, s->m->pool + g->off, g->n_words * sizeof *s->blob);
+    s->n_blob = g->n_words;
+}
+
+static int fail_bound(base_err *err) {
+    return base_fail(err,
+                     "grammar: a parse state exceeds %d stacks or a stack %d frames (the "
+                     "grammar is too ambiguous or too deeply nested here)",
+                     MAX_STACKS, MAX_DEPTH);
+}
+
+/* ---- the public API ---- */
+
+gram_matcher *gram_matcher_new(const gram_grammar *g, const gram_vocab *v) {
+    gram_matcher *m = base_xcalloc(1, sizeof *m);
+    m->g = g;
+    m->v = v;
+    m->walk_set = base_xmalloc(((size_t)v->max_depth + 1) * sizeof *m->walk_set);
+    m->walk_part = base_xmalloc(((size_t)v->max_depth + 1) * sizeof *m->walk_part);
+    return m;
+}
+
+void gram_matcher_free(gram_matcher *m) {
+    if (!m) return;
+    for (uint32_t s = 0; s < m->n_sets; s++) free(m->sets[s].ascii);
+    for (size_t i = 0; i < m->n_mask; i++) free(m->mask[i]);
+    free(m->mask);
+    free(m->pool);
+    free(m->sets);
+    free(m->table);
+    map_free(&m->trans);
+    map_free(&m->masks);
+    free(m->work);
+    free(m->bld);
+    free(m->bld_at);
+    free(m->canon);
+    free(m->walk_set);
+    free(m->walk_part);
+    free(m);
+}
+
+void gram_matcher_stats(const gram_matcher *m, gram_stats *out) {
+    *out = m->st;
+}
+
+gram_state *gram_state_new(gram_matcher *m) {
+    uint32_t set = initial_set(m);
+    gram_state *s = base_xcalloc(1, sizeof *s);
+    s->m = m;
+    if (set == UNKNOWN || set == DEAD) {
+        /* a root too ambiguous to start, or one that matches nothing: no input is allowed */
+        uint32_t none = 0;
+        s->set = intern(m, &none, 1);
+        state_take(s, s->set, 0);
+        return s;
+    }
+    state_take(s, set, 0);
+    return s;
+}
+
+gram_state *gram_state_clone(const gram_state *s) {
+    gram_state *c = base_xmalloc(sizeof *c);
+    *c = *s;
+    c->blob = base_xmalloc(s->n_blob * sizeof *c->blob);
+    memcpy(c->blob, s->blob, s->n_blob * sizeof *c->blob);
+    return c;
+}
+
+void gram_state_free(gram_state *s) {
+    if (!s) return;
+    free(s->blob);
+    free(s);
+}
+
+/* Walks the trie from (set, part), setting the bits of the tokens that stay alive. */
+static int compute_mask(gram_matcher *m, uint32_t set, uint32_t part, uint32_t *mask,
+                        base_err *err) {
+    const gram_vocab *v = m->v;
+    memset(mask, 0, (size_t)gram_mask_words(v) * sizeof *mask);
+    m->walk_set[0] = set;
+    m->walk_part[0] = part;
+    for (uint32_t i = 1; i < v->n_nodes;) {
+        uint32_t d = v->depth[i], s = m->walk_set[d - 1], p = m->walk_part[d - 1];
+        uint8_t b = v->byte[i];
+        uint32_t next;
+        /* the common case inline: an ASCII byte with no partial character, cached */
+        if (!p && b < 0x80 && m->sets[s].ascii && (next = m->sets[s].ascii[b]) != UNKNOWN) {
+            m->st.steps++;
+            m->st.step_hits++;
+            s = next;
+        } else if (!step_byte(m, &s, &p, b)) {
+            if (s == UNKNOWN) return fail_bound(err);
+            i = v->end[i];
+            continue;
+        }
+        if (s == DEAD) {
+            i = v->end[i];
+            continue;
+        }
+        m->walk_set[d] = s;
+        m->walk_part[d] = p;
+        for (uint32_t k = 0; k < v->count[i]; k++) {
+            int32_t t = v->tok[v->first[i] + k];
+            mask[t / 32] |= 1u << (t % 32);
+        }
+        i++;
+    }
+    return 0;
+}
+
+int gram_state_mask(gram_state *s, uint32_t *mask, base_err *err) {
+    gram_matcher *m = s->m;
+    bound_cache(m);
+    uint32_t set = state_set(s);
+    size_t words = (size_t)gram_mask_words(m->v);
+    uint64_t key = ((uint64_t)set << 32 | s->partial) + 1;
+    uint32_t idx;
+    m->st.masks++;
+    if (map_get(&m->masks, key, &idx)) {
+        m->st.mask_hits++;
+        memcpy(mask, m->mask[idx], words * sizeof *mask);
+        return 0;
+    }
+    double t0 = base_now();
+    int rc = compute_mask(m, set, s->partial, mask, err);
+    m->st.mask_seconds += base_now() - t0;
+    if (rc) return rc;
+    if (m->n_mask == m->cap_mask) {
+        m->cap_mask = m->cap_mask ? 2 * m->cap_mask : 64;
+        m->mask = base_xrealloc(m->mask, m->cap_mask * sizeof *m->mask);
+    }
+    m->mask[m->n_mask] = base_xmalloc(words * sizeof *mask);
+    memcpy(m->mask[m->n_mask], mask, words * sizeof *mask);
+    map_put(&m->masks, key, (uint32_t)m->n_mask++);
+    return 0;
+}
+
+int gram_state_accept_bytes(gram_state *s, const char *bytes, size_t len, base_err *err) {
+    gram_matcher *m = s->m;
+    bound_cache(m);
+    uint32_t set = state_set(s), part = s->partial;
+    for (size_t i = 0; i < len; i++) {
+        if (!step_byte(m, &set, &part, (uint8_t)bytes[i])) {
+            if (set == UNKNOWN) return fail_bound(err);
+            return base_fail(err, "grammar: input byte %zu (0x%02x) is not allowed here", i,
+                             (unsigned char)bytes[i]);
+        }
+    }
+    state_take(s, set, part);
+    return 0;
+}
+
+int gram_state_accept(gram_state *s, int32_t token, base_err *err) {
+    const gram_vocab *v = s->m->v;
+    if (token < 0 || token >= v->n_tokens)
+        return base_fail(err, "grammar: token %d is outside the vocabulary (%d)", token,
+                         v->n_tokens);
+    if (!v->bytes[token])
+        return base_fail(err, "grammar: token %d (special or empty) is not allowed here", token);
+    if (gram_state_accept_bytes(s, v->bytes[token], v->lens[token], err))
+        return base_fail_wrap(err, "token %d", token);
+    return 0;
+}
+
+bool gram_state_can_end(const gram_state *s) {
+    return !s->partial && s->n_blob > 1 && s->blob[1] == 0;
+}
+
+bool gram_state_done(const gram_state *s) {
+    return s->blob[0] == 0 || (s->blob[0] == 1 && s->blob[1] == 0);
+}
+
+/* Fewest code points to finish the alternative from code[at] on. */
+static uint64_t rest_len(const gram_grammar *g, uint32_t at) {
+    uint64_t n = 0;
+    for (; GRAM_OP(g->code[at]) != GOP_END; at += gram_elem_size(g->code, at))
+        n += GRAM_OP(g->code[at]) == GOP_REF ? g->rules[g->code[at + 1]].min_len : 1;
+    return n;
+}
+
+size_t gram_state_min_remaining(const gram_state *s) {
+    const gram_grammar *g = s->m->g;
+    uint64_t best = UINT64_MAX;
+    size_t at = 1;
+    for (uint32_t k = 0; k < s->blob[0]; k++) {
+        uint32_t len = s->blob[at];
+        uint64_t sum = 0;
+        for (uint32_t f = 0; f < len; f++) sum += rest_len(g, s->blob[at + 1 + f]);
+        if (sum < best) best = sum;
+        at += 1 + len;
+    }
+    return best >= UINT32_MAX ? SIZE_MAX : (size_t)best;
+}

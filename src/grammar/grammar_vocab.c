@@ -1,0 +1,125 @@
+/* The vocabulary trie: token byte strings sorted, then laid out as a preorder array of prefix
+ * nodes, so that a mask is one forward pass over the array that skips a whole subtree (every
+ * token sharing a dead prefix) with one jump. */
+#include "grammar/grammar_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct sort_item {
+    const char *b;
+    size_t n;
+    int32_t id;
+} sort_item;
+
+static int cmp_item(const void *pa, const void *pb) {
+    const sort_item *a = pa, *b = pb;
+    size_t n = a->n < b->n ? a->n : b->n;
+    int c = memcmp(a->b, b->b, n);
+    if (c) return c;
+    if (a->n != b->n) return a->n < b->n ? -1 : 1;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+/* Nodes are made in preorder as the sorted strings are read: a string shares its longest
+ * common prefix with the previous one, closes the nodes below that prefix (their subtree ends
+ * here) and opens one node per further byte. */
+static void build_trie(gram_vocab *v, sort_item *items, int n) {
+    size_t cap = 1;
+    for (int i = 0; i < n; i++) cap += items[i].n;
+    v->byte = base_xcalloc(cap, 1);
+    v->depth = base_xcalloc(cap, sizeof *v->depth);
+    v->end = base_xcalloc(cap, sizeof *v->end);
+    v->first = base_xcalloc(cap, sizeof *v->first);
+    v->count = base_xcalloc(cap, sizeof *v->count);
+    v->tok = base_xmalloc(((size_t)n + 1) * sizeof *v->tok);
+    uint16_t max_depth = 0;
+    for (int i = 0; i < n; i++)
+        if (items[i].n > max_depth) max_depth = (uint16_t)items[i].n;
+    uint32_t *path = base_xmalloc(((size_t)max_depth + 1) * sizeof *path); /* open nodes */
+    uint32_t nodes = 1, open = 1;
+    path[0] = 0;
+    const sort_item *prev = NULL;
+    for (int i = 0; i < n; i++) {
+        const sort_item *it = &items[i];
+        size_t lcp = 0;
+        if (prev)
+            while (lcp < prev->n && lcp < it->n && prev->b[lcp] == it->b[lcp]) lcp++;
+        while (open > lcp + 1) v->end[path[--open]] = nodes;
+        for (size_t d = lcp; d < it->n; d++) {
+            v->byte[nodes] = (uint8_t)it->b[d];
+            v->depth[nodes] = (uint16_t)(d + 1);
+            path[open++] = nodes++;
+        }
+        uint32_t leaf = path[open - 1];
+        if (v->count[leaf] == 0) v->first[leaf] = (uint32_t)i;
+        v->count[leaf]++;
+        v->tok[i] = it->id;
+        prev = it;
+    }
+    while (open > 0) v->end[path[--open]] = nodes;
+    free(path);
+    v->n_nodes = nodes;
+    v->max_depth = max_depth;
+}
+
+gram_vocab *gram_vocab_new(const char *const *bytes, const size_t *lens, int n) {
+    gram_vocab *v = base_xcalloc(1, sizeof *v);
+    v->n_tokens = n;
+    v->bytes = base_xcalloc((size_t)n + 1, sizeof *v->bytes);
+    v->lens = base_xcalloc((size_t)n + 1, sizeof *v->lens);
+    sort_item *items = base_xmalloc(((size_t)n + 1) * sizeof *items);
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        /* a prefix this long cannot be a real token; it would overflow the depth field */
+        if (!bytes[i] || lens[i] == 0 || lens[i] > 1024) continue;
+        v->bytes[i] = base_xmalloc(lens[i]);
+        memcpy(v->bytes[i], bytes[i], lens[i]);
+        v->lens[i] = lens[i];
+        items[k++] = (sort_item){v->bytes[i], lens[i], i};
+    }
+    qsort(items, (size_t)k, sizeof *items, cmp_item);
+    build_trie(v, items, k);
+    free(items);
+    return v;
+}
+
+int gram_vocab_from_tokenizer(const tok_tokenizer *tok, gram_vocab **out, base_err *err) {
+    int n = tok_vocab_size(tok);
+    char **bytes = base_xcalloc((size_t)n + 1, sizeof *bytes);
+    size_t *lens = base_xcalloc((size_t)n + 1, sizeof *lens);
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        /* ids with no token (gaps among added tokens) and special tokens stay out */
+        if (!tok_token_text(tok, i) || tok_is_special(tok, i)) continue;
+        rc = tok_token_bytes(tok, i, &bytes[i], &lens[i], err);
+        if (rc) base_fail_wrap(err, "grammar vocabulary: token %d", i);
+    }
+    if (!rc) *out = gram_vocab_new((const char *const *)bytes, lens, n);
+    for (int i = 0; i < n; i++) free(bytes[i]);
+    free(bytes);
+    free(lens);
+    return rc;
+}
+
+void gram_vocab_free(gram_vocab *v) {
+    if (!v) return;
+    for (int i = 0; i < v->n_tokens; i++) free(v->bytes[i]);
+    free(v->bytes);
+    free(v->lens);
+    free(v->byte);
+    free(v->depth);
+    free(v->end);
+    free(v->first);
+    free(v->count);
+    free(v->tok);
+    free(v);
+}
+
+int gram_vocab_size(const gram_vocab *v) {
+    return v->n_tokens;
+}
+
+int gram_mask_words(const gram_vocab *v) {
+    return (v->n_tokens + 31) / 32;
+}
