@@ -52,12 +52,16 @@ static void sb_puts(sb *b, const char *s) {
 
 static void sb_printf(sb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void sb_printf(sb *b, const char *fmt, ...) {
-    char buf[512];
-    va_list ap;
+    va_list ap, ap2;
     va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_copy(ap2, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
-    sb_add(b, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+    char *buf = base_xmalloc((size_t)n + 1);
+    vsnprintf(buf, (size_t)n + 1, fmt, ap2);
+    va_end(ap2);
+    sb_add(b, buf, (size_t)n);
+    free(buf);
 }
 
 typedef struct ref_rule {
@@ -545,6 +549,10 @@ static void digit_range(sb *out, const char *lo, const char *hi, size_t d) {
 
 /* Natural numbers in [lo, hi] written without leading zeros (0 <= lo <= hi <= INT_CAP). */
 static void nat_range(sb *out, long long lo, long long hi) {
+    if (lo == 0 && hi == INT_CAP) {
+        sb_puts(out, "json-nat");
+        return;
+    }
     bool any = false;
     sb_puts(out, "(");
     long long p10 = 1;
@@ -613,8 +621,14 @@ static int gen_integer(compiler *c, json_t *schema, const char *path, sb *out) {
 }
 
 /* Magnitudes m = I.F with lo <= m <= hi (integers, 0 <= lo <= hi): I in [lo, hi - 1] with
- * any fraction, or I = hi with a zero one. */
+ * any fraction, or I = hi with a zero one; hi = INT_CAP stands for no bound. */
 static void magnitude_range(sb *out, long long lo, long long hi) {
+    if (hi == INT_CAP) { /* no upper bound */
+        sb_puts(out, "(");
+        nat_range(out, lo, hi);
+        sb_puts(out, " json-frac?)");
+        return;
+    }
     sb_puts(out, "(");
     if (lo <= hi - 1) {
         nat_range(out, lo, hi - 1);
