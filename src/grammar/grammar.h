@@ -85,6 +85,9 @@ void gram_state_free(gram_state *s);
  * end inside a multi-byte character that some allowed character completes). Fails only when
  * the grammar is so ambiguous that a state holds more parse stacks than the matcher's bound. */
 int gram_state_mask(gram_state *s, uint32_t *mask, base_err *err);
+/* Sets logits[id] to -INFINITY for every id in [0, n_logits) the mask leaves out (ids past
+ * the vocabulary too: a model's row may be padded past its tokenizer). */
+void gram_mask_apply(const gram_vocab *v, const uint32_t *mask, float *logits, int n_logits);
 /* Advances by token id; a token outside the mask is an error naming it, and leaves s as is. */
 int gram_state_accept(gram_state *s, int32_t token, base_err *err);
 /* Advances by len bytes of input (text the grammar must match, such as a forced prefix); on

@@ -23,6 +23,10 @@ typedef struct gram_rule {
     uint32_t first_alt; /* index into gram_grammar.alts */
     uint32_t n_alts;
     uint32_t min_len; /* fewest code points a match takes (UINT32_MAX: none is finite) */
+    /* For a link of an x{m,n} chain (`r_k ::= x r_(k-1) |`), the chain's innermost link: the
+     * links are consecutive rules, innermost first, so this link has index - chain_start
+     * links after it. UINT32_MAX for other rules. */
+    uint32_t chain_start;
 } gram_rule;
 
 struct gram_grammar {
@@ -52,19 +56,23 @@ static inline bool gram_class_match(const uint32_t *code, uint32_t at, uint32_t 
     return in == (GRAM_OP(code[at]) == GOP_CLASS);
 }
 
-/* The vocabulary as a trie in preorder: node i's subtree is [i, end[i]); node 0 is the root
- * (the empty prefix). A node's tokens are tok[first[i] .. first[i] + count[i]). */
+/* The vocabulary as a trie in preorder: node i's subtree is [i, end); node 0 is the root (the
+ * empty prefix). One struct a node, so a mask's pass over them reads one stream. */
+typedef struct gram_node {
+    uint32_t end;   /* one past the node's subtree */
+    uint32_t first; /* its tokens are gram_vocab.tok[first, first + count) */
+    uint16_t depth; /* prefix length */
+    uint16_t count; /* tokens whose bytes are exactly the node's prefix */
+    uint8_t byte;   /* the edge byte into the node (root: 0) */
+} gram_node;
+
 struct gram_vocab {
     int n_tokens;
-    char **bytes; /* (n_tokens) each token's bytes, NULL when never allowed */
-    size_t *lens; /* (n_tokens) */
+    char **bytes;     /* (n_tokens) each token's bytes, NULL when never allowed */
+    size_t *lens;     /* (n_tokens) */
+    gram_node *nodes; /* (n_nodes) */
     uint32_t n_nodes;
-    uint8_t *byte;   /* (n_nodes) the edge byte into node i (root: 0) */
-    uint16_t *depth; /* (n_nodes) prefix length */
-    uint32_t *end;   /* (n_nodes) one past node i's subtree */
-    uint32_t *first; /* (n_nodes) index into tok */
-    uint32_t *count; /* (n_nodes) tokens whose bytes are exactly node i's prefix */
-    int32_t *tok;    /* (tokens in the trie) ids grouped by node */
+    int32_t *tok; /* (tokens in the trie) ids grouped by node */
     uint16_t max_depth;
 };
 

@@ -37,7 +37,10 @@ typedef struct gset {
     size_t off;       /* in pool: n_stacks, then per stack its length and its offsets */
     uint32_t n_words; /* of the blob at off */
     uint64_t hash;
-    uint32_t *ascii; /* (128) transitions by ASCII code point, or NULL until the first */
+    uint32_t *ascii;  /* (128) transitions by ASCII code point, or NULL until the first */
+    uint32_t key;     /* the set whose mask this one's is (chain_canon), UNKNOWN until asked */
+    uint32_t hi_next; /* for HI_SAME: the set after any code point past ASCII, or UNKNOWN */
+    uint8_t hi;       /* HI_*: how the set takes code points past ASCII */
 } gset;
 
 /* Open-addressed map from 64-bit keys to 32-bit values (key 0 is never used). */
@@ -50,12 +53,14 @@ typedef struct u64map {
 struct gram_matcher {
     const gram_grammar *g;
     const gram_vocab *v;
-    uint32_t gen; /* bumped when the cache is dropped; states re-intern their blob */
+    uint32_t *chain_map; /* (g->n_code) chain_canon's offset map, NULL when it changes nothing */
+    uint32_t gen;        /* bumped when the cache is dropped; states re-intern their blob */
     /* interned sets */
     uint32_t *pool;
     size_t n_pool, cap_pool;
     gset *sets;
     uint32_t n_sets, cap_sets;
+    uint32_t *ascii; /* (cap_sets, 128) transitions by ASCII code point, UNKNOWN until met */
     uint32_t *table; /* (cap_table) set id + 1, 0 empty */
     size_t cap_table;
     u64map trans; /* (set << 32 | code point, or | 1 << 31 | partial) -> set or DEAD */
@@ -234,10 +239,13 @@ static uint32_t intern(gram_matcher *m, const uint32_t *w, uint32_t n) {
     if (m->n_sets == m->cap_sets) {
         m->cap_sets = m->cap_sets ? 2 * m->cap_sets : 256;
         m->sets = base_xrealloc(m->sets, m->cap_sets * sizeof *m->sets);
+        m->ascii = base_xrealloc(m->ascii, m->cap_sets * 128 * sizeof *m->ascii);
     }
+    for (int c = 0; c < 128; c++) m->ascii[(size_t)m->n_sets * 128 + c] = UNKNOWN;
     reserve_u32(&m->pool, &m->cap_pool, m->n_pool + n);
     memcpy(m->pool + m->n_pool, w, n * sizeof *w);
-    m->sets[m->n_sets] = (gset){.off = m->n_pool, .n_words = n, .hash = h};
+    m->sets[m->n_sets] =
+        (gset){.off = m->n_pool, .n_words = n, .hash = h, .key = UNKNOWN, .hi_next = UNKNOWN};
     m->n_pool += n;
     m->table[i] = m->n_sets + 1;
     m->st.states = m->n_sets + 1;
@@ -333,21 +341,30 @@ static bool class_meets(const uint32_t *code, uint32_t at, uint32_t lo, uint32_t
     return cur <= hi;
 }
 
+/* The valid code points that start with partial p: [*lo, *hi] and [*lo2, *hi2] (the
+ * surrogates split them); false when there are none (an overlong or out-of-range prefix). */
+static bool partial_range(uint32_t p, uint32_t *lo, uint32_t *hi, uint32_t *lo2, uint32_t *hi2) {
+    uint32_t rem = PART_REM(p), total = PART_TOTAL(p), shift = 6 * rem;
+    static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+    *lo = PART_VAL(p) << shift;
+    *hi = *lo | ((1u << shift) - 1);
+    if (*lo < min_cp[total]) *lo = min_cp[total];
+    if (*hi > 0x10FFFF) *hi = 0x10FFFF;
+    *lo2 = 1;
+    *hi2 = 0;
+    if (*lo > *hi) return false;
+    if (*lo <= 0xDFFF && *hi >= 0xD800) {
+        *lo2 = 0xE000 > *lo ? 0xE000 : *lo;
+        *hi2 = *hi;
+        *hi = 0xD7FF;
+    }
+    return *lo <= *hi || *lo2 <= *hi2;
+}
+
 /* Whether some stack of set can take a valid character that starts with partial p. */
 static bool partial_viable(const gram_matcher *m, uint32_t set, uint32_t p) {
-    uint32_t rem = PART_REM(p), total = PART_TOTAL(p), shift = 6 * rem;
-    uint32_t lo = PART_VAL(p) << shift, hi = lo | ((1u << shift) - 1);
-    static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (lo < min_cp[total]) lo = min_cp[total];
-    if (hi > 0x10FFFF) hi = 0x10FFFF;
-    if (lo > hi) return false;
-    /* the surrogates split [lo, hi] in two */
-    uint32_t lo2 = 1, hi2 = 0;
-    if (lo <= 0xDFFF && hi >= 0xD800) {
-        lo2 = 0xE000 > lo ? 0xE000 : lo;
-        hi2 = hi;
-        hi = 0xD7FF;
-    }
+    uint32_t lo, hi, lo2, hi2;
+    if (!partial_range(p, &lo, &hi, &lo2, &hi2)) return false;
     const uint32_t *code = m->g->code;
     size_t at = m->sets[set].off;
     uint32_t n = m->pool[at++];
@@ -363,27 +380,67 @@ static bool partial_viable(const gram_matcher *m, uint32_t set, uint32_t p) {
     return false;
 }
 
+/* How a set takes code points past ASCII. Most top classes (a string's [^"\\...], digits,
+ * literals) treat them all alike, and then so does the set: every such code point leads to
+ * one set, or to none, and neither it nor a partial character needs a hash lookup. */
+enum { HI_UNKNOWN = 0, HI_SAME, HI_NONE, HI_MIXED };
+
+/* 0: the class at code[at] takes no code point past ASCII, 1: all of them, 2: some. */
+static int class_hi(const uint32_t *code, uint32_t at) {
+    uint32_t n = GRAM_NRANGE(code[at]);
+    const uint32_t *r = code + at + 1;
+    bool reaches = false, covers = false;
+    for (uint32_t i = 0; i < n; i++) {
+        reaches = reaches || r[2 * i + 1] >= 0x80;
+        covers = covers || (r[2 * i] <= 0x80 && r[2 * i + 1] >= 0x10FFFF);
+    }
+    bool pos = GRAM_OP(code[at]) == GOP_CLASS;
+    if (!reaches) return pos ? 0 : 1;
+    if (covers) return pos ? 1 : 0;
+    return 2;
+}
+
+static uint8_t set_hi(gram_matcher *m, uint32_t set) {
+    if (m->sets[set].hi) return m->sets[set].hi;
+    size_t at = m->sets[set].off;
+    uint32_t n = m->pool[at++];
+    bool some = false, mixed = false;
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t len = m->pool[at];
+        if (len) {
+            int h = class_hi(m->g->code, m->pool[at + len]);
+            some = some || h == 1;
+            mixed = mixed || h == 2;
+        }
+        at += 1 + len;
+    }
+    return m->sets[set].hi = mixed ? HI_MIXED : some ? HI_SAME : HI_NONE;
+}
+
 /* The set after code point cp from set, through the cache. */
 static uint32_t step_cp(gram_matcher *m, uint32_t set, uint32_t cp) {
     m->st.steps++;
     uint32_t next;
-    if (cp < 128 && m->sets[set].ascii && (next = m->sets[set].ascii[cp]) != UNKNOWN) {
+    if (cp < 128 && (next = m->ascii[(size_t)set * 128 + cp]) != UNKNOWN) {
         m->st.step_hits++;
         return next;
     }
     uint64_t key = (uint64_t)set << 32 | cp;
-    if (cp >= 128 && map_get(&m->trans, key, &next)) {
+    uint8_t hi = cp >= 128 ? set_hi(m, set) : HI_UNKNOWN;
+    if (hi == HI_NONE || (hi == HI_SAME && m->sets[set].hi_next != UNKNOWN)) {
+        m->st.step_hits++;
+        return hi == HI_NONE ? DEAD : m->sets[set].hi_next;
+    }
+    if (hi == HI_MIXED && map_get(&m->trans, key, &next)) {
         m->st.step_hits++;
         return next;
     }
     next = advance(m, set, cp);
     if (next == UNKNOWN) return UNKNOWN;
-    if (cp < 128) {
-        if (!m->sets[set].ascii) {
-            m->sets[set].ascii = base_xmalloc(128 * sizeof(uint32_t));
-            for (int i = 0; i < 128; i++) m->sets[set].ascii[i] = UNKNOWN;
-        }
-        m->sets[set].ascii[cp] = next;
+    if (hi == HI_SAME) {
+        m->sets[set].hi_next = next;
+    } else if (cp < 128) {
+        m->ascii[(size_t)set * 128 + cp] = next;
     } else {
         map_put(&m->trans, key, next);
     }
@@ -420,8 +477,12 @@ static bool step_byte(gram_matcher *m, uint32_t *set, uint32_t *part, uint8_t b)
     }
     m->st.steps++;
     uint64_t key = (uint64_t)*set << 32 | 1u << 31 | p;
-    uint32_t ok;
-    if (map_get(&m->trans, key, &ok)) {
+    uint32_t ok, lo, hi, lo2, hi2;
+    uint8_t kind = set_hi(m, *set);
+    if (kind != HI_MIXED) {
+        m->st.step_hits++;
+        ok = kind == HI_SAME && partial_range(p, &lo, &hi, &lo2, &hi2);
+    } else if (map_get(&m->trans, key, &ok)) {
         m->st.step_hits++;
     } else {
         ok = partial_viable(m, *set, p);
@@ -434,7 +495,6 @@ static bool step_byte(gram_matcher *m, uint32_t *set, uint32_t *part, uint8_t b)
 /* ---- the cache's bounds ---- */
 
 static void drop_cache(gram_matcher *m) {
-    for (uint32_t s = 0; s < m->n_sets; s++) free(m->sets[s].ascii);
     for (size_t i = 0; i < m->n_mask; i++) free(m->mask[i]);
     m->n_sets = 0;
     m->n_pool = 0;
@@ -479,6 +539,62 @@ static int fail_bound(base_err *err) {
                      MAX_STACKS, MAX_DEPTH);
 }
 
+/* ---- states alike for every token ---- */
+
+/* Fewest code points to finish the alternative from code[at] on. */
+static uint64_t rest_len(const gram_grammar *g, uint32_t at) {
+    uint64_t n = 0;
+    for (; GRAM_OP(g->code[at]) != GOP_END; at += gram_elem_size(g->code, at))
+        n += GRAM_OP(g->code[at]) == GOP_REF ? g->rules[g->code[at + 1]].min_len : 1;
+    return n;
+}
+
+/* Bounded repetitions make every count its own state (a string of maxLength 80 has 80), so
+ * without more the mask cache would hit little inside them. But a token of at most L bytes
+ * takes at most L repetitions when each takes a code point or more: a link of an x{m,n}
+ * chain more than L + 2 links from the end behaves, for any token, as the link L + 2 from the
+ * end does. The map sends every offset in such a link to the same offset in that one (the
+ * links' code is alike); a state's mask is then cached under the state with its offsets
+ * mapped, which is exact. horizon: L + 2. */
+static uint32_t *chain_canon(const gram_grammar *g, uint32_t horizon) {
+    uint32_t *canon = NULL;
+    for (uint32_t r = 0; r < g->n_rules; r++) {
+        const gram_rule *rule = &g->rules[r];
+        if (rule->chain_start == UINT32_MAX || r - rule->chain_start + 1 <= horizon) continue;
+        uint32_t from = g->alts[rule->first_alt];
+        uint32_t to = g->alts[g->rules[rule->chain_start + horizon - 1].first_alt];
+        uint32_t end =
+            r + 1 < g->n_rules ? g->alts[g->rules[r + 1].first_alt] : (uint32_t)g->n_code;
+        if (rest_len(g, from) < 1) continue; /* x can match empty: no bound on repetitions */
+        if (!canon) {
+            canon = base_xmalloc(g->n_code * sizeof *canon);
+            for (uint32_t i = 0; i < g->n_code; i++) canon[i] = i;
+        }
+        for (uint32_t k = 0; k < end - from; k++) canon[from + k] = to + k;
+    }
+    return canon;
+}
+
+/* The set that keys set's mask: its stacks with their offsets mapped by chain_canon. */
+static uint32_t mask_key(gram_matcher *m, uint32_t set) {
+    if (!m->chain_map) return set;
+    if (m->sets[set].key != UNKNOWN) return m->sets[set].key;
+    begin_set(m);
+    size_t at = m->sets[set].off;
+    uint32_t n = m->pool[at++];
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t len = m->pool[at];
+        reserve_u32(&m->work, &m->cap_work, len);
+        for (uint32_t f = 0; f < len; f++) m->work[f] = m->chain_map[m->pool[at + 1 + f]];
+        emit_stack(m, 0, len);
+        at += 1 + len;
+    }
+    uint32_t key = m->n_bld_stacks ? finish_set(m) : set;
+    m->sets[set].key = key;
+    m->sets[key].key = key;
+    return key;
+}
+
 /* ---- the public API ---- */
 
 gram_matcher *gram_matcher_new(const gram_grammar *g, const gram_vocab *v) {
@@ -487,14 +603,15 @@ gram_matcher *gram_matcher_new(const gram_grammar *g, const gram_vocab *v) {
     m->v = v;
     m->walk_set = base_xmalloc(((size_t)v->max_depth + 1) * sizeof *m->walk_set);
     m->walk_part = base_xmalloc(((size_t)v->max_depth + 1) * sizeof *m->walk_part);
+    m->chain_map = chain_canon(g, (uint32_t)v->max_depth + 2);
     return m;
 }
 
 void gram_matcher_free(gram_matcher *m) {
     if (!m) return;
-    for (uint32_t s = 0; s < m->n_sets; s++) free(m->sets[s].ascii);
     for (size_t i = 0; i < m->n_mask; i++) free(m->mask[i]);
     free(m->mask);
+    free(m->ascii);
     free(m->pool);
     free(m->sets);
     free(m->table);
@@ -506,6 +623,7 @@ void gram_matcher_free(gram_matcher *m) {
     free(m->canon);
     free(m->walk_set);
     free(m->walk_part);
+    free(m->chain_map);
     free(m);
 }
 
@@ -549,39 +667,42 @@ static int compute_mask(gram_matcher *m, uint32_t set, uint32_t part, uint32_t *
     memset(mask, 0, (size_t)gram_mask_words(v) * sizeof *mask);
     m->walk_set[0] = set;
     m->walk_part[0] = part;
+    uint64_t fast = 0;
+    const gram_node *nodes = v->nodes;
     for (uint32_t i = 1; i < v->n_nodes;) {
-        uint32_t d = v->depth[i], s = m->walk_set[d - 1], p = m->walk_part[d - 1];
-        uint8_t b = v->byte[i];
-        uint32_t next;
+        const gram_node *x = &nodes[i];
+        uint32_t d = x->depth, s = m->walk_set[d - 1], p = m->walk_part[d - 1], next;
+        uint8_t b = x->byte;
         /* the common case inline: an ASCII byte with no partial character, cached */
-        if (!p && b < 0x80 && m->sets[s].ascii && (next = m->sets[s].ascii[b]) != UNKNOWN) {
-            m->st.steps++;
-            m->st.step_hits++;
+        if (!p && b < 0x80 && (next = m->ascii[(size_t)s * 128 + b]) != UNKNOWN) {
+            fast++;
             s = next;
         } else if (!step_byte(m, &s, &p, b)) {
             if (s == UNKNOWN) return fail_bound(err);
-            i = v->end[i];
+            i = x->end;
             continue;
         }
         if (s == DEAD) {
-            i = v->end[i];
+            i = x->end;
             continue;
         }
         m->walk_set[d] = s;
         m->walk_part[d] = p;
-        for (uint32_t k = 0; k < v->count[i]; k++) {
-            int32_t t = v->tok[v->first[i] + k];
+        for (uint32_t k = 0; k < x->count; k++) {
+            int32_t t = v->tok[x->first + k];
             mask[t / 32] |= 1u << (t % 32);
         }
         i++;
     }
+    m->st.steps += fast;
+    m->st.step_hits += fast;
     return 0;
 }
 
 int gram_state_mask(gram_state *s, uint32_t *mask, base_err *err) {
     gram_matcher *m = s->m;
     bound_cache(m);
-    uint32_t set = state_set(s);
+    uint32_t set = mask_key(m, state_set(s));
     size_t words = (size_t)gram_mask_words(m->v);
     uint64_t key = ((uint64_t)set << 32 | s->partial) + 1;
     uint32_t idx;
@@ -638,14 +759,6 @@ bool gram_state_can_end(const gram_state *s) {
 
 bool gram_state_done(const gram_state *s) {
     return s->blob[0] == 0 || (s->blob[0] == 1 && s->blob[1] == 0);
-}
-
-/* Fewest code points to finish the alternative from code[at] on. */
-static uint64_t rest_len(const gram_grammar *g, uint32_t at) {
-    uint64_t n = 0;
-    for (; GRAM_OP(g->code[at]) != GOP_END; at += gram_elem_size(g->code, at))
-        n += GRAM_OP(g->code[at]) == GOP_REF ? g->rules[g->code[at + 1]].min_len : 1;
-    return n;
 }
 
 size_t gram_state_min_remaining(const gram_state *s) {

@@ -22,7 +22,8 @@ typedef struct rule_build {
     size_t def_at; /* offset of the definition, or of the construct it was made for */
     size_t ref_at; /* offset of the first reference (for "undefined rule") */
     bool defined;
-    uint32_t *code; /* (n_code) alternatives, each ending in GOP_END */
+    uint32_t chain_start; /* gram_rule.chain_start */
+    uint32_t *code;       /* (n_code) alternatives, each ending in GOP_END */
     size_t n_code, cap_code;
     uint32_t *alt; /* (n_alt) local offsets of the alternatives' starts */
     size_t n_alt, cap_alt;
@@ -88,6 +89,7 @@ static uint32_t new_rule(parser *p, const char *name, size_t name_len, size_t at
     memcpy(r->name, name, name_len);
     r->name[name_len] = 0;
     r->def_at = r->ref_at = at;
+    r->chain_start = UINT32_MAX;
     return (uint32_t)p->n_rules++;
 }
 
@@ -309,7 +311,11 @@ static int parse_repeat(parser *p, uint32_t rule, size_t from) {
     if (hi == UINT32_MAX) {
         tail = gen_optional(p, rule, elem, n, at, true, 0);
     } else {
-        for (uint32_t i = lo; i < hi; i++) tail = gen_optional(p, rule, elem, n, at, false, tail);
+        uint32_t start = (uint32_t)p->n_rules;
+        for (uint32_t i = lo; i < hi; i++) {
+            tail = gen_optional(p, rule, elem, n, at, false, tail);
+            p->rules[tail].chain_start = start;
+        }
     }
     free(elem);
     if (tail != UINT32_MAX) {
@@ -497,6 +503,7 @@ static int finish(parser *p, gram_grammar **out) {
         r->name = base_xstrdup(b->name);
         locate(p, b->def_at, &r->line, &r->col);
         r->first_alt = (uint32_t)na;
+        r->chain_start = b->chain_start;
         r->n_alts = (uint32_t)b->n_alt;
         for (size_t a = 0; a < b->n_alt; a++) g->alts[na++] = (uint32_t)nc + b->alt[a];
         memcpy(g->code + nc, b->code, b->n_code * sizeof *b->code);

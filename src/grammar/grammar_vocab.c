@@ -3,6 +3,7 @@
  * token sharing a dead prefix) with one jump. */
 #include "grammar/grammar_internal.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,11 +28,7 @@ static int cmp_item(const void *pa, const void *pb) {
 static void build_trie(gram_vocab *v, sort_item *items, int n) {
     size_t cap = 1;
     for (int i = 0; i < n; i++) cap += items[i].n;
-    v->byte = base_xcalloc(cap, 1);
-    v->depth = base_xcalloc(cap, sizeof *v->depth);
-    v->end = base_xcalloc(cap, sizeof *v->end);
-    v->first = base_xcalloc(cap, sizeof *v->first);
-    v->count = base_xcalloc(cap, sizeof *v->count);
+    v->nodes = base_xcalloc(cap, sizeof *v->nodes);
     v->tok = base_xmalloc(((size_t)n + 1) * sizeof *v->tok);
     uint16_t max_depth = 0;
     for (int i = 0; i < n; i++)
@@ -45,19 +42,19 @@ static void build_trie(gram_vocab *v, sort_item *items, int n) {
         size_t lcp = 0;
         if (prev)
             while (lcp < prev->n && lcp < it->n && prev->b[lcp] == it->b[lcp]) lcp++;
-        while (open > lcp + 1) v->end[path[--open]] = nodes;
+        while (open > lcp + 1) v->nodes[path[--open]].end = nodes;
         for (size_t d = lcp; d < it->n; d++) {
-            v->byte[nodes] = (uint8_t)it->b[d];
-            v->depth[nodes] = (uint16_t)(d + 1);
+            v->nodes[nodes].byte = (uint8_t)it->b[d];
+            v->nodes[nodes].depth = (uint16_t)(d + 1);
             path[open++] = nodes++;
         }
         uint32_t leaf = path[open - 1];
-        if (v->count[leaf] == 0) v->first[leaf] = (uint32_t)i;
-        v->count[leaf]++;
+        if (v->nodes[leaf].count == 0) v->nodes[leaf].first = (uint32_t)i;
+        v->nodes[leaf].count++; /* identical byte strings: a handful at most */
         v->tok[i] = it->id;
         prev = it;
     }
-    while (open > 0) v->end[path[--open]] = nodes;
+    while (open > 0) v->nodes[path[--open]].end = nodes;
     free(path);
     v->n_nodes = nodes;
     v->max_depth = max_depth;
@@ -107,11 +104,7 @@ void gram_vocab_free(gram_vocab *v) {
     for (int i = 0; i < v->n_tokens; i++) free(v->bytes[i]);
     free(v->bytes);
     free(v->lens);
-    free(v->byte);
-    free(v->depth);
-    free(v->end);
-    free(v->first);
-    free(v->count);
+    free(v->nodes);
     free(v->tok);
     free(v);
 }
@@ -122,4 +115,17 @@ int gram_vocab_size(const gram_vocab *v) {
 
 int gram_mask_words(const gram_vocab *v) {
     return (v->n_tokens + 31) / 32;
+}
+
+void gram_mask_apply(const gram_vocab *v, const uint32_t *mask, float *logits, int n_logits) {
+    int n = n_logits < v->n_tokens ? n_logits : v->n_tokens;
+    /* whole words first: inside a string most are all ones, elsewhere most are all zeros */
+    for (int w = 0; w * 32 < n; w++) {
+        uint32_t bits = mask[w];
+        int base = w * 32, top = base + 32 < n ? base + 32 : n;
+        if (bits == UINT32_MAX && top == base + 32) continue;
+        for (int i = base; i < top; i++)
+            if (!(bits >> (i - base) & 1)) logits[i] = -INFINITY;
+    }
+    for (int i = n; i < n_logits; i++) logits[i] = -INFINITY;
 }

@@ -19,3 +19,10 @@ set_tests_properties(grammar/schema_ajv PROPERTIES
   ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_GRAM_GEN=$<TARGET_FILE:gram_gen>"
   FAIL_REGULAR_EXPRESSION "node is missing"
   TIMEOUT 300)
+
+# The grammar benchmark (bench/bench_grammar.c) is built with the tests but not run by ctest.
+add_executable(bench_grammar ${CMAKE_SOURCE_DIR}/bench/bench_grammar.c)
+set_target_properties(bench_grammar PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench)
+target_link_libraries(bench_grammar PRIVATE mlxcel_core)
+target_compile_definitions(bench_grammar PRIVATE MLXCEL_GIT_COMMIT="${MLXCEL_GIT_COMMIT}")
+target_compile_options(bench_grammar PRIVATE ${MLXCEL_WARN})
