@@ -56,23 +56,98 @@ static inline bool gram_class_match(const uint32_t *code, uint32_t at, uint32_t 
     return in == (GRAM_OP(code[at]) == GOP_CLASS);
 }
 
+/* ---- UTF-8, byte by byte ---- */
+
+/* A partial character: total length (2..4) << 28 | bytes still to come << 24 | bits so far.
+ * 0 means none. */
+#define PART(total, rem, val) ((uint32_t)(total) << 28 | (uint32_t)(rem) << 24 | (val))
+#define PART_TOTAL(p)         ((p) >> 28)
+#define PART_REM(p)           (((p) >> 24) & 0xF)
+#define PART_VAL(p)           ((p)&0xFFFFFF)
+
+/* Takes byte b after partial *part: -1 when the bytes cannot be UTF-8 (a stray continuation,
+ * an invalid lead, an overlong form, a surrogate, past U+10FFFF), 0 when a character is still
+ * pending (*part updated), 1 when *cp is complete (*part reset). */
+static inline int gram_utf8_step(uint32_t *part, uint8_t b, uint32_t *cp) {
+    static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+    uint32_t p = *part;
+    if (!p) {
+        if (b < 0x80) {
+            *cp = b;
+            return 1;
+        }
+        int total = b >= 0xC2 && b <= 0xDF   ? 2
+                    : (b & 0xF0) == 0xE0     ? 3
+                    : b >= 0xF0 && b <= 0xF4 ? 4
+                                             : 0;
+        if (!total) return -1;
+        *part = PART(total, total - 1, b & (0x7F >> total));
+        return 0;
+    }
+    if ((b & 0xC0) != 0x80) return -1;
+    p = PART(PART_TOTAL(p), PART_REM(p) - 1, PART_VAL(p) << 6 | (b & 0x3F));
+    if (PART_REM(p)) {
+        *part = p;
+        return 0;
+    }
+    uint32_t v = PART_VAL(p);
+    if (v < min_cp[PART_TOTAL(p)] || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return -1;
+    *part = 0;
+    *cp = v;
+    return 1;
+}
+
+/* The valid code points that start with partial p: [*lo, *hi] and [*lo2, *hi2] (the
+ * surrogates split them); false when there are none (an overlong or out-of-range prefix). */
+static inline bool gram_partial_range(uint32_t p, uint32_t *lo, uint32_t *hi, uint32_t *lo2,
+                                      uint32_t *hi2) {
+    static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+    uint32_t rem = PART_REM(p), total = PART_TOTAL(p), shift = 6 * rem;
+    *lo = PART_VAL(p) << shift;
+    *hi = *lo | ((1u << shift) - 1);
+    if (*lo < min_cp[total]) *lo = min_cp[total];
+    if (*hi > 0x10FFFF) *hi = 0x10FFFF;
+    *lo2 = 1;
+    *hi2 = 0;
+    if (*lo > *hi) return false;
+    if (*lo <= 0xDFFF && *hi >= 0xD800) {
+        *lo2 = 0xE000 > *lo ? 0xE000 : *lo;
+        *hi2 = *hi;
+        *hi = 0xD7FF;
+    }
+    return *lo <= *hi || *lo2 <= *hi2;
+}
+
+/* ---- the vocabulary ---- */
+
 /* The vocabulary as a trie in preorder: node i's subtree is [i, end); node 0 is the root (the
- * empty prefix). One struct a node, so a mask's pass over them reads one stream. */
+ * empty prefix). One struct a node, so a mask's pass over them reads one stream. The tokens
+ * are numbered in the trie's order, so a subtree's tokens are one run of gram_vocab.tok:
+ * [first, nodes[end].first) (a sentinel node closes the array). */
+enum {
+    GRAM_NODE_CLEAN = 1, /* every token below the node is valid UTF-8 (a final character may be
+                            cut short), so from a character boundary none is refused for it */
+    GRAM_NODE_HI = 2,    /* some byte below the node is past ASCII */
+};
+
 typedef struct gram_node {
     uint32_t end;   /* one past the node's subtree */
-    uint32_t first; /* its tokens are gram_vocab.tok[first, first + count) */
+    uint32_t first; /* its subtree's tokens start at gram_vocab.tok[first], its own first */
     uint16_t depth; /* prefix length */
     uint16_t count; /* tokens whose bytes are exactly the node's prefix */
+    uint16_t reach; /* the longest token below, in bytes past the node's prefix */
     uint8_t byte;   /* the edge byte into the node (root: 0) */
+    uint8_t flags;  /* GRAM_NODE_* */
 } gram_node;
 
 struct gram_vocab {
     int n_tokens;
-    char **bytes;     /* (n_tokens) each token's bytes, NULL when never allowed */
-    size_t *lens;     /* (n_tokens) */
-    gram_node *nodes; /* (n_nodes) */
+    char **bytes;         /* (n_tokens) each token's bytes, NULL when never allowed */
+    size_t *lens;         /* (n_tokens) */
+    gram_node *nodes;     /* (n_nodes + 1) the last a sentinel */
+    uint64_t (*below)[2]; /* (n_nodes) the ASCII bytes below each node, as a 128-bit set */
     uint32_t n_nodes;
-    int32_t *tok; /* (tokens in the trie) ids grouped by node */
+    int32_t *tok; /* (tokens in the trie) ids in trie order */
     uint16_t max_depth;
 };
 

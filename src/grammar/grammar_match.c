@@ -77,6 +77,13 @@ struct gram_matcher {
     uint32_t *canon;
     size_t cap_canon;
     uint32_t *walk_set, *walk_part; /* (v->max_depth + 1) the trie walk's path states */
+    int32_t *walk_k;                /* (v->max_depth + 1) their place on the run, or -1 */
+    /* the run of the walk's start state (chain_run): (v->max_depth + 2) each */
+    uint32_t *run_set;
+    uint64_t (*run_loop)[2];
+    bool *run_hi;
+    uint64_t (*run_and)[2]; /* ((max_depth + 2)^2) [k][n] the AND of run_loop[k, k + n) */
+    bool *run_and_hi;
     int depth;
     bool overflow; /* a bound was hit while building the current set */
     gram_stats st;
@@ -310,13 +317,6 @@ static uint32_t advance(gram_matcher *m, uint32_t set, uint32_t cp) {
 
 /* ---- UTF-8 ---- */
 
-/* A partial character: total length (2..4) << 28 | bytes still to come << 24 | bits so far.
- * 0 means none. */
-#define PART(total, rem, val) ((uint32_t)(total) << 28 | (uint32_t)(rem) << 24 | (val))
-#define PART_TOTAL(p)         ((p) >> 28)
-#define PART_REM(p)           (((p) >> 24) & 0xF)
-#define PART_VAL(p)           ((p)&0xFFFFFF)
-
 /* Whether [lo, hi] and the class at code[at] share a code point. */
 static bool class_meets(const uint32_t *code, uint32_t at, uint32_t lo, uint32_t hi) {
     uint32_t n = GRAM_NRANGE(code[at]);
@@ -341,30 +341,10 @@ static bool class_meets(const uint32_t *code, uint32_t at, uint32_t lo, uint32_t
     return cur <= hi;
 }
 
-/* The valid code points that start with partial p: [*lo, *hi] and [*lo2, *hi2] (the
- * surrogates split them); false when there are none (an overlong or out-of-range prefix). */
-static bool partial_range(uint32_t p, uint32_t *lo, uint32_t *hi, uint32_t *lo2, uint32_t *hi2) {
-    uint32_t rem = PART_REM(p), total = PART_TOTAL(p), shift = 6 * rem;
-    static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
-    *lo = PART_VAL(p) << shift;
-    *hi = *lo | ((1u << shift) - 1);
-    if (*lo < min_cp[total]) *lo = min_cp[total];
-    if (*hi > 0x10FFFF) *hi = 0x10FFFF;
-    *lo2 = 1;
-    *hi2 = 0;
-    if (*lo > *hi) return false;
-    if (*lo <= 0xDFFF && *hi >= 0xD800) {
-        *lo2 = 0xE000 > *lo ? 0xE000 : *lo;
-        *hi2 = *hi;
-        *hi = 0xD7FF;
-    }
-    return *lo <= *hi || *lo2 <= *hi2;
-}
-
 /* Whether some stack of set can take a valid character that starts with partial p. */
 static bool partial_viable(const gram_matcher *m, uint32_t set, uint32_t p) {
     uint32_t lo, hi, lo2, hi2;
-    if (!partial_range(p, &lo, &hi, &lo2, &hi2)) return false;
+    if (!gram_partial_range(p, &lo, &hi, &lo2, &hi2)) return false;
     const uint32_t *code = m->g->code;
     size_t at = m->sets[set].off;
     uint32_t n = m->pool[at++];
@@ -451,26 +431,9 @@ static uint32_t step_cp(gram_matcher *m, uint32_t set, uint32_t cp) {
  * *set means a bound was hit. */
 static bool step_byte(gram_matcher *m, uint32_t *set, uint32_t *part, uint8_t b) {
     uint32_t p = *part, cp;
-    if (!p) {
-        if (b < 0x80) {
-            *set = step_cp(m, *set, b);
-            return *set != DEAD && *set != UNKNOWN;
-        }
-        int total = b >= 0xC2 && b <= 0xDF   ? 2
-                    : (b & 0xF0) == 0xE0     ? 3
-                    : b >= 0xF0 && b <= 0xF4 ? 4
-                                             : 0;
-        if (!total) return false;
-        p = PART(total, total - 1, b & (0x7F >> total));
-    } else {
-        if ((b & 0xC0) != 0x80) return false;
-        p = PART(PART_TOTAL(p), PART_REM(p) - 1, PART_VAL(p) << 6 | (b & 0x3F));
-    }
-    if (PART_REM(p) == 0) {
-        static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
-        cp = PART_VAL(p);
-        if (cp < min_cp[PART_TOTAL(p)] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-            return false;
+    int r = gram_utf8_step(&p, b, &cp);
+    if (r < 0) return false;
+    if (r == 1) {
         *part = 0;
         *set = step_cp(m, *set, cp);
         return *set != DEAD && *set != UNKNOWN;
@@ -481,7 +444,7 @@ static bool step_byte(gram_matcher *m, uint32_t *set, uint32_t *part, uint8_t b)
     uint8_t kind = set_hi(m, *set);
     if (kind != HI_MIXED) {
         m->st.step_hits++;
-        ok = kind == HI_SAME && partial_range(p, &lo, &hi, &lo2, &hi2);
+        ok = kind == HI_SAME && gram_partial_range(p, &lo, &hi, &lo2, &hi2);
     } else if (map_get(&m->trans, key, &ok)) {
         m->st.step_hits++;
     } else {
@@ -603,6 +566,13 @@ gram_matcher *gram_matcher_new(const gram_grammar *g, const gram_vocab *v) {
     m->v = v;
     m->walk_set = base_xmalloc(((size_t)v->max_depth + 1) * sizeof *m->walk_set);
     m->walk_part = base_xmalloc(((size_t)v->max_depth + 1) * sizeof *m->walk_part);
+    size_t w = (size_t)v->max_depth + 2;
+    m->walk_k = base_xmalloc(w * sizeof *m->walk_k);
+    m->run_set = base_xmalloc((w + 1) * sizeof *m->run_set);
+    m->run_loop = base_xmalloc(w * sizeof *m->run_loop);
+    m->run_hi = base_xmalloc(w * sizeof *m->run_hi);
+    m->run_and = base_xmalloc(w * w * sizeof *m->run_and);
+    m->run_and_hi = base_xmalloc(w * w * sizeof *m->run_and_hi);
     m->chain_map = chain_canon(g, (uint32_t)v->max_depth + 2);
     return m;
 }
@@ -623,6 +593,12 @@ void gram_matcher_free(gram_matcher *m) {
     free(m->canon);
     free(m->walk_set);
     free(m->walk_part);
+    free(m->walk_k);
+    free(m->run_set);
+    free(m->run_loop);
+    free(m->run_hi);
+    free(m->run_and);
+    free(m->run_and_hi);
     free(m->chain_map);
     free(m);
 }
@@ -660,18 +636,74 @@ void gram_state_free(gram_state *s) {
     free(s);
 }
 
-/* Walks the trie from (set, part), setting the bits of the tokens that stay alive. */
+/* Inside free text (a string, a key) the characters of a token move the state along a run
+ * that does not depend on which characters they are: U_0 (the start), U_1, ... with every
+ * "plain" character leading U_j to U_(j+1) (an unbounded string: U_j all one state; a
+ * maxLength chain: one link a character). The run follows the letter 'e'; run_loop[j] holds
+ * the ASCII bytes that lead U_j where 'e' does, run_hi[j] whether every character past ASCII
+ * does too. Returns the run's length (0: no run), or -1 when a bound was hit. */
+static int chain_run(gram_matcher *m, uint32_t set) {
+    int n = 0, max = m->v->max_depth + 1;
+    m->run_set[0] = set;
+    while (n < max) {
+        uint32_t u = m->run_set[n], next = step_cp(m, u, 'e');
+        if (next == UNKNOWN) return -1;
+        if (next == DEAD) break;
+        m->run_loop[n][0] = m->run_loop[n][1] = 0;
+        for (uint32_t c = 0; c < 128; c++) {
+            uint32_t t = step_cp(m, u, c);
+            if (t == UNKNOWN) return -1;
+            if (t == next) m->run_loop[n][c >> 6] |= 1ull << (c & 63);
+        }
+        m->run_hi[n] = set_hi(m, u) == HI_SAME && step_cp(m, u, 0x100) == next;
+        m->run_set[++n] = next;
+        if (next == u) { /* a loop: the rest of the run is this step again */
+            for (; n < max; n++) {
+                m->run_loop[n][0] = m->run_loop[n - 1][0];
+                m->run_loop[n][1] = m->run_loop[n - 1][1];
+                m->run_hi[n] = m->run_hi[n - 1];
+                m->run_set[n + 1] = next;
+            }
+        }
+    }
+    int w = max + 1;
+    for (int k = 0; k <= n; k++) {
+        uint64_t a0 = ~0ull, a1 = ~0ull;
+        bool hi = true;
+        for (int len = 0; k + len <= n; len++) {
+            m->run_and[k * w + len][0] = a0;
+            m->run_and[k * w + len][1] = a1;
+            m->run_and_hi[k * w + len] = hi;
+            if (k + len < n) {
+                a0 &= m->run_loop[k + len][0];
+                a1 &= m->run_loop[k + len][1];
+                hi = hi && m->run_hi[k + len];
+            }
+        }
+    }
+    return n;
+}
+
+/* Walks the trie from (set, part), setting the bits of the tokens that stay alive. On a node
+ * whose state is U_k of the start's run, with no character pending, when every byte below it
+ * is plain for the next `reach` steps of the run and its tokens are valid UTF-8, every token
+ * below is allowed without walking there: in a string that leaves only the tokens with a
+ * quote, a backslash or a control character to walk. */
 static int compute_mask(gram_matcher *m, uint32_t set, uint32_t part, uint32_t *mask,
                         base_err *err) {
     const gram_vocab *v = m->v;
     memset(mask, 0, (size_t)gram_mask_words(v) * sizeof *mask);
+    int run = part ? 0 : chain_run(m, set), w = v->max_depth + 2;
+    if (run < 0) return fail_bound(err);
     m->walk_set[0] = set;
     m->walk_part[0] = part;
+    m->walk_k[0] = run > 0 ? 0 : -1;
     uint64_t fast = 0;
     const gram_node *nodes = v->nodes;
     for (uint32_t i = 1; i < v->n_nodes;) {
         const gram_node *x = &nodes[i];
         uint32_t d = x->depth, s = m->walk_set[d - 1], p = m->walk_part[d - 1], next;
+        int32_t k = m->walk_k[d - 1];
         uint8_t b = x->byte;
         /* the common case inline: an ASCII byte with no partial character, cached */
         if (!p && b < 0x80 && (next = m->ascii[(size_t)s * 128 + b]) != UNKNOWN) {
@@ -686,11 +718,25 @@ static int compute_mask(gram_matcher *m, uint32_t set, uint32_t part, uint32_t *
             i = x->end;
             continue;
         }
+        /* a character completed: one step along the run, if it went where the run goes */
+        if (k >= 0 && !p) k = k < run && s == m->run_set[k + 1] ? k + 1 : -1;
+        if (k >= 0 && !p && k + x->reach <= run && (x->flags & GRAM_NODE_CLEAN) &&
+            (!(x->flags & GRAM_NODE_HI) || m->run_and_hi[k * w + x->reach]) &&
+            !(v->below[i][0] & ~m->run_and[k * w + x->reach][0]) &&
+            !(v->below[i][1] & ~m->run_and[k * w + x->reach][1])) {
+            for (uint32_t t = x->first; t < nodes[x->end].first; t++) {
+                int32_t id = v->tok[t];
+                mask[id / 32] |= 1u << (id % 32);
+            }
+            i = x->end;
+            continue;
+        }
         m->walk_set[d] = s;
         m->walk_part[d] = p;
-        for (uint32_t k = 0; k < x->count; k++) {
-            int32_t t = v->tok[x->first + k];
-            mask[t / 32] |= 1u << (t % 32);
+        m->walk_k[d] = k;
+        for (uint32_t t = 0; t < x->count; t++) {
+            int32_t id = v->tok[x->first + t];
+            mask[id / 32] |= 1u << (id % 32);
         }
         i++;
     }

@@ -22,13 +22,26 @@ static int cmp_item(const void *pa, const void *pb) {
     return a->id < b->id ? -1 : a->id > b->id;
 }
 
+/* Whether a token's bytes are UTF-8 the matcher can take (a final character may be cut
+ * short if some valid character starts so). */
+static bool token_clean(const char *b, size_t n) {
+    uint32_t part = 0, cp, lo, hi, lo2, hi2;
+    for (size_t i = 0; i < n; i++)
+        if (gram_utf8_step(&part, (uint8_t)b[i], &cp) < 0) return false;
+    return !part || gram_partial_range(part, &lo, &hi, &lo2, &hi2);
+}
+
 /* Nodes are made in preorder as the sorted strings are read: a string shares its longest
  * common prefix with the previous one, closes the nodes below that prefix (their subtree ends
- * here) and opens one node per further byte. */
+ * here) and opens one node per further byte. What lies below each node is then gathered from
+ * the last node back to the first, each into its parent. */
 static void build_trie(gram_vocab *v, sort_item *items, int n) {
-    size_t cap = 1;
+    size_t cap = 2;
     for (int i = 0; i < n; i++) cap += items[i].n;
     v->nodes = base_xcalloc(cap, sizeof *v->nodes);
+    uint32_t *parent = base_xcalloc(cap, sizeof *parent);
+    bool *tokens_clean = base_xmalloc(cap * sizeof *tokens_clean);
+    for (size_t i = 0; i < cap; i++) tokens_clean[i] = true;
     v->tok = base_xmalloc(((size_t)n + 1) * sizeof *v->tok);
     uint16_t max_depth = 0;
     for (int i = 0; i < n; i++)
@@ -44,18 +57,36 @@ static void build_trie(gram_vocab *v, sort_item *items, int n) {
             while (lcp < prev->n && lcp < it->n && prev->b[lcp] == it->b[lcp]) lcp++;
         while (open > lcp + 1) v->nodes[path[--open]].end = nodes;
         for (size_t d = lcp; d < it->n; d++) {
-            v->nodes[nodes].byte = (uint8_t)it->b[d];
-            v->nodes[nodes].depth = (uint16_t)(d + 1);
+            v->nodes[nodes] = (gram_node){.byte = (uint8_t)it->b[d],
+                                          .depth = (uint16_t)(d + 1),
+                                          .first = (uint32_t)i,
+                                          .flags = GRAM_NODE_CLEAN};
+            parent[nodes] = path[open - 1];
             path[open++] = nodes++;
         }
         uint32_t leaf = path[open - 1];
-        if (v->nodes[leaf].count == 0) v->nodes[leaf].first = (uint32_t)i;
         v->nodes[leaf].count++; /* identical byte strings: a handful at most */
+        tokens_clean[leaf] = tokens_clean[leaf] && token_clean(it->b, it->n);
         v->tok[i] = it->id;
         prev = it;
     }
     while (open > 0) v->nodes[path[--open]].end = nodes;
+    v->nodes[0].flags = GRAM_NODE_CLEAN;
+    v->nodes[nodes].first = (uint32_t)n;
+    v->below = base_xcalloc(nodes, sizeof *v->below);
+    for (uint32_t i = nodes; i-- > 1;) {
+        gram_node *x = &v->nodes[i], *up = &v->nodes[parent[i]];
+        uint64_t(*b)[2] = &v->below[parent[i]];
+        (*b)[0] |= v->below[i][0];
+        (*b)[1] |= v->below[i][1];
+        if (x->byte < 0x80) (*b)[x->byte >> 6] |= 1ull << (x->byte & 63);
+        if (x->byte >= 0x80 || (x->flags & GRAM_NODE_HI)) up->flags |= GRAM_NODE_HI;
+        if (x->reach + 1 > up->reach) up->reach = (uint16_t)(x->reach + 1);
+        if (!tokens_clean[i] || !(x->flags & GRAM_NODE_CLEAN)) up->flags &= ~GRAM_NODE_CLEAN;
+    }
     free(path);
+    free(parent);
+    free(tokens_clean);
     v->n_nodes = nodes;
     v->max_depth = max_depth;
 }
@@ -105,6 +136,7 @@ void gram_vocab_free(gram_vocab *v) {
     free(v->bytes);
     free(v->lens);
     free(v->nodes);
+    free(v->below);
     free(v->tok);
     free(v);
 }
