@@ -5,6 +5,7 @@
  * chooser stands in for the model (a random allowed token, steered to the end past a length
  * budget; untimed). The ceiling is the demo model's own decode step (one sequence, CPU),
  * measured in the same run: the figure is the grammar's time per token as a fraction of it.
+ * The machine may be shared: both are the best of three rounds.
  *
  *   build/bench/bench_grammar [SCHEMA] [REQUESTS] [THREADS]
  *       (defaults tests/grammar/schemas/26-issue.json, 8, 2) */
@@ -16,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { BUDGET = 48 }; /* tokens before the chooser steers to the end */
+enum { BUDGET = 48, ROUNDS = 3 }; /* tokens before the chooser steers to the end */
 
 typedef struct timing {
     double mask, apply, accept; /* seconds */
@@ -70,14 +71,16 @@ static int32_t choose(gram_state *s, const uint32_t *mask, int vocab, size_t len
     return pick;
 }
 
-static int one_request(const gram_grammar *g, const gram_vocab *v, uint64_t seed, timing *t,
+/* One document through matcher m; st gets the cache counters it moved. */
+static int one_request(gram_matcher *m, const gram_vocab *v, uint64_t seed, timing *t,
                        gram_stats *st, base_err *err) {
+    gram_stats before;
+    gram_matcher_stats(m, &before);
     int vocab = gram_vocab_size(v), words = gram_mask_words(v);
     uint32_t *mask = malloc((size_t)words * sizeof *mask);
     float *logits = malloc((size_t)vocab * sizeof *logits);
     int32_t *allowed = malloc((size_t)vocab * sizeof *allowed);
     for (int i = 0; i < vocab; i++) logits[i] = (float)(i % 97) * 0.01f;
-    gram_matcher *m = gram_matcher_new(g, v);
     gram_state *s = gram_state_new(m);
     size_t len = 0;
     int rc = 0;
@@ -102,12 +105,66 @@ static int one_request(const gram_grammar *g, const gram_vocab *v, uint64_t seed
         if (tok_time > t->worst_token) t->worst_token = tok_time;
     }
     gram_matcher_stats(m, st);
+    st->masks -= before.masks;
+    st->mask_hits -= before.mask_hits;
+    st->steps -= before.steps;
+    st->step_hits -= before.step_hits;
+    st->mask_seconds -= before.mask_seconds;
     gram_state_free(s);
-    gram_matcher_free(m);
     free(mask);
     free(logits);
     free(allowed);
     return rc;
+}
+
+/* The requests, best of ROUNDS, each with a fresh matcher or all through one (shared: a
+ * server that keeps the matcher of a schema it sees again); prints the figures. */
+static int run_case(const gram_grammar *g, const gram_vocab *v, int requests, bool shared,
+                    double step, base_err *err) {
+    timing t = {0};
+    gram_stats sum = {0};
+    for (int round = 0; round < ROUNDS; round++) {
+        timing rt = {0};
+        gram_stats rs = {0};
+        gram_matcher *m = shared ? gram_matcher_new(g, v) : NULL;
+        for (int r = 0; r < requests; r++) {
+            gram_stats st;
+            gram_matcher *use = m ? m : gram_matcher_new(g, v);
+            int rc = one_request(use, v, 0x9e3779b97f4a7c15ull * (uint64_t)(r + 1), &rt, &st, err);
+            if (!m) gram_matcher_free(use);
+            if (rc) {
+                gram_matcher_free(m);
+                return -1;
+            }
+            rs.masks += st.masks;
+            rs.mask_hits += st.mask_hits;
+            rs.steps += st.steps;
+            rs.step_hits += st.step_hits;
+            rs.mask_seconds += st.mask_seconds;
+        }
+        gram_matcher_free(m);
+        /* the same requests each round: keep the fastest */
+        if (round == 0 || rt.mask + rt.apply + rt.accept < t.mask + t.apply + t.accept) {
+            t = rt;
+            sum = rs;
+        }
+    }
+    double per_tok = (t.mask + t.apply + t.accept) / (double)t.tokens;
+    uint64_t misses = sum.masks - sum.mask_hits;
+    printf("%d requests, %ld tokens, %s\n", requests, t.tokens,
+           shared ? "one matcher for all (its cache kept)" : "a fresh matcher each request");
+    printf("  masks/s: %.0f overall, %.0f computed (cache misses), %.0f from the cache\n",
+           (double)sum.masks / t.mask, misses ? (double)misses / sum.mask_seconds : 0.0,
+           sum.mask_hits ? (double)sum.mask_hits / (t.mask - sum.mask_seconds) : 0.0);
+    printf("  cache hit rate: masks %.1f%%, transitions %.1f%%\n",
+           100.0 * (double)sum.mask_hits / (double)sum.masks,
+           100.0 * (double)sum.step_hits / (double)sum.steps);
+    printf("  per token: mask %.1f us, apply %.1f us, accept %.1f us; worst token %.3f ms\n",
+           t.mask / t.tokens * 1e6, t.apply / t.tokens * 1e6, t.accept / t.tokens * 1e6,
+           t.worst_token * 1e3);
+    printf("  grammar cost per token: %.1f us = %.2f%% of a decode step (target <= 10%%)\n",
+           per_tok * 1e6, 100.0 * per_tok / step);
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -158,51 +215,30 @@ int main(int argc, char **argv) {
     o.ctx_size = 256;
     o.n_parallel = 1;
     engine_runtime *rt;
-    double decode_s = 0;
+    double step = INFINITY;
     enum { STEPS = 64 };
-    if (engine_runtime_open(model_dir, &o, &rt, &err) ||
-        engine_bench_decode(rt, 1, 64, STEPS, &decode_s, &err)) {
+    if (engine_runtime_open(model_dir, &o, &rt, &err)) {
         fprintf(stderr, "bench_grammar: %s\n", err.msg);
         return 1;
     }
-    engine_runtime_close(rt);
-    double step = decode_s / STEPS;
-    printf("demo model decode step (1 sequence, depth 64): %.3f ms\n\n", step * 1e3);
-
-    timing t = {0};
-    gram_stats sum = {0};
-    uint64_t states = 0;
-    for (int r = 0; r < requests; r++) {
-        gram_stats st;
-        if (one_request(g, v, 0x9e3779b97f4a7c15ull * (uint64_t)(r + 1), &t, &st, &err)) {
+    for (int r = 0; r < ROUNDS; r++) {
+        double decode_s;
+        if (engine_bench_decode(rt, 1, 64, STEPS, &decode_s, &err)) {
             fprintf(stderr, "bench_grammar: %s\n", err.msg);
             return 1;
         }
-        sum.masks += st.masks;
-        sum.mask_hits += st.mask_hits;
-        sum.steps += st.steps;
-        sum.step_hits += st.step_hits;
-        sum.mask_seconds += st.mask_seconds;
-        states += st.states;
+        if (decode_s / STEPS < step) step = decode_s / STEPS;
     }
-    double per_tok = (t.mask + t.apply + t.accept) / (double)t.tokens;
-    uint64_t misses = sum.masks - sum.mask_hits;
-    printf("%d requests, %ld tokens (a fresh cache each request)\n", requests, t.tokens);
-    printf("masks/s: %.0f overall, %.0f computed (cache misses), %.0f from the cache\n",
-           (double)sum.masks / t.mask, misses ? (double)misses / sum.mask_seconds : 0.0,
-           sum.mask_hits ? (double)sum.mask_hits / (t.mask - sum.mask_seconds) : 0.0);
-    printf("cache hit rate: masks %.1f%%, transitions %.1f%%; states interned %.1f per request\n",
-           100.0 * (double)sum.mask_hits / (double)sum.masks,
-           100.0 * (double)sum.step_hits / (double)sum.steps, (double)states / requests);
-    printf("per token: mask %.1f us, apply %.1f us, accept %.1f us; worst token %.3f ms\n",
-           t.mask / t.tokens * 1e6, t.apply / t.tokens * 1e6, t.accept / t.tokens * 1e6,
-           t.worst_token * 1e3);
-    printf("grammar cost per token: %.1f us = %.2f%% of a decode step (target <= 10%%)\n",
-           per_tok * 1e6, 100.0 * per_tok / step);
+    engine_runtime_close(rt);
+    printf("demo model decode step (1 sequence, depth 64): %.3f ms\n\n", step * 1e3);
+
+    int rc = run_case(g, v, requests, false, step, &err);
+    if (!rc) rc = run_case(g, v, requests, true, step, &err);
+    if (rc) fprintf(stderr, "bench_grammar: %s\n", err.msg);
     free(text);
     free(gbnf);
     gram_free(g);
     gram_vocab_free(v);
     tok_free(tok);
-    return 0;
+    return rc ? 1 : 0;
 }

@@ -156,6 +156,10 @@ void gram_mask_apply(const gram_vocab *v, const uint32_t *mask, float *logits, i
         uint32_t bits = mask[w];
         int base = w * 32, top = base + 32 < n ? base + 32 : n;
         if (bits == UINT32_MAX && top == base + 32) continue;
+        if (bits == 0) {
+            for (int i = base; i < top; i++) logits[i] = -INFINITY;
+            continue;
+        }
         for (int i = base; i < top; i++)
             if (!(bits >> (i - base) & 1)) logits[i] = -INFINITY;
     }
