@@ -349,17 +349,17 @@ static int gen_enum(compiler *c, json_t *schema, const char *path, sb *out) {
         if (strcmp(key, kw) && strcmp(key, "type") && !in_list(k_annotations, key))
             return fail_kw(c, path, key, "not supported beside enum or const");
     }
+    bool list = !strcmp(kw, "enum"); /* const's value is one value, an array too */
+    if (list && !json_is_array(vals)) return fail_kw(c, path, kw, "must be an array");
     size_t n = 0;
     sb_puts(out, "(");
-    for (size_t i = 0; i < (json_is_array(vals) ? json_array_size(vals) : 1); i++) {
-        json_t *v = json_is_array(vals) ? json_array_get(vals, i) : vals;
+    for (size_t i = 0; i < (list ? json_array_size(vals) : 1); i++) {
+        json_t *v = list ? json_array_get(vals, i) : vals;
         if (!type_admits(type, v)) continue;
         if (n++) sb_puts(out, " | ");
         json_literal(out, v);
     }
     sb_puts(out, ")");
-    if (!strcmp(kw, "enum") && !json_is_array(vals))
-        return fail_kw(c, path, kw, "must be an array");
     if (n == 0) return fail_kw(c, path, kw, "no value is allowed (none has the schema's type)");
     return 0;
 }

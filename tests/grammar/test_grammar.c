@@ -171,8 +171,8 @@ static void check_masks(const gram_grammar *g, walk_ctx *w, int walks, uint64_t 
         gram_state_free(s);
         gram_state_free(r);
     }
-    CHECK_MSG(bad == 0 && states >= walks * 2, "%d of %d masks differ from the per-token check", bad,
-              states);
+    CHECK_MSG(bad == 0 && states >= walks * 2, "%d of %d masks differ from the per-token check",
+              bad, states);
     gram_stats st;
     gram_matcher_stats(m, &st);
     CHECK(st.masks == (uint64_t)states && st.mask_hits > 0);
@@ -327,6 +327,7 @@ static void test_refused(void) {
          "keyword 'type' at #: not supported beside $ref"},
         {"{\"enum\":[1,2],\"minimum\":2}", "keyword 'minimum' at #: not supported beside enum"},
         {"{\"type\":\"string\",\"enum\":[1,2]}", "keyword 'enum' at #: no value is allowed"},
+        {"{\"enum\":\"a\"}", "keyword 'enum' at #: must be an array"},
         {"{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"strin\"}}}",
          "keyword 'type' at #/properties/x: unknown type 'strin'"},
         {"{\"allOf\":[{\"type\":\"string\"},{\"maxLength\":3}]}", "keyword 'type' at #/allOf/0"},
@@ -394,6 +395,7 @@ static void test_schema_language(const gram_vocab *chars) {
         {"{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":2,\"maxItems\":3}",
          {"[1,2]", "[1, 2, 3]", "[\n  1,\n  2\n]"},
          {"[1]", "[1,2,3,4]", "[1,,2]", "[1,2]   ", "[1,                        2]"}},
+        {"{\"const\":[1,{\"a\":null}]}", {"[1,{\"a\":null}]"}, {"1", "[1]"}},
         {"{\"anyOf\":[{\"type\":\"null\"},{\"enum\":[\"x\",3]}]}",
          {"null", "\"x\"", "3"},
          {"\"y\"", "4", "\"null\""}},
