@@ -45,8 +45,8 @@ typedef struct gram_vocab gram_vocab;
 /* The tokenizer's tokens as byte strings (tok_token_bytes), special tokens left out, in a
  * trie. *out: free with gram_vocab_free; it does not refer to tok afterwards. */
 int gram_vocab_from_tokenizer(const tok_tokenizer *tok, gram_vocab **out, base_err *err);
-/* Same from n byte strings: token i is bytes[i] (lens[i] bytes; NULL or 0 bytes: never
- * allowed). The strings are copied. */
+/* Same from n byte strings: token i is bytes[i] (lens[i] bytes; NULL, 0 bytes or more than
+ * 1024: never allowed). The strings are copied. */
 gram_vocab *gram_vocab_new(const char *const *bytes, const size_t *lens, int n);
 void gram_vocab_free(gram_vocab *v);
 int gram_vocab_size(const gram_vocab *v);
