@@ -415,6 +415,99 @@ static void test_schema_language(const gram_vocab *chars) {
     }
 }
 
+/* gram_mask_apply: left-out ids (and ids past the vocabulary, a padded row) to -inf, the rest
+ * untouched. */
+static void test_mask_apply(void) {
+    const char *bytes[70];
+    size_t lens[70];
+    for (int i = 0; i < 70; i++) {
+        bytes[i] = "a";
+        lens[i] = 1;
+    }
+    gram_vocab *v = gram_vocab_new(bytes, lens, 70);
+    CHECK(gram_mask_words(v) == 3);
+    uint32_t mask[3] = {UINT32_MAX, 0, 0x5};
+    float logits[80];
+    for (int i = 0; i < 80; i++) logits[i] = (float)i;
+    gram_mask_apply(v, mask, logits, 80);
+    int bad = 0;
+    for (int i = 0; i < 80; i++) {
+        bool keep = i < 32 || i == 64 || i == 66;
+        if (keep ? logits[i] != (float)i : !(isinf(logits[i]) && logits[i] < 0)) bad++;
+    }
+    CHECK_MSG(bad == 0, "%d logits wrong", bad);
+    gram_vocab_free(v);
+}
+
+/* Clones advance on their own; done, can_end and min_remaining follow the input. */
+static void test_states(const gram_vocab *chars) {
+    gram_grammar *g = parse_ok("root ::= \"ab\" [0-9]{0,2} | \"abc\"");
+    if (!g) return;
+    gram_matcher *m = gram_matcher_new(g, chars);
+    gram_state *s = gram_state_new(m);
+    base_err err;
+    CHECK(gram_state_min_remaining(s) == 2 && !gram_state_can_end(s) && !gram_state_done(s));
+    CHECK(gram_state_accept_bytes(s, "ab", 2, &err) == 0);
+    gram_state *c = gram_state_clone(s);
+    CHECK(gram_state_accept_bytes(c, "c", 1, &err) == 0 && gram_state_done(c));
+    CHECK(gram_state_can_end(s) && !gram_state_done(s) && gram_state_min_remaining(s) == 0);
+    CHECK(gram_state_accept_bytes(s, "1x", 2, &err) == -1 && strstr(err.msg, "byte 1 (0x78)"));
+    CHECK(gram_state_accept_bytes(s, "12", 2, &err) == 0 && gram_state_done(s));
+    CHECK(gram_state_accept_bytes(c, "1", 1, &err) == -1); /* the clone stayed after "abc" */
+    uint32_t mask[4];
+    CHECK(gram_state_mask(c, mask, &err) == 0 && !mask[0] && !mask[1] && !mask[2] && !mask[3]);
+    gram_state_free(c);
+    gram_state_free(s);
+    gram_matcher_free(m);
+    gram_free(g);
+}
+
+/* Past its bound on states the matcher drops its cache; live states carry on from their own
+ * copy of their stacks. 9 runs of up to 8000 letters: far more states than the bound. */
+static void test_cache_drop(const gram_vocab *chars) {
+    gram_grammar *g = parse_ok("root ::= x{1,9} \".\"\nx ::= [a-z]{1,8000} \" \"");
+    if (!g) return;
+    gram_matcher *m = gram_matcher_new(g, chars);
+    gram_state *s = gram_state_new(m), *early = NULL;
+    base_err err;
+    char run[8001];
+    memset(run, 'q', 8000);
+    run[8000] = ' ';
+    int rc = 0;
+    for (int k = 0; k < 9 && !rc; k++) {
+        for (int i = 0; i < 8001 && !rc; i++) rc = gram_state_accept_bytes(s, run + i, 1, &err);
+        if (k == 0) early = gram_state_clone(s);
+    }
+    CHECK_MSG(rc == 0, "%s", err.msg);
+    gram_stats st;
+    gram_matcher_stats(m, &st);
+    CHECK_MSG(st.resets >= 1, "%llu resets", (unsigned long long)st.resets);
+    /* after 9 runs only the final "." may come; the clone taken after one may go on */
+    uint32_t mask[8];
+    CHECK(gram_state_mask(s, mask, &err) == 0);
+    int dot = -1;
+    for (int t = 0; t < gram_vocab_size(chars); t++)
+        if (mask[t / 32] >> (t % 32) & 1) dot = dot == -1 ? t : -2;
+    CHECK_MSG(dot >= 0, "one token (the dot) allowed, got %d", dot);
+    CHECK(gram_state_accept_bytes(s, ".", 1, &err) == 0 && gram_state_can_end(s));
+    /* new states over the slots the clone's old ids named, before the clone is used */
+    gram_state *t = gram_state_new(m);
+    for (int i = 0; i < 2 * 8001 && !rc; i++)
+        rc = gram_state_accept_bytes(t, run + i % 8001, 1, &err);
+    CHECK(rc == 0);
+    gram_state_free(t);
+    /* the clone may end at once (a mid-run state may not): a stale id would show */
+    gram_state *e2 = early ? gram_state_clone(early) : NULL;
+    CHECK(e2 && gram_state_accept_bytes(e2, ".", 1, &err) == 0 && gram_state_can_end(e2));
+    CHECK(early && gram_state_accept_bytes(early, "ab .", 4, &err) == 0 &&
+          gram_state_can_end(early));
+    gram_state_free(e2);
+    gram_state_free(early);
+    gram_state_free(s);
+    gram_matcher_free(m);
+    gram_free(g);
+}
+
 int main(void) {
     walk_ctx chars;
     walk_init_chars(&chars, 1);
@@ -423,6 +516,9 @@ int main(void) {
     test_partial_utf8();
     test_refused();
     test_schema_language(chars.v);
+    test_mask_apply();
+    test_states(chars.v);
+    test_cache_drop(chars.v);
     walk_free(&chars);
 
     tok_tokenizer *tok = NULL;
