@@ -354,12 +354,9 @@ static int parse_sequence(parser *p, uint32_t rule, bool nested) {
             emit(&p->rules[rule], GOP_REF);
             emit(&p->rules[rule], ref);
         } else if (c == '*' || c == '+' || c == '?' || c == '{') {
-            if (last == SIZE_MAX)
-                return fail_at(p, p->pos,
-                               "repetition with no element before it (to repeat a repetition, "
-                               "group it)");
+            if (last == SIZE_MAX) return fail_at(p, p->pos, "repetition with no element before it");
             if (parse_repeat(p, rule, last)) return -1;
-            here = SIZE_MAX;
+            here = last; /* as llama.cpp: `x+?` repeats the repetition */
         } else {
             return 0;
         }

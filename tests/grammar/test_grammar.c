@@ -55,6 +55,7 @@ static void test_matching(const gram_vocab *chars) {
          {"ab", "abcd-", "abcx", "ab-x"},
          {"a", "abcde", "ab--", "x"}},
         {"root ::= [\\[\\]\\-]+", {"[", "]-[", "-"}, {"a", ""}},
+        {"root ::= \"ab\"+? \"c\"{2}", {"cc", "abcc", "ababcc"}, {"c", "acc", "abccc"}},
         {"root ::=\n  \"a\" |\n  \"b\"\n\nroot2 ::= \"c\"", {"a", "b"}, {"c", "ab"}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -96,6 +97,7 @@ static void test_parse_errors(void) {
          "line 2, column 1: left recursion: rule 'expr'"},
         {"root ::= a\na ::= b? a \"x\"\nb ::= \"y\"\n", "left recursion: rule 'a'"},
         {"root ::= (\"\" )* \"x\"\n", "left recursion: rule 'root'"},
+        {"root ::= \"x\"** \"y\"\n", "left recursion: rule 'root'"},
         {"root ::= \"\xC3\"\n", "line 1, column 11: invalid UTF-8"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
