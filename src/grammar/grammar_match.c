@@ -16,8 +16,10 @@
  *
  * A mask is one pass over the vocabulary trie (grammar_vocab.c) carrying the state of every
  * prefix on the path: a dead prefix skips its subtree, so a state that allows little costs
- * little, and a state that allows most of the vocabulary (inside a string) is walked once and
- * then served from the cache. */
+ * little; a subtree made only of characters that move the state along its run of free text
+ * is allowed whole (compute_mask), so a state inside a string walks only the tokens holding a
+ * quote, a backslash or a control character. Masks are cached per state, the far links of a
+ * bounded repetition sharing one (chain_canon). */
 #include "grammar/grammar_internal.h"
 
 #include <stdlib.h>
@@ -37,7 +39,6 @@ typedef struct gset {
     size_t off;       /* in pool: n_stacks, then per stack its length and its offsets */
     uint32_t n_words; /* of the blob at off */
     uint64_t hash;
-    uint32_t *ascii;  /* (128) transitions by ASCII code point, or NULL until the first */
     uint32_t key;     /* the set whose mask this one's is (chain_canon), UNKNOWN until asked */
     uint32_t hi_next; /* for HI_SAME: the set after any code point past ASCII, or UNKNOWN */
     uint8_t hi;       /* HI_*: how the set takes code points past ASCII */
