@@ -571,34 +571,45 @@ static void nat_range(sb *out, long long lo, long long hi) {
     sb_puts(out, ")");
 }
 
-/* Reads keyword kw as a bound; false when absent. */
+/* Reads keyword kw as a bound (*has false when absent). Long double holds every 64-bit
+ * integer exactly, as a double would not (9999999999999999 would read as 1e16). */
 static int read_bound(compiler *c, json_t *schema, const char *path, const char *kw, bool *has,
-                      double *v) {
+                      long double *v) {
     json_t *j = json_object_get(schema, kw);
     *has = j != NULL;
     if (!j) return 0;
     if (!json_is_number(j)) return fail_kw(c, path, kw, "must be a number");
-    *v = json_number_value(j);
-    if (!isfinite(*v) || fabs(*v) > (double)INT_CAP)
-        return fail_kw(c, path, kw, "beyond the 16-digit numbers the grammar writes");
+    *v = json_is_integer(j) ? (long double)json_integer_value(j) : (long double)json_real_value(j);
+    if (!isfinite(*v)) return fail_kw(c, path, kw, "must be finite");
     return 0;
+}
+
+/* x as an integer, a bound past the grammar's 16 digits held at NO_BOUND (INT_CAP + 1): the
+ * grammar writes nothing past it either way. */
+#define NO_BOUND (INT_CAP + 1)
+static long long clamp_bound(long double x) {
+    if (x >= (long double)NO_BOUND) return NO_BOUND;
+    if (x <= -(long double)NO_BOUND) return -NO_BOUND;
+    return (long long)x;
 }
 
 /* The inclusive integer bounds [*lo, *hi] the schema's bounds give an integer. */
 static int int_bounds(compiler *c, json_t *schema, const char *path, long long *lo, long long *hi) {
     bool has;
-    double v = 0;
+    long double v = 0;
     *lo = -INT_CAP;
     *hi = INT_CAP;
     if (read_bound(c, schema, path, "minimum", &has, &v)) return -1;
-    if (has && (long long)ceil(v) > *lo) *lo = (long long)ceil(v);
+    if (has && clamp_bound(ceill(v)) > *lo) *lo = clamp_bound(ceill(v));
     if (read_bound(c, schema, path, "exclusiveMinimum", &has, &v)) return -1;
-    if (has && (long long)floor(v) + 1 > *lo) *lo = (long long)floor(v) + 1;
+    if (has && clamp_bound(floorl(v) + 1) > *lo) *lo = clamp_bound(floorl(v) + 1);
     if (read_bound(c, schema, path, "maximum", &has, &v)) return -1;
-    if (has && (long long)floor(v) < *hi) *hi = (long long)floor(v);
+    if (has && clamp_bound(floorl(v)) < *hi) *hi = clamp_bound(floorl(v));
     if (read_bound(c, schema, path, "exclusiveMaximum", &has, &v)) return -1;
-    if (has && (long long)ceil(v) - 1 < *hi) *hi = (long long)ceil(v) - 1;
-    if (*lo > *hi) return fail_kw(c, path, "minimum", "no integer lies within the bounds");
+    if (has && clamp_bound(ceill(v) - 1) < *hi) *hi = clamp_bound(ceill(v) - 1);
+    if (*lo > *hi)
+        return fail_kw(c, path, "minimum",
+                       "no integer of at most 16 digits (the grammar's) lies within the bounds");
     return 0;
 }
 
@@ -620,12 +631,12 @@ static int gen_integer(compiler *c, json_t *schema, const char *path, sb *out) {
     return 0;
 }
 
-/* Magnitudes m = I.F with lo <= m <= hi (integers, 0 <= lo <= hi): I in [lo, hi - 1] with
- * any fraction, or I = hi with a zero one; hi = INT_CAP stands for no bound. */
+/* Magnitudes m = I.F with lo <= m <= hi (integers, 0 <= lo <= hi <= INT_CAP): I in
+ * [lo, hi - 1] with any fraction, or I = hi with a zero one; hi = NO_BOUND: any I from lo. */
 static void magnitude_range(sb *out, long long lo, long long hi) {
-    if (hi == INT_CAP) { /* no upper bound */
+    if (hi == NO_BOUND) {
         sb_puts(out, "(");
-        nat_range(out, lo, hi);
+        nat_range(out, lo, INT_CAP);
         sb_puts(out, " json-frac?)");
         return;
     }
@@ -644,7 +655,7 @@ static int gen_number(compiler *c, json_t *schema, const char *path, sb *out) {
         return 0;
     }
     bool has_lo, has_hi, has;
-    double lo = 0, hi = 0, v = 0;
+    long double lo = 0, hi = 0, v = 0;
     if (read_bound(c, schema, path, "exclusiveMinimum", &has, &v)) return -1;
     if (has)
         return fail_kw(c, path, "exclusiveMinimum",
@@ -656,11 +667,14 @@ static int gen_number(compiler *c, json_t *schema, const char *path, sb *out) {
     if (read_bound(c, schema, path, "minimum", &has_lo, &lo) ||
         read_bound(c, schema, path, "maximum", &has_hi, &hi))
         return -1;
-    if ((has_lo && floor(lo) != lo) || (has_hi && floor(hi) != hi))
-        return fail_kw(c, path, has_lo && floor(lo) != lo ? "minimum" : "maximum",
+    if ((has_lo && floorl(lo) != lo) || (has_hi && floorl(hi) != hi))
+        return fail_kw(c, path, has_lo && floorl(lo) != lo ? "minimum" : "maximum",
                        "a fractional bound on a number cannot be expressed exactly");
-    long long a = has_lo ? (long long)lo : -INT_CAP, b = has_hi ? (long long)hi : INT_CAP;
+    long long a = has_lo ? clamp_bound(lo) : -NO_BOUND, b = has_hi ? clamp_bound(hi) : NO_BOUND;
     if (a > b) return fail_kw(c, path, "minimum", "greater than maximum");
+    if (a > INT_CAP || b < -INT_CAP)
+        return fail_kw(c, path, a > INT_CAP ? "minimum" : "maximum",
+                       "past the 16-digit numbers the grammar writes");
     sb_puts(out, "(");
     if (b >= 0) magnitude_range(out, a > 0 ? a : 0, b);
     if (a < 0) {
