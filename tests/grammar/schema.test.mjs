@@ -1,0 +1,73 @@
+// Every schema under tests/grammar/schemas: gram_gen prints random documents of its grammar
+// (walks over single characters and over the demo tokenizer's tokens) and each must parse as
+// JSON and validate against the schema with ajv (draft 2020-12, ajv-formats in full mode).
+import { execFileSync } from 'node:child_process';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import path from 'node:path';
+
+const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
+const GEN = process.env.MLXCEL_GRAM_GEN ?? 'build/tests/gram_gen';
+const NODE_MODULES = path.join(SRC, 'tests/node/node_modules');
+if (!existsSync(path.join(NODE_MODULES, 'ajv'))) {
+  console.log('tests/node/node_modules has no ajv package: run `npm ci` in tests/node (tools/install-deps.sh does)');
+  process.exit(1);
+}
+const { default: Ajv2020 } = await import(path.join(NODE_MODULES, 'ajv/dist/2020.js'));
+const { default: addFormats } = await import(path.join(NODE_MODULES, 'ajv-formats/dist/index.js'));
+
+let passed = 0, failed = 0;
+function check(cond, what) {
+  if (cond) passed++;
+  else {
+    failed++;
+    console.error(`CHECK failed: ${what}`);
+  }
+}
+
+const dir = path.join(SRC, 'tests/grammar/schemas');
+const files = readdirSync(dir).filter((f) => f.endsWith('.json')).sort();
+check(files.length >= 20, `at least 20 schemas (${files.length})`);
+const runs = [
+  { args: ['-n', '150', '--seed', '17'], label: 'characters' },
+  { args: ['-n', '10', '--seed', '29', '--tokenizer', path.join(SRC, 'models/demo')], label: 'demo tokens' },
+];
+let docs = 0;
+for (const f of files) {
+  const schema = JSON.parse(readFileSync(path.join(dir, f), 'utf8'));
+  const ajv = new Ajv2020({ strict: false, allErrors: true });
+  addFormats(ajv);
+  const validate = ajv.compile(schema);
+  for (const run of runs) {
+    let out;
+    try {
+      out = execFileSync(GEN, ['--schema', path.join(dir, f), ...run.args], { encoding: 'utf8', maxBuffer: 64 << 20 });
+    } catch (e) {
+      check(false, `${f} (${run.label}): gram_gen failed: ${e.stderr ?? e.message}`);
+      continue;
+    }
+    for (const line of out.split('\n').filter((l) => l.length)) {
+      const text = JSON.parse(line);
+      let value, parsed = true;
+      try {
+        value = JSON.parse(text);
+      } catch {
+        parsed = false;
+      }
+      check(parsed, `${f} (${run.label}): not JSON: ${text}`);
+      if (!parsed) continue;
+      const ok = validate(value);
+      check(ok, `${f} (${run.label}): ${JSON.stringify(validate.errors)}: ${text}`);
+      docs++;
+    }
+  }
+}
+// json_object mode: any object.
+const out = execFileSync(GEN, ['--json-object', '-n', '100', '--seed', '3'], { encoding: 'utf8' });
+for (const line of out.split('\n').filter((l) => l.length)) {
+  const v = JSON.parse(JSON.parse(line));
+  check(v !== null && typeof v === 'object' && !Array.isArray(v), `json_object: ${line}`);
+  docs++;
+}
+console.log(`${files.length} schemas, ${docs} documents validated`);
+console.log(`${passed} passed, ${failed} failed`);
+process.exit(failed ? 1 : 0);
