@@ -183,6 +183,60 @@ async function nativePart(url) {
 }
 
 // One slot and a queue of one (set through the environment): a third request gets 503.
+// Messages as the SDKs send them, prefill, and the first generated word's leading space.
+async function messagesPart(url) {
+  const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: KEY, maxRetries: 0, timeout: 30_000 });
+  const template = async (body) => {
+    const r = await post(url, '/apply-template', body);
+    return r.status === 200 ? (await r.json()).prompt : `status ${r.status}`;
+  };
+  const plain = await template({ messages: [{ role: 'user', content: 'Tell me\nabout the king.' }] });
+  const parts = await template({ messages: [{ role: 'user', content: [{ type: 'text', text: 'Tell me' }, { type: 'text', text: 'about the king.' }] }] });
+  check(parts === plain && plain.endsWith('[/INST]'), `text parts are joined with a newline: ${JSON.stringify(parts)}`);
+  const byParts = await client.chat.completions.create({ model: 'demo', max_tokens: 4, messages: [{ role: 'user', content: [{ type: 'text', text: 'Hi' }] }] });
+  check(typeof byParts.choices[0].message.content === 'string', 'the openai client sends content parts and gets an answer');
+  const toolTurn = [{ role: 'user', content: 'Weather?' },
+    { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'weather', arguments: '{"city":"Paris"}' } }] },
+    { role: 'tool', tool_call_id: 'c1', content: 'sunny' }];
+  const rendered = await template({ messages: toolTurn });
+  check(!rendered.startsWith('status') && rendered.includes('sunny'), `null content beside tool_calls renders: ${JSON.stringify(rendered)}`);
+  check(await template({ messages: [{ role: 'developer', content: 'Be brief.' }, { role: 'user', content: 'Hi' }] }) ===
+        await template({ messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Hi' }] }), 'developer is system');
+  const image = await post(url, '/v1/chat/completions', { messages: [{ role: 'user', content: [{ type: 'text', text: 'What is it?' }, { type: 'image_url', image_url: { url: 'data:,' } }] }] });
+  check(image.status === 400 && /text only/.test((await image.json()).error.message), 'an image part is refused: this model takes text only');
+  await expectError(await post(url, '/v1/chat/completions', { messages: [{ role: 'wizard', content: 'hi' }] }), 400, 'an unknown role');
+  await expectError(await post(url, '/v1/chat/completions', { messages, tools: [{ type: 'function', function: { name: 'f' } }] }), 400, 'tools, not implemented yet');
+  await expectError(await post(url, '/v1/chat/completions', { messages, grammar: 'root ::= "a"' }), 400, 'grammar, not implemented yet');
+
+  // prefill: a final assistant message is continued
+  const prefill = [{ role: 'user', content: 'Tell me a story.' }, { role: 'assistant', content: 'Once upon a time' }];
+  const cont = await template({ messages: prefill });
+  check(cont.endsWith('[/INST] Once upon a time'), `a final assistant message is continued: ${JSON.stringify(cont)}`);
+  const closed = await template({ messages: prefill, add_generation_prompt: true });
+  check(closed.endsWith('Once upon a time</s>'), `unless add_generation_prompt is asked for: ${JSON.stringify(closed)}`);
+  check(await template({ messages: prefill, continue_final_message: true, add_generation_prompt: true }) === 'status 400', 'both at once is a 400');
+  const continued = await client.chat.completions.create({ model: 'demo', messages: prefill, max_tokens: 8, temperature: 0 });
+  check(typeof continued.choices[0].message.content === 'string', 'a prefilled chat is answered');
+
+  // the first generated word keeps its leading space, on every route
+  const ids = async (text) => (await (await post(url, '/tokenize', { content: text })).json()).tokens;
+  const [base, withSaid] = [await ids('The king'), await ids('The king said')];
+  const said = withSaid.at(-1);
+  check(withSaid.length === base.length + 1, 'one token for " said"');
+  const forced = { temperature: 0, logit_bias: { [said]: 100 } };
+  const comp = await client.completions.create({ model: 'demo', prompt: 'The king', max_tokens: 2, ...forced });
+  check(comp.choices[0].text === ' said said', `completions: ${JSON.stringify(comp.choices[0].text)}`);
+  const native = await (await post(url, '/completion', { prompt: 'The king', n_predict: 2, ...forced })).json();
+  check(native.content === ' said said', `/completion: ${JSON.stringify(native.content)}`);
+  let streamed = '';
+  for await (const chunk of await client.completions.create({ model: 'demo', prompt: 'The king', max_tokens: 2, stream: true, ...forced }))
+    streamed += chunk.choices[0]?.text ?? '';
+  check(streamed === ' said said', `streamed completions: ${JSON.stringify(streamed)}`);
+  const chat = await client.chat.completions.create({ model: 'demo', messages, max_tokens: 2, ...forced });
+  check(chat.choices[0].message.content === ' said said', `chat: ${JSON.stringify(chat.choices[0].message.content)}`);
+  await checkNoLeak(url, 'after the messages part');
+}
+
 async function queuePart() {
   const s = await startServer(['-m', MODEL, '-c', '256', '--metrics', '--api-key', KEY],
     { LLAMA_ARG_N_PARALLEL: '1', LLAMA_ARG_MAX_QUEUE: '1', LLAMA_ARG_PORT: '1' });
@@ -212,6 +266,7 @@ try {
   const s = await startServer(['-m', MODEL, '-c', '256', '-np', '4', '--metrics', '--api-key', KEY, '--max-body', '65536']);
   await openaiPart(s.url);
   await nativePart(s.url);
+  await messagesPart(s.url);
   await stopServer(s);
   await queuePart();
   await refusePart();
