@@ -35,11 +35,14 @@ export function harness({ bin, label, timeoutMs }) {
   }
 
   // Starts mlxcel-server on a free port; resolves once its startup line names the port with
-  // { child, port, url, log (its stderr so far), exited (null while it runs) }.
-  function startServer(args, env = {}) {
+  // { child, port, url, log (its stderr so far), exited (null while it runs) }. `shell`: a
+  // script run by sh instead, with the server's path as $0 and `args` after it, for arguments
+  // that must hold bytes node cannot pass (it sends strings as UTF-8).
+  function startServer(args, env = {}, { shell } = {}) {
+    const server = path.join(bin, 'mlxcel-server');
+    const [command, argv] = shell ? ['/bin/sh', ['-c', shell, server, ...args]] : [server, ['--port', '0', '-t', '2', ...args]];
     return new Promise((resolve, reject) => {
-      const child = own(spawn(path.join(bin, 'mlxcel-server'), ['--port', '0', '-t', '2', ...args],
-        { env: { ...process.env, ...env }, stdio: ['ignore', 'ignore', 'pipe'] }));
+      const child = own(spawn(command, argv, { env: { ...process.env, ...env }, stdio: ['ignore', 'ignore', 'pipe'] }));
       const s = { child, exited: null, log: '' };
       child.stderr.on('data', (d) => {
         s.log += d;

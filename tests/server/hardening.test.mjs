@@ -51,28 +51,6 @@ function runToExit(args, env = {}) {
   });
 }
 
-// Starts mlxcel-server through sh, so that its arguments can hold bytes that are not UTF-8
-// (node passes strings as UTF-8); resolves like harness.startServer.
-function startThroughShell(script, args) {
-  return new Promise((resolve, reject) => {
-    const child = h.own(spawn('/bin/sh', ['-c', script, path.join(BIN, 'mlxcel-server'), ...args],
-      { stdio: ['ignore', 'ignore', 'pipe'] }));
-    const s = { child, exited: null, log: '' };
-    child.stderr.on('data', (d) => {
-      s.log += d;
-      const m = s.log.match(/listening on http:\/\/([\d.]+):(\d+)/);
-      if (m && !s.port) {
-        s.port = Number(m[2]);
-        resolve(s);
-      }
-    });
-    child.on('exit', (code, sig) => {
-      s.exited = `${code ?? sig}`;
-      reject(new Error(`server exited ${code ?? sig}: ${s.log}`));
-    });
-  });
-}
-
 // 1. A model name that is not valid UTF-8 (the folder's name, or --alias): every route
 // answers, the stream included, and the name comes out with U+FFFD for the stray byte.
 async function badNamePart() {
@@ -82,7 +60,7 @@ async function badNamePart() {
     ['--alias', 'exec "$0" -m "$1" --alias "$(printf "demo\\351")" --port 0 -t 2 -c 256 -np 1', [MODEL]]];
   try {
     for (const [what, script, args] of runs) {
-      const s = await startThroughShell(script, args);
+      const s = await startServer(args, {}, { shell: script });
       let r = await call(s.port, 'POST', '/v1/chat/completions', { messages: msgs, max_tokens: 4, stream: true });
       const ev = sseData(r.body);
       check(r.status === 200 && ev.at(-1) === '[DONE]', `1 (${what}): a stream completes (${r.status ?? r.error})`);

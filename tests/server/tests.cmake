@@ -10,17 +10,12 @@ if(MLXCEL_NODE)
                        TIMEOUT 120)
 endif()
 # The hardening test: the faults of a hostile-input campaign, each reproduced (plain sockets).
-if(MLXCEL_SANITIZE)
-  set(MLXCEL_HARDENING_TIME_SCALE 4)
-else()
-  set(MLXCEL_HARDENING_TIME_SCALE 1)
-endif()
-math(EXPR MLXCEL_HARDENING_TIMEOUT "160 * ${MLXCEL_HARDENING_TIME_SCALE}")
+math(EXPR MLXCEL_HARDENING_TIMEOUT "160 * ${MLXCEL_TEST_TIME_SCALE}")
 if(MLXCEL_NODE)
   add_test(NAME server/hardening
            COMMAND ${MLXCEL_NODE} ${CMAKE_SOURCE_DIR}/tests/server/hardening.test.mjs
            WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
   set_tests_properties(server/hardening PROPERTIES
-                       ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin;MLXCEL_TEST_TIME_SCALE=${MLXCEL_HARDENING_TIME_SCALE}"
+                       ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin;MLXCEL_TEST_TIME_SCALE=${MLXCEL_TEST_TIME_SCALE}"
                        TIMEOUT ${MLXCEL_HARDENING_TIMEOUT} RUN_SERIAL TRUE)
 endif()

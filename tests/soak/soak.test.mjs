@@ -34,7 +34,7 @@ const N_CLIENTS = 32;
 // Sanitizer builds run several times slower: their tests.cmake sets this factor, which
 // stretches the time the load may take and the per-request patience, never the server's own
 // deadlines (read timeout, slow-client drop) that the checks measure.
-const TIME_SCALE = Number(process.env.MLXCEL_SOAK_TIME_SCALE ?? 1);
+const TIME_SCALE = Number(process.env.MLXCEL_TEST_TIME_SCALE ?? 1);
 const LOAD_S = 60 * TIME_SCALE; // no new requests after this; a healthy run needs about half of it
 const REQUEST_TIMEOUT_MS = 30_000 * TIME_SCALE;
 const MAX_BODY = 65536;
