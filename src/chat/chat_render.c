@@ -807,9 +807,16 @@ static int exec_stmt(chat_render *R, chat_scope *S, const cnode *n, chat_buf *ou
         return chat_to_str(out, v) == 0 ? EX_OK : too_big(R, n->line);
     }
     case S_IF:
-        if (eval(R, S, n->a, &v)) return EX_ERR;
-        if (chat_truthy(v)) return exec_body(R, S, n->body, n->n_body, out);
-        return exec_body(R, S, n->alt, n->n_alt, out);
+        /* An elif chain (an S_IF alone in the alt) is walked in a loop: it is no nesting,
+         * and any length of it must render. */
+        for (;;) {
+            if (eval(R, S, n->a, &v)) return EX_ERR;
+            if (chat_truthy(v)) return exec_body(R, S, n->body, n->n_body, out);
+            if (n->n_alt != 1 || n->alt[0]->kind != S_IF)
+                return exec_body(R, S, n->alt, n->n_alt, out);
+            n = n->alt[0];
+            if (step(R, n->line)) return EX_ERR;
+        }
     case S_FOR:
         return exec_for(R, S, n, out);
     case S_SET:
