@@ -403,6 +403,32 @@ static void test_limits(void) {
     EXPECT_ERR("{% set r = range(100000) %}{% for i in r %}{% for j in r %}"
                "{% if j < 0 %}x{% endif %}{% endfor %}{% endfor %}",
                NULL, "more than 20000000 steps", NULL);
+    /* A loop that wraps a list in itself makes a value nested deeper than any stack holds:
+     * comparing it fails with a message. Doubling a list instead makes one whose comparison
+     * would visit 2^60 items: it runs out of steps. */
+    static const char wrap[] = "{% set ns = namespace(x=[], y=[]) %}{% for i in range(300000) %}"
+                               "{% set ns.x = [ns.x] %}{% endfor %}";
+    static const char *const uses[] = {"{{ ns.x == [ns.x] }}",
+                                       "{{ ns.x != [ns.x] }}",
+                                       "{{ ns.x < [ns.x] }}",
+                                       "{{ ns.x in [[ns.x]] }}",
+                                       "{{ [[ns.x]] | select('equalto', ns.x) | list }}",
+                                       "{{ [ns.x, [ns.x]] | unique | list | length }}",
+                                       "{{ [ns.x, [ns.x]] | sort | length }}"};
+    for (size_t i = 0; i < sizeof uses / sizeof uses[0]; i++) {
+        char src[512];
+        snprintf(src, sizeof src, "%s%s", wrap, uses[i]);
+        EXPECT_ERR(src, NULL, "values nested deeper than 400 levels", NULL);
+    }
+    EXPECT_ERR("{% set ns = namespace(x=[], y=[]) %}{% for i in range(60) %}"
+               "{% set ns.x = [ns.x, ns.x] %}{% set ns.y = [ns.y, ns.y] %}{% endfor %}"
+               "{{ ns.x == ns.y }}",
+               NULL, "more than 20000000 steps", NULL);
+    /* Dict keys are what Python can hash without looking inside (so finding one never
+     * recurses): a list or dict key is refused as Python refuses it. */
+    EXPECT_ERR("{{ {[1]: 2} }}", NULL, "unhashable type: 'list'", NULL);
+    EXPECT_ERR("{{ {{}: 2} }}", NULL, "unhashable type: 'dict'", NULL);
+    EXPECT("{{ {1: 'a', 1.0: 'b', none: 'c', 's': 'd'} }}", NULL, "{1: 'b', None: 'c', 's': 'd'}");
     EXPECT_ERR("{{ range(2000000000) | length }}", NULL, "more than", "MiB of memory");
     EXPECT_ERR("{{ 'x' * 4000000000 }}", NULL, "MiB of memory", NULL);
 }
