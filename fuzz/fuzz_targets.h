@@ -161,7 +161,8 @@ static inline int fuzz_tokenizer_json(const uint8_t *data, size_t size) {
     size_t config_len = nul ? size - tok_len - 1 : 0;
     tok_tokenizer *tok = NULL;
     base_err err = {{0}};
-    if (tok_load_json((const char *)data, tok_len, config, config_len, "fuzz", &tok, &err) != 0) {
+    if (tok_load_json((const char *)data, tok_len, config, config_len, "fuzz", 0, &tok, &err) !=
+        0) {
         fuzz_require_err(&err);
         return 0;
     }
@@ -196,10 +197,10 @@ static inline tok_tokenizer *fuzz_load_tokenizer(const char *rel_dir,
     base_err err = {{0}};
     tok_tokenizer *tok = NULL;
     snprintf(dir, sizeof dir, "%s/%s", fuzz_source_dir(), rel_dir);
-    if (tok_load(dir, &tok, &err) == 0) return tok;
+    if (tok_load(dir, 0, &tok, &err) == 0) return tok;
     if (fallback_rel_dir) {
         snprintf(dir, sizeof dir, "%s/%s", fuzz_source_dir(), fallback_rel_dir);
-        if (tok_load(dir, &tok, &err) == 0) return tok;
+        if (tok_load(dir, 0, &tok, &err) == 0) return tok;
     }
     fprintf(stderr, "fuzz: cannot load a tokenizer: %s\n", err.msg);
     exit(1);

@@ -149,7 +149,7 @@ static const char k_edge_json[] =
 static void test_edges(void) {
     tok_tokenizer *tok;
     base_err err;
-    CHECK(tok_load_json(k_edge_json, strlen(k_edge_json), NULL, 0, "edge", &tok, &err) == 0);
+    CHECK(tok_load_json(k_edge_json, strlen(k_edge_json), NULL, 0, "edge", 0, &tok, &err) == 0);
     if (!tok) return;
     CHECK(tt_decodes(tok, IDS(0, 0, 1), false, "a ab "));
     CHECK(tt_decodes(tok, IDS(0, 3, 3, 3), false, "ac"));
