@@ -389,8 +389,8 @@ static int past_limit(const id_limit *lim, json_int_t id, const char *what, cons
     if (lim->vocab_size > 0 && id >= lim->vocab_size)
         return base_fail(err, "%s: %s has id %lld, past the model's vocab_size %d", where, what,
                          (long long)id, lim->vocab_size);
-    return base_fail(err, "%s: %s has id %lld, past twice the %lld tokens %s lists", where, what,
-                     (long long)id, (long long)lim->listed, where);
+    return base_fail(err, "%s: %s has id %lld, past twice the %lld tokens the file lists", where,
+                     what, (long long)id, (long long)lim->listed);
 }
 
 static int load_vocab(tok_tokenizer *tok, const json_t *vocab, const json_t *added, int vocab_size,

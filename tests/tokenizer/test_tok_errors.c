@@ -97,13 +97,14 @@ static void test_huge_ids(void) {
     } cases[] = {
         {"{\"model\": {\"type\": \"BPE\", " VOCAB ", \"merges\": []}, \"added_tokens\": [{\"id\": "
          "1000000000, \"content\": \"<x>\"}]}",
-         "added_tokens[0] '<x>' has id 1000000000", "past twice the 4 tokens t.json lists"},
+         "t.json: added_tokens[0] '<x>' has id 1000000000",
+         "past twice the 4 tokens the file lists"},
         {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 2147483646}, \"merges\": "
          "[]}}",
-         "model.vocab['b'] has id 2147483646", "past twice the 2 tokens t.json lists"},
+         "t.json: model.vocab['b'] has id 2147483646", "past twice the 2 tokens the file lists"},
         {"{\"model\": {\"type\": \"BPE\", " VOCAB ", \"merges\": []}, \"post_processor\": "
          "{\"type\": \"BertProcessing\", \"cls\": [\"<c>\", 1000000000], \"sep\": [\"b\", 1]}}",
-         "post_processor: cls id 1000000000", "past the 3 ids of the vocabulary"},
+         "t.json: post_processor: cls id 1000000000", "past the 3 ids of the vocabulary"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         double t0 = now_s();
