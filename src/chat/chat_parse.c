@@ -799,7 +799,8 @@ static cnode *parse_statement(parser *P) {
 }
 
 /* Statements until a {% tag %} named in `ends` (consumed, with its '%}' unless it is
- * "elif", whose condition follows) or the end of the template when ends is NULL. */
+ * "elif", whose condition follows) or the end of the template when ends is NULL. A block's
+ * body (ends not NULL) inside PARSE_MAX_BLOCKS others fails at the block's opening tag. */
 static int parse_body(parser *P, const char *const *ends, cnode ***body, int *n_body,
                       const char **end_found) {
     if (ends && P->blocks >= PARSE_MAX_BLOCKS) {
