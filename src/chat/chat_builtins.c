@@ -1056,9 +1056,9 @@ int chat_apply_test(chat_render *R, int line, int id, cv x, const chat_args *A, 
         if (chat_equal(R, line, x, y, out)) return -1;
         *out = !*out;
         return 0;
-    case TS_sameas:
-        *out = x.t == y.t && (x.t != CV_STR || x.s == y.s);
-        return *out ? chat_equal(R, line, x, y, out) : 0;
+    case TS_sameas: /* Python's `is`: the same string, list or dict, an equal scalar */
+        *out = x.t == y.t && (x.t != CV_STR || x.s == y.s) && chat_equal_shallow(x, y);
+        return 0;
     case TS_in: {
         if (y.t == CV_STR) {
             if (x.t != CV_STR)
