@@ -16,9 +16,9 @@ typedef struct tok_tokenizer tok_tokenizer;
 
 /* dir holds tokenizer.json and optionally tokenizer_config.json (bos/eos strings,
  * add_bos_token / add_eos_token for the Llama and Gemma tokenizer classes, additional special
- * tokens). Every id must lie below vocab_size, the model's (config.json's, which may pad past
- * the tokenizer); with vocab_size 0 (no model) below the number of tokens tokenizer.json
- * lists, model.vocab entries plus added_tokens. *out: free with tok_free. */
+ * tokens). Every id must lie below twice the number of tokens tokenizer.json lists
+ * (model.vocab entries plus added_tokens) and below vocab_size, the model's (config.json's,
+ * which may pad past the tokenizer; 0 when there is no model). *out: free with tok_free. */
 int tok_load(const char *dir, int vocab_size, tok_tokenizer **out, base_err *err);
 /* Same, from the two files' contents (config_json may be NULL); `name` labels error messages. */
 int tok_load_json(const char *tokenizer_json, size_t len, const char *config_json,
