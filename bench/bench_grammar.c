@@ -181,7 +181,7 @@ int main(int argc, char **argv) {
            MLXCEL_GIT_COMMIT, schema_path);
 
     tok_tokenizer *tok;
-    if (tok_load(model_dir, &tok, &err)) {
+    if (tok_load(model_dir, 0, &tok, &err)) {
         fprintf(stderr, "bench_grammar: %s\n", err.msg);
         return 1;
     }

@@ -161,7 +161,8 @@ static inline int fuzz_tokenizer_json(const uint8_t *data, size_t size) {
     size_t config_len = nul ? size - tok_len - 1 : 0;
     tok_tokenizer *tok = NULL;
     base_err err = {{0}};
-    if (tok_load_json((const char *)data, tok_len, config, config_len, "fuzz", &tok, &err) != 0) {
+    if (tok_load_json((const char *)data, tok_len, config, config_len, "fuzz", 0, &tok, &err) !=
+        0) {
         fuzz_require_err(&err);
         return 0;
     }
@@ -196,10 +197,10 @@ static inline tok_tokenizer *fuzz_load_tokenizer(const char *rel_dir,
     base_err err = {{0}};
     tok_tokenizer *tok = NULL;
     snprintf(dir, sizeof dir, "%s/%s", fuzz_source_dir(), rel_dir);
-    if (tok_load(dir, &tok, &err) == 0) return tok;
+    if (tok_load(dir, 0, &tok, &err) == 0) return tok;
     if (fallback_rel_dir) {
         snprintf(dir, sizeof dir, "%s/%s", fuzz_source_dir(), fallback_rel_dir);
-        if (tok_load(dir, &tok, &err) == 0) return tok;
+        if (tok_load(dir, 0, &tok, &err) == 0) return tok;
     }
     fprintf(stderr, "fuzz: cannot load a tokenizer: %s\n", err.msg);
     exit(1);
@@ -286,6 +287,231 @@ static inline int fuzz_chat(const uint8_t *data, size_t size) {
     free(out);
     chat_template_free(t);
     free(src);
+    return 0;
+}
+
+/* ---- the template parser's nesting: inputs are programs that write templates ---- */
+
+/* A growable text, malloc'd. */
+typedef struct fuzz_text {
+    char *p;
+    size_t len, cap;
+} fuzz_text;
+
+static inline void fuzz_put(fuzz_text *t, const char *s) {
+    size_t n = strlen(s);
+    if (t->len + n + 1 > t->cap) {
+        t->cap = (t->len + n + 1) * 2;
+        t->p = realloc(t->p, t->cap);
+    }
+    memcpy(t->p + t->len, s, n + 1);
+    t->len += n;
+}
+
+enum { FN_IF, FN_FOR, FN_SET, FN_FILTER, FN_GENERATION, FN_MACRO, FN_KINDS };
+
+/* The blocks the generator has open: up to 256, well past the parser's limit of 100 (deeper
+ * would only make longer texts to lex). */
+typedef struct fuzz_nest {
+    fuzz_text out;
+    uint8_t kind[256];
+    bool has_else[256];
+    int loops[256]; /* for loops open inside the innermost macro, at each level */
+    int depth, max_depth, macros;
+    bool valid; /* everything written so far is a well-formed template */
+} fuzz_nest;
+
+static inline void fuzz_nest_open(fuzz_nest *g, int kind, int variant) {
+    static const char *const conds[] = {"true", "x", "not x", "x == 1", "none", "loop is defined"};
+    /* At most one item each: nested loops of two would make renders that only run into the
+     * step and memory limits, seconds each under the sanitizers, and explore nothing. */
+    static const char *const seqs[] = {"[1]", "range(1)", "messages", "[]", "'a'", "[ns.x]"};
+    static const char *const filters[] = {"upper", "trim", "lower", "title", "length", "string"};
+    char tag[96];
+    if (g->depth >= (int)sizeof g->kind) return;
+    switch (kind) {
+    case FN_IF:
+        snprintf(tag, sizeof tag, "{%% if %s %%}", conds[variant % 6]);
+        break;
+    case FN_FOR:
+        snprintf(tag, sizeof tag, "{%% for i in %s %%}", seqs[variant % 6]);
+        break;
+    case FN_SET:
+        snprintf(tag, sizeof tag, "{%% set t%d %%}", variant);
+        break;
+    case FN_FILTER:
+        snprintf(tag, sizeof tag, "{%% filter %s %%}", filters[variant % 6]);
+        break;
+    case FN_GENERATION:
+        snprintf(tag, sizeof tag, "{%% generation %%}");
+        break;
+    default:
+        snprintf(tag, sizeof tag, "{%% macro m%d(a, b=%d) %%}", g->macros++, variant);
+    }
+    fuzz_put(&g->out, tag);
+    int loops = g->depth ? g->loops[g->depth - 1] : 0;
+    g->loops[g->depth] = kind == FN_MACRO ? 0 : loops + (kind == FN_FOR);
+    g->kind[g->depth] = (uint8_t)kind;
+    g->has_else[g->depth] = false;
+    if (++g->depth > g->max_depth) g->max_depth = g->depth;
+}
+
+static inline void fuzz_nest_close(fuzz_nest *g) {
+    static const char *const ends[] = {"{% endif %}",     "{% endfor %}",        "{% endset %}",
+                                       "{% endfilter %}", "{% endgeneration %}", "{% endmacro %}"};
+    if (g->depth == 0) {
+        fuzz_put(&g->out, "{% endif %}");
+        g->valid = false;
+        return;
+    }
+    fuzz_put(&g->out, ends[g->kind[--g->depth]]);
+}
+
+/* {{ ... }} around x, `levels` (at most 62) deep in parentheses, lists, dicts, tuples and nots
+ * chosen by the bits of `shape`: each costs the parser at most 3 of its 200 levels, so the
+ * expression is always within its limit. */
+static inline void fuzz_nest_expr(fuzz_nest *g, int levels, uint8_t shape) {
+    static const char *const opens[] = {"(", "[", "not ", "-(", "(x, ", "{'k': "};
+    static const char *const closes[] = {")", "]", "", ")", ")", "}"};
+    int kinds[64];
+    fuzz_put(&g->out, "{{ ");
+    for (int i = 0; i < levels; i++) {
+        kinds[i] = (shape >> (i % 8) & 1) * 2 + (shape >> ((i + 3) % 8) & 1) + (i % 3 == 2) * 2;
+        kinds[i] %= 6;
+        fuzz_put(&g->out, opens[kinds[i]]);
+    }
+    fuzz_put(&g->out, shape & 0x80 ? "ns.x" : "x");
+    for (int i = levels - 1; i >= 0; i--) fuzz_put(&g->out, closes[kinds[i]]);
+    fuzz_put(&g->out, " }}");
+}
+
+/* elif / else on the innermost block; written where it does not belong only when `force`. */
+static inline void fuzz_nest_else(fuzz_nest *g, bool elif, bool force) {
+    int top = g->depth - 1;
+    bool ok = top >= 0 && !g->has_else[top] &&
+              (g->kind[top] == FN_IF || (g->kind[top] == FN_FOR && !elif));
+    if (!ok && !force) return;
+    fuzz_put(&g->out, elif ? "{% elif x %}" : "{% else %}");
+    if (!ok) {
+        g->valid = false;
+    } else if (!elif) {
+        g->has_else[top] = true;
+        /* A for loop's else runs after the loop: break and continue are outside it there. */
+        if (g->kind[top] == FN_FOR) g->loops[top]--;
+    }
+}
+
+static inline void fuzz_nest_misc(fuzz_nest *g, int arg) {
+    char s[96];
+    switch (arg % 8) {
+    case 0:
+        fuzz_put(&g->out, "{% set ns.x = [ns.x] %}");
+        break;
+    case 1:
+        fuzz_put(&g->out, "{% set ns.x = {'k': ns.x} %}");
+        break;
+    case 2:
+        snprintf(s, sizeof s, "{{ m%d(%d) }}", g->macros ? arg % g->macros : 0, arg);
+        fuzz_put(&g->out, s);
+        break;
+    case 3:
+        fuzz_put(&g->out, "{{ ns.x == [ns.x] }}{{ ns.x < [[ns.x]] }}");
+        break;
+    case 4:
+        fuzz_put(&g->out, "{{ ns.x | tojson }}{{ ns.x | string | length }}");
+        break;
+    case 5:
+        fuzz_put(&g->out, "{# a comment #}\n");
+        break;
+    case 6: {
+        bool in_loop = g->depth && g->loops[g->depth - 1] > 0;
+        fuzz_put(&g->out, arg & 8 ? "{% break %}" : "{% continue %}");
+        if (!in_loop) g->valid = false;
+        break;
+    }
+    default:
+        fuzz_put(&g->out, "{% endwhile %}");
+        g->valid = false;
+    }
+}
+
+/* Writes the template that data describes: each byte is an operation (low 3 bits) and its
+ * argument (high 5 bits), so that a few bytes reach any depth. */
+static inline void fuzz_nest_write(fuzz_nest *g, const uint8_t *data, size_t size) {
+    fuzz_put(&g->out, "{% set ns = namespace(x=[]) %}");
+    for (size_t i = 1; i < size; i++) {
+        int op = data[i] & 7, arg = data[i] >> 3;
+        uint8_t next = i + 1 < size ? data[i + 1] : 0;
+        switch (op) {
+        case 0:
+            fuzz_nest_open(g, arg % FN_KINDS, arg / FN_KINDS);
+            break;
+        case 1: /* many at once, the kinds cycling from the next byte's */
+            for (int k = 0; k < arg * 4 + 1; k++)
+                fuzz_nest_open(g, (next + k) % FN_KINDS, next / FN_KINDS + k);
+            i++;
+            break;
+        case 2:
+            for (int k = 0; k < (arg == 31 ? g->depth : arg + 1); k++) fuzz_nest_close(g);
+            break;
+        case 3:
+            fuzz_nest_expr(g, arg * 2, next);
+            i++;
+            break;
+        case 4:
+            fuzz_put(&g->out, arg & 1 ? "text\n" : arg & 2 ? "  " : "-");
+            break;
+        case 5:
+            fuzz_nest_else(g, arg & 1, arg >= 28);
+            break;
+        default:
+            fuzz_nest_misc(g, arg + (op == 7) * 32);
+        }
+    }
+    /* The first byte's low bit: close what is open, or leave the template cut short. */
+    if (size && (data[0] & 1)) {
+        while (g->depth) fuzz_nest_close(g);
+    } else if (g->depth) {
+        g->valid = false;
+    }
+}
+
+/* Templates of deep and mixed nesting: one with blocks nested at most 100 deep that the
+ * generator knows to be well formed parses; one nested deeper fails naming the limit; any
+ * other parse, and every render over a small fixed context, succeeds or fails with a
+ * message. */
+static inline int fuzz_chat_nesting(const uint8_t *data, size_t size) {
+    static json_t *vars;
+    if (!vars) {
+        json_error_t je;
+        vars = json_loads("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"x\": 1}",
+                          0, &je);
+        fuzz_require(vars != NULL, "the fixed variables are not valid JSON");
+    }
+    fuzz_nest *g = calloc(1, sizeof *g);
+    g->valid = true;
+    fuzz_nest_write(g, data, size);
+    chat_template *t = NULL;
+    base_err err = {{0}};
+    int rc = chat_template_parse(g->out.p, &t, &err);
+    if (rc != 0) {
+        fuzz_require_err(&err);
+        fuzz_require(!g->valid || g->max_depth > 100, "a well-formed template failed to parse");
+        fuzz_require(!g->valid || strstr(err.msg, "blocks nested deeper than 100"),
+                     "a template nested too deeply failed for another reason");
+    } else {
+        fuzz_require(!g->valid || g->max_depth <= 100, "blocks nested past the limit parsed");
+        char *out = NULL;
+        size_t len = 0;
+        if (chat_template_render(t, vars, &out, &len, &err) == 0)
+            fuzz_require(out != NULL && out[len] == 0, "render output is not NUL-terminated");
+        else
+            fuzz_require_err(&err);
+        free(out);
+    }
+    chat_template_free(t);
+    free(g->out.p);
+    free(g);
     return 0;
 }
 

@@ -634,7 +634,12 @@ static int filter_unique(chat_render *R, int line, cv x, const chat_args *A, cv 
     for (size_t i = 0; i < in->n; i++) {
         cv key = fold_case(R, path ? attr_path(R, in->items[i], path) : in->items[i], ignore_case);
         bool dup = false;
-        for (size_t j = 0; j < res->n && !dup; j++) dup = chat_equal(seen[j], key);
+        for (size_t j = 0; j < res->n && !dup; j++) {
+            if (chat_equal(R, line, seen[j], key, &dup)) {
+                free(seen);
+                return -1;
+            }
+        }
         if (dup) continue;
         seen[res->n] = key;
         res->items[res->n++] = in->items[i];
@@ -1027,7 +1032,7 @@ int chat_apply_test(chat_render *R, int line, int id, cv x, const chat_args *A, 
         }
         cv t;
         if (change_case(R, line, x.s, id == TS_lower ? CASE_LOWER : CASE_UPPER, &t)) return -1;
-        *out = chat_equal(t, x);
+        *out = chat_equal_shallow(t, x);
         return 0;
     }
     case TS_odd:
@@ -1046,14 +1051,13 @@ int chat_apply_test(chat_render *R, int line, int id, cv x, const chat_args *A, 
         return 0;
     case TS_eq:
     case TS_equalto:
-        *out = chat_equal(x, y);
-        return 0;
+        return chat_equal(R, line, x, y, out);
     case TS_ne:
-        *out = !chat_equal(x, y);
+        if (chat_equal(R, line, x, y, out)) return -1;
+        *out = !*out;
         return 0;
-    case TS_sameas:
-        *out = x.t == y.t && (x.t == CV_NONE || x.t == CV_UNDEF || chat_equal(x, y)) &&
-               (x.t != CV_STR || x.s == y.s);
+    case TS_sameas: /* Python's `is`: the same string, list or dict, an equal scalar */
+        *out = x.t == y.t && (x.t != CV_STR || x.s == y.s) && chat_equal_shallow(x, y);
         return 0;
     case TS_in: {
         if (y.t == CV_STR) {
@@ -1069,7 +1073,8 @@ int chat_apply_test(chat_render *R, int line, int id, cv x, const chat_args *A, 
         cv_list *l;
         if (chat_iterate(R, line, y, &l)) return -1;
         *out = false;
-        for (size_t i = 0; i < l->n && !*out; i++) *out = chat_equal(l->items[i], x);
+        for (size_t i = 0; i < l->n && !*out; i++)
+            if (chat_equal(R, line, l->items[i], x, out)) return -1;
         return 0;
     }
     case TS_lt:

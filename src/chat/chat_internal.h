@@ -49,7 +49,8 @@ typedef struct cv_list {
 } cv_list;
 typedef struct cv_dict {
     size_t n, cap;
-    cv *keys; /* (cap), first n used, insertion order */
+    cv *keys; /* (cap), first n used, insertion order; never lists or dicts (chat_dict_key),
+                 so that finding a key never looks inside values */
     cv *vals; /* (cap) */
 } cv_dict;
 typedef struct chat_loop chat_loop;
@@ -122,8 +123,13 @@ int chat_dict_set(chat_arena *a, cv_dict *d, cv key, cv val);
 /* Pointer to the value under a string key, or NULL. */
 cv *chat_dict_get(const cv_dict *d, const char *key, size_t len);
 cv *chat_dict_find(const cv_dict *d, cv key);
+/* Whether v may be a dict key: what Python hashes without looking inside (None, booleans,
+ * numbers, strings, undefined). */
+bool chat_dict_key(cv v);
 bool chat_truthy(cv v);
-bool chat_equal(cv a, cv b);
+/* Python == where neither a nor b holds other values; lists and dicts compare by identity
+ * (chat_equal looks inside them). */
+bool chat_equal_shallow(cv a, cv b);
 const char *chat_type_name(cv v);
 /* Python str() of v appended to b (strings as they are, None as "None", lists as repr). */
 int chat_to_str(chat_buf *b, cv v);
@@ -287,7 +293,13 @@ int chat_stringify(chat_render *R, int line, cv v, cv *out);
 /* The sequence `for` iterates over v: lists as they are, dict keys, string characters,
  * nothing for undefined. */
 int chat_iterate(chat_render *R, int line, cv v, cv_list **out);
-/* Python ordering for sort, min, max, dictsort and the < > operators; *c is -1, 0 or 1. */
+/* Python == into *out. A loop can wrap a list in itself any number of times, or double it
+ * (sharing the items, so that two such lists have 2^n pairs to compare): values nested
+ * deeper than CHAT_MAX_DEPTH fail, and each pair of lists or dicts looked at is a step of the
+ * render. */
+int chat_equal(chat_render *R, int line, cv a, cv b, bool *out);
+/* Python ordering for sort, min, max, dictsort and the < > operators; *c is -1, 0 or 1.
+ * Bounded as chat_equal. */
 int chat_compare(chat_render *R, int line, cv a, cv b, bool ignore_case, int *c);
 /* obj.name (attribute first, then item) and obj[key]. */
 cv chat_getattr(cv obj, const char *name);

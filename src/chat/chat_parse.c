@@ -8,12 +8,20 @@
 #include <string.h>
 
 #define PARSE_MAX_DEPTH 200
+/* Blocks ({% if %}, {% for %}, ...) inside one another. The parser and the renderer recurse
+ * once per level (about 1.5 KiB of stack a level under AddressSanitizer), so a template from
+ * a downloaded tokenizer_config.json must not choose the depth. Real templates nest fewer
+ * than 10; 100 also leaves most of CHAT_MAX_DEPTH to the expressions inside, so a template
+ * that parses is not refused for its nesting when it renders. */
+#define PARSE_MAX_BLOCKS 100
 
 typedef struct parser {
     chat_arena *a;
     const ctok *t; /* (n) */
     int n, i;
     int depth;      /* expression nesting */
+    int blocks;     /* blocks around the current statement, bounded by PARSE_MAX_BLOCKS */
+    int tag;        /* index of the '{%' of the last statement begun: a body's opening tag */
     int loop_depth; /* for loops around the current statement, for break/continue */
     base_err *err;
 } parser;
@@ -652,24 +660,30 @@ static cnode *parse_for(parser *P, int line) {
     return n;
 }
 
+/* if / elif / else: each elif is an S_IF alone in the alt of the one before. The chain is
+ * built in a loop, since a long elif chain is no nesting and must not cost stack. */
 static cnode *parse_if(parser *P, int line) {
-    cnode *n = node(P, S_IF, line);
-    if (!n || !(n->a = parse_expr(P)) || expect_block_end(P)) return NULL;
     static const char *const ends[] = {"endif", "elif", "else", NULL};
-    const char *end;
-    if (parse_body(P, ends, &n->body, &n->n_body, &end)) return NULL;
-    if (strcmp(end, "elif") == 0) {
-        cnode *inner = parse_if(P, P->t[P->i - 1].line);
-        if (!inner) return NULL;
-        n->alt = chat_alloc(P->a, sizeof(cnode *));
-        if (!n->alt) return base_fail(P->err, "template too large"), NULL;
-        n->alt[0] = inner;
-        n->n_alt = 1;
-    } else if (strcmp(end, "else") == 0) {
-        static const char *const ends2[] = {"endif", NULL};
-        if (parse_body(P, ends2, &n->alt, &n->n_alt, &end)) return NULL;
+    static const char *const ends2[] = {"endif", NULL};
+    cnode *first = NULL, *prev = NULL;
+    for (;;) {
+        cnode *n = node(P, S_IF, line);
+        if (!n || !(n->a = parse_expr(P)) || expect_block_end(P)) return NULL;
+        if (prev) {
+            prev->alt = chat_alloc(P->a, sizeof(cnode *));
+            if (!prev->alt) return base_fail(P->err, "template too large"), NULL;
+            prev->alt[0] = n;
+            prev->n_alt = 1;
+        } else {
+            first = n;
+        }
+        prev = n;
+        const char *end;
+        if (parse_body(P, ends, &n->body, &n->n_body, &end)) return NULL;
+        if (strcmp(end, "else") == 0 && parse_body(P, ends2, &n->alt, &n->n_alt, &end)) return NULL;
+        if (strcmp(end, "elif") != 0) return first;
+        line = P->t[P->i - 1].line;
     }
-    return n;
 }
 
 static cnode *parse_set(parser *P, int line) {
@@ -785,9 +799,17 @@ static cnode *parse_statement(parser *P) {
 }
 
 /* Statements until a {% tag %} named in `ends` (consumed, with its '%}' unless it is
- * "elif", whose condition follows) or the end of the template when ends is NULL. */
+ * "elif", whose condition follows) or the end of the template when ends is NULL. A block's
+ * body (ends not NULL) inside PARSE_MAX_BLOCKS others fails at the block's opening tag. */
 static int parse_body(parser *P, const char *const *ends, cnode ***body, int *n_body,
                       const char **end_found) {
+    if (ends && P->blocks >= PARSE_MAX_BLOCKS) {
+        char what[64];
+        snprintf(what, sizeof what, "blocks nested deeper than %d", PARSE_MAX_BLOCKS);
+        return fail_at(P, &P->t[P->tag], "%s", what);
+    }
+    int rc = -1;
+    if (ends) P->blocks++;
     vec items = {0};
     int open_line = P->i > 0 ? P->t[P->i - 1].line : 1;
     for (;;) {
@@ -799,12 +821,12 @@ static int parse_body(parser *P, const char *const *ends, cnode ***body, int *n_
             snprintf(what, sizeof what, "missing {%% %s %%} for the block opened on line %d",
                      ends[0], open_line);
             fail_at(P, k, "%s", what);
-            goto fail;
+            goto done;
         }
         if (k->t == T_TEXT) {
-            if (!(n = node(P, S_TEXT, k->line))) goto fail;
+            if (!(n = node(P, S_TEXT, k->line))) goto done;
             cv_str *s = chat_alloc(P->a, sizeof *s);
-            if (!s) goto fail;
+            if (!s) goto done;
             s->p = k->s;
             s->len = k->len;
             n->val.t = CV_STR;
@@ -812,11 +834,11 @@ static int parse_body(parser *P, const char *const *ends, cnode ***body, int *n_
             P->i++;
         } else if (k->t == T_VAR_BEGIN) {
             P->i++;
-            if (!(n = node(P, S_OUT, k->line))) goto fail;
-            if (!(n->a = parse_tuple(P, false, true))) goto fail;
+            if (!(n = node(P, S_OUT, k->line))) goto done;
+            if (!(n->a = parse_tuple(P, false, true))) goto done;
             if (cur(P)->t != T_VAR_END) {
                 unexpected(P, "'}}'");
-                goto fail;
+                goto done;
             }
             P->i++;
         } else if (k->t == T_BLOCK_BEGIN) {
@@ -828,28 +850,29 @@ static int parse_body(parser *P, const char *const *ends, cnode ***body, int *n_
                 if (hit) {
                     *end_found = nm->s;
                     P->i += 2;
-                    if (strcmp(nm->s, "elif") != 0 && expect_block_end(P)) goto fail;
+                    if (strcmp(nm->s, "elif") != 0 && expect_block_end(P)) goto done;
                     break;
                 }
             }
             if (nm->t == T_NAME && (strncmp(nm->s, "end", 3) == 0 || strcmp(nm->s, "elif") == 0 ||
                                     strcmp(nm->s, "else") == 0)) {
                 fail_at(P, nm, "unexpected {%% %s %%}", nm->s);
-                goto fail;
+                goto done;
             }
-            P->i++;
-            if (!(n = parse_statement(P))) goto fail;
+            P->tag = P->i++;
+            if (!(n = parse_statement(P))) goto done;
         } else {
             unexpected(P, "text or a tag");
-            goto fail;
+            goto done;
         }
         vec_push(&items, n);
     }
     *body = (cnode **)vec_done(P, &items, n_body);
-    return *body ? 0 : -1;
-fail:
+    rc = *body ? 0 : -1;
+done:
     free(items.p);
-    return -1;
+    if (ends) P->blocks--;
+    return rc;
 }
 
 int chat_template_parse(const char *source, chat_template **out, base_err *err) {

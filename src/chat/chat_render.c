@@ -109,7 +109,42 @@ static int64_t num_i(cv v) {
     return v.t == CV_INT ? v.i : v.b;
 }
 
-int chat_compare(chat_render *R, int line, cv a, cv b, bool ignore_case, int *c) {
+/* Counts one step of the render; fails past CHAT_MAX_STEPS. */
+static int step(chat_render *R, int line) {
+    if (++R->steps <= CHAT_MAX_STEPS) return 0;
+    return chat_rfail(R, line, "template takes more than %u steps (a runaway loop?)",
+                      (unsigned)CHAT_MAX_STEPS);
+}
+
+static int too_deep(chat_render *R, int line) {
+    return chat_rfail(R, line, "values nested deeper than %d levels", CHAT_MAX_DEPTH);
+}
+
+/* chat_equal of values `depth` levels inside the ones compared. */
+static int equal_at(chat_render *R, int line, cv a, cv b, int depth, bool *out) {
+    bool lists = a.t == CV_LIST && b.t == CV_LIST, dicts = a.t == CV_DICT && b.t == CV_DICT;
+    if (!lists && !dicts) {
+        *out = chat_equal_shallow(a, b);
+        return 0;
+    }
+    if (depth >= CHAT_MAX_DEPTH) return too_deep(R, line);
+    if (step(R, line)) return -1;
+    size_t n = lists ? a.l->n : a.d->n;
+    *out = n == (lists ? b.l->n : b.d->n);
+    for (size_t i = 0; i < n && *out; i++) {
+        const cv *y = lists ? &b.l->items[i] : chat_dict_find(b.d, a.d->keys[i]);
+        *out = y != NULL;
+        if (y && equal_at(R, line, lists ? a.l->items[i] : a.d->vals[i], *y, depth + 1, out))
+            return -1;
+    }
+    return 0;
+}
+
+int chat_equal(chat_render *R, int line, cv a, cv b, bool *out) {
+    return equal_at(R, line, a, b, 0, out);
+}
+
+static int compare_at(chat_render *R, int line, cv a, cv b, bool ignore_case, int depth, int *c) {
     if (is_num(a) && is_num(b)) {
         if (a.t != CV_FLOAT && b.t != CV_FLOAT) {
             *c = num_i(a) < num_i(b) ? -1 : num_i(a) > num_i(b);
@@ -136,15 +171,23 @@ int chat_compare(chat_render *R, int line, cv a, cv b, bool ignore_case, int *c)
         return 0;
     }
     if (a.t == CV_LIST && b.t == CV_LIST) {
+        if (depth >= CHAT_MAX_DEPTH) return too_deep(R, line);
+        if (step(R, line)) return -1;
         for (size_t i = 0; i < a.l->n && i < b.l->n; i++) {
-            if (chat_equal(a.l->items[i], b.l->items[i])) continue;
-            return chat_compare(R, line, a.l->items[i], b.l->items[i], ignore_case, c);
+            bool eq;
+            if (equal_at(R, line, a.l->items[i], b.l->items[i], depth + 1, &eq)) return -1;
+            if (eq) continue;
+            return compare_at(R, line, a.l->items[i], b.l->items[i], ignore_case, depth + 1, c);
         }
         *c = a.l->n < b.l->n ? -1 : a.l->n > b.l->n;
         return 0;
     }
     return chat_rfail(R, line, "cannot compare '%s' with '%s'", chat_type_name(a),
                       chat_type_name(b));
+}
+
+int chat_compare(chat_render *R, int line, cv a, cv b, bool ignore_case, int *c) {
+    return compare_at(R, line, a, b, ignore_case, 0, c);
 }
 
 static cv loop_field(const chat_loop *L, const char *name) {
@@ -429,10 +472,9 @@ static int eval_compare(chat_render *R, chat_scope *S, const cnode *n, cv *out) 
         bool r;
         switch (op) {
         case OP_EQ:
-            r = chat_equal(left, right);
-            break;
         case OP_NE:
-            r = !chat_equal(left, right);
+            if (chat_equal(R, n->line, left, right, &r)) return -1;
+            if (op == OP_NE) r = !r;
             break;
         case OP_IN:
         case OP_NOTIN:
@@ -621,6 +663,12 @@ static int eval_inner(chat_render *R, chat_scope *S, const cnode *n, cv *out) {
         if (!d) return chat_oom(R, n->line);
         for (int i = 0; i + 1 < n->n_args; i += 2) {
             if (eval(R, S, n->args[i], &a) || eval(R, S, n->args[i + 1], &b)) return -1;
+            if (!chat_dict_key(a)) {
+                if (a.t == CV_LIST || a.t == CV_DICT)
+                    return chat_rfail(R, n->line, "unhashable type: '%s'", chat_type_name(a));
+                return chat_rfail(R, n->line, "dict keys of type '%s' are not supported",
+                                  chat_type_name(a));
+            }
             if (chat_dict_set(&R->a, d, a, b)) return chat_oom(R, n->line);
         }
         out->t = CV_DICT;
@@ -693,13 +741,6 @@ static int eval_inner(chat_render *R, chat_scope *S, const cnode *n, cv *out) {
     default:
         return chat_rfail(R, n->line, "statement used as an expression");
     }
-}
-
-/* Counts one step of the render; fails past CHAT_MAX_STEPS. */
-static int step(chat_render *R, int line) {
-    if (++R->steps <= CHAT_MAX_STEPS) return 0;
-    return chat_rfail(R, line, "template takes more than %u steps (a runaway loop?)",
-                      (unsigned)CHAT_MAX_STEPS);
 }
 
 static int eval(chat_render *R, chat_scope *S, const cnode *n, cv *out) {
@@ -807,9 +848,16 @@ static int exec_stmt(chat_render *R, chat_scope *S, const cnode *n, chat_buf *ou
         return chat_to_str(out, v) == 0 ? EX_OK : too_big(R, n->line);
     }
     case S_IF:
-        if (eval(R, S, n->a, &v)) return EX_ERR;
-        if (chat_truthy(v)) return exec_body(R, S, n->body, n->n_body, out);
-        return exec_body(R, S, n->alt, n->n_alt, out);
+        /* An elif chain (an S_IF alone in the alt) is walked in a loop: it is no nesting,
+         * and any length of it must render. */
+        for (;;) {
+            if (eval(R, S, n->a, &v)) return EX_ERR;
+            if (chat_truthy(v)) return exec_body(R, S, n->body, n->n_body, out);
+            if (n->n_alt != 1 || n->alt[0]->kind != S_IF)
+                return exec_body(R, S, n->alt, n->n_alt, out);
+            n = n->alt[0];
+            if (step(R, n->line)) return EX_ERR;
+        }
     case S_FOR:
         return exec_for(R, S, n, out);
     case S_SET:

@@ -166,8 +166,13 @@ cv_dict *chat_dict_new(chat_arena *a, size_t cap) {
 
 cv *chat_dict_find(const cv_dict *d, cv key) {
     for (size_t i = 0; i < d->n; i++)
-        if (chat_equal(d->keys[i], key)) return &d->vals[i];
+        if (chat_equal_shallow(d->keys[i], key)) return &d->vals[i];
     return NULL;
+}
+
+bool chat_dict_key(cv v) {
+    return v.t == CV_UNDEF || v.t == CV_NONE || v.t == CV_BOOL || v.t == CV_INT ||
+           v.t == CV_FLOAT || v.t == CV_STR;
 }
 
 cv *chat_dict_get(const cv_dict *d, const char *key, size_t len) {
@@ -230,7 +235,7 @@ static bool is_num(cv v) {
     return v.t == CV_BOOL || v.t == CV_INT || v.t == CV_FLOAT;
 }
 
-bool chat_equal(cv a, cv b) {
+bool chat_equal_shallow(cv a, cv b) {
     if (is_num(a) && is_num(b)) {
         if (a.t != CV_FLOAT && b.t != CV_FLOAT) {
             int64_t x = a.t == CV_BOOL ? a.b : a.i, y = b.t == CV_BOOL ? b.b : b.i;
@@ -248,17 +253,8 @@ bool chat_equal(cv a, cv b) {
     case CV_STR:
         return a.s->len == b.s->len && memcmp(a.s->p, b.s->p, a.s->len) == 0;
     case CV_LIST:
-        if (a.l->n != b.l->n) return false;
-        for (size_t i = 0; i < a.l->n; i++)
-            if (!chat_equal(a.l->items[i], b.l->items[i])) return false;
-        return true;
+        return a.l == b.l;
     case CV_DICT:
-        if (a.d->n != b.d->n) return false;
-        for (size_t i = 0; i < a.d->n; i++) {
-            cv *o = chat_dict_find(b.d, a.d->keys[i]);
-            if (!o || !chat_equal(a.d->vals[i], *o)) return false;
-        }
-        return true;
     case CV_NS:
         return a.d == b.d;
     case CV_LOOP:

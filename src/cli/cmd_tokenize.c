@@ -79,7 +79,7 @@ int cli_cmd_tokenize(int argc, char **argv) {
 
     base_err err;
     tok_tokenizer *tok;
-    if (cli_model_resolve(&model, offline, dir, sizeof dir, &err) || tok_load(model, &tok, &err))
+    if (cli_model_resolve(&model, offline, dir, sizeof dir, &err) || tok_load(model, 0, &tok, &err))
         return cli_fail(&err);
     char *text = NULL;
     size_t len = 0, n = 0;
@@ -128,7 +128,8 @@ int cli_cmd_detokenize(int argc, char **argv) {
 
     base_err err;
     tok_tokenizer *tok;
-    if (cli_model_resolve(&model, offline, dir, sizeof dir, &err) || tok_load(model, &tok, &err)) {
+    if (cli_model_resolve(&model, offline, dir, sizeof dir, &err) ||
+        tok_load(model, 0, &tok, &err)) {
         free(ids);
         return cli_fail(&err);
     }

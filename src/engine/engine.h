@@ -223,7 +223,7 @@ typedef struct engine_prompter {
     bool content_as_list;   /* the template walks a message's content parts itself */
 } engine_prompter;
 /* Loads dir's tokenizer and chat template; template_file (may be NULL) replaces the model's
- * template. */
+ * template. When dir has a config.json, the tokenizer's ids must be below its vocab_size. */
 int engine_prompter_open(const char *dir, const char *template_file, engine_prompter **out,
                          base_err *err);
 void engine_prompter_close(engine_prompter *p);

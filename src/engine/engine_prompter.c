@@ -32,11 +32,29 @@ static size_t longest_token(const tok_tokenizer *tok) {
     return longest;
 }
 
+/* The model's vocab_size from dir/config.json, 0 for a folder without one: the tokenizer's
+ * ids must have rows in the model's embedding, and a tokenizer.json must not make loading
+ * allocate for ids past it. */
+static int model_vocab_size(const char *dir, int *vocab_size, base_err *err) {
+    *vocab_size = 0;
+    char *path = base_path_join(dir, "config.json");
+    bool exists = base_file_exists(path);
+    free(path);
+    io_model_config cfg;
+    if (!exists) return 0;
+    if (io_config_load(dir, &cfg, err)) return -1;
+    *vocab_size = cfg.vocab_size;
+    io_config_free(&cfg);
+    return 0;
+}
+
 int engine_prompter_open(const char *dir, const char *template_file, engine_prompter **out,
                          base_err *err) {
     engine_prompter *p = base_xcalloc(1, sizeof *p);
     char *source = NULL;
-    if (tok_load(dir, &p->tok, err) || chat_config_load(dir, &source, &p->special_vars, err)) {
+    int vocab_size;
+    if (model_vocab_size(dir, &vocab_size, err) || tok_load(dir, vocab_size, &p->tok, err) ||
+        chat_config_load(dir, &source, &p->special_vars, err)) {
         engine_prompter_close(p);
         return -1;
     }

@@ -190,7 +190,7 @@ static void cache_put(const tok_bpe *b, uint64_t h, const char *w, size_t n, con
         e->hash = h;
         e->n = (uint32_t)n_ids;
         e->ids = base_xmalloc((n_ids ? n_ids : 1) * sizeof *e->ids);
-        memcpy(e->ids, ids, n_ids * sizeof *ids);
+        if (n_ids) memcpy(e->ids, ids, n_ids * sizeof *ids);
         s->used++;
     }
     pthread_mutex_unlock(&s->mu);
@@ -351,5 +351,7 @@ void tok_bpe_word(const tok_tokenizer *tok, tok_scratch *s, const char *w, size_
     if (cache_get(b, h, w, n, out)) return;
     size_t first = out->len;
     merge_word(tok, s, w, n, out);
-    cache_put(b, h, w, n, out->data + first, out->len - first);
+    /* A word of characters the vocabulary lacks, with no unk token, gives no ids: out may
+     * then have no buffer to point into. */
+    cache_put(b, h, w, n, out->len > first ? out->data + first : NULL, out->len - first);
 }

@@ -324,11 +324,19 @@ static int parse_post(tok_tokenizer *tok, const json_t *j, const char *where, ba
         rc = parse_template(tok, j, &pre, &post, where, err);
     } else if (strcmp(type, "BertProcessing") == 0 || strcmp(type, "RobertaProcessing") == 0) {
         const json_t *cls = json_object_get(j, "cls"), *sep = json_object_get(j, "sep");
+        json_int_t cls_id = json_integer_value(json_array_get(cls, 1));
+        json_int_t sep_id = json_integer_value(json_array_get(sep, 1));
+        bool cls_ok = cls_id >= 0 && cls_id < tok->n_ids,
+             sep_ok = sep_id >= 0 && sep_id < tok->n_ids;
         if (!json_is_integer(json_array_get(cls, 1)) || !json_is_integer(json_array_get(sep, 1)))
             rc = base_fail(err, "%s: %s needs \"cls\" and \"sep\" pairs", where, type);
+        else if (!cls_ok || !sep_ok)
+            rc = base_fail(
+                err, "%s: post_processor: %s id %lld is past the %d ids of the vocabulary", where,
+                cls_ok ? "sep" : "cls", (long long)(cls_ok ? sep_id : cls_id), tok->n_ids);
         else {
-            tok_ids_push(&pre, (int32_t)json_integer_value(json_array_get(cls, 1)));
-            tok_ids_push(&post, (int32_t)json_integer_value(json_array_get(sep, 1)));
+            tok_ids_push(&pre, (int32_t)cls_id);
+            tok_ids_push(&post, (int32_t)sep_id);
         }
     } else {
         rc = base_fail(err, "%s: post_processor type '%s' is not supported", where, type);
@@ -363,24 +371,58 @@ static int set_token(tok_tokenizer *tok, json_int_t id, const char *s, size_t n,
     return 0;
 }
 
-static int load_vocab(tok_tokenizer *tok, const json_t *vocab, const json_t *added,
+/* Ids index the tables load_vocab allocates, so a file must not choose their size: an id of
+ * 2^31 - 2 in a four-token file cost 7 seconds and 16 GiB of address space. Ids must be below
+ * twice the number of tokens the file lists (model.vocab entries plus added_tokens), which
+ * keeps the tables proportional to the file and leaves room for holes (real vocabularies
+ * are dense, or nearly: tiktoken conversions skip a few ids before their special tokens), and
+ * below the model's vocab_size when there is a model (its embedding has that many rows, often
+ * padded past the tokenizer; an id past it has no row). */
+typedef struct id_limit {
+    json_int_t listed; /* tokens the file lists */
+    json_int_t n;      /* every id is below this */
+    int vocab_size;    /* the model's, 0 when unknown */
+} id_limit;
+
+static int past_limit(const id_limit *lim, json_int_t id, const char *what, const char *where,
+                      base_err *err) {
+    if (lim->vocab_size > 0 && id >= lim->vocab_size)
+        return base_fail(err, "%s: %s has id %lld, past the model's vocab_size %d", where, what,
+                         (long long)id, lim->vocab_size);
+    return base_fail(err, "%s: %s has id %lld, past twice the %lld tokens the file lists", where,
+                     what, (long long)id, (long long)lim->listed);
+}
+
+static int load_vocab(tok_tokenizer *tok, const json_t *vocab, const json_t *added, int vocab_size,
                       const char *where, base_err *err) {
+    id_limit lim = {(json_int_t)(json_object_size(vocab) + json_array_size(added)), 0, vocab_size};
+    lim.n = 2 * lim.listed;
+    if (vocab_size > 0 && vocab_size < lim.n) lim.n = vocab_size;
+    if (lim.n > INT32_MAX) lim.n = INT32_MAX; /* n_ids is an int32_t */
     json_int_t max_id = -1;
     const char *key;
     const json_t *val;
     size_t klen;
+    char what[160];
     json_object_keylen_foreach((json_t *)vocab, key, klen, val) {
-        if (!json_is_integer(val) || json_integer_value(val) < 0 ||
-            json_integer_value(val) >= INT32_MAX)
+        if (!json_is_integer(val) || json_integer_value(val) < 0)
             return base_fail(err, "%s: model.vocab['%s'] is not a valid id", where, key);
+        if (json_integer_value(val) >= lim.n) {
+            snprintf(what, sizeof what, "model.vocab['%s']", key);
+            return past_limit(&lim, json_integer_value(val), what, where, err);
+        }
         if (json_integer_value(val) > max_id) max_id = json_integer_value(val);
     }
     for (size_t i = 0; i < json_array_size(added); i++) {
         const json_t *a = json_array_get(added, i);
         const json_t *id = json_object_get(a, "id");
-        if (!json_is_integer(id) || json_integer_value(id) < 0 ||
-            json_integer_value(id) >= INT32_MAX || !json_is_string(json_object_get(a, "content")))
+        const char *content = json_string_value(json_object_get(a, "content"));
+        if (!json_is_integer(id) || json_integer_value(id) < 0 || !content)
             return base_fail(err, "%s: added_tokens[%zu] needs an id and a content", where, i);
+        if (json_integer_value(id) >= lim.n) {
+            snprintf(what, sizeof what, "added_tokens[%zu] '%s'", i, content);
+            return past_limit(&lim, json_integer_value(id), what, where, err);
+        }
         if (json_integer_value(id) > max_id) max_id = json_integer_value(id);
     }
     tok->n_ids = (int32_t)(max_id + 1);
@@ -473,7 +515,8 @@ static void load_config(tok_tokenizer *tok, const json_t *cfg) {
 
 /* ---- entry points ---- */
 
-static int load_parts(tok_tokenizer *tok, const json_t *root, const json_t *cfg, base_err *err) {
+static int load_parts(tok_tokenizer *tok, const json_t *root, const json_t *cfg, int vocab_size,
+                      base_err *err) {
     const char *w = tok->name;
     const json_t *model = json_object_get(root, "model");
     if (!json_is_object(model)) return base_fail(err, "%s: no \"model\" object", w);
@@ -487,7 +530,7 @@ static int load_parts(tok_tokenizer *tok, const json_t *root, const json_t *cfg,
     const json_t *added = json_object_get(root, "added_tokens");
     if (added && !json_is_array(added) && !json_is_null(added))
         return base_fail(err, "%s: added_tokens must be an array", w);
-    if (load_vocab(tok, vocab, added, w, err)) return -1;
+    if (load_vocab(tok, vocab, added, vocab_size, w, err)) return -1;
     if (tok_bpe_init(tok, model, err)) return -1;
 
     const json_t *j = json_object_get(root, "normalizer");
@@ -513,7 +556,8 @@ static int load_parts(tok_tokenizer *tok, const json_t *root, const json_t *cfg,
 }
 
 int tok_load_json(const char *tokenizer_json, size_t len, const char *config_json,
-                  size_t config_len, const char *name, tok_tokenizer **out, base_err *err) {
+                  size_t config_len, const char *name, int vocab_size, tok_tokenizer **out,
+                  base_err *err) {
     *out = NULL;
     json_error_t jerr;
     json_t *root = json_loadb(tokenizer_json, len, JSON_ALLOW_NUL, &jerr);
@@ -532,7 +576,7 @@ int tok_load_json(const char *tokenizer_json, size_t len, const char *config_jso
     tok_tokenizer *tok = base_xcalloc(1, sizeof *tok);
     tok->name = base_xstrdup(name);
     tok->bpe.unk_id = -1;
-    int rc = json_is_object(root) ? load_parts(tok, root, cfg, err)
+    int rc = json_is_object(root) ? load_parts(tok, root, cfg, vocab_size, err)
                                   : base_fail(err, "%s: top level is not an object", name);
     json_decref(root);
     json_decref(cfg);
@@ -544,7 +588,7 @@ int tok_load_json(const char *tokenizer_json, size_t len, const char *config_jso
     return 0;
 }
 
-int tok_load(const char *dir, tok_tokenizer **out, base_err *err) {
+int tok_load(const char *dir, int vocab_size, tok_tokenizer **out, base_err *err) {
     *out = NULL;
     char *path = base_path_join(dir, "tokenizer.json");
     char *cfg_path = base_path_join(dir, "tokenizer_config.json");
@@ -552,7 +596,7 @@ int tok_load(const char *dir, tok_tokenizer **out, base_err *err) {
     size_t len = 0, cfg_len = 0;
     int rc = base_read_file(path, &data, &len, err);
     if (rc == 0 && base_file_exists(cfg_path)) rc = base_read_file(cfg_path, &cfg, &cfg_len, err);
-    if (rc == 0) rc = tok_load_json(data, len, cfg, cfg_len, path, out, err);
+    if (rc == 0) rc = tok_load_json(data, len, cfg, cfg_len, path, vocab_size, out, err);
     free(data);
     free(cfg);
     free(path);

@@ -16,11 +16,14 @@ typedef struct tok_tokenizer tok_tokenizer;
 
 /* dir holds tokenizer.json and optionally tokenizer_config.json (bos/eos strings,
  * add_bos_token / add_eos_token for the Llama and Gemma tokenizer classes, additional special
- * tokens). *out: free with tok_free. */
-int tok_load(const char *dir, tok_tokenizer **out, base_err *err);
+ * tokens). Every id must lie below twice the number of tokens tokenizer.json lists
+ * (model.vocab entries plus added_tokens) and below vocab_size, the model's (config.json's,
+ * which may pad past the tokenizer; 0 when there is no model). *out: free with tok_free. */
+int tok_load(const char *dir, int vocab_size, tok_tokenizer **out, base_err *err);
 /* Same, from the two files' contents (config_json may be NULL); `name` labels error messages. */
 int tok_load_json(const char *tokenizer_json, size_t len, const char *config_json,
-                  size_t config_len, const char *name, tok_tokenizer **out, base_err *err);
+                  size_t config_len, const char *name, int vocab_size, tok_tokenizer **out,
+                  base_err *err);
 void tok_free(tok_tokenizer *tok);
 
 /* Number of ids, including added tokens (largest id + 1). */

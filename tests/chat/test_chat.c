@@ -101,6 +101,68 @@ static void test_control(void) {
     EXPECT("{% filter upper %}ab{{ 'c' }}{% endfilter %}", NULL, "ABC");
 }
 
+/* `levels` copies of open[i % n_open] (each block closed by close[i % n_open] after the
+ * innermost text "x"), malloc'd. */
+static char *nest(const char *const *open, const char *const *close, int n_open, int levels) {
+    size_t size = 2;
+    for (int i = 0; i < levels; i++) size += strlen(open[i % n_open]) + strlen(close[i % n_open]);
+    char *s = malloc(size), *p = s;
+    for (int i = 0; i < levels; i++) p = stpcpy(p, open[i % n_open]);
+    p = stpcpy(p, "x");
+    for (int i = levels - 1; i >= 0; i--) p = stpcpy(p, close[i % n_open]);
+    return s;
+}
+
+/* Statement nesting is bounded when parsing, with the position of the first block too deep
+ * (a hostile tokenizer_config.json must not crash the loader); a long elif chain is no
+ * nesting and works at any length. */
+static void test_nesting(void) {
+    static const char *const open[] = {"{% if 1 %}", "{% for a in [1] %}", "{% set t %}",
+                                       "{% filter upper %}", "{% generation %}"};
+    static const char *const close[] = {"{% endif %}", "{% endfor %}", "{% endset %}",
+                                        "{% endfilter %}", "{% endgeneration %}"};
+    /* 100 levels: parses and renders ("x" once, upper-cased by the filters). */
+    char *src = nest(open, close, 2, 100);
+    EXPECT(src, NULL, "x");
+    free(src);
+    struct {
+        int first, n_open;
+        size_t column; /* of the 101st opening tag */
+    } cases[] = {{0, 1, 100 * strlen(open[0]) + 1},
+                 {1, 1, 100 * strlen(open[1]) + 1},
+                 {0, 5,
+                  20 * (strlen(open[0]) + strlen(open[1]) + strlen(open[2]) + strlen(open[3]) +
+                        strlen(open[4])) +
+                      1}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        src = nest(open + cases[c].first, close + cases[c].first, cases[c].n_open, 20000);
+        char want[80];
+        snprintf(want, sizeof want, "template line 1, column %zu: blocks nested deeper than 100",
+                 cases[c].column);
+        EXPECT_ERR(src, NULL, want, NULL);
+        free(src);
+    }
+    /* Unclosed blocks, as a truncated file has them. */
+    char *deep = malloc(20000 * 9 + 1), *p = deep;
+    for (int i = 0; i < 20000; i++) p = stpcpy(p, "{%if 1%}");
+    EXPECT_ERR(deep, NULL, "column 801: blocks nested deeper than 100", NULL);
+    free(deep);
+    /* A macro's body counts as a block. */
+    static const char *const mopen[] = {"{% macro m() %}"}, *const mclose[] = {"{% endmacro %}"};
+    src = nest(mopen, mclose, 1, 101);
+    EXPECT_ERR(src, NULL, "blocks nested deeper than 100", NULL);
+    free(src);
+
+    size_t size = 64 + 40 * 20000;
+    char *chain = malloc(size);
+    p = stpcpy(chain, "{% if x == 0 %}0");
+    for (int i = 1; i < 20000; i++) p += sprintf(p, "{%% elif x == %d %%}%d", i, i);
+    strcpy(p, "{% else %}none{% endif %}");
+    EXPECT(chain, "{\"x\": 19999}", "19999");
+    EXPECT(chain, "{\"x\": -1}", "none");
+    free(chain);
+}
+
 static void test_macros(void) {
     EXPECT("{% macro f(a, b='B', c=none) %}{{ a }}{{ b }}{{ c }}{% endmacro %}"
            "{{ f(1) }}|{{ f(1, 2) }}|{{ f(1, c=3) }}|{{ f() }}",
@@ -341,6 +403,35 @@ static void test_limits(void) {
     EXPECT_ERR("{% set r = range(100000) %}{% for i in r %}{% for j in r %}"
                "{% if j < 0 %}x{% endif %}{% endfor %}{% endfor %}",
                NULL, "more than 20000000 steps", NULL);
+    /* A loop that wraps a list in itself makes a value nested deeper than any stack holds:
+     * comparing it fails with a message. Doubling a list instead makes one whose comparison
+     * would visit 2^60 items: it runs out of steps. */
+    static const char wrap[] = "{% set ns = namespace(x=[], y=[]) %}{% for i in range(300000) %}"
+                               "{% set ns.x = [ns.x] %}{% endfor %}";
+    static const char *const uses[] = {"{{ ns.x == [ns.x] }}",
+                                       "{{ ns.x < [ns.x] }}",
+                                       "{{ ns.x in [[ns.x]] }}",
+                                       "{{ [[ns.x]] | select('equalto', ns.x) | list }}",
+                                       "{{ [ns.x, [ns.x]] | unique | list | length }}",
+                                       "{{ [ns.x, [ns.x]] | sort | length }}"};
+    for (size_t i = 0; i < sizeof uses / sizeof uses[0]; i++) {
+        char src[512];
+        snprintf(src, sizeof src, "%s%s", wrap, uses[i]);
+        EXPECT_ERR(src, NULL, "values nested deeper than 400 levels", NULL);
+    }
+    /* `sameas` is Python's `is`: identity, which looks inside nothing. */
+    char same[512];
+    snprintf(same, sizeof same, "%s{{ ns.x is sameas ns.x }}{{ [1] is sameas [1] }}", wrap);
+    EXPECT(same, NULL, "TrueFalse");
+    EXPECT_ERR("{% set ns = namespace(x=[], y=[]) %}{% for i in range(60) %}"
+               "{% set ns.x = [ns.x, ns.x] %}{% set ns.y = [ns.y, ns.y] %}{% endfor %}"
+               "{{ ns.x == ns.y }}",
+               NULL, "more than 20000000 steps", NULL);
+    /* Dict keys are what Python can hash without looking inside (so finding one never
+     * recurses): a list or dict key is refused as Python refuses it. */
+    EXPECT_ERR("{{ {[1]: 2} }}", NULL, "unhashable type: 'list'", NULL);
+    EXPECT_ERR("{{ {{}: 2} }}", NULL, "unhashable type: 'dict'", NULL);
+    EXPECT("{{ {1: 'a', 1.0: 'b', none: 'c', 's': 'd'} }}", NULL, "{1: 'b', None: 'c', 's': 'd'}");
     EXPECT_ERR("{{ range(2000000000) | length }}", NULL, "more than", "MiB of memory");
     EXPECT_ERR("{{ 'x' * 4000000000 }}", NULL, "MiB of memory", NULL);
 }
@@ -489,6 +580,7 @@ static void test_config(void) {
 int main(void) {
     test_whitespace();
     test_control();
+    test_nesting();
     test_macros();
     test_expressions();
     test_filters();

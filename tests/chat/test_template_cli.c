@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,16 +18,48 @@ static void write_file(const char *name, const char *text) {
     free(path);
 }
 
-/* Runs `mlxcel template <args>` in g_dir; returns the exit status, stdout in out. */
-static int run(const char *args, char *out, size_t size) {
+/* Runs `mlxcel template <args> <redirect>` in g_dir; returns the exit status, what the
+ * redirection leaves on stdout in out. */
+static int run_redirected(const char *args, const char *redirect, char *out, size_t size) {
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "cd %s && %s/mlxcel template %s 2>/dev/null", g_dir,
-             getenv("MLXCEL_BIN_DIR"), args);
+    snprintf(cmd, sizeof cmd, "cd %s && %s/mlxcel template %s %s", g_dir, getenv("MLXCEL_BIN_DIR"),
+             args, redirect);
     FILE *p = popen(cmd, "r");
     size_t n = p ? fread(out, 1, size - 1, p) : 0;
     out[n] = 0;
     int status = p ? pclose(p) : -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Its stdout in out. */
+static int run(const char *args, char *out, size_t size) {
+    return run_redirected(args, "2>/dev/null", out, size);
+}
+
+/* Its stderr in out. */
+static int run_stderr(const char *args, char *out, size_t size) {
+    return run_redirected(args, "2>&1 >/dev/null", out, size);
+}
+
+/* A model folder `deep` whose tokenizer_config.json holds a template of 20,000 nested ifs, as
+ * a hostile download may: the command fails with the position, it does not crash. */
+static void test_deep_template(void) {
+    char *dir = base_path_join(g_dir, "deep");
+    CHECK(mkdir(dir, 0755) == 0);
+    free(dir);
+    static const char head[] = "{\"chat_template\": \"";
+    size_t size = sizeof head + 20000 * 21 + 8;
+    char *cfg = malloc(size), *p = stpcpy(cfg, head);
+    for (int i = 0; i < 20000; i++) p = stpcpy(p, "{% if 1 %}");
+    for (int i = 0; i < 20000; i++) p = stpcpy(p, "{% endif %}");
+    strcpy(p, "\"}");
+    write_file("deep/tokenizer_config.json", cfg);
+    free(cfg);
+    char err[4096];
+    CHECK(run_stderr("-m deep --messages chat.json", err, sizeof err) == 1);
+    CHECK_MSG(strstr(err, "mlxcel: error: ") == err && strstr(err, "deep") &&
+                  strstr(err, "template line 1, column 1001: blocks nested deeper than 100"),
+              "got [%s]", err);
 }
 
 int main(void) {
@@ -82,6 +115,7 @@ int main(void) {
     CHECK(run("-m . --messages bad.json", out, sizeof out) == 1);
     CHECK(run("-m . --messages chat.json --chat-template-file missing.jinja", out, sizeof out) ==
           1);
+    test_deep_template();
     write_file("broken.jinja", "{% if %}");
     CHECK(run("-m . --messages chat.json --chat-template-file broken.jinja", out, sizeof out) == 1);
 

@@ -19,6 +19,7 @@ static const regress_target targets[] = {
     {"tokenizer_json", fuzz_tokenizer_json},
     {"bpe", fuzz_bpe},
     {"chat", fuzz_chat},
+    {"chat_nesting", fuzz_chat_nesting},
     {"npy", fuzz_npy},
     {"http_body", fuzz_http_body},
     {"http_request", fuzz_http_request},

@@ -58,7 +58,7 @@ static int run(int argc, char **argv, base_err *err) {
     walk_ctx w;
     tok_tokenizer *tok = NULL;
     if (tok_dir) {
-        if (tok_load(tok_dir, &tok, err) || walk_init_tokenizer(&w, tok, seed, err)) {
+        if (tok_load(tok_dir, 0, &tok, err) || walk_init_tokenizer(&w, tok, seed, err)) {
             tok_free(tok);
             gram_free(g);
             return -1;

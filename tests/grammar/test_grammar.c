@@ -535,7 +535,7 @@ int main(void) {
     tok_tokenizer *tok = NULL;
     base_err err;
     char *dir = base_path_join(test_source_dir(), "models/demo");
-    CHECK_MSG(tok_load(dir, &tok, &err) == 0, "%s", err.msg);
+    CHECK_MSG(tok_load(dir, 0, &tok, &err) == 0, "%s", err.msg);
     free(dir);
     if (tok) {
         test_masks(tok);

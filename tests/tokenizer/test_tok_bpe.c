@@ -149,7 +149,7 @@ static const char k_flags_json[] =
 static void test_added_flags(void) {
     tok_tokenizer *tok;
     base_err err;
-    CHECK(tok_load_json(k_flags_json, strlen(k_flags_json), NULL, 0, "flags", &tok, &err) == 0);
+    CHECK(tok_load_json(k_flags_json, strlen(k_flags_json), NULL, 0, "flags", 0, &tok, &err) == 0);
     if (!tok) return;
     CHECK(tok_vocab_size(tok) == 11);
     CHECK(tt_encodes(tok, "a  <L>b", false, IDS(1, 5, 2)));

@@ -2,13 +2,15 @@
 #include "tok_test.h"
 
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Loads json and expects a failure whose message contains every one of want[]. */
-static bool fails_with(const char *json, const char *want1, const char *want2) {
+static bool fails_with_vocab(const char *json, int vocab_size, const char *want1,
+                             const char *want2) {
     tok_tokenizer *tok = NULL;
     base_err err = {{0}};
-    int rc = tok_load_json(json, strlen(json), NULL, 0, "t.json", &tok, &err);
+    int rc = tok_load_json(json, strlen(json), NULL, 0, "t.json", vocab_size, &tok, &err);
     bool ok =
         rc == -1 && tok == NULL && strstr(err.msg, want1) && (!want2 || strstr(err.msg, want2));
     if (!ok) fprintf(stderr, "got rc %d, message '%s'\n", rc, err.msg);
@@ -16,12 +18,16 @@ static bool fails_with(const char *json, const char *want1, const char *want2) {
     return ok;
 }
 
+static bool fails_with(const char *json, const char *want1, const char *want2) {
+    return fails_with_vocab(json, 0, want1, want2);
+}
+
 #define VOCAB "\"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}"
 
 static void test_load_errors(void) {
     base_err err;
     tok_tokenizer *tok = NULL;
-    CHECK(tok_load("/nonexistent/model", &tok, &err) == -1 && tok == NULL);
+    CHECK(tok_load("/nonexistent/model", 0, &tok, &err) == -1 && tok == NULL);
     CHECK(strstr(err.msg, "/nonexistent/model/tokenizer.json") != NULL);
 
     CHECK(fails_with("{\"model\": {", "t.json", "bad JSON"));
@@ -63,17 +69,71 @@ static void test_load_errors(void) {
     FILE *f = fopen(path, "w");
     fputs("{\"model\": {\"type\": \"BPE\", " VOCAB ", \"merges\": [\"a b\"]}}", f);
     fclose(f);
-    CHECK(tok_load(dir, &tok, &err) == 0);
+    CHECK(tok_load(dir, 0, &tok, &err) == 0);
     tok_free(tok);
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     f = fopen(path, "w");
     fputs("{\"bos_token\": ", f);
     fclose(f);
-    CHECK(tok_load(dir, &tok, &err) == -1 && strstr(err.msg, "tokenizer_config.json"));
+    CHECK(tok_load(dir, 0, &tok, &err) == -1 && strstr(err.msg, "tokenizer_config.json"));
     unlink(path);
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     unlink(path);
     rmdir(dir);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Ids index tables as large as the largest id: one far past the tokens the file lists is
+ * refused before anything that size is allocated (it used to cost seconds and gigabytes),
+ * naming the token and the id. */
+static void test_huge_ids(void) {
+    static const struct {
+        const char *json, *want1, *want2;
+    } cases[] = {
+        {"{\"model\": {\"type\": \"BPE\", " VOCAB ", \"merges\": []}, \"added_tokens\": [{\"id\": "
+         "1000000000, \"content\": \"<x>\"}]}",
+         "t.json: added_tokens[0] '<x>' has id 1000000000",
+         "past twice the 4 tokens the file lists"},
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 2147483646}, \"merges\": "
+         "[]}}",
+         "t.json: model.vocab['b'] has id 2147483646", "past twice the 2 tokens the file lists"},
+        {"{\"model\": {\"type\": \"BPE\", " VOCAB ", \"merges\": []}, \"post_processor\": "
+         "{\"type\": \"BertProcessing\", \"cls\": [\"<c>\", 1000000000], \"sep\": [\"b\", 1]}}",
+         "t.json: post_processor: cls id 1000000000", "past the 3 ids of the vocabulary"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        double t0 = now_s();
+        CHECK(fails_with(cases[i].json, cases[i].want1, cases[i].want2));
+        CHECK_MSG(now_s() - t0 < 0.5, "case %zu took %.2f s", i, now_s() - t0);
+    }
+    /* Added tokens past the vocabulary are what they are for (ids 3 and 4 here). With the
+     * model's vocab_size the ids must be below it; a model padded past the tokenizer loads. */
+    static const char ok[] = "{\"model\": {\"type\": \"BPE\", " VOCAB ", \"merges\": []}, "
+                             "\"added_tokens\": [{\"id\": 3, \"content\": \"<s>\"}, {\"id\": 4, "
+                             "\"content\": \"</s>\"}, {\"id\": 0, \"content\": \"a\"}]}";
+    CHECK(fails_with_vocab(ok, 4, "added_tokens[1] '</s>' has id 4",
+                           "past the model's vocab_size 4"));
+    static const int vocab_sizes[] = {0, 5, 32000};
+    for (size_t i = 0; i < sizeof vocab_sizes / sizeof vocab_sizes[0]; i++) {
+        tok_tokenizer *tok = NULL;
+        base_err err;
+        CHECK(tok_load_json(ok, strlen(ok), NULL, 0, "t.json", vocab_sizes[i], &tok, &err) == 0);
+        CHECK(tok && tok_vocab_size(tok) == 5);
+        tok_free(tok);
+    }
+    /* Holes: ids 3 and 4 unused, 5 of at most 2 * 4 listed tokens. */
+    static const char holes[] = "{\"model\": {\"type\": \"BPE\", " VOCAB ", \"merges\": []}, "
+                                "\"added_tokens\": [{\"id\": 5, \"content\": \"<s>\"}]}";
+    tok_tokenizer *tok = NULL;
+    base_err err;
+    CHECK(tok_load_json(holes, strlen(holes), NULL, 0, "t.json", 0, &tok, &err) == 0);
+    CHECK(tok && tok_vocab_size(tok) == 6 && tok_token_text(tok, 4) == NULL);
+    tok_free(tok);
 }
 
 static void test_encode_errors(void) {
@@ -95,6 +155,7 @@ static void test_encode_errors(void) {
 
 int main(void) {
     test_load_errors();
+    test_huge_ids();
     test_encode_errors();
     TEST_MAIN_END();
 }

@@ -149,7 +149,7 @@ static const char k_edge_json[] =
 static void test_edges(void) {
     tok_tokenizer *tok;
     base_err err;
-    CHECK(tok_load_json(k_edge_json, strlen(k_edge_json), NULL, 0, "edge", &tok, &err) == 0);
+    CHECK(tok_load_json(k_edge_json, strlen(k_edge_json), NULL, 0, "edge", 0, &tok, &err) == 0);
     if (!tok) return;
     CHECK(tt_decodes(tok, IDS(0, 0, 1), false, "a ab "));
     CHECK(tt_decodes(tok, IDS(0, 3, 3, 3), false, "ac"));
@@ -209,7 +209,7 @@ static void test_stream_property(const char *fixture, const int32_t *pool, size_
 static void test_continued(const char *dir) {
     tok_tokenizer *tok;
     base_err err;
-    if (tok_load(dir, &tok, &err)) {
+    if (tok_load(dir, 0, &tok, &err)) {
         CHECK_MSG(false, "cannot load %s: %s", dir, err.msg);
         return;
     }

@@ -103,7 +103,7 @@ static int run_bench(const char *dir, const char *file) {
     }
     double t0 = base_now();
     tok_tokenizer *tok;
-    if (tok_load(dir, &tok, &err)) {
+    if (tok_load(dir, 0, &tok, &err)) {
         fprintf(stderr, "tok_driver: %s\n", err.msg);
         free(data);
         return 1;
@@ -132,7 +132,7 @@ int main(int argc, char **argv) {
     }
     base_err err;
     tok_tokenizer *tok;
-    if (tok_load(argv[1], &tok, &err)) {
+    if (tok_load(argv[1], 0, &tok, &err)) {
         fprintf(stderr, "tok_driver: %s\n", err.msg);
         return 1;
     }

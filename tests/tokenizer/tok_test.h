@@ -13,7 +13,7 @@ static inline tok_tokenizer *tt_load(const char *name) {
     snprintf(dir, sizeof dir, "%s/tests/tokenizer/fixtures/%s", test_source_dir(), name);
     base_err err;
     tok_tokenizer *tok;
-    if (tok_load(dir, &tok, &err)) {
+    if (tok_load(dir, 0, &tok, &err)) {
         fprintf(stderr, "cannot load %s: %s\n", dir, err.msg);
         exit(1);
     }
