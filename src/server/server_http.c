@@ -327,6 +327,8 @@ static bool is_loopback(const struct sockaddr_storage *ss, bool v6) {
     return (ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr) >> 24) == 127;
 }
 
+#define SERVER_THREAD_STACK (8 << 20)
+
 static unsigned backstop(unsigned max_connections) {
     return 2 * max_connections + 64;
 }
@@ -402,6 +404,9 @@ int server_start(const server_options *o, server **out, base_err *err) {
                                             (intptr_t)o->max_header, NULL};
     opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_LIMIT,
                                         (intptr_t)backstop(s->o.max_connections), NULL};
+    /* chat templates render on connection threads: their depth limits are sized for glibc's
+     * 8 MiB default stack, which other C libraries do not give (musl's is 128 KiB) */
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_THREAD_STACK_SIZE, SERVER_THREAD_STACK, NULL};
     opts[n++] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
     s->daemon = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s,
                                  MHD_OPTION_SOCK_ADDR, &ss, MHD_OPTION_NOTIFY_COMPLETED,
