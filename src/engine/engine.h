@@ -362,6 +362,7 @@ typedef enum {
 
 typedef struct engine_sched_stats {
     int running, waiting;
+    int matchers; /* grammar matchers held: in use, or kept for the next request of their text */
     uint64_t requests_done, requests_cancelled, preemptions, steps;
     uint64_t computed_tokens, cached_tokens,
         generated_tokens; /* through the model, adopted from the prefix cache, sampled */

@@ -343,6 +343,7 @@ static void snapshot_stats(engine_sched *s) {
     s->stats.pool = kv_pool_get_stats(s->rt->pool);
     s->stats.running = s->n_running;
     s->stats.waiting = s->n_waiting;
+    s->stats.matchers = s->n_grams;
     pthread_mutex_unlock(&s->mu);
 }
 

@@ -203,6 +203,22 @@ static void test_sentences(void) {
     CHECK(c[0].n_tokens == c[1].n_tokens &&
           memcmp(c[0].tokens, c[1].tokens, (size_t)c[0].n_tokens * sizeof(int32_t)) == 0);
     engine_sched_wait_idle(s);
+    CHECK_MSG(engine_sched_get_stats(s).matchers == 2, "%d matchers for two grammar texts",
+              engine_sched_get_stats(s).matchers);
+    /* distinct texts, one after another: past the few kept idle, the oldest go */
+    for (int i = 0; i < 6; i++) {
+        char gbnf[64];
+        snprintf(gbnf, sizeof gbnf, "root ::= \"%c\" [a-z]{0,3} \".\"\n", 'a' + i);
+        collector d;
+        collector_init(&d);
+        engine_request r = make_req(prompt, n, gbnf, &d);
+        submit(s, &r);
+        collector_wait(&d);
+        check_sentence(gbnf, &d, false, "one of many grammars");
+    }
+    engine_sched_wait_idle(s);
+    CHECK_MSG(engine_sched_get_stats(s).matchers == 4, "%d matchers kept (4 expected)",
+              engine_sched_get_stats(s).matchers);
     check_pool_idle(rt, s);
     engine_sched_stop(s);
     engine_runtime_close(rt);
