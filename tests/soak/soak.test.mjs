@@ -45,7 +45,7 @@ const N_SLOW_HEADERS = 64; // from 127.0.0.2: PER_IP of them are let in
 const N_SLOW_BODIES = 8; // from 127.0.0.3
 const N_BURST = 160; // from 127.0.0.5, past PER_IP and MAX_QUEUE
 const MAX_QUEUE = 40; // more than N_CLIENTS: the load itself is never refused
-const N_WARMUP = 60; // requests of the load after which the server's memory is its baseline
+const N_WARMUP = 150; // requests of the load after which the server's memory is its baseline
 const CTX = 256;
 // 16 blocks of 32 tokens: two full sequences, while -np 4 runs four at once
 const KV_BUDGET = 16 * 196608;
@@ -470,7 +470,7 @@ try {
     '--read-timeout', String(READ_TIMEOUT_S), '--max-connections', '160', '--max-connections-per-ip', String(PER_IP),
     '--max-queue', String(MAX_QUEUE)],
     // ASan holds freed memory back in a quarantine, which would read as growth
-    { ASAN_OPTIONS: `${process.env.ASAN_OPTIONS ? process.env.ASAN_OPTIONS + ':' : ''}quarantine_size_mb=8` });
+    { ASAN_OPTIONS: `${process.env.ASAN_OPTIONS ? process.env.ASAN_OPTIONS + ':' : ''}quarantine_size_mb=8:thread_local_quarantine_size_kb=64` });
   await keyAndCorsOffPart(s.port);
   const tOdd = Date.now();
   await oddPart(s.port);
