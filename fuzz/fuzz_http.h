@@ -114,6 +114,19 @@ static inline void fuzz_http_check_params(const fuzz_http_state *st, server_kind
         fuzz_require(false, "the sampler refuses parameters the parser accepted");
     }
     engine_sampler_free(smp);
+    /* the grammar is the body's own GBNF (the engine refuses a bad one at submission) or one
+     * compiled from a schema, which must always parse */
+    fuzz_require(!r->grammar || r->grammar == p->gbnf || r->grammar[0],
+                 "an empty grammar was passed on");
+    if (p->gbnf) {
+        gram_grammar *g = NULL;
+        fuzz_require(r->grammar == p->gbnf, "a compiled grammar that the request does not use");
+        if (gram_parse(p->gbnf, strlen(p->gbnf), &g, &err) != 0) {
+            fprintf(stderr, "fuzz: %s\n", err.msg);
+            fuzz_require(false, "the GBNF compiled from a schema does not parse");
+        }
+        gram_free(g);
+    }
 }
 
 static inline int fuzz_http_body(const uint8_t *data, size_t size) {

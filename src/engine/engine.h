@@ -8,6 +8,7 @@
 #define MLXCEL_ENGINE_H
 
 #include "chat/chat.h"
+#include "grammar/grammar.h"
 #include "kv/kv.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
@@ -62,8 +63,9 @@ float engine_logprobs(const float *logits, int vocab, int32_t chosen, int top_n,
  * is never a candidate). With top-k off and no bias or penalties, the row's BE_TOPK_MAX best
  * tokens and its log-sum-exp decide most picks (top-p or min-p reached inside them, or a draw
  * at temperature 1 that lands inside them); the full row is fetched for the rest. Top-k above
- * BE_TOPK_MAX (below the vocabulary), top-k off with a bias or penalties, and
- * log-probabilities that the candidates cannot give take the full row. Log-probabilities
+ * BE_TOPK_MAX (below the vocabulary), top-k off with a bias or penalties,
+ * log-probabilities that the candidates cannot give, and rows limited to an allowed set (a
+ * grammar's, which may leave out every candidate) take the full row. Log-probabilities
  * from candidates match the full row's bit for bit on the CPU and to rounding on CUDA, which
  * sums the log-sum-exp in another order. */
 
@@ -97,8 +99,13 @@ typedef struct engine_pick {
     const int32_t *history;  /* in: (n_history) prompt then generated ids, for penalties */
     int n_history;           /* in */
     int top_logprobs;        /* in: < 0: no log-probabilities; else alternatives wanted */
-    int32_t token;           /* out */
-    float logprob;           /* out when top_logprobs >= 0: of token, from the raw logits */
+    const uint32_t *allowed; /* in: NULL, or (gram_mask_words(allowed_vocab)) the only tokens
+                                the pick may be (a bit per id, as gram_state_mask writes):
+                                the row takes the full-row path and every other logit becomes
+                                -inf before the chain; log-probabilities stay the raw row's */
+    const gram_vocab *allowed_vocab; /* in: what `allowed` is over */
+    int32_t token;                   /* out */
+    float logprob;                   /* out when top_logprobs >= 0: of token, from the raw logits */
     int32_t top_ids[ENGINE_MAX_TOP_LOGPROBS]; /* out: (top_logprobs) most likely first */
     float top_lp[ENGINE_MAX_TOP_LOGPROBS];    /* out: (top_logprobs) */
 } engine_pick;
@@ -271,7 +278,13 @@ int engine_prompter_encode_text(const engine_prompter *p, const char *text, int 
  * the pool runs out of blocks the newest running sequence is preempted: its blocks are freed
  * and it goes back to the head of the queue, to be recomputed (reusing whatever prefix the
  * cache still holds) with its sampler state kept. Prompts adopt cached prefixes through the
- * pool. Cancellation frees the sequence's blocks before the next step. */
+ * pool. Cancellation frees the sequence's blocks before the next step.
+ *
+ * Constrained requests (engine_request.grammar): the first one submitted builds the grammar
+ * vocabulary from the tokenizer (once, on the submitting thread). The step thread keeps one
+ * matcher per distinct grammar text, shared by the requests that use it (its mask cache
+ * serves them all) and kept a while after the last one ends for the next request with the
+ * same text; each request holds a matcher state, kept across preemption like its sampler. */
 
 typedef struct engine_sched_options {
     int n_parallel;           /* running sequences at most */
@@ -329,6 +342,13 @@ typedef struct engine_request {
     bool logprobs;           /* report each token's log-probability */
     int top_logprobs;        /* alternatives per token, 0 .. ENGINE_MAX_TOP_LOGPROBS */
     bool ignore_eos;
+    /* NULL, or GBNF text (NUL-terminated, copied) that the generated text must match:
+     * engine_submit compiles it (a bad grammar is ENGINE_REJECT_INVALID, err naming its line
+     * and column), each step allows only the tokens that keep the text a prefix of the
+     * grammar's language and an EOS id only where the grammar may end, and the request stops
+     * (ENGINE_FINISH_STOP) once the grammar can take nothing more. Needs the tokenizer
+     * (engine_sched_options.tok). */
+    const char *grammar;
     engine_event_fn on_event;
     void *ctx;
 } engine_request;
@@ -342,6 +362,7 @@ typedef enum {
 
 typedef struct engine_sched_stats {
     int running, waiting;
+    int matchers; /* grammar matchers held: in use, or kept for the next request of their text */
     uint64_t requests_done, requests_cancelled, preemptions, steps;
     uint64_t computed_tokens, cached_tokens,
         generated_tokens; /* through the model, adopted from the prefix cache, sampled */

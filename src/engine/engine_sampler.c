@@ -374,12 +374,13 @@ static int fetch_rows(engine_picker *p, be_backend *be, const be_tensor *logits,
     return 0;
 }
 
-/* The full-row path for the fetched rows: the chain and engine_logprobs. */
+/* The full-row path for the fetched rows: the allowed set, the chain and engine_logprobs. */
 static void chain_rows(engine_picker *p, engine_pick *picks, const int *rows, int n) {
     for (int j = 0; j < n; j++) {
         engine_pick *k = &picks[rows[j]];
         float *row = p->full + (size_t)j * p->vocab;
         if (k->top_logprobs >= 0) memcpy(p->raw, row, (size_t)p->vocab * sizeof *row);
+        if (k->allowed) gram_mask_apply(k->allowed_vocab, k->allowed, row, p->vocab);
         k->token = engine_sampler_next(k->sampler, row, k->history, k->n_history);
         if (k->top_logprobs >= 0)
             k->logprob =
@@ -420,8 +421,10 @@ static int plan_picks(engine_picker *p, be_backend *be, engine_pick *picks, int 
     *n_early = 0;
     for (int i = 0; i < n; i++) {
         engine_pick *k = &picks[i];
-        int ks = op ? engine_sampler_candidates(k->sampler) : 0;
-        bool wide = op && ks == 0 && engine_sampler_wide(k->sampler);
+        /* an allowed set can leave out any of the row's best tokens: only the row decides */
+        bool cand = op && !k->allowed;
+        int ks = cand ? engine_sampler_candidates(k->sampler) : 0;
+        bool wide = cand && ks == 0 && engine_sampler_wide(k->sampler);
         if (wide) ks = BE_TOPK_MAX;
         const be_logit_adj *a = NULL;
         int m = ks ? engine_sampler_adjustments(k->sampler, k->history, k->n_history, &a) : 0;

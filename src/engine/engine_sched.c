@@ -9,8 +9,16 @@
  * same thing at different lengths, and a preempted request (KV dropped, pending = everything)
  * needs no special path to come back.
  *
+ * A constrained request (a grammar) gets its matcher state at its first sample and keeps it
+ * until it ends, preemption included: the state says where in the grammar the generated ids
+ * have led, and the recomputed KV changes none of them. Matchers are keyed by grammar text and
+ * shared; the ones no request uses are kept (a few, least recently used dropped first) so that
+ * a client sending the same schema again finds the mask cache warm.
+ *
  * Locking: `mu` guards the waiting queue, the cancel list, the step limit, the idle flag and
- * the stats snapshot. The running set, the pool and the model belong to the step thread. */
+ * the stats snapshot; `vocab_mu` the grammar vocabulary while the first constrained request
+ * builds it. The running set, the pool, the model and the matchers belong to the step
+ * thread. */
 #include "engine/engine.h"
 
 #include <pthread.h>
@@ -18,6 +26,17 @@
 #include <string.h>
 
 #define SCHED_DEFAULT_BATCH_TOKENS 2048
+/* Matchers kept with no request using them: each holds a grammar's mask cache. */
+#define SCHED_IDLE_MATCHERS 4
+
+/* A grammar text, compiled, and its matcher over the scheduler's vocabulary. */
+typedef struct sched_grammar {
+    char *text;
+    gram_grammar *g; /* owned */
+    gram_matcher *m; /* owned; over engine_sched.gvocab */
+    int refs;        /* requests holding a state of m */
+    uint64_t used;   /* the clock when a request last took it: the LRU's order */
+} sched_grammar;
 
 typedef struct sreq {
     uint64_t id;
@@ -33,8 +52,13 @@ typedef struct sreq {
     bool admitted; /* ever admitted (n_cached counted) */
     kv_seq *seq;   /* NULL while waiting */
     engine_sampler *sampler;
-    tok_stream *stream; /* NULL without a tokenizer */
-    char *held;         /* (held_cap) text not shown yet: it may still become a stop string */
+    char *grammar_text;    /* NULL: unconstrained; owned copy of r.grammar */
+    gram_grammar *grammar; /* compiled at submission; owned until a matcher takes it */
+    sched_grammar *gram;   /* the matcher shared with the requests of the same text */
+    gram_state *gstate;    /* of gram's matcher, from the first sample on */
+    char *gram_error;      /* this step's mask failed: the request ends with it */
+    tok_stream *stream;    /* NULL without a tokenizer */
+    char *held;            /* (held_cap) text not shown yet: it may still become a stop string */
     size_t held_len, held_cap;
     double t_submit, ttft;
 } sreq;
@@ -64,6 +88,10 @@ struct engine_sched {
     bool stopping, draining, idle;
     uint64_t next_id;
     engine_sched_stats stats;
+    pthread_mutex_t vocab_mu;
+    gram_vocab *gvocab; /* the tokenizer's tokens for grammars; built by the first submission
+                           with a grammar, read-only after (its requests reach the step thread
+                           through the queue, under mu) */
     /* step thread only */
     sreq **running; /* (n_running) admission order; capacity o.n_parallel */
     int n_running;
@@ -74,7 +102,12 @@ struct engine_sched {
     int32_t *out_rows;    /* (o.n_parallel) batch rows whose logits are wanted */
     int32_t *step_tokens; /* (o.max_batch_tokens) the step's new tokens, entry order */
     engine_picker *picker;
-    engine_pick *picks; /* (o.n_parallel) this step's rows to sample, logits row order */
+    engine_pick *picks;    /* (o.n_parallel) this step's rows to sample, logits row order */
+    sched_grammar **grams; /* (n_grams) the matchers; capacity cap_grams */
+    int n_grams, cap_grams;
+    uint64_t gram_clock;
+    uint32_t *masks; /* (o.n_parallel, gram_mask_words) this step's allowed sets; NULL until a
+                        constrained request samples */
 };
 
 /* ---- requests ---- */
@@ -89,6 +122,9 @@ static void sreq_free(sreq *q) {
     engine_sampler_free(q->sampler);
     if (q->stream) tok_stream_free(q->stream);
     free(q->held);
+    free(q->grammar_text);
+    gram_free(q->grammar);
+    free(q->gram_error);
     free(q);
 }
 
@@ -112,8 +148,26 @@ static int check_request(const engine_sched *s, const engine_request *r, base_er
     return 0;
 }
 
+/* The grammar vocabulary, built from the tokenizer by the first caller that needs it. */
+static int vocab_ensure(engine_sched *s, base_err *err) {
+    pthread_mutex_lock(&s->vocab_mu);
+    int rc = s->gvocab ? 0 : gram_vocab_from_tokenizer(s->o.tok, &s->gvocab, err);
+    pthread_mutex_unlock(&s->vocab_mu);
+    return rc;
+}
+
+/* Compiles the request's grammar on the submitting thread, so that a bad one is the caller's
+ * error and the step thread never parses. */
+static int grammar_compile(engine_sched *s, sreq *q, const char *text, base_err *err) {
+    if (!s->o.tok) return base_fail(err, "grammar: the scheduler has no tokenizer to match with");
+    if (vocab_ensure(s, err) || gram_parse(text, strlen(text), &q->grammar, err)) return -1;
+    q->grammar_text = base_xstrdup(text);
+    q->r.grammar = NULL;
+    return 0;
+}
+
 /* Copies everything the caller passed (the request outlives the caller's buffers). */
-static int sreq_new(const engine_sched *s, const engine_request *r, sreq **out, base_err *err) {
+static int sreq_new(engine_sched *s, const engine_request *r, sreq **out, base_err *err) {
     if (check_request(s, r, err)) return -1;
     sreq *q = base_xcalloc(1, sizeof *q);
     q->r = *r;
@@ -123,7 +177,8 @@ static int sreq_new(const engine_sched *s, const engine_request *r, sreq **out, 
         memcpy(q->bias, r->sampling.logit_bias, nb);
     }
     q->r.sampling.logit_bias = q->bias;
-    if (engine_sampler_new(&q->r.sampling, s->vocab, &q->sampler, err)) {
+    if (engine_sampler_new(&q->r.sampling, s->vocab, &q->sampler, err) ||
+        (r->grammar && grammar_compile(s, q, r->grammar, err))) {
         sreq_free(q);
         return -1;
     }
@@ -194,6 +249,84 @@ static size_t stop_scan(const sreq *q, bool final, bool *hit) {
     return q->held_len - hold;
 }
 
+/* ---- grammars (step thread) ---- */
+
+static void sched_grammar_free(sched_grammar *e) {
+    gram_matcher_free(e->m);
+    gram_free(e->g);
+    free(e->text);
+    free(e);
+}
+
+/* Gives q a state of the matcher for its grammar text, made from q's compiled grammar when no
+ * matcher has that text yet. */
+static void grammar_bind(engine_sched *s, sreq *q) {
+    sched_grammar *e = NULL;
+    for (int i = 0; i < s->n_grams && !e; i++)
+        if (strcmp(s->grams[i]->text, q->grammar_text) == 0) e = s->grams[i];
+    if (e) {
+        gram_free(q->grammar);
+        free(q->grammar_text);
+    } else {
+        e = base_xcalloc(1, sizeof *e);
+        e->text = q->grammar_text;
+        e->g = q->grammar;
+        e->m = gram_matcher_new(e->g, s->gvocab);
+        if (s->n_grams == s->cap_grams) {
+            s->cap_grams = s->cap_grams ? 2 * s->cap_grams : 8;
+            s->grams = base_xrealloc(s->grams, (size_t)s->cap_grams * sizeof *s->grams);
+        }
+        s->grams[s->n_grams++] = e;
+    }
+    q->grammar_text = NULL;
+    q->grammar = NULL;
+    e->refs++;
+    e->used = ++s->gram_clock;
+    q->gram = e;
+    q->gstate = gram_state_new(e->m);
+}
+
+/* Drops q's state; past SCHED_IDLE_MATCHERS unused matchers, the least recently used goes. */
+static void grammar_release(engine_sched *s, sreq *q) {
+    if (!q->gstate) return;
+    gram_state_free(q->gstate);
+    q->gstate = NULL;
+    q->gram->refs--;
+    q->gram = NULL;
+    int idle = 0, oldest = -1;
+    for (int i = 0; i < s->n_grams; i++) {
+        if (s->grams[i]->refs) continue;
+        idle++;
+        if (oldest < 0 || s->grams[i]->used < s->grams[oldest]->used) oldest = i;
+    }
+    if (idle <= SCHED_IDLE_MATCHERS) return;
+    sched_grammar_free(s->grams[oldest]);
+    s->grams[oldest] = s->grams[--s->n_grams];
+}
+
+static bool mask_empty(const uint32_t *mask, int words) {
+    for (int w = 0; w < words; w++)
+        if (mask[w]) return false;
+    return true;
+}
+
+/* Points pk at q's allowed set for this step: what the grammar allows next, and the EOS ids
+ * where it may end (the matcher's masks never hold special tokens, so they are added here,
+ * which keeps the mask one pass over the row). */
+static int constrain(engine_sched *s, sreq *q, engine_pick *pk, uint32_t *mask, base_err *err) {
+    if (!q->gstate) grammar_bind(s, q);
+    if (gram_state_mask(q->gstate, mask, err)) return -1;
+    int n_tok = gram_vocab_size(s->gvocab);
+    if (gram_state_can_end(q->gstate) && !q->r.ignore_eos)
+        for (int i = 0; i < s->n_eos; i++)
+            if (s->eos[i] < n_tok) mask[s->eos[i] / 32] |= 1u << (s->eos[i] % 32);
+    if (mask_empty(mask, gram_mask_words(s->gvocab)))
+        return base_fail(err, "grammar: no token of the vocabulary can continue the output here");
+    pk->allowed = mask;
+    pk->allowed_vocab = s->gvocab;
+    return 0;
+}
+
 /* ---- events ---- */
 
 static engine_event event_for(const sreq *q) {
@@ -210,6 +343,7 @@ static void snapshot_stats(engine_sched *s) {
     s->stats.pool = kv_pool_get_stats(s->rt->pool);
     s->stats.running = s->n_running;
     s->stats.waiting = s->n_waiting;
+    s->stats.matchers = s->n_grams;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -219,6 +353,7 @@ static void finish(engine_sched *s, sreq *q, engine_event *ev, engine_finish why
                    const char *error) {
     if (q->seq) kv_seq_free(s->rt->pool, q->seq);
     q->seq = NULL;
+    grammar_release(s, q);
     pthread_mutex_lock(&s->mu);
     if (why == ENGINE_FINISH_CANCELLED)
         s->stats.requests_cancelled++;
@@ -455,8 +590,17 @@ static bool take_token(engine_sched *s, sreq *q, const engine_pick *pk) {
         memcpy(ev.top_ids, pk->top_ids, (size_t)ev.n_top * sizeof *ev.top_ids);
         memcpy(ev.top_logprobs, pk->top_lp, (size_t)ev.n_top * sizeof *ev.top_logprobs);
     }
-    bool eos = !q->r.ignore_eos && is_eos(s, t);
-    engine_finish why = eos                                  ? ENGINE_FINISH_STOP
+    bool eos = !q->r.ignore_eos && is_eos(s, t), closed = false;
+    if (q->gstate && !eos) {
+        base_err err;
+        if (gram_state_accept(q->gstate, t, &err)) {
+            running_remove(s, q);
+            finish(s, q, &ev, ENGINE_FINISH_ERROR, err.msg);
+            return true;
+        }
+        closed = gram_state_done(q->gstate);
+    }
+    engine_finish why = eos || closed                        ? ENGINE_FINISH_STOP
                         : q->n_generated == q->max_generated ? ENGINE_FINISH_LENGTH
                         : q->n_tokens >= s->o.ctx_size       ? ENGINE_FINISH_LENGTH
                                                              : ENGINE_FINISH_NONE;
@@ -514,27 +658,38 @@ static int sample_step(engine_sched *s, int n) {
     for (int i = 0; i < n; i++) {
         sreq *q = s->entries[i].q;
         if (pending(q) != 0) continue;
-        s->picks[rows++] = (engine_pick){.sampler = q->sampler,
-                                         .history = q->tokens,
-                                         .n_history = q->n_tokens,
-                                         .top_logprobs = q->r.logprobs ? q->r.top_logprobs : -1};
+        engine_pick *pk = &s->picks[rows++];
+        *pk = (engine_pick){.sampler = q->sampler,
+                            .history = q->tokens,
+                            .n_history = q->n_tokens,
+                            .top_logprobs = q->r.logprobs ? q->r.top_logprobs : -1};
+        if (!q->gstate && !q->grammar) continue;
+        int words = gram_mask_words(s->gvocab);
+        if (!s->masks)
+            s->masks = base_xmalloc((size_t)s->o.n_parallel * (size_t)words * sizeof *s->masks);
+        base_err err;
+        /* the row stays in the batch (rows follow the entries); its pick is dropped */
+        if (constrain(s, q, pk, s->masks + (size_t)(rows - 1) * (size_t)words, &err))
+            q->gram_error = base_xstrdup(err.msg);
     }
     if (rows == 0) return 0;
     base_err err;
     be_tensor logits = model_logits(s->rt->model, rows);
     int rc = engine_picker_run(s->picker, s->rt->be, &logits, s->picks, rows, &err);
-    int row = 0;
+    int row = 0, sampled = 0;
     for (int i = 0; i < n; i++) {
         sreq *q = s->entries[i].q;
         if (pending(q) != 0) continue;
-        if (rc == 0) {
-            take_token(s, q, &s->picks[row++]);
+        const engine_pick *pk = &s->picks[row++];
+        if (rc == 0 && !q->gram_error) {
+            take_token(s, q, pk);
+            sampled++;
         } else {
             running_remove(s, q);
-            finish_plain(s, q, ENGINE_FINISH_ERROR, err.msg);
+            finish_plain(s, q, ENGINE_FINISH_ERROR, rc ? err.msg : q->gram_error);
         }
     }
-    return rc == 0 ? rows : 0;
+    return sampled;
 }
 
 static void step(engine_sched *s) {
@@ -663,6 +818,7 @@ int engine_sched_start(engine_runtime *rt, const engine_sched_options *opts, eng
     s->next_id = 1;
     s->stats.pool = kv_pool_get_stats(rt->pool);
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->vocab_mu, NULL);
     pthread_cond_init(&s->wake, NULL);
     pthread_cond_init(&s->idle_cv, NULL);
     if (pthread_create(&s->thread, NULL, sched_main, s)) {
@@ -684,6 +840,7 @@ void engine_sched_stop(engine_sched *s) {
         pthread_join(s->thread, NULL);
     }
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->vocab_mu);
     pthread_cond_destroy(&s->wake);
     pthread_cond_destroy(&s->idle_cv);
     free(s->eos);
@@ -697,6 +854,11 @@ void engine_sched_stop(engine_sched *s) {
     free(s->step_tokens);
     engine_picker_free(s->picker);
     free(s->picks);
+    /* every request has ended on the step thread, which released its state */
+    for (int i = 0; i < s->n_grams; i++) sched_grammar_free(s->grams[i]);
+    free(s->grams);
+    free(s->masks);
+    gram_vocab_free(s->gvocab);
     free(s);
 }
 

@@ -113,14 +113,84 @@ static int parse_sampling(json_t *b, server_params *p, base_err *err) {
     return 0;
 }
 
-static int parse_format(json_t *b, base_err *err) {
+/* The grammar of a JSON Schema (any JSON value, as the body holds it) into p->gbnf; `what`
+ * names the field in errors, which otherwise name the schema's keyword and JSON pointer. */
+static int schema_grammar(json_t *schema, const char *what, server_params *p, base_err *err) {
+    char *text = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!text) return base_fail(err, "'%s' cannot be serialized", what);
+    base_err e;
+    int rc = gram_schema_to_gbnf(text, strlen(text), &p->gbnf, &e);
+    free(text);
+    return rc ? base_fail(err, "'%s': %s", what, e.msg) : 0;
+}
+
+/* Every key of object o is one of `keys` (n); `what` names o in the error. */
+static int known_keys(json_t *o, const char *what, const char *const *keys, size_t n,
+                      base_err *err) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(o, key, v) {
+        size_t i = 0;
+        while (i < n && strcmp(key, keys[i]) != 0) i++;
+        if (i == n) return base_fail(err, "'%s.%s' is not supported", what, key);
+    }
+    return 0;
+}
+
+/* OpenAI's json_schema format: {"name", "description", "schema", "strict"}. The grammar is
+ * enforced whatever `strict` says: the output then always validates. */
+static int parse_format_schema(json_t *f, server_params *p, base_err *err) {
+    static const char *const keys[] = {"name", "description", "schema", "strict"};
+    json_t *js = json_object_get(f, "json_schema");
+    if (!json_is_object(js))
+        return base_fail(err, "'response_format.json_schema' must be an object");
+    if (known_keys(js, "response_format.json_schema", keys, sizeof keys / sizeof *keys, err))
+        return -1;
+    json_t *name = field(js, "name"), *desc = field(js, "description"), *schema;
+    if (name && !json_is_string(name))
+        return base_fail(err, "'response_format.json_schema.name' must be a string");
+    if (desc && !json_is_string(desc))
+        return base_fail(err, "'response_format.json_schema.description' must be a string");
+    bool strict = false;
+    if (get_bool(js, "strict", &strict, err)) return -1;
+    if (!(schema = field(js, "schema")))
+        return base_fail(err, "'response_format.json_schema.schema' is missing");
+    return schema_grammar(schema, "response_format.json_schema.schema", p, err);
+}
+
+static int parse_format(json_t *b, server_params *p, base_err *err) {
     json_t *v = field(b, "response_format");
     if (!v) return 0;
     json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
     if (!json_is_string(t)) return base_fail(err, "'response_format' must be {\"type\": ...}");
-    if (strcmp(json_string_value(t), "text") != 0)
-        return base_fail(err, "'response_format' type '%s' is not supported (only 'text')",
-                         json_string_value(t));
+    const char *type = json_string_value(t);
+    static const char *const plain[] = {"type"}, *const with_schema[] = {"type", "json_schema"};
+    bool schema = strcmp(type, "json_schema") == 0;
+    if (!schema && strcmp(type, "text") != 0 && strcmp(type, "json_object") != 0)
+        return base_fail(err,
+                         "'response_format' type '%s' is not supported (text, json_object or "
+                         "json_schema)",
+                         type);
+    if (known_keys(v, "response_format", schema ? with_schema : plain, schema ? 2 : 1, err))
+        return -1;
+    if (schema) return parse_format_schema(v, p, err);
+    if (strcmp(type, "json_object") == 0) p->gbnf = gram_json_object_gbnf();
+    return 0;
+}
+
+/* What the output must match: response_format, or llama-server's `grammar` (GBNF text; ""
+ * is its "none") or `json_schema` (a schema); at most one of them. The engine compiles the
+ * GBNF when the request is submitted (a bad grammar is a 400 from there). */
+static int parse_constraint(json_t *b, server_params *p, base_err *err) {
+    json_t *g = field(b, "grammar"), *js = field(b, "json_schema");
+    if (g && !json_is_string(g)) return base_fail(err, "'grammar' must be a string (GBNF)");
+    if (g && !json_string_length(g)) g = NULL;
+    if (parse_format(b, p, err)) return -1;
+    if ((p->gbnf != NULL) + (g != NULL) + (js != NULL) > 1)
+        return base_fail(err, "'response_format' (json_object or json_schema), 'grammar' and "
+                              "'json_schema' exclude one another");
+    if (js && schema_grammar(js, "json_schema", p, err)) return -1;
+    p->req.grammar = g ? json_string_value(g) : p->gbnf;
     return 0;
 }
 
@@ -209,10 +279,6 @@ static int refuse_unimplemented(json_t *b, base_err *err) {
     json_t *tools = field(b, "tools");
     if (tools && (!json_is_array(tools) || json_array_size(tools) > 0))
         return base_fail(err, "'tools' (tool calling) is not supported yet");
-    static const char *const fields[] = {"grammar", "json_schema"};
-    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++)
-        if (field(b, fields[i]))
-            return base_fail(err, "'%s' (constrained output) is not supported yet", fields[i]);
     return 0;
 }
 
@@ -241,7 +307,7 @@ int server_params_parse(json_t *b, server_kind kind, const server_options *o,
     p->req.stop = p->stop;
     if (parse_sampling(b, p, err) || parse_limits(b, o, p, err) || parse_stream(b, p, err) ||
         parse_stop(b, p, err) || parse_logit_bias(b, vocab, p, err) ||
-        parse_logprobs(b, kind, p, err) || parse_format(b, err) ||
+        parse_logprobs(b, kind, p, err) || parse_constraint(b, p, err) ||
         get_bool(b, "ignore_eos", &p->req.ignore_eos, err) ||
         parse_prompt(b, kind, pr, vocab, ctx, p, err))
         return -1;
@@ -254,6 +320,7 @@ int server_params_parse(json_t *b, server_kind kind, const server_options *o,
 void server_params_free(server_params *p) {
     free(p->ids);
     free(p->bias);
+    free(p->gbnf);
 }
 
 int server_body_tokenize(const engine_prompter *pr, json_t *b, json_t **out, base_err *err) {

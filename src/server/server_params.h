@@ -21,6 +21,8 @@ typedef struct server_params {
     int32_t *ids; /* (n_ids) the prompt, owned */
     int n_ids;
     engine_logit_bias *bias; /* owned */
+    char *gbnf; /* owned: the grammar of response_format or json_schema; req.grammar is this or
+                   the body's `grammar` */
 } server_params;
 
 /* Fills p from the body (which must outlive p). ctx: tokens a sequence holds, against which a

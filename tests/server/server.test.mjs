@@ -206,7 +206,7 @@ async function messagesPart(url) {
   check(image.status === 400 && /text only/.test((await image.json()).error.message), 'an image part is refused: this model takes text only');
   await expectError(await post(url, '/v1/chat/completions', { messages: [{ role: 'wizard', content: 'hi' }] }), 400, 'an unknown role');
   await expectError(await post(url, '/v1/chat/completions', { messages, tools: [{ type: 'function', function: { name: 'f' } }] }), 400, 'tools, not implemented yet');
-  await expectError(await post(url, '/v1/chat/completions', { messages, grammar: 'root ::= "a"' }), 400, 'grammar, not implemented yet');
+  await expectError(await post(url, '/v1/chat/completions', { messages, grammar: 'root ::= ("a"' }), 400, 'a grammar that does not parse');
 
   // prefill: a final assistant message is continued
   const prefill = [{ role: 'user', content: 'Tell me a story.' }, { role: 'assistant', content: 'Once upon a time' }];
