@@ -154,7 +154,7 @@ int main(int argc, char **argv) {
     base_err err;
     tok_tokenizer *tok;
     char *gbnf;
-    if (tok_load(model_dir, &tok, &err) || bench_grammar(src, &gbnf, &err)) {
+    if (tok_load(model_dir, 0, &tok, &err) || bench_grammar(src, &gbnf, &err)) {
         fprintf(stderr, "bench_constrained: %s\n", err.msg);
         return 1;
     }

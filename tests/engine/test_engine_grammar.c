@@ -379,7 +379,7 @@ static void test_refused(void) {
 int main(void) {
     snprintf(g_model, sizeof g_model, "%s/models/demo", test_source_dir());
     base_err err;
-    if (tok_load(g_model, &g_tok, &err) || gram_vocab_from_tokenizer(g_tok, &g_vocab, &err)) {
+    if (tok_load(g_model, 0, &g_tok, &err) || gram_vocab_from_tokenizer(g_tok, &g_vocab, &err)) {
         fprintf(stderr, "demo tokenizer: %s\n", err.msg);
         return 1;
     }

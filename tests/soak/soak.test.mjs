@@ -7,8 +7,8 @@
 // Meanwhile slow clients send their headers or bodies a byte at a time from other loopback
 // addresses: the per-address limit refuses some (closed within a second), the read deadline
 // drops the rest, and well-formed requests keep completing while they hold their connections.
-// Then a burst of simultaneous requests over the server's capacity: each is answered, 200 or
-// 503. Every well-formed request of the load must complete (200 and a whole response); every
+// Before it, a burst of simultaneous requests over the server's capacity: each is answered,
+// 200 or 503. Every well-formed request of the load must complete (200 and a whole response); every
 // other one must get its 4xx with an OpenAI-shaped error or be dropped. At the end the server
 // is alive, no KV block is referenced, free + cached blocks make up the pool, and its resident
 // memory is within 10% of what it was after a warm-up.
@@ -476,8 +476,11 @@ try {
   await oddPart(s.port);
   console.log(`soak: ${ODD.length} odd bodies in ${((Date.now() - tOdd) / 1000).toFixed(1)} s, the server alive after each`);
   await poolSettles(s.port, 'after the odd bodies');
-  await loadPart(s.port, s.child.pid);
+  // the burst first: its hundreds of connection threads are part of the warm-up (the C
+  // library's per-thread arenas reach their number), then the load, whose first requests
+  // complete the warm-up
   await burstPart(s.port);
+  await loadPart(s.port, s.child.pid);
   check(s.exited === null, `the server is still running (${s.exited})`);
   const m = await poolSettles(s.port, 'after the load');
   const rssEndKb = rssKb(s.child.pid);
