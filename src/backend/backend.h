@@ -137,6 +137,30 @@ typedef struct be_norm {
     be_tensor *scratch;
 } be_norm;
 
+/* The activation of a gated linear unit: y = act(gate) * up. */
+typedef enum {
+    BE_ACT_SILU = 0,  /* x / (1 + e^-x) */
+    BE_ACT_GELU_TANH, /* 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), gelu_pytorch_tanh */
+} be_act;
+
+/* What one layer's attention computes besides softmax(q K^T) V: scores are scaled, then
+ * soft-capped (cap * tanh(s / cap)) when softcap > 0, and a query at position p sees the keys
+ * at positions p - window + 1 .. p when window > 0 (all keys up to p otherwise). */
+typedef struct be_attn {
+    float scale;
+    float softcap; /* 0 = none */
+    int window;    /* 0 = the whole causal span */
+} be_attn;
+
+/* Plain causal attention at `scale`: no cap, no window. */
+static inline be_attn be_attn_plain(float scale) {
+    be_attn a;
+    a.scale = scale;
+    a.softcap = 0.0f;
+    a.window = 0;
+    return a;
+}
+
 typedef struct be_backend be_backend;
 typedef struct be_graph be_graph; /* a recorded sequence of ops (backend-defined) */
 
@@ -183,21 +207,28 @@ typedef struct be_ops {
                    be_tensor *y, base_err *err);
     /* y = a + b elementwise. y may alias a or b. */
     int (*add)(be_backend *be, const be_tensor *a, const be_tensor *b, be_tensor *y, base_err *err);
-    /* y = silu(gate) * up. y may alias gate or up. */
-    int (*silu_mul)(be_backend *be, const be_tensor *gate, const be_tensor *up, be_tensor *y,
-                    base_err *err);
-    /* In place, rotate-half convention: x [n, n_heads * head_dim], positions I32 [n, 1],
-     * inv_freq F32 [1, head_dim / 2]; cos and sin are multiplied by mscale (YaRN). */
+    /* y = act(gate) * up. y may alias gate or up. */
+    int (*glu)(be_backend *be, be_act act, const be_tensor *gate, const be_tensor *up,
+               be_tensor *y, base_err *err);
+    /* y = x * s elementwise. y may alias x. */
+    int (*scale)(be_backend *be, const be_tensor *x, float s, be_tensor *y, base_err *err);
+    /* y = cap * tanh(x / cap) elementwise (cap > 0). y may alias x. */
+    int (*softcap)(be_backend *be, const be_tensor *x, float cap, be_tensor *y, base_err *err);
+    /* In place, rotate-half convention over the first rotary_dim = 2 * inv_freq->cols dims of
+     * each head (rotary_dim <= head_dim; the rest pass unchanged, as partial rotary embeddings
+     * leave them): x [n, n_heads * head_dim], positions I32 [n, 1], inv_freq F32
+     * [1, rotary_dim / 2]; cos and sin are multiplied by mscale (YaRN, longrope). */
     int (*rope)(be_backend *be, be_tensor *x, int n_heads, int head_dim, const be_tensor *positions,
                 const be_tensor *inv_freq, float mscale, base_err *err);
     /* Writes k, v [n_tokens, n_kv_heads * head_dim] into the pool at batch->slots. */
     int (*kv_append)(be_backend *be, const be_kv_layer *layer, const be_tensor *k,
                      const be_tensor *v, const be_paged_batch *batch, base_err *err);
-    /* out [n_tokens, n_heads * head_dim] = softmax(q K^T * scale + causal mask) V through
-     * the pages; decode rows follow `plan`, other rows take the prefill path. */
+    /* out [n_tokens, n_heads * head_dim] = softmax(cap(q K^T * scale) + causal and window
+     * mask) V through the pages, as `attn` says; decode rows follow `plan`, other rows take
+     * the prefill path. */
     int (*attention)(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
                      const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
-                     float scale, be_tensor *out, base_err *err);
+                     be_attn attn, be_tensor *out, base_err *err);
     /* ids I32 [rows, 1] = argmax over each row of logits. */
     int (*argmax)(be_backend *be, const be_tensor *logits, be_tensor *ids, base_err *err);
     /* Sampling candidates from logits F32 [rows, vocab] (backend memory, left unchanged);
@@ -231,22 +262,24 @@ typedef struct be_ops {
      * x' = rmsnorm(x) * norm->weight with `norm`, x itself when norm is NULL. */
     int (*matmul_qkv)(be_backend *be, const be_tensor *x, const be_norm *norm,
                       const be_linear *const *ws, be_tensor *const *ys, base_err *err);
-    /* y [n, out] = silu(x' gate^T) * (x' up^T), biases included; gate and up of one shape;
+    /* y [n, out] = act(x' gate^T) * (x' up^T), biases included; gate and up of one shape;
      * x' as for matmul_qkv. */
-    int (*matmul_silu_mul)(be_backend *be, const be_tensor *x, const be_norm *norm,
-                           const be_linear *gate, const be_linear *up, be_tensor *y, base_err *err);
-    /* `rope` on q (n_heads = q->cols / layer->head_dim) and on k with one static table, then
-     * `kv_append` of k and v: q and k are rotated in place. */
+    int (*matmul_glu)(be_backend *be, const be_tensor *x, const be_norm *norm,
+                      const be_linear *gate, const be_linear *up, be_act act, be_tensor *y,
+                      base_err *err);
+    /* `rope` on q (n_heads = q->cols / layer->head_dim) and on k with one static table over
+     * the whole head (inv_freq [1, head_dim / 2]), then `kv_append` of k and v: q and k are
+     * rotated in place. */
     int (*rope_kv_append)(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
                           const be_tensor *positions, const be_tensor *inv_freq, float mscale,
                           const be_kv_layer *layer, const be_paged_batch *batch, base_err *err);
-    /* `rope_kv_append` then `attention` (out from the rotated q, scale as there): q and k are
-     * left rotated or not, at the backend's choice. */
+    /* `rope_kv_append` then `attention` (out from the rotated q, `attn` as there): q and k
+     * are left rotated or not, at the backend's choice. */
     int (*rope_kv_attention)(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
                              const be_tensor *positions, const be_tensor *inv_freq, float mscale,
                              const be_kv_layer *layer, const be_paged_batch *batch,
-                             const be_decode_plan *plan, int n_heads, float scale, be_tensor *out,
-                             base_err *err);
+                             const be_decode_plan *plan, int n_heads, be_attn attn,
+                             be_tensor *out, base_err *err);
     /* y [n, out] += x [n, in] W^T (+ bias): `matmul` then `add` into y, the residual stream
      * updated in place. y may not alias x. */
     int (*matmul_add)(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
