@@ -208,8 +208,8 @@ typedef struct be_ops {
     /* y = a + b elementwise. y may alias a or b. */
     int (*add)(be_backend *be, const be_tensor *a, const be_tensor *b, be_tensor *y, base_err *err);
     /* y = act(gate) * up. y may alias gate or up. */
-    int (*glu)(be_backend *be, be_act act, const be_tensor *gate, const be_tensor *up,
-               be_tensor *y, base_err *err);
+    int (*glu)(be_backend *be, be_act act, const be_tensor *gate, const be_tensor *up, be_tensor *y,
+               base_err *err);
     /* y = x * s elementwise. y may alias x. */
     int (*scale)(be_backend *be, const be_tensor *x, float s, be_tensor *y, base_err *err);
     /* y = cap * tanh(x / cap) elementwise (cap > 0). y may alias x. */
@@ -278,8 +278,8 @@ typedef struct be_ops {
     int (*rope_kv_attention)(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
                              const be_tensor *positions, const be_tensor *inv_freq, float mscale,
                              const be_kv_layer *layer, const be_paged_batch *batch,
-                             const be_decode_plan *plan, int n_heads, be_attn attn,
-                             be_tensor *out, base_err *err);
+                             const be_decode_plan *plan, int n_heads, be_attn attn, be_tensor *out,
+                             base_err *err);
     /* y [n, out] += x [n, in] W^T (+ bias): `matmul` then `add` into y, the residual stream
      * updated in place. y may not alias x. */
     int (*matmul_add)(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,

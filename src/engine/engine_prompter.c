@@ -1,4 +1,5 @@
 /* Prompts: the model's tokenizer and chat template, loaded together. */
+#include "model/arch/arch.h"
 #include "engine/engine.h"
 
 #include <stdlib.h>
@@ -42,7 +43,7 @@ static int model_vocab_size(const char *dir, int *vocab_size, base_err *err) {
     free(path);
     io_model_config cfg;
     if (!exists) return 0;
-    if (io_config_load(dir, &cfg, err)) return -1;
+    if (model_config_load(dir, &cfg, NULL, err)) return -1;
     *vocab_size = cfg.vocab_size;
     io_config_free(&cfg);
     return 0;

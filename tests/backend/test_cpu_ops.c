@@ -1,5 +1,5 @@
-/* CPU backend ops but matmul against scalar double references (rmsnorm, add, silu_mul, rope,
- * argmax, embedding), the memory ops, creation, and argument errors; on every instruction set
+/* CPU backend ops but matmul against scalar double references (rmsnorm, add, glu, scale, softcap,
+ * rope, argmax, embedding), the memory ops, creation, and argument errors; on every instruction set
  * this CPU has, with 1 and 3 threads. */
 #include "cpu_test_util.h"
 
@@ -126,11 +126,11 @@ static void test_add_silu(tu_backends *bk) {
             base_err err = {{0}};
             CHECK(be->ops->add(be, &at, &bt, &yt, &err) == 0);
             CHECK_MSG(test_rel_err(y, sum, n) < TOL, "add on %s", bk->label[k]);
-            CHECK(be->ops->silu_mul(be, &at, &bt, &yt, &err) == 0);
+            CHECK(be->ops->glu(be, BE_ACT_SILU, &at, &bt, &yt, &err) == 0);
             CHECK_MSG(test_rel_err(y, prod, n) < TOL, "silu_mul on %s", bk->label[k]);
             /* y aliasing an input */
             memcpy(y, a, n * sizeof(float));
-            CHECK(be->ops->silu_mul(be, &yt, &bt, &yt, &err) == 0);
+            CHECK(be->ops->glu(be, BE_ACT_SILU, &yt, &bt, &yt, &err) == 0);
             CHECK(test_rel_err(y, prod, n) < TOL);
             memcpy(y, b, n * sizeof(float));
             CHECK(be->ops->add(be, &at, &yt, &yt, &err) == 0);
@@ -303,7 +303,7 @@ static void test_errors(be_backend *be) {
     EXPECT_FAIL(be->ops->rmsnorm(be, &xt, &wt, 1e-5f, &y7, &err_), "y is [4, 7]");
     EXPECT_FAIL(be->ops->add(be, &xt, &y7, &yt, &err_), "second input is [4, 7]");
     EXPECT_FAIL(be->ops->add(be, &xb, &xt, &yt, &err_), "dtype BF16");
-    EXPECT_FAIL(be->ops->silu_mul(be, &xt, &xt, &y7, &err_), "output is [4, 7]");
+    EXPECT_FAIL(be->ops->glu(be, BE_ACT_SILU, &xt, &xt, &y7, &err_), "output is [4, 7]");
 
     float f[2] = {1, 0.5f};
     be_tensor ft = {f, BASE_DTYPE_F32, 1, 2}, pt = {pos, BASE_DTYPE_I32, 4, 1};
