@@ -206,9 +206,16 @@ static void test_rope(void) {
     io_config_free(&c);
 
     BAD(LLAMA(", \"rope_scaling\": {\"rope_type\": \"longrope\", \"factor\": 2}"),
-        "rope_scaling.rope_type", "longrope");
-    BAD(LLAMA(", \"rope_scaling\": {\"type\": \"su\", \"factor\": 2}"), "rope_scaling.type",
-        "llama3, yarn");
+        "rope_scaling.short_factor", "missing");
+    BAD(LLAMA(", \"rope_scaling\": {\"type\": \"su\", \"short_factor\": [1], "
+              "\"long_factor\": [1, 2]}"),
+        "rope_scaling.long_factor", "as many entries");
+    BAD(LLAMA(", \"rope_scaling\": {\"type\": \"su\", \"short_factor\": [1], "
+              "\"long_factor\": [2]}"),
+        "short_factor", "half the rotated dims");
+    BAD(LLAMA(", \"rope_scaling\": {\"type\": \"ntk\", \"factor\": 2}"), "rope_scaling.type",
+        "yarn, longrope");
+    BAD(LLAMA(", \"partial_rotary_factor\": 1.5"), "partial_rotary_factor", "even number");
     BAD(LLAMA(", \"rope_scaling\": {\"factor\": 2}"), "rope_scaling.rope_type", "missing");
     BAD(LLAMA(", \"rope_scaling\": {\"type\": 3}"), "rope_scaling.type", "string");
     BAD(LLAMA(", \"rope_scaling\": \"linear\""), "rope_scaling", "object");
