@@ -44,6 +44,23 @@ typedef struct be_linear {
     base_dtype bias_dtype;
 } be_linear;
 
+/* Rows [r0, r0 + n) of a linear layer: a view into its weight (and scales, biases and bias),
+ * owning nothing: a fused projection split in parts, one expert of a stacked tensor. */
+static inline be_linear be_linear_rows(const be_linear *w, int64_t r0, int64_t n) {
+    be_linear v = *w;
+    size_t row =
+        w->bits ? (size_t)w->in * (size_t)w->bits / 8 : (size_t)w->in * base_dtype_size(w->dtype);
+    v.weight = (const char *)w->weight + (size_t)r0 * row;
+    if (w->bits) {
+        size_t srow = (size_t)(w->in / w->group_size) * base_dtype_size(w->dtype);
+        v.scales = (const char *)w->scales + (size_t)r0 * srow;
+        v.biases = (const char *)w->biases + (size_t)r0 * srow;
+    }
+    if (w->bias) v.bias = (const char *)w->bias + (size_t)r0 * base_dtype_size(w->bias_dtype);
+    v.out = n;
+    return v;
+}
+
 /* One layer of the paged KV pool: K and V slabs [num_blocks, block_size, n_kv_heads,
  * head_dim]. Element offset of (block, slot, head) is
  * ((uint64_t)block * block_size + slot) * (n_kv_heads * head_dim) + head * head_dim,
@@ -161,6 +178,16 @@ static inline be_attn be_attn_plain(float scale) {
     return a;
 }
 
+/* A mixture-of-experts MLP. Experts are stacked: gate and up hold expert e's rows at
+ * [e * inter, (e + 1) * inter), down its rows at [e * out, (e + 1) * out). */
+typedef struct be_moe {
+    const be_linear *router; /* [n_experts, in] (+ bias) */
+    const be_linear *gate, *up, *down;
+    int n_experts, top_k, inter;
+    bool norm_topk; /* the chosen experts' weights renormalized to sum 1 */
+    be_act act;
+} be_moe;
+
 typedef struct be_backend be_backend;
 typedef struct be_graph be_graph; /* a recorded sequence of ops (backend-defined) */
 
@@ -242,6 +269,14 @@ typedef struct be_ops {
     int (*topk_candidates)(be_backend *be, const be_tensor *logits, const be_topk_row *reqs,
                            int n_req, const be_logit_adj *adj, int32_t *cand_id, float *cand_logit,
                            int32_t *n_cand, double *lse, base_err *err);
+
+    /* y [n, out] = the mixture `moe` of x' (x' as for matmul_qkv): each row's router logits
+     * x' router^T, softmax over all experts in F32, the top_k largest (ties to the lower
+     * expert), renormalized with norm_topk; then the sum over those experts of weight *
+     * down_e(act(x' gate_e^T) * (x' up_e^T)). y may not alias x. NULL where a backend has
+     * no MoE (the model then refuses to load such a model on it). */
+    int (*moe)(be_backend *be, const be_tensor *x, const be_norm *norm, const be_moe *moe,
+               be_tensor *y, base_err *err);
 
     /* Recording (optional: NULL where a backend has none). Ops queued between capture_begin
      * and capture_end are recorded, not run; graph_launch runs the recording again with the

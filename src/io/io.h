@@ -155,7 +155,12 @@ typedef struct io_model_config {
     float final_softcap;  /* on the logits; 0 = none */
     float residual_scale; /* each block's output is multiplied by it before the add */
     float logits_scale;   /* the logits are multiplied by it */
-    int bos_token_id;     /* -1 = none */
+    /* Mixture of experts; n_experts 0 = dense. */
+    int n_experts, n_experts_used;
+    int moe_intermediate_size; /* each expert's */
+    bool moe_norm_topk;        /* the chosen experts' weights renormalized to sum 1 */
+    bool *layer_moe;           /* (num_hidden_layers) MoE or a dense MLP; NULL = all MoE */
+    int bos_token_id;          /* -1 = none */
     int n_eos;
     int eos_token_ids[IO_MAX_EOS];
     base_dtype torch_dtype; /* F32 when absent */

@@ -441,6 +441,7 @@ void io_config_free(io_model_config *cfg) {
     for (int i = 0; i < cfg->n_quant_overrides; i++) free(cfg->quant_overrides[i].module);
     free(cfg->quant_overrides);
     free(cfg->layer_local);
+    free(cfg->layer_moe);
     rope_free(&cfg->rope_scaling);
     rope_free(&cfg->rope_local_scaling);
     memset(cfg, 0, sizeof *cfg);

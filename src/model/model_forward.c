@@ -55,6 +55,7 @@ static int scratch_reserve(model *m, int n, int n_out, base_err *err) {
         TRY(grow(m, &s->att, rows * qdim * act, err));
         TRY(grow(m, &s->gate, rows * c->intermediate_size * act, err));
         TRY(grow(m, &s->up, rows * c->intermediate_size * act, err));
+        if (c->n_experts > 0) TRY(grow(m, &s->moe_out, rows * c->hidden_size * act, err));
         TRY(grow(m, &s->ids, rows * sizeof(int32_t), err));
         s->cap_tokens = n;
     }
@@ -305,10 +306,10 @@ static int attention_block(model *m, const model_layer *L, const be_kv_layer *kv
     return residual(m, opt_norm(&L->mlp_norm), &x, &h, &h, err);
 }
 
-/* Layer L's MLP half: h holds the MLP's input on entry (folded: x alone); on exit x holds the
- * residual and h the next layer's input (folded: nothing). After the last layer, with `tail`,
- * out_x holds rmsnorm(x) * final_norm (every row's logits are wanted, in order); without,
- * nothing more. */
+/* Layer L's MLP half (dense, or a mixture of experts): h holds the MLP's input on entry
+ * (folded: x alone); on exit x holds the residual and h the next layer's input (folded:
+ * nothing). After the last layer, with `tail`, out_x holds rmsnorm(x) * final_norm (every
+ * row's logits are wanted, in order); without, nothing more. */
 static int mlp_block(model *m, const model_layer *L, int n, bool tail, base_err *err) {
     const io_model_config *c = &m->cfg;
     const be_ops *op = m->be->ops;
@@ -322,25 +323,29 @@ static int mlp_block(model *m, const model_layer *L, int n, bool tail, base_err 
     const bool last = L + 1 == m->layers + c->num_hidden_layers;
     const bool fold = folded(m);
     const be_tensor *pre = opt_norm(&L->mlp_norm);
+    const be_norm norm = {pre, c->rms_norm_eps, &h};
+    const be_tensor *in = fold || !pre ? &x : &h;
+    const be_norm *in_norm = fold && pre ? &norm : NULL;
+    /* The block's output d: h, or its own buffer where the MoE op reads h. */
+    be_tensor d = L->moe ? act_tensor(m, s->moe_out, n, c->hidden_size) : h;
+    bool added = false;
+    if (L->moe) {
+        TRY(op->moe(be, in, in_norm, &L->experts, &d, err));
+    } else {
+        TRY(project_glu(m, L, in, in_norm, &gate, &up, err));
+        added = fold && plain_output(m, &L->post_mlp_norm);
+        TRY(added ? op->matmul_add(be, &gate, &L->down, &x, err)
+                  : op->matmul(be, &gate, &L->down, &d, err));
+    }
+    if (!added) TRY(block_output(m, &L->post_mlp_norm, &d, err));
     if (fold) {
-        const be_norm norm = {pre, c->rms_norm_eps, &h};
-        TRY(project_glu(m, L, &x, pre ? &norm : NULL, &gate, &up, err));
-        if (plain_output(m, &L->post_mlp_norm)) {
-            TRY(op->matmul_add(be, &gate, &L->down, &x, err));
-        } else {
-            TRY(op->matmul(be, &gate, &L->down, &h, err));
-            TRY(block_output(m, &L->post_mlp_norm, &h, err));
-            TRY(op->add(be, &x, &h, &x, err));
-        }
+        if (!added) TRY(op->add(be, &x, &d, &x, err));
         if (!last || !tail) return 0;
         return op->rmsnorm(be, &x, &m->final_norm, c->rms_norm_eps, &ox, err);
     }
-    TRY(project_glu(m, L, pre ? &h : &x, NULL, &gate, &up, err));
-    TRY(op->matmul(be, &gate, &L->down, &h, err));
-    TRY(block_output(m, &L->post_mlp_norm, &h, err));
-    if (!last) return residual(m, opt_norm(&L[1].attn_norm), &x, &h, &h, err);
-    if (!tail) return residual(m, NULL, &x, &h, &h, err);
-    return residual(m, &m->final_norm, &x, &h, &ox, err);
+    if (!last) return residual(m, opt_norm(&L[1].attn_norm), &x, &d, &h, err);
+    if (!tail) return residual(m, NULL, &x, &d, &h, err);
+    return residual(m, &m->final_norm, &x, &d, &ox, err);
 }
 
 /* Whether the logits' rows are the batch's rows in order (every decode step): then the last

@@ -16,6 +16,11 @@ typedef struct model_layer {
     be_tensor mlp_norm;       /* (1, hidden) before the MLP */
     be_tensor post_mlp_norm;  /* (1, hidden) on the MLP's output */
     be_tensor q_norm, k_norm; /* (1, head_dim) per head, or (1, H*hd) and (1, KV*hd) whole */
+    bool moe;                 /* a mixture of experts instead of gate, up, down */
+    be_linear router;         /* (n_experts, hidden) */
+    be_linear egate, eup;     /* (n_experts * expert inter, hidden), experts stacked */
+    be_linear edown;          /* (n_experts * hidden, expert inter) */
+    be_moe experts;           /* the op's view of the four above */
     be_attn attn;             /* scale, cap and window of this layer's attention */
     bool local;               /* a local layer: its window and the local RoPE table */
 } model_layer;
@@ -26,6 +31,7 @@ typedef struct model_scratch {
     int cap_out;                               /* rows of out_x and logits */
     size_t cap_meta;                           /* bytes of meta */
     void *x, *h, *q, *k, *v, *att, *gate, *up; /* (cap_tokens, width) each */
+    void *moe_out;                             /* (cap_tokens, hidden), MoE models only */
     void *ids;                                 /* (cap_tokens) I32 */
     void *out_x;                               /* (cap_out, hidden) */
     void *logits;                              /* (cap_out, vocab) F32 */
@@ -68,8 +74,9 @@ typedef struct model_step {
 struct model {
     io_model_config cfg;
     const model_arch *arch;
-    io_checkpoint *ck;          /* owned */
-    be_backend *be;             /* not owned */
+    int stacking;      /* while binding stacked experts: their count (3-D tensors accepted) */
+    io_checkpoint *ck; /* owned */
+    be_backend *be;    /* not owned */
     model_progress_fn progress; /* may be NULL; used only while loading */
     void *progress_ctx;
     be_linear embed;          /* (vocab, hidden) */

@@ -28,13 +28,20 @@ static void shape_str(const io_tensor *t, char *buf, size_t size) {
     if (n < (int)size) snprintf(buf + n, size - (size_t)n, "]");
 }
 
+/* Whether t is [d0, d1], or while stacked experts are bound [n, d0 / n, d1] for n experts
+ * (mlx-lm's [experts, out, in]), which is the same memory. */
+static bool shape_2d(const model *m, const io_tensor *t, int64_t d0, int64_t d1) {
+    if (t->ndim == 2) return t->shape[0] == d0 && t->shape[1] == d1;
+    return m->stacking > 0 && t->ndim == 3 && t->shape[0] == m->stacking &&
+           t->shape[0] * t->shape[1] == d0 && t->shape[2] == d1;
+}
+
 /* Finds `name` and checks it is a float tensor of shape [d0] or [d0, d1] (d1 < 0: 1-D). */
 static int find_float(model *m, const char *name, int64_t d0, int64_t d1, const io_tensor **out,
                       base_err *err) {
     const io_tensor *t = io_checkpoint_find(m->ck, name);
     if (!t) return base_fail(err, "checkpoint: missing tensor %s", name);
-    bool shape_ok = d1 < 0 ? (t->ndim == 1 && t->shape[0] == d0)
-                           : (t->ndim == 2 && t->shape[0] == d0 && t->shape[1] == d1);
+    bool shape_ok = d1 < 0 ? (t->ndim == 1 && t->shape[0] == d0) : shape_2d(m, t, d0, d1);
     if (!shape_ok) {
         char got[96];
         shape_str(t, got, sizeof got);
@@ -104,7 +111,7 @@ static int bind_quantized(model *m, const char *module, const io_tensor *w, io_q
         return base_fail(err, "%s: module %s: input size %lld is not a multiple of group size %d",
                          w->file, module, (long long)in, spec.group_size);
     int64_t packed = in * spec.bits / 32, groups = in / spec.group_size;
-    if (w->dtype != BASE_DTYPE_U32 || w->ndim != 2 || w->shape[0] != out || w->shape[1] != packed) {
+    if (w->dtype != BASE_DTYPE_U32 || !shape_2d(m, w, out, packed)) {
         char got[96];
         shape_str(w, got, sizeof got);
         return base_fail(err,
@@ -161,23 +168,6 @@ static int bind_linear(model *m, const char *module, int64_t out, int64_t in, bo
     return 0;
 }
 
-/* Rows [r0, r0 + n) of a linear layer: a view into its weight (and scales, biases and bias),
- * owning nothing, as a fused projection is split. */
-static be_linear linear_rows(const be_linear *w, int64_t r0, int64_t n) {
-    be_linear v = *w;
-    size_t row =
-        w->bits ? (size_t)w->in * (size_t)w->bits / 8 : (size_t)w->in * base_dtype_size(w->dtype);
-    v.weight = (const char *)w->weight + (size_t)r0 * row;
-    if (w->bits) {
-        size_t srow = (size_t)(w->in / w->group_size) * base_dtype_size(w->dtype);
-        v.scales = (const char *)w->scales + (size_t)r0 * srow;
-        v.biases = (const char *)w->biases + (size_t)r0 * srow;
-    }
-    if (w->bias) v.bias = (const char *)w->bias + (size_t)r0 * base_dtype_size(w->bias_dtype);
-    v.out = n;
-    return v;
-}
-
 /* A norm the family may not have: name NULL leaves out->data NULL. */
 static int bind_norm_opt(model *m, const char *p, const char *name, int64_t n, be_tensor *out,
                          base_err *err) {
@@ -201,9 +191,9 @@ static int bind_attention(model *m, const char *p, model_layer *L, base_err *err
         if (bind_linear(m, MODULE(nm->qkv), qdim + 2 * kvdim, hidden, c->attention_bias, &fused,
                         err))
             return -1;
-        L->q = linear_rows(&fused, 0, qdim);
-        L->k = linear_rows(&fused, qdim, kvdim);
-        L->v = linear_rows(&fused, qdim + kvdim, kvdim);
+        L->q = be_linear_rows(&fused, 0, qdim);
+        L->k = be_linear_rows(&fused, qdim, kvdim);
+        L->v = be_linear_rows(&fused, qdim + kvdim, kvdim);
     } else if (bind_linear(m, MODULE("self_attn.q_proj"), qdim, hidden, c->attention_bias, &L->q,
                            err) ||
                bind_linear(m, MODULE("self_attn.k_proj"), kvdim, hidden, c->attention_bias, &L->k,
@@ -236,14 +226,47 @@ static int bind_mlp(model *m, const char *p, model_layer *L, base_err *err) {
     if (nm->gate_up) {
         be_linear fused;
         if (bind_linear(m, MODULE(nm->gate_up), 2 * inter, hidden, false, &fused, err)) return -1;
-        L->gate = linear_rows(&fused, 0, inter);
-        L->up = linear_rows(&fused, inter, inter);
+        L->gate = be_linear_rows(&fused, 0, inter);
+        L->up = be_linear_rows(&fused, inter, inter);
     } else if (bind_linear(m, MODULE("mlp.gate_proj"), inter, hidden, false, &L->gate, err) ||
                bind_linear(m, MODULE("mlp.up_proj"), inter, hidden, false, &L->up, err)) {
         return -1;
     }
     return bind_linear(m, MODULE("mlp.down_proj"), hidden, inter, false, &L->down, err);
 #undef MODULE
+}
+
+/* The router and the stacked experts of an MoE layer. */
+static int bind_moe(model *m, const char *p, model_layer *L, base_err *err) {
+    const io_model_config *c = &m->cfg;
+    const model_names *nm = &m->arch->names;
+    int64_t hidden = c->hidden_size, inter = c->moe_intermediate_size, E = c->n_experts;
+    char name[256];
+    snprintf(name, sizeof name, "%s%s", p, nm->router);
+    if (bind_linear(m, name, E, hidden, false, &L->router, err)) return -1;
+    m->stacking = (int)E;
+    int rc = 0;
+    snprintf(name, sizeof name, "%s%s.gate_proj", p, nm->experts);
+    rc = bind_linear(m, name, E * inter, hidden, false, &L->egate, err);
+    snprintf(name, sizeof name, "%s%s.up_proj", p, nm->experts);
+    if (!rc) rc = bind_linear(m, name, E * inter, hidden, false, &L->eup, err);
+    snprintf(name, sizeof name, "%s%s.down_proj", p, nm->experts);
+    if (!rc) rc = bind_linear(m, name, E * hidden, inter, false, &L->edown, err);
+    m->stacking = 0;
+    /* Expert views are rows of the stacked tensors: the in dims must still be whole. */
+    L->egate.in = L->eup.in = hidden;
+    L->edown.in = inter;
+    L->moe = true;
+    L->experts = (be_moe){.router = &L->router,
+                          .gate = &L->egate,
+                          .up = &L->eup,
+                          .down = &L->edown,
+                          .n_experts = c->n_experts,
+                          .top_k = c->n_experts_used,
+                          .inter = (int)inter,
+                          .norm_topk = c->moe_norm_topk,
+                          .act = c->act == IO_ACT_GELU_TANH ? BE_ACT_GELU_TANH : BE_ACT_SILU};
+    return rc;
 }
 
 static int bind_layer(model *m, int l, base_err *err) {
@@ -253,7 +276,8 @@ static int bind_layer(model *m, int l, base_err *err) {
     int64_t hidden = c->hidden_size;
     char p[160];
     snprintf(p, sizeof p, "%slayers.%d.", nm->prefix, l);
-    if (bind_attention(m, p, L, err) || bind_mlp(m, p, L, err) ||
+    bool moe = c->n_experts > 0 && (!c->layer_moe || c->layer_moe[l]);
+    if (bind_attention(m, p, L, err) || (moe ? bind_moe(m, p, L, err) : bind_mlp(m, p, L, err)) ||
         bind_norm_opt(m, p, nm->attn_norm, hidden, &L->attn_norm, err) ||
         bind_norm_opt(m, p, nm->post_attn_norm, hidden, &L->post_attn_norm, err) ||
         bind_norm_opt(m, p, nm->mlp_norm, hidden, &L->mlp_norm, err) ||
@@ -354,6 +378,14 @@ int model_load(const char *dir, be_backend *be, model_progress_fn progress, void
         free(m);
         return -1;
     }
+    if (m->cfg.n_experts > 0 && !be->ops->moe) {
+        base_fail(err,
+                  "%s: %s is a mixture of experts, which the %s backend does not run yet "
+                  "(use --device cpu)",
+                  dir, m->cfg.model_type, be->name);
+        model_free(m);
+        return -1;
+    }
     if (io_checkpoint_open_dir(dir, &m->ck, err) || model_bind_weights(m, err) ||
         rope_table(m, false, &m->inv_freq, &m->rope_mscale, err) ||
         (m->cfg.rope_local_theta > 0 &&
@@ -394,6 +426,11 @@ uint64_t model_decode_bytes(const model *m) {
         const model_layer *L = &m->layers[l];
         const be_linear *lins[] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
         for (size_t i = 0; i < sizeof lins / sizeof lins[0]; i++) bytes += linear_bytes(lins[i]);
+        /* A decode row reads the router and its top_k experts, not every expert. */
+        if (L->moe)
+            bytes += linear_bytes(&L->router) +
+                     (linear_bytes(&L->egate) + linear_bytes(&L->eup) + linear_bytes(&L->edown)) /
+                         (uint64_t)L->experts.n_experts * (uint64_t)L->experts.top_k;
         const be_tensor *vecs[] = {&L->attn_norm,     &L->post_attn_norm, &L->mlp_norm,
                                    &L->post_mlp_norm, &L->q_norm,         &L->k_norm};
         for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) bytes += vector_bytes(vecs[i]);

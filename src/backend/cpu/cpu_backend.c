@@ -147,6 +147,7 @@ static const be_ops cpu_ops = {
     .glu = cpu_glu,
     .scale = cpu_scale,
     .softcap = cpu_softcap,
+    .moe = cpu_moe,
     .rope = cpu_rope,
     .kv_append = cpu_kv_append,
     .attention = cpu_attention,

@@ -82,6 +82,8 @@ int cpu_rmsnorm(be_backend *be, const be_tensor *x, const be_tensor *weight, flo
 int cpu_add(be_backend *be, const be_tensor *a, const be_tensor *b, be_tensor *y, base_err *err);
 int cpu_glu(be_backend *be, be_act act, const be_tensor *gate, const be_tensor *up, be_tensor *y,
             base_err *err);
+int cpu_moe(be_backend *be, const be_tensor *x, const be_norm *norm, const be_moe *moe,
+            be_tensor *y, base_err *err);
 int cpu_scale(be_backend *be, const be_tensor *x, float s, be_tensor *y, base_err *err);
 int cpu_softcap(be_backend *be, const be_tensor *x, float cap, be_tensor *y, base_err *err);
 int cpu_rope(be_backend *be, be_tensor *x, int n_heads, int head_dim, const be_tensor *positions,

@@ -6,8 +6,8 @@
 #include <string.h>
 
 static const model_arch *const g_archs[] = {
-    &arch_llama,       &arch_mistral, &arch_qwen2, &arch_qwen3, &arch_gemma2,
-    &arch_gemma3_text, &arch_gemma3,  &arch_phi3,  &arch_olmo2, &arch_granite,
+    &arch_llama,  &arch_mistral, &arch_qwen2, &arch_qwen3,   &arch_gemma2,    &arch_gemma3_text,
+    &arch_gemma3, &arch_phi3,    &arch_olmo2, &arch_granite, &arch_qwen3_moe, &arch_mixtral,
 };
 #define N_ARCHS ((int)(sizeof g_archs / sizeof g_archs[0]))
 
@@ -105,5 +105,17 @@ int arch_window_pattern(const io_cfg_at *at, io_model_config *cfg, int period) {
     if (io_cfg_layer_types(at, n, cfg->layer_local, &given)) return -1;
     if (!given)
         for (int i = 0; i < n; i++) cfg->layer_local[i] = (i + 1) % period != 0;
+    return 0;
+}
+
+int arch_moe(const io_cfg_at *at, io_model_config *cfg, const char *n_key, const char *k_key,
+             const char *inter_key) {
+    if (!io_cfg_has(at, n_key)) return io_cfg_fail(at, n_key, "is missing");
+    if (io_cfg_pos_int(at, n_key, 1, &cfg->n_experts) ||
+        io_cfg_pos_int(at, k_key, 1, &cfg->n_experts_used) ||
+        io_cfg_pos_int(at, inter_key, cfg->intermediate_size, &cfg->moe_intermediate_size))
+        return -1;
+    if (cfg->n_experts_used > cfg->n_experts)
+        return io_cfg_fail(at, k_key, "must not exceed the number of experts");
     return 0;
 }

@@ -19,6 +19,10 @@ typedef struct model_names {
     const char *post_mlp_norm;  /* on the MLP's output, before the residual add */
     const char *qkv;            /* fused q/k/v projection, instead of q_proj, k_proj, v_proj */
     const char *gate_up;        /* fused gate/up projection, instead of gate_proj, up_proj */
+    /* MoE layers: the router, and the experts stacked per projection (mlx-lm's layout:
+     * <experts>.{gate,up,down}_proj, each [experts, out, in]). */
+    const char *router;
+    const char *experts;
 } model_names;
 
 typedef struct model_arch {
@@ -56,8 +60,14 @@ int arch_window_all(const io_cfg_at *at, io_model_config *cfg);
  * global when (i + 1) % period == 0), as Gemma's configs mean it. */
 int arch_window_pattern(const io_cfg_at *at, io_model_config *cfg, int period);
 
+/* Experts, experts used per token and each expert's intermediate size from the config's keys
+ * for them (families spell them differently). */
+int arch_moe(const io_cfg_at *at, io_model_config *cfg, const char *n_key, const char *k_key,
+             const char *inter_key);
+
 /* The descriptors (one file each under model/arch/). */
 extern const model_arch arch_llama, arch_mistral, arch_qwen2, arch_qwen3, arch_gemma2,
-    arch_gemma3_text, arch_gemma3, arch_phi3, arch_olmo2, arch_granite;
+    arch_gemma3_text, arch_gemma3, arch_phi3, arch_olmo2, arch_granite, arch_qwen3_moe,
+    arch_mixtral;
 
 #endif
