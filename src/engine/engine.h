@@ -234,6 +234,9 @@ typedef struct engine_prompter {
 int engine_prompter_open(const char *dir, const char *template_file, engine_prompter **out,
                          base_err *err);
 void engine_prompter_close(engine_prompter *p);
+/* Replaces the chat template with Jinja source (the server's --chat-template text); what was
+ * there stays when the source does not parse. */
+int engine_prompter_set_template(engine_prompter *p, const char *source, base_err *err);
 /* How a conversation is rendered: transformers' apply_chat_template arguments. */
 typedef struct engine_chat_options {
     bool add_generation_prompt;  /* open the assistant's turn after the messages */

@@ -123,11 +123,17 @@ static bool key_equal(const char *given, const char *key) {
     return diff == 0;
 }
 
+/* The key comes as OpenAI's "Authorization: Bearer KEY" or Anthropic's "x-api-key: KEY". Every
+ * key is compared, so the time taken does not say which one matched. */
 static bool authorized(const server *s, struct MHD_Connection *c) {
-    if (!s->o.api_key) return true;
+    if (!s->o.n_api_keys) return true;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7) != 0) return false;
-    return key_equal(h + 7, s->o.api_key);
+    const char *given = h && strncmp(h, "Bearer ", 7) == 0 ? h + 7 : NULL;
+    if (!given) given = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    if (!given) return false;
+    bool ok = false;
+    for (int i = 0; i < s->o.n_api_keys; i++) ok |= key_equal(given, s->api_keys[i]);
+    return ok;
 }
 
 static enum MHD_Result health(server *s, struct MHD_Connection *c) {
@@ -355,20 +361,24 @@ static unsigned fit_descriptors(unsigned max_connections, unsigned connections) 
  * response (a directory's name is any bytes). */
 static int copy_options(server *s, const server_options *o, base_err *err) {
     s->o = *o;
-    if (o->api_key && !o->api_key[0])
-        return base_fail(err, "--api-key: the key is empty (leave the flag out to serve without "
-                              "a key)");
+    s->o.n_api_keys = 0;
+    for (int i = 0; i < o->n_api_keys; i++)
+        if (!o->api_keys[i][0])
+            return base_fail(err, "--api-key: a key is empty (leave the flag out to serve "
+                                  "without a key)");
     if (o->max_connections == 0) return base_fail(err, "--max-connections must be at least 1");
     s->host = base_xstrdup(o->host ? o->host : "127.0.0.1");
     s->cors = o->cors_origin && o->cors_origin[0] ? base_xstrdup(o->cors_origin) : NULL;
-    s->api_key = o->api_key ? base_xstrdup(o->api_key) : NULL;
+    s->api_keys = base_xcalloc((size_t)o->n_api_keys + 1, sizeof *s->api_keys);
+    for (int i = 0; i < o->n_api_keys; i++) s->api_keys[i] = base_xstrdup(o->api_keys[i]);
+    s->o.n_api_keys = o->n_api_keys;
     s->model_id = base_utf8_dup(o->model_id ? o->model_id : "model");
     if (o->model_id && strcmp(s->model_id, o->model_id) != 0)
         base_log(BASE_LOG_WARN, "the model's name is not valid UTF-8; responses call it '%s'",
                  s->model_id);
     s->o.host = s->host;
     s->o.cors_origin = s->cors;
-    s->o.api_key = s->api_key;
+    s->o.api_keys = (const char *const *)s->api_keys;
     s->o.model_id = s->model_id;
     if (gethostname(s->hostname, sizeof s->hostname - 1) != 0) s->hostname[0] = 0;
     return 0;
@@ -464,7 +474,8 @@ void server_stop(server *s) {
     pthread_cond_destroy(&s->guard_cv);
     free(s->cors);
     free(s->host);
-    free(s->api_key);
+    for (int i = 0; i < s->o.n_api_keys; i++) free(s->api_keys[i]);
+    free(s->api_keys);
     free(s->model_id);
     free(s);
 }

@@ -21,7 +21,8 @@ typedef struct server_conn {
 
 struct server {
     server_options o; /* strings point at the owned copies below */
-    char *host, *api_key, *model_id, *cors;
+    char *host, *model_id, *cors;
+    char **api_keys; /* (o.n_api_keys) owned copies */
     struct MHD_Daemon *daemon;
     int port;
     long long created; /* wall-clock start, for /v1/models */

@@ -300,10 +300,12 @@ int server_params_parse(json_t *b, server_kind kind, const server_options *o,
     memset(p, 0, sizeof *p);
     p->kind = kind;
     p->req.sampling = o->defaults;
-    /* a request without a seed gets a fresh one, not the server's */
-    engine_sampling fresh;
-    engine_sampling_defaults(&fresh);
-    p->req.sampling.seed = fresh.seed ^ (uint64_t)(uintptr_t)p;
+    /* a request without a seed gets the server's --seed, else a fresh one */
+    if (!o->seed_fixed) {
+        engine_sampling fresh;
+        engine_sampling_defaults(&fresh);
+        p->req.sampling.seed = fresh.seed ^ (uint64_t)(uintptr_t)p;
+    }
     p->req.stop = p->stop;
     if (parse_sampling(b, p, err) || parse_limits(b, o, p, err) || parse_stream(b, p, err) ||
         parse_stop(b, p, err) || parse_logit_bias(b, vocab, p, err) ||

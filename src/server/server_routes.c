@@ -45,6 +45,9 @@ static json_t *kv_json(const kv_pool_stats *p) {
 }
 
 static enum MHD_Result slots(server *s, struct MHD_Connection *c) {
+    if (!s->o.slots)
+        return server_reply_error(s, c, 501, "not_supported_error",
+                                  "slots are off (the server was started with --no-slots)");
     engine_sched_stats st = engine_sched_get_stats(s->sched);
     json_t *arr = json_array();
     for (int i = 0; i < s->rt->kv_plan.n_parallel; i++)
