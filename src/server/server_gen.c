@@ -54,7 +54,8 @@ typedef struct job {
     engine_finish finish;
     char *error;
     int n_prompt, n_generated, n_cached;
-    double ttft, t_submit, t_end;
+    double ttft, t_submit, t_end, t_token; /* t_token: when the last token came */
+    server_exchange *x; /* the connection's thread: where the log line's figures go */
     /* the connection's thread: how much has been sent, and bytes formatted but not sent */
     size_t text_sent;
     int lps_sent;
@@ -105,6 +106,11 @@ static void on_event(void *ctx, const engine_event *ev) {
         memcpy(e->top_ids, ev->top_ids, sizeof e->top_ids);
         memcpy(e->top_lp, ev->top_logprobs, sizeof e->top_lp);
     }
+    double now = base_now();
+    if (ev->token >= 0) {
+        if (j->n_generated > 0) server_hist_observe(&j->srv->metrics.inter_token, now - j->t_token);
+        j->t_token = now;
+    }
     j->n_prompt = ev->n_prompt;
     j->n_generated = ev->n_generated;
     j->n_cached = ev->n_cached;
@@ -112,7 +118,9 @@ static void on_event(void *ctx, const engine_event *ev) {
     bool last = false;
     if (ev->finish != ENGINE_FINISH_NONE) {
         j->finish = ev->finish;
-        j->t_end = base_now();
+        j->t_end = now;
+        server_metrics_request(&j->srv->metrics, j->n_prompt, j->n_generated, j->ttft,
+                               j->t_end - j->t_submit);
         if (ev->error) j->error = base_xstrdup(ev->error);
         last = --j->refs == 0;
     }
@@ -342,6 +350,13 @@ static void format_news(server *s, job *j) {
     out_append(j, "data: [DONE]\n\n", 14);
 }
 
+/* The figures of the request's log line (mu held). */
+static void note_exchange(const job *j) {
+    j->x->n_in = j->n_prompt;
+    j->x->n_out = j->n_generated;
+    j->x->ttft = j->n_generated ? j->ttft : -1;
+}
+
 /* The connection's side lets go of the job (its response is done or abandoned). */
 static void connection_done(job *j) {
     __atomic_sub_fetch(&j->srv->active, 1, __ATOMIC_ACQ_REL);
@@ -364,6 +379,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             return MHD_CONTENT_READER_END_OF_STREAM;
         }
         format_news(j->srv, j);
+        if (j->tail_sent) note_exchange(j);
         if (j->tail_sent && cut_short(j)) __atomic_add_fetch(&j->srv->cut, 1, __ATOMIC_RELAXED);
         if (j->out_len) break;
         if (job_wait(j)) {
@@ -416,6 +432,7 @@ static enum MHD_Result reply(server *s, struct MHD_Connection *c, job *j, bool h
         if (!probed && server_client_done_sending(c)) probed = server_probe_client(c);
     }
     bool nothing = j->n_generated == 0 && j->text_len == 0;
+    note_exchange(j);
     enum MHD_Result rc;
     if (gone) {
         rc = MHD_NO;
@@ -471,7 +488,7 @@ static server_kind route_kind(const char *url) {
 }
 
 enum MHD_Result server_route_generate(server *s, struct MHD_Connection *c, const char *url,
-                                      const char *version, json_t *body) {
+                                      const char *version, json_t *body, server_exchange *x) {
     server_params p;
     base_err err;
     int vocab = model_config(s->rt->model)->vocab_size;
@@ -481,6 +498,7 @@ enum MHD_Result server_route_generate(server *s, struct MHD_Connection *c, const
         return server_reply_error(s, c, 400, "invalid_request_error", "%s", err.msg);
     }
     job *j = job_new(s, c, &p);
+    j->x = x;
     p.req.on_event = on_event;
     p.req.ctx = j;
     engine_reject why;

@@ -213,7 +213,8 @@ static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, const char 
                                       body ? "another JSON value" : je.text, je.line, je.column);
         }
     }
-    rc = gen ? server_route_generate(s, c, url, version, body) : server_route_info(s, c, url, body);
+    rc = gen ? server_route_generate(s, c, url, version, body, x)
+             : server_route_info(s, c, url, body);
     json_decref(body);
     return rc;
 }
@@ -267,6 +268,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     server_exchange *x = *con_cls;
     if (!x) {
         *con_cls = x = base_xcalloc(1, sizeof *x);
+        x->t_start = base_now();
+        x->n_in = x->n_out = -1;
+        snprintf(x->method, sizeof x->method, "%s", method);
+        snprintf(x->route, sizeof x->route, "%s", url);
         /* refused as soon as the headers are in, before any of the body is read */
         enum MHD_Result rc;
         if (bad_framing(s, c, &rc) || refused(s, c, &rc)) {
@@ -302,6 +307,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     server_guard_arm(cls, c, true);
     server_exchange *x = *con_cls;
     if (!x) return;
+    server_log_request(cls, c, x);
     free(x->body);
     free(x);
     *con_cls = NULL;
@@ -389,6 +395,7 @@ int server_start(const server_options *o, server **out, base_err *err) {
     pthread_mutex_init(&s->guard_mu, NULL);
     pthread_cond_init(&s->guard_cv, NULL);
     s->created = (long long)time(NULL);
+    server_metrics_init(&s->metrics);
     struct sockaddr_storage ss;
     bool v6 = false;
     if (copy_options(s, o, err) || bind_address(s->host, o->port, &ss, &v6, err) ||

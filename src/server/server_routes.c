@@ -71,71 +71,6 @@ static enum MHD_Result props(server *s, struct MHD_Connection *c) {
     return server_reply_json(s, c, 200, o);
 }
 
-static void metric(char **buf, size_t *len, size_t *cap, const char *type, const char *name,
-                   const char *help, double value) {
-    char line[512];
-    int n = snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name,
-                     type, name, value);
-    if (*len + (size_t)n + 1 > *cap) {
-        *cap = (*len + (size_t)n + 1) * 2;
-        *buf = base_xrealloc(*buf, *cap);
-    }
-    memcpy(*buf + *len, line, (size_t)n + 1);
-    *len += (size_t)n;
-}
-
-static enum MHD_Result metrics(server *s, struct MHD_Connection *c) {
-    if (!s->o.metrics)
-        return server_reply_error(s, c, 501, "not_supported_error",
-                                  "metrics are off (start the server with --metrics)");
-    engine_sched_stats st = engine_sched_get_stats(s->sched);
-    char *b = NULL;
-    size_t len = 0, cap = 0;
-    metric(&b, &len, &cap, "counter", "mlxcel_http_requests_total", "HTTP requests received",
-           (double)__atomic_load_n(&s->n_requests, __ATOMIC_RELAXED));
-    metric(&b, &len, &cap, "counter", "mlxcel_http_read_timeouts_total",
-           "connections closed because a request did not arrive within --read-timeout",
-           (double)__atomic_load_n(&s->n_dropped, __ATOMIC_RELAXED));
-    metric(&b, &len, &cap, "counter", "mlxcel_http_connections_replaced_total",
-           "connections slow to send a request, shut down to make room for a new one",
-           (double)__atomic_load_n(&s->n_replaced, __ATOMIC_RELAXED));
-    metric(&b, &len, &cap, "counter", "mlxcel_http_connections_refused_total",
-           "connections opened past --max-connections or --max-connections-per-ip",
-           (double)__atomic_load_n(&s->n_refused, __ATOMIC_RELAXED));
-    metric(&b, &len, &cap, "counter", "mlxcel_requests_finished_total",
-           "generation requests finished", (double)st.requests_done);
-    metric(&b, &len, &cap, "counter", "mlxcel_requests_cancelled_total",
-           "generation requests cancelled", (double)st.requests_cancelled);
-    metric(&b, &len, &cap, "gauge", "mlxcel_requests_processing", "sequences running", st.running);
-    metric(&b, &len, &cap, "gauge", "mlxcel_requests_deferred", "requests waiting", st.waiting);
-    metric(&b, &len, &cap, "counter", "mlxcel_tokens_computed_total",
-           "tokens through the model (prompt and decode)", (double)st.computed_tokens);
-    metric(&b, &len, &cap, "counter", "mlxcel_prompt_tokens_cached_total",
-           "prompt tokens adopted from the prefix cache", (double)st.cached_tokens);
-    metric(&b, &len, &cap, "counter", "mlxcel_tokens_predicted_total", "tokens generated",
-           (double)st.generated_tokens);
-    metric(&b, &len, &cap, "counter", "mlxcel_preemptions_total",
-           "sequences preempted for lack of KV blocks", (double)st.preemptions);
-    metric(&b, &len, &cap, "counter", "mlxcel_steps_total", "scheduler steps", (double)st.steps);
-    metric(&b, &len, &cap, "counter", "mlxcel_step_seconds_total", "time in scheduler steps",
-           st.step_seconds);
-    metric(&b, &len, &cap, "counter", "mlxcel_forward_seconds_total",
-           "time in the model's forward pass", st.forward_seconds);
-    metric(&b, &len, &cap, "gauge", "mlxcel_kv_blocks_capacity", "KV blocks in the pool",
-           (double)st.pool.capacity);
-    metric(&b, &len, &cap, "gauge", "mlxcel_kv_blocks_free", "KV blocks free",
-           (double)st.pool.free);
-    metric(&b, &len, &cap, "gauge", "mlxcel_kv_blocks_cached",
-           "KV blocks held only by the prefix cache", (double)st.pool.cached);
-    metric(&b, &len, &cap, "gauge", "mlxcel_kv_blocks_referenced", "KV blocks held by sequences",
-           (double)st.pool.referenced);
-    struct MHD_Response *r = MHD_create_response_from_buffer(len, b, MHD_RESPMEM_MUST_FREE);
-    MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4");
-    enum MHD_Result rc = server_queue(s, c, 200, r);
-    MHD_destroy_response(r);
-    return rc;
-}
-
 enum MHD_Result server_route_info(server *s, struct MHD_Connection *c, const char *url,
                                   json_t *body) {
     if (strcmp(url, "/v1/models") == 0 || strcmp(url, "/models") == 0) return models(s, c);
@@ -143,7 +78,7 @@ enum MHD_Result server_route_info(server *s, struct MHD_Connection *c, const cha
     if (strcmp(url, "/detokenize") == 0) return body_route(s, c, body, server_body_detokenize);
     if (strcmp(url, "/apply-template") == 0)
         return body_route(s, c, body, server_body_apply_template);
-    if (strcmp(url, "/metrics") == 0) return metrics(s, c);
+    if (strcmp(url, "/metrics") == 0) return server_route_metrics(s, c);
     if (strcmp(url, "/slots") == 0) return slots(s, c);
     return props(s, c);
 }
