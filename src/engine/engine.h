@@ -393,6 +393,10 @@ int engine_submit(engine_sched *s, const engine_request *r, uint64_t *id, engine
  * CANCELLED (unless it had already finished). Unknown ids are ignored. Any thread. */
 void engine_cancel(engine_sched *s, uint64_t id);
 engine_sched_stats engine_sched_get_stats(engine_sched *s);
+/* Empties the prefix cache between two steps (llama-server's slot erase): the blocks no
+ * sequence holds go back to the free list. Waits for the step thread; returns the blocks
+ * dropped (0 when the scheduler is stopping). Any thread but the step thread. */
+int64_t engine_sched_erase_cache(engine_sched *s);
 /* Test hook: the next steps run only while `steps` > 0 (each step decrements it); < 0: free
  * running. Lets a test stage requests and inspect the pool between steps. */
 void engine_sched_set_step_limit(engine_sched *s, int64_t steps);

@@ -86,6 +86,8 @@ struct engine_sched {
     int n_cancels, cancels_cap;
     int64_t step_limit;
     bool stopping, draining, idle;
+    uint64_t erase_asked, erase_done; /* engine_sched_erase_cache's tickets */
+    int64_t erased;                   /* blocks the last erase dropped */
     uint64_t next_id;
     engine_sched_stats stats;
     pthread_mutex_t vocab_mu;
@@ -722,6 +724,17 @@ static void step(engine_sched *s) {
 
 /* ---- the thread ---- */
 
+/* Between steps, the pool is the step thread's to change: answers the erases asked so far. */
+static void erase_cache(engine_sched *s, uint64_t ticket) {
+    int64_t n = kv_pool_drop_cached(s->rt->pool);
+    snapshot_stats(s);
+    pthread_mutex_lock(&s->mu);
+    s->erased = n;
+    s->erase_done = ticket;
+    pthread_cond_broadcast(&s->idle_cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
 static bool runnable(const engine_sched *s) {
     return (s->n_waiting > 0 || s->n_running > 0) && s->step_limit != 0;
 }
@@ -743,7 +756,8 @@ static void *sched_main(void *arg) {
             pthread_mutex_lock(&s->mu);
         }
         free(unstarted);
-        while (!s->stopping && s->n_cancels == 0 && !runnable(s)) {
+        while (!s->stopping && s->n_cancels == 0 && !runnable(s) &&
+               s->erase_done == s->erase_asked) {
             s->idle = true;
             pthread_cond_broadcast(&s->idle_cv);
             pthread_cond_wait(&s->wake, &s->mu);
@@ -759,8 +773,10 @@ static void *sched_main(void *arg) {
         s->n_cancels = 0;
         bool go = runnable(s);
         if (go && s->step_limit > 0) s->step_limit--;
+        uint64_t erase = s->erase_asked;
         pthread_mutex_unlock(&s->mu);
         apply_cancels(s, cancels, n);
+        if (erase != s->erase_done) erase_cache(s, erase);
         if (go) step(s);
         pthread_mutex_lock(&s->mu);
     }
@@ -836,6 +852,7 @@ void engine_sched_stop(engine_sched *s) {
         pthread_mutex_lock(&s->mu);
         s->stopping = true;
         pthread_cond_signal(&s->wake);
+        pthread_cond_broadcast(&s->idle_cv); /* erases waiting for the thread give up */
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->thread, NULL);
     }
@@ -904,6 +921,16 @@ void engine_cancel(engine_sched *s, uint64_t id) {
     s->cancels[s->n_cancels++] = id;
     pthread_cond_signal(&s->wake);
     pthread_mutex_unlock(&s->mu);
+}
+
+int64_t engine_sched_erase_cache(engine_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    uint64_t ticket = ++s->erase_asked;
+    pthread_cond_signal(&s->wake);
+    while (!s->stopping && s->erase_done < ticket) pthread_cond_wait(&s->idle_cv, &s->mu);
+    int64_t n = s->erase_done >= ticket ? s->erased : 0;
+    pthread_mutex_unlock(&s->mu);
+    return n;
 }
 
 engine_sched_stats engine_sched_get_stats(engine_sched *s) {

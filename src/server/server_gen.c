@@ -492,7 +492,8 @@ enum MHD_Result server_route_generate(server *s, struct MHD_Connection *c, const
     server_params p;
     base_err err;
     int vocab = model_config(s->rt->model)->vocab_size;
-    if (server_params_parse(body, route_kind(url), &s->o, s->pr, vocab, s->rt->kv_plan.ctx_size, &p,
+    server_options o = server_options_now(s);
+    if (server_params_parse(body, route_kind(url), &o, s->pr, vocab, s->rt->kv_plan.ctx_size, &p,
                             &err)) {
         server_params_free(&p);
         return server_reply_error(s, c, 400, "invalid_request_error", "%s", err.msg);

@@ -186,7 +186,7 @@ static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, const char 
     /* HEAD is GET without the body, which libmicrohttpd leaves out by itself */
     bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     bool post = strcmp(method, "POST") == 0;
-    if (get && strcmp(url, "/health") == 0) return health(s, c);
+    if (get && (strcmp(url, "/health") == 0 || strcmp(url, "/v1/health") == 0)) return health(s, c);
     if (s->cors && strcmp(method, "OPTIONS") == 0) return preflight(s, c);
     if (!authorized(s, c))
         return server_reply_error(s, c, 401, "authentication_error", "Invalid API Key");
@@ -203,7 +203,10 @@ static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, const char 
         return server_reply_error(s, c, 503, "unavailable_error", "Loading model");
     enum MHD_Result rc;
     json_t *body = NULL;
-    if (post) {
+    /* llama-server's slot actions take no body */
+    if (post && x->len == 0 && strncmp(url, "/slots/", 7) == 0) {
+        body = json_object();
+    } else if (post) {
         json_error_t je;
         body = json_loadb(x->body ? x->body : "", x->len, 0, &je);
         if (!body || !json_is_object(body)) {
@@ -393,6 +396,7 @@ static int copy_options(server *s, const server_options *o, base_err *err) {
 int server_start(const server_options *o, server **out, base_err *err) {
     server *s = base_xcalloc(1, sizeof *s);
     pthread_mutex_init(&s->guard_mu, NULL);
+    pthread_mutex_init(&s->props_mu, NULL);
     pthread_cond_init(&s->guard_cv, NULL);
     s->created = (long long)time(NULL);
     server_metrics_init(&s->metrics);
@@ -478,6 +482,7 @@ void server_stop(server *s) {
     if (s->daemon) MHD_stop_daemon(s->daemon);
     server_guard_stop(s);
     pthread_mutex_destroy(&s->guard_mu);
+    pthread_mutex_destroy(&s->props_mu);
     pthread_cond_destroy(&s->guard_cv);
     free(s->cors);
     free(s->host);

@@ -48,6 +48,7 @@ struct server {
     /* counters for /metrics, atomics */
     uint64_t n_requests, n_errors, n_dropped, n_replaced, n_refused;
     server_metrics metrics;
+    pthread_mutex_t props_mu; /* o.defaults, o.n_predict and o.seed_fixed: POST /props */
 };
 
 /* One HTTP request while its body arrives. */
@@ -103,6 +104,11 @@ enum MHD_Result server_route_generate(server *s, struct MHD_Connection *c, const
 enum MHD_Result server_route_info(server *s, struct MHD_Connection *c, const char *url,
                                   json_t *body);
 enum MHD_Result server_route_metrics(server *s, struct MHD_Connection *c);
+/* server_admin.c: POST /props, POST /slots/{id}?action=erase, and the options as POST /props
+ * has left them, for a request to read. */
+enum MHD_Result server_route_props_change(server *s, struct MHD_Connection *c, json_t *body);
+enum MHD_Result server_route_slot_action(server *s, struct MHD_Connection *c, const char *url);
+server_options server_options_now(server *s);
 /* True for the routes server_route_generate / server_route_info serve. */
 bool server_is_generate_route(const char *url);
 bool server_is_info_route(const char *method, const char *url);

@@ -93,8 +93,7 @@ static int parse_logit_bias(json_t *b, int vocab, server_params *p, base_err *er
     return 0;
 }
 
-static int parse_sampling(json_t *b, server_params *p, base_err *err) {
-    engine_sampling *s = &p->req.sampling;
+static int parse_sampling(json_t *b, engine_sampling *s, base_err *err) {
     long long top_k = s->top_k, last_n = s->repeat_last_n, seed = -1;
     if (get_float(b, "temperature", 0, 1e6, &s->temperature, err) ||
         get_float(b, "top_p", 0, 1, &s->top_p, err) ||
@@ -307,8 +306,8 @@ int server_params_parse(json_t *b, server_kind kind, const server_options *o,
         p->req.sampling.seed = fresh.seed ^ (uint64_t)(uintptr_t)p;
     }
     p->req.stop = p->stop;
-    if (parse_sampling(b, p, err) || parse_limits(b, o, p, err) || parse_stream(b, p, err) ||
-        parse_stop(b, p, err) || parse_logit_bias(b, vocab, p, err) ||
+    if (parse_sampling(b, &p->req.sampling, err) || parse_limits(b, o, p, err) ||
+        parse_stream(b, p, err) || parse_stop(b, p, err) || parse_logit_bias(b, vocab, p, err) ||
         parse_logprobs(b, kind, p, err) || parse_constraint(b, p, err) ||
         get_bool(b, "ignore_eos", &p->req.ignore_eos, err) ||
         parse_prompt(b, kind, pr, vocab, ctx, p, err))
@@ -323,6 +322,39 @@ void server_params_free(server_params *p) {
     free(p->ids);
     free(p->bias);
     free(p->gbnf);
+}
+
+int server_body_props(json_t *b, engine_sampling *d, int *n_predict, bool *seed_fixed,
+                      base_err *err) {
+    static const char *const keys[] = {"temperature",
+                                       "top_k",
+                                       "top_p",
+                                       "min_p",
+                                       "seed",
+                                       "repeat_penalty",
+                                       "repeat_last_n",
+                                       "n_predict",
+                                       "presence_penalty",
+                                       "frequency_penalty"};
+    json_t *settings = json_object_get(b, "default_generation_settings");
+    json_t *params = json_object_get(settings, "params");
+    if (json_object_size(b) != 1 || !json_is_object(settings) || json_object_size(settings) != 1 ||
+        !json_is_object(params))
+        return base_fail(err, "only {\"default_generation_settings\": {\"params\": {...}}} can "
+                              "be changed");
+    if (known_keys(params, "default_generation_settings.params", keys, sizeof keys / sizeof *keys,
+                   err))
+        return -1;
+    long long n = *n_predict;
+    engine_sampling s = *d;
+    if (parse_sampling(params, &s, err) || get_int(params, "n_predict", -1, INT32_MAX, &n, err))
+        return -1;
+    /* a seed given here fixes the unseeded requests' seed, as --seed does; -1 frees it */
+    json_t *seed = field(params, "seed");
+    if (seed) *seed_fixed = json_integer_value(seed) != -1;
+    *d = s;
+    *n_predict = (int)n;
+    return 0;
 }
 
 int server_body_tokenize(const engine_prompter *pr, json_t *b, json_t **out, base_err *err) {

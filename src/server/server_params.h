@@ -36,6 +36,11 @@ void server_params_free(server_params *p);
 /* The response object of /tokenize ({"tokens"}), /detokenize ({"content"}) and /apply-template
  * ({"prompt"}) for a request body. *out: caller decrefs. On failure err says what is wrong
  * with the body (the client's fault: a 400). */
+/* POST /props: {"default_generation_settings": {"params": {...}}} with sampling fields as GET
+ * /props shows them, applied to d, n_predict and seed_fixed only when all of them are valid;
+ * any other field is refused, naming it. */
+int server_body_props(json_t *body, engine_sampling *d, int *n_predict, bool *seed_fixed,
+                      base_err *err);
 int server_body_tokenize(const engine_prompter *pr, json_t *body, json_t **out, base_err *err);
 int server_body_detokenize(const engine_prompter *pr, json_t *body, json_t **out, base_err *err);
 int server_body_apply_template(const engine_prompter *pr, json_t *body, json_t **out,

@@ -7,24 +7,41 @@
 #include <stdlib.h>
 #include <string.h>
 
+static bool has_prefix(const char *url, const char *prefix) {
+    return strncmp(url, prefix, strlen(prefix)) == 0 && url[strlen(prefix)];
+}
+
 bool server_is_info_route(const char *method, const char *url) {
     static const char *get[] = {"/v1/models", "/models", "/metrics", "/slots", "/props"};
-    static const char *post[] = {"/tokenize", "/detokenize", "/apply-template"};
+    static const char *post[] = {"/tokenize", "/detokenize", "/apply-template", "/props"};
     bool is_get = strcmp(method, "GET") == 0, is_post = strcmp(method, "POST") == 0;
     for (size_t i = 0; is_get && i < sizeof get / sizeof *get; i++)
         if (strcmp(url, get[i]) == 0) return true;
     for (size_t i = 0; is_post && i < sizeof post / sizeof *post; i++)
         if (strcmp(url, post[i]) == 0) return true;
-    return false;
+    return (is_get && (has_prefix(url, "/v1/models/") || has_prefix(url, "/models/"))) ||
+           (is_post && has_prefix(url, "/slots/"));
+}
+
+static json_t *model_json(const server *s) {
+    const io_model_config *cfg = model_config(s->rt->model);
+    return json_pack("{s:s,s:s,s:I,s:s,s:{s:i,s:i,s:i}}", "id", s->o.model_id, "object", "model",
+                     "created", (json_int_t)s->created, "owned_by", "mlxcel", "meta", "vocab_size",
+                     cfg->vocab_size, "n_ctx", s->rt->kv_plan.ctx_size, "n_ctx_train",
+                     cfg->max_position_embeddings);
 }
 
 static enum MHD_Result models(server *s, struct MHD_Connection *c) {
-    const io_model_config *cfg = model_config(s->rt->model);
-    json_t *m = json_pack("{s:s,s:s,s:I,s:s,s:{s:i,s:i,s:i}}", "id", s->o.model_id, "object",
-                          "model", "created", (json_int_t)s->created, "owned_by", "mlxcel", "meta",
-                          "vocab_size", cfg->vocab_size, "n_ctx", s->rt->kv_plan.ctx_size,
-                          "n_ctx_train", cfg->max_position_embeddings);
-    return server_reply_json(s, c, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", m));
+    return server_reply_json(s, c, 200,
+                             json_pack("{s:s,s:[o]}", "object", "list", "data", model_json(s)));
+}
+
+/* GET /v1/models/{id} (the SDKs' models.retrieve); the id may hold slashes (owner/name). */
+static enum MHD_Result model_one(server *s, struct MHD_Connection *c, const char *id) {
+    if (strcmp(id, s->o.model_id) != 0)
+        return server_reply_error(s, c, 404, "invalid_request_error",
+                                  "The model '%s' does not exist", id);
+    return server_reply_json(s, c, 200, model_json(s));
 }
 
 /* The routes that only turn the body into a response; a body at fault gets a 400. */
@@ -59,10 +76,13 @@ static enum MHD_Result slots(server *s, struct MHD_Connection *c) {
 
 static enum MHD_Result props(server *s, struct MHD_Connection *c) {
     engine_sched_stats st = engine_sched_get_stats(s->sched);
-    const engine_sampling *d = &s->o.defaults;
+    server_options now = server_options_now(s);
+    const engine_sampling *d = &now.defaults;
     json_t *params = json_pack("{s:f,s:i,s:f,s:f,s:f,s:i}", "temperature", d->temperature, "top_k",
                                d->top_k, "top_p", d->top_p, "min_p", d->min_p, "repeat_penalty",
-                               d->repeat_penalty, "n_predict", s->o.n_predict);
+                               d->repeat_penalty, "n_predict", now.n_predict);
+    /* the seed only when it is the server's (--seed): else each request draws its own */
+    json_object_set_new(params, "seed", json_integer(now.seed_fixed ? (json_int_t)d->seed : -1));
     json_t *o = json_pack("{s:{s:i,s:o},s:i,s:s,s:s,s:o,s:i,s:i}", "default_generation_settings",
                           "n_ctx", s->rt->kv_plan.ctx_size, "params", params, "total_slots",
                           s->rt->kv_plan.n_parallel, "model_alias", s->o.model_id, "backend",
@@ -74,6 +94,10 @@ static enum MHD_Result props(server *s, struct MHD_Connection *c) {
 enum MHD_Result server_route_info(server *s, struct MHD_Connection *c, const char *url,
                                   json_t *body) {
     if (strcmp(url, "/v1/models") == 0 || strcmp(url, "/models") == 0) return models(s, c);
+    if (has_prefix(url, "/v1/models/")) return model_one(s, c, url + strlen("/v1/models/"));
+    if (has_prefix(url, "/models/")) return model_one(s, c, url + strlen("/models/"));
+    if (has_prefix(url, "/slots/")) return server_route_slot_action(s, c, url);
+    if (strcmp(url, "/props") == 0 && body) return server_route_props_change(s, c, body);
     if (strcmp(url, "/tokenize") == 0) return body_route(s, c, body, server_body_tokenize);
     if (strcmp(url, "/detokenize") == 0) return body_route(s, c, body, server_body_detokenize);
     if (strcmp(url, "/apply-template") == 0)
