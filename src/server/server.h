@@ -1,6 +1,7 @@
 /* server: the OpenAI-compatible HTTP server (libmicrohttpd): /v1/chat/completions,
- * /v1/completions and /v1/models, llama-server's /completion, /tokenize, /detokenize,
- * /apply-template, /health, /metrics, /slots and /props; SSE streaming, bearer-key auth,
+ * /v1/completions, /v1/models and /v1/models/{id}, llama-server's /completion, /tokenize,
+ * /detokenize, /apply-template, /health, /metrics, /slots (and its erase action) and /props
+ * (GET and POST); SSE streaming, key auth (Bearer or x-api-key), one log line per request,
  * header, body, connection and read-time limits, Host and Origin checks, opt-in CORS,
  * OpenAI-shaped errors, and a graceful stop. Touches no tensors: generation goes through the
  * engine's scheduler. */

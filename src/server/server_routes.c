@@ -1,5 +1,5 @@
-/* The routes that generate nothing: models, tokenize, detokenize, apply-template, metrics,
- * slots and props. */
+/* The routes that generate nothing: models, tokenize, detokenize, apply-template, slots and
+ * props, and the dispatch to metrics (server_metrics.c) and the changing ones (server_admin.c). */
 #include "server/server_internal.h"
 #include "server/server_params.h"
 
