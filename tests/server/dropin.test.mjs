@@ -1,11 +1,11 @@
 // mlxcel-server as a drop-in for llama-server: started with a real llama-server launch line,
 // driven by the official openai package through completions with n=3, echo and prompt arrays,
-// and models.retrieve; /metrics read with a strict Prometheus text-format parser, its
+// and models.retrieve; suffix on a copy of the model given FIM tokens; /metrics read with a strict Prometheus text-format parser, its
 // histograms moving under load; then the operations a deployment relies on (several keys from
 // flags and a file, x-api-key, --seed, JSON request log lines, CORS preflight, POST /props, slot
 // erase) and the flag handling (LLAMA_ARG_* values, closest-spelling suggestions, refusals).
 import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
@@ -259,6 +259,42 @@ async function operationsPart() {
   }
 }
 
+// ---- suffix: fill-in-the-middle on a model whose tokenizer has FIM tokens ----
+
+// The demo model with three rare tokens renamed to Qwen's FIM tokens (special, added).
+function fimModel(dir) {
+  const model = path.join(dir, 'fim');
+  cpSync(MODEL, model, { recursive: true });
+  const file = path.join(model, 'tokenizer.json');
+  const t = JSON.parse(readFileSync(file, 'utf8'));
+  const byId = new Map(Object.entries(t.model.vocab).map(([k, id]) => [id, k]));
+  ['<|fim_prefix|>', '<|fim_suffix|>', '<|fim_middle|>'].forEach((name, i) => {
+    const id = 31997 + i;
+    delete t.model.vocab[byId.get(id)];
+    t.model.vocab[name] = id;
+    t.added_tokens.push({ id, content: name, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true });
+  });
+  writeFileSync(file, JSON.stringify(t));
+  return model;
+}
+
+async function fimPart() {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'mlxcel-fim-'));
+  try {
+    const s = await startServer(['-m', fimModel(dir), '-c', '256']);
+    const post = (route, body) => fetch(`${s.url}${route}`, { method: 'POST', body: JSON.stringify(body) });
+    const count = async (text) => (await (await post('/tokenize', { content: text })).json()).tokens.length;
+    const r = await post('/v1/completions', { prompt: 'The king', suffix: ' and the queen', max_tokens: 4, temperature: 0 });
+    const j = await r.json();
+    const want = 4 + (await count('The king')) + (await count(' and the queen'));
+    check(r.status === 200 && j.usage.prompt_tokens === want && j.choices[0].text.length > 0,
+      `suffix: BOS, PRE, prompt, SUF, suffix, MID (${r.status}, ${j.usage?.prompt_tokens} tokens, want ${want})`);
+    await stopServer(s);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
 // ---- flags that must not start the server ----
 
 function runToExit(args, env = {}) {
@@ -305,6 +341,7 @@ async function flagsPart() {
 try {
   await launchPart();
   await operationsPart();
+  await fimPart();
   await flagsPart();
 } catch (e) {
   fail(e);
