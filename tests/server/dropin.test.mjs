@@ -1,6 +1,7 @@
 // mlxcel-server as a drop-in for llama-server: started with a real llama-server launch line,
 // driven by the official openai package through completions with n=3, echo and prompt arrays,
-// and models.retrieve; suffix on a copy of the model given FIM tokens; /metrics read with a strict Prometheus text-format parser, its
+// and models.retrieve; stop_token_ids, min_tokens and n_probs; suffix on a copy of the model
+// given FIM tokens; /metrics read with a strict Prometheus text-format parser, its
 // histograms moving under load; then the operations a deployment relies on (several keys from
 // flags and a file, x-api-key, --seed, JSON request log lines, CORS preflight, POST /props, slot
 // erase) and the flag handling (LLAMA_ARG_* values, closest-spelling suggestions, refusals).
@@ -259,6 +260,30 @@ async function operationsPart() {
   }
 }
 
+// ---- stop_token_ids, min_tokens and /completion's n_probs, on greedy output ----
+
+async function stopsPart() {
+  const s = await startServer(['-m', MODEL, '-c', '256']);
+  const post = async (route, body) =>
+    (await fetch(`${s.url}${route}`, { method: 'POST', body: JSON.stringify(body) })).json();
+  const base = { prompt: 'The king', temperature: 0 };
+  const probs = await post('/completion', { ...base, n_predict: 6, n_probs: 3 });
+  const cp = probs.completion_probabilities ?? [];
+  check(cp.length === 6 && cp.every((p) => Number.isInteger(p.id) && p.top_logprobs.length === 3 &&
+    p.top_logprobs[0].logprob >= p.top_logprobs[2].logprob), 'n_probs: each token with its 3 most likely');
+  const ids = cp.map((p) => p.id);
+  const stopped = await post('/v1/completions', { ...base, max_tokens: 6, stop_token_ids: [ids[3]] });
+  check(stopped.choices?.[0]?.finish_reason === 'stop' && stopped.usage.completion_tokens === 4 &&
+    stopped.choices[0].text === cp.slice(0, 3).map((p) => p.token).join(''),
+    `stop_token_ids ends at the id, which is not shown (${JSON.stringify(stopped.choices?.[0])})`);
+  const held = await post('/v1/completions', { ...base, max_tokens: 6, stop_token_ids: [ids[0]], min_tokens: 2 });
+  const banned = await post('/v1/completions', { ...base, max_tokens: 1, logprobs: 1, stop_token_ids: [ids[0]], min_tokens: 1 });
+  check(held.usage?.completion_tokens >= 2, `min_tokens: no end before 2 tokens (${JSON.stringify(held.usage)})`);
+  check(banned.choices?.[0]?.logprobs?.tokens?.[0] !== undefined && banned.choices[0].logprobs.tokens[0] !== cp[0].token,
+    'min_tokens bans the stop id while it holds');
+  await stopServer(s);
+}
+
 // ---- suffix: fill-in-the-middle on a model whose tokenizer has FIM tokens ----
 
 // The demo model with three rare tokens renamed to Qwen's FIM tokens (special, added).
@@ -341,6 +366,7 @@ async function flagsPart() {
 try {
   await launchPart();
   await operationsPart();
+  await stopsPart();
   await fimPart();
   await flagsPart();
 } catch (e) {
