@@ -24,8 +24,10 @@ static inline int fuzz_http_port(void) {
     static int port;
     if (port) return port;
     signal(SIGPIPE, SIG_IGN);
+    static const char *const keys[] = {"fuzz-key"};
     server_options o = {.host = "127.0.0.1",
-                        .api_key = "fuzz-key",
+                        .api_keys = keys,
+                        .n_api_keys = 1,
                         .timeout_s = 5,
                         .read_timeout_s = 5,
                         .max_body = 4096,

@@ -79,6 +79,15 @@ int engine_prompter_open(const char *dir, const char *template_file, engine_prom
     return 0;
 }
 
+int engine_prompter_set_template(engine_prompter *p, const char *source, base_err *err) {
+    chat_template *t;
+    if (chat_template_parse(source, &t, err)) return base_fail_wrap(err, "chat template");
+    chat_template_free(p->tmpl);
+    p->tmpl = t;
+    p->content_as_list = walks_content(source);
+    return 0;
+}
+
 void engine_prompter_close(engine_prompter *p) {
     if (!p) return;
     tok_free(p->tok);
