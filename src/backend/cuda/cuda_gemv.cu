@@ -1,8 +1,8 @@
 /* The quantized GEMV of decode: y = x W^T for one or two F32 rows of x, 4- or 8-bit MLX affine
  * weights, aiming at the memory-bandwidth limit. The same kernel serves the fused matmuls: up
- * to three matrices that share x (Q, K and V) in one launch, and gate with up followed by
- * the GLU (act(gate) * up, the activation from the job's fz). More rows of x take more passes (from
- * CUDA_GEMV_MMA_ROWS rows the tensor-core kernel serves them instead).
+ * to three matrices that share x (Q, K and V) in one launch, and gate with up followed by the
+ * GLU (act(gate) * up, the activation from the job's fz). More rows of x take more passes
+ * (from CUDA_GEMV_MMA_ROWS rows the tensor-core kernel serves them instead).
  *
  * Arithmetic: integer dot products. x is cut into units of the 32 (4-bit) or 16 (8-bit) values
  * one 16-byte word of weights holds; each unit's values, scaled by a power of two above its
