@@ -151,6 +151,7 @@ static const be_ops cuda_ops = {
     .attention = cuda_attention,
     .argmax = cuda_argmax,
     .topk_candidates = cuda_topk_candidates,
+    .moe = NULL, /* not yet: model_load refuses mixture-of-experts models on CUDA */
     .capture_begin = cuda_capture_begin,
     .capture_end = cuda_capture_end,
     .graph_launch = cuda_graph_launch,
