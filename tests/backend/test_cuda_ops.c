@@ -839,7 +839,11 @@ static void test_vs_cpu(be_backend *be) {
     const int dims[2][2] = {{128, 16}, {96, 48}};
     for (int k = 0; k < 2; k++) {
         const int hd = dims[k][0], half = dims[k][1], heads = 3, n = 5;
-        int32_t pos[5] = {0, 1, 100, 5000, 131071};
+        /* CUDA forms the angle in F32 (cuda_rope_sincos), the CPU in double: past a few
+         * thousand positions they part by more than rounding, so the cross-backend check keeps
+         * to the span and the tolerance of test_rope_kv_append's; test_rope above checks long
+         * positions against the F32 formula itself. */
+        int32_t pos[5] = {0, 1, 100, 2500, 5000};
         float inv[64];
         for (int i = 0; i < half; i++) inv[i] = (float)pow(10000.0, -1.0 * i / half);
         float *x = rand_rows(n, (int64_t)heads * hd);
@@ -851,7 +855,7 @@ static void test_vs_cpu(be_backend *be) {
         CHECK_MSG(cpu->ops->rope(cpu, &cx, heads, hd, &cp, &cf, 1.2f, &err) == 0, "%s", err.msg);
         CHECK_MSG(be->ops->rope(be, &tx, heads, hd, &tp, &tf, 1.2f, &err) == 0, "%s", err.msg);
         e = dev_err(be, &tx, x);
-        CHECK_MSG(e < 1e-5, "rope of %d of %d dims against the CPU: err %g", 2 * half, hd, e);
+        CHECK_MSG(e < 1e-4, "rope of %d of %d dims against the CPU: err %g", 2 * half, hd, e);
         be->ops->free(be, tx.data);
         be->ops->free(be, tf.data);
         be->ops->free(be, tp.data);

@@ -8,6 +8,8 @@
 #include "backend/test_cuda_util.h"
 #include "fixture_ref.h"
 
+#include "model/arch/arch.h"
+
 #include "engine/engine.h"
 
 #define LOGITS_TOL 2e-2
@@ -51,6 +53,19 @@ static void run_fixture(const char *name, const char *dir, const char *variant, 
     }
     float *want = ref.logits;
     int rc;
+    io_model_config cfg;
+    if (model_config_load(dir, &cfg, NULL, &err) == 0) {
+        bool moe = cfg.n_experts > 0;
+        io_config_free(&cfg);
+        /* Not a pass: the backend refuses these models (model_load says so), listed here so
+         * that the gap shows in every run. */
+        if (moe) {
+            printf("  %-20s %-4s skipped: the CUDA backend has no mixture-of-experts op yet\n",
+                   name, variant);
+            fixture_ref_free(&ref);
+            return;
+        }
+    }
 
     engine_options o;
     engine_options_defaults(&o);
@@ -72,9 +87,11 @@ static void run_fixture(const char *name, const char *dir, const char *variant, 
             printf("  %-20s %-4s block %2d  max rel err prefill %.2e", name, variant, block_size,
                    e);
             CHECK_MSG(e < LOGITS_TOL, "%s (%s): prefill logits rel err %.3e", name, variant, e);
-            /* Dynamic NTK scales RoPE by the length a step reaches, so one token per step
-             * legitimately differs from one prefill there. */
-            if (model_config(rt->model)->rope_scaling.type != IO_ROPE_DYNAMIC) {
+            /* Dynamic NTK scales RoPE by the length a step reaches, and longrope takes its
+             * long factors only once a step passes the original length (transformers decides
+             * per call), so one token per step legitimately differs from one prefill there. */
+            io_rope_type rt_type = model_config(rt->model)->rope_scaling.type;
+            if (rt_type != IO_ROPE_DYNAMIC && rt_type != IO_ROPE_LONGROPE) {
                 rc = decode_logits(rt, ref.tokens, ref.n_tokens, got, &err);
                 CHECK_MSG(rc == 0, "%s: %s", name, err.msg);
                 double ed =
