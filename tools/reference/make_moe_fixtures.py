@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""Tiny random-weight mixture-of-experts checkpoints (Qwen3-MoE, Mixtral) in mlx-lm's layout
-and the outputs Hugging Face transformers gives for them.
+"""Tiny random-weight mixture-of-experts checkpoints (Qwen3-MoE, Mixtral, GPT-OSS) in mlx-lm's
+layout and the outputs Hugging Face transformers gives for them.
 
 The contract of make_fixtures.py: each fixture folder holds config.json as the family's
 checkpoints write it, model.safetensors in mlx-lm's layout (experts stacked per layer as one
 [experts, out, in] tensor, quantized along the last axis, the router quantized at 8 bits as
 mlx-lm writes it), logits.npy and reference.json from transformers in float64 on the CPU. The
 reference model is loaded by from_pretrained from the same weights written in the Hugging Face
-per-expert layout (experts.N.gate_proj, or Mixtral's w1/w2/w3), so transformers' own loading
-maps them, as it does for a downloaded checkpoint.
+per-expert layout (experts.N.gate_proj, or Mixtral's w1/w2/w3; GPT-OSS's fused, interleaved
+gate_up_proj), so transformers' own loading maps them, as it does for a downloaded checkpoint.
+The GPT-OSS fixtures exercise attention sinks, alternating sliding and full layers, YaRN with
+truncate false, biases everywhere, the clamped SwiGLU, and (mxfp4) experts in MXFP4 with the
+rest at 8 bits, as mlx-community's gpt-oss checkpoints are.
 
     python3 tools/reference/make_moe_fixtures.py OUT_DIR [--only NAME ...] [--weights-only]
 """
@@ -27,6 +30,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_fixtures as mf  # noqa: E402
+
+# MXFP4's scales are one byte each.
+mf.ST_ITEMSIZE.setdefault("U8", 1)
 
 E, TOP_K = 4, 2
 
@@ -99,9 +105,53 @@ def _mixtral():
     }
 
 
+def _gpt_oss():
+    return {
+        "architectures": ["GptOssForCausalLM"],
+        "attention_bias": True,
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "experts_per_token": TOP_K,
+        "head_dim": 32,
+        "hidden_act": "silu",
+        "hidden_size": 128,
+        "initial_context_length": 32,
+        "initializer_range": 0.02,
+        "intermediate_size": 64,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "max_position_embeddings": 128,
+        "model_type": "gpt_oss",
+        "num_attention_heads": 4,
+        "num_experts_per_tok": TOP_K,
+        "num_hidden_layers": 2,
+        "num_key_value_heads": 2,
+        "num_local_experts": E,
+        "output_router_logits": False,
+        "pad_token_id": 0,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 32,
+            "rope_type": "yarn",
+            "truncate": False,
+        },
+        "rope_theta": 150000,
+        "router_aux_loss_coef": 0.9,
+        "sliding_window": 16,
+        "swiglu_limit": 7.0,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "vocab_size": 256,
+    }
+
+
 MODELS = {
     "qwen3_moe": {"seed": 101, "config": _qwen3_moe()},
     "mixtral": {"seed": 111, "config": _mixtral()},
+    "gpt_oss": {"seed": 121, "config": _gpt_oss()},
 }
 
 
@@ -110,7 +160,12 @@ def _router8(cfg, quant):
     over = {}
     for layer in range(cfg["num_hidden_layers"]):
         if is_moe_layer(cfg, layer):
-            over[f"model.layers.{layer}.{moe_prefix(cfg)}gate"] = {"bits": 8, "group_size": 64}
+            m = f"model.layers.{layer}.{moe_prefix(cfg)}"
+            over[m + router_name(cfg)] = {"bits": 8, "group_size": 64}
+            if cfg["model_type"] == "gpt_oss":
+                # mlx-community's MXFP4-Q8: the experts in MXFP4, everything else 8-bit.
+                for proj in ("gate_proj", "up_proj", "down_proj"):
+                    over[m + "experts." + proj] = {"bits": 4, "group_size": 32, "mode": "mxfp4"}
     return {"bits": quant[0], "group_size": quant[1], "overrides": over}
 
 
@@ -118,11 +173,21 @@ FIXTURES = [
     {"name": "qwen3_moe_bf16", "model": "qwen3_moe", "dtype": "bfloat16"},
     {"name": "qwen3_moe_q4_g64", "model": "qwen3_moe", "dtype": "bfloat16", "quant": (4, 64)},
     {"name": "mixtral_bf16", "model": "mixtral", "dtype": "bfloat16"},
+    {"name": "gpt_oss_bf16", "model": "gpt_oss", "dtype": "bfloat16"},
+    {"name": "gpt_oss_mxfp4_q8", "model": "gpt_oss", "dtype": "bfloat16", "quant": (8, 64)},
 ]
 
 
 def moe_prefix(cfg):
     return "block_sparse_moe." if cfg["model_type"] == "mixtral" else "mlp."
+
+
+def router_name(cfg):
+    return "router" if cfg["model_type"] == "gpt_oss" else "gate"
+
+
+def experts_name(cfg):
+    return "experts" if cfg["model_type"] == "gpt_oss" else "switch_mlp"
 
 
 def is_moe_layer(cfg, layer):
@@ -133,7 +198,9 @@ def is_moe_layer(cfg, layer):
 
 
 def expert_size(cfg):
-    return cfg["moe_intermediate_size"] if cfg["model_type"] == "qwen3_moe" else cfg["intermediate_size"]
+    if cfg["model_type"] == "qwen3_moe":
+        return cfg["moe_intermediate_size"]
+    return cfg["intermediate_size"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -152,6 +219,7 @@ def master_weights(cfg, seed):
     def norm(name, n):
         w[name] = (1.0 + 0.2 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
 
+    oss = cfg["model_type"] == "gpt_oss"
     normal("model.embed_tokens.weight", (vocab, h), 1.0)
     for layer in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{layer}."
@@ -160,6 +228,11 @@ def master_weights(cfg, seed):
         normal(p + "self_attn.k_proj.weight", (nkv * hd, h), 1.5 / math.sqrt(h))
         normal(p + "self_attn.v_proj.weight", (nkv * hd, h), 1.0 / math.sqrt(h))
         normal(p + "self_attn.o_proj.weight", (h, nh * hd), 1.0 / math.sqrt(nh * hd))
+        if oss:
+            for proj, n in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd), ("o", h)):
+                normal(p + f"self_attn.{proj}_proj.bias", (n,), 0.3)
+            # Sinks near the scores' scale, so that they take a visible share of the softmax.
+            normal(p + "self_attn.sinks", (nh,), 1.0)
         if cfg["model_type"] == "qwen3_moe":
             norm(p + "self_attn.q_norm.weight", hd)
             norm(p + "self_attn.k_norm.weight", hd)
@@ -168,10 +241,19 @@ def master_weights(cfg, seed):
             inter = expert_size(cfg)
             m = p + moe_prefix(cfg)
             # A wide router so that the choice of experts differs from token to token.
-            normal(m + "gate.weight", (E, h), 3.0 / math.sqrt(h))
-            normal(m + "switch_mlp.gate_proj.weight", (E, inter, h), 1.5 / math.sqrt(h))
-            normal(m + "switch_mlp.up_proj.weight", (E, inter, h), 1.5 / math.sqrt(h))
-            normal(m + "switch_mlp.down_proj.weight", (E, h, inter), 2.0 / math.sqrt(inter))
+            r, x = m + router_name(cfg), m + experts_name(cfg)
+            normal(r + ".weight", (E, h), 3.0 / math.sqrt(h))
+            if oss:
+                normal(r + ".bias", (E,), 0.5)
+            # GPT-OSS clamps gate at 7 and up at +-7: scales that reach the clamps.
+            gs = 4.0 if oss else 1.5
+            normal(x + ".gate_proj.weight", (E, inter, h), gs / math.sqrt(h))
+            normal(x + ".up_proj.weight", (E, inter, h), gs / math.sqrt(h))
+            normal(x + ".down_proj.weight", (E, h, inter), 2.0 / math.sqrt(inter))
+            if oss:
+                normal(x + ".gate_proj.bias", (E, inter), 0.5)
+                normal(x + ".up_proj.bias", (E, inter), 0.5)
+                normal(x + ".down_proj.bias", (E, h), 0.2)
         else:
             inter = cfg["intermediate_size"]
             normal(p + "mlp.gate_proj.weight", (inter, h), 1.5 / math.sqrt(h))
@@ -183,8 +265,25 @@ def master_weights(cfg, seed):
 
 
 def hf_weights(cfg, ref):
-    """The reference weights under Hugging Face's per-expert names."""
+    """The reference weights under Hugging Face's per-expert names (GPT-OSS: its fused
+    gate_up_proj [experts, in, 2 * inter] with gate and up interleaved, down_proj [experts,
+    inter, out], and their biases)."""
     out = {}
+    if cfg["model_type"] == "gpt_oss":
+        for name, w in ref.items():
+            if ".experts." not in name:
+                out[name] = w
+        for layer in range(cfg["num_hidden_layers"]):
+            x = f"model.layers.{layer}.mlp.experts."
+            g, u = ref[x + "gate_proj.weight"], ref[x + "up_proj.weight"]
+            gu = np.empty((g.shape[0], g.shape[2], 2 * g.shape[1]))
+            gu[:, :, 0::2], gu[:, :, 1::2] = g.transpose(0, 2, 1), u.transpose(0, 2, 1)
+            gub = np.empty((g.shape[0], 2 * g.shape[1]))
+            gub[:, 0::2], gub[:, 1::2] = ref[x + "gate_proj.bias"], ref[x + "up_proj.bias"]
+            out[x + "gate_up_proj"], out[x + "gate_up_proj_bias"] = gu, gub
+            out[x + "down_proj"] = ref[x + "down_proj.weight"].transpose(0, 2, 1)
+            out[x + "down_proj_bias"] = ref[x + "down_proj.bias"]
+        return out
     for name, w in ref.items():
         if ".switch_mlp." not in name:
             out[name] = w
@@ -202,17 +301,45 @@ def quantizable(name):
     return (
         name in ("model.embed_tokens.weight", "lm_head.weight")
         or (name.startswith("model.layers.") and name.endswith("_proj.weight"))
-        or name.endswith(".gate.weight")
+        or name.endswith((".gate.weight", ".router.weight"))
     )
 
 
 def quant_spec(fx, cfg, name):
+    """(bits, group_size, mode) of a weight, or None when it stays bf16."""
     q = fx.get("quant")
     if not q or not quantizable(name):
         return None
     spec = _router8(cfg, q)
     o = spec["overrides"].get(name[: -len(".weight")])
-    return (o["bits"], o["group_size"]) if o else (spec["bits"], spec["group_size"])
+    if o:
+        return o["bits"], o["group_size"], o.get("mode", "affine")
+    return spec["bits"], spec["group_size"], "affine"
+
+
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=np.float64)
+
+
+def mxfp4_quantize(w):
+    """w [rows, in] -> codes [rows, in] (E2M1: bit 3 the sign, bits 0-2 an index into E2M1)
+    and E8M0 scale bytes [rows, in / 32]: each group of 32 shares the power of two that brings
+    its largest magnitude to at most 6, each value rounded to the nearest E2M1 magnitude."""
+    rows, n = w.shape
+    g = w.reshape(rows, n // 32, 32).astype(np.float64)
+    amax = np.abs(g).max(axis=-1)
+    e = np.where(amax > 0, np.ceil(np.log2(np.maximum(amax, 1e-30) / 6.0)), -127)
+    e = np.clip(e, -127, 127)
+    v = g / np.exp2(e)[..., None]
+    idx = np.abs(np.abs(v)[..., None] - E2M1).argmin(axis=-1)
+    codes = (idx | np.where(v < 0, 8, 0)).astype(np.uint32).reshape(rows, n)
+    return codes, (e + 127).astype(np.uint8)
+
+
+def mxfp4_decode(codes, scale_bytes):
+    rows, n = codes.shape
+    mag = E2M1[codes & 7] * np.where(codes & 8, -1.0, 1.0)
+    s = np.exp2(scale_bytes.astype(np.float64) - 127)
+    return (mag.reshape(rows, n // 32, 32) * s[..., None]).reshape(rows, n)
 
 
 def config_json(fx):
@@ -240,14 +367,20 @@ def build_checkpoint(fx, fx_dir):
             stored[name] = ("BF16", b)
             ref[name] = mf.bf16_to_f64(b)
             continue
-        bits, group = spec
+        bits, group, mode = spec
         module = name[: -len(".weight")]
         flat = w.reshape(-1, w.shape[-1])
+        lead = w.shape[:-1]
+        if mode == "mxfp4":
+            codes, sbytes = mxfp4_quantize(mf.bf16_to_f64(mf.bf16_bits(flat)))
+            stored[name] = ("U32", mf.pack_codes(codes, 4).reshape(*lead, -1))
+            stored[module + ".scales"] = ("U8", sbytes.reshape(*lead, -1))
+            ref[name] = mxfp4_decode(codes, sbytes).reshape(w.shape)
+            continue
         codes, scale, bias = mf.mlx_affine_quantize(
             mf.bf16_to_f64(mf.bf16_bits(flat)).astype(np.float32), bits, group
         )
         s_bits, b_bits = mf.bf16_bits(scale), mf.bf16_bits(bias)
-        lead = w.shape[:-1]
         stored[name] = ("U32", mf.pack_codes(codes, bits).reshape(*lead, -1))
         stored[module + ".scales"] = ("BF16", s_bits.reshape(*lead, -1))
         stored[module + ".biases"] = ("BF16", b_bits.reshape(*lead, -1))
@@ -270,8 +403,15 @@ def build_checkpoint(fx, fx_dir):
         spec = quant_spec(fx, cfg, name)
         if spec is None:
             got = mf.decode_float(tag, shape, data)
+        elif spec[2] == "mxfp4":
+            words = np.frombuffer(data, dtype="<u4").reshape(-1, shape[-1])
+            codes = mf.unpack_codes(words, 4, shape[-1] * 8).astype(np.uint32)
+            st, ss, sd = raw[name[: -len(".weight")] + ".scales"]
+            assert st == "U8", f"{name}: MXFP4 scales stored as {st}"
+            sbytes = np.frombuffer(sd, dtype=np.uint8).reshape(-1, shape[-1] * 8 // 32)
+            got = mxfp4_decode(codes, sbytes).reshape(want.shape)
         else:
-            bits, group = spec
+            bits, group, _ = spec
             module = name[: -len(".weight")]
             words = np.frombuffer(data, dtype="<u4").reshape(-1, shape[-1])
             n_in = shape[-1] * 32 // bits
@@ -289,6 +429,24 @@ def build_checkpoint(fx, fx_dir):
 
 # --------------------------------------------------------------------------------------------
 # transformers side.
+
+
+def check_with_safetensors_library(path, stored):
+    """make_fixtures.py's check, with MXFP4's uint8 scales."""
+    import torch
+    from safetensors import safe_open
+
+    dtypes = {"BF16": torch.bfloat16, "U32": torch.uint32, "U8": torch.uint8}
+    width = {"BF16": torch.int16, "U32": torch.int32, "U8": torch.uint8}
+    with safe_open(path, framework="pt") as f:
+        assert f.metadata() == {"format": "mlx"}, f.metadata()
+        assert set(f.keys()) == set(stored), "safetensors sees other tensor names"
+        for name in f.keys():
+            tag, arr = stored[name]
+            t = f.get_tensor(name)
+            assert t.dtype == dtypes[tag] and tuple(t.shape) == arr.shape, name
+            got = t.contiguous().view(width[tag]).numpy().view(arr.dtype)
+            assert np.array_equal(got.view(np.uint8), arr.view(np.uint8)), f"{name}: bytes differ"
 
 
 def load_hf(cfg, ref, torch_dtype):
@@ -315,6 +473,8 @@ def load_hf(cfg, ref, torch_dtype):
     # The grouped-GEMM experts take no float64; the eager loop over experts is the reference.
     model.set_experts_implementation("eager")
     assert type(model).__name__ == cfg["architectures"][0], type(model).__name__
+    if cfg["model_type"] == "gpt_oss":
+        assert model.config.layer_types == cfg["layer_types"], model.config.layer_types
     n_ref = sum(v.size for v in ref.values())
     n_model = sum(p.numel() for p in model.parameters())
     assert n_model == n_ref, f"{n_model} parameters in the model, {n_ref} in the checkpoint"
@@ -369,7 +529,7 @@ def make_fixture(fx, out_dir, weights_only):
     import torch
     import transformers
 
-    mf.check_with_safetensors_library(os.path.join(fx_dir, "model.safetensors"), stored)
+    check_with_safetensors_library(os.path.join(fx_dir, "model.safetensors"), stored)
     cfg = MODELS[fx["model"]]["config"]
     r = reference_outputs(fx, cfg, ref)
     np.save(os.path.join(fx_dir, "logits.npy"), r["logits"].astype(np.float32))
