@@ -183,11 +183,22 @@ static void acc_run(attn_acc *a, const float *q, const be_attn *at, const be_kv_
 }
 
 /* Writes the normalized output of each head (out, head after head) and, when lse is not
- * NULL, its log-sum-exp; an empty range gives zeros and -inf. */
-static void acc_finish(const attn_acc *a, float *out, float *lse) {
+ * NULL, its log-sum-exp; an empty range gives zeros and -inf. sinks (the group's, or NULL)
+ * add one logit per head to the denominator: final outputs only, a split row's partials
+ * leave them to the merge. */
+static void acc_finish(const attn_acc *a, const float *sinks, float *out, float *lse) {
     int d = a->head_dim;
     for (int h = 0; h < a->group; h++) {
         float l = a->l[h];
+        if (sinks) {
+            /* Against the larger of the running max and the sink, so neither overflows. */
+            float m = a->m[h] > sinks[h] ? a->m[h] : sinks[h];
+            float r = expf(a->m[h] - m);
+            l = l * r + expf(sinks[h] - m);
+            float inv = r / l;
+            for (int j = 0; j < d; j++) out[(size_t)h * d + j] = a->acc[(size_t)h * d + j] * inv;
+            continue;
+        }
         float inv = l > 0.0f ? 1.0f / l : 0.0f;
         for (int j = 0; j < d; j++) out[(size_t)h * d + j] = a->acc[(size_t)h * d + j] * inv;
         if (lse) lse[h] = l > 0.0f ? a->m[h] + logf(l) : -INFINITY;
@@ -220,6 +231,11 @@ typedef struct attn_ctx {
     const int32_t *decode_seq; /* (n_decode) batch sequence of each decode row */
     atomic_int oom;
 } attn_ctx;
+
+/* The sinks of kv head g's query heads, or NULL. */
+static const float *group_sinks(const attn_ctx *c, int kv_head) {
+    return c->attn.sinks ? c->attn.sinks + (size_t)kv_head * c->group : NULL;
+}
 
 static size_t row_offset(const attn_ctx *c, int64_t token, int kv_head) {
     return ((size_t)token * c->n_heads + (size_t)kv_head * c->group) * c->head_dim;
@@ -265,7 +281,9 @@ static void run_gather(attn_ctx *c, int s, int kv_head) {
                 p[t] = score(&c->attn, dot);
                 if (p[t] > mx) mx = p[t];
             }
-            float sum = 0.0f;
+            const float *sk = group_sinks(c, kv_head);
+            if (sk && sk[h] > mx) mx = sk[h];
+            float sum = sk ? expf(sk[h] - mx) : 0.0f;
             for (int64_t t = lo; t < visible; t++) {
                 p[t] = expf(p[t] - mx);
                 sum += p[t];
@@ -303,11 +321,11 @@ static void run_item(void *arg, int64_t index) {
         int64_t row = q0 + it->extra, visible = kv_len - q_len + it->extra + 1;
         acc_run(&a, c->q + row_offset(c, row, it->kv_head), &c->attn, c->layer, pages, first,
                 it->kv_head, window_start(&c->attn, visible), visible);
-        acc_finish(&a, c->out + row_offset(c, row, it->kv_head), NULL);
+        acc_finish(&a, group_sinks(c, it->kv_head), c->out + row_offset(c, row, it->kv_head), NULL);
     } else if (it->kind == ITEM_V1) {
         acc_run(&a, c->q + row_offset(c, q0, it->kv_head), &c->attn, c->layer, pages, first,
                 it->kv_head, window_start(&c->attn, kv_len), kv_len);
-        acc_finish(&a, c->out + row_offset(c, q0, it->kv_head), NULL);
+        acc_finish(&a, group_sinks(c, it->kv_head), c->out + row_offset(c, q0, it->kv_head), NULL);
     } else {
         /* Chunk boundaries are page boundaries, so token ranges start first_page_offset
          * tokens early. */
@@ -322,7 +340,7 @@ static void run_item(void *arg, int64_t index) {
                     it->kv_head, t0, t1);
         size_t slot = ((size_t)it->decode * c->max_chunks + it->extra) * c->n_heads +
                       (size_t)it->kv_head * c->group;
-        acc_finish(&a, c->partial + slot * c->head_dim, c->lse + slot);
+        acc_finish(&a, NULL, c->partial + slot * c->head_dim, c->lse + slot);
     }
     free(a.m);
 }
@@ -335,14 +353,14 @@ static void run_merge(void *arg, int64_t index) {
     int s = c->decode_seq[d];
     int dim = c->head_dim;
     float *o = c->out + (size_t)c->batch->q_indptr[s] * c->n_heads * dim + (size_t)h * dim;
-    float mx = -INFINITY;
+    float mx = c->attn.sinks ? c->attn.sinks[h] : -INFINITY;
     for (int ch = 0; ch < c->max_chunks; ch++) {
         float v = c->lse[((size_t)d * c->max_chunks + ch) * c->n_heads + h];
         if (v > mx) mx = v;
     }
     for (int j = 0; j < dim; j++) o[j] = 0.0f;
     if (mx == -INFINITY) return;
-    float total = 0.0f;
+    float total = c->attn.sinks ? expf(c->attn.sinks[h] - mx) : 0.0f;
     for (int ch = 0; ch < c->max_chunks; ch++) {
         size_t slot = ((size_t)d * c->max_chunks + ch) * c->n_heads + h;
         if (c->lse[slot] == -INFINITY) continue;

@@ -32,11 +32,19 @@ static inline be_tensor be_tensor_rows(const be_tensor *t, int64_t r0, int64_t n
  * q[o, i] + biases[o, i / g] with q read from the little-endian bit stream of row o (for
  * bits 2/4/8 that is also "value k of a uint32 word at bits [k*bits, (k+1)*bits)"). The same
  * struct is an embedding table ([vocab, dim]) and a tied output head. */
+typedef enum {
+    BE_QUANT_AFFINE = 0, /* MLX affine: w = scales * q + biases */
+    /* MXFP4: bits 4, group 32, q an E2M1 code (bit 3 the sign, bits 0-2 index {0, 0.5, 1,
+     * 1.5, 2, 3, 4, 6}), scales one E8M0 byte (2^(s - 127)) per group, no biases. */
+    BE_QUANT_MXFP4,
+} be_quant;
+
 typedef struct be_linear {
     int64_t out, in;
     int bits;         /* 0 = dense; else 2, 3, 4, 5, 6, 8 */
     int group_size;   /* 32, 64, 128 when quantized */
-    base_dtype dtype; /* dense weight dtype, or scales/biases dtype */
+    be_quant quant;   /* the format when bits > 0 */
+    base_dtype dtype; /* dense weight dtype, or scales/biases dtype (U8 for MXFP4) */
     const void *weight;
     const void *scales; /* (out, in / group_size), quantized only */
     const void *biases; /* (out, in / group_size), quantized only */
@@ -54,7 +62,7 @@ static inline be_linear be_linear_rows(const be_linear *w, int64_t r0, int64_t n
     if (w->bits) {
         size_t srow = (size_t)(w->in / w->group_size) * base_dtype_size(w->dtype);
         v.scales = (const char *)w->scales + (size_t)r0 * srow;
-        v.biases = (const char *)w->biases + (size_t)r0 * srow;
+        if (w->biases) v.biases = (const char *)w->biases + (size_t)r0 * srow;
     }
     if (w->bias) v.bias = (const char *)w->bias + (size_t)r0 * base_dtype_size(w->bias_dtype);
     v.out = n;
@@ -158,15 +166,20 @@ typedef struct be_norm {
 typedef enum {
     BE_ACT_SILU = 0,  /* x / (1 + e^-x) */
     BE_ACT_GELU_TANH, /* 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), gelu_pytorch_tanh */
+    /* GPT-OSS's clamped SwiGLU: g = min(gate, 7), u = clamp(up, -7, 7),
+     * y = g * sigmoid(1.702 g) * (u + 1). */
+    BE_ACT_SWIGLU_OAI,
 } be_act;
 
 /* What one layer's attention computes besides softmax(q K^T) V: scores are scaled, then
  * soft-capped (cap * tanh(s / cap)) when softcap > 0, and a query at position p sees the keys
- * at positions p - window + 1 .. p when window > 0 (all keys up to p otherwise). */
+ * at positions p - window + 1 .. p when window > 0 (all keys up to p otherwise). With sinks,
+ * head h's softmax has one more logit, sinks[h], in its denominator only (GPT-OSS). */
 typedef struct be_attn {
     float scale;
-    float softcap; /* 0 = none */
-    int window;    /* 0 = the whole causal span */
+    float softcap;      /* 0 = none */
+    int window;         /* 0 = the whole causal span */
+    const float *sinks; /* (n_heads) F32 in backend memory, or NULL */
 } be_attn;
 
 /* Plain causal attention at `scale`: no cap, no window. */
@@ -175,6 +188,7 @@ static inline be_attn be_attn_plain(float scale) {
     a.scale = scale;
     a.softcap = 0.0f;
     a.window = 0;
+    a.sinks = NULL;
     return a;
 }
 
@@ -327,6 +341,7 @@ struct be_backend {
     const be_ops *ops;
     base_dtype act_dtype;   /* activations dtype the backend computes in */
     int n_threads;          /* CPU worker threads (1 for GPU backends) */
+    unsigned quant_kinds;   /* the be_quant formats its matmul and embedding read, 1 << kind */
     int target_parallelism; /* work items that fill the device: SMs x k, or CPU threads */
     uint64_t generation;    /* bumped when the backend replaces internal scratch memory */
     int prefill_chunk;      /* prompt tokens per forward step it suggests: large enough that

@@ -95,15 +95,22 @@ typedef struct io_rope_scaling {
     int original_max_position_embeddings; /* llama3, yarn, dynamic (0 = unset) */
     float beta_fast, beta_slow;           /* yarn (defaults 32, 1) */
     float mscale, mscale_all_dim;         /* yarn (0 = unset) */
+    bool truncate;                        /* yarn: correction range floored/ceiled (default) */
     float attention_factor;               /* yarn, longrope (0 = derive from factor) */
     int n_factors;                        /* longrope: entries of each list below */
     float *short_factor, *long_factor;    /* longrope (owned by the config) */
 } io_rope_scaling;
 
+typedef enum {
+    IO_QUANT_AFFINE = 0, /* MLX affine: per-group scale and bias */
+    IO_QUANT_MXFP4,      /* E2M1 codes, one E8M0 scale byte per 32 values, no biases */
+} io_quant_mode;
+
 /* bits == 0 means dense (not quantized). */
 typedef struct io_quant_spec {
-    int bits;       /* 2, 3, 4, 5, 6, 8 */
-    int group_size; /* 32, 64, 128 */
+    int bits;       /* 2, 3, 4, 5, 6, 8 (affine); 4 (mxfp4) */
+    int group_size; /* 32, 64, 128 (affine); 32 (mxfp4) */
+    io_quant_mode mode;
 } io_quant_spec;
 
 typedef struct io_quant_override {
@@ -117,7 +124,7 @@ struct json_t;
 
 /* What a family does differently from Llama, as its descriptor (model/arch) reads it from the
  * config; the generic parse leaves Llama's choices. */
-typedef enum { IO_ACT_SILU = 0, IO_ACT_GELU_TANH } io_act;
+typedef enum { IO_ACT_SILU = 0, IO_ACT_GELU_TANH, IO_ACT_SWIGLU_OAI } io_act;
 typedef enum {
     IO_QK_NORM_NONE = 0,
     IO_QK_NORM_HEAD, /* RMSNorm over each head of q and k (Qwen3, Gemma 3) */
@@ -139,6 +146,9 @@ typedef struct io_model_config {
     io_rope_scaling rope_scaling;
     bool tie_word_embeddings;
     bool attention_bias; /* q/k/v biases (qwen2 always; llama's attention_bias) */
+    bool o_bias;         /* o_proj's bias: attention_bias, except qwen2's */
+    bool attn_sinks;     /* a learned logit per head in each softmax's denominator */
+    bool moe_bias;       /* biases on the router and the experts' projections */
     io_qk_norm qk_norm;
     int sliding_window; /* the local layers' window; 0 = none */
     bool *layer_local;  /* (num_hidden_layers) attends within sliding_window; NULL = none */

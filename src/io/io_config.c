@@ -171,7 +171,8 @@ static int parse_rope(const cfg_at *root_at, json_t *obj, const char *name, io_r
             get_float(&at, obj, "beta_slow", 1, &rs->beta_slow) != 0 ||
             get_float(&at, obj, "mscale", 0, &rs->mscale) != 0 ||
             get_float(&at, obj, "mscale_all_dim", 0, &rs->mscale_all_dim) != 0 ||
-            get_float(&at, obj, "attention_factor", 0, &rs->attention_factor) != 0)
+            get_float(&at, obj, "attention_factor", 0, &rs->attention_factor) != 0 ||
+            get_bool(&at, obj, "truncate", true, &rs->truncate) != 0)
             return -1;
     }
     return 0;
@@ -214,7 +215,37 @@ static int parse_rope_all(const cfg_at *at, json_t *root, io_model_config *cfg) 
     return 0;
 }
 
+/* A quantization mode by name: MLX's affine and mxfp4; the other formats MLX writes are
+ * refused until they are implemented. */
+static int parse_mode(const cfg_at *at, json_t *obj, io_quant_mode def, io_quant_mode *out) {
+    json_t *mode = field(obj, "mode");
+    *out = def;
+    if (!mode) return 0;
+    if (!json_is_string(mode)) return field_fail(at, "mode", "must be a string", mode);
+    const char *m = json_string_value(mode);
+    if (strcmp(m, "affine") == 0) {
+        *out = IO_QUANT_AFFINE;
+    } else if (strcmp(m, "mxfp4") == 0) {
+        *out = IO_QUANT_MXFP4;
+    } else {
+        return base_fail(at->err, "%s: field '%smode' is '%s': supported affine, mxfp4%s",
+                         at->origin, at->prefix, m,
+                         strcmp(m, "nvfp4") == 0 || strcmp(m, "mxfp8") == 0
+                             ? " (nvfp4 and mxfp8 are not implemented yet)"
+                             : "");
+    }
+    return 0;
+}
+
 static int check_spec(const cfg_at *at, const io_quant_spec *q) {
+    if (q->mode == IO_QUANT_MXFP4) {
+        if (q->bits != 4 || q->group_size != 32)
+            return base_fail(at->err,
+                             "%s: field '%sbits' and 'group_size' are %d and %d: mxfp4 has 4 "
+                             "and 32",
+                             at->origin, at->prefix, q->bits, q->group_size);
+        return 0;
+    }
     if (q->bits != 2 && q->bits != 3 && q->bits != 4 && q->bits != 5 && q->bits != 6 &&
         q->bits != 8)
         return base_fail(at->err, "%s: field '%sbits' is %d: supported 2, 3, 4, 5, 6, 8",
@@ -250,12 +281,8 @@ static int parse_quant(const cfg_at *root_at, json_t *root, io_model_config *cfg
     json_t *method = field(q, "quant_method");
     if (method && (!json_is_string(method) || strcmp(json_string_value(method), "mlx") != 0))
         return field_fail(&at, "quant_method", "is not supported (only MLX affine)", method);
-    json_t *mode = field(q, "mode");
-    if (mode && !json_is_string(mode)) return field_fail(&at, "mode", "must be a string", mode);
-    if (mode && strcmp(json_string_value(mode), "affine") != 0)
-        return base_fail(at.err, "%s: field '%smode' is '%s': only 'affine' is supported",
-                         at.origin, prefix, json_string_value(mode));
-    if (get_int(&at, q, "bits", true, 0, &cfg->quant.bits) != 0 ||
+    if (parse_mode(&at, q, IO_QUANT_AFFINE, &cfg->quant.mode) != 0 ||
+        get_int(&at, q, "bits", true, 0, &cfg->quant.bits) != 0 ||
         get_int(&at, q, "group_size", true, 0, &cfg->quant.group_size) != 0 ||
         check_spec(&at, &cfg->quant) != 0)
         return -1;
@@ -263,13 +290,14 @@ static int parse_quant(const cfg_at *root_at, json_t *root, io_model_config *cfg
     json_t *v;
     json_object_foreach(q, key, v) {
         if (json_is_false(v)) {
-            push_override(cfg, key, (io_quant_spec){0, 0});
+            push_override(cfg, key, (io_quant_spec){0, 0, IO_QUANT_AFFINE});
         } else if (json_is_object(v)) {
             char sub[300];
             snprintf(sub, sizeof sub, "%s%s.", prefix, key);
             cfg_at mat = {at.origin, sub, at.err};
-            io_quant_spec s = {0, 0};
-            if (get_int(&mat, v, "bits", false, cfg->quant.bits, &s.bits) != 0 ||
+            io_quant_spec s = {0, 0, IO_QUANT_AFFINE};
+            if (parse_mode(&mat, v, cfg->quant.mode, &s.mode) != 0 ||
+                get_int(&mat, v, "bits", false, cfg->quant.bits, &s.bits) != 0 ||
                 get_int(&mat, v, "group_size", false, cfg->quant.group_size, &s.group_size) != 0 ||
                 check_spec(&mat, &s) != 0)
                 return -1;
@@ -368,8 +396,12 @@ static int parse_shapes(const cfg_at *at, json_t *root, io_model_config *c) {
                          "%s: field 'partial_rotary_factor' (%g) must leave an even number of "
                          "rotated dims in head_dim %d",
                          at->origin, (double)partial, c->head_dim);
-    return get_bool(at, root, "tie_word_embeddings", false, &c->tie_word_embeddings) ||
-           get_bool(at, root, "attention_bias", false, &c->attention_bias);
+    if (get_bool(at, root, "tie_word_embeddings", false, &c->tie_word_embeddings) ||
+        get_bool(at, root, "attention_bias", false, &c->attention_bias))
+        return -1;
+    /* transformers gives o_proj the same bias flag (Llama, OLMo 2, Granite, GPT-OSS). */
+    c->o_bias = c->attention_bias;
+    return 0;
 }
 
 /* Phi-3's longrope lists cover the rotated dims, one factor per frequency. */

@@ -198,10 +198,6 @@ static const be_tensor *opt_norm(const be_tensor *t) {
     return t->data ? t : NULL;
 }
 
-static be_act layer_act(const model *m) {
-    return m->cfg.act == IO_ACT_GELU_TANH ? BE_ACT_GELU_TANH : BE_ACT_SILU;
-}
-
 /* ys = in' Wq, Wk, Wv (+ biases), in' = rmsnorm(in) * norm->weight with norm (written to
  * norm->scratch where the backend does not fold it), in itself without. */
 static int project_qkv(model *m, const model_layer *L, const be_tensor *in, const be_norm *norm,
@@ -219,7 +215,7 @@ static int project_glu(model *m, const model_layer *L, const be_tensor *in, cons
                        be_tensor *gate, be_tensor *up, base_err *err) {
     const be_ops *op = m->be->ops;
     be_backend *be = m->be;
-    be_act act = layer_act(m);
+    be_act act = model_act(m->cfg.act);
     if (op->matmul_glu) return op->matmul_glu(be, in, norm, &L->gate, &L->up, act, gate, err);
     TRY(be_norm_apart(be, norm, &in, "gate/up", err));
     TRY(op->matmul(be, in, &L->gate, gate, err));

@@ -21,7 +21,8 @@ typedef struct model_layer {
     be_linear egate, eup;     /* (n_experts * expert inter, hidden), experts stacked */
     be_linear edown;          /* (n_experts * hidden, expert inter) */
     be_moe experts;           /* the op's view of the four above */
-    be_attn attn;             /* scale, cap and window of this layer's attention */
+    be_tensor sinks;          /* (1, n_heads) F32 attention sinks, or data NULL */
+    be_attn attn;             /* scale, cap, window and sinks of this layer's attention */
     bool local;               /* a local layer: its window and the local RoPE table */
 } model_layer;
 
@@ -96,6 +97,13 @@ struct model {
     uint64_t graph_clock;
     uint64_t graphs_recorded, graphs_replayed;
 };
+
+/* The backend's activation for the config's. */
+static inline be_act model_act(io_act act) {
+    return act == IO_ACT_GELU_TANH    ? BE_ACT_GELU_TANH
+           : act == IO_ACT_SWIGLU_OAI ? BE_ACT_SWIGLU_OAI
+                                      : BE_ACT_SILU;
+}
 
 /* Binds every weight of the architecture (model_load.c). */
 int model_bind_weights(model *m, base_err *err);

@@ -41,7 +41,11 @@ static int find_float(model *m, const char *name, int64_t d0, int64_t d1, const 
                       base_err *err) {
     const io_tensor *t = io_checkpoint_find(m->ck, name);
     if (!t) return base_fail(err, "checkpoint: missing tensor %s", name);
-    bool shape_ok = d1 < 0 ? (t->ndim == 1 && t->shape[0] == d0) : shape_2d(m, t, d0, d1);
+    /* A stacked experts' bias [n, d0 / n] is the vector [d0]. */
+    bool shape_ok = d1 < 0 ? (t->ndim == 1 && t->shape[0] == d0) ||
+                                 (m->stacking > 0 && t->ndim == 2 && t->shape[0] == m->stacking &&
+                                  t->shape[0] * t->shape[1] == d0)
+                           : shape_2d(m, t, d0, d1);
     if (!shape_ok) {
         char got[96];
         shape_str(t, got, sizeof got);
@@ -79,6 +83,18 @@ static int upload_f32(model *m, const float *host, int64_t n, be_tensor *out, ba
     return 0;
 }
 
+/* A float vector [n] copied to F32 in backend memory (attention sinks, which the attention
+ * kernels read as F32 whatever the checkpoint stores). */
+static int bind_f32(model *m, const char *name, int64_t n, be_tensor *out, base_err *err) {
+    const io_tensor *t;
+    if (find_float(m, name, n, -1, &t, err)) return -1;
+    float *v = base_xmalloc((size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n; i++) v[i] = base_load_float(t->data, t->dtype, i);
+    int rc = upload_f32(m, v, n, out, err);
+    free(v);
+    return rc;
+}
+
 /* A norm's scale vector [n]. Gemma stores w for a (1 + w) scale: the sum is formed once here,
  * in F32 (exact for bf16 and f16 weights of Gemma's magnitudes), so that every norm op, fused
  * or not, takes a plain scale. */
@@ -96,6 +112,33 @@ static int bind_norm(model *m, const char *name, int64_t n, be_tensor *out, base
     int rc = upload_f32(m, w, n, out, err);
     free(w);
     return rc;
+}
+
+/* MXFP4: scales are one E8M0 byte per 32 values, [out, in / 32] U8, and there are no
+ * biases (a biases tensor would mean the config's mode is wrong). */
+static int bind_mxfp4(model *m, const char *module, const io_tensor *w, io_quant_spec spec,
+                      int64_t out, be_linear *lin, base_err *err) {
+    char name[256];
+    snprintf(name, sizeof name, "%s.scales", module);
+    const io_tensor *scales = io_checkpoint_find(m->ck, name);
+    if (!scales) return base_fail(err, "checkpoint: missing tensor %s", name);
+    if (scales->dtype != BASE_DTYPE_U8 || !shape_2d(m, scales, out, lin->in / 32)) {
+        char got[96];
+        shape_str(scales, got, sizeof got);
+        return base_fail(err, "%s: tensor %s is %s %s, expected U8 [%lld, %lld] for mxfp4",
+                         scales->file, name, base_dtype_name(scales->dtype), got, (long long)out,
+                         (long long)(lin->in / 32));
+    }
+    snprintf(name, sizeof name, "%s.biases", module);
+    if (io_checkpoint_find(m->ck, name))
+        return base_fail(err, "%s: tensor %s exists, but config.json says module %s is mxfp4",
+                         scales->file, name, module);
+    lin->bits = spec.bits;
+    lin->group_size = spec.group_size;
+    lin->quant = BE_QUANT_MXFP4;
+    lin->dtype = BASE_DTYPE_U8;
+    if (map_tensor(m, w, &lin->weight, err) || map_tensor(m, scales, &lin->scales, err)) return -1;
+    return 0;
 }
 
 /* A quantized linear: weight U32 [out, in*bits/32], scales and biases [out, in/group]. */
@@ -120,6 +163,12 @@ static int bind_quantized(model *m, const char *module, const io_tensor *w, io_q
                          w->file, module, base_dtype_name(w->dtype), got, (long long)out,
                          (long long)packed, spec.bits, (long long)out, (long long)in);
     }
+    if (!(m->be->quant_kinds &
+          1u << (spec.mode == IO_QUANT_MXFP4 ? BE_QUANT_MXFP4 : BE_QUANT_AFFINE)))
+        return base_fail(err, "%s: module %s is %s, which the %s backend does not read yet",
+                         w->file, module, spec.mode == IO_QUANT_MXFP4 ? "mxfp4" : "affine",
+                         m->be->name);
+    if (spec.mode == IO_QUANT_MXFP4) return bind_mxfp4(m, module, w, spec, out, lin, err);
     const io_tensor *scales, *biases;
     snprintf(name, sizeof name, "%s.scales", module);
     if (find_float(m, name, out, groups, &scales, err)) return -1;
@@ -202,7 +251,11 @@ static int bind_attention(model *m, const char *p, model_layer *L, base_err *err
                            err)) {
         return -1;
     }
-    if (bind_linear(m, MODULE("self_attn.o_proj"), hidden, qdim, false, &L->o, err)) return -1;
+    if (bind_linear(m, MODULE("self_attn.o_proj"), hidden, qdim, c->o_bias, &L->o, err)) return -1;
+    memset(&L->sinks, 0, sizeof L->sinks);
+    if (c->attn_sinks &&
+        bind_f32(m, MODULE("self_attn.sinks"), c->num_attention_heads, &L->sinks, err))
+        return -1;
     memset(&L->q_norm, 0, sizeof L->q_norm);
     memset(&L->k_norm, 0, sizeof L->k_norm);
     if (c->qk_norm != IO_QK_NORM_NONE) {
@@ -243,15 +296,16 @@ static int bind_moe(model *m, const char *p, model_layer *L, base_err *err) {
     int64_t hidden = c->hidden_size, inter = c->moe_intermediate_size, E = c->n_experts;
     char name[256];
     snprintf(name, sizeof name, "%s%s", p, nm->router);
-    if (bind_linear(m, name, E, hidden, false, &L->router, err)) return -1;
+    bool bias = c->moe_bias;
+    if (bind_linear(m, name, E, hidden, bias, &L->router, err)) return -1;
     m->stacking = (int)E;
     int rc = 0;
     snprintf(name, sizeof name, "%s%s.gate_proj", p, nm->experts);
-    rc = bind_linear(m, name, E * inter, hidden, false, &L->egate, err);
+    rc = bind_linear(m, name, E * inter, hidden, bias, &L->egate, err);
     snprintf(name, sizeof name, "%s%s.up_proj", p, nm->experts);
-    if (!rc) rc = bind_linear(m, name, E * inter, hidden, false, &L->eup, err);
+    if (!rc) rc = bind_linear(m, name, E * inter, hidden, bias, &L->eup, err);
     snprintf(name, sizeof name, "%s%s.down_proj", p, nm->experts);
-    if (!rc) rc = bind_linear(m, name, E * hidden, inter, false, &L->edown, err);
+    if (!rc) rc = bind_linear(m, name, E * hidden, inter, bias, &L->edown, err);
     m->stacking = 0;
     /* Expert views are rows of the stacked tensors: the in dims must still be whole. */
     L->egate.in = L->eup.in = hidden;
@@ -265,7 +319,7 @@ static int bind_moe(model *m, const char *p, model_layer *L, base_err *err) {
                           .top_k = c->n_experts_used,
                           .inter = (int)inter,
                           .norm_topk = c->moe_norm_topk,
-                          .act = c->act == IO_ACT_GELU_TANH ? BE_ACT_GELU_TANH : BE_ACT_SILU};
+                          .act = model_act(c->act)};
     return rc;
 }
 
@@ -287,6 +341,7 @@ static int bind_layer(model *m, int l, base_err *err) {
     L->attn = be_attn_plain(c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)c->head_dim));
     L->attn.softcap = c->attn_softcap;
     L->attn.window = L->local ? c->sliding_window : 0;
+    L->attn.sinks = L->sinks.data;
     return 0;
 }
 

@@ -30,8 +30,13 @@ static void rope_yarn(const io_model_config *cfg, int dim, double base, float *i
         *mscale = (float)yarn_mscale(factor, 1.0);
     double beta_fast = rs->beta_fast > 0 ? rs->beta_fast : 32;
     double beta_slow = rs->beta_slow > 0 ? rs->beta_slow : 1;
-    double low = floor(yarn_correction_dim(beta_fast, dim, base, orig));
-    double high = ceil(yarn_correction_dim(beta_slow, dim, base, orig));
+    double low = yarn_correction_dim(beta_fast, dim, base, orig);
+    double high = yarn_correction_dim(beta_slow, dim, base, orig);
+    /* GPT-OSS keeps the range fractional (truncate false); the others round it outward. */
+    if (rs->truncate) {
+        low = floor(low);
+        high = ceil(high);
+    }
     if (low < 0) low = 0;
     if (high > dim - 1) high = dim - 1;
     if (low == high) high += 0.001;

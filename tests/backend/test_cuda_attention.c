@@ -126,7 +126,7 @@ static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, i
     float *q = malloc(sizeof(float) * qn);
     tc_fill(q, qn, 2.0f);
     tc_round(q, qn, c->act_dt);
-    const be_attn attn = {1.0f / sqrtf((float)D), softcap, window};
+    const be_attn attn = {1.0f / sqrtf((float)D), softcap, window, NULL};
     const bool plain = softcap == 0.0f && window == 0;
     double *ref = malloc(sizeof(double) * qn);
     reference(&b, c, q, pools.kf, pools.vf, attn, ref);
@@ -233,7 +233,7 @@ static void run_rope_case(be_backend *be, const tc_att_case *c, const tc_seq *se
     be_tensor tp = {tc_dev_bytes(be, pos, sizeof(int32_t) * (size_t)b.n_seqs), BASE_DTYPE_I32,
                     b.n_tokens, 1};
     be_tensor tf = tc_tensor(be, inv, BASE_DTYPE_F32, 1, D / 2);
-    const be_attn attn = {1.0f / sqrtf((float)D), softcap, window};
+    const be_attn attn = {1.0f / sqrtf((float)D), softcap, window, NULL};
     be_kv_layer layer[2];
     be_tensor to[2], tq[2], tk[2], tv[2];
     for (int f = 0; f < 2; f++) {

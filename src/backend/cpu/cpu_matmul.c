@@ -1,4 +1,4 @@
-/* CPU matmul: y [n, out] = x [n, in] W^T (+ bias), W dense or MLX affine-quantized.
+/* CPU matmul: y [n, out] = x [n, in] W^T (+ bias), W dense, MLX affine-quantized or MXFP4.
  *
  * Two paths, both parallel over blocks of output rows and both accumulating in f32:
  *
@@ -12,6 +12,7 @@
  *   are used in place. At two rows this already beats running the fused dot twice. */
 #include "backend/cpu/cpu_internal.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,6 +46,15 @@ int cpu_check_linear(const be_linear *w, const char *op, base_err *err) {
     if (w->out <= 0 || w->in <= 0) {
         return base_fail(err, "%s: weight has shape [%lld, %lld]", op, (long long)w->out,
                          (long long)w->in);
+    }
+    if (w->bits && w->quant == BE_QUANT_MXFP4) {
+        if (w->bits != 4 || w->group_size != 32 || w->in % 32 || w->dtype != BASE_DTYPE_U8 ||
+            !w->scales)
+            return base_fail(err, "%s: mxfp4 weight needs bits 4, group 32 and U8 scales", op);
+        if (w->bias && !cpu_float_dtype(w->bias_dtype))
+            return base_fail(err, "%s: bias dtype %s is not F32, F16 or BF16", op,
+                             base_dtype_name(w->bias_dtype));
+        return 0;
     }
     if (!cpu_float_dtype(w->dtype)) {
         return base_fail(err, "%s: weight dtype %s is not F32, F16 or BF16", op,
@@ -91,6 +101,20 @@ static void mm_scales(const cpu_kernels *k, const be_linear *w, int64_t o, int64
     cvt((const uint16_t *)w->biases + first, b, ng);
 }
 
+/* Columns [k0, k0 + kb) of an MXFP4 row (multiples of 32): codes two to a byte, low nibble
+ * first; each group's scale byte is a power of two. */
+static void mm_dequant_mxfp4(const be_linear *w, int64_t o, int64_t k0, int64_t kb, float *dst) {
+    static const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    const uint8_t *codes = (const uint8_t *)w->weight + (size_t)o * (size_t)(w->in / 2);
+    const uint8_t *scales = (const uint8_t *)w->scales + (size_t)o * (size_t)(w->in / 32);
+    for (int64_t i = 0; i < kb; i++) {
+        int64_t c = k0 + i;
+        unsigned q = (codes[c / 2] >> (4 * (c % 2))) & 15u;
+        float v = ldexpf(e2m1[q & 7u], (int)scales[c / 32] - 127);
+        dst[i] = q & 8u ? -v : v;
+    }
+}
+
 /* Columns [k0, k0 + kb) of row o as f32 into dst; k0 and kb are multiples of the group size
  * when quantized, and kb is at most CPU_TILE_K. */
 static void mm_dequant(const cpu_kernels *k, const be_linear *w, int64_t o, int64_t k0, int64_t kb,
@@ -105,6 +129,10 @@ static void mm_dequant(const cpu_kernels *k, const be_linear *w, int64_t o, int6
         } else {
             k->cvt_bf16(src, dst, kb);
         }
+        return;
+    }
+    if (w->quant == BE_QUANT_MXFP4) {
+        mm_dequant_mxfp4(w, o, k0, kb, dst);
         return;
     }
     int g = w->group_size;
@@ -267,7 +295,7 @@ int cpu_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor
     }
     if (x->rows == 0) return 0;
     mm_ctx c = {.k = cpu_krn(be), .w = w, .x = x->data, .y = y->data, .n = x->rows};
-    if (c.n > CPU_GEMV_MAX_N) {
+    if (c.n > CPU_GEMV_MAX_N || (w->bits && w->quant == BE_QUANT_MXFP4)) {
         base_pool_for(cpu_pool(be), (w->out + CPU_TILE_ROWS - 1) / CPU_TILE_ROWS, mm_gemm_task, &c);
         return 0;
     }

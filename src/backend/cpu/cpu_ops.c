@@ -129,6 +129,16 @@ static void ew_gelu_tanh_mul(void *vctx, int64_t t) {
     }
 }
 
+static void ew_swiglu_oai(void *vctx, int64_t t) {
+    const ew_ctx *c = vctx;
+    int64_t i0, i1;
+    ew_span(c, t, &i0, &i1);
+    for (int64_t i = i0; i < i1; i++) {
+        float g = fminf(c->a[i], 7.0f), u = fminf(fmaxf(c->b[i], -7.0f), 7.0f);
+        c->y[i] = g / (1.0f + expf(-1.702f * g)) * (u + 1.0f);
+    }
+}
+
 static void ew_scale(void *vctx, int64_t t) {
     const ew_ctx *c = vctx;
     int64_t i0, i1;
@@ -181,6 +191,8 @@ int cpu_glu(be_backend *be, be_act act, const be_tensor *gate, const be_tensor *
         return cpu_binary(be, "glu (silu)", gate, up, y, ew_silu_mul, err);
     case BE_ACT_GELU_TANH:
         return cpu_binary(be, "glu (gelu_tanh)", gate, up, y, ew_gelu_tanh_mul, err);
+    case BE_ACT_SWIGLU_OAI:
+        return cpu_binary(be, "glu (swiglu_oai)", gate, up, y, ew_swiglu_oai, err);
     }
     return base_fail(err, "glu: unknown activation %d", (int)act);
 }

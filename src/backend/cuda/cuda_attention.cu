@@ -1301,6 +1301,7 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
                    const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
                    be_attn attn, be_tensor *out, base_err *err) {
     if (cuda_attention_check(q, layer, batch, n_heads, out, err)) return -1;
+    if (attn.sinks) return base_fail(err, "cuda: attention: sinks are not implemented yet");
     if (!(attn.softcap >= 0.0f) || attn.window < 0)
         return base_fail(err, "cuda: attention: soft-cap %g, window %d", (double)attn.softcap,
                          attn.window);

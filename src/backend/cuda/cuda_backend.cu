@@ -219,6 +219,7 @@ extern "C" int be_cuda_create(int device, be_backend **out, base_err *err) {
      * about 1e-2; the bytes are small next to the weights' in decode. */
     be->act_dtype = BASE_DTYPE_F32;
     be->n_threads = 1;
+    be->quant_kinds = 1u << BE_QUANT_AFFINE;
     be->target_parallelism = c->sm_count * CUDA_CTAS_PER_SM;
     /* The GEMM path dequantizes every weight once per matmul call, about 34 GB of traffic for
      * an 8B model: 2048 rows make that a small share of the step. */

@@ -339,7 +339,7 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
  * the wide decode, tensor-core decode and prefill kernels; the rest runs on the F32 paged
  * kernel, which applies the cap and the window. */
 static inline bool cuda_attn_plain(be_attn attn) {
-    return attn.softcap == 0.0f && attn.window == 0;
+    return attn.softcap == 0.0f && attn.window == 0 && !attn.sinks;
 }
 /* The arguments' checks of cuda_attention (head_dim, heads, pool dtype, q and out shapes). */
 int cuda_attention_check(const be_tensor *q, const be_kv_layer *layer, const be_paged_batch *batch,

@@ -6,8 +6,9 @@
 #include <string.h>
 
 static const model_arch *const g_archs[] = {
-    &arch_llama,  &arch_mistral, &arch_qwen2, &arch_qwen3,   &arch_gemma2,    &arch_gemma3_text,
-    &arch_gemma3, &arch_phi3,    &arch_olmo2, &arch_granite, &arch_qwen3_moe, &arch_mixtral,
+    &arch_llama,       &arch_mistral, &arch_qwen2,   &arch_qwen3, &arch_gemma2,
+    &arch_gemma3_text, &arch_gemma3,  &arch_phi3,    &arch_olmo2, &arch_granite,
+    &arch_qwen3_moe,   &arch_mixtral, &arch_gpt_oss,
 };
 #define N_ARCHS ((int)(sizeof g_archs / sizeof g_archs[0]))
 

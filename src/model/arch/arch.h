@@ -68,6 +68,6 @@ int arch_moe(const io_cfg_at *at, io_model_config *cfg, const char *n_key, const
 /* The descriptors (one file each under model/arch/). */
 extern const model_arch arch_llama, arch_mistral, arch_qwen2, arch_qwen3, arch_gemma2,
     arch_gemma3_text, arch_gemma3, arch_phi3, arch_olmo2, arch_granite, arch_qwen3_moe,
-    arch_mixtral;
+    arch_mixtral, arch_gpt_oss;
 
 #endif

@@ -1,7 +1,7 @@
 /* Mixture-of-experts families in mlx-lm's layout (experts stacked per layer): Qwen3-MoE
  * (softmax over all experts, top-k, renormalized when norm_topk_prob; dense MLP layers among the
- * MoE ones by decoder_sparse_step and mlp_only_layers; per-head q/k norm) and Mixtral (top-k of
- * the router logits, softmax over the chosen, which is the same renormalized). */
+ * MoE ones by decoder_sparse_step and mlp_only_layers; per-head q/k norm), Mixtral (top-k of
+ * the router logits, softmax over the chosen, which is the same renormalized) and GPT-OSS. */
 #include "model/arch/arch.h"
 
 #include <jansson.h>
@@ -64,4 +64,33 @@ const model_arch arch_mixtral = {
               .mlp_norm = "post_attention_layernorm",
               .router = "block_sparse_moe.gate",
               .experts = "block_sparse_moe.switch_mlp"},
+};
+
+/* GPT-OSS: top-k of the router logits (with bias), softmax over the chosen; the clamped
+ * SwiGLU with alpha 1.702 and limit 7, which is the only limit the kernels take; attention
+ * sinks; q/k/v/o, router and expert biases; sliding and full layers alternating
+ * (layer_types). */
+static int gpt_oss_configure(const io_cfg_at *at, io_model_config *cfg) {
+    float limit;
+    if (arch_moe(at, cfg, "num_local_experts", "num_experts_per_tok", "intermediate_size") ||
+        io_cfg_float(at, "swiglu_limit", 7.0f, &limit) || arch_window_pattern(at, cfg, 2))
+        return -1;
+    if (limit != 7.0f) return io_cfg_fail(at, "swiglu_limit", "must be 7.0");
+    cfg->moe_norm_topk = true;
+    cfg->act = IO_ACT_SWIGLU_OAI;
+    cfg->attn_sinks = true;
+    cfg->moe_bias = true;
+    return 0;
+}
+
+const model_arch arch_gpt_oss = {
+    .model_type = "gpt_oss",
+    .summary = "GPT-OSS (20b, 120b): attention sinks, MXFP4 experts (mlx-community's "
+               "MXFP4-Q8), biases, clamped SwiGLU; CPU only for now",
+    .configure = gpt_oss_configure,
+    .names = {.prefix = "model.",
+              .attn_norm = "input_layernorm",
+              .mlp_norm = "post_attention_layernorm",
+              .router = "mlp.router",
+              .experts = "mlp.experts"},
 };

@@ -11,6 +11,7 @@ static int refuse_window(const io_cfg_at *at) {
 
 static int qwen2_configure(const io_cfg_at *at, io_model_config *cfg) {
     cfg->attention_bias = true;
+    cfg->o_bias = false;
     return refuse_window(at);
 }
 
