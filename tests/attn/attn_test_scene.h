@@ -124,8 +124,8 @@ static inline int scene_step(const scene *sc, ref_seq **rs, const int *q_lens, i
     return rc;
 }
 
-/* Dense causal attention in double over the host copies, scaled, capped and windowed as `at`
- * says. */
+/* Dense causal attention in double over the host copies, scaled, capped, windowed and with
+ * sinks as `at` says. */
 static inline void dense_ref(const scene *sc, ref_seq *const *rs, const be_paged_batch *b,
                              const float *q, float *out, be_attn at) {
     int d = sc->head_dim, row = scene_row(sc);
@@ -152,6 +152,10 @@ static inline void dense_ref(const scene *sc, ref_seq *const *rs, const be_paged
                     if (t < lo) p[t] = -INFINITY;
                     if (p[t] > mx) mx = p[t];
                 }
+                /* A sink: one more logit in the denominator (the CPU backend's memory is the
+                 * host's, so the test reads the array it passed). */
+                if (at.sinks && at.sinks[h] > mx) mx = at.sinks[h];
+                if (at.sinks) sum = exp(at.sinks[h] - mx);
                 for (int t = 0; t < visible; t++) sum += p[t] = exp(p[t] - mx);
                 float *oh = out + ((size_t)tok * sc->n_heads + h) * d;
                 for (int j = 0; j < d; j++) {

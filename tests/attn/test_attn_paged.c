@@ -98,7 +98,7 @@ static void check_paths(const scene *sc, ref_seq *const *rs, const be_paged_batc
 }
 
 /* Every path on one batch: plain attention, soft-capped scores (Gemma 2: a cap the scores
- * reach, so tanh bends them), and a window shorter than most rows (local layers). */
+ * reach, so tanh bends them), a window shorter than most rows (local layers), and sinks. */
 static void check_all_paths(const scene *sc, ref_seq *const *rs, const be_paged_batch *b) {
     float scale = 1.0f / sqrtf((float)sc->head_dim);
     check_paths(sc, rs, b, be_attn_plain(scale));
@@ -108,6 +108,15 @@ static void check_all_paths(const scene *sc, ref_seq *const *rs, const be_paged_
     be_attn local = be_attn_plain(scale);
     local.window = irand(1, 2 * sc->block_size + 3);
     check_paths(sc, rs, b, local);
+    /* GPT-OSS: sinks around the scores' scale, on windowed and full attention. */
+    float *sinks = malloc((size_t)sc->n_heads * sizeof(float));
+    for (int h = 0; h < sc->n_heads; h++) sinks[h] = 2.0f * frand();
+    local.sinks = sinks;
+    check_paths(sc, rs, b, local);
+    be_attn sunk = be_attn_plain(scale);
+    sunk.sinks = sinks;
+    check_paths(sc, rs, b, sunk);
+    free(sinks);
 }
 
 /* One random scene: a base sequence, forks of it (sharing its blocks, the last one partial)

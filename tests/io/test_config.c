@@ -115,7 +115,7 @@ static void test_families(void) {
     io_config_free(&c);
 
     CHECK(strcmp(model_arch_names(), "llama, mistral, qwen2, qwen3, gemma2, gemma3_text, gemma3, "
-                                     "phi3, olmo2, granite, qwen3_moe, mixtral") == 0);
+                                     "phi3, olmo2, granite, qwen3_moe, mixtral, gpt_oss") == 0);
 }
 
 static void test_defaults(void) {
@@ -257,7 +257,25 @@ static void test_quantization(void) {
     q = io_config_quant_for(&c, "lm_head");
     CHECK(q.bits == 0);
     q = io_config_quant_for(&c, "model.layers.0.mlp.down_proj");
-    CHECK(q.bits == 4 && q.group_size == 64);
+    CHECK(q.bits == 4 && q.group_size == 64 && q.mode == IO_QUANT_AFFINE);
+    io_config_free(&c);
+
+    /* MXFP4: globally, or per module beside affine ones (mlx-community's MXFP4-Q8). */
+    CHECK_MSG(parse(LLAMA(", \"quantization\": {\"group_size\": 64, \"bits\": 8, "
+                          "\"model.layers.0.mlp.up_proj\": {\"group_size\": 32, \"bits\": 4, "
+                          "\"mode\": \"mxfp4\"}}"),
+                    &c) == 0,
+              "%s", g_err.msg);
+    q = io_config_quant_for(&c, "model.layers.0.mlp.up_proj");
+    CHECK(q.bits == 4 && q.group_size == 32 && q.mode == IO_QUANT_MXFP4);
+    q = io_config_quant_for(&c, "model.layers.0.mlp.down_proj");
+    CHECK(q.bits == 8 && q.mode == IO_QUANT_AFFINE);
+    io_config_free(&c);
+    CHECK_MSG(parse(LLAMA(", \"quantization\": {\"group_size\": 32, \"bits\": 4, "
+                          "\"mode\": \"mxfp4\"}"),
+                    &c) == 0,
+              "%s", g_err.msg);
+    CHECK(c.quant.mode == IO_QUANT_MXFP4);
     io_config_free(&c);
 
     /* an override's missing field falls back to the default spec */
@@ -292,8 +310,6 @@ static void test_quantization(void) {
     BAD(LLAMA(", \"quantization\": {\"bits\": 4}"), "quantization.group_size", "missing");
     BAD(LLAMA(", \"quantization\": {\"group_size\": 64, \"bits\": \"4\"}"), "quantization.bits",
         "integer");
-    BAD(LLAMA(", \"quantization\": {\"group_size\": 64, \"bits\": 4, \"mode\": \"mxfp4\"}"),
-        "quantization.mode", "mxfp4");
     BAD(LLAMA(
             ", \"quantization\": {\"group_size\": 64, \"bits\": 4, \"model.layers.1.mlp.up_proj\": "
             "{\"bits\": 7}}"),
@@ -305,6 +321,13 @@ static void test_quantization(void) {
               "\"group_size\": 128}"),
         "quantization_config.quant_method", NULL);
     BAD(LLAMA(", \"quantization\": [4, 64]"), "'quantization'", "object");
+    BAD(LLAMA(", \"quantization\": {\"group_size\": 64, \"bits\": 4, \"mode\": \"mxfp4\"}"),
+        "mxfp4 has 4 and 32", NULL);
+    BAD(LLAMA(", \"quantization\": {\"group_size\": 32, \"bits\": 4, \"mode\": \"nvfp4\"}"),
+        "'nvfp4'", "not implemented yet");
+    BAD(LLAMA(", \"quantization\": {\"group_size\": 64, \"bits\": 4, "
+              "\"model.layers.0.mlp.up_proj\": {\"mode\": \"fp3\"}}"),
+        "up_proj.mode", "supported affine, mxfp4");
 }
 
 static void test_bad_fields(void) {
