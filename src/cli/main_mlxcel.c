@@ -42,7 +42,7 @@ int cli_cmd_arch(int argc, char **argv) {
     printf("families (config.json model_type):\n");
     for (int i = 0; i < n; i++) printf("  %-12s %s\n", archs[i]->model_type, archs[i]->summary);
     printf("weights:  dense F32, F16, BF16; MLX affine-quantized, bits 2, 3, 4, 5, 6, 8 with "
-           "group sizes 32, 64, 128 (per-module overrides)\n");
+           "group sizes 32, 64, 128 (per-module overrides); MXFP4 (CPU)\n");
     printf("rope:     default, linear, dynamic, llama3, yarn, longrope; partial rotary\n");
     printf("attention: sliding windows (all layers or per layer), logit soft-capping; every "
            "layer keeps its whole context in the KV cache\n");
