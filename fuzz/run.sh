@@ -64,7 +64,7 @@ done
 
 # Executions per target in deterministic mode: about a minute each on a 2-core CI machine.
 declare -A runs=([safetensors]=1200000 [config]=3000000 [tokenizer_json]=80000 [bpe]=80000
-                 [chat]=150000 [chat_nesting]=12000 [npy]=3000000 [http_body]=1000000
+                 [chat]=150000 [chat_nesting]=12000 [npy]=3000000 [http_body]=300000
                  [http_request]=50000)
 # The longest input libFuzzer makes (otherwise the longest seed's length): chat's seeds hold
 # the 20,000-level templates (up to 280 KB) that the regression test replays whole; mutating
