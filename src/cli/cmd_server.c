@@ -16,6 +16,7 @@ typedef struct server_flags {
     server_options srv;
     engine_sched_options sched;
     const char *template_file;
+    json_t *template_kwargs; /* --chat-template-kwargs, owned */
     int shutdown_timeout_s;
     bool help;
 } server_flags;
@@ -43,6 +44,9 @@ static const struct {
     {"LLAMA_ARG_MAX_BATCH_TOKENS", "--max-batch-tokens", false},
     {"LLAMA_ARG_PREFILL_CHUNK_SIZE", "--prefill-chunk-size", false},
     {"LLAMA_ARG_SHUTDOWN_TIMEOUT", "--shutdown-timeout", false},
+    {"LLAMA_ARG_THINK", "--reasoning-format", false},
+    {"LLAMA_ARG_THINK_BUDGET", "--reasoning-budget", false},
+    {"LLAMA_ARG_CHAT_TEMPLATE_KWARGS", "--chat-template-kwargs", false},
 };
 
 static const char g_help[] =
@@ -88,6 +92,7 @@ static const char g_help[] =
     "      --prefill-chunk-size N  prompt tokens of one sequence per step (default: the\n"
     "                           backend's, 512 on the CPU, 2048 on CUDA)\n"
     "      --max-body BYTES     largest request body; more gets 413 (default 8 MiB)\n"
+    "%s"
     "      --temp, --top-k, --top-p, --min-p, --repeat-penalty, --seed\n"
     "                           sampling defaults for requests that leave them out\n"
     "  -h, --help               this help\n"
@@ -97,7 +102,8 @@ static const char g_help[] =
     "LLAMA_ARG_N_PREDICT, LLAMA_ARG_API_KEY, LLAMA_ARG_ENDPOINT_METRICS, LLAMA_ARG_TIMEOUT,\n"
     "LLAMA_ARG_CHAT_TEMPLATE_FILE, LLAMA_ARG_ALIAS, LLAMA_ARG_KV_CACHE_BUDGET,\n"
     "LLAMA_ARG_MAX_QUEUE, LLAMA_ARG_MAX_BATCH_TOKENS, LLAMA_ARG_PREFILL_CHUNK_SIZE,\n"
-    "LLAMA_ARG_SHUTDOWN_TIMEOUT); a flag on the command line wins.\n"
+    "LLAMA_ARG_SHUTDOWN_TIMEOUT, LLAMA_ARG_THINK, LLAMA_ARG_THINK_BUDGET,\n"
+    "LLAMA_ARG_CHAT_TEMPLATE_KWARGS); a flag on the command line wins.\n"
     "\n"
     "examples:\n"
     "  mlxcel-server -m models/demo\n"
@@ -194,6 +200,7 @@ static void defaults(server_flags *f) {
     f->srv.max_header = 32u << 10;
     f->srv.max_body = 8u << 20;
     f->sched.max_queue = 256;
+    f->srv.reasoning_format = ENGINE_REASONING_AUTO;
     engine_sampling_defaults(&f->srv.defaults);
 }
 
@@ -230,7 +237,8 @@ static int parse(int argc, char **argv, server_flags *f) {
             continue;
         }
         if (cli_take_runtime(&p, &f->rt) || take_server_flag(&p, f) ||
-            cli_take_sampling(&p, &f->srv.defaults))
+            cli_take_sampling(&p, &f->srv.defaults) ||
+            cli_take_server_chat(&p, &f->srv, &f->template_kwargs))
             continue;
         cli_unknown(&p);
     }
@@ -269,6 +277,7 @@ static int load(server_flags *f, loaded *L, base_err *err) {
         engine_runtime_open(f->rt.model, &f->rt.opts, &L->rt, err) ||
         engine_prompter_open(f->rt.model, f->template_file, &L->pr, err))
         return -1;
+    cli_server_chat_apply(&f->srv, f->template_kwargs, L->pr);
     int n_eos;
     server_extra_eos(f->rt.model, L->pr, &L->eos, &n_eos);
     f->sched.tok = L->pr->tok;
@@ -319,9 +328,13 @@ int cli_cmd_server(int argc, char **argv) {
     server_flags f;
     defaults(&f);
     int rc = parse(argc, argv, &f);
-    if (rc != CLI_OK) return rc;
+    if (rc != CLI_OK) {
+        json_decref(f.template_kwargs);
+        return rc;
+    }
     if (f.help) {
-        printf(g_help, cli_runtime_help());
+        printf(g_help, cli_runtime_help(), cli_server_chat_help);
+        json_decref(f.template_kwargs);
         return CLI_OK;
     }
     if (!f.srv.model_id) f.srv.model_id = base_name(f.rt.model);
@@ -335,11 +348,15 @@ int cli_cmd_server(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     base_err err;
     server *srv;
-    if (server_start(&f.srv, &srv, &err)) return cli_fail(&err);
+    if (server_start(&f.srv, &srv, &err)) {
+        json_decref(f.template_kwargs);
+        return cli_fail(&err);
+    }
     loaded L = {0};
     if (load(&f, &L, &err)) {
         server_stop(srv);
         unload(&L);
+        json_decref(f.template_kwargs);
         return cli_fail(&err);
     }
     server_attach(srv, L.rt, L.pr, L.sched);
@@ -350,5 +367,6 @@ int cli_cmd_server(int argc, char **argv) {
     rc = drain(srv, &sigs, f.shutdown_timeout_s);
     server_stop(srv);
     unload(&L);
+    json_decref(f.template_kwargs);
     return rc;
 }

@@ -220,55 +220,6 @@ int engine_bench_decode(engine_runtime *rt, int n_seqs, int n_depth, int n_steps
  * 256 MiB): the ceiling a decode step's weight reads are measured against. */
 int engine_bench_copy_bandwidth(be_backend *be, double *bytes_per_second, base_err *err);
 
-/* ---- prompts: tokenizer + chat template of a model directory ---- */
-
-typedef struct engine_prompter {
-    tok_tokenizer *tok;     /* owned */
-    chat_template *tmpl;    /* owned; NULL when the model has no chat template */
-    json_t *special_vars;   /* owned: bos_token, eos_token, ... as the template sees them */
-    size_t max_token_bytes; /* the longest token's text, for the encoders' length bound */
-    bool content_as_list;   /* the template walks a message's content parts itself */
-} engine_prompter;
-/* Loads dir's tokenizer and chat template; template_file (may be NULL) replaces the model's
- * template. When dir has a config.json, the tokenizer's ids must be below its vocab_size. */
-int engine_prompter_open(const char *dir, const char *template_file, engine_prompter **out,
-                         base_err *err);
-void engine_prompter_close(engine_prompter *p);
-/* How a conversation is rendered: transformers' apply_chat_template arguments. */
-typedef struct engine_chat_options {
-    bool add_generation_prompt;  /* open the assistant's turn after the messages */
-    bool continue_final_message; /* end the prompt inside the final message, which the model
-                                    then continues (a "prefill"); excludes the above */
-    const json_t *extra;         /* more template variables (tools, enable_thinking) or NULL */
-} engine_chat_options;
-/* What a conversation asks for when the request does not say: a final assistant message is
- * continued, as llama-server does; otherwise the assistant's turn is opened. */
-engine_chat_options engine_chat_defaults(const json_t *messages);
-/* Renders `messages` (a JSON array, as OpenAI's API sends them) with the chat template. The
- * messages are first put as templates take them (engine_messages_normalize). *prompt: caller
- * frees. */
-int engine_prompter_render(const engine_prompter *p, const json_t *messages,
-                           const engine_chat_options *o, char **prompt, base_err *err);
-/* Renders and tokenizes a conversation. Special tokens come from the template itself, so the
- * tokenizer adds none (as transformers' apply_chat_template(tokenize=True) does).
- * max_tokens > 0: a text too long to fit in that many tokens is refused before it is
- * tokenized (which costs seconds for megabytes), judged by its length against the longest
- * token's, with room for normalization; the caller still checks the count it gets. */
-int engine_prompter_encode_chat(const engine_prompter *p, const json_t *messages,
-                                const engine_chat_options *o, int max_tokens, int32_t **ids, int *n,
-                                base_err *err);
-/* Messages as OpenAI's API sends them to messages as chat templates take them (a new array,
- * caller decrefs): the roles system, user, assistant and tool, with developer taken as
- * system, anything else refused; content a string (null or absent: empty), or an array of text
- * parts, joined with newlines unless content_as_list keeps them as parts; image, audio and
- * file parts refused (these models take text only). err names the message and part. */
-int engine_messages_normalize(const json_t *messages, bool content_as_list, json_t **out,
-                              base_err *err);
-/* Tokenizes plain text with the tokenizer's special tokens (e.g. BOS) added; max_tokens as for
- * engine_prompter_encode_chat. */
-int engine_prompter_encode_text(const engine_prompter *p, const char *text, int max_tokens,
-                                int32_t **ids, int *n, base_err *err);
-
 /* ---- tool calls in generated text (engine_tools.c) ----
  *
  * How a model writes a call, by family, as vLLM's --tool-call-parser names them:
@@ -357,6 +308,61 @@ void engine_think_split_text(const char *text, size_t len, bool inside, bool fin
 /* Whether a rendered prompt ends inside an opened thinking (a template that writes <think>
  * in its generation prompt). */
 bool engine_prompt_opens_think(const char *prompt);
+
+/* ---- prompts: tokenizer + chat template of a model directory ---- */
+
+typedef struct engine_prompter {
+    tok_tokenizer *tok;             /* owned */
+    chat_template *tmpl;            /* owned; NULL when the model has no chat template */
+    json_t *special_vars;           /* owned: bos_token, eos_token, ... as the template sees them */
+    size_t max_token_bytes;         /* the longest token's text, for the encoders' length bound */
+    bool content_as_list;           /* the template walks a message's content parts itself */
+    engine_tool_format tool_format; /* how the template writes tool calls */
+} engine_prompter;
+/* Loads dir's tokenizer and chat template; template_file (may be NULL) replaces the model's
+ * template. When dir has a config.json, the tokenizer's ids must be below its vocab_size. */
+int engine_prompter_open(const char *dir, const char *template_file, engine_prompter **out,
+                         base_err *err);
+void engine_prompter_close(engine_prompter *p);
+/* How a conversation is rendered: transformers' apply_chat_template arguments. */
+typedef struct engine_chat_options {
+    bool add_generation_prompt;  /* open the assistant's turn after the messages */
+    bool continue_final_message; /* end the prompt inside the final message, which the model
+                                    then continues (a "prefill"); excludes the above */
+    const json_t *extra;         /* more template variables (tools, enable_thinking) or NULL */
+} engine_chat_options;
+/* What a conversation asks for when the request does not say: a final assistant message is
+ * continued, as llama-server does; otherwise the assistant's turn is opened. */
+engine_chat_options engine_chat_defaults(const json_t *messages);
+/* Renders `messages` (a JSON array, as OpenAI's API sends them) with the chat template. The
+ * messages are first put as templates take them (engine_messages_normalize). *prompt: caller
+ * frees. */
+int engine_prompter_render(const engine_prompter *p, const json_t *messages,
+                           const engine_chat_options *o, char **prompt, base_err *err);
+/* Renders and tokenizes a conversation. Special tokens come from the template itself, so the
+ * tokenizer adds none (as transformers' apply_chat_template(tokenize=True) does).
+ * max_tokens > 0: a text too long to fit in that many tokens is refused before it is
+ * tokenized (which costs seconds for megabytes), judged by its length against the longest
+ * token's, with room for normalization; the caller still checks the count it gets. */
+int engine_prompter_encode_chat(const engine_prompter *p, const json_t *messages,
+                                const engine_chat_options *o, int max_tokens, int32_t **ids, int *n,
+                                base_err *err);
+/* Messages as OpenAI's API sends them to messages as chat templates take them (a new array,
+ * caller decrefs): the roles system, user, assistant and tool, with developer taken as
+ * system, anything else refused; content a string (null or absent: empty), or an array of text
+ * parts, joined with newlines unless content_as_list keeps them as parts; image, audio and
+ * file parts refused (these models take text only); an assistant's tool_calls with each
+ * function.arguments an object (the JSON text the SDKs send is parsed). err names the message
+ * and part. */
+int engine_messages_normalize(const json_t *messages, bool content_as_list, json_t **out,
+                              base_err *err);
+/* Tokenizes a rendered prompt (engine_prompter_render) as engine_prompter_encode_chat does. */
+int engine_prompter_encode_rendered(const engine_prompter *p, const char *prompt, int max_tokens,
+                                    int32_t **ids, int *n, base_err *err);
+/* Tokenizes plain text with the tokenizer's special tokens (e.g. BOS) added; max_tokens as for
+ * engine_prompter_encode_chat. */
+int engine_prompter_encode_text(const engine_prompter *p, const char *text, int max_tokens,
+                                int32_t **ids, int *n, base_err *err);
 
 /* ---- the scheduler ---- */
 

@@ -18,6 +18,7 @@
  * an interim "100 Continue", which every HTTP/1.1 client must read past (RFC 9110, 15.2) and
  * which a closed socket answers with the reset that cancels the request. */
 #include "server/server_internal.h"
+#include "server/server_output.h"
 #include "server/server_params.h"
 
 #include <errno.h>
@@ -46,6 +47,8 @@ typedef struct job {
     bool stream, include_usage, logprobs, cancelled;
     char resp_id[48];
     long long created;
+    server_output split; /* chat: how the text splits into reasoning, content and tool calls, and
+                          (the connection's thread) how much of each has been sent */
     /* written by the scheduler's thread, under mu */
     char *text; /* (text_cap) everything generated so far */
     size_t text_len, text_cap;
@@ -74,6 +77,7 @@ static void job_release(job *j) {
     free(j->lps);
     free(j->error);
     free(j->out);
+    json_decref(j->split.tool_defs);
     free(j);
 }
 
@@ -142,6 +146,49 @@ static bool job_wait(job *j) {
 
 static const char *finish_reason(engine_finish f) {
     return f == ENGINE_FINISH_LENGTH ? "length" : f == ENGINE_FINISH_CANCELLED ? "abort" : "stop";
+}
+
+/* A chat answer that called tools ends with "tool_calls", unless it was cut short. */
+static const char *chat_finish_reason(engine_finish f, bool called) {
+    return called && f != ENGINE_FINISH_CANCELLED ? "tool_calls" : finish_reason(f);
+}
+
+static bool blank(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!strchr(" \t\r\n", s[i])) return false;
+    return true;
+}
+
+/* The parts of news as a chat message or delta: content (null beside calls when blank, in a
+ * whole message), reasoning_content, tool_calls (with their index when streamed). */
+static void news_fields(json_t *o, const server_news *n, bool streamed) {
+    bool calls = n->scan.n_calls > n->first_call;
+    if (!streamed || n->content_len)
+        json_object_set_new(o, "content",
+                            calls && blank(n->content, n->content_len)
+                                ? json_null()
+                                : json_stringn(n->content ? n->content : "", n->content_len));
+    if (n->reasoning_len)
+        json_object_set_new(o, "reasoning_content", json_stringn(n->reasoning, n->reasoning_len));
+    if (!calls) return;
+    json_t *arr = json_array();
+    for (int i = n->first_call; i < n->scan.n_calls; i++)
+        json_array_append_new(arr, server_tool_call_json(&n->scan.calls[i], streamed ? i : -1));
+    json_object_set_new(o, "tool_calls", arr);
+}
+
+/* The whole answer as a chat message; *called: it holds tool calls. */
+static json_t *chat_message(const job *j, bool *called) {
+    server_output o = j->split;
+    o.reasoning_sent = o.content_sent = 0;
+    o.calls_sent = 0;
+    server_news n;
+    server_output_news(&o, j->text ? j->text : "", j->text_len, true, &n);
+    json_t *msg = json_pack("{s:s}", "role", "assistant");
+    news_fields(msg, &n, false);
+    *called = n.scan.n_calls > 0;
+    server_news_free(&n);
+    return msg;
 }
 
 static json_t *token_json(server *s, int32_t id, float lp, bool with_bytes) {
@@ -240,14 +287,15 @@ static json_t *llama_body(server *s, const job *j, const char *content, bool sto
 /* The whole response of a request that was not streamed. */
 static json_t *final_body(server *s, job *j) {
     if (j->kind == SERVER_LLAMA_COMPLETION) return llama_body(s, j, j->text ? j->text : "", true);
-    bool chat = j->kind == SERVER_CHAT;
-    json_t *choice = json_pack("{s:i,s:s}", "index", 0, "finish_reason", finish_reason(j->finish));
-    const char *text = j->text ? j->text : "";
+    bool chat = j->kind == SERVER_CHAT, called = false;
+    json_t *choice = json_pack("{s:i}", "index", 0);
     if (chat)
-        json_object_set_new(choice, "message",
-                            json_pack("{s:s,s:s}", "role", "assistant", "content", text));
+        json_object_set_new(choice, "message", chat_message(j, &called));
     else
-        json_object_set_new(choice, "text", json_string(text));
+        json_object_set_new(choice, "text", json_string(j->text ? j->text : ""));
+    json_object_set_new(
+        choice, "finish_reason",
+        json_string(chat ? chat_finish_reason(j->finish, called) : finish_reason(j->finish)));
     json_object_set_new(choice, "logprobs",
                         !j->logprobs ? json_null()
                         : chat       ? chat_logprobs(s, j, 0, j->n_lps)
@@ -282,9 +330,10 @@ static void out_event(job *j, json_t *o) {
     free(t);
 }
 
-/* One chunk with the text and log-probabilities that arrived since the last one. */
-static json_t *delta_chunk(server *s, job *j, const char *text, size_t n, int lp_to,
-                           const char *finish) {
+/* One chunk with the text (news, for chat) and log-probabilities that arrived since the last
+ * one. */
+static json_t *delta_chunk(server *s, job *j, const char *text, size_t n, const server_news *news,
+                           int lp_to, const char *finish) {
     if (j->kind == SERVER_LLAMA_COMPLETION) {
         json_t *o = json_pack("{s:s%,s:b}", "content", text, n, "stop", false);
         return o;
@@ -299,7 +348,10 @@ static json_t *delta_chunk(server *s, job *j, const char *text, size_t n, int lp
     if (chat) {
         json_t *delta = json_object();
         if (!j->head_sent) json_object_set_new(delta, "role", json_string("assistant"));
-        if (n || !finish) json_object_set_new(delta, "content", json_stringn(text, n));
+        if (news) news_fields(delta, news, true);
+        /* a chunk that only carries log-probabilities (or the role) still has its content */
+        if (!finish && json_object_size(delta) == (j->head_sent ? 0u : 1u))
+            json_object_set_new(delta, "content", json_string(""));
         json_object_set_new(choice, "delta", delta);
     } else {
         json_object_set_new(choice, "text", json_stringn(text, n));
@@ -312,13 +364,20 @@ static json_t *delta_chunk(server *s, job *j, const char *text, size_t n, int lp
 static void format_news(server *s, job *j) {
     size_t n = j->text_len - j->text_sent;
     int lp_to = j->n_lps;
-    bool done = j->finish != ENGINE_FINISH_NONE;
-    if (n || lp_to > j->lps_sent || (!j->head_sent && j->kind == SERVER_CHAT)) {
-        out_event(j, delta_chunk(s, j, j->text ? j->text + j->text_sent : "", n, lp_to, NULL));
+    bool done = j->finish != ENGINE_FINISH_NONE, chat = j->kind == SERVER_CHAT;
+    server_news news = {0};
+    if (chat) server_output_news(&j->split, j->text ? j->text : "", j->text_len, done, &news);
+    bool fresh = chat
+                     ? news.content_len || news.reasoning_len || news.scan.n_calls > news.first_call
+                     : n > 0;
+    if (fresh || lp_to > j->lps_sent || (!j->head_sent && chat)) {
+        out_event(j, delta_chunk(s, j, j->text ? j->text + j->text_sent : "", n,
+                                 chat ? &news : NULL, lp_to, NULL));
         j->head_sent = true;
         j->text_sent = j->text_len;
         j->lps_sent = lp_to;
     }
+    server_news_free(&news);
     if (!done || j->tail_sent) return;
     j->tail_sent = true;
     if (j->finish == ENGINE_FINISH_ERROR) {
@@ -331,7 +390,9 @@ static void format_news(server *s, job *j) {
         out_event(j, llama_body(s, j, "", true));
         return;
     }
-    out_event(j, delta_chunk(s, j, "", 0, j->lps_sent, finish_reason(j->finish)));
+    out_event(j, delta_chunk(s, j, "", 0, NULL, j->lps_sent,
+                             chat ? chat_finish_reason(j->finish, j->split.calls_sent > 0)
+                                  : finish_reason(j->finish)));
     if (j->include_usage) {
         json_t *o =
             envelope(s, j, j->kind == SERVER_CHAT ? "chat.completion.chunk" : "text_completion",
@@ -449,6 +510,8 @@ static job *job_new(server *s, struct MHD_Connection *c, const server_params *p)
     j->stream = p->stream;
     j->include_usage = p->include_usage;
     j->logprobs = p->req.logprobs;
+    j->split = p->out;
+    json_incref(j->split.tool_defs);
     j->created = (long long)time(NULL);
     j->t_submit = base_now();
     uint64_t n = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
