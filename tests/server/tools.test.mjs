@@ -103,8 +103,8 @@ async function toolTurn(url, client) {
     `the call's arguments rendered as a mapping: ${prompt}`);
   check(prompt.includes(`<|tool|> ${call?.id}\n{"celsius": 21}`), `the tool result rendered with its id: ${prompt}`);
   const after = await client.chat.completions.create({ model: 'demo', messages: history, tools: TOOLS, max_tokens: 8 });
-  check(typeof after.choices[0].message.content === 'string' && after.choices[0].finish_reason === 'length',
-    `result turn answered: ${JSON.stringify(after.choices[0])}`);
+  check(typeof after.choices[0].message.content === 'string' && !after.choices[0].message.tool_calls &&
+    after.usage.prompt_tokens > 40, `result turn answered: ${JSON.stringify(after)}`);
 
   // tool_choice none: the tools are not rendered and a call written anyway stays text
   const none = (await (await post(url, '/apply-template', { messages: USER, tools: TOOLS, tool_choice: 'none' })).json()).prompt;
@@ -158,14 +158,14 @@ async function partsAndPrefill(url, client) {
   const prompt = (await (await post(url, '/apply-template', { messages: parts })).json()).prompt;
   check(prompt.includes('<|user|>\nHello\nworld\n'), `content parts joined: ${JSON.stringify(prompt)}`);
   const r = await client.chat.completions.create({ model: 'demo', messages: parts, max_tokens: 4 });
-  check(r.choices[0].finish_reason === 'length', `content parts answered: ${JSON.stringify(r.choices[0])}`);
+  check(typeof r.choices[0].message.content === 'string' && r.usage.prompt_tokens > 0, `content parts answered: ${JSON.stringify(r)}`);
   await status400(url, '/v1/chat/completions', { messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }] },
     'image part', 'text only');
   const prefill = [...USER, { role: 'assistant', content: 'The king said' }];
   const p = (await (await post(url, '/apply-template', { messages: prefill })).json()).prompt;
   check(p.endsWith('<|assistant|>\nThe king said'), `prefill continues the final message: ${JSON.stringify(p)}`);
   const c = await client.chat.completions.create({ model: 'demo', messages: prefill, max_tokens: 4, temperature: 0 });
-  check(c.choices[0].finish_reason === 'length' && c.usage.prompt_tokens > 0, `prefill answered: ${JSON.stringify(c.choices[0])}`);
+  check(typeof c.choices[0].message.content === 'string' && c.usage.prompt_tokens > 0, `prefill answered: ${JSON.stringify(c)}`);
 }
 
 async function refusals(url) {
