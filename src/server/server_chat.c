@@ -142,7 +142,9 @@ static int setup_tools(json_t *b, const server_options *o, const engine_prompter
                          "'tool_choice' %s and 'response_format' or 'grammar' exclude one "
                          "another",
                          c.only ? "naming a function" : "required");
-    if (engine_tools_grammar(p->out.format, tools, c.only, parallel, &p->tool_gbnf, err)) return -1;
+    /* a named function is called once, as OpenAI's API does */
+    if (engine_tools_grammar(p->out.format, tools, c.only, parallel && !c.only, &p->tool_gbnf, err))
+        return -1;
     p->out.forced = true;
     p->req.grammar = p->tool_gbnf;
     return 0;
@@ -193,10 +195,11 @@ int server_chat_prompt(json_t *b, const server_options *o, const engine_prompter
     if (server_chat_options(b, m, &co, err) || server_chat_vars(b, p, &co, err) ||
         engine_prompter_render(pr, m, &co, &prompt, err))
         return -1;
+    int rc = engine_prompter_encode_rendered(pr, prompt, ctx, &p->ids, &p->n_ids, err) ||
+             setup_tools(b, o, pr, p, err);
+    /* constrained output is what its grammar says: thinking only where it writes <think> */
     p->out.reasoning = o->reasoning_format != ENGINE_REASONING_NONE;
-    p->out.inside = engine_prompt_opens_think(prompt);
-    int rc = engine_prompter_encode_rendered(pr, prompt, ctx, &p->ids, &p->n_ids, err);
+    p->out.inside = !p->req.grammar && engine_prompt_opens_think(prompt);
     free(prompt);
-    if (rc || setup_tools(b, o, pr, p, err) || setup_budget(o, pr, p, err)) return -1;
-    return 0;
+    return rc || setup_budget(o, pr, p, err) ? -1 : 0;
 }

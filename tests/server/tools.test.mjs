@@ -213,6 +213,11 @@ async function main() {
       `budget: thinking ended, the answer follows: ${JSON.stringify(m)}`);
     const s = await collect(await cb.chat.completions.create({ ...ask, stream: true }));
     check(s.reasoning === m.reasoning_content && s.content === m.content, `budget streamed: ${JSON.stringify(s)}`);
+    // a forced call after a prompt that opened <think> is a call, not thinking
+    const r = await cb.chat.completions.create({ ...ask, max_tokens: 120, tools: TOOLS,
+      tool_choice: { type: 'function', function: { name: 'get_weather' } } });
+    check(validWeather(parses(r.choices[0].message.tool_calls?.[0]?.function.arguments)),
+      `forced call with thinking on: ${JSON.stringify(r.choices[0].message)}`);
   } catch (e) {
     fail(e);
   }
