@@ -80,12 +80,21 @@ static inline void fuzz_http_check_params(const fuzz_http_state *st, server_kind
     fuzz_require(r->n_stop == p->n_stop && r->stop == p->stop, "the request's stop list differs");
     for (int i = 0; i < p->n_stop; i++)
         fuzz_require(p->stop[i] && p->stop[i][0], "a stop string is NULL or empty");
-    fuzz_require(r->prompt == p->ids && r->n_prompt == p->n_ids, "the request's prompt differs");
-    fuzz_require(p->n_ids >= 0 && (p->n_ids == 0 || p->ids), "prompt ids missing");
-    for (int i = 0; i < p->n_ids; i++)
-        fuzz_require(p->ids[i] >= 0 && p->ids[i] < st->vocab &&
-                         p->ids[i] < tok_vocab_size(st->pr->tok),
-                     "a prompt id outside the vocabulary");
+    fuzz_require(p->n_prompts >= 1 && p->prompts, "no prompt");
+    fuzz_require(p->n_choices >= 1 && p->best_of >= p->n_choices &&
+                     p->n_prompts * p->best_of <= SERVER_MAX_CHOICES,
+                 "n, best_of or the prompt count out of bounds");
+    for (int k = 0; k < p->n_prompts; k++) {
+        const server_prompt *e = &p->prompts[k];
+        fuzz_require(e->n_ids > 0 && e->ids, "prompt ids missing");
+        for (int i = 0; i < e->n_ids; i++)
+            fuzz_require(e->ids[i] >= 0 && e->ids[i] < st->vocab &&
+                             e->ids[i] < tok_vocab_size(st->pr->tok),
+                         "a prompt id outside the vocabulary");
+    }
+    for (int i = 0; i < r->n_stop_ids; i++)
+        fuzz_require(r->stop_ids[i] >= 0 && r->stop_ids[i] < st->vocab,
+                     "a stop token id outside the vocabulary");
     fuzz_require(r->top_logprobs >= 0 && r->top_logprobs <= ENGINE_MAX_TOP_LOGPROBS,
                  "top_logprobs out of bounds");
     fuzz_require(r->top_logprobs == 0 || r->logprobs, "top_logprobs without logprobs");

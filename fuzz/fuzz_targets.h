@@ -6,6 +6,7 @@
 
 #include "chat/chat.h"
 #include "io/io.h"
+#include "model/arch/arch.h"
 #include "tokenizer/tokenizer.h"
 
 #include <jansson.h>
@@ -97,7 +98,7 @@ static inline int fuzz_config(const uint8_t *data, size_t size) {
     text[size] = 0;
     io_model_config cfg;
     base_err err = {{0}};
-    if (io_config_parse(text, "config.json", &cfg, &err) != 0) {
+    if (model_config_parse(text, "config.json", &cfg, NULL, &err) != 0) {
         fuzz_require_err(&err);
         free(text);
         return 0;
@@ -112,7 +113,14 @@ static inline int fuzz_config(const uint8_t *data, size_t size) {
     for (int i = 0; i < cfg.n_quant_overrides; i++)
         io_config_quant_for(&cfg, cfg.quant_overrides[i].module);
     io_config_quant_for(&cfg, "model.layers.0.mlp.down_proj");
-    io_arch_name(cfg.arch);
+    fuzz_require(cfg.rotary_dim >= 2 && cfg.rotary_dim <= cfg.head_dim && cfg.rotary_dim % 2 == 0,
+                 "rotary dims outside the head were accepted");
+    fuzz_require(cfg.rope_scaling.type != IO_ROPE_LONGROPE ||
+                     cfg.rope_scaling.n_factors == cfg.rotary_dim / 2,
+                 "longrope factors of the wrong length were accepted");
+    for (int i = 0; cfg.layer_local && i < cfg.num_hidden_layers; i++)
+        fuzz_require(cfg.sliding_window > 0 || !cfg.layer_local[i],
+                     "a local layer without a window");
     io_config_free(&cfg);
     free(text);
     return 0;

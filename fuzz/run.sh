@@ -34,7 +34,7 @@ fi
 # The modules the targets reach (all but the CUDA backend, the hub and the CLI), each file with
 # coverage instrumentation for the fuzzer; the SIMD kernels with the flags CMakeLists.txt gives
 # them. The HTTP target runs the real server, which links the scheduler and the model.
-modules=(base io tokenizer chat grammar model kv attn backend backend/cpu engine server)
+modules=(base io tokenizer chat grammar model model/arch kv attn backend backend/cpu engine server)
 cflags="$flags -std=c11 -D_GNU_SOURCE -Isrc -Iinclude $(pkg-config --cflags jansson libpcre2-8 libutf8proc libmicrohttpd)"
 rm -rf "$build/obj"
 mkdir -p "$build/obj"

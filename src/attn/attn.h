@@ -101,12 +101,13 @@ int attn_plan_validate(const be_decode_plan *plan, const be_paged_batch *batch,
 int attn_cpu_kv_append(base_pool *pool, const be_kv_layer *layer, const be_tensor *k,
                        const be_tensor *v, const be_paged_batch *batch, base_err *err);
 
-/* out [n_tokens, n_heads * head_dim] = softmax(q K^T * scale, causal) V for every row. Decode
+/* out [n_tokens, n_heads * head_dim] = softmax(cap(q K^T * scale), causal, windowed) V for
+ * every row, as `attn` says (backend.h). Decode
  * rows follow `plan` (NULL means v1); a plan that attn_plan_validate rejects falls back to
  * gather. Prefill rows run one work item per (row, kv head), decode v1 and gather one per
  * (sequence, kv head), v2 one per (sequence, kv head, chunk) and then the merge. */
 int attn_cpu_attention(base_pool *pool, const be_tensor *q, const be_kv_layer *layer,
                        const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
-                       float scale, be_tensor *out, base_err *err);
+                       be_attn attn, be_tensor *out, base_err *err);
 
 #endif

@@ -94,6 +94,19 @@ int attn_cpu_kv_append(base_pool *pool, const be_kv_layer *layer, const be_tenso
     return 0;
 }
 
+/* ---- scores and the window ---- */
+
+/* A raw q.k product as the softmax sees it: scaled, then soft-capped. */
+static inline float score(const be_attn *at, float dot) {
+    float s = dot * at->scale;
+    return at->softcap > 0 ? tanhf(s / at->softcap) * at->softcap : s;
+}
+
+/* The first of a row's `visible` keys (the row's own is the last) inside its window. */
+static inline int64_t window_start(const be_attn *at, int64_t visible) {
+    return at->window > 0 && visible > at->window ? visible - at->window : 0;
+}
+
 /* ---- the online-softmax accumulator over a token range ---- */
 
 typedef struct attn_acc {
@@ -132,7 +145,7 @@ static void acc_reset(attn_acc *a) {
 
 /* Folds kv tokens [t0, t1) of one sequence and kv head into the accumulator. q holds the
  * group's query rows, head after head. */
-static void acc_run(attn_acc *a, const float *q, float scale, const be_kv_layer *layer,
+static void acc_run(attn_acc *a, const float *q, const be_attn *at, const be_kv_layer *layer,
                     const int32_t *pages, int64_t first, int kv_head, int64_t t0, int64_t t1) {
     int d = a->head_dim;
     for (int64_t t = t0; t < t1; t += ATTN_TILE) {
@@ -149,7 +162,7 @@ static void acc_run(attn_acc *a, const float *q, float scale, const be_kv_layer 
                 const float *kr = a->kt + (size_t)i * d;
                 float dot = 0.0f;
                 for (int j = 0; j < d; j++) dot += qh[j] * kr[j];
-                a->s[i] = dot * scale;
+                a->s[i] = score(at, dot);
                 if (a->s[i] > tile_max) tile_max = a->s[i];
             }
             float m_new = a->m[h] > tile_max ? a->m[h] : tile_max;
@@ -199,7 +212,7 @@ typedef struct attn_ctx {
     const float *q; /* (n_tokens, n_heads * head_dim) */
     float *out;     /* (n_tokens, n_heads * head_dim) */
     int n_heads, group, head_dim;
-    float scale;
+    be_attn attn;
     int pages_per_chunk, max_chunks;
     float *partial;            /* v2: (n_decode, max_chunks, n_heads, head_dim) */
     float *lse;                /* v2: (n_decode, max_chunks, n_heads) */
@@ -245,19 +258,20 @@ static void run_gather(attn_ctx *c, int s, int kv_head) {
             const float *qh = c->q + row_offset(c, q0 + i, kv_head) + (size_t)h * d;
             float *oh = c->out + row_offset(c, q0 + i, kv_head) + (size_t)h * d;
             float mx = -INFINITY;
-            for (int64_t t = 0; t < visible; t++) {
+            int64_t lo = window_start(&c->attn, visible);
+            for (int64_t t = lo; t < visible; t++) {
                 float dot = 0.0f;
                 for (int j = 0; j < d; j++) dot += qh[j] * kc[(size_t)t * d + j];
-                p[t] = dot * c->scale;
+                p[t] = score(&c->attn, dot);
                 if (p[t] > mx) mx = p[t];
             }
             float sum = 0.0f;
-            for (int64_t t = 0; t < visible; t++) {
+            for (int64_t t = lo; t < visible; t++) {
                 p[t] = expf(p[t] - mx);
                 sum += p[t];
             }
             for (int j = 0; j < d; j++) oh[j] = 0.0f;
-            for (int64_t t = 0; t < visible; t++) {
+            for (int64_t t = lo; t < visible; t++) {
                 float w = p[t] / sum;
                 for (int j = 0; j < d; j++) oh[j] += w * vc[(size_t)t * d + j];
             }
@@ -286,13 +300,13 @@ static void run_item(void *arg, int64_t index) {
     const int32_t *pages = seq_pages(c, s);
     int64_t first = seq_first(c, s);
     if (it->kind == ITEM_PREFILL) {
-        int64_t row = q0 + it->extra;
-        acc_run(&a, c->q + row_offset(c, row, it->kv_head), c->scale, c->layer, pages, first,
-                it->kv_head, 0, kv_len - q_len + it->extra + 1);
+        int64_t row = q0 + it->extra, visible = kv_len - q_len + it->extra + 1;
+        acc_run(&a, c->q + row_offset(c, row, it->kv_head), &c->attn, c->layer, pages, first,
+                it->kv_head, window_start(&c->attn, visible), visible);
         acc_finish(&a, c->out + row_offset(c, row, it->kv_head), NULL);
     } else if (it->kind == ITEM_V1) {
-        acc_run(&a, c->q + row_offset(c, q0, it->kv_head), c->scale, c->layer, pages, first,
-                it->kv_head, 0, kv_len);
+        acc_run(&a, c->q + row_offset(c, q0, it->kv_head), &c->attn, c->layer, pages, first,
+                it->kv_head, window_start(&c->attn, kv_len), kv_len);
         acc_finish(&a, c->out + row_offset(c, q0, it->kv_head), NULL);
     } else {
         /* Chunk boundaries are page boundaries, so token ranges start first_page_offset
@@ -300,10 +314,11 @@ static void run_item(void *arg, int64_t index) {
         int64_t span = (int64_t)c->pages_per_chunk * c->layer->block_size;
         int64_t t0 = (int64_t)it->extra * span - first;
         int64_t t1 = t0 + span;
-        if (t0 < 0) t0 = 0;
+        int64_t lo = window_start(&c->attn, kv_len);
+        if (t0 < lo) t0 = lo;
         if (t1 > kv_len) t1 = kv_len;
         if (t1 > t0)
-            acc_run(&a, c->q + row_offset(c, q0, it->kv_head), c->scale, c->layer, pages, first,
+            acc_run(&a, c->q + row_offset(c, q0, it->kv_head), &c->attn, c->layer, pages, first,
                     it->kv_head, t0, t1);
         size_t slot = ((size_t)it->decode * c->max_chunks + it->extra) * c->n_heads +
                       (size_t)it->kv_head * c->group;
@@ -401,8 +416,11 @@ static int64_t build_items(const be_paged_batch *b, be_decode_kind kind, int n_k
 
 int attn_cpu_attention(base_pool *pool, const be_tensor *q, const be_kv_layer *layer,
                        const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
-                       float scale, be_tensor *out, base_err *err) {
+                       be_attn attn, be_tensor *out, base_err *err) {
     if (check_tensors(q, out, layer, batch, n_heads, err)) return -1;
+    if (!(attn.softcap >= 0) || attn.window < 0)
+        return base_fail(err, "attention: softcap %g and window %d must not be negative",
+                         (double)attn.softcap, attn.window);
     if (attn_batch_check(batch, layer, err)) return base_fail_wrap(err, "attention");
     be_decode_plan v1 = {.kind = BE_DECODE_V1};
     be_decode_plan gather = {.kind = BE_DECODE_GATHER};
@@ -420,7 +438,7 @@ int attn_cpu_attention(base_pool *pool, const be_tensor *q, const be_kv_layer *l
         .n_heads = n_heads,
         .group = n_heads / layer->n_kv_heads,
         .head_dim = layer->head_dim,
-        .scale = scale,
+        .attn = attn,
         .pages_per_chunk = plan->pages_per_chunk,
         .max_chunks = plan->max_chunks,
     };

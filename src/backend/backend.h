@@ -44,6 +44,23 @@ typedef struct be_linear {
     base_dtype bias_dtype;
 } be_linear;
 
+/* Rows [r0, r0 + n) of a linear layer: a view into its weight (and scales, biases and bias),
+ * owning nothing: a fused projection split in parts, one expert of a stacked tensor. */
+static inline be_linear be_linear_rows(const be_linear *w, int64_t r0, int64_t n) {
+    be_linear v = *w;
+    size_t row =
+        w->bits ? (size_t)w->in * (size_t)w->bits / 8 : (size_t)w->in * base_dtype_size(w->dtype);
+    v.weight = (const char *)w->weight + (size_t)r0 * row;
+    if (w->bits) {
+        size_t srow = (size_t)(w->in / w->group_size) * base_dtype_size(w->dtype);
+        v.scales = (const char *)w->scales + (size_t)r0 * srow;
+        v.biases = (const char *)w->biases + (size_t)r0 * srow;
+    }
+    if (w->bias) v.bias = (const char *)w->bias + (size_t)r0 * base_dtype_size(w->bias_dtype);
+    v.out = n;
+    return v;
+}
+
 /* One layer of the paged KV pool: K and V slabs [num_blocks, block_size, n_kv_heads,
  * head_dim]. Element offset of (block, slot, head) is
  * ((uint64_t)block * block_size + slot) * (n_kv_heads * head_dim) + head * head_dim,
@@ -137,6 +154,40 @@ typedef struct be_norm {
     be_tensor *scratch;
 } be_norm;
 
+/* The activation of a gated linear unit: y = act(gate) * up. */
+typedef enum {
+    BE_ACT_SILU = 0,  /* x / (1 + e^-x) */
+    BE_ACT_GELU_TANH, /* 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), gelu_pytorch_tanh */
+} be_act;
+
+/* What one layer's attention computes besides softmax(q K^T) V: scores are scaled, then
+ * soft-capped (cap * tanh(s / cap)) when softcap > 0, and a query at position p sees the keys
+ * at positions p - window + 1 .. p when window > 0 (all keys up to p otherwise). */
+typedef struct be_attn {
+    float scale;
+    float softcap; /* 0 = none */
+    int window;    /* 0 = the whole causal span */
+} be_attn;
+
+/* Plain causal attention at `scale`: no cap, no window. */
+static inline be_attn be_attn_plain(float scale) {
+    be_attn a;
+    a.scale = scale;
+    a.softcap = 0.0f;
+    a.window = 0;
+    return a;
+}
+
+/* A mixture-of-experts MLP. Experts are stacked: gate and up hold expert e's rows at
+ * [e * inter, (e + 1) * inter), down its rows at [e * out, (e + 1) * out). */
+typedef struct be_moe {
+    const be_linear *router; /* [n_experts, in] (+ bias) */
+    const be_linear *gate, *up, *down;
+    int n_experts, top_k, inter;
+    bool norm_topk; /* the chosen experts' weights renormalized to sum 1 */
+    be_act act;
+} be_moe;
+
 typedef struct be_backend be_backend;
 typedef struct be_graph be_graph; /* a recorded sequence of ops (backend-defined) */
 
@@ -183,21 +234,28 @@ typedef struct be_ops {
                    be_tensor *y, base_err *err);
     /* y = a + b elementwise. y may alias a or b. */
     int (*add)(be_backend *be, const be_tensor *a, const be_tensor *b, be_tensor *y, base_err *err);
-    /* y = silu(gate) * up. y may alias gate or up. */
-    int (*silu_mul)(be_backend *be, const be_tensor *gate, const be_tensor *up, be_tensor *y,
-                    base_err *err);
-    /* In place, rotate-half convention: x [n, n_heads * head_dim], positions I32 [n, 1],
-     * inv_freq F32 [1, head_dim / 2]; cos and sin are multiplied by mscale (YaRN). */
+    /* y = act(gate) * up. y may alias gate or up. */
+    int (*glu)(be_backend *be, be_act act, const be_tensor *gate, const be_tensor *up, be_tensor *y,
+               base_err *err);
+    /* y = x * s elementwise. y may alias x. */
+    int (*scale)(be_backend *be, const be_tensor *x, float s, be_tensor *y, base_err *err);
+    /* y = cap * tanh(x / cap) elementwise (cap > 0). y may alias x. */
+    int (*softcap)(be_backend *be, const be_tensor *x, float cap, be_tensor *y, base_err *err);
+    /* In place, rotate-half convention over the first rotary_dim = 2 * inv_freq->cols dims of
+     * each head (rotary_dim <= head_dim; the rest pass unchanged, as partial rotary embeddings
+     * leave them): x [n, n_heads * head_dim], positions I32 [n, 1], inv_freq F32
+     * [1, rotary_dim / 2]; cos and sin are multiplied by mscale (YaRN, longrope). */
     int (*rope)(be_backend *be, be_tensor *x, int n_heads, int head_dim, const be_tensor *positions,
                 const be_tensor *inv_freq, float mscale, base_err *err);
     /* Writes k, v [n_tokens, n_kv_heads * head_dim] into the pool at batch->slots. */
     int (*kv_append)(be_backend *be, const be_kv_layer *layer, const be_tensor *k,
                      const be_tensor *v, const be_paged_batch *batch, base_err *err);
-    /* out [n_tokens, n_heads * head_dim] = softmax(q K^T * scale + causal mask) V through
-     * the pages; decode rows follow `plan`, other rows take the prefill path. */
+    /* out [n_tokens, n_heads * head_dim] = softmax(cap(q K^T * scale) + causal and window
+     * mask) V through the pages, as `attn` says; decode rows follow `plan`, other rows take
+     * the prefill path. */
     int (*attention)(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
                      const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
-                     float scale, be_tensor *out, base_err *err);
+                     be_attn attn, be_tensor *out, base_err *err);
     /* ids I32 [rows, 1] = argmax over each row of logits. */
     int (*argmax)(be_backend *be, const be_tensor *logits, be_tensor *ids, base_err *err);
     /* Sampling candidates from logits F32 [rows, vocab] (backend memory, left unchanged);
@@ -211,6 +269,14 @@ typedef struct be_ops {
     int (*topk_candidates)(be_backend *be, const be_tensor *logits, const be_topk_row *reqs,
                            int n_req, const be_logit_adj *adj, int32_t *cand_id, float *cand_logit,
                            int32_t *n_cand, double *lse, base_err *err);
+
+    /* y [n, out] = the mixture `moe` of x' (x' as for matmul_qkv): each row's router logits
+     * x' router^T, softmax over all experts in F32, the top_k largest (ties to the lower
+     * expert), renormalized with norm_topk; then the sum over those experts of weight *
+     * down_e(act(x' gate_e^T) * (x' up_e^T)). y may not alias x. NULL where a backend has
+     * no MoE (the model then refuses to load such a model on it). */
+    int (*moe)(be_backend *be, const be_tensor *x, const be_norm *norm, const be_moe *moe,
+               be_tensor *y, base_err *err);
 
     /* Recording (optional: NULL where a backend has none). Ops queued between capture_begin
      * and capture_end are recorded, not run; graph_launch runs the recording again with the
@@ -231,21 +297,23 @@ typedef struct be_ops {
      * x' = rmsnorm(x) * norm->weight with `norm`, x itself when norm is NULL. */
     int (*matmul_qkv)(be_backend *be, const be_tensor *x, const be_norm *norm,
                       const be_linear *const *ws, be_tensor *const *ys, base_err *err);
-    /* y [n, out] = silu(x' gate^T) * (x' up^T), biases included; gate and up of one shape;
+    /* y [n, out] = act(x' gate^T) * (x' up^T), biases included; gate and up of one shape;
      * x' as for matmul_qkv. */
-    int (*matmul_silu_mul)(be_backend *be, const be_tensor *x, const be_norm *norm,
-                           const be_linear *gate, const be_linear *up, be_tensor *y, base_err *err);
-    /* `rope` on q (n_heads = q->cols / layer->head_dim) and on k with one static table, then
-     * `kv_append` of k and v: q and k are rotated in place. */
+    int (*matmul_glu)(be_backend *be, const be_tensor *x, const be_norm *norm,
+                      const be_linear *gate, const be_linear *up, be_act act, be_tensor *y,
+                      base_err *err);
+    /* `rope` on q (n_heads = q->cols / layer->head_dim) and on k with one static table over
+     * the whole head (inv_freq [1, head_dim / 2]), then `kv_append` of k and v: q and k are
+     * rotated in place. */
     int (*rope_kv_append)(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
                           const be_tensor *positions, const be_tensor *inv_freq, float mscale,
                           const be_kv_layer *layer, const be_paged_batch *batch, base_err *err);
-    /* `rope_kv_append` then `attention` (out from the rotated q, scale as there): q and k are
-     * left rotated or not, at the backend's choice. */
+    /* `rope_kv_append` then `attention` (out from the rotated q, `attn` as there): q and k
+     * are left rotated or not, at the backend's choice. */
     int (*rope_kv_attention)(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
                              const be_tensor *positions, const be_tensor *inv_freq, float mscale,
                              const be_kv_layer *layer, const be_paged_batch *batch,
-                             const be_decode_plan *plan, int n_heads, float scale, be_tensor *out,
+                             const be_decode_plan *plan, int n_heads, be_attn attn, be_tensor *out,
                              base_err *err);
     /* y [n, out] += x [n, in] W^T (+ bias): `matmul` then `add` into y, the residual stream
      * updated in place. y may not alias x. */

@@ -29,6 +29,10 @@ typedef struct cli_parser {
     int i;      /* index of the argument being looked at */
     int status; /* CLI_OK, or CLI_USAGE after the first error */
     char msg[512];
+    /* the flag name closest to the current argument among those it was tried against, for
+     * cli_unknown's suggestion: every take/flag call offers its names */
+    const char *nearest;
+    int nearest_dist;
 } cli_parser;
 
 void cli_parser_init(cli_parser *p, const char *command, int argc, char **argv);
@@ -44,7 +48,8 @@ bool cli_take_int(cli_parser *p, const char *short_name, const char *long_name, 
                   long *value);
 bool cli_take_float(cli_parser *p, const char *short_name, const char *long_name, double min,
                     double max, double *value);
-/* Records "unknown option" (or a stray positional) for the current argument. */
+/* Records "unknown option" (or a stray positional) for the current argument; an option gets
+ * the closest spelling of the flags it was tried against suggested. */
 void cli_unknown(cli_parser *p);
 /* Records a usage error (first one wins). */
 void cli_usage(cli_parser *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -17,6 +17,7 @@ void cli_parser_init(cli_parser *p, const char *command, int argc, char **argv) 
 bool cli_next(cli_parser *p) {
     if (p->status != CLI_OK) return false;
     p->i++;
+    p->nearest = NULL;
     return p->i < p->argc;
 }
 
@@ -31,6 +32,37 @@ void cli_usage(cli_parser *p, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(p->msg, sizeof p->msg, fmt, ap);
     va_end(ap);
+}
+
+/* Levenshtein distance of a[0..na) and b[0..nb), capped at 64 bytes each (flag names). */
+static int edit_distance(const char *a, size_t na, const char *b, size_t nb) {
+    if (na > 64 || nb > 64) return 64;
+    int row[65];
+    for (size_t j = 0; j <= nb; j++) row[j] = (int)j;
+    for (size_t i = 1; i <= na; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= nb; j++) {
+            int up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            diag = up;
+            row[j] = best;
+        }
+    }
+    return row[nb];
+}
+
+/* Keeps the flag name nearest to the current argument (its part before any '='). */
+static void offer(cli_parser *p, const char *name) {
+    if (!name) return;
+    const char *arg = cli_arg(p), *eq = strchr(arg, '=');
+    size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
+    int d = edit_distance(arg, n, name, strlen(name));
+    if (!p->nearest || d < p->nearest_dist) {
+        p->nearest = name;
+        p->nearest_dist = d;
+    }
 }
 
 /* Matches "-x", "--long" or "--long=value"; sets *inline_value for the last form. */
@@ -51,6 +83,8 @@ static bool match_name(const char *arg, const char *short_name, const char *long
 
 bool cli_take(cli_parser *p, const char *short_name, const char *long_name, const char **value) {
     const char *inline_value;
+    offer(p, short_name);
+    offer(p, long_name);
     if (!match_name(cli_arg(p), short_name, long_name, &inline_value)) return false;
     if (inline_value) {
         *value = inline_value;
@@ -65,6 +99,8 @@ bool cli_take(cli_parser *p, const char *short_name, const char *long_name, cons
 
 bool cli_flag(cli_parser *p, const char *short_name, const char *long_name) {
     const char *arg = cli_arg(p);
+    offer(p, short_name);
+    offer(p, long_name);
     return (short_name && strcmp(arg, short_name) == 0) ||
            (long_name && strcmp(arg, long_name) == 0);
 }
@@ -102,7 +138,13 @@ bool cli_take_float(cli_parser *p, const char *short_name, const char *long_name
 
 void cli_unknown(cli_parser *p) {
     const char *arg = cli_arg(p);
-    if (arg[0] == '-')
+    /* a suggestion only when it is plausibly a typo: at most a third of the name differs */
+    size_t n = strcspn(arg, "=");
+    bool near = p->nearest && p->nearest_dist <= 3 && (size_t)p->nearest_dist * 3 <= n;
+    if (arg[0] == '-' && near)
+        cli_usage(p, "%s: unknown option '%s'; did you mean '%s'? (see mlxcel %s --help)",
+                  p->command, arg, p->nearest, p->command);
+    else if (arg[0] == '-')
         cli_usage(p, "%s: unknown option '%s' (see mlxcel %s --help)", p->command, arg, p->command);
     else
         cli_usage(p, "%s: unexpected argument '%s'", p->command, arg);

@@ -97,7 +97,7 @@ bool cli_take_sampling(cli_parser *p, engine_sampling *s) {
         s->repeat_penalty = (float)d;
         return true;
     }
-    if (cli_take(p, NULL, "--seed", &str)) {
+    if (cli_take(p, "-s", "--seed", &str)) {
         if (!str) return true;
         char *end;
         unsigned long long seed = strtoull(str, &end, 10);

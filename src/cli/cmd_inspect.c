@@ -1,4 +1,5 @@
 /* `mlxcel inspect`: the memory breakdown of a model, from its headers and config only. */
+#include "model/arch/arch.h"
 #include "cli/cli_runtime.h"
 
 #include <jansson.h>
@@ -25,7 +26,7 @@ static void print_plan(const char *model_dir, const io_model_config *c, const en
     if (json) {
         json_t *o =
             json_pack("{s:s, s:s, s:s, s:I, s:i, s:i, s:s, s:I, s:i, s:I, s:I, s:I, s:I, s:I}",
-                      "model", model_dir, "arch", io_arch_name(c->arch), "backend", backend,
+                      "model", model_dir, "arch", c->model_type, "backend", backend,
                       "weights_bytes", (json_int_t)p->weights_bytes, "ctx_size", p->ctx_size,
                       "parallel", p->n_parallel, "kv_dtype", base_dtype_name(p->geom.dtype),
                       "kv_bytes_per_token", (json_int_t)p->kv_bytes_per_token, "kv_block_size",
@@ -37,8 +38,8 @@ static void print_plan(const char *model_dir, const io_model_config *c, const en
         return;
     }
     printf("model            %s (%s, %d layers, %d/%d heads, head_dim %d)\n", model_dir,
-           io_arch_name(c->arch), c->num_hidden_layers, c->num_attention_heads,
-           c->num_key_value_heads, c->head_dim);
+           c->model_type, c->num_hidden_layers, c->num_attention_heads, c->num_key_value_heads,
+           c->head_dim);
     printf("backend          %s\n", backend);
     printf("weights          %llu bytes\n", (unsigned long long)p->weights_bytes);
     printf("KV per token     %llu bytes (%s, K and V, all layers)\n",
@@ -80,7 +81,7 @@ int cli_cmd_inspect(int argc, char **argv) {
     uint64_t weights;
     be_backend *be = NULL;
     engine_kv_plan plan;
-    if (cli_runtime_resolve(&rtf, &err) || io_config_load(rtf.model, &cfg, &err))
+    if (cli_runtime_resolve(&rtf, &err) || model_config_load(rtf.model, &cfg, NULL, &err))
         return cli_fail(&err);
     int rc = io_checkpoint_peek_bytes(rtf.model, &weights, &err);
     if (rc == 0) rc = engine_backend_open(&rtf.opts, &be, &err);

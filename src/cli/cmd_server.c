@@ -2,8 +2,7 @@
  * underneath them), startup, and a graceful stop on SIGINT, SIGTERM or SIGHUP. The HTTP port
  * opens before the model loads so that /health can say 503 meanwhile. */
 #include "cli/cmd_server.h"
-#include "cli/cli_runtime.h"
-#include "server/server.h"
+#include "cli/cmd_server_flags.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -11,49 +10,59 @@
 #include <string.h>
 #include <time.h>
 
-typedef struct server_flags {
-    cli_runtime_flags rt;
-    server_options srv;
-    engine_sched_options sched;
-    const char *template_file;
-    json_t *template_kwargs; /* --chat-template-kwargs, owned */
-    int shutdown_timeout_s;
-    bool help;
-} server_flags;
-
-/* Environment variable -> flag; a boolean flag's variable takes 1/true/on to set it. */
+/* Environment variable -> flag, llama-server's names. A boolean variable takes 1, true, on or
+ * enabled to give `flag`, and 0, false, off or disabled to give `negated` (or nothing). */
 static const struct {
-    const char *env, *flag;
+    const char *env, *flag, *negated;
     bool boolean;
 } g_env[] = {
-    {"LLAMA_ARG_MODEL", "--model", false},
-    {"LLAMA_ARG_HOST", "--host", false},
-    {"LLAMA_ARG_PORT", "--port", false},
-    {"LLAMA_ARG_CTX_SIZE", "--ctx-size", false},
-    {"LLAMA_ARG_N_PARALLEL", "--parallel", false},
-    {"LLAMA_ARG_THREADS", "--threads", false},
-    {"LLAMA_ARG_N_PREDICT", "--n-predict", false},
-    {"LLAMA_ARG_API_KEY", "--api-key", false},
-    {"LLAMA_ARG_ENDPOINT_METRICS", "--metrics", true},
-    {"LLAMA_ARG_CHAT_TEMPLATE_FILE", "--chat-template-file", false},
-    {"LLAMA_ARG_TIMEOUT", "--timeout", false},
-    {"LLAMA_ARG_ALIAS", "--alias", false},
-    {"LLAMA_ARG_DEVICE", "--device", false},
-    {"LLAMA_ARG_KV_CACHE_BUDGET", "--kv-cache-budget", false},
-    {"LLAMA_ARG_MAX_QUEUE", "--max-queue", false},
-    {"LLAMA_ARG_MAX_BATCH_TOKENS", "--max-batch-tokens", false},
-    {"LLAMA_ARG_PREFILL_CHUNK_SIZE", "--prefill-chunk-size", false},
-    {"LLAMA_ARG_SHUTDOWN_TIMEOUT", "--shutdown-timeout", false},
-    {"LLAMA_ARG_THINK", "--reasoning-format", false},
-    {"LLAMA_ARG_THINK_BUDGET", "--reasoning-budget", false},
-    {"LLAMA_ARG_CHAT_TEMPLATE_KWARGS", "--chat-template-kwargs", false},
+    {"LLAMA_ARG_MODEL", "--model", NULL, false},
+    {"LLAMA_ARG_HOST", "--host", NULL, false},
+    {"LLAMA_ARG_PORT", "--port", NULL, false},
+    {"LLAMA_ARG_CTX_SIZE", "--ctx-size", NULL, false},
+    {"LLAMA_ARG_N_PARALLEL", "--parallel", NULL, false},
+    {"LLAMA_ARG_THREADS", "--threads", NULL, false},
+    {"LLAMA_ARG_N_PREDICT", "--n-predict", NULL, false},
+    {"LLAMA_API_KEY", "--api-key", NULL, false},
+    {"LLAMA_ARG_API_KEY", "--api-key", NULL, false},
+    {"LLAMA_ARG_ENDPOINT_METRICS", "--metrics", NULL, true},
+    {"LLAMA_ARG_ENDPOINT_SLOTS", "--slots", "--no-slots", true},
+    {"LLAMA_ARG_NO_ENDPOINT_SLOTS", "--no-slots", NULL, true},
+    {"LLAMA_ARG_ENDPOINT_PROPS", "--props", NULL, true},
+    {"LLAMA_ARG_CHAT_TEMPLATE", "--chat-template", NULL, false},
+    {"LLAMA_ARG_CHAT_TEMPLATE_FILE", "--chat-template-file", NULL, false},
+    {"LLAMA_ARG_TIMEOUT", "--timeout", NULL, false},
+    {"LLAMA_ARG_ALIAS", "--alias", NULL, false},
+    {"LLAMA_ARG_DEVICE", "--device", NULL, false},
+    {"LLAMA_ARG_BATCH", "--batch-size", NULL, false},
+    {"LLAMA_ARG_UBATCH", "--ubatch-size", NULL, false},
+    {"LLAMA_ARG_CACHE_TYPE_K", "--cache-type-k", NULL, false},
+    {"LLAMA_ARG_CACHE_TYPE_V", "--cache-type-v", NULL, false},
+    {"LLAMA_ARG_N_GPU_LAYERS", "--n-gpu-layers", NULL, false},
+    {"LLAMA_ARG_FLASH_ATTN", "--flash-attn", NULL, false},
+    {"LLAMA_ARG_CONT_BATCHING", "--cont-batching", "--no-cont-batching", true},
+    {"LLAMA_ARG_NO_CONT_BATCHING", "--no-cont-batching", NULL, true},
+    {"LLAMA_ARG_JINJA", "--jinja", "--no-jinja", true},
+    {"LLAMA_ARG_MLOCK", "--mlock", NULL, true},
+    {"LLAMA_ARG_NO_MMAP", "--no-mmap", NULL, true},
+    {"LLAMA_ARG_CONTEXT_SHIFT", "--context-shift", "--no-context-shift", true},
+    {"LLAMA_ARG_NO_CONTEXT_SHIFT", "--no-context-shift", NULL, true},
+    {"LLAMA_ARG_KV_CACHE_BUDGET", "--kv-cache-budget", NULL, false},
+    {"LLAMA_ARG_MAX_QUEUE", "--max-queue", NULL, false},
+    {"LLAMA_ARG_MAX_BATCH_TOKENS", "--max-batch-tokens", NULL, false},
+    {"LLAMA_ARG_PREFILL_CHUNK_SIZE", "--prefill-chunk-size", NULL, false},
+    {"LLAMA_ARG_SHUTDOWN_TIMEOUT", "--shutdown-timeout", NULL, false},
+    {"LLAMA_ARG_THINK", "--reasoning-format", NULL, false},
+    {"LLAMA_ARG_THINK_BUDGET", "--reasoning-budget", NULL, false},
+    {"LLAMA_ARG_CHAT_TEMPLATE_KWARGS", "--chat-template-kwargs", NULL, false},
 };
 
 static const char g_help[] =
     "usage: mlxcel-server -m MODEL [options]\n"
     "\n"
     "OpenAI-compatible server: POST /v1/chat/completions, /v1/completions, /completion,\n"
-    "/tokenize, /detokenize, /apply-template; GET /v1/models, /health, /metrics, /slots, /props.\n"
+    "/tokenize, /detokenize, /apply-template, /props, /slots/ID?action=erase; GET /v1/models,\n"
+    "/v1/models/ID, /health, /v1/health, /metrics, /slots, /props.\n"
     "\n"
     "%s"
     "  -np, --parallel N        sequences generated at once (default 4). -c is the limit of\n"
@@ -63,10 +72,15 @@ static const char g_help[] =
     "  -n, --n-predict N        default max_tokens of a request (default: up to the context)\n"
     "      --host ADDR          address to listen on (default 127.0.0.1)\n"
     "      --port N             port (default 8080; 0 picks a free one)\n"
-    "      --api-key KEY        require 'Authorization: Bearer KEY' (not on /health)\n"
+    "      --api-key KEY[,KEY]  require 'Authorization: Bearer KEY' or 'x-api-key: KEY', one\n"
+    "                           of the keys (not on /health)\n"
+    "      --api-key-file F     more keys, one a line\n"
     "      --alias NAME         model name in responses (default: the directory's name)\n"
     "      --metrics            serve Prometheus metrics on GET /metrics\n"
+    "      --no-slots           no GET /slots (served by default, as --slots says)\n"
+    "      --props              let POST /props change the sampling defaults\n"
     "      --chat-template-file F  a Jinja chat template replacing the model's\n"
+    "      --chat-template T    the same as text, or llama-server's name chatml or llama3\n"
     "      --timeout S          close connections idle for S seconds (default 600)\n"
     "      --read-timeout S     a request's headers and body must arrive within S seconds of\n"
     "                           the connection opening or of its previous response, or the\n"
@@ -93,17 +107,32 @@ static const char g_help[] =
     "                           backend's, 512 on the CPU, 2048 on CUDA)\n"
     "      --max-body BYTES     largest request body; more gets 413 (default 8 MiB)\n"
     "%s"
-    "      --temp, --top-k, --top-p, --min-p, --repeat-penalty, --seed\n"
+    "      --temp, --top-k, --top-p, --min-p, --repeat-penalty\n"
     "                           sampling defaults for requests that leave them out\n"
+    "  -s, --seed N             the seed of requests that give none (default: a fresh one\n"
+    "                           each), so that equal requests give equal output\n"
+    "      --log-format F       text (default) or json: one line per request on stderr\n"
+    "                           (method, route, status, tokens in and out, TTFT, total)\n"
+    "  -v, --verbose            debug logging; --log-disable: errors only, no request lines\n"
+    "\n"
+    "llama-server's flags: -b/--batch-size is --max-batch-tokens, -ub/--ubatch-size is\n"
+    "--prefill-chunk-size, -ctk/-ctv (--cache-type-k/v) f16, bf16 or f32 is --kv-dtype (K and\n"
+    "V share one); -ngl, -fa, -cb, --jinja, --mlock and --no-mmap are taken with a note (moot\n"
+    "here); --ctx-shift is refused (context is never shifted).\n"
     "  -h, --help               this help\n"
     "\n"
-    "Every flag can also come from the environment as llama-server names it (LLAMA_ARG_MODEL,\n"
+    "Flags can also come from the environment as llama-server names them (LLAMA_ARG_MODEL,\n"
     "LLAMA_ARG_HOST, LLAMA_ARG_PORT, LLAMA_ARG_CTX_SIZE, LLAMA_ARG_N_PARALLEL, LLAMA_ARG_THREADS,\n"
-    "LLAMA_ARG_N_PREDICT, LLAMA_ARG_API_KEY, LLAMA_ARG_ENDPOINT_METRICS, LLAMA_ARG_TIMEOUT,\n"
-    "LLAMA_ARG_CHAT_TEMPLATE_FILE, LLAMA_ARG_ALIAS, LLAMA_ARG_KV_CACHE_BUDGET,\n"
-    "LLAMA_ARG_MAX_QUEUE, LLAMA_ARG_MAX_BATCH_TOKENS, LLAMA_ARG_PREFILL_CHUNK_SIZE,\n"
-    "LLAMA_ARG_SHUTDOWN_TIMEOUT, LLAMA_ARG_THINK, LLAMA_ARG_THINK_BUDGET,\n"
-    "LLAMA_ARG_CHAT_TEMPLATE_KWARGS); a flag on the command line wins.\n"
+    "LLAMA_ARG_N_PREDICT, LLAMA_API_KEY or LLAMA_ARG_API_KEY, LLAMA_ARG_ENDPOINT_METRICS,\n"
+    "LLAMA_ARG_ENDPOINT_SLOTS, LLAMA_ARG_ENDPOINT_PROPS, LLAMA_ARG_TIMEOUT, LLAMA_ARG_ALIAS,\n"
+    "LLAMA_ARG_CHAT_TEMPLATE, LLAMA_ARG_CHAT_TEMPLATE_FILE, LLAMA_ARG_BATCH, LLAMA_ARG_UBATCH,\n"
+    "LLAMA_ARG_CACHE_TYPE_K, LLAMA_ARG_CACHE_TYPE_V, LLAMA_ARG_N_GPU_LAYERS, "
+    "LLAMA_ARG_FLASH_ATTN,\n"
+    "LLAMA_ARG_CONT_BATCHING, LLAMA_ARG_JINJA, LLAMA_ARG_MLOCK, LLAMA_ARG_NO_MMAP,\n"
+    "LLAMA_ARG_CONTEXT_SHIFT, LLAMA_ARG_KV_CACHE_BUDGET, LLAMA_ARG_MAX_QUEUE,\n"
+    "LLAMA_ARG_MAX_BATCH_TOKENS, LLAMA_ARG_PREFILL_CHUNK_SIZE, LLAMA_ARG_SHUTDOWN_TIMEOUT,\n"
+    "LLAMA_ARG_THINK, LLAMA_ARG_THINK_BUDGET, LLAMA_ARG_CHAT_TEMPLATE_KWARGS); a flag\n"
+    "on the command line wins, and a bad value is an error naming the variable.\n"
     "\n"
     "examples:\n"
     "  mlxcel-server -m models/demo\n"
@@ -127,15 +156,7 @@ static bool take_server_flag(cli_parser *p, server_flags *f) {
         f->srv.port = (int)v;
         return true;
     }
-    if (cli_take(p, NULL, "--api-key", &f->srv.api_key)) {
-        /* an empty key would mean no key at all: refused, not taken as "auth off" */
-        if (!f->srv.api_key[0])
-            cli_usage(p,
-                      "%s: --api-key: the key is empty (leave the flag out to serve without "
-                      "a key)",
-                      p->command);
-        return true;
-    }
+    if (cli_take(p, NULL, "--api-key", &f->api_key_list)) return true;
     if (cli_take_int(p, NULL, "--shutdown-timeout", 0, 1 << 20, &v)) {
         f->shutdown_timeout_s = (int)v;
         return true;
@@ -201,49 +222,72 @@ static void defaults(server_flags *f) {
     f->srv.max_body = 8u << 20;
     f->sched.max_queue = 256;
     f->srv.reasoning_format = ENGINE_REASONING_AUTO;
+    f->srv.slots = true;
+    f->srv.log_requests = true;
     engine_sampling_defaults(&f->srv.defaults);
 }
 
-/* argv with the environment's flags first, so that the command line's come later and win.
- * The returned array (caller frees) points into argv and the environment. */
-static char **merge_env(int argc, char **argv, int *out_argc) {
-    char **v = base_xcalloc((size_t)argc + 2 * (sizeof g_env / sizeof *g_env) + 1, sizeof *v);
-    int n = 0;
-    v[n++] = argv[0];
-    for (size_t i = 0; i < sizeof g_env / sizeof *g_env; i++) {
-        char *val = getenv(g_env[i].env);
-        if (!val) continue;
-        if (g_env[i].boolean) {
-            if (strcmp(val, "1") == 0 || strcmp(val, "true") == 0 || strcmp(val, "on") == 0)
-                v[n++] = (char *)g_env[i].flag;
-            continue;
-        }
-        v[n++] = (char *)g_env[i].flag;
-        v[n++] = val;
-    }
-    for (int i = 1; i < argc; i++) v[n++] = argv[i];
-    *out_argc = n;
-    return v;
-}
-
-static int parse(int argc, char **argv, server_flags *f) {
-    int n;
-    char **v = merge_env(argc, argv, &n);
-    cli_parser p;
-    cli_parser_init(&p, "mlxcel-server", n, v);
-    while (cli_next(&p)) {
-        if (cli_flag(&p, "-h", "--help")) {
+/* One argument list through every flag taker; -s/--seed also fixes the unseeded requests'
+ * seed. */
+static void parse_args(cli_parser *p, server_flags *f) {
+    while (cli_next(p)) {
+        if (cli_flag(p, "-h", "--help")) {
             f->help = true;
             continue;
         }
-        if (cli_take_runtime(&p, &f->rt) || take_server_flag(&p, f) ||
-            cli_take_sampling(&p, &f->srv.defaults) ||
-            cli_take_server_chat(&p, &f->srv, &f->template_kwargs))
+        const char *arg = cli_arg(p);
+        if (cli_take_runtime(p, &f->rt) || take_server_flag(p, f) || server_take_llama_flag(p, f) ||
+            cli_take_sampling(p, &f->srv.defaults) ||
+            cli_take_server_chat(p, &f->srv, &f->template_kwargs)) {
+            if (strcmp(arg, "-s") == 0 || strncmp(arg, "--seed", 6) == 0) f->srv.seed_fixed = true;
             continue;
-        cli_unknown(&p);
+        }
+        cli_unknown(p);
     }
-    int rc = cli_done(&p);
-    free(v);
+}
+
+static bool is_in(const char *v, const char *const *set) {
+    for (; *set; set++)
+        if (strcmp(v, *set) == 0) return true;
+    return false;
+}
+
+/* The environment's flags, before the command line's so that those win; an error names the
+ * variable. */
+static int parse_env(server_flags *f) {
+    static const char *const truthy[] = {"1", "true", "on", "enabled", NULL};
+    static const char *const falsy[] = {"0", "false", "off", "disabled", NULL};
+    for (size_t i = 0; i < sizeof g_env / sizeof *g_env; i++) {
+        char *val = getenv(g_env[i].env);
+        if (!val) continue;
+        char *argv[3] = {"mlxcel-server", (char *)g_env[i].flag, val};
+        int argc = 3;
+        if (g_env[i].boolean) {
+            if (!is_in(val, truthy) && !is_in(val, falsy))
+                return cli_usage_fail("mlxcel-server: %s=%s: wants 1, true, on or enabled, or 0, "
+                                      "false, off or disabled",
+                                      g_env[i].env, val);
+            argv[1] = (char *)(is_in(val, truthy) ? g_env[i].flag : g_env[i].negated);
+            argc = 2;
+            if (!argv[1]) continue;
+        }
+        cli_parser p;
+        cli_parser_init(&p, "mlxcel-server", argc, argv);
+        parse_args(&p, f);
+        if (p.status != CLI_OK)
+            return cli_usage_fail("environment variable %s=%s: %s", g_env[i].env, val, p.msg);
+    }
+    return CLI_OK;
+}
+
+static int parse(int argc, char **argv, server_flags *f) {
+    int rc = parse_env(f);
+    if (rc != CLI_OK) return rc;
+    cli_parser p;
+    cli_parser_init(&p, "mlxcel-server", argc, argv);
+    parse_args(&p, f);
+    rc = cli_done(&p);
+    if (rc == CLI_OK) rc = server_flags_finish(f);
     if (rc == CLI_OK && !f->help && !f->rt.model)
         rc = cli_usage_fail("mlxcel-server: -m MODEL is required (see --help)");
     return rc;
@@ -275,7 +319,8 @@ typedef struct loaded {
 static int load(server_flags *f, loaded *L, base_err *err) {
     if (cli_runtime_resolve(&f->rt, err) ||
         engine_runtime_open(f->rt.model, &f->rt.opts, &L->rt, err) ||
-        engine_prompter_open(f->rt.model, f->template_file, &L->pr, err))
+        engine_prompter_open(f->rt.model, f->template_file, &L->pr, err) ||
+        (f->template_text && engine_prompter_set_template(L->pr, f->template_text, err)))
         return -1;
     cli_server_chat_apply(&f->srv, f->template_kwargs, L->pr);
     int n_eos;
@@ -328,14 +373,10 @@ int cli_cmd_server(int argc, char **argv) {
     server_flags f;
     defaults(&f);
     int rc = parse(argc, argv, &f);
-    if (rc != CLI_OK) {
-        json_decref(f.template_kwargs);
+    if (rc != CLI_OK || f.help) {
+        if (rc == CLI_OK) printf(g_help, cli_runtime_help(), cli_server_chat_help);
+        server_flags_free(&f);
         return rc;
-    }
-    if (f.help) {
-        printf(g_help, cli_runtime_help(), cli_server_chat_help);
-        json_decref(f.template_kwargs);
-        return CLI_OK;
     }
     if (!f.srv.model_id) f.srv.model_id = base_name(f.rt.model);
     /* signals are taken by sigwait below; every thread started from here inherits the mask */
@@ -349,14 +390,14 @@ int cli_cmd_server(int argc, char **argv) {
     base_err err;
     server *srv;
     if (server_start(&f.srv, &srv, &err)) {
-        json_decref(f.template_kwargs);
+        server_flags_free(&f);
         return cli_fail(&err);
     }
     loaded L = {0};
     if (load(&f, &L, &err)) {
         server_stop(srv);
         unload(&L);
-        json_decref(f.template_kwargs);
+        server_flags_free(&f);
         return cli_fail(&err);
     }
     server_attach(srv, L.rt, L.pr, L.sched);
@@ -367,6 +408,6 @@ int cli_cmd_server(int argc, char **argv) {
     rc = drain(srv, &sigs, f.shutdown_timeout_s);
     server_stop(srv);
     unload(&L);
-    json_decref(f.template_kwargs);
+    server_flags_free(&f);
     return rc;
 }

@@ -1,4 +1,5 @@
 /* `mlxcel`: dispatches to a subcommand. */
+#include "model/arch/arch.h"
 #include "cli/cli.h"
 #include "cli/cmd_models.h"
 #include "io/io.h"
@@ -36,10 +37,15 @@ int cli_cmd_arch(int argc, char **argv) {
         return CLI_OK;
     }
     if (argc > 1) return cli_usage_fail("arch: unexpected argument '%s'", argv[1]);
-    printf("families: %s\n", io_arch_supported_list());
+    int n;
+    const model_arch *const *archs = model_arch_all(&n);
+    printf("families (config.json model_type):\n");
+    for (int i = 0; i < n; i++) printf("  %-12s %s\n", archs[i]->model_type, archs[i]->summary);
     printf("weights:  dense F32, F16, BF16; MLX affine-quantized, bits 2, 3, 4, 5, 6, 8 with "
            "group sizes 32, 64, 128 (per-module overrides)\n");
-    printf("rope:     default, linear, dynamic, llama3, yarn\n");
+    printf("rope:     default, linear, dynamic, llama3, yarn, longrope; partial rotary\n");
+    printf("attention: sliding windows (all layers or per layer), logit soft-capping; every "
+           "layer keeps its whole context in the KV cache\n");
     return CLI_OK;
 }
 

@@ -44,6 +44,9 @@ typedef struct engine_sampler engine_sampler;
 int engine_sampler_new(const engine_sampling *params, int vocab, engine_sampler **out,
                        base_err *err);
 void engine_sampler_free(engine_sampler *s);
+/* Replaces the logit bias (copied; tokens checked at engine_sampler_new's), keeping the
+ * generator's state: the scheduler lifts min_tokens' ban on the end ids this way. */
+void engine_sampler_set_logit_bias(engine_sampler *s, const engine_logit_bias *bias, int n);
 /* Picks the next token from logits (vocab floats; modified in place), given the tokens so
  * far (prompt and generated) for the penalties. */
 int32_t engine_sampler_next(engine_sampler *s, float *logits, const int32_t *history,
@@ -324,6 +327,9 @@ typedef struct engine_prompter {
 int engine_prompter_open(const char *dir, const char *template_file, engine_prompter **out,
                          base_err *err);
 void engine_prompter_close(engine_prompter *p);
+/* Replaces the chat template with Jinja source (the server's --chat-template text); what was
+ * there stays when the source does not parse. */
+int engine_prompter_set_template(engine_prompter *p, const char *source, base_err *err);
 /* How a conversation is rendered: transformers' apply_chat_template arguments. */
 typedef struct engine_chat_options {
     bool add_generation_prompt;  /* open the assistant's turn after the messages */
@@ -412,8 +418,9 @@ typedef struct engine_event {
     int32_t token; /* -1 on a final event that carries no token */
     const char *text;
     size_t text_len;
-    float logprob;                               /* of token, from the raw logits */
-    int n_top;                                   /* top alternatives, when asked */
+    float logprob;  /* of token, from the raw logits */
+    int stop_index; /* on a final STOP event: the stop string that ended it, else -1 */
+    int n_top;      /* top alternatives, when asked */
     int32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];    /* (n_top) most likely first */
     float top_logprobs[ENGINE_MAX_TOP_LOGPROBS]; /* (n_top) */
     engine_finish finish;
@@ -437,6 +444,12 @@ typedef struct engine_request {
     bool logprobs;           /* report each token's log-probability */
     int top_logprobs;        /* alternatives per token, 0 .. ENGINE_MAX_TOP_LOGPROBS */
     bool ignore_eos;
+    /* (n_stop_ids) more ids that end generation as EOS does (ignore_eos aside), copied */
+    const int32_t *stop_ids;
+    int n_stop_ids;
+    /* generated tokens before the request may end: until then EOS and stop_ids are banned (a
+     * bias of -inf) and stop strings do not match; max_tokens and the context still end it */
+    int min_tokens;
     /* NULL, or GBNF text (NUL-terminated, copied) that the generated text must match:
      * engine_submit compiles it (a bad grammar is ENGINE_REJECT_INVALID, err naming its line
      * and column), each step allows only the tokens that keep the text a prefix of the
@@ -495,6 +508,10 @@ int engine_submit(engine_sched *s, const engine_request *r, uint64_t *id, engine
  * CANCELLED (unless it had already finished). Unknown ids are ignored. Any thread. */
 void engine_cancel(engine_sched *s, uint64_t id);
 engine_sched_stats engine_sched_get_stats(engine_sched *s);
+/* Empties the prefix cache between two steps (llama-server's slot erase): the blocks no
+ * sequence holds go back to the free list. Waits for the step thread; returns the blocks
+ * dropped (0 when the scheduler is stopping). Any thread but the step thread. */
+int64_t engine_sched_erase_cache(engine_sched *s);
 /* Test hook: the next steps run only while `steps` > 0 (each step decrements it); < 0: free
  * running. Lets a test stage requests and inspect the pool between steps. */
 void engine_sched_set_step_limit(engine_sched *s, int64_t steps);

@@ -33,17 +33,6 @@ int engine_plan_kv(const io_model_config *c, uint64_t weights_bytes, be_backend 
     p->geom = (kv_geometry){c->num_hidden_layers, c->num_key_value_heads, c->head_dim, bs, dt};
     p->ctx_size = o->ctx_size > 0 ? o->ctx_size : c->max_position_embeddings;
     if (o->ctx_size <= 0 && p->ctx_size > ENGINE_DEFAULT_CTX) p->ctx_size = ENGINE_DEFAULT_CTX;
-    /* Attention has no sliding window: within the window full attention is the same thing,
-     * past it every token would see keys the model never attends to. */
-    int window = c->sliding_window;
-    if (window > 0 && p->ctx_size > window) {
-        if (o->ctx_size > 0)
-            return base_fail(err,
-                             "-c %d: this model attends over a sliding window of %d tokens, "
-                             "which mlxcel serves only within the window (use -c %d or less)",
-                             o->ctx_size, window, window);
-        p->ctx_size = window;
-    }
     p->n_parallel = o->n_parallel > 0 ? o->n_parallel : 1;
     p->weights_bytes = weights_bytes;
     p->kv_bytes_per_block = kv_bytes_per_block(&p->geom);

@@ -1,4 +1,5 @@
 /* Prompts: the model's tokenizer and chat template, loaded together. */
+#include "model/arch/arch.h"
 #include "engine/engine.h"
 
 #include <stdlib.h>
@@ -42,7 +43,7 @@ static int model_vocab_size(const char *dir, int *vocab_size, base_err *err) {
     free(path);
     io_model_config cfg;
     if (!exists) return 0;
-    if (io_config_load(dir, &cfg, err)) return -1;
+    if (model_config_load(dir, &cfg, NULL, err)) return -1;
     *vocab_size = cfg.vocab_size;
     io_config_free(&cfg);
     return 0;
@@ -76,6 +77,15 @@ int engine_prompter_open(const char *dir, const char *template_file, engine_prom
     }
     p->max_token_bytes = longest_token(p->tok);
     *out = p;
+    return 0;
+}
+
+int engine_prompter_set_template(engine_prompter *p, const char *source, base_err *err) {
+    chat_template *t;
+    if (chat_template_parse(source, &t, err)) return base_fail_wrap(err, "chat template");
+    chat_template_free(p->tmpl);
+    p->tmpl = t;
+    p->content_as_list = walks_content(source);
     return 0;
 }
 

@@ -62,6 +62,17 @@ static double rng_uniform(uint64_t *s) {
     return (double)(rng_next(s) >> 11) * 0x1.0p-53;
 }
 
+void engine_sampler_set_logit_bias(engine_sampler *s, const engine_logit_bias *bias, int n) {
+    free(s->bias);
+    s->bias = NULL;
+    if (n > 0) {
+        s->bias = base_xmalloc((size_t)n * sizeof *s->bias);
+        memcpy(s->bias, bias, (size_t)n * sizeof *s->bias);
+    }
+    s->p.logit_bias = s->bias;
+    s->p.n_logit_bias = n;
+}
+
 int engine_sampler_new(const engine_sampling *p, int vocab, engine_sampler **out, base_err *err) {
     if (isnan(p->temperature)) return base_fail(err, "sampling: temperature is NaN");
     if (!(p->top_p >= 0) || !(p->min_p >= 0) || p->min_p > 1)

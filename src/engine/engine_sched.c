@@ -21,6 +21,7 @@
  * thread. */
 #include "engine/engine.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,7 +47,8 @@ typedef struct sreq {
     char **stop;             /* (n_stop) owned */
     size_t *stop_len;        /* (n_stop) */
     int n_stop;
-    int32_t *tokens; /* (cap) prompt then generated ids */
+    int32_t *stop_ids; /* (r.n_stop_ids) owned */
+    int32_t *tokens;   /* (cap) prompt then generated ids */
     int n_tokens, cap, n_prompt, n_generated, max_generated;
     int n_cached;  /* prompt tokens adopted at first admission */
     bool admitted; /* ever admitted (n_cached counted) */
@@ -91,6 +93,8 @@ struct engine_sched {
     int n_cancels, cancels_cap;
     int64_t step_limit;
     bool stopping, draining, idle;
+    uint64_t erase_asked, erase_done; /* engine_sched_erase_cache's tickets */
+    int64_t erased;                   /* blocks the last erase dropped */
     uint64_t next_id;
     engine_sched_stats stats;
     pthread_mutex_t vocab_mu;
@@ -123,6 +127,7 @@ static void sreq_free(sreq *q) {
     for (int i = 0; i < q->n_stop; i++) free(q->stop[i]);
     free(q->stop);
     free(q->stop_len);
+    free(q->stop_ids);
     free(q->tokens);
     engine_sampler_free(q->sampler);
     if (q->stream) tok_stream_free(q->stream);
@@ -152,12 +157,35 @@ static int check_request(const engine_sched *s, const engine_request *r, base_er
                          r->top_logprobs);
     for (int i = 0; i < r->n_stop; i++)
         if (!r->stop[i] || !r->stop[i][0]) return base_fail(err, "stop string %d is empty", i);
+    for (int i = 0; i < r->n_stop_ids; i++)
+        if (r->stop_ids[i] < 0 || r->stop_ids[i] >= s->vocab)
+            return base_fail(err, "stop token id %d is outside the vocabulary (%d)", r->stop_ids[i],
+                             s->vocab);
+    if (r->min_tokens < 0) return base_fail(err, "min_tokens must be >= 0");
     if (r->n_think_close > 0 && r->reasoning_budget >= 0 && (r->grammar || !s->o.tok))
         return base_fail(err, "a reasoning budget needs the tokenizer and no grammar");
     for (int i = 0; i < r->n_think_close; i++)
         if (r->think_close[i] < 0 || r->think_close[i] >= s->vocab)
             return base_fail(err, "think_close token %d is outside the vocabulary", i);
     return 0;
+}
+
+/* The sampler, its bias banning the end ids while min_tokens holds them back. */
+static int sampler_new(const engine_sched *s, sreq *q, base_err *err) {
+    const engine_sampling *p = &q->r.sampling;
+    if (q->r.min_tokens <= 0) return engine_sampler_new(p, s->vocab, &q->sampler, err);
+    int n = p->n_logit_bias;
+    engine_logit_bias *b = base_xmalloc((size_t)(n + s->n_eos + q->r.n_stop_ids + 1) * sizeof *b);
+    if (n) memcpy(b, p->logit_bias, (size_t)n * sizeof *b);
+    for (int i = 0; i < s->n_eos; i++) b[n++] = (engine_logit_bias){s->eos[i], -INFINITY};
+    for (int i = 0; i < q->r.n_stop_ids; i++)
+        b[n++] = (engine_logit_bias){q->stop_ids[i], -INFINITY};
+    engine_sampling banned = *p;
+    banned.logit_bias = b;
+    banned.n_logit_bias = n;
+    int rc = engine_sampler_new(&banned, s->vocab, &q->sampler, err);
+    free(b);
+    return rc;
 }
 
 static int32_t *copy_ids(const int32_t *ids, int n) {
@@ -205,9 +233,13 @@ static int sreq_new(engine_sched *s, const engine_request *r, sreq **out, base_e
         memcpy(q->bias, r->sampling.logit_bias, nb);
     }
     q->r.sampling.logit_bias = q->bias;
+    if (r->n_stop_ids > 0) {
+        q->stop_ids = base_xmalloc((size_t)r->n_stop_ids * sizeof *q->stop_ids);
+        memcpy(q->stop_ids, r->stop_ids, (size_t)r->n_stop_ids * sizeof *q->stop_ids);
+    }
+    q->r.stop_ids = q->stop_ids;
     think_init(q, r);
-    if (engine_sampler_new(&q->r.sampling, s->vocab, &q->sampler, err) ||
-        (r->grammar && grammar_compile(s, q, r->grammar, err)) ||
+    if (sampler_new(s, q, err) || (r->grammar && grammar_compile(s, q, r->grammar, err)) ||
         (!q->think_done && vocab_ensure(s, err))) {
         sreq_free(q);
         return -1;
@@ -258,17 +290,19 @@ static void held_append(sreq *q, const char *text, size_t len) {
 
 /* How many bytes of the held text can be shown: up to the earliest stop string (*hit), else
  * all but the longest tail that is the start of a stop string (all of it when final). */
-static size_t stop_scan(const sreq *q, bool final, bool *hit) {
+static size_t stop_scan(const sreq *q, bool final, int *hit) {
     size_t show = q->held_len;
-    *hit = false;
+    *hit = -1;
+    /* before min_tokens, stop strings do not match: the text is shown as it comes */
+    if (q->n_generated < q->r.min_tokens) return show;
     for (int i = 0; i < q->n_stop; i++) {
         const char *p = memmem(q->held, q->held_len, q->stop[i], q->stop_len[i]);
-        if (p && (size_t)(p - q->held) <= show) {
+        if (p && (*hit < 0 || (size_t)(p - q->held) < show)) {
             show = (size_t)(p - q->held);
-            *hit = true;
+            *hit = i;
         }
     }
-    if (*hit || final) return show;
+    if (*hit >= 0 || final) return show;
     size_t hold = 0;
     for (int i = 0; i < q->n_stop; i++) {
         size_t k = q->stop_len[i] - 1 < q->held_len ? q->stop_len[i] - 1 : q->held_len;
@@ -362,6 +396,7 @@ static int constrain(engine_sched *s, sreq *q, engine_pick *pk, uint32_t *mask, 
 static engine_event event_for(const sreq *q) {
     return (engine_event){.id = q->id,
                           .token = -1,
+                          .stop_index = -1,
                           .n_prompt = q->n_prompt,
                           .n_generated = q->n_generated,
                           .n_cached = q->n_cached,
@@ -569,7 +604,7 @@ static int admit(engine_sched *s, int n, int *budget) {
 }
 
 /* Shows what the stop strings allow of the held text, then the final flush when done. */
-static void emit_text(sreq *q, engine_event *ev, bool final, bool *stop_hit) {
+static void emit_text(sreq *q, engine_event *ev, bool final, int *stop_hit) {
     size_t show = stop_scan(q, final, stop_hit);
     ev->text = q->held;
     ev->text_len = show;
@@ -586,6 +621,12 @@ static void consume_text(sreq *q, size_t shown) {
 static bool is_eos(const engine_sched *s, int32_t t) {
     for (int i = 0; i < s->n_eos; i++)
         if (s->eos[i] == t) return true;
+    return false;
+}
+
+static bool is_stop_id(const sreq *q, int32_t t) {
+    for (int i = 0; i < q->r.n_stop_ids; i++)
+        if (q->stop_ids[i] == t) return true;
     return false;
 }
 
@@ -659,7 +700,9 @@ static bool take_token(engine_sched *s, sreq *q, const engine_pick *pk) {
         memcpy(ev.top_ids, pk->top_ids, (size_t)ev.n_top * sizeof *ev.top_ids);
         memcpy(ev.top_logprobs, pk->top_lp, (size_t)ev.n_top * sizeof *ev.top_logprobs);
     }
-    bool eos = !q->r.ignore_eos && is_eos(s, t), closed = false;
+    if (q->n_generated == q->r.min_tokens && q->r.min_tokens > 0)
+        engine_sampler_set_logit_bias(q->sampler, q->bias, q->r.sampling.n_logit_bias);
+    bool eos = (!q->r.ignore_eos && is_eos(s, t)) || is_stop_id(q, t), closed = false;
     if (q->gstate && !eos) {
         base_err err;
         if (gram_state_accept(q->gstate, t, &err)) {
@@ -680,9 +723,10 @@ static bool take_token(engine_sched *s, sreq *q, const engine_pick *pk) {
             finish(s, q, &ev, ENGINE_FINISH_ERROR, err.msg);
             return true;
         }
-        bool hit;
+        int hit;
         emit_text(q, &ev, why != ENGINE_FINISH_NONE, &hit);
-        if (hit) why = ENGINE_FINISH_STOP;
+        if (hit >= 0) why = ENGINE_FINISH_STOP;
+        ev.stop_index = hit;
     }
     if (why == ENGINE_FINISH_NONE) {
         q->r.on_event(q->r.ctx, &ev);
@@ -792,6 +836,17 @@ static void step(engine_sched *s) {
 
 /* ---- the thread ---- */
 
+/* Between steps, the pool is the step thread's to change: answers the erases asked so far. */
+static void erase_cache(engine_sched *s, uint64_t ticket) {
+    int64_t n = kv_pool_drop_cached(s->rt->pool);
+    snapshot_stats(s);
+    pthread_mutex_lock(&s->mu);
+    s->erased = n;
+    s->erase_done = ticket;
+    pthread_cond_broadcast(&s->idle_cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
 static bool runnable(const engine_sched *s) {
     return (s->n_waiting > 0 || s->n_running > 0) && s->step_limit != 0;
 }
@@ -813,7 +868,8 @@ static void *sched_main(void *arg) {
             pthread_mutex_lock(&s->mu);
         }
         free(unstarted);
-        while (!s->stopping && s->n_cancels == 0 && !runnable(s)) {
+        while (!s->stopping && s->n_cancels == 0 && !runnable(s) &&
+               s->erase_done == s->erase_asked) {
             s->idle = true;
             pthread_cond_broadcast(&s->idle_cv);
             pthread_cond_wait(&s->wake, &s->mu);
@@ -829,8 +885,10 @@ static void *sched_main(void *arg) {
         s->n_cancels = 0;
         bool go = runnable(s);
         if (go && s->step_limit > 0) s->step_limit--;
+        uint64_t erase = s->erase_asked;
         pthread_mutex_unlock(&s->mu);
         apply_cancels(s, cancels, n);
+        if (erase != s->erase_done) erase_cache(s, erase);
         if (go) step(s);
         pthread_mutex_lock(&s->mu);
     }
@@ -906,6 +964,7 @@ void engine_sched_stop(engine_sched *s) {
         pthread_mutex_lock(&s->mu);
         s->stopping = true;
         pthread_cond_signal(&s->wake);
+        pthread_cond_broadcast(&s->idle_cv); /* erases waiting for the thread give up */
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->thread, NULL);
     }
@@ -974,6 +1033,16 @@ void engine_cancel(engine_sched *s, uint64_t id) {
     s->cancels[s->n_cancels++] = id;
     pthread_cond_signal(&s->wake);
     pthread_mutex_unlock(&s->mu);
+}
+
+int64_t engine_sched_erase_cache(engine_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    uint64_t ticket = ++s->erase_asked;
+    pthread_cond_signal(&s->wake);
+    while (!s->stopping && s->erase_done < ticket) pthread_cond_wait(&s->idle_cv, &s->mu);
+    int64_t n = s->erase_done >= ticket ? s->erased : 0;
+    pthread_mutex_unlock(&s->mu);
+    return n;
 }
 
 engine_sched_stats engine_sched_get_stats(engine_sched *s) {

@@ -79,23 +79,12 @@ int io_npy_read_f32(const char *path, float **data, int64_t *shape, int *ndim, b
 /* ---- config.json ---- */
 
 typedef enum {
-    IO_ARCH_LLAMA = 0,
-    IO_ARCH_MISTRAL,
-    IO_ARCH_QWEN2,
-    IO_ARCH_QWEN3,
-    IO_ARCH_COUNT
-} io_arch;
-
-const char *io_arch_name(io_arch arch);
-/* "llama, mistral, qwen2, qwen3" */
-const char *io_arch_supported_list(void);
-
-typedef enum {
     IO_ROPE_NONE = 0, /* also "default" */
     IO_ROPE_LINEAR,
     IO_ROPE_DYNAMIC,
     IO_ROPE_LLAMA3,
     IO_ROPE_YARN,
+    IO_ROPE_LONGROPE, /* also "su": short and long factors per frequency (Phi-3) */
 } io_rope_type;
 
 typedef struct io_rope_scaling {
@@ -106,7 +95,9 @@ typedef struct io_rope_scaling {
     int original_max_position_embeddings; /* llama3, yarn, dynamic (0 = unset) */
     float beta_fast, beta_slow;           /* yarn (defaults 32, 1) */
     float mscale, mscale_all_dim;         /* yarn (0 = unset) */
-    float attention_factor;               /* yarn (0 = derive from factor) */
+    float attention_factor;               /* yarn, longrope (0 = derive from factor) */
+    int n_factors;                        /* longrope: entries of each list below */
+    float *short_factor, *long_factor;    /* longrope (owned by the config) */
 } io_rope_scaling;
 
 /* bits == 0 means dense (not quantized). */
@@ -120,10 +111,20 @@ typedef struct io_quant_override {
     io_quant_spec spec;
 } io_quant_override;
 
+struct json_t;
+
 #define IO_MAX_EOS 8
 
+/* What a family does differently from Llama, as its descriptor (model/arch) reads it from the
+ * config; the generic parse leaves Llama's choices. */
+typedef enum { IO_ACT_SILU = 0, IO_ACT_GELU_TANH } io_act;
+typedef enum {
+    IO_QK_NORM_NONE = 0,
+    IO_QK_NORM_HEAD, /* RMSNorm over each head of q and k (Qwen3, Gemma 3) */
+    IO_QK_NORM_FULL, /* RMSNorm over the whole q and k projections (OLMo 2) */
+} io_qk_norm;
+
 typedef struct io_model_config {
-    io_arch arch;
     char model_type[32];
     int vocab_size;
     int hidden_size;
@@ -138,9 +139,28 @@ typedef struct io_model_config {
     io_rope_scaling rope_scaling;
     bool tie_word_embeddings;
     bool attention_bias; /* q/k/v biases (qwen2 always; llama's attention_bias) */
-    bool qk_norm;        /* per-head RMSNorm on q and k (qwen3) */
-    int sliding_window;  /* 0 = none */
-    int bos_token_id;    /* -1 = none */
+    io_qk_norm qk_norm;
+    int sliding_window; /* the local layers' window; 0 = none */
+    bool *layer_local;  /* (num_hidden_layers) attends within sliding_window; NULL = none */
+    int rotary_dim;     /* dims of each head RoPE turns (partial_rotary_factor); head_dim */
+    /* Local layers' RoPE where it differs from the global one (Gemma 3): theta 0 = the same
+     * table as every other layer. */
+    float rope_local_theta;
+    io_rope_scaling rope_local_scaling;
+    io_act act;
+    bool norm_plus_one;   /* RMSNorm scales by (1 + w) (Gemma) */
+    float embed_scale;    /* the embedding is multiplied by it (Gemma: sqrt(hidden)) */
+    float attn_scale;     /* 0 = 1 / sqrt(head_dim) */
+    float attn_softcap;   /* 0 = none */
+    float final_softcap;  /* on the logits; 0 = none */
+    float residual_scale; /* each block's output is multiplied by it before the add */
+    float logits_scale;   /* the logits are multiplied by it */
+    /* Mixture of experts; n_experts 0 = dense. */
+    int n_experts, n_experts_used;
+    int moe_intermediate_size; /* each expert's */
+    bool moe_norm_topk;        /* the chosen experts' weights renormalized to sum 1 */
+    bool *layer_moe;           /* (num_hidden_layers) MoE or a dense MLP; NULL = all MoE */
+    int bos_token_id;          /* -1 = none */
     int n_eos;
     int eos_token_ids[IO_MAX_EOS];
     base_dtype torch_dtype; /* F32 when absent */
@@ -151,13 +171,44 @@ typedef struct io_model_config {
     io_quant_override *quant_overrides;
 } io_model_config;
 
-/* Parses dir/config.json. Missing required fields, wrong types and impossible values
- * (heads not dividing, zero sizes, unsupported bits or group size) are errors naming the
- * field; an unknown model_type lists the supported ones. */
-int io_config_load(const char *dir, io_model_config *cfg, base_err *err);
-/* Same, from a JSON text; `origin` names it in errors. */
+/* The generic part of config.json: sizes, RoPE, tokens, dtype, quantization, read from the
+ * text model's object (`text_config` when there is one, as vision-language checkpoints nest
+ * it; the root otherwise), with dtype and quantization from the root. Missing required fields,
+ * wrong types and impossible values (heads not dividing, zero sizes, unsupported bits or group
+ * size) are errors naming the field. model_type is read, not judged: the family descriptors
+ * (model/arch) know which exist, and model_config_load reads the rest through them. */
 int io_config_parse(const char *json_text, const char *origin, io_model_config *cfg, base_err *err);
+/* Same, from a parsed document (not taken over). */
+int io_config_parse_json(struct json_t *root, const char *origin, io_model_config *cfg,
+                         base_err *err);
+/* dir/config.json, parsed as a JSON document (*root owned by the caller: json_decref). */
+int io_config_read_json(const char *dir, struct json_t **root, char **origin, base_err *err);
+/* The object a config's text-model fields live in: root's `text_config`, else root. */
+struct json_t *io_config_text(struct json_t *root);
 void io_config_free(io_model_config *cfg);
+
+/* Typed reads of one config field for the family descriptors, with io_config's rules: absent
+ * and null mean the default, a wrong type or an impossible value is an error naming
+ * origin and field. */
+typedef struct io_cfg_at {
+    struct json_t *obj;
+    const char *origin;
+    const char *prefix; /* "" or "text_config.": where obj sits, for errors */
+    base_err *err;
+} io_cfg_at;
+bool io_cfg_has(const io_cfg_at *at, const char *key);
+int io_cfg_int(const io_cfg_at *at, const char *key, int def, int *out);
+int io_cfg_pos_int(const io_cfg_at *at, const char *key, int def, int *out);
+int io_cfg_float(const io_cfg_at *at, const char *key, float def, float *out);
+int io_cfg_pos_float(const io_cfg_at *at, const char *key, float def, float *out);
+int io_cfg_bool(const io_cfg_at *at, const char *key, bool def, bool *out);
+/* A string field compared with `want` (absent: false). */
+int io_cfg_str_is(const io_cfg_at *at, const char *key, const char *want, bool *out);
+/* A field that must hold `n` strings, each "sliding_attention" or "full_attention"
+ * (transformers' layer_types); sets local[i]. Absent: *present false. */
+int io_cfg_layer_types(const io_cfg_at *at, int n, bool *local, bool *present);
+/* The error "field 'key' what" for a value the descriptor refuses. */
+int io_cfg_fail(const io_cfg_at *at, const char *key, const char *what);
 /* The quantization spec for a module path (override if any, else the default). */
 io_quant_spec io_config_quant_for(const io_model_config *cfg, const char *module);
 

@@ -9,21 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const g_arch_names[IO_ARCH_COUNT] = {
-    [IO_ARCH_LLAMA] = "llama",
-    [IO_ARCH_MISTRAL] = "mistral",
-    [IO_ARCH_QWEN2] = "qwen2",
-    [IO_ARCH_QWEN3] = "qwen3",
-};
-
-const char *io_arch_name(io_arch arch) {
-    return (unsigned)arch < IO_ARCH_COUNT ? g_arch_names[arch] : "?";
-}
-
-const char *io_arch_supported_list(void) {
-    return "llama, mistral, qwen2, qwen3";
-}
-
 /* Where errors point: the origin (file) and the object's prefix ("" or "rope_scaling."). */
 typedef struct cfg_at {
     const char *origin;
@@ -98,10 +83,45 @@ static int get_bool(const cfg_at *at, json_t *obj, const char *key, bool def, bo
     return 0;
 }
 
+/* One longrope list: positive numbers; n (the first list's length) must match. */
+static int parse_factors(const cfg_at *at, json_t *obj, const char *key, int *n, float **out) {
+    json_t *v = field(obj, key);
+    if (!v) return field_fail(at, key, "is missing", NULL);
+    if (!json_is_array(v) || json_array_size(v) == 0 || json_array_size(v) > 4096)
+        return field_fail(at, key, "must be a list of 1 to 4096 numbers", v);
+    if (*n && (int)json_array_size(v) != *n)
+        return field_fail(at, key, "must have as many entries as short_factor", NULL);
+    *n = (int)json_array_size(v);
+    *out = base_xmalloc((size_t)*n * sizeof **out);
+    size_t i;
+    json_t *x;
+    json_array_foreach(v, i, x) {
+        double d = json_is_number(x) ? json_number_value(x) : 0;
+        if (!(d > 0) || d > 1e30) return field_fail(at, key, "must list positive numbers", x);
+        (*out)[i] = (float)d;
+    }
+    return 0;
+}
+
+/* Phi-3's longrope: short and long factor lists, optional factor, attention_factor and
+ * original_max_position_embeddings (Phi-3 writes the last at the top level instead). */
+static int parse_longrope(const cfg_at *at, json_t *obj, io_rope_scaling *rs) {
+    if (parse_factors(at, obj, "short_factor", &rs->n_factors, &rs->short_factor) != 0 ||
+        parse_factors(at, obj, "long_factor", &rs->n_factors, &rs->long_factor) != 0 ||
+        get_float(at, obj, "factor", 0, &rs->factor) != 0 ||
+        get_float(at, obj, "attention_factor", 0, &rs->attention_factor) != 0 ||
+        get_int(at, obj, "original_max_position_embeddings", false, 0,
+                &rs->original_max_position_embeddings) != 0)
+        return -1;
+    if (rs->factor < 0 || rs->attention_factor < 0 || rs->original_max_position_embeddings < 0)
+        return field_fail(at, "factor", "and attention_factor must not be negative", NULL);
+    return 0;
+}
+
 /* The rope object: transformers < 5 writes `rope_scaling`, 5 writes `rope_parameters` (with
  * rope_theta inside); `type` is the older spelling of `rope_type`. */
 static int parse_rope(const cfg_at *root_at, json_t *obj, const char *name, io_rope_scaling *rs) {
-    char prefix[32];
+    char prefix[64];
     snprintf(prefix, sizeof prefix, "%s.", name);
     cfg_at at = {root_at->origin, prefix, root_at->err};
     if (!json_is_object(obj)) return field_fail(root_at, name, "must be an object or null", obj);
@@ -113,20 +133,23 @@ static int parse_rope(const cfg_at *root_at, json_t *obj, const char *name, io_r
     }
     if (!t) return field_fail(&at, "rope_type", "is missing", NULL);
     if (!json_is_string(t)) return field_fail(&at, tkey, "must be a string", t);
-    static const char *const names[] = {"default", "linear", "dynamic", "llama3", "yarn"};
-    static const io_rope_type types[] = {IO_ROPE_NONE, IO_ROPE_LINEAR, IO_ROPE_DYNAMIC,
-                                         IO_ROPE_LLAMA3, IO_ROPE_YARN};
+    static const char *const names[] = {"default", "linear",   "dynamic", "llama3",
+                                        "yarn",    "longrope", "su"};
+    static const io_rope_type types[] = {IO_ROPE_NONE,    IO_ROPE_LINEAR, IO_ROPE_DYNAMIC,
+                                         IO_ROPE_LLAMA3,  IO_ROPE_YARN,   IO_ROPE_LONGROPE,
+                                         IO_ROPE_LONGROPE};
     int found = -1;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++) {
         if (strcmp(json_string_value(t), names[i]) == 0) found = i;
     }
     if (found < 0)
         return base_fail(at.err,
                          "%s: field '%s%s' is '%s': unsupported (supported: default, linear, "
-                         "dynamic, llama3, yarn)",
+                         "dynamic, llama3, yarn, longrope)",
                          at.origin, prefix, tkey, json_string_value(t));
     *rs = (io_rope_scaling){.type = types[found]};
     if (rs->type == IO_ROPE_NONE) return 0;
+    if (rs->type == IO_ROPE_LONGROPE) return parse_longrope(&at, obj, rs);
     bool llama3 = rs->type == IO_ROPE_LLAMA3;
     if (get_pos_float(&at, obj, "factor", true, 0, &rs->factor) != 0 ||
         get_int(&at, obj, "original_max_position_embeddings", llama3, 0,
@@ -154,8 +177,29 @@ static int parse_rope(const cfg_at *root_at, json_t *obj, const char *name, io_r
     return 0;
 }
 
+/* transformers 5's per-layer-type form, {"full_attention": {...}, "sliding_attention":
+ * {...}} (Gemma 3): the global table and the local layers' own, each with its theta. */
+static int parse_rope_by_type(const cfg_at *at, json_t *params, io_model_config *cfg) {
+    json_t *full = field(params, "full_attention"), *local = field(params, "sliding_attention");
+    cfg_at fat = {at->origin, "rope_parameters.full_attention.", at->err};
+    cfg_at lat = {at->origin, "rope_parameters.sliding_attention.", at->err};
+    if (!json_is_object(full))
+        return field_fail(at, "rope_parameters.full_attention", "must be an object", full);
+    if (parse_rope(at, full, "rope_parameters.full_attention", &cfg->rope_scaling) != 0 ||
+        get_pos_float(&fat, full, "rope_theta", false, 10000.0f, &cfg->rope_theta) != 0)
+        return -1;
+    if (!local) return 0;
+    if (!json_is_object(local))
+        return field_fail(at, "rope_parameters.sliding_attention", "must be an object", local);
+    if (parse_rope(at, local, "rope_parameters.sliding_attention", &cfg->rope_local_scaling) != 0)
+        return -1;
+    return get_pos_float(&lat, local, "rope_theta", false, cfg->rope_theta, &cfg->rope_local_theta);
+}
+
 static int parse_rope_all(const cfg_at *at, json_t *root, io_model_config *cfg) {
     json_t *scaling = field(root, "rope_scaling"), *params = field(root, "rope_parameters");
+    if (!scaling && json_is_object(params) && field(params, "full_attention"))
+        return parse_rope_by_type(at, params, cfg);
     if (scaling && parse_rope(at, scaling, "rope_scaling", &cfg->rope_scaling) != 0) return -1;
     if (!scaling && params && parse_rope(at, params, "rope_parameters", &cfg->rope_scaling) != 0)
         return -1;
@@ -277,19 +321,14 @@ static int parse_tokens(const cfg_at *at, json_t *root, io_model_config *cfg) {
     return 0;
 }
 
-static int parse_arch(const cfg_at *at, json_t *root, io_model_config *cfg) {
+static int parse_model_type(const cfg_at *at, json_t *root, io_model_config *cfg) {
     json_t *mt = json_object_get(root, "model_type");
     if (!mt) return field_fail(at, "model_type", "is missing", NULL);
     if (!json_is_string(mt)) return field_fail(at, "model_type", "must be a string", mt);
-    for (int a = 0; a < IO_ARCH_COUNT; a++) {
-        if (strcmp(json_string_value(mt), g_arch_names[a]) == 0) {
-            cfg->arch = (io_arch)a;
-            snprintf(cfg->model_type, sizeof cfg->model_type, "%s", g_arch_names[a]);
-            return 0;
-        }
-    }
-    return base_fail(at->err, "%s: model_type '%s' is not supported (supported: %s)", at->origin,
-                     json_string_value(mt), io_arch_supported_list());
+    if (strlen(json_string_value(mt)) >= sizeof cfg->model_type)
+        return field_fail(at, "model_type", "is too long", NULL);
+    snprintf(cfg->model_type, sizeof cfg->model_type, "%s", json_string_value(mt));
+    return 0;
 }
 
 static int parse_shapes(const cfg_at *at, json_t *root, io_model_config *c) {
@@ -321,37 +360,53 @@ static int parse_shapes(const cfg_at *at, json_t *root, io_model_config *c) {
     if (c->head_dim % 2 != 0)
         return base_fail(at->err, "%s: field 'head_dim' (%d) must be even for rotary embeddings",
                          at->origin, c->head_dim);
-    return 0;
+    float partial;
+    if (get_float(at, root, "partial_rotary_factor", 1.0f, &partial) != 0) return -1;
+    c->rotary_dim = (int)((float)c->head_dim * partial);
+    if (!(partial > 0 && partial <= 1) || c->rotary_dim < 2 || c->rotary_dim % 2 != 0)
+        return base_fail(at->err,
+                         "%s: field 'partial_rotary_factor' (%g) must leave an even number of "
+                         "rotated dims in head_dim %d",
+                         at->origin, (double)partial, c->head_dim);
+    return get_bool(at, root, "tie_word_embeddings", false, &c->tie_word_embeddings) ||
+           get_bool(at, root, "attention_bias", false, &c->attention_bias);
 }
 
-/* Per-family switches that the config spells differently or not at all. */
-static int parse_family(const cfg_at *at, json_t *root, io_model_config *c) {
-    bool windowed = false;
-    switch (c->arch) {
-    case IO_ARCH_QWEN2:
-        /* Qwen2 always carries q/k/v biases; its config has no field for it */
-        c->attention_bias = true;
-        break;
-    case IO_ARCH_QWEN3:
-        c->qk_norm = true; /* fall through */
-    case IO_ARCH_LLAMA:
-        if (get_bool(at, root, "attention_bias", false, &c->attention_bias) != 0) return -1;
-        break;
-    case IO_ARCH_MISTRAL:
-        if (get_int(at, root, "sliding_window", false, 0, &c->sliding_window) != 0) return -1;
-        if (c->sliding_window < 0)
-            return field_fail(at, "sliding_window", "must not be negative", NULL);
-        break;
-    case IO_ARCH_COUNT:
-        break;
-    }
-    if (c->arch == IO_ARCH_QWEN2 || c->arch == IO_ARCH_QWEN3) {
-        if (get_bool(at, root, "use_sliding_window", false, &windowed) != 0) return -1;
-        /* Qwen's window covers only the layers past max_window_layers, which one number
-         * cannot describe; refusing beats attending over the wrong span. */
-        if (windowed) return field_fail(at, "use_sliding_window", "true is not supported", NULL);
-    }
-    return get_bool(at, root, "tie_word_embeddings", false, &c->tie_word_embeddings);
+/* Phi-3's longrope lists cover the rotated dims, one factor per frequency. */
+static int check_longrope(const cfg_at *at, const io_model_config *c) {
+    const io_rope_scaling *rs = &c->rope_scaling;
+    if (rs->type != IO_ROPE_LONGROPE || rs->n_factors == c->rotary_dim / 2) return 0;
+    return base_fail(at->err,
+                     "%s: field 'rope_scaling.short_factor' has %d entries, expected %d (half "
+                     "the rotated dims)",
+                     at->origin, rs->n_factors, c->rotary_dim / 2);
+}
+
+int io_config_parse_json(json_t *root, const char *origin, io_model_config *cfg, base_err *err) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg_at at = {origin, "", err};
+    if (!json_is_object(root)) return base_fail(err, "%s: must be a JSON object", origin);
+    json_t *text = io_config_text(root);
+    cfg_at tat = {origin, text == root ? "" : "text_config.", err};
+    cfg->act = IO_ACT_SILU;
+    cfg->embed_scale = cfg->residual_scale = cfg->logits_scale = 1.0f;
+    int rc = parse_model_type(&at, root, cfg);
+    if (rc == 0) rc = parse_shapes(&tat, text, cfg);
+    if (rc == 0) rc = parse_rope_all(&tat, text, cfg);
+    if (rc == 0) rc = check_longrope(&tat, cfg);
+    /* Vision-language checkpoints keep the end-of-sequence ids at the top level. */
+    if (rc == 0)
+        rc = parse_tokens(field(root, "eos_token_id") ? &at : &tat,
+                          field(root, "eos_token_id") ? root : text, cfg);
+    if (rc == 0) rc = parse_dtype(&at, root, &cfg->torch_dtype);
+    if (rc == 0) rc = parse_quant(&at, root, cfg);
+    if (rc != 0) io_config_free(cfg);
+    return rc;
+}
+
+json_t *io_config_text(json_t *root) {
+    json_t *t = json_object_get(root, "text_config");
+    return json_is_object(t) ? t : root;
 }
 
 int io_config_parse(const char *json_text, const char *origin, io_model_config *cfg,
@@ -360,35 +415,35 @@ int io_config_parse(const char *json_text, const char *origin, io_model_config *
     json_error_t jerr;
     json_t *root = json_loads(json_text, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) return base_fail(err, "%s: line %d: %s", origin, jerr.line, jerr.text);
-    cfg_at at = {origin, "", err};
-    int rc = 0;
-    if (!json_is_object(root)) rc = base_fail(err, "%s: must be a JSON object", origin);
-    if (rc == 0) rc = parse_arch(&at, root, cfg);
-    if (rc == 0) rc = parse_shapes(&at, root, cfg);
-    if (rc == 0) rc = parse_rope_all(&at, root, cfg);
-    if (rc == 0) rc = parse_family(&at, root, cfg);
-    if (rc == 0) rc = parse_tokens(&at, root, cfg);
-    if (rc == 0) rc = parse_dtype(&at, root, &cfg->torch_dtype);
-    if (rc == 0) rc = parse_quant(&at, root, cfg);
+    int rc = io_config_parse_json(root, origin, cfg, err);
     json_decref(root);
-    if (rc != 0) io_config_free(cfg);
     return rc;
 }
 
-int io_config_load(const char *dir, io_model_config *cfg, base_err *err) {
-    memset(cfg, 0, sizeof *cfg);
-    char *path = base_path_join(dir, "config.json");
+int io_config_read_json(const char *dir, json_t **root, char **origin, base_err *err) {
+    *root = NULL;
+    *origin = base_path_join(dir, "config.json");
     char *text = NULL;
-    int rc = base_read_file(path, &text, NULL, err);
-    if (rc == 0) rc = io_config_parse(text, path, cfg, err);
+    if (base_read_file(*origin, &text, NULL, err)) return -1;
+    json_error_t jerr;
+    *root = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
     free(text);
-    free(path);
-    return rc;
+    if (!*root) return base_fail(err, "%s: line %d: %s", *origin, jerr.line, jerr.text);
+    return 0;
+}
+
+static void rope_free(io_rope_scaling *rs) {
+    free(rs->short_factor);
+    free(rs->long_factor);
 }
 
 void io_config_free(io_model_config *cfg) {
     for (int i = 0; i < cfg->n_quant_overrides; i++) free(cfg->quant_overrides[i].module);
     free(cfg->quant_overrides);
+    free(cfg->layer_local);
+    free(cfg->layer_moe);
+    rope_free(&cfg->rope_scaling);
+    rope_free(&cfg->rope_local_scaling);
     memset(cfg, 0, sizeof *cfg);
 }
 
@@ -398,4 +453,74 @@ io_quant_spec io_config_quant_for(const io_model_config *cfg, const char *module
             return cfg->quant_overrides[i].spec;
     }
     return cfg->quant;
+}
+
+/* ---- reads for the family descriptors ---- */
+
+static cfg_at at_of(const io_cfg_at *a) {
+    return (cfg_at){a->origin, a->prefix ? a->prefix : "", a->err};
+}
+
+bool io_cfg_has(const io_cfg_at *at, const char *key) {
+    return field(at->obj, key) != NULL;
+}
+
+int io_cfg_int(const io_cfg_at *at, const char *key, int def, int *out) {
+    cfg_at a = at_of(at);
+    return get_int(&a, at->obj, key, false, def, out);
+}
+
+int io_cfg_pos_int(const io_cfg_at *at, const char *key, int def, int *out) {
+    cfg_at a = at_of(at);
+    return get_pos_int(&a, at->obj, key, false, def, out);
+}
+
+int io_cfg_float(const io_cfg_at *at, const char *key, float def, float *out) {
+    cfg_at a = at_of(at);
+    return get_float(&a, at->obj, key, def, out);
+}
+
+int io_cfg_pos_float(const io_cfg_at *at, const char *key, float def, float *out) {
+    cfg_at a = at_of(at);
+    return get_pos_float(&a, at->obj, key, false, def, out);
+}
+
+int io_cfg_bool(const io_cfg_at *at, const char *key, bool def, bool *out) {
+    cfg_at a = at_of(at);
+    return get_bool(&a, at->obj, key, def, out);
+}
+
+int io_cfg_str_is(const io_cfg_at *at, const char *key, const char *want, bool *out) {
+    cfg_at a = at_of(at);
+    json_t *v = field(at->obj, key);
+    *out = false;
+    if (!v) return 0;
+    if (!json_is_string(v)) return field_fail(&a, key, "must be a string", v);
+    *out = strcmp(json_string_value(v), want) == 0;
+    return 0;
+}
+
+int io_cfg_layer_types(const io_cfg_at *at, int n, bool *local, bool *present) {
+    cfg_at a = at_of(at);
+    json_t *v = field(at->obj, "layer_types");
+    *present = v != NULL;
+    if (!v) return 0;
+    if (!json_is_array(v) || json_array_size(v) != (size_t)n)
+        return field_fail(&a, "layer_types", "must list one type per layer", v);
+    for (int i = 0; i < n; i++) {
+        const char *t = json_string_value(json_array_get(v, (size_t)i));
+        if (t && strcmp(t, "sliding_attention") == 0)
+            local[i] = true;
+        else if (t && strcmp(t, "full_attention") == 0)
+            local[i] = false;
+        else
+            return field_fail(&a, "layer_types",
+                              "must hold \"sliding_attention\" or \"full_attention\"", NULL);
+    }
+    return 0;
+}
+
+int io_cfg_fail(const io_cfg_at *at, const char *key, const char *what) {
+    cfg_at a = at_of(at);
+    return field_fail(&a, key, what, NULL);
 }

@@ -53,6 +53,9 @@ typedef struct kv_pool_stats {
     int64_t capacity, free, cached, referenced;
 } kv_pool_stats;
 kv_pool_stats kv_pool_get_stats(const kv_pool *pool);
+/* Drops every cached block (held by no sequence) from the prefix cache to the free list;
+ * returns how many. Blocks that sequences hold stay adoptable. */
+int64_t kv_pool_drop_cached(kv_pool *pool);
 /* Recounts everything from scratch; -1 with a message when the invariant is broken. */
 int kv_pool_check(const kv_pool *pool, base_err *err);
 /* Test hook: every prefix key is ANDed with mask before it is stored or looked up (0 makes

@@ -264,6 +264,17 @@ const be_kv_layer *kv_pool_layer(const kv_pool *pool, int layer) {
     return &pool->layers[layer];
 }
 
+int64_t kv_pool_drop_cached(kv_pool *p) {
+    int64_t n = 0;
+    for (; p->lru_head != NONE; n++) {
+        int32_t b = p->lru_head;
+        lru_remove(p, b);
+        unpublish(p, b);
+        free_push(p, b);
+    }
+    return n;
+}
+
 void kv_pool_set_hash_mask(kv_pool *pool, uint64_t mask) {
     pool->hash_mask = mask;
 }

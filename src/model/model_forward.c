@@ -1,13 +1,17 @@
-/* The forward pass, written once against the backend ops, top to bottom as the Llama paper
- * family reads:
- *   x = embed(tokens)
- *   per layer:  h = rmsnorm(x); q,k,v = h Wq, h Wk, h Wv (+ biases); [qwen3: rmsnorm per head]
- *               rope(q, k); append k, v to the paged pool; a = attention(q, pool)
- *               x += a Wo;  h = rmsnorm(x);  x += (silu(h Wgate) * h Wup) Wdown
- *   logits = rmsnorm(x[rows wanted]) Wlm_head
- * A backend with matmul_add folds each norm into the matmuls after it and each residual add
- * into the matmul before it: per layer q,k,v = rmsnorm(x) W..; x += a Wo;
- * x += (silu(rmsnorm(x) Wgate) * (rmsnorm(x) Wup)) Wdown, with no h in between. */
+/* The forward pass, written once against the backend ops for every family; what differs is
+ * what the descriptors put in the layers (model_internal.h):
+ *   x = embed(tokens) [* embed_scale]
+ *   per layer:  h = [rmsnorm(x) * attn_norm]; q,k,v = h Wq, h Wk, h Wv (+ biases);
+ *               [q, k = rmsnorm per head or whole]; rope(q, k) with the layer's table;
+ *               append k, v to the paged pool; a = attention(q, pool) [capped, windowed]
+ *               a = a Wo [-> rmsnorm * post_attn_norm] [* residual_scale];  x += a
+ *               h = [rmsnorm(x) * mlp_norm];  d = (act(h Wgate) * h Wup) Wdown
+ *               [d -> rmsnorm * post_mlp_norm] [* residual_scale];  x += d
+ *   logits = rmsnorm(x[rows wanted]) * final_norm Wlm_head [* logits_scale] [-> softcap]
+ * A backend with matmul_add folds each norm before a block into the matmuls after it, and
+ * each residual add into the matmul before it where the block's output goes to the residual
+ * as it is (Llama-like families): q,k,v = rmsnorm(x) W..; x += a Wo; x += (act(rmsnorm(x)
+ * Wgate) * (rmsnorm(x) Wup)) Wdown, with no h in between. */
 #include "model/model_internal.h"
 
 #include <math.h>
@@ -51,6 +55,7 @@ static int scratch_reserve(model *m, int n, int n_out, base_err *err) {
         TRY(grow(m, &s->att, rows * qdim * act, err));
         TRY(grow(m, &s->gate, rows * c->intermediate_size * act, err));
         TRY(grow(m, &s->up, rows * c->intermediate_size * act, err));
+        if (c->n_experts > 0) TRY(grow(m, &s->moe_out, rows * c->hidden_size * act, err));
         TRY(grow(m, &s->ids, rows * sizeof(int32_t), err));
         s->cap_tokens = n;
     }
@@ -106,20 +111,34 @@ static be_tensor act_tensor(const model *m, void *data, int64_t rows, int64_t co
     return (be_tensor){.data = data, .dtype = m->be->act_dtype, .rows = rows, .cols = cols};
 }
 
-/* RoPE on q and k. Dynamic NTK scaling depends on each sequence's length, so it runs per
- * sequence with that sequence's table; every other type uses the one static table. */
-static int apply_rope(model *m, const be_paged_batch *hb, const be_paged_batch *db, be_tensor *q,
-                      be_tensor *k, base_err *err) {
+/* The RoPE table of layer L: the local layers' own where the family has one. */
+static const be_tensor *layer_freqs(const model *m, const model_layer *L, float *mscale) {
+    bool local = L->local && m->inv_freq_local.data;
+    *mscale = local ? m->rope_local_mscale : m->rope_mscale;
+    return local ? &m->inv_freq_local : &m->inv_freq;
+}
+
+/* Whether layer L's table is the same for every sequence. */
+static bool layer_rope_static(const model *m, const model_layer *L) {
+    return (L->local && m->inv_freq_local.data) || model_rope_static(&m->cfg.rope_scaling);
+}
+
+/* RoPE on q and k. Dynamic NTK and longrope scaling depend on each sequence's length, so they
+ * run per sequence with that sequence's table; every other type uses the one static table. */
+static int apply_rope(model *m, const model_layer *L, const be_paged_batch *hb,
+                      const be_paged_batch *db, be_tensor *q, be_tensor *k, base_err *err) {
     const io_model_config *c = &m->cfg;
     be_backend *be = m->be;
     int H = c->num_attention_heads, KV = c->num_key_value_heads, hd = c->head_dim;
-    if (c->rope_scaling.type != IO_ROPE_DYNAMIC) {
+    if (layer_rope_static(m, L)) {
+        float mscale;
+        const be_tensor *freqs = layer_freqs(m, L, &mscale);
         be_tensor pos = {(void *)db->positions, BASE_DTYPE_I32, hb->n_tokens, 1};
-        TRY(be->ops->rope(be, q, H, hd, &pos, &m->inv_freq, m->rope_mscale, err));
-        return be->ops->rope(be, k, KV, hd, &pos, &m->inv_freq, m->rope_mscale, err);
+        TRY(be->ops->rope(be, q, H, hd, &pos, freqs, mscale, err));
+        return be->ops->rope(be, k, KV, hd, &pos, freqs, mscale, err);
     }
     model_scratch *s = &m->s;
-    int half = hd / 2, ns = hb->n_seqs;
+    int half = c->rotary_dim / 2, ns = hb->n_seqs;
     size_t table = (size_t)half * sizeof(float);
     if (ns > s->cap_inv_freq_seqs) {
         TRY(grow(m, &s->inv_freq, (size_t)ns * table, err));
@@ -128,13 +147,14 @@ static int apply_rope(model *m, const be_paged_batch *hb, const be_paged_batch *
     float *host = base_xmalloc((size_t)ns * table);
     float mscale = 1.0f;
     for (int i = 0; i < ns; i++)
-        model_rope_freqs(c, hb->kv_len[i], host + (size_t)i * half, &mscale);
+        model_rope_freqs(c, false, hb->kv_len[i], host + (size_t)i * half, &mscale);
     int rc = be->ops->upload(be, s->inv_freq, host, (size_t)ns * table, err);
     free(host);
     TRY(rc);
     for (int i = 0; i < ns && rc == 0; i++) {
         int r0 = hb->q_indptr[i], nr = hb->q_indptr[i + 1] - r0;
         if (nr == 0) continue;
+        /* Every sequence's scale is the same: it depends on the config alone. */
         be_tensor freqs = {(char *)s->inv_freq + (size_t)i * table, BASE_DTYPE_F32, 1, half};
         be_tensor pos = {(void *)(db->positions + r0), BASE_DTYPE_I32, nr, 1};
         be_tensor qs = be_tensor_rows(q, r0, nr), ks = be_tensor_rows(k, r0, nr);
@@ -167,6 +187,21 @@ static bool folded(const model *m) {
     return m->be->ops->matmul_add != NULL;
 }
 
+/* Whether a block's output goes to the residual stream as the matmul gives it, so that the
+ * add can fold into that matmul: no post-block norm and no residual multiplier. */
+static bool plain_output(const model *m, const be_tensor *post_norm) {
+    return !post_norm->data && m->cfg.residual_scale == 1.0f;
+}
+
+/* A norm the layer may not have (data NULL): NULL then. */
+static const be_tensor *opt_norm(const be_tensor *t) {
+    return t->data ? t : NULL;
+}
+
+static be_act layer_act(const model *m) {
+    return m->cfg.act == IO_ACT_GELU_TANH ? BE_ACT_GELU_TANH : BE_ACT_SILU;
+}
+
 /* ys = in' Wq, Wk, Wv (+ biases), in' = rmsnorm(in) * norm->weight with norm (written to
  * norm->scratch where the backend does not fold it), in itself without. */
 static int project_qkv(model *m, const model_layer *L, const be_tensor *in, const be_norm *norm,
@@ -179,21 +214,67 @@ static int project_qkv(model *m, const model_layer *L, const be_tensor *in, cons
     return 0;
 }
 
-/* gate = silu(in' Wgate) * (in' Wup), in' as for project_qkv; up is scratch. */
+/* gate = act(in' Wgate) * (in' Wup), in' as for project_qkv; up is scratch. */
 static int project_glu(model *m, const model_layer *L, const be_tensor *in, const be_norm *norm,
                        be_tensor *gate, be_tensor *up, base_err *err) {
     const be_ops *op = m->be->ops;
     be_backend *be = m->be;
-    if (op->matmul_silu_mul) return op->matmul_silu_mul(be, in, norm, &L->gate, &L->up, gate, err);
+    be_act act = layer_act(m);
+    if (op->matmul_glu) return op->matmul_glu(be, in, norm, &L->gate, &L->up, act, gate, err);
     TRY(be_norm_apart(be, norm, &in, "gate/up", err));
     TRY(op->matmul(be, in, &L->gate, gate, err));
     TRY(op->matmul(be, in, &L->up, up, err));
-    return op->silu_mul(be, gate, up, gate, err);
+    return op->glu(be, act, gate, up, gate, err);
+}
+
+/* A block's output d on its way to the residual: the post-block norm, the residual multiplier,
+ * where the family has them. */
+static int block_output(model *m, const be_tensor *post_norm, be_tensor *d, base_err *err) {
+    const be_ops *op = m->be->ops;
+    if (post_norm->data) TRY(op->rmsnorm(m->be, d, post_norm, m->cfg.rms_norm_eps, d, err));
+    if (m->cfg.residual_scale != 1.0f) TRY(op->scale(m->be, d, m->cfg.residual_scale, d, err));
+    return 0;
+}
+
+/* q and k normalized per head or over the whole projection (qk_norm). */
+static int norm_qk(model *m, const model_layer *L, be_tensor *q, be_tensor *k, base_err *err) {
+    const io_model_config *c = &m->cfg;
+    if (c->qk_norm == IO_QK_NORM_NONE) return 0;
+    bool head = c->qk_norm == IO_QK_NORM_HEAD;
+    TRY(norm_per_head(m, q, head ? c->num_attention_heads : 1, &L->q_norm, err));
+    return norm_per_head(m, k, head ? c->num_key_value_heads : 1, &L->k_norm, err);
+}
+
+/* RoPE, the KV append and attention of layer L, fused where the backend and the layer allow:
+ * the fused ops rotate whole heads with one static table. */
+static int rope_attend(model *m, const model_layer *L, const be_kv_layer *kvl,
+                       const be_paged_batch *hb, const be_paged_batch *db,
+                       const be_decode_plan *plan, be_tensor *q, be_tensor *k, be_tensor *v,
+                       be_tensor *att, base_err *err) {
+    const io_model_config *c = &m->cfg;
+    const be_ops *op = m->be->ops;
+    be_backend *be = m->be;
+    int H = c->num_attention_heads;
+    float mscale;
+    const be_tensor *freqs = layer_freqs(m, L, &mscale);
+    const bool fusable = layer_rope_static(m, L) && c->rotary_dim == c->head_dim;
+    be_tensor pos = {(void *)db->positions, BASE_DTYPE_I32, hb->n_tokens, 1};
+    if (op->rope_kv_attention && fusable)
+        return op->rope_kv_attention(be, q, k, v, &pos, freqs, mscale, kvl, db, plan, H, L->attn,
+                                     att, err);
+    if (op->rope_kv_append && fusable) {
+        TRY(op->rope_kv_append(be, q, k, v, &pos, freqs, mscale, kvl, db, err));
+    } else {
+        TRY(apply_rope(m, L, hb, db, q, k, err));
+        TRY(op->kv_append(be, kvl, k, v, db, err));
+    }
+    return op->attention(be, q, kvl, db, plan, H, L->attn, att, err);
 }
 
 /* Layer L's attention half. Folded: x holds the residual on entry and exit. Otherwise on entry
- * h holds rmsnorm(x) * attn_norm (the previous layer's residual step computed it; the first
- * layer computes it here); on exit x holds the residual and h = rmsnorm(x) * mlp_norm. */
+ * h holds rmsnorm(x) * attn_norm where the layer has that norm (the previous layer's residual
+ * step computed it; the first layer computes it here); on exit x holds the residual and h the
+ * MLP's input (rmsnorm(x) * mlp_norm, where the layer has that norm). */
 static int attention_block(model *m, const model_layer *L, const be_kv_layer *kvl,
                            const be_paged_batch *hb, const be_paged_batch *db,
                            const be_decode_plan *plan, base_err *err) {
@@ -211,38 +292,24 @@ static int attention_block(model *m, const model_layer *L, const be_kv_layer *kv
     be_tensor att = act_tensor(m, s->att, n, (int64_t)H * hd);
     be_tensor *ys[3] = {&q, &k, &v};
     const bool fold = folded(m);
-    const be_norm norm = {&L->attn_norm, c->rms_norm_eps, &h};
-    if (!fold && L == m->layers) TRY(op->rmsnorm(be, &x, &L->attn_norm, c->rms_norm_eps, &h, err));
-    TRY(project_qkv(m, L, fold ? &x : &h, fold ? &norm : NULL, ys, err));
-    if (c->qk_norm) {
-        TRY(norm_per_head(m, &q, H, &L->q_norm, err));
-        TRY(norm_per_head(m, &k, KV, &L->k_norm, err));
-    }
-    const float scale = 1.0f / sqrtf((float)hd);
-    const bool static_rope = c->rope_scaling.type != IO_ROPE_DYNAMIC;
-    be_tensor pos = {(void *)db->positions, BASE_DTYPE_I32, hb->n_tokens, 1};
-    if (op->rope_kv_attention && static_rope) {
-        TRY(op->rope_kv_attention(be, &q, &k, &v, &pos, &m->inv_freq, m->rope_mscale, kvl, db, plan,
-                                  H, scale, &att, err));
-    } else {
-        if (op->rope_kv_append && static_rope) {
-            TRY(op->rope_kv_append(be, &q, &k, &v, &pos, &m->inv_freq, m->rope_mscale, kvl, db,
-                                   err));
-        } else {
-            TRY(apply_rope(m, hb, db, &q, &k, err));
-            TRY(op->kv_append(be, kvl, &k, &v, db, err));
-        }
-        TRY(op->attention(be, &q, kvl, db, plan, H, scale, &att, err));
-    }
-    if (fold) return op->matmul_add(be, &att, &L->o, &x, err);
+    const be_tensor *pre = opt_norm(&L->attn_norm);
+    const be_norm norm = {pre, c->rms_norm_eps, &h};
+    if (!fold && pre && L == m->layers) TRY(op->rmsnorm(be, &x, pre, c->rms_norm_eps, &h, err));
+    TRY(project_qkv(m, L, fold || !pre ? &x : &h, fold && pre ? &norm : NULL, ys, err));
+    TRY(norm_qk(m, L, &q, &k, err));
+    TRY(rope_attend(m, L, kvl, hb, db, plan, &q, &k, &v, &att, err));
+    if (fold && plain_output(m, &L->post_attn_norm))
+        return op->matmul_add(be, &att, &L->o, &x, err);
     TRY(op->matmul(be, &att, &L->o, &h, err));
-    return residual(m, &L->mlp_norm, &x, &h, &h, err);
+    TRY(block_output(m, &L->post_attn_norm, &h, err));
+    if (fold) return op->add(be, &x, &h, &x, err);
+    return residual(m, opt_norm(&L->mlp_norm), &x, &h, &h, err);
 }
 
-/* Layer L's MLP half: h holds rmsnorm(x) * mlp_norm on entry (folded: x alone); on exit x holds
- * the residual and h the next layer's rmsnorm(x) * attn_norm (folded: nothing). After the last
- * layer, with `tail`, out_x holds rmsnorm(x) * final_norm (every row's logits are wanted, in
- * order); without, nothing more. */
+/* Layer L's MLP half (dense, or a mixture of experts): h holds the MLP's input on entry
+ * (folded: x alone); on exit x holds the residual and h the next layer's input (folded:
+ * nothing). After the last layer, with `tail`, out_x holds rmsnorm(x) * final_norm (every
+ * row's logits are wanted, in order); without, nothing more. */
 static int mlp_block(model *m, const model_layer *L, int n, bool tail, base_err *err) {
     const io_model_config *c = &m->cfg;
     const be_ops *op = m->be->ops;
@@ -254,18 +321,31 @@ static int mlp_block(model *m, const model_layer *L, int n, bool tail, base_err 
     be_tensor up = act_tensor(m, s->up, n, c->intermediate_size);
     be_tensor ox = act_tensor(m, m->s.out_x, n, c->hidden_size);
     const bool last = L + 1 == m->layers + c->num_hidden_layers;
-    if (folded(m)) {
-        const be_norm norm = {&L->mlp_norm, c->rms_norm_eps, &h};
-        TRY(project_glu(m, L, &x, &norm, &gate, &up, err));
-        TRY(op->matmul_add(be, &gate, &L->down, &x, err));
+    const bool fold = folded(m);
+    const be_tensor *pre = opt_norm(&L->mlp_norm);
+    const be_norm norm = {pre, c->rms_norm_eps, &h};
+    const be_tensor *in = fold || !pre ? &x : &h;
+    const be_norm *in_norm = fold && pre ? &norm : NULL;
+    /* The block's output d: h, or its own buffer where the MoE op reads h. */
+    be_tensor d = L->moe ? act_tensor(m, s->moe_out, n, c->hidden_size) : h;
+    bool added = false;
+    if (L->moe) {
+        TRY(op->moe(be, in, in_norm, &L->experts, &d, err));
+    } else {
+        TRY(project_glu(m, L, in, in_norm, &gate, &up, err));
+        added = fold && plain_output(m, &L->post_mlp_norm);
+        TRY(added ? op->matmul_add(be, &gate, &L->down, &x, err)
+                  : op->matmul(be, &gate, &L->down, &d, err));
+    }
+    if (!added) TRY(block_output(m, &L->post_mlp_norm, &d, err));
+    if (fold) {
+        if (!added) TRY(op->add(be, &x, &d, &x, err));
         if (!last || !tail) return 0;
         return op->rmsnorm(be, &x, &m->final_norm, c->rms_norm_eps, &ox, err);
     }
-    TRY(project_glu(m, L, &h, NULL, &gate, &up, err));
-    TRY(op->matmul(be, &gate, &L->down, &h, err));
-    if (!last) return residual(m, &L[1].attn_norm, &x, &h, &h, err);
-    if (!tail) return residual(m, NULL, &x, &h, &h, err);
-    return residual(m, &m->final_norm, &x, &h, &ox, err);
+    if (!last) return residual(m, opt_norm(&L[1].attn_norm), &x, &d, &h, err);
+    if (!tail) return residual(m, NULL, &x, &d, &h, err);
+    return residual(m, &m->final_norm, &x, &d, &ox, err);
 }
 
 /* Whether the logits' rows are the batch's rows in order (every decode step): then the last
@@ -323,6 +403,7 @@ int model_forward_body(model *m, const model_step *st, base_err *err) {
     be_tensor x = act_tensor(m, m->s.x, n, c->hidden_size);
     bool tail = logits_of_every_row(st);
     TRY(be->ops->embedding(be, &m->embed, &ids, &x, err));
+    if (c->embed_scale != 1.0f) TRY(be->ops->scale(be, &x, c->embed_scale, &x, err));
     for (int l = 0; l < c->num_hidden_layers; l++) {
         TRY(attention_block(m, &m->layers[l], kv_pool_layer(st->pool, l), hb, st->dev, st->plan,
                             err));
@@ -335,7 +416,10 @@ int model_forward_body(model *m, const model_step *st, base_err *err) {
         TRY(gather_rows(m, st->out_rows, st->n_out, err));
         TRY(be->ops->rmsnorm(be, &ox, &m->final_norm, c->rms_norm_eps, &ox, err));
     }
-    return be->ops->matmul(be, &ox, &m->lm_head, &lg, err);
+    TRY(be->ops->matmul(be, &ox, &m->lm_head, &lg, err));
+    if (c->logits_scale != 1.0f) TRY(be->ops->scale(be, &lg, c->logits_scale, &lg, err));
+    if (c->final_softcap > 0) TRY(be->ops->softcap(be, &lg, c->final_softcap, &lg, err));
+    return 0;
 }
 
 int model_forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t *tokens,
@@ -372,9 +456,8 @@ void model_free(model *m) {
     if (!m) return;
     be_backend *be = m->be;
     model_scratch *s = &m->s;
-    void *bufs[] = {s->x,      s->h,    s->q,        s->k,         s->v,
-                    s->att,    s->gate, s->up,       s->ids,       s->out_x,
-                    s->logits, s->meta, s->inv_freq, m->workspace, m->inv_freq.data};
+    void *bufs[] = {s->x,  s->h,   s->q,     s->k,      s->v,    s->att,      s->gate,
+                    s->up, s->ids, s->out_x, s->logits, s->meta, s->inv_freq, m->workspace};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
     model_graphs_free(m);

@@ -2,14 +2,27 @@
 #ifndef MLXCEL_MODEL_INTERNAL_H
 #define MLXCEL_MODEL_INTERNAL_H
 
+#include "model/arch/arch.h"
 #include "model/model.h"
 
+/* A layer as the forward pass runs it. A norm whose data is NULL is one the family does not
+ * have (model_names); norms are stored as the scale they apply, (1 + w) already added for
+ * Gemma. */
 typedef struct model_layer {
     be_linear q, k, v, o;     /* (H*hd, hidden) (KV*hd, hidden) x2 (hidden, H*hd) */
     be_linear gate, up, down; /* (inter, hidden) x2 (hidden, inter) */
-    be_tensor attn_norm;      /* (1, hidden) */
-    be_tensor mlp_norm;       /* (1, hidden) */
-    be_tensor q_norm, k_norm; /* (1, head_dim), qwen3 only (data NULL otherwise) */
+    be_tensor attn_norm;      /* (1, hidden) before attention */
+    be_tensor post_attn_norm; /* (1, hidden) on attention's output */
+    be_tensor mlp_norm;       /* (1, hidden) before the MLP */
+    be_tensor post_mlp_norm;  /* (1, hidden) on the MLP's output */
+    be_tensor q_norm, k_norm; /* (1, head_dim) per head, or (1, H*hd) and (1, KV*hd) whole */
+    bool moe;                 /* a mixture of experts instead of gate, up, down */
+    be_linear router;         /* (n_experts, hidden) */
+    be_linear egate, eup;     /* (n_experts * expert inter, hidden), experts stacked */
+    be_linear edown;          /* (n_experts * hidden, expert inter) */
+    be_moe experts;           /* the op's view of the four above */
+    be_attn attn;             /* scale, cap and window of this layer's attention */
+    bool local;               /* a local layer: its window and the local RoPE table */
 } model_layer;
 
 /* Activations for one step, grown to the largest step seen. */
@@ -18,6 +31,7 @@ typedef struct model_scratch {
     int cap_out;                               /* rows of out_x and logits */
     size_t cap_meta;                           /* bytes of meta */
     void *x, *h, *q, *k, *v, *att, *gate, *up; /* (cap_tokens, width) each */
+    void *moe_out;                             /* (cap_tokens, hidden), MoE models only */
     void *ids;                                 /* (cap_tokens) I32 */
     void *out_x;                               /* (cap_out, hidden) */
     void *logits;                              /* (cap_out, vocab) F32 */
@@ -59,17 +73,21 @@ typedef struct model_step {
 
 struct model {
     io_model_config cfg;
-    io_checkpoint *ck;          /* owned */
-    be_backend *be;             /* not owned */
+    const model_arch *arch;
+    int stacking;      /* while binding stacked experts: their count (3-D tensors accepted) */
+    io_checkpoint *ck; /* owned */
+    be_backend *be;    /* not owned */
     model_progress_fn progress; /* may be NULL; used only while loading */
     void *progress_ctx;
-    be_linear embed;      /* (vocab, hidden) */
-    be_linear lm_head;    /* (vocab, hidden); == embed when tied */
-    be_tensor final_norm; /* (1, hidden) */
-    model_layer *layers;  /* (n_layers) */
-    be_tensor inv_freq;   /* (1, head_dim / 2) F32, static RoPE table */
-    float rope_mscale;    /* YaRN attention factor on cos/sin; 1 otherwise */
-    const void **mapped;  /* (n_mapped) backend copies of weights to free */
+    be_linear embed;          /* (vocab, hidden) */
+    be_linear lm_head;        /* (vocab, hidden); == embed when tied */
+    be_tensor final_norm;     /* (1, hidden) */
+    model_layer *layers;      /* (n_layers) */
+    be_tensor inv_freq;       /* (1, rotary_dim / 2) F32, static RoPE table */
+    float rope_mscale;        /* YaRN or longrope attention factor on cos/sin; 1 otherwise */
+    be_tensor inv_freq_local; /* local layers' table where it differs (Gemma 3), else data NULL */
+    float rope_local_mscale;
+    const void **mapped; /* (n_mapped) backend copies of weights to free */
     int n_mapped, cap_mapped;
     model_scratch s;
     void *workspace; /* decode v2 partials, backend memory */
@@ -82,10 +100,15 @@ struct model {
 /* Binds every weight of the architecture (model_load.c). */
 int model_bind_weights(model *m, base_err *err);
 
-/* RoPE inverse frequencies (head_dim / 2 floats) and the cos/sin scale for the configured
- * scaling; seq_len matters only for "dynamic" (transformers' dynamic NTK: the base grows
- * once the sequence passes max_position_embeddings). */
-void model_rope_freqs(const io_model_config *cfg, int seq_len, float *inv_freq, float *mscale);
+/* RoPE inverse frequencies (rotary_dim / 2 floats) and the cos/sin scale for the configured
+ * scaling, of the local layers' table when `local`; seq_len matters only where the table
+ * depends on the sequence: "dynamic" (transformers' dynamic NTK: the base grows once the
+ * sequence passes max_position_embeddings) and "longrope" (long factors past the original
+ * length). */
+void model_rope_freqs(const io_model_config *cfg, bool local, int seq_len, float *inv_freq,
+                      float *mscale);
+/* Whether a scaling gives one table for every sequence. */
+bool model_rope_static(const io_rope_scaling *rs);
 
 /* The decode plan for this step (model_plan.c), using the reserved workspace. */
 int model_plan_step(model *m, const kv_pool *pool, const kv_batch *batch, be_decode_plan *plan,

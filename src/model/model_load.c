@@ -1,21 +1,19 @@
-/* Loading: config.json, the checkpoint, and binding every tensor the architecture needs by
- * its Hugging Face name, dense or MLX affine-quantized, into backend memory. */
+/* Loading: config.json through the family's descriptor, the checkpoint, and binding every
+ * tensor the family needs by the names its descriptor gives, dense or MLX affine-quantized,
+ * into backend memory. */
 #include "model/model_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+static void own_buffer(model *m, const void *dev);
+
 static int map_tensor(model *m, const io_tensor *t, const void **dev, base_err *err) {
     if (m->be->ops->map_weights(m->be, t->data, t->nbytes, dev, err))
         return base_fail_wrap(err, "%s: tensor %s", t->file, t->name);
-    if (*dev != t->data) {
-        if (m->n_mapped == m->cap_mapped) {
-            m->cap_mapped = m->cap_mapped ? m->cap_mapped * 2 : 64;
-            m->mapped = base_xrealloc(m->mapped, (size_t)m->cap_mapped * sizeof *m->mapped);
-        }
-        m->mapped[m->n_mapped++] = *dev;
-    }
+    if (*dev != t->data) own_buffer(m, *dev);
     return 0;
 }
 
@@ -30,13 +28,20 @@ static void shape_str(const io_tensor *t, char *buf, size_t size) {
     if (n < (int)size) snprintf(buf + n, size - (size_t)n, "]");
 }
 
+/* Whether t is [d0, d1], or while stacked experts are bound [n, d0 / n, d1] for n experts
+ * (mlx-lm's [experts, out, in]), which is the same memory. */
+static bool shape_2d(const model *m, const io_tensor *t, int64_t d0, int64_t d1) {
+    if (t->ndim == 2) return t->shape[0] == d0 && t->shape[1] == d1;
+    return m->stacking > 0 && t->ndim == 3 && t->shape[0] == m->stacking &&
+           t->shape[0] * t->shape[1] == d0 && t->shape[2] == d1;
+}
+
 /* Finds `name` and checks it is a float tensor of shape [d0] or [d0, d1] (d1 < 0: 1-D). */
 static int find_float(model *m, const char *name, int64_t d0, int64_t d1, const io_tensor **out,
                       base_err *err) {
     const io_tensor *t = io_checkpoint_find(m->ck, name);
     if (!t) return base_fail(err, "checkpoint: missing tensor %s", name);
-    bool shape_ok = d1 < 0 ? (t->ndim == 1 && t->shape[0] == d0)
-                           : (t->ndim == 2 && t->shape[0] == d0 && t->shape[1] == d1);
+    bool shape_ok = d1 < 0 ? (t->ndim == 1 && t->shape[0] == d0) : shape_2d(m, t, d0, d1);
     if (!shape_ok) {
         char got[96];
         shape_str(t, got, sizeof got);
@@ -53,13 +58,44 @@ static int find_float(model *m, const char *name, int64_t d0, int64_t d1, const 
     return 0;
 }
 
-static int bind_vector(model *m, const char *name, int64_t n, be_tensor *out, base_err *err) {
+/* Records a backend buffer the model owns (freed with it). */
+static void own_buffer(model *m, const void *dev) {
+    if (m->n_mapped == m->cap_mapped) {
+        m->cap_mapped = m->cap_mapped ? m->cap_mapped * 2 : 64;
+        m->mapped = base_xrealloc(m->mapped, (size_t)m->cap_mapped * sizeof *m->mapped);
+    }
+    m->mapped[m->n_mapped++] = dev;
+}
+
+/* A host F32 array copied into a new backend buffer the model owns. */
+static int upload_f32(model *m, const float *host, int64_t n, be_tensor *out, base_err *err) {
+    be_backend *be = m->be;
+    void *dev;
+    size_t bytes = (size_t)n * sizeof(float);
+    if (be->ops->alloc(be, bytes, &dev, err)) return -1;
+    own_buffer(m, dev);
+    if (be->ops->upload(be, dev, host, bytes, err)) return -1;
+    *out = (be_tensor){.data = dev, .dtype = BASE_DTYPE_F32, .rows = 1, .cols = n};
+    return 0;
+}
+
+/* A norm's scale vector [n]. Gemma stores w for a (1 + w) scale: the sum is formed once here,
+ * in F32 (exact for bf16 and f16 weights of Gemma's magnitudes), so that every norm op, fused
+ * or not, takes a plain scale. */
+static int bind_norm(model *m, const char *name, int64_t n, be_tensor *out, base_err *err) {
     const io_tensor *t;
     if (find_float(m, name, n, -1, &t, err)) return -1;
-    const void *dev;
-    if (map_tensor(m, t, &dev, err)) return -1;
-    *out = (be_tensor){.data = (void *)dev, .dtype = t->dtype, .rows = 1, .cols = n};
-    return 0;
+    if (!m->cfg.norm_plus_one) {
+        const void *dev;
+        if (map_tensor(m, t, &dev, err)) return -1;
+        *out = (be_tensor){.data = (void *)dev, .dtype = t->dtype, .rows = 1, .cols = n};
+        return 0;
+    }
+    float *w = base_xmalloc((size_t)n * sizeof *w);
+    for (int64_t i = 0; i < n; i++) w[i] = 1.0f + base_load_float(t->data, t->dtype, i);
+    int rc = upload_f32(m, w, n, out, err);
+    free(w);
+    return rc;
 }
 
 /* A quantized linear: weight U32 [out, in*bits/32], scales and biases [out, in/group]. */
@@ -75,7 +111,7 @@ static int bind_quantized(model *m, const char *module, const io_tensor *w, io_q
         return base_fail(err, "%s: module %s: input size %lld is not a multiple of group size %d",
                          w->file, module, (long long)in, spec.group_size);
     int64_t packed = in * spec.bits / 32, groups = in / spec.group_size;
-    if (w->dtype != BASE_DTYPE_U32 || w->ndim != 2 || w->shape[0] != out || w->shape[1] != packed) {
+    if (w->dtype != BASE_DTYPE_U32 || !shape_2d(m, w, out, packed)) {
         char got[96];
         shape_str(w, got, sizeof got);
         return base_fail(err,
@@ -132,43 +168,144 @@ static int bind_linear(model *m, const char *module, int64_t out, int64_t in, bo
     return 0;
 }
 
-static int bind_layer(model *m, int l, base_err *err) {
+/* A norm the family may not have: name NULL leaves out->data NULL. */
+static int bind_norm_opt(model *m, const char *p, const char *name, int64_t n, be_tensor *out,
+                         base_err *err) {
+    memset(out, 0, sizeof *out);
+    if (!name) return 0;
+    char full[256];
+    snprintf(full, sizeof full, "%s%s.weight", p, name);
+    return bind_norm(m, full, n, out, err);
+}
+
+static int bind_attention(model *m, const char *p, model_layer *L, base_err *err) {
     const io_model_config *c = &m->cfg;
-    model_layer *L = &m->layers[l];
-    int64_t hidden = c->hidden_size, inter = c->intermediate_size;
+    const model_names *nm = &m->arch->names;
+    int64_t hidden = c->hidden_size;
     int64_t qdim = (int64_t)c->num_attention_heads * c->head_dim;
     int64_t kvdim = (int64_t)c->num_key_value_heads * c->head_dim;
-    char p[128], name[192];
-    snprintf(p, sizeof p, "model.layers.%d", l);
-#define MODULE(suffix) (snprintf(name, sizeof name, "%s.%s", p, suffix), name)
-    if (bind_linear(m, MODULE("self_attn.q_proj"), qdim, hidden, c->attention_bias, &L->q, err) ||
-        bind_linear(m, MODULE("self_attn.k_proj"), kvdim, hidden, c->attention_bias, &L->k, err) ||
-        bind_linear(m, MODULE("self_attn.v_proj"), kvdim, hidden, c->attention_bias, &L->v, err) ||
-        bind_linear(m, MODULE("self_attn.o_proj"), hidden, qdim, false, &L->o, err) ||
-        bind_linear(m, MODULE("mlp.gate_proj"), inter, hidden, false, &L->gate, err) ||
-        bind_linear(m, MODULE("mlp.up_proj"), inter, hidden, false, &L->up, err) ||
-        bind_linear(m, MODULE("mlp.down_proj"), hidden, inter, false, &L->down, err) ||
-        bind_vector(m, MODULE("input_layernorm.weight"), hidden, &L->attn_norm, err) ||
-        bind_vector(m, MODULE("post_attention_layernorm.weight"), hidden, &L->mlp_norm, err))
+    char name[256];
+#define MODULE(suffix) (snprintf(name, sizeof name, "%s%s", p, suffix), name)
+    if (nm->qkv) {
+        be_linear fused;
+        if (bind_linear(m, MODULE(nm->qkv), qdim + 2 * kvdim, hidden, c->attention_bias, &fused,
+                        err))
+            return -1;
+        L->q = be_linear_rows(&fused, 0, qdim);
+        L->k = be_linear_rows(&fused, qdim, kvdim);
+        L->v = be_linear_rows(&fused, qdim + kvdim, kvdim);
+    } else if (bind_linear(m, MODULE("self_attn.q_proj"), qdim, hidden, c->attention_bias, &L->q,
+                           err) ||
+               bind_linear(m, MODULE("self_attn.k_proj"), kvdim, hidden, c->attention_bias, &L->k,
+                           err) ||
+               bind_linear(m, MODULE("self_attn.v_proj"), kvdim, hidden, c->attention_bias, &L->v,
+                           err)) {
         return -1;
-    if (c->qk_norm &&
-        (bind_vector(m, MODULE("self_attn.q_norm.weight"), c->head_dim, &L->q_norm, err) ||
-         bind_vector(m, MODULE("self_attn.k_norm.weight"), c->head_dim, &L->k_norm, err)))
-        return -1;
+    }
+    if (bind_linear(m, MODULE("self_attn.o_proj"), hidden, qdim, false, &L->o, err)) return -1;
+    memset(&L->q_norm, 0, sizeof L->q_norm);
+    memset(&L->k_norm, 0, sizeof L->k_norm);
+    if (c->qk_norm != IO_QK_NORM_NONE) {
+        bool head = c->qk_norm == IO_QK_NORM_HEAD;
+        if (bind_norm(m, MODULE("self_attn.q_norm.weight"), head ? c->head_dim : qdim, &L->q_norm,
+                      err) ||
+            bind_norm(m, MODULE("self_attn.k_norm.weight"), head ? c->head_dim : kvdim, &L->k_norm,
+                      err))
+            return -1;
+    }
 #undef MODULE
+    return 0;
+}
+
+static int bind_mlp(model *m, const char *p, model_layer *L, base_err *err) {
+    const io_model_config *c = &m->cfg;
+    const model_names *nm = &m->arch->names;
+    int64_t hidden = c->hidden_size, inter = c->intermediate_size;
+    char name[256];
+#define MODULE(suffix) (snprintf(name, sizeof name, "%s%s", p, suffix), name)
+    if (nm->gate_up) {
+        be_linear fused;
+        if (bind_linear(m, MODULE(nm->gate_up), 2 * inter, hidden, false, &fused, err)) return -1;
+        L->gate = be_linear_rows(&fused, 0, inter);
+        L->up = be_linear_rows(&fused, inter, inter);
+    } else if (bind_linear(m, MODULE("mlp.gate_proj"), inter, hidden, false, &L->gate, err) ||
+               bind_linear(m, MODULE("mlp.up_proj"), inter, hidden, false, &L->up, err)) {
+        return -1;
+    }
+    return bind_linear(m, MODULE("mlp.down_proj"), hidden, inter, false, &L->down, err);
+#undef MODULE
+}
+
+/* The router and the stacked experts of an MoE layer. */
+static int bind_moe(model *m, const char *p, model_layer *L, base_err *err) {
+    const io_model_config *c = &m->cfg;
+    const model_names *nm = &m->arch->names;
+    int64_t hidden = c->hidden_size, inter = c->moe_intermediate_size, E = c->n_experts;
+    char name[256];
+    snprintf(name, sizeof name, "%s%s", p, nm->router);
+    if (bind_linear(m, name, E, hidden, false, &L->router, err)) return -1;
+    m->stacking = (int)E;
+    int rc = 0;
+    snprintf(name, sizeof name, "%s%s.gate_proj", p, nm->experts);
+    rc = bind_linear(m, name, E * inter, hidden, false, &L->egate, err);
+    snprintf(name, sizeof name, "%s%s.up_proj", p, nm->experts);
+    if (!rc) rc = bind_linear(m, name, E * inter, hidden, false, &L->eup, err);
+    snprintf(name, sizeof name, "%s%s.down_proj", p, nm->experts);
+    if (!rc) rc = bind_linear(m, name, E * hidden, inter, false, &L->edown, err);
+    m->stacking = 0;
+    /* Expert views are rows of the stacked tensors: the in dims must still be whole. */
+    L->egate.in = L->eup.in = hidden;
+    L->edown.in = inter;
+    L->moe = true;
+    L->experts = (be_moe){.router = &L->router,
+                          .gate = &L->egate,
+                          .up = &L->eup,
+                          .down = &L->edown,
+                          .n_experts = c->n_experts,
+                          .top_k = c->n_experts_used,
+                          .inter = (int)inter,
+                          .norm_topk = c->moe_norm_topk,
+                          .act = c->act == IO_ACT_GELU_TANH ? BE_ACT_GELU_TANH : BE_ACT_SILU};
+    return rc;
+}
+
+static int bind_layer(model *m, int l, base_err *err) {
+    const io_model_config *c = &m->cfg;
+    const model_names *nm = &m->arch->names;
+    model_layer *L = &m->layers[l];
+    int64_t hidden = c->hidden_size;
+    char p[160];
+    snprintf(p, sizeof p, "%slayers.%d.", nm->prefix, l);
+    bool moe = c->n_experts > 0 && (!c->layer_moe || c->layer_moe[l]);
+    if (bind_attention(m, p, L, err) || (moe ? bind_moe(m, p, L, err) : bind_mlp(m, p, L, err)) ||
+        bind_norm_opt(m, p, nm->attn_norm, hidden, &L->attn_norm, err) ||
+        bind_norm_opt(m, p, nm->post_attn_norm, hidden, &L->post_attn_norm, err) ||
+        bind_norm_opt(m, p, nm->mlp_norm, hidden, &L->mlp_norm, err) ||
+        bind_norm_opt(m, p, nm->post_mlp_norm, hidden, &L->post_mlp_norm, err))
+        return -1;
+    L->local = c->layer_local && c->layer_local[l];
+    L->attn = be_attn_plain(c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)c->head_dim));
+    L->attn.softcap = c->attn_softcap;
+    L->attn.window = L->local ? c->sliding_window : 0;
     return 0;
 }
 
 int model_bind_weights(model *m, base_err *err) {
     const io_model_config *c = &m->cfg;
-    if (bind_linear(m, "model.embed_tokens", c->vocab_size, c->hidden_size, false, &m->embed,
-                    err) ||
-        bind_vector(m, "model.norm.weight", c->hidden_size, &m->final_norm, err))
-        return -1;
+    const char *prefix = m->arch->names.prefix;
+    char name[160];
+    snprintf(name, sizeof name, "%sembed_tokens", prefix);
+    if (bind_linear(m, name, c->vocab_size, c->hidden_size, false, &m->embed, err)) return -1;
+    snprintf(name, sizeof name, "%snorm.weight", prefix);
+    if (bind_norm(m, name, c->hidden_size, &m->final_norm, err)) return -1;
     if (c->tie_word_embeddings) {
         m->lm_head = m->embed;
-    } else if (bind_linear(m, "lm_head", c->vocab_size, c->hidden_size, false, &m->lm_head, err)) {
-        return -1;
+    } else {
+        /* Beside the text model: "lm_head" for "model.", "language_model.lm_head" for
+         * "language_model.model.". */
+        size_t keep = strlen(prefix) >= 6 ? strlen(prefix) - 6 : 0;
+        snprintf(name, sizeof name, "%.*slm_head", (int)keep, prefix);
+        if (bind_linear(m, name, c->vocab_size, c->hidden_size, false, &m->lm_head, err)) return -1;
     }
     m->layers = base_xcalloc((size_t)c->num_hidden_layers, sizeof *m->layers);
     for (int l = 0; l < c->num_hidden_layers; l++) {
@@ -221,32 +358,42 @@ static void model_warn_non_finite(const io_checkpoint *ck) {
     }
 }
 
+/* A RoPE table in backend memory, for `local` layers or the others. */
+static int rope_table(model *m, bool local, be_tensor *out, float *mscale, base_err *err) {
+    int half = m->cfg.rotary_dim / 2;
+    float *freqs = base_xmalloc((size_t)half * sizeof *freqs);
+    model_rope_freqs(&m->cfg, local, m->cfg.max_position_embeddings, freqs, mscale);
+    int rc = upload_f32(m, freqs, half, out, err);
+    free(freqs);
+    return rc;
+}
+
 int model_load(const char *dir, be_backend *be, model_progress_fn progress, void *progress_ctx,
                model **out, base_err *err) {
     model *m = base_xcalloc(1, sizeof *m);
     m->be = be;
     m->progress = progress;
     m->progress_ctx = progress_ctx;
-    if (io_config_load(dir, &m->cfg, err)) {
+    if (model_config_load(dir, &m->cfg, &m->arch, err)) {
         free(m);
         return -1;
     }
-    if (io_checkpoint_open_dir(dir, &m->ck, err) || model_bind_weights(m, err)) {
+    if (m->cfg.n_experts > 0 && !be->ops->moe) {
+        base_fail(err,
+                  "%s: %s is a mixture of experts, which the %s backend does not run yet "
+                  "(use --device cpu)",
+                  dir, m->cfg.model_type, be->name);
+        model_free(m);
+        return -1;
+    }
+    if (io_checkpoint_open_dir(dir, &m->ck, err) || model_bind_weights(m, err) ||
+        rope_table(m, false, &m->inv_freq, &m->rope_mscale, err) ||
+        (m->cfg.rope_local_theta > 0 &&
+         rope_table(m, true, &m->inv_freq_local, &m->rope_local_mscale, err))) {
         model_free(m);
         return -1;
     }
     model_warn_non_finite(m->ck);
-    int half = m->cfg.head_dim / 2;
-    float *freqs = base_xmalloc((size_t)half * sizeof *freqs);
-    model_rope_freqs(&m->cfg, m->cfg.max_position_embeddings, freqs, &m->rope_mscale);
-    m->inv_freq = (be_tensor){.dtype = BASE_DTYPE_F32, .rows = 1, .cols = half};
-    int rc = be->ops->alloc(be, (size_t)half * sizeof *freqs, &m->inv_freq.data, err);
-    if (!rc) rc = be->ops->upload(be, m->inv_freq.data, freqs, (size_t)half * sizeof *freqs, err);
-    free(freqs);
-    if (rc) {
-        model_free(m);
-        return -1;
-    }
     *out = m;
     return 0;
 }
@@ -279,8 +426,14 @@ uint64_t model_decode_bytes(const model *m) {
         const model_layer *L = &m->layers[l];
         const be_linear *lins[] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
         for (size_t i = 0; i < sizeof lins / sizeof lins[0]; i++) bytes += linear_bytes(lins[i]);
-        bytes += vector_bytes(&L->attn_norm) + vector_bytes(&L->mlp_norm) +
-                 vector_bytes(&L->q_norm) + vector_bytes(&L->k_norm);
+        /* A decode row reads the router and its top_k experts, not every expert. */
+        if (L->moe)
+            bytes += linear_bytes(&L->router) +
+                     (linear_bytes(&L->egate) + linear_bytes(&L->eup) + linear_bytes(&L->edown)) /
+                         (uint64_t)L->experts.n_experts * (uint64_t)L->experts.top_k;
+        const be_tensor *vecs[] = {&L->attn_norm,     &L->post_attn_norm, &L->mlp_norm,
+                                   &L->post_mlp_norm, &L->q_norm,         &L->k_norm};
+        for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) bytes += vector_bytes(vecs[i]);
     }
     return bytes;
 }

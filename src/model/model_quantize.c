@@ -5,6 +5,7 @@
  * `quantization_config`. Per group the scale and bias follow MLX's affine rule (the edge of
  * larger magnitude is represented exactly, and zero stays exact when it can), computed as
  * MLX's CPU kernel does, so that the output is byte for byte what MLX writes. */
+#include "model/arch/arch.h"
 #include "model/model.h"
 
 #include <jansson.h>
@@ -140,7 +141,7 @@ int model_quantize(const char *in_dir, const char *out_dir, int bits, int group,
     if (group != 32 && group != 64 && group != 128)
         return base_fail(err, "--group-size: %d is not supported (32, 64 or 128)", group);
     io_model_config cfg;
-    if (io_config_load(in_dir, &cfg, err)) return -1;
+    if (model_config_load(in_dir, &cfg, NULL, err)) return -1;
     bool already = cfg.quant.bits != 0;
     io_config_free(&cfg);
     if (already) return base_fail(err, "%s: the checkpoint is already quantized", in_dir);

@@ -1,6 +1,7 @@
-/* RoPE frequency tables for every rope_scaling type transformers defines for these families
- * (default, linear, dynamic, llama3, yarn), computed in double on the host once per model
- * (per step and sequence for dynamic). */
+/* RoPE frequency tables for every rope_scaling type transformers defines for the supported
+ * families (default, linear, dynamic, llama3, yarn, longrope), over the rotated dims of a head
+ * (partial_rotary_factor), computed in double on the host once per model (per step and
+ * sequence for dynamic and longrope). */
 #include "model/model_internal.h"
 
 #include <math.h>
@@ -62,12 +63,48 @@ static void rope_llama3(const io_rope_scaling *rs, int dim, double base, float *
     }
 }
 
-void model_rope_freqs(const io_model_config *cfg, int seq_len, float *inv_freq, float *mscale) {
-    int dim = cfg->head_dim;
+/* Phi-3's: the long factors once the sequence passes the pretrained length, as transformers
+ * switches per forward call; cos and sin scaled by attention_factor, or by
+ * sqrt(1 + ln(factor) / ln(original)) where factor defaults to max / original positions. */
+static void rope_longrope(const io_model_config *cfg, int dim, double base, int seq_len,
+                          float *inv_freq, float *mscale) {
+    const io_rope_scaling *rs = &cfg->rope_scaling;
+    double orig = rs->original_max_position_embeddings > 0 ? rs->original_max_position_embeddings
+                                                           : cfg->max_position_embeddings;
+    double factor = rs->factor > 0 ? rs->factor : cfg->max_position_embeddings / orig;
+    if (rs->attention_factor > 0)
+        *mscale = rs->attention_factor;
+    else
+        *mscale = factor <= 1 ? 1.0f : (float)sqrt(1 + log(factor) / log(orig));
+    const float *ext = seq_len > orig ? rs->long_factor : rs->short_factor;
+    for (int i = 0; i < dim / 2; i++)
+        inv_freq[i] = (float)(1.0 / (ext[i] * pow(base, (double)(2 * i) / dim)));
+}
+
+bool model_rope_static(const io_rope_scaling *rs) {
+    return rs->type != IO_ROPE_DYNAMIC && rs->type != IO_ROPE_LONGROPE;
+}
+
+void model_rope_freqs(const io_model_config *cfg, bool local, int seq_len, float *inv_freq,
+                      float *mscale) {
+    int dim = cfg->rotary_dim;
+    *mscale = 1.0f;
+    if (local && cfg->rope_local_theta > 0) {
+        /* Gemma 3's local layers: their own base; transformers 5 may give them a scaling too,
+         * of the types a local table can take. */
+        io_model_config lc = *cfg;
+        lc.rope_theta = cfg->rope_local_theta;
+        lc.rope_scaling = cfg->rope_local_scaling;
+        lc.rope_local_theta = 0;
+        model_rope_freqs(&lc, false, seq_len, inv_freq, mscale);
+        return;
+    }
     double base = cfg->rope_theta;
     const io_rope_scaling *rs = &cfg->rope_scaling;
-    *mscale = 1.0f;
     switch (rs->type) {
+    case IO_ROPE_LONGROPE:
+        rope_longrope(cfg, dim, base, seq_len, inv_freq, mscale);
+        return;
     case IO_ROPE_YARN:
         rope_yarn(cfg, dim, base, inv_freq, mscale);
         return;

@@ -1,6 +1,7 @@
 /* server: the OpenAI-compatible HTTP server (libmicrohttpd): /v1/chat/completions,
- * /v1/completions and /v1/models, llama-server's /completion, /tokenize, /detokenize,
- * /apply-template, /health, /metrics, /slots and /props; SSE streaming, bearer-key auth,
+ * /v1/completions, /v1/models and /v1/models/{id}, llama-server's /completion, /tokenize,
+ * /detokenize, /apply-template, /health, /metrics, /slots (and its erase action) and /props
+ * (GET and POST); SSE streaming, key auth (Bearer or x-api-key), one log line per request,
  * header, body, connection and read-time limits, Host and Origin checks, opt-in CORS,
  * OpenAI-shaped errors, and a graceful stop. Touches no tensors: generation goes through the
  * engine's scheduler. */
@@ -10,11 +11,16 @@
 #include "engine/engine.h"
 
 typedef struct server_options {
-    const char *host;    /* numeric IPv4 or IPv6 address to bind */
-    int port;            /* 0: any free port (server_port says which) */
-    const char *api_key; /* NULL: no auth; "" is refused by server_start */
-    bool metrics;        /* serve GET /metrics */
-    int timeout_s;       /* idle connection timeout; <= 0: none */
+    const char *host; /* numeric IPv4 or IPv6 address to bind */
+    int port;         /* 0: any free port (server_port says which) */
+    /* (n_api_keys) keys a request may give as "Authorization: Bearer KEY" or "x-api-key: KEY";
+     * none: no auth. An empty key is refused by server_start */
+    const char *const *api_keys;
+    int n_api_keys;
+    bool metrics;  /* serve GET /metrics */
+    bool slots;    /* serve GET /slots and its erase action */
+    bool props;    /* accept POST /props */
+    int timeout_s; /* idle connection timeout; <= 0: none */
     /* a request's line, headers and body must all arrive within this many seconds of the
      * connection opening or of its previous response, however steadily the bytes trickle in;
      * slower connections are closed. <= 0: no limit */
@@ -34,6 +40,10 @@ typedef struct server_options {
     const char *cors_origin;
     int n_predict;            /* default max_tokens; <= 0: up to the context */
     engine_sampling defaults; /* sampling when a request leaves a field out */
+    bool seed_fixed;          /* --seed: defaults.seed is every unseeded request's seed, so that
+                                 equal requests give equal output; else each gets a fresh one */
+    bool log_requests;        /* one line on stderr per request */
+    bool log_json;            /* ... as a JSON object rather than text */
     const char *model_id;     /* the name /v1/models reports */
     /* chat answers: how tool calls are written (when set; else as the chat template shows),
      * where <think> goes, and the thinking budget in tokens (when set; 0 ends it at once) */

@@ -186,7 +186,7 @@ static int setup_budget(const server_options *o, const engine_prompter *pr, serv
 }
 
 int server_chat_prompt(json_t *b, const server_options *o, const engine_prompter *pr, int ctx,
-                       server_params *p, base_err *err) {
+                       server_params *p, int32_t **ids, int *n, base_err *err) {
     json_t *m = field(b, "messages");
     if (!json_is_array(m) || json_array_size(m) == 0)
         return base_fail(err, "'messages' must be a non-empty array");
@@ -195,7 +195,7 @@ int server_chat_prompt(json_t *b, const server_options *o, const engine_prompter
     if (server_chat_options(b, m, &co, err) || server_chat_vars(b, p, &co, err) ||
         engine_prompter_render(pr, m, &co, &prompt, err))
         return -1;
-    int rc = engine_prompter_encode_rendered(pr, prompt, ctx, &p->ids, &p->n_ids, err) ||
+    int rc = engine_prompter_encode_rendered(pr, prompt, ctx, ids, n, err) ||
              setup_tools(b, o, pr, p, err);
     /* constrained output is what its grammar says: thinking only where it writes <think> */
     p->out.reasoning = o->reasoning_format != ENGINE_REASONING_NONE;

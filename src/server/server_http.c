@@ -123,11 +123,17 @@ static bool key_equal(const char *given, const char *key) {
     return diff == 0;
 }
 
+/* The key comes as OpenAI's "Authorization: Bearer KEY" or Anthropic's "x-api-key: KEY". Every
+ * key is compared, so the time taken does not say which one matched. */
 static bool authorized(const server *s, struct MHD_Connection *c) {
-    if (!s->o.api_key) return true;
+    if (!s->o.n_api_keys) return true;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7) != 0) return false;
-    return key_equal(h + 7, s->o.api_key);
+    const char *given = h && strncmp(h, "Bearer ", 7) == 0 ? h + 7 : NULL;
+    if (!given) given = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    if (!given) return false;
+    bool ok = false;
+    for (int i = 0; i < s->o.n_api_keys; i++) ok |= key_equal(given, s->api_keys[i]);
+    return ok;
 }
 
 static enum MHD_Result health(server *s, struct MHD_Connection *c) {
@@ -180,7 +186,7 @@ static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, const char 
     /* HEAD is GET without the body, which libmicrohttpd leaves out by itself */
     bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     bool post = strcmp(method, "POST") == 0;
-    if (get && strcmp(url, "/health") == 0) return health(s, c);
+    if (get && (strcmp(url, "/health") == 0 || strcmp(url, "/v1/health") == 0)) return health(s, c);
     if (s->cors && strcmp(method, "OPTIONS") == 0) return preflight(s, c);
     if (!authorized(s, c))
         return server_reply_error(s, c, 401, "authentication_error", "Invalid API Key");
@@ -197,7 +203,10 @@ static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, const char 
         return server_reply_error(s, c, 503, "unavailable_error", "Loading model");
     enum MHD_Result rc;
     json_t *body = NULL;
-    if (post) {
+    /* llama-server's slot actions take no body */
+    if (post && x->len == 0 && strncmp(url, "/slots/", 7) == 0) {
+        body = json_object();
+    } else if (post) {
         json_error_t je;
         body = json_loadb(x->body ? x->body : "", x->len, 0, &je);
         if (!body || !json_is_object(body)) {
@@ -207,7 +216,8 @@ static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, const char 
                                       body ? "another JSON value" : je.text, je.line, je.column);
         }
     }
-    rc = gen ? server_route_generate(s, c, url, version, body) : server_route_info(s, c, url, body);
+    rc = gen ? server_route_generate(s, c, url, version, body, x)
+             : server_route_info(s, c, url, body);
     json_decref(body);
     return rc;
 }
@@ -261,6 +271,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     server_exchange *x = *con_cls;
     if (!x) {
         *con_cls = x = base_xcalloc(1, sizeof *x);
+        x->t_start = base_now();
+        x->n_in = x->n_out = -1;
+        snprintf(x->method, sizeof x->method, "%s", method);
+        snprintf(x->route, sizeof x->route, "%s", url);
         /* refused as soon as the headers are in, before any of the body is read */
         enum MHD_Result rc;
         if (bad_framing(s, c, &rc) || refused(s, c, &rc)) {
@@ -296,6 +310,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     server_guard_arm(cls, c, true);
     server_exchange *x = *con_cls;
     if (!x) return;
+    server_log_request(cls, c, x);
     free(x->body);
     free(x);
     *con_cls = NULL;
@@ -355,20 +370,24 @@ static unsigned fit_descriptors(unsigned max_connections, unsigned connections) 
  * response (a directory's name is any bytes). */
 static int copy_options(server *s, const server_options *o, base_err *err) {
     s->o = *o;
-    if (o->api_key && !o->api_key[0])
-        return base_fail(err, "--api-key: the key is empty (leave the flag out to serve without "
-                              "a key)");
+    s->o.n_api_keys = 0;
+    for (int i = 0; i < o->n_api_keys; i++)
+        if (!o->api_keys[i][0])
+            return base_fail(err, "--api-key: a key is empty (leave the flag out to serve "
+                                  "without a key)");
     if (o->max_connections == 0) return base_fail(err, "--max-connections must be at least 1");
     s->host = base_xstrdup(o->host ? o->host : "127.0.0.1");
     s->cors = o->cors_origin && o->cors_origin[0] ? base_xstrdup(o->cors_origin) : NULL;
-    s->api_key = o->api_key ? base_xstrdup(o->api_key) : NULL;
+    s->api_keys = base_xcalloc((size_t)o->n_api_keys + 1, sizeof *s->api_keys);
+    for (int i = 0; i < o->n_api_keys; i++) s->api_keys[i] = base_xstrdup(o->api_keys[i]);
+    s->o.n_api_keys = o->n_api_keys;
     s->model_id = base_utf8_dup(o->model_id ? o->model_id : "model");
     if (o->model_id && strcmp(s->model_id, o->model_id) != 0)
         base_log(BASE_LOG_WARN, "the model's name is not valid UTF-8; responses call it '%s'",
                  s->model_id);
     s->o.host = s->host;
     s->o.cors_origin = s->cors;
-    s->o.api_key = s->api_key;
+    s->o.api_keys = (const char *const *)s->api_keys;
     s->o.model_id = s->model_id;
     if (gethostname(s->hostname, sizeof s->hostname - 1) != 0) s->hostname[0] = 0;
     return 0;
@@ -377,8 +396,10 @@ static int copy_options(server *s, const server_options *o, base_err *err) {
 int server_start(const server_options *o, server **out, base_err *err) {
     server *s = base_xcalloc(1, sizeof *s);
     pthread_mutex_init(&s->guard_mu, NULL);
+    pthread_mutex_init(&s->props_mu, NULL);
     pthread_cond_init(&s->guard_cv, NULL);
     s->created = (long long)time(NULL);
+    server_metrics_init(&s->metrics);
     struct sockaddr_storage ss;
     bool v6 = false;
     if (copy_options(s, o, err) || bind_address(s->host, o->port, &ss, &v6, err) ||
@@ -461,10 +482,12 @@ void server_stop(server *s) {
     if (s->daemon) MHD_stop_daemon(s->daemon);
     server_guard_stop(s);
     pthread_mutex_destroy(&s->guard_mu);
+    pthread_mutex_destroy(&s->props_mu);
     pthread_cond_destroy(&s->guard_cv);
     free(s->cors);
     free(s->host);
-    free(s->api_key);
+    for (int i = 0; i < s->o.n_api_keys; i++) free(s->api_keys[i]);
+    free(s->api_keys);
     free(s->model_id);
     free(s);
 }

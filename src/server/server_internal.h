@@ -3,6 +3,7 @@
 #define MLXCEL_SERVER_INTERNAL_H
 
 #include "server/server.h"
+#include "server/server_metrics.h"
 
 #include <jansson.h>
 #include <microhttpd.h>
@@ -21,7 +22,8 @@ typedef struct server_conn {
 
 struct server {
     server_options o; /* strings point at the owned copies below */
-    char *host, *api_key, *model_id, *cors;
+    char *host, *model_id, *cors;
+    char **api_keys; /* (o.n_api_keys) owned copies */
     struct MHD_Daemon *daemon;
     int port;
     long long created; /* wall-clock start, for /v1/models */
@@ -45,6 +47,8 @@ struct server {
     server_conn *conns;             /* under guard_mu: open connections, a list */
     /* counters for /metrics, atomics */
     uint64_t n_requests, n_errors, n_dropped, n_replaced, n_refused;
+    server_metrics metrics;
+    pthread_mutex_t props_mu; /* o.defaults, o.n_predict and o.seed_fixed: POST /props */
 };
 
 /* One HTTP request while its body arrives. */
@@ -52,7 +56,15 @@ typedef struct server_exchange {
     char *body; /* (len + 1) NUL-terminated */
     size_t len, cap;
     bool too_large;
+    /* for the request's log line (server_log.c) */
+    double t_start;
+    char method[16], route[160];
+    int n_in, n_out; /* prompt and generated tokens; -1: not a generation */
+    double ttft;     /* seconds to the first token, when there was one */
 } server_exchange;
+
+/* Writes the request's log line on stderr, text or JSON as --log-format says. */
+void server_log_request(const server *s, struct MHD_Connection *c, const server_exchange *x);
 
 /* Queues a response with the CORS headers when --cors asks for them; r stays the caller's. */
 enum MHD_Result server_queue(const server *s, struct MHD_Connection *c, unsigned status,
@@ -88,9 +100,15 @@ bool server_origin_allowed(const server *s, struct MHD_Connection *c, char *why,
 /* Routes. `body` is the parsed JSON request (NULL for GET); version: the request's HTTP
  * version. */
 enum MHD_Result server_route_generate(server *s, struct MHD_Connection *c, const char *url,
-                                      const char *version, json_t *body);
+                                      const char *version, json_t *body, server_exchange *x);
 enum MHD_Result server_route_info(server *s, struct MHD_Connection *c, const char *url,
                                   json_t *body);
+enum MHD_Result server_route_metrics(server *s, struct MHD_Connection *c);
+/* server_admin.c: POST /props, POST /slots/{id}?action=erase, and the options as POST /props
+ * has left them, for a request to read. */
+enum MHD_Result server_route_props_change(server *s, struct MHD_Connection *c, json_t *body);
+enum MHD_Result server_route_slot_action(server *s, struct MHD_Connection *c, const char *url);
+server_options server_options_now(server *s);
 /* True for the routes server_route_generate / server_route_info serve. */
 bool server_is_generate_route(const char *url);
 bool server_is_info_route(const char *method, const char *url);

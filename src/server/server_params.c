@@ -93,8 +93,7 @@ static int parse_logit_bias(json_t *b, int vocab, server_params *p, base_err *er
     return 0;
 }
 
-static int parse_sampling(json_t *b, server_params *p, base_err *err) {
-    engine_sampling *s = &p->req.sampling;
+static int parse_sampling(json_t *b, engine_sampling *s, base_err *err) {
     long long top_k = s->top_k, last_n = s->repeat_last_n, seed = -1;
     if (get_float(b, "temperature", 0, 1e6, &s->temperature, err) ||
         get_float(b, "top_p", 0, 1, &s->top_p, err) ||
@@ -212,14 +211,77 @@ static int parse_logprobs(json_t *b, server_kind kind, server_params *p, base_er
 }
 
 static int parse_limits(json_t *b, const server_options *o, server_params *p, base_err *err) {
-    long long max_tokens = o->n_predict, n = 1;
+    long long max_tokens = o->n_predict, min_tokens = 0;
     if (get_int(b, "max_tokens", -1, INT32_MAX, &max_tokens, err) ||
         get_int(b, "max_completion_tokens", -1, INT32_MAX, &max_tokens, err) ||
-        get_int(b, "n_predict", -1, INT32_MAX, &max_tokens, err) || get_int(b, "n", 1, 1, &n, err))
+        get_int(b, "n_predict", -1, INT32_MAX, &max_tokens, err) ||
+        get_int(b, "min_tokens", 0, INT32_MAX, &min_tokens, err))
         return -1;
     if (field(b, "max_tokens") && max_tokens == 0)
         return base_fail(err, "'max_tokens' must be at least 1");
+    if (max_tokens > 0 && min_tokens > max_tokens)
+        return base_fail(err, "'min_tokens' (%lld) is more than 'max_tokens' (%lld)", min_tokens,
+                         max_tokens);
     p->req.max_tokens = (int)max_tokens;
+    p->req.min_tokens = (int)min_tokens;
+    return 0;
+}
+
+/* n and best_of: several sequences per prompt. best_of ranks them by log-probability, so it
+ * cannot stream (the best are known only at the end), as OpenAI has it. */
+static int parse_choices(json_t *b, server_kind kind, server_params *p, base_err *err) {
+    long long n = 1, best = 0;
+    if (get_int(b, "n", 1, SERVER_MAX_CHOICES, &n, err) ||
+        get_int(b, "best_of", 1, SERVER_MAX_CHOICES, &best, err))
+        return -1;
+    if (kind == SERVER_LLAMA_COMPLETION && n > 1)
+        return base_fail(err, "'n' is not a field of /completion (use /v1/completions)");
+    if (kind != SERVER_COMPLETIONS && field(b, "best_of"))
+        return base_fail(err, "'best_of' is a field of /v1/completions only");
+    if (best && best < n)
+        return base_fail(err, "'best_of' (%lld) must be at least 'n' (%lld)", best, n);
+    if (best > n && p->stream) return base_fail(err, "'best_of' cannot be used with 'stream'");
+    p->n_choices = (int)n;
+    p->best_of = best ? (int)best : (int)n;
+    return 0;
+}
+
+static int parse_stop_ids(json_t *b, int vocab, server_params *p, base_err *err) {
+    json_t *v = field(b, "stop_token_ids");
+    if (!v) return 0;
+    if (!json_is_array(v) || json_array_size(v) > SERVER_MAX_STOP_IDS)
+        return base_fail(err, "'stop_token_ids' must be an array of at most %d token ids",
+                         SERVER_MAX_STOP_IDS);
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e) {
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= vocab)
+            return base_fail(err, "'stop_token_ids[%zu]' must be a token id below %d", i, vocab);
+        p->stop_ids[p->req.n_stop_ids++] = (int32_t)json_integer_value(e);
+    }
+    p->req.stop_ids = p->stop_ids;
+    return 0;
+}
+
+/* echo (the prompt's text before each choice's) and llama-server's n_probs. */
+static int parse_echo_probs(json_t *b, server_kind kind, server_params *p, base_err *err) {
+    long long n_probs = 0;
+    if (get_bool(b, "echo", &p->echo, err) ||
+        get_int(b, "n_probs", 0, ENGINE_MAX_TOP_LOGPROBS, &n_probs, err))
+        return -1;
+    if (p->echo && kind != SERVER_COMPLETIONS)
+        return base_fail(err, "'echo' is a field of /v1/completions only");
+    /* OpenAI's echo with logprobs gives the prompt's tokens theirs, which are not computed */
+    if (p->echo && p->req.logprobs)
+        return base_fail(err, "'echo' with 'logprobs' (the prompt's log-probabilities) is not "
+                              "supported");
+    if (n_probs && kind != SERVER_LLAMA_COMPLETION)
+        return base_fail(err, "'n_probs' is a field of /completion (use 'logprobs' here)");
+    if (n_probs) {
+        p->req.logprobs = true;
+        p->req.top_logprobs = (int)n_probs;
+    }
+    p->n_probs = (int)n_probs;
     return 0;
 }
 
@@ -231,24 +293,70 @@ static int parse_stream(json_t *b, server_params *p, base_err *err) {
     return get_bool(so, "include_usage", &p->include_usage, err);
 }
 
-/* The prompt of /v1/completions and /completion: a string, an array of token ids, or an
- * array holding one string. */
-static int parse_text_prompt(json_t *b, const engine_prompter *pr, int vocab, int ctx,
-                             server_params *p, base_err *err) {
+static server_prompt *add_prompt(server_params *p) {
+    p->prompts = base_xrealloc(p->prompts, (size_t)(p->n_prompts + 1) * sizeof *p->prompts);
+    server_prompt *e = &p->prompts[p->n_prompts++];
+    memset(e, 0, sizeof *e);
+    return e;
+}
+
+/* A prompt of token ids; what = its name in errors. */
+static int id_prompt(json_t *v, const char *what, const engine_prompter *pr, int vocab,
+                     server_params *p, base_err *err) {
+    if (json_array_size(v) == 0) return base_fail(err, "'%s' is an empty array", what);
+    server_prompt *e = add_prompt(p);
+    e->n_ids = (int)json_array_size(v);
+    e->ids = base_xmalloc((size_t)e->n_ids * sizeof *e->ids);
+    for (int i = 0; i < e->n_ids; i++) {
+        json_t *t = json_array_get(v, (size_t)i);
+        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= vocab)
+            return base_fail(err, "'%s[%d]' must be a token id below %d", what, i, vocab);
+        e->ids[i] = (int32_t)json_integer_value(t);
+    }
+    if (p->echo && tok_decode(pr->tok, e->ids, (size_t)e->n_ids, true, &e->echo, &e->echo_len, err))
+        return base_fail_wrap(err, "'%s'", what);
+    return 0;
+}
+
+static int text_prompt(json_t *v, const engine_prompter *pr, int ctx, server_params *p,
+                       base_err *err) {
+    server_prompt *e = add_prompt(p);
+    if (p->echo) {
+        e->echo_len = json_string_length(v);
+        e->echo = base_xmalloc(e->echo_len + 1);
+        memcpy(e->echo, json_string_value(v), e->echo_len + 1);
+    }
+    return engine_prompter_encode_text(pr, json_string_value(v), ctx, &e->ids, &e->n_ids, err);
+}
+
+/* The prompt of /v1/completions and /completion: a string, an array of token ids, or (on
+ * /v1/completions) an array of several prompts, all strings or all token-id arrays. */
+static int parse_text_prompt(json_t *b, server_kind kind, const engine_prompter *pr, int vocab,
+                             int ctx, server_params *p, base_err *err) {
+    static const char shapes[] = "a string, an array of token ids, an array of strings or an "
+                                 "array of token-id arrays";
     json_t *v = field(b, "prompt");
-    if (json_is_array(v) && json_array_size(v) == 1 && json_is_string(json_array_get(v, 0)))
-        v = json_array_get(v, 0);
-    if (json_is_string(v))
-        return engine_prompter_encode_text(pr, json_string_value(v), ctx, &p->ids, &p->n_ids, err);
+    if (json_is_string(v)) return text_prompt(v, pr, ctx, p, err);
     if (!json_is_array(v) || json_array_size(v) == 0)
-        return base_fail(err, "'prompt' must be a string or a non-empty array of token ids");
-    p->n_ids = (int)json_array_size(v);
-    p->ids = base_xmalloc((size_t)p->n_ids * sizeof *p->ids);
-    for (int i = 0; i < p->n_ids; i++) {
-        json_t *e = json_array_get(v, (size_t)i);
-        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= vocab)
-            return base_fail(err, "'prompt[%d]' must be a token id below %d", i, vocab);
-        p->ids[i] = (int32_t)json_integer_value(e);
+        return base_fail(err, "'prompt' must be %s (non-empty)", shapes);
+    json_t *first = json_array_get(v, 0);
+    if (json_is_integer(first)) return id_prompt(v, "prompt", pr, vocab, p, err);
+    if (json_array_size(v) > 1 && kind == SERVER_LLAMA_COMPLETION)
+        return base_fail(err, "'prompt' holds several prompts: /completion takes one here (use "
+                              "/v1/completions)");
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e) {
+        char what[32];
+        snprintf(what, sizeof what, "prompt[%zu]", i);
+        if (json_is_string(first) && json_is_string(e)) {
+            if (text_prompt(e, pr, ctx, p, err)) return -1;
+        } else if (json_is_array(first) && json_is_array(e)) {
+            if (id_prompt(e, what, pr, vocab, p, err)) return -1;
+        } else {
+            return base_fail(err, "'%s' does not match 'prompt[0]': 'prompt' must be %s, not a mix",
+                             what, shapes);
+        }
     }
     return 0;
 }
@@ -269,16 +377,82 @@ int server_chat_options(json_t *b, const json_t *messages, engine_chat_options *
     return 0;
 }
 
+/* The ids of the tokenizer's fill-in-the-middle tokens, in the spellings models use (Qwen and
+ * StarCoder, DeepSeek, CodeLlama); false when it has none. */
+static bool fim_tokens(const tok_tokenizer *tok, int32_t ids[3]) {
+    static const char *const names[][3] = {
+        {"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"},
+        {"<fim_prefix>", "<fim_suffix>", "<fim_middle>"},
+        {"<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"},
+        {"▁<PRE>", "▁<SUF>", "▁<MID>"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        for (int k = 0; k < 3; k++) ids[k] = tok_token_id(tok, names[i][k]);
+        if (ids[0] >= 0 && ids[1] >= 0 && ids[2] >= 0) return true;
+    }
+    return false;
+}
+
+/* The tokens of a text without the tokenizer's special ones; NULL on failure. */
+static int32_t *encode_plain(const engine_prompter *pr, const char *text, size_t *n,
+                             base_err *err) {
+    int32_t *ids = NULL;
+    if (tok_encode(pr->tok, text, strlen(text), false, &ids, n, err)) return NULL;
+    return ids ? ids : base_xmalloc(sizeof *ids);
+}
+
+/* `suffix`: the prompt becomes fill-in-the-middle, in the prefix-suffix-middle order
+ * llama-server's /infill builds: [BOS] PRE prompt SUF suffix MID, and the model writes what
+ * goes between. */
+static int parse_suffix(json_t *b, const engine_prompter *pr, int ctx, server_params *p,
+                        base_err *err) {
+    json_t *suffix = field(b, "suffix"), *prompt = field(b, "prompt");
+    int32_t fim[3];
+    if (!json_is_string(suffix)) return base_fail(err, "'suffix' must be a string");
+    if (!fim_tokens(pr->tok, fim))
+        return base_fail(err, "'suffix' needs fill-in-the-middle tokens, which this model's "
+                              "tokenizer does not have");
+    if (!json_is_string(prompt) || p->echo)
+        return base_fail(err, "'suffix' takes one string 'prompt' and no 'echo'");
+    size_t n_pre, n_suf;
+    int32_t *pre = encode_plain(pr, json_string_value(prompt), &n_pre, err);
+    int32_t *suf = pre ? encode_plain(pr, json_string_value(suffix), &n_suf, err) : NULL;
+    if (!suf) {
+        free(pre);
+        return -1;
+    }
+    server_prompt *e = add_prompt(p);
+    e->ids = base_xmalloc((n_pre + n_suf + 4) * sizeof *e->ids);
+    int32_t bos = tok_bos_id(pr->tok);
+    if (bos >= 0) e->ids[e->n_ids++] = bos;
+    e->ids[e->n_ids++] = fim[0];
+    memcpy(e->ids + e->n_ids, pre, n_pre * sizeof *pre);
+    e->n_ids += (int)n_pre;
+    e->ids[e->n_ids++] = fim[1];
+    memcpy(e->ids + e->n_ids, suf, n_suf * sizeof *suf);
+    e->n_ids += (int)n_suf;
+    e->ids[e->n_ids++] = fim[2];
+    free(pre);
+    free(suf);
+    return 0;
+}
+
 static int parse_prompt(json_t *b, server_kind kind, const server_options *o,
                         const engine_prompter *pr, int vocab, int ctx, server_params *p,
                         base_err *err) {
-    if (kind == SERVER_CHAT) return server_chat_prompt(b, o, pr, ctx, p, err);
+    if (kind == SERVER_CHAT && field(b, "suffix"))
+        return base_fail(err, "'suffix' is a field of the completions routes");
+    if (kind == SERVER_CHAT) {
+        server_prompt *e = add_prompt(p);
+        return server_chat_prompt(b, o, pr, ctx, p, &e->ids, &e->n_ids, err);
+    }
     static const char *const chat_only[] = {"tools", "tool_choice", "parallel_tool_calls",
                                             "reasoning_effort", "chat_template_kwargs"};
     for (size_t i = 0; i < sizeof chat_only / sizeof *chat_only; i++)
         if (field(b, chat_only[i]))
             return base_fail(err, "'%s' is for /v1/chat/completions, not this route", chat_only[i]);
-    return parse_text_prompt(b, pr, vocab, ctx, p, err);
+    if (field(b, "suffix")) return parse_suffix(b, pr, ctx, p, err);
+    return parse_text_prompt(b, kind, pr, vocab, ctx, p, err);
 }
 
 int server_params_parse(json_t *b, server_kind kind, const server_options *o,
@@ -287,31 +461,72 @@ int server_params_parse(json_t *b, server_kind kind, const server_options *o,
     memset(p, 0, sizeof *p);
     p->kind = kind;
     p->req.sampling = o->defaults;
-    /* a request without a seed gets a fresh one, not the server's */
-    engine_sampling fresh;
-    engine_sampling_defaults(&fresh);
-    p->req.sampling.seed = fresh.seed ^ (uint64_t)(uintptr_t)p;
+    /* a request without a seed gets the server's --seed, else a fresh one */
+    if (!o->seed_fixed) {
+        engine_sampling fresh;
+        engine_sampling_defaults(&fresh);
+        p->req.sampling.seed = fresh.seed ^ (uint64_t)(uintptr_t)p;
+    }
     p->req.stop = p->stop;
-    if (parse_sampling(b, p, err) || parse_limits(b, o, p, err) || parse_stream(b, p, err) ||
-        parse_stop(b, p, err) || parse_logit_bias(b, vocab, p, err) ||
-        parse_logprobs(b, kind, p, err) || parse_constraint(b, p, err) ||
-        get_bool(b, "ignore_eos", &p->req.ignore_eos, err) ||
+    if (parse_sampling(b, &p->req.sampling, err) || parse_limits(b, o, p, err) ||
+        parse_stream(b, p, err) || parse_choices(b, kind, p, err) || parse_stop(b, p, err) ||
+        parse_stop_ids(b, vocab, p, err) || parse_logit_bias(b, vocab, p, err) ||
+        parse_logprobs(b, kind, p, err) || parse_echo_probs(b, kind, p, err) ||
+        parse_constraint(b, p, err) || get_bool(b, "ignore_eos", &p->req.ignore_eos, err) ||
         parse_prompt(b, kind, o, pr, vocab, ctx, p, err))
         return -1;
+    if (p->n_prompts * p->best_of > SERVER_MAX_CHOICES)
+        return base_fail(err, "%d prompts times %d sequences each is more than %d", p->n_prompts,
+                         p->best_of, SERVER_MAX_CHOICES);
     p->req.n_stop = p->n_stop;
-    p->req.prompt = p->ids;
-    p->req.n_prompt = p->n_ids;
     return 0;
 }
 
 void server_params_free(server_params *p) {
-    free(p->ids);
+    for (int i = 0; i < p->n_prompts; i++) {
+        free(p->prompts[i].ids);
+        free(p->prompts[i].echo);
+    }
+    free(p->prompts);
     free(p->bias);
     free(p->gbnf);
     json_decref(p->vars);
     json_decref(p->out.tool_defs);
     free(p->tool_gbnf);
     free(p->think_ids);
+}
+
+int server_body_props(json_t *b, engine_sampling *d, int *n_predict, bool *seed_fixed,
+                      base_err *err) {
+    static const char *const keys[] = {"temperature",
+                                       "top_k",
+                                       "top_p",
+                                       "min_p",
+                                       "seed",
+                                       "repeat_penalty",
+                                       "repeat_last_n",
+                                       "n_predict",
+                                       "presence_penalty",
+                                       "frequency_penalty"};
+    json_t *settings = json_object_get(b, "default_generation_settings");
+    json_t *params = json_object_get(settings, "params");
+    if (json_object_size(b) != 1 || !json_is_object(settings) || json_object_size(settings) != 1 ||
+        !json_is_object(params))
+        return base_fail(err, "only {\"default_generation_settings\": {\"params\": {...}}} can "
+                              "be changed");
+    if (known_keys(params, "default_generation_settings.params", keys, sizeof keys / sizeof *keys,
+                   err))
+        return -1;
+    long long n = *n_predict;
+    engine_sampling s = *d;
+    if (parse_sampling(params, &s, err) || get_int(params, "n_predict", -1, INT32_MAX, &n, err))
+        return -1;
+    /* a seed given here fixes the unseeded requests' seed, as --seed does; -1 frees it */
+    json_t *seed = field(params, "seed");
+    if (seed) *seed_fixed = json_integer_value(seed) != -1;
+    *d = s;
+    *n_predict = (int)n;
+    return 0;
 }
 
 int server_body_tokenize(const engine_prompter *pr, json_t *b, json_t **out, base_err *err) {

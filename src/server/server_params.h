@@ -9,18 +9,36 @@
 
 #include <jansson.h>
 
-#define SERVER_MAX_STOP 16
+#define SERVER_MAX_STOP     16
+#define SERVER_MAX_STOP_IDS 64
+/* sequences one request may start: prompts times best_of (or n) */
+#define SERVER_MAX_CHOICES 128
 
 typedef enum { SERVER_CHAT, SERVER_COMPLETIONS, SERVER_LLAMA_COMPLETION } server_kind;
 
+/* One prompt of the request (a completions prompt array has several). */
+typedef struct server_prompt {
+    int32_t *ids; /* (n_ids) owned */
+    int n_ids;
+    char *echo; /* owned: the prompt's text when `echo` asks for it, else NULL */
+    size_t echo_len;
+} server_prompt;
+
 typedef struct server_params {
     server_kind kind;
-    engine_request req; /* prompt, stop and logit_bias point into this struct and the body */
+    engine_request req; /* stop, stop_ids and logit_bias point into this struct and the body;
+                           the prompt is each of `prompts` in turn */
     bool stream, include_usage;
     const char *stop[SERVER_MAX_STOP]; /* (n_stop) strings of the JSON body */
     int n_stop;
-    int32_t *ids; /* (n_ids) the prompt, owned */
-    int n_ids;
+    int32_t stop_ids[SERVER_MAX_STOP_IDS]; /* (req.n_stop_ids) */
+    server_prompt *prompts;                /* (n_prompts) owned */
+    int n_prompts;
+    int n_choices; /* `n`: choices answered per prompt */
+    int best_of;   /* sequences generated per prompt (>= n_choices); the n_choices of them with
+                      the highest log-probability are answered */
+    bool echo;     /* each choice's text starts with its prompt's */
+    int n_probs;   /* /completion's completion_probabilities: alternatives per token, 0: none */
     engine_logit_bias *bias; /* owned */
     char *gbnf; /* owned: the grammar of response_format or json_schema; req.grammar is this or
                    the body's `grammar` */
@@ -37,10 +55,10 @@ int server_chat_options(json_t *b, const json_t *messages, engine_chat_options *
 /* The template variables of a chat body into p->vars and o->extra: chat_template_kwargs,
  * then the tools (unless tool_choice is none) and reasoning_effort (server_chat.c). */
 int server_chat_vars(json_t *b, server_params *p, engine_chat_options *o, base_err *err);
-/* A chat body's prompt into p: rendered, tokenized, and what the answer's parsing and the
- * engine need for tools and reasoning (server_chat.c). */
+/* A chat body's prompt rendered and tokenized into *ids (n), and into p what the answer's
+ * parsing and the engine need for tools and reasoning (server_chat.c). */
 int server_chat_prompt(json_t *b, const server_options *o, const engine_prompter *pr, int ctx,
-                       server_params *p, base_err *err);
+                       server_params *p, int32_t **ids, int *n, base_err *err);
 
 /* Fills p from the body (which must outlive p). ctx: tokens a sequence holds, against which a
  * prompt is judged long before it is tokenized. On failure err names the field; call
@@ -53,6 +71,11 @@ void server_params_free(server_params *p);
 /* The response object of /tokenize ({"tokens"}), /detokenize ({"content"}) and /apply-template
  * ({"prompt"}) for a request body. *out: caller decrefs. On failure err says what is wrong
  * with the body (the client's fault: a 400). */
+/* POST /props: {"default_generation_settings": {"params": {...}}} with sampling fields as GET
+ * /props shows them, applied to d, n_predict and seed_fixed only when all of them are valid;
+ * any other field is refused, naming it. */
+int server_body_props(json_t *body, engine_sampling *d, int *n_predict, bool *seed_fixed,
+                      base_err *err);
 int server_body_tokenize(const engine_prompter *pr, json_t *body, json_t **out, base_err *err);
 int server_body_detokenize(const engine_prompter *pr, json_t *body, json_t **out, base_err *err);
 int server_body_apply_template(const engine_prompter *pr, json_t *body, json_t **out,

@@ -1,5 +1,5 @@
-/* The routes that generate nothing: models, tokenize, detokenize, apply-template, metrics,
- * slots and props. */
+/* The routes that generate nothing: models, tokenize, detokenize, apply-template, slots and
+ * props, and the dispatch to metrics (server_metrics.c) and the changing ones (server_admin.c). */
 #include "server/server_internal.h"
 #include "server/server_params.h"
 
@@ -7,24 +7,41 @@
 #include <stdlib.h>
 #include <string.h>
 
+static bool has_prefix(const char *url, const char *prefix) {
+    return strncmp(url, prefix, strlen(prefix)) == 0 && url[strlen(prefix)];
+}
+
 bool server_is_info_route(const char *method, const char *url) {
     static const char *get[] = {"/v1/models", "/models", "/metrics", "/slots", "/props"};
-    static const char *post[] = {"/tokenize", "/detokenize", "/apply-template"};
+    static const char *post[] = {"/tokenize", "/detokenize", "/apply-template", "/props"};
     bool is_get = strcmp(method, "GET") == 0, is_post = strcmp(method, "POST") == 0;
     for (size_t i = 0; is_get && i < sizeof get / sizeof *get; i++)
         if (strcmp(url, get[i]) == 0) return true;
     for (size_t i = 0; is_post && i < sizeof post / sizeof *post; i++)
         if (strcmp(url, post[i]) == 0) return true;
-    return false;
+    return (is_get && (has_prefix(url, "/v1/models/") || has_prefix(url, "/models/"))) ||
+           (is_post && has_prefix(url, "/slots/"));
+}
+
+static json_t *model_json(const server *s) {
+    const io_model_config *cfg = model_config(s->rt->model);
+    return json_pack("{s:s,s:s,s:I,s:s,s:{s:i,s:i,s:i}}", "id", s->o.model_id, "object", "model",
+                     "created", (json_int_t)s->created, "owned_by", "mlxcel", "meta", "vocab_size",
+                     cfg->vocab_size, "n_ctx", s->rt->kv_plan.ctx_size, "n_ctx_train",
+                     cfg->max_position_embeddings);
 }
 
 static enum MHD_Result models(server *s, struct MHD_Connection *c) {
-    const io_model_config *cfg = model_config(s->rt->model);
-    json_t *m = json_pack("{s:s,s:s,s:I,s:s,s:{s:i,s:i,s:i}}", "id", s->o.model_id, "object",
-                          "model", "created", (json_int_t)s->created, "owned_by", "mlxcel", "meta",
-                          "vocab_size", cfg->vocab_size, "n_ctx", s->rt->kv_plan.ctx_size,
-                          "n_ctx_train", cfg->max_position_embeddings);
-    return server_reply_json(s, c, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", m));
+    return server_reply_json(s, c, 200,
+                             json_pack("{s:s,s:[o]}", "object", "list", "data", model_json(s)));
+}
+
+/* GET /v1/models/{id} (the SDKs' models.retrieve); the id may hold slashes (owner/name). */
+static enum MHD_Result model_one(server *s, struct MHD_Connection *c, const char *id) {
+    if (strcmp(id, s->o.model_id) != 0)
+        return server_reply_error(s, c, 404, "invalid_request_error",
+                                  "The model '%s' does not exist", id);
+    return server_reply_json(s, c, 200, model_json(s));
 }
 
 /* The routes that only turn the body into a response; a body at fault gets a 400. */
@@ -45,6 +62,9 @@ static json_t *kv_json(const kv_pool_stats *p) {
 }
 
 static enum MHD_Result slots(server *s, struct MHD_Connection *c) {
+    if (!s->o.slots)
+        return server_reply_error(s, c, 501, "not_supported_error",
+                                  "slots are off (the server was started with --no-slots)");
     engine_sched_stats st = engine_sched_get_stats(s->sched);
     json_t *arr = json_array();
     for (int i = 0; i < s->rt->kv_plan.n_parallel; i++)
@@ -56,10 +76,13 @@ static enum MHD_Result slots(server *s, struct MHD_Connection *c) {
 
 static enum MHD_Result props(server *s, struct MHD_Connection *c) {
     engine_sched_stats st = engine_sched_get_stats(s->sched);
-    const engine_sampling *d = &s->o.defaults;
+    server_options now = server_options_now(s);
+    const engine_sampling *d = &now.defaults;
     json_t *params = json_pack("{s:f,s:i,s:f,s:f,s:f,s:i}", "temperature", d->temperature, "top_k",
                                d->top_k, "top_p", d->top_p, "min_p", d->min_p, "repeat_penalty",
-                               d->repeat_penalty, "n_predict", s->o.n_predict);
+                               d->repeat_penalty, "n_predict", now.n_predict);
+    /* the seed only when it is the server's (--seed): else each request draws its own */
+    json_object_set_new(params, "seed", json_integer(now.seed_fixed ? (json_int_t)d->seed : -1));
     json_t *o = json_pack("{s:{s:i,s:o},s:i,s:s,s:s,s:o,s:i,s:i}", "default_generation_settings",
                           "n_ctx", s->rt->kv_plan.ctx_size, "params", params, "total_slots",
                           s->rt->kv_plan.n_parallel, "model_alias", s->o.model_id, "backend",
@@ -68,79 +91,18 @@ static enum MHD_Result props(server *s, struct MHD_Connection *c) {
     return server_reply_json(s, c, 200, o);
 }
 
-static void metric(char **buf, size_t *len, size_t *cap, const char *type, const char *name,
-                   const char *help, double value) {
-    char line[512];
-    int n = snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name,
-                     type, name, value);
-    if (*len + (size_t)n + 1 > *cap) {
-        *cap = (*len + (size_t)n + 1) * 2;
-        *buf = base_xrealloc(*buf, *cap);
-    }
-    memcpy(*buf + *len, line, (size_t)n + 1);
-    *len += (size_t)n;
-}
-
-static enum MHD_Result metrics(server *s, struct MHD_Connection *c) {
-    if (!s->o.metrics)
-        return server_reply_error(s, c, 501, "not_supported_error",
-                                  "metrics are off (start the server with --metrics)");
-    engine_sched_stats st = engine_sched_get_stats(s->sched);
-    char *b = NULL;
-    size_t len = 0, cap = 0;
-    metric(&b, &len, &cap, "counter", "mlxcel_http_requests_total", "HTTP requests received",
-           (double)__atomic_load_n(&s->n_requests, __ATOMIC_RELAXED));
-    metric(&b, &len, &cap, "counter", "mlxcel_http_read_timeouts_total",
-           "connections closed because a request did not arrive within --read-timeout",
-           (double)__atomic_load_n(&s->n_dropped, __ATOMIC_RELAXED));
-    metric(&b, &len, &cap, "counter", "mlxcel_http_connections_replaced_total",
-           "connections slow to send a request, shut down to make room for a new one",
-           (double)__atomic_load_n(&s->n_replaced, __ATOMIC_RELAXED));
-    metric(&b, &len, &cap, "counter", "mlxcel_http_connections_refused_total",
-           "connections opened past --max-connections or --max-connections-per-ip",
-           (double)__atomic_load_n(&s->n_refused, __ATOMIC_RELAXED));
-    metric(&b, &len, &cap, "counter", "mlxcel_requests_finished_total",
-           "generation requests finished", (double)st.requests_done);
-    metric(&b, &len, &cap, "counter", "mlxcel_requests_cancelled_total",
-           "generation requests cancelled", (double)st.requests_cancelled);
-    metric(&b, &len, &cap, "gauge", "mlxcel_requests_processing", "sequences running", st.running);
-    metric(&b, &len, &cap, "gauge", "mlxcel_requests_deferred", "requests waiting", st.waiting);
-    metric(&b, &len, &cap, "counter", "mlxcel_tokens_computed_total",
-           "tokens through the model (prompt and decode)", (double)st.computed_tokens);
-    metric(&b, &len, &cap, "counter", "mlxcel_prompt_tokens_cached_total",
-           "prompt tokens adopted from the prefix cache", (double)st.cached_tokens);
-    metric(&b, &len, &cap, "counter", "mlxcel_tokens_predicted_total", "tokens generated",
-           (double)st.generated_tokens);
-    metric(&b, &len, &cap, "counter", "mlxcel_preemptions_total",
-           "sequences preempted for lack of KV blocks", (double)st.preemptions);
-    metric(&b, &len, &cap, "counter", "mlxcel_steps_total", "scheduler steps", (double)st.steps);
-    metric(&b, &len, &cap, "counter", "mlxcel_step_seconds_total", "time in scheduler steps",
-           st.step_seconds);
-    metric(&b, &len, &cap, "counter", "mlxcel_forward_seconds_total",
-           "time in the model's forward pass", st.forward_seconds);
-    metric(&b, &len, &cap, "gauge", "mlxcel_kv_blocks_capacity", "KV blocks in the pool",
-           (double)st.pool.capacity);
-    metric(&b, &len, &cap, "gauge", "mlxcel_kv_blocks_free", "KV blocks free",
-           (double)st.pool.free);
-    metric(&b, &len, &cap, "gauge", "mlxcel_kv_blocks_cached",
-           "KV blocks held only by the prefix cache", (double)st.pool.cached);
-    metric(&b, &len, &cap, "gauge", "mlxcel_kv_blocks_referenced", "KV blocks held by sequences",
-           (double)st.pool.referenced);
-    struct MHD_Response *r = MHD_create_response_from_buffer(len, b, MHD_RESPMEM_MUST_FREE);
-    MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4");
-    enum MHD_Result rc = server_queue(s, c, 200, r);
-    MHD_destroy_response(r);
-    return rc;
-}
-
 enum MHD_Result server_route_info(server *s, struct MHD_Connection *c, const char *url,
                                   json_t *body) {
     if (strcmp(url, "/v1/models") == 0 || strcmp(url, "/models") == 0) return models(s, c);
+    if (has_prefix(url, "/v1/models/")) return model_one(s, c, url + strlen("/v1/models/"));
+    if (has_prefix(url, "/models/")) return model_one(s, c, url + strlen("/models/"));
+    if (has_prefix(url, "/slots/")) return server_route_slot_action(s, c, url);
+    if (strcmp(url, "/props") == 0 && body) return server_route_props_change(s, c, body);
     if (strcmp(url, "/tokenize") == 0) return body_route(s, c, body, server_body_tokenize);
     if (strcmp(url, "/detokenize") == 0) return body_route(s, c, body, server_body_detokenize);
     if (strcmp(url, "/apply-template") == 0)
         return body_route(s, c, body, server_body_apply_template);
-    if (strcmp(url, "/metrics") == 0) return metrics(s, c);
+    if (strcmp(url, "/metrics") == 0) return server_route_metrics(s, c);
     if (strcmp(url, "/slots") == 0) return slots(s, c);
     return props(s, c);
 }

@@ -124,9 +124,10 @@ static inline int scene_step(const scene *sc, ref_seq **rs, const int *q_lens, i
     return rc;
 }
 
-/* Dense causal attention in double over the host copies. */
+/* Dense causal attention in double over the host copies, scaled, capped and windowed as `at`
+ * says. */
 static inline void dense_ref(const scene *sc, ref_seq *const *rs, const be_paged_batch *b,
-                             const float *q, float *out, float scale) {
+                             const float *q, float *out, be_attn at) {
     int d = sc->head_dim, row = scene_row(sc);
     int max_len = 1;
     for (int s = 0; s < b->n_seqs; s++) max_len = rs[s]->len > max_len ? rs[s]->len : max_len;
@@ -141,11 +142,14 @@ static inline void dense_ref(const scene *sc, ref_seq *const *rs, const be_paged
                 int g = h / sc->group;
                 const float *qh = q + ((size_t)tok * sc->n_heads + h) * d;
                 double mx = -INFINITY, sum = 0;
+                int lo = at.window > 0 && visible > at.window ? visible - at.window : 0;
                 for (int t = 0; t < visible; t++) {
                     double dot = 0;
                     for (int j = 0; j < d; j++)
                         dot += (double)qh[j] * r->k[(size_t)t * row + (size_t)g * d + j];
-                    p[t] = dot * scale;
+                    p[t] = dot * at.scale;
+                    if (at.softcap > 0) p[t] = tanh(p[t] / at.softcap) * at.softcap;
+                    if (t < lo) p[t] = -INFINITY;
                     if (p[t] > mx) mx = p[t];
                 }
                 for (int t = 0; t < visible; t++) sum += p[t] = exp(p[t] - mx);
@@ -163,13 +167,13 @@ static inline void dense_ref(const scene *sc, ref_seq *const *rs, const be_paged
 }
 
 static inline int scene_attend(const scene *sc, const be_paged_batch *b, const be_decode_plan *plan,
-                               const float *q, float *out, float scale) {
+                               const float *q, float *out, be_attn at) {
     base_err err;
     int64_t cols = (int64_t)sc->n_heads * sc->head_dim;
     be_tensor qt = {(void *)q, BASE_DTYPE_F32, b->n_tokens, cols};
     be_tensor ot = {out, BASE_DTYPE_F32, b->n_tokens, cols};
     int rc = sc->be->ops->attention(sc->be, &qt, kv_pool_layer(sc->pool, 0), b, plan, sc->n_heads,
-                                    scale, &ot, &err);
+                                    at, &ot, &err);
     if (rc) fprintf(stderr, "attention: %s\n", err.msg);
     return rc;
 }

@@ -76,7 +76,7 @@ int main(void) {
     float *out = malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) q[i] = frand();
     float scale = 1.0f / sqrtf((float)D);
-    dense_ref(&sc, rs, &b, q, ref, scale);
+    dense_ref(&sc, rs, &b, q, ref, be_attn_plain(scale));
 
     uint64_t ws_bytes = attn_v2_bytes(2, 2, KV * GROUP, D);
     void *ws = malloc(ws_bytes);
@@ -85,7 +85,7 @@ int main(void) {
     const char *names[3] = {"v1", "v2", "gather"};
     for (int p = 0; p < 3; p++) {
         CHECK(attn_plan_validate(&plans[p], &b, L, KV * GROUP, &err) == 0);
-        CHECK(scene_attend(&sc, &b, &plans[p], q, out, scale) == 0);
+        CHECK(scene_attend(&sc, &b, &plans[p], q, out, be_attn_plain(scale)) == 0);
         double e = test_rel_err(out, ref, n);
         printf("%s (and prefill rows): relative error %.3g against the host reference\n", names[p],
                e);
@@ -118,8 +118,8 @@ int main(void) {
         ref_push(&sc, &head, full.k + (size_t)t * KV * D, full.v + (size_t)t * KV * D);
     ref_seq *hs[1] = {&head};
     size_t n1 = (size_t)KV * GROUP * D;
-    dense_ref(&sc, hs, &kb.view, q, ref, scale);
-    CHECK(scene_attend(&sc, &kb.view, NULL, q, out, scale) == 0);
+    dense_ref(&sc, hs, &kb.view, q, ref, be_attn_plain(scale));
+    CHECK(scene_attend(&sc, &kb.view, NULL, q, out, be_attn_plain(scale)) == 0);
     double e = test_rel_err(out, ref, n1);
     printf("copy-on-write out of the last block: relative error %.3g\n", e);
     CHECK(e < 2e-5);

@@ -12,16 +12,15 @@ static const char *kind_name(be_decode_kind k) {
 
 /* Runs the batch under `plan` and compares with the reference. */
 static void check_plan(const scene *sc, const be_paged_batch *b, const be_decode_plan *plan,
-                       const float *q, const float *ref, float *out, float scale,
-                       const char *what) {
+                       const float *q, const float *ref, float *out, be_attn at, const char *what) {
     size_t n = (size_t)b->n_tokens * sc->n_heads * sc->head_dim;
     for (size_t i = 0; i < n; i++) out[i] = NAN;
-    int rc = scene_attend(sc, b, plan, q, out, scale);
+    int rc = scene_attend(sc, b, plan, q, out, at);
     double e = test_rel_err(out, ref, n);
     CHECK_MSG(rc == 0 && e < TOL,
-              "%s %s: dtype %s, %d kv heads x %d, head_dim %d, block %d: err %g", what,
-              kind_name(plan->kind), base_dtype_name(sc->dtype), sc->n_kv, sc->group, sc->head_dim,
-              sc->block_size, e);
+              "%s %s: dtype %s, %d kv heads x %d, head_dim %d, block %d, cap %g, window %d: err %g",
+              what, kind_name(plan->kind), base_dtype_name(sc->dtype), sc->n_kv, sc->group,
+              sc->head_dim, sc->block_size, (double)at.softcap, at.window, e);
 }
 
 static int max_decode_pages(const be_paged_batch *b, int *n_decode) {
@@ -36,18 +35,17 @@ static int max_decode_pages(const be_paged_batch *b, int *n_decode) {
     return mx;
 }
 
-/* Every path on one batch. */
-static void check_all_paths(const scene *sc, ref_seq *const *rs, const be_paged_batch *b) {
+/* Every path on one batch for one kind of attention. */
+static void check_paths(const scene *sc, ref_seq *const *rs, const be_paged_batch *b, be_attn at) {
     size_t n = (size_t)b->n_tokens * sc->n_heads * sc->head_dim;
     float *q = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float));
     float *out = malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) q[i] = frand();
-    float scale = 1.0f / sqrtf((float)sc->head_dim);
-    dense_ref(sc, rs, b, q, ref, scale);
+    dense_ref(sc, rs, b, q, ref, at);
 
     be_decode_plan v1 = {.kind = BE_DECODE_V1}, gather = {.kind = BE_DECODE_GATHER};
-    check_plan(sc, b, &v1, q, ref, out, scale, "fixed");
-    check_plan(sc, b, &gather, q, ref, out, scale, "fixed");
+    check_plan(sc, b, &v1, q, ref, out, at, "fixed");
+    check_plan(sc, b, &gather, q, ref, out, at, "fixed");
     int n_decode;
     int pages = max_decode_pages(b, &n_decode);
     for (int ppc = 1; ppc <= 3 && n_decode > 0; ppc++) {
@@ -55,7 +53,7 @@ static void check_all_paths(const scene *sc, ref_seq *const *rs, const be_paged_
         v2.max_chunks = (pages + ppc - 1) / ppc;
         v2.workspace_bytes = attn_v2_bytes(n_decode, v2.max_chunks, sc->n_heads, sc->head_dim);
         v2.workspace = malloc(v2.workspace_bytes);
-        check_plan(sc, b, &v2, q, ref, out, scale, "fixed");
+        check_plan(sc, b, &v2, q, ref, out, at, "fixed");
         free(v2.workspace);
     }
     /* The planned path for several device targets, each with the workspace the model would
@@ -76,7 +74,7 @@ static void check_all_paths(const scene *sc, ref_seq *const *rs, const be_paged_
                   err.msg);
         char what[32];
         snprintf(what, sizeof what, "target %d", targets[t]);
-        check_plan(sc, b, &plan, q, ref, out, scale, what);
+        check_plan(sc, b, &plan, q, ref, out, at, what);
         free(mem);
     }
     /* A plan made for longer rows (the length bucket of a recorded decode step) serves this
@@ -91,12 +89,25 @@ static void check_all_paths(const scene *sc, ref_seq *const *rs, const be_paged_
         base_err err;
         int ok = attn_plan_validate(&plan, b, kv_pool_layer(sc->pool, 0), sc->n_heads, &err);
         CHECK_MSG(ok == 0, "plan for %dx the pages rejected: %s", mult, err.msg);
-        check_plan(sc, b, &plan, q, ref, out, scale, "bucket");
+        check_plan(sc, b, &plan, q, ref, out, at, "bucket");
         free(mem);
     }
     free(q);
     free(ref);
     free(out);
+}
+
+/* Every path on one batch: plain attention, soft-capped scores (Gemma 2: a cap the scores
+ * reach, so tanh bends them), and a window shorter than most rows (local layers). */
+static void check_all_paths(const scene *sc, ref_seq *const *rs, const be_paged_batch *b) {
+    float scale = 1.0f / sqrtf((float)sc->head_dim);
+    check_paths(sc, rs, b, be_attn_plain(scale));
+    be_attn capped = be_attn_plain(4.0f * scale);
+    capped.softcap = 1.5f;
+    check_paths(sc, rs, b, capped);
+    be_attn local = be_attn_plain(scale);
+    local.window = irand(1, 2 * sc->block_size + 3);
+    check_paths(sc, rs, b, local);
 }
 
 /* One random scene: a base sequence, forks of it (sharing its blocks, the last one partial)

@@ -268,9 +268,9 @@ static void rejected_plans_gather(void) {
     float *q = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float));
     float *want = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) q[i] = frand();
-    dense_ref(&sc, rs, b, q, ref, 0.125f);
+    dense_ref(&sc, rs, b, q, ref, be_attn_plain(0.125f));
     be_decode_plan gather = {.kind = BE_DECODE_GATHER};
-    CHECK(scene_attend(&sc, b, &gather, q, want, 0.125f) == 0);
+    CHECK(scene_attend(&sc, b, &gather, q, want, be_attn_plain(0.125f)) == 0);
     CHECK(test_rel_err(want, ref, n) < 2e-5);
     uint64_t fits = attn_v2_bytes(2, 5, 8, 64); /* the longest decode row has 5 pages */
     void *ws = malloc(fits);
@@ -285,7 +285,7 @@ static void rejected_plans_gather(void) {
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         CHECK(attn_plan_validate(&bad[i], b, kv_pool_layer(sc.pool, 0), 8, &err) == -1);
         for (size_t j = 0; j < n; j++) got[j] = NAN;
-        CHECK(scene_attend(&sc, b, &bad[i], q, got, 0.125f) == 0);
+        CHECK(scene_attend(&sc, b, &bad[i], q, got, be_attn_plain(0.125f)) == 0);
         CHECK_MSG(memcmp(got, want, n * sizeof(float)) == 0, "rejected plan %zu", i);
     }
     be_decode_plan good = {BE_DECODE_V2, 1, 5, ws, fits};

@@ -1,5 +1,5 @@
-/* CPU backend ops but matmul against scalar double references (rmsnorm, add, silu_mul, rope,
- * argmax, embedding), the memory ops, creation, and argument errors; on every instruction set
+/* CPU backend ops but matmul against scalar double references (rmsnorm, add, glu, scale, softcap,
+ * rope, argmax, embedding), the memory ops, creation, and argument errors; on every instruction set
  * this CPU has, with 1 and 3 threads. */
 #include "cpu_test_util.h"
 
@@ -126,11 +126,11 @@ static void test_add_silu(tu_backends *bk) {
             base_err err = {{0}};
             CHECK(be->ops->add(be, &at, &bt, &yt, &err) == 0);
             CHECK_MSG(test_rel_err(y, sum, n) < TOL, "add on %s", bk->label[k]);
-            CHECK(be->ops->silu_mul(be, &at, &bt, &yt, &err) == 0);
+            CHECK(be->ops->glu(be, BE_ACT_SILU, &at, &bt, &yt, &err) == 0);
             CHECK_MSG(test_rel_err(y, prod, n) < TOL, "silu_mul on %s", bk->label[k]);
             /* y aliasing an input */
             memcpy(y, a, n * sizeof(float));
-            CHECK(be->ops->silu_mul(be, &yt, &bt, &yt, &err) == 0);
+            CHECK(be->ops->glu(be, BE_ACT_SILU, &yt, &bt, &yt, &err) == 0);
             CHECK(test_rel_err(y, prod, n) < TOL);
             memcpy(y, b, n * sizeof(float));
             CHECK(be->ops->add(be, &at, &yt, &yt, &err) == 0);
@@ -144,11 +144,56 @@ static void test_add_silu(tu_backends *bk) {
     }
 }
 
+/* gelu_pytorch_tanh times up, scale and softcap against double references. */
+static void test_gelu_scale_softcap(tu_backends *bk) {
+    int64_t rows = 7, cols = 3001; /* several pool chunks */
+    size_t n = (size_t)(rows * cols);
+    float *a = tu_randf(n, -8, 8), *b = tu_randf(n, -2, 2);
+    float *gelu = malloc(n * sizeof(float)), *scaled = malloc(n * sizeof(float));
+    float *capped = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        double g = a[i];
+        gelu[i] = (float)(0.5 * g * (1 + tanh(sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))) * b[i]);
+        scaled[i] = (float)(g * 0.22);
+        capped[i] = (float)(tanh(g / 5.0) * 5.0);
+    }
+    be_tensor at = {a, BASE_DTYPE_F32, rows, cols}, bt = {b, BASE_DTYPE_F32, rows, cols};
+    be_tensor yt = {y, BASE_DTYPE_F32, rows, cols};
+    for (int k = 0; k < bk->n; k++) {
+        be_backend *be = bk->be[k];
+        base_err err = {{0}};
+        CHECK(be->ops->glu(be, BE_ACT_GELU_TANH, &at, &bt, &yt, &err) == 0);
+        CHECK_MSG(test_rel_err(y, gelu, n) < TOL, "gelu_tanh on %s", bk->label[k]);
+        CHECK(be->ops->scale(be, &at, 0.22f, &yt, &err) == 0);
+        CHECK_MSG(test_rel_err(y, scaled, n) < TOL, "scale on %s", bk->label[k]);
+        memcpy(y, a, n * sizeof(float));
+        CHECK(be->ops->softcap(be, &yt, 5.0f, &yt, &err) == 0);
+        CHECK_MSG(test_rel_err(y, capped, n) < TOL, "softcap on %s", bk->label[k]);
+        CHECK(be->ops->softcap(be, &at, 0.0f, &yt, &err) == -1 && strstr(err.msg, "cap 0"));
+        CHECK(be->ops->glu(be, (be_act)9, &at, &bt, &yt, &err) == -1 &&
+              strstr(err.msg, "activation 9"));
+    }
+    free(a);
+    free(b);
+    free(gelu);
+    free(scaled);
+    free(capped);
+    free(y);
+}
+
+static void test_rope_dims(tu_backends *bk, int half);
+
+/* Whole heads, and the first 48 of 64 dims (partial_rotary_factor 0.75: the pairs are (i,
+ * i + 24), the last 16 dims unchanged). */
 static void test_rope(tu_backends *bk) {
-    const int n_heads = 3, head_dim = 64, half = head_dim / 2;
+    for (int half = 32; half >= 24; half -= 8) test_rope_dims(bk, half);
+}
+
+static void test_rope_dims(tu_backends *bk, int half) {
+    const int n_heads = 3, head_dim = 64;
     const int64_t cols = n_heads * head_dim;
     float inv_freq[32];
-    for (int i = 0; i < half; i++) inv_freq[i] = (float)pow(500000.0, -2.0 * i / head_dim);
+    for (int i = 0; i < half; i++) inv_freq[i] = (float)pow(500000.0, -1.0 * i / half);
     static const float mscales[] = {1.0f, 1.2f};
     for (int ni = 0; ni < 3; ni++) {
         int64_t rows = row_counts[ni];
@@ -165,6 +210,7 @@ static void test_rope(tu_backends *bk) {
                 for (int h = 0; h < n_heads; h++) {
                     const float *xh = x + r * cols + h * head_dim;
                     float *rh = ref + r * cols + h * head_dim;
+                    for (int i = 2 * half; i < head_dim; i++) rh[i] = xh[i];
                     for (int i = 0; i < half; i++) {
                         double a = (double)pos[r] * inv_freq[i];
                         double c = cos(a) * mscales[mi], s = sin(a) * mscales[mi];
@@ -181,8 +227,9 @@ static void test_rope(tu_backends *bk) {
                 memcpy(y, x, n * sizeof(float));
                 int rc = be->ops->rope(be, &yt, n_heads, head_dim, &pt, &ft, mscales[mi], &err);
                 double e = test_rel_err(y, ref, n);
-                CHECK_MSG(rc == 0 && e < TOL, "rope rows %lld mscale %g on %s: err %.3g %s",
-                          (long long)rows, (double)mscales[mi], bk->label[k], e, err.msg);
+                CHECK_MSG(rc == 0 && e < TOL,
+                          "rope rows %lld mscale %g rotary %d on %s: err %.3g %s", (long long)rows,
+                          (double)mscales[mi], 2 * half, bk->label[k], e, err.msg);
             }
         }
         free(pos);
@@ -303,7 +350,7 @@ static void test_errors(be_backend *be) {
     EXPECT_FAIL(be->ops->rmsnorm(be, &xt, &wt, 1e-5f, &y7, &err_), "y is [4, 7]");
     EXPECT_FAIL(be->ops->add(be, &xt, &y7, &yt, &err_), "second input is [4, 7]");
     EXPECT_FAIL(be->ops->add(be, &xb, &xt, &yt, &err_), "dtype BF16");
-    EXPECT_FAIL(be->ops->silu_mul(be, &xt, &xt, &y7, &err_), "output is [4, 7]");
+    EXPECT_FAIL(be->ops->glu(be, BE_ACT_SILU, &xt, &xt, &y7, &err_), "output is [4, 7]");
 
     float f[2] = {1, 0.5f};
     be_tensor ft = {f, BASE_DTYPE_F32, 1, 2}, pt = {pos, BASE_DTYPE_I32, 4, 1};
@@ -312,7 +359,7 @@ static void test_errors(be_backend *be) {
     EXPECT_FAIL(be->ops->rope(be, &xt, 2, 4, &p3, &ft, 1.0f, &err_), "positions is [3, 1]");
     EXPECT_FAIL(be->ops->rope(be, &xt, 3, 4, &pt, &ft, 1.0f, &err_), "x has 8 columns");
     EXPECT_FAIL(be->ops->rope(be, &xt, 8, 1, &pt, &ft, 1.0f, &err_), "head_dim 1");
-    EXPECT_FAIL(be->ops->rope(be, &xt, 1, 8, &pt, &ft, 1.0f, &err_), "inv_freq is [1, 2]");
+    EXPECT_FAIL(be->ops->rope(be, &xt, 4, 2, &pt, &ft, 1.0f, &err_), "inv_freq is [1, 2]");
 
     be_tensor l8 = {x, BASE_DTYPE_F32, 4, 8}, i3 = {ids, BASE_DTYPE_I32, 3, 1};
     EXPECT_FAIL(be->ops->argmax(be, &l8, &i3, &err_), "ids is [3, 1]");
@@ -338,6 +385,7 @@ int main(void) {
     for (int i = 0; i < bk.n; i++) test_memory(bk.be[i]);
     test_rmsnorm(&bk);
     test_add_silu(&bk);
+    test_gelu_scale_softcap(&bk);
     test_rope(&bk);
     test_argmax(&bk);
     test_embedding(&bk);

@@ -113,7 +113,7 @@ static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, i
         }
         be_tensor to = tc_poisoned(be, c->act_dt, b.n_tokens, (int64_t)H * D);
         base_err err = {{0}};
-        int rc = be->ops->attention(be, &tq, &layer, &db, pp, H, scale, &to, &err);
+        int rc = be->ops->attention(be, &tq, &layer, &db, pp, H, be_attn_plain(scale), &to, &err);
         CHECK_MSG(rc == 0, "%s", err.msg);
         CHECK_MSG(be->ops->sync(be, &err) == 0, "%s", err.msg);
         double e = tc_err(be, &to, ref);
@@ -130,7 +130,7 @@ static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, i
         /* The same launch again on the same workspace: what a launch leaves behind (the wide
          * decode kernel's counters, the workspace's partials) must not change the next. */
         be_tensor again = tc_poisoned(be, c->act_dt, b.n_tokens, (int64_t)H * D);
-        rc = be->ops->attention(be, &tq, &layer, &db, pp, H, scale, &again, &err);
+        rc = be->ops->attention(be, &tq, &layer, &db, pp, H, be_attn_plain(scale), &again, &err);
         CHECK_MSG(rc == 0 && be->ops->sync(be, &err) == 0, "%s", err.msg);
         double d2 = dev_diff(be, &to, &again);
         CHECK_MSG(d2 == 0,
@@ -186,10 +186,10 @@ static void run_rope_case(be_backend *be, const tc_att_case *c, const tc_seq *se
         base_err err = {{0}};
         int rc =
             f ? be->ops->rope_kv_attention(be, &tq[f], &tk[f], &tv[f], &tp, &tf, 1.1f, &layer[f],
-                                           &db, NULL, H, scale, &to[f], &err)
+                                           &db, NULL, H, be_attn_plain(scale), &to[f], &err)
               : be->ops->rope_kv_append(be, &tq[f], &tk[f], &tv[f], &tp, &tf, 1.1f, &layer[f], &db,
                                         &err) ||
-                    be->ops->attention(be, &tq[f], &layer[f], &db, NULL, H, scale, &to[f], &err);
+                    be->ops->attention(be, &tq[f], &layer[f], &db, NULL, H, be_attn_plain(scale), &to[f], &err);
         CHECK_MSG(rc == 0, "%s", err.msg);
     }
     const int64_t elems = (int64_t)(pools.bytes / 2);

@@ -63,7 +63,7 @@ static void test_binary(be_backend *be) {
         CHECK(be->ops->add(be, &tx, &ty, &to, &err) == 0);
         double e = tc_err(be, &to, add);
         CHECK_MSG(e < tc_tol(dt), "add %s err %g", base_dtype_name(dt), e);
-        CHECK(be->ops->silu_mul(be, &tx, &ty, &to, &err) == 0);
+        CHECK(be->ops->glu(be, BE_ACT_SILU, &tx, &ty, &to, &err) == 0);
         e = tc_err(be, &to, sm);
         CHECK_MSG(e < tc_tol(dt), "silu_mul %s err %g", base_dtype_name(dt), e);
         be_tensor bad = {ty.data, dt, 5, 200};
@@ -722,10 +722,10 @@ static void test_matmul_silu_mul(be_backend *be) {
             be_tensor tg = {g, BASE_DTYPE_F32, n, out}, tu = {u, BASE_DTYPE_F32, n, out};
             const double tol = glu_tol(&G, &U, x, n, g, u);
             base_err err = {{0}};
-            CHECK(cpu->ops->silu_mul(cpu, &tg, &tu, &tg, &err) == 0);
+            CHECK(cpu->ops->glu(cpu, BE_ACT_SILU, &tg, &tu, &tg, &err) == 0);
             be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
             be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, out);
-            CHECK_MSG(be->ops->matmul_silu_mul(be, &tx, NULL, &G.dev, &U.dev, &ty, &err) == 0, "%s",
+            CHECK_MSG(be->ops->matmul_glu(be, &tx, NULL, &G.dev, &U.dev, BE_ACT_SILU, &ty, &err) == 0, "%s",
                       err.msg);
             double e = dev_err(be, &ty, g);
             CHECK_MSG(e < tol, "silu_mul config %d n=%d: err %g", c, n, e);
@@ -846,12 +846,12 @@ static void test_glu_norm(be_backend *be) {
             be_tensor tg = {g, BASE_DTYPE_F32, n, out}, tu = {u, BASE_DTYPE_F32, n, out};
             const double tol = fused_tol(n, glu_tol(&G, &U, h, n, g, u));
             base_err err = {{0}};
-            CHECK(cpu->ops->silu_mul(cpu, &tg, &tu, &tg, &err) == 0);
+            CHECK(cpu->ops->glu(cpu, BE_ACT_SILU, &tg, &tu, &tg, &err) == 0);
             be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
             be_tensor scratch = tc_poisoned(be, BASE_DTYPE_F32, n, in);
             be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, out);
             const be_norm norm = {&tw, 1e-5f, &scratch};
-            CHECK_MSG(be->ops->matmul_silu_mul(be, &tx, &norm, &G.dev, &U.dev, &ty, &err) == 0,
+            CHECK_MSG(be->ops->matmul_glu(be, &tx, &norm, &G.dev, &U.dev, BE_ACT_SILU, &ty, &err) == 0,
                       "%s", err.msg);
             double e = dev_err(be, &ty, g);
             CHECK_MSG(e < tol, "normed gate/up config %d n=%d: err %g", c, n, e);
@@ -995,9 +995,9 @@ static void check_fused_forms(be_backend *be, const host_linear L[3], const host
     cpu_matmul(h, n, &U->host, u);
     const double gtol = fused_tol(n, glu_tol(G, U, h, n, g, u));
     be_tensor tg = {g, BASE_DTYPE_F32, n, go}, tu = {u, BASE_DTYPE_F32, n, go};
-    CHECK(cpu->ops->silu_mul(cpu, &tg, &tu, &tg, &err) == 0);
+    CHECK(cpu->ops->glu(cpu, BE_ACT_SILU, &tg, &tu, &tg, &err) == 0);
     be_tensor tyg = tc_poisoned(be, BASE_DTYPE_F32, n, go);
-    CHECK_MSG(be->ops->matmul_silu_mul(be, &tx, &norm, &G->dev, &U->dev, &tyg, &err) == 0, "%s",
+    CHECK_MSG(be->ops->matmul_glu(be, &tx, &norm, &G->dev, &U->dev, BE_ACT_SILU, &tyg, &err) == 0, "%s",
               err.msg);
     double e = dev_err(be, &tyg, g);
     CHECK_MSG(e < gtol, "%s: normed gate/up n=%d: err %g", what, n, e);

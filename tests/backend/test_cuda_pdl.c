@@ -85,7 +85,7 @@ static int run_chain(side *s, const dims *dm, bool fused, base_err *err) {
                 op->rope_kv_append(be, &s->tq, &s->tk, &s->tv, &s->pos, &s->freqs, 1.0f, &s->pool,
                                    &s->batch, err) ||
                 op->matmul_add(be, &s->tq, &s->o, &s->x, err) ||
-                op->matmul_silu_mul(be, &s->x, &n2, &s->gate, &s->up, &s->g, err) ||
+                op->matmul_glu(be, &s->x, &n2, &s->gate, &s->up, BE_ACT_SILU, &s->g, err) ||
                 op->matmul_add(be, &s->g, &s->down, &s->x, err))
                 return -1;
         } else if (op->rmsnorm(be, &s->x, &s->norm1, 1e-5f, &s->h, err) ||
@@ -100,7 +100,7 @@ static int run_chain(side *s, const dims *dm, bool fused, base_err *err) {
                    op->rmsnorm(be, &s->x, &s->norm2, 1e-5f, &s->h, err) ||
                    op->matmul(be, &s->h, &s->gate, &s->g, err) ||
                    op->matmul(be, &s->h, &s->up, &s->u, err) ||
-                   op->silu_mul(be, &s->g, &s->u, &s->g, err) ||
+                   op->glu(be, BE_ACT_SILU, &s->g, &s->u, &s->g, err) ||
                    op->matmul(be, &s->g, &s->down, &s->h, err) ||
                    op->add(be, &s->x, &s->h, &s->x, err)) {
             return -1;
@@ -282,12 +282,12 @@ static int run_att_chain(att_side *s, const dims *dm, int mode, base_err *err) {
             if (op->matmul_qkv(be, &s->x, &n, ws, ys, err)) return -1;
             if (mode == 2 &&
                 op->rope_kv_attention(be, &s->tq, &s->tk, &s->tv, &s->pos, &s->freqs, 1.0f, pool,
-                                      &s->batch, &s->plan, H, scale, &s->ta, err))
+                                      &s->batch, &s->plan, H, be_attn_plain(scale), &s->ta, err))
                 return -1;
             if (mode == 1 &&
                 (op->rope_kv_append(be, &s->tq, &s->tk, &s->tv, &s->pos, &s->freqs, 1.0f, pool,
                                     &s->batch, err) ||
-                 op->attention(be, &s->tq, pool, &s->batch, &s->plan, H, scale, &s->ta, err)))
+                 op->attention(be, &s->tq, pool, &s->batch, &s->plan, H, be_attn_plain(scale), &s->ta, err)))
                 return -1;
             if (op->matmul_add(be, &s->ta, &s->o, &s->x, err)) return -1;
         } else if (op->rmsnorm(be, &s->x, &s->norm, 1e-5f, &s->h, err) ||
@@ -297,7 +297,7 @@ static int run_att_chain(att_side *s, const dims *dm, int mode, base_err *err) {
                    op->rope(be, &s->tq, H, dm->head_dim, &s->pos, &s->freqs, 1.0f, err) ||
                    op->rope(be, &s->tk, KV, dm->head_dim, &s->pos, &s->freqs, 1.0f, err) ||
                    op->kv_append(be, pool, &s->tk, &s->tv, &s->batch, err) ||
-                   op->attention(be, &s->tq, pool, &s->batch, &s->plan, H, scale, &s->ta, err) ||
+                   op->attention(be, &s->tq, pool, &s->batch, &s->plan, H, be_attn_plain(scale), &s->ta, err) ||
                    op->matmul(be, &s->ta, &s->o, &s->h, err) ||
                    op->add(be, &s->x, &s->h, &s->x, err)) {
             return -1;

@@ -134,7 +134,7 @@ static void pf_run(be_backend *be, const tc_att_case *c, const tc_seq *seqs, int
     be_tensor tq = tc_tensor(be, q, c->act_dt, b.n_tokens, (int64_t)H * D);
     be_tensor to = tc_poisoned(be, c->act_dt, b.n_tokens, (int64_t)H * D);
     base_err err = {{0}};
-    int rc = be->ops->attention(be, &tq, &layer, &db, NULL, H, scale, &to, &err);
+    int rc = be->ops->attention(be, &tq, &layer, &db, NULL, H, be_attn_plain(scale), &to, &err);
     CHECK_MSG(rc == 0, "%s", err.msg);
     CHECK_MSG(be->ops->sync(be, &err) == 0, "%s", err.msg);
     float *got = tc_read(be, &to);

@@ -1,12 +1,13 @@
-/* config.json: the four families as their published configs spell them, rope and
- * quantization variants, and one bad field per validation rule. */
+/* config.json through the family descriptors: the families as their published configs spell
+ * them, rope and quantization variants, and one bad field per validation rule. */
 #include "io/io_test_util.h"
+#include "model/arch/arch.h"
 
 static base_err g_err;
 
 static int parse(const char *json, io_model_config *cfg) {
     memset(&g_err, 0, sizeof g_err);
-    return io_config_parse(json, "cfg.json", cfg, &g_err);
+    return model_config_parse(json, "cfg.json", cfg, NULL, &g_err);
 }
 
 /* Parsing must fail with a message naming the origin and holding want (and want2). */
@@ -74,7 +75,7 @@ static const char g_qwen3[] =
 static void test_families(void) {
     io_model_config c;
     CHECK_MSG(parse(g_llama32, &c) == 0, "%s", g_err.msg);
-    CHECK(c.arch == IO_ARCH_LLAMA && strcmp(c.model_type, "llama") == 0);
+    CHECK(strcmp(c.model_type, "llama") == 0 && strcmp(c.model_type, "llama") == 0);
     CHECK(c.vocab_size == 128256 && c.hidden_size == 2048 && c.intermediate_size == 8192);
     CHECK(c.num_hidden_layers == 16 && c.num_attention_heads == 32 && c.num_key_value_heads == 8);
     CHECK(c.head_dim == 64 && c.max_position_embeddings == 131072);
@@ -89,14 +90,14 @@ static void test_families(void) {
     io_config_free(&c);
 
     CHECK_MSG(parse(g_mistral, &c) == 0, "%s", g_err.msg);
-    CHECK(c.arch == IO_ARCH_MISTRAL && c.sliding_window == 4096 && c.head_dim == 128);
+    CHECK(strcmp(c.model_type, "mistral") == 0 && c.sliding_window == 4096 && c.head_dim == 128);
     CHECK(!c.tie_word_embeddings && !c.attention_bias && c.rope_theta == 10000.0f);
     CHECK(c.bos_token_id == 1 && c.n_eos == 1 && c.eos_token_ids[0] == 2);
     CHECK(c.rope_scaling.type == IO_ROPE_NONE);
     io_config_free(&c);
 
     CHECK_MSG(parse(g_qwen2, &c) == 0, "%s", g_err.msg);
-    CHECK(c.arch == IO_ARCH_QWEN2 && c.attention_bias && !c.qk_norm);
+    CHECK(strcmp(c.model_type, "qwen2") == 0 && c.attention_bias && !c.qk_norm);
     CHECK(c.head_dim == 64 && c.num_key_value_heads == 2 && c.tie_word_embeddings);
     CHECK(c.sliding_window == 0 && c.rms_norm_eps == 1e-6f);
     CHECK(c.quant.bits == 4 && c.quant.group_size == 64 && c.n_quant_overrides == 0);
@@ -107,15 +108,14 @@ static void test_families(void) {
 
     /* Qwen3's head_dim (128) is not hidden_size / heads (64) */
     CHECK_MSG(parse(g_qwen3, &c) == 0, "%s", g_err.msg);
-    CHECK(c.arch == IO_ARCH_QWEN3 && c.qk_norm && !c.attention_bias);
+    CHECK(strcmp(c.model_type, "qwen3") == 0 && c.qk_norm && !c.attention_bias);
     CHECK(c.head_dim == 128 && c.hidden_size == 1024 && c.num_attention_heads == 16);
     CHECK(c.rope_theta == 1000000.0f && c.rope_scaling.type == IO_ROPE_NONE);
     CHECK(c.sliding_window == 0 && c.bos_token_id == 151643 && c.eos_token_ids[0] == 151645);
     io_config_free(&c);
 
-    CHECK(strcmp(io_arch_name(IO_ARCH_QWEN3), "qwen3") == 0);
-    CHECK(strcmp(io_arch_name(IO_ARCH_MISTRAL), "mistral") == 0);
-    CHECK(strcmp(io_arch_supported_list(), "llama, mistral, qwen2, qwen3") == 0);
+    CHECK(strcmp(model_arch_names(), "llama, mistral, qwen2, qwen3, gemma2, gemma3_text, gemma3, "
+                                     "phi3, olmo2, granite") == 0);
 }
 
 static void test_defaults(void) {
@@ -206,9 +206,16 @@ static void test_rope(void) {
     io_config_free(&c);
 
     BAD(LLAMA(", \"rope_scaling\": {\"rope_type\": \"longrope\", \"factor\": 2}"),
-        "rope_scaling.rope_type", "longrope");
-    BAD(LLAMA(", \"rope_scaling\": {\"type\": \"su\", \"factor\": 2}"), "rope_scaling.type",
-        "llama3, yarn");
+        "rope_scaling.short_factor", "missing");
+    BAD(LLAMA(", \"rope_scaling\": {\"type\": \"su\", \"short_factor\": [1], "
+              "\"long_factor\": [1, 2]}"),
+        "rope_scaling.long_factor", "as many entries");
+    BAD(LLAMA(", \"rope_scaling\": {\"type\": \"su\", \"short_factor\": [1], "
+              "\"long_factor\": [2]}"),
+        "short_factor", "half the rotated dims");
+    BAD(LLAMA(", \"rope_scaling\": {\"type\": \"ntk\", \"factor\": 2}"), "rope_scaling.type",
+        "yarn, longrope");
+    BAD(LLAMA(", \"partial_rotary_factor\": 1.5"), "partial_rotary_factor", "even number");
     BAD(LLAMA(", \"rope_scaling\": {\"factor\": 2}"), "rope_scaling.rope_type", "missing");
     BAD(LLAMA(", \"rope_scaling\": {\"type\": 3}"), "rope_scaling.type", "string");
     BAD(LLAMA(", \"rope_scaling\": \"linear\""), "rope_scaling", "object");
@@ -301,7 +308,7 @@ static void test_quantization(void) {
 }
 
 static void test_bad_fields(void) {
-    BAD("{\"model_type\": \"gemma3\", " BASE_FIELDS "}", "gemma3", io_arch_supported_list());
+    BAD("{\"model_type\": \"gemma7\", " BASE_FIELDS "}", "gemma7", model_arch_names());
     BAD("{" BASE_FIELDS "}", "model_type", "missing");
     BAD("{\"model_type\": 5, " BASE_FIELDS "}", "model_type", "string");
     BAD("{\"model_type\": \"llama\", \"vocab_size\": 9, \"hidden_size\": \"64\"}", "'hidden_size'",
@@ -357,13 +364,14 @@ static void test_load(void) {
     char *p = base_path_join(dir, "config.json");
     io_model_config c;
     base_err err = {{0}};
-    CHECK(io_config_load(dir, &c, &err) == -1 && iot_has(&err, p));
+    CHECK(model_config_load(dir, &c, NULL, &err) == -1 && iot_has(&err, p));
     iot_write_bytes(p, g_qwen3, strlen(g_qwen3));
-    CHECK_MSG(io_config_load(dir, &c, &err) == 0, "%s", err.msg);
-    CHECK(c.arch == IO_ARCH_QWEN3 && c.head_dim == 128);
+    CHECK_MSG(model_config_load(dir, &c, NULL, &err) == 0, "%s", err.msg);
+    CHECK(strcmp(c.model_type, "qwen3") == 0 && c.head_dim == 128);
     io_config_free(&c);
-    iot_write_bytes(p, "{\"model_type\": \"phi3\"}", 22);
-    CHECK(io_config_load(dir, &c, &err) == -1 && iot_has(&err, p) && iot_has(&err, "phi3"));
+    iot_write_bytes(p, "{\"model_type\": \"phi9\"}", 22);
+    CHECK(model_config_load(dir, &c, NULL, &err) == -1 && iot_has(&err, p) &&
+          iot_has(&err, "phi9"));
     free(p);
     iot_rm_tree(dir);
 }

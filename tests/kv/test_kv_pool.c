@@ -199,8 +199,8 @@ static int decode_output(be_backend *be, kv_pool *pool, const int32_t *toks, int
     be_tensor qt = {q, BASE_DTYPE_F32, 1, n_heads * g->head_dim};
     be_tensor ot = {out, BASE_DTYPE_F32, 1, n_heads * g->head_dim};
     for (int l = 0; l < g->n_layers; l++)
-        CHECK(be->ops->attention(be, &qt, kv_pool_layer(pool, l), &b.view, NULL, n_heads, 0.5f, &ot,
-                                 &err) == 0);
+        CHECK(be->ops->attention(be, &qt, kv_pool_layer(pool, l), &b.view, NULL, n_heads,
+                                 be_attn_plain(0.5f), &ot, &err) == 0);
     kv_batch_free(&b);
     kv_seq_free(pool, seq);
     return adopted;

@@ -1,6 +1,7 @@
 /* mlxcel's quantizer against the fixtures' MLX-layout checkpoints, which
  * tools/reference/make_fixtures.py wrote from the same bf16 weights with a line-by-line
  * translation of MLX's CPU quantize kernel: every tensor must be byte for byte the same. */
+#include "model/arch/arch.h"
 #include "test.h"
 
 #include "io/io.h"
@@ -35,8 +36,8 @@ static void compare_checkpoints(const char *got_dir, const char *want_dir, const
     }
     CHECK_MSG(differing == 0, "%s: %zu tensors differ", label, differing);
     io_model_config a, b;
-    if (io_config_load(got_dir, &a, &err) == 0) {
-        if (io_config_load(want_dir, &b, &err) == 0) {
+    if (model_config_load(got_dir, &a, NULL, &err) == 0) {
+        if (model_config_load(want_dir, &b, NULL, &err) == 0) {
             CHECK(a.quant.bits == b.quant.bits && a.quant.group_size == b.quant.group_size);
             io_config_free(&b);
         }

@@ -163,7 +163,7 @@ async function nativePart(url) {
   r = await post(url, '/completion', { ...base, stop: [stop] });
   const cut = await r.json();
   check(cut.content === full.slice(0, full.indexOf(stop)), `stop string ${JSON.stringify(stop)} cuts the text`);
-  check(cut.stop === true && cut.stop_type === 'eos', '/completion reports a stop');
+  check(cut.stop === true && cut.stop_type === 'word' && cut.stopping_word === stop, '/completion reports the stop word');
 
   // streamed /completion pieces add up to the whole text
   r = await post(url, '/completion', { ...base, stream: true });

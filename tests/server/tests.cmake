@@ -29,6 +29,17 @@ if(MLXCEL_NODE)
                        ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin;MLXCEL_TEST_TIME_SCALE=${MLXCEL_TEST_TIME_SCALE}"
                        TIMEOUT ${MLXCEL_HARDENING_TIMEOUT} RUN_SERIAL TRUE)
 endif()
+# The drop-in test: a llama-server launch line, the openai client through n, echo, prompt
+# arrays and models.retrieve, /metrics through a strict Prometheus text parser, the operations
+# flags (keys, seed, JSON request log, CORS, props, slot erase) and the flags' refusals.
+if(MLXCEL_NODE)
+  add_test(NAME server/dropin_node
+           COMMAND ${MLXCEL_NODE} ${CMAKE_SOURCE_DIR}/tests/server/dropin.test.mjs
+           WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(server/dropin_node PROPERTIES
+                       ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
+                       TIMEOUT 120)
+endif()
 # Tool calls (forced by grammar), reasoning split and budget, content parts and prefill through
 # the openai client.
 if(MLXCEL_NODE)

@@ -10,7 +10,7 @@ int cpu_kv_append(be_backend *be, const be_kv_layer *layer, const be_tensor *k, 
 }
 
 int cpu_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
-                  const be_paged_batch *batch, const be_decode_plan *plan, int n_heads, float scale,
-                  be_tensor *out, base_err *err) {
-    return attn_cpu_attention(cpu_pool(be), q, layer, batch, plan, n_heads, scale, out, err);
+                  const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
+                  be_attn attn, be_tensor *out, base_err *err) {
+    return attn_cpu_attention(cpu_pool(be), q, layer, batch, plan, n_heads, attn, out, err);
 }

@@ -80,8 +80,12 @@ int cpu_embedding(be_backend *be, const be_linear *table, const be_tensor *ids, 
 int cpu_rmsnorm(be_backend *be, const be_tensor *x, const be_tensor *weight, float eps,
                 be_tensor *y, base_err *err);
 int cpu_add(be_backend *be, const be_tensor *a, const be_tensor *b, be_tensor *y, base_err *err);
-int cpu_silu_mul(be_backend *be, const be_tensor *gate, const be_tensor *up, be_tensor *y,
-                 base_err *err);
+int cpu_glu(be_backend *be, be_act act, const be_tensor *gate, const be_tensor *up, be_tensor *y,
+            base_err *err);
+int cpu_moe(be_backend *be, const be_tensor *x, const be_norm *norm, const be_moe *moe,
+            be_tensor *y, base_err *err);
+int cpu_scale(be_backend *be, const be_tensor *x, float s, be_tensor *y, base_err *err);
+int cpu_softcap(be_backend *be, const be_tensor *x, float cap, be_tensor *y, base_err *err);
 int cpu_rope(be_backend *be, be_tensor *x, int n_heads, int head_dim, const be_tensor *positions,
              const be_tensor *inv_freq, float mscale, base_err *err);
 int cpu_argmax(be_backend *be, const be_tensor *logits, be_tensor *ids, base_err *err);
@@ -93,7 +97,7 @@ int cpu_topk_candidates(be_backend *be, const be_tensor *logits, const be_topk_r
 int cpu_kv_append(be_backend *be, const be_kv_layer *layer, const be_tensor *k, const be_tensor *v,
                   const be_paged_batch *batch, base_err *err);
 int cpu_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
-                  const be_paged_batch *batch, const be_decode_plan *plan, int n_heads, float scale,
-                  be_tensor *out, base_err *err);
+                  const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
+                  be_attn attn, be_tensor *out, base_err *err);
 
 #endif

@@ -1,5 +1,5 @@
-/* CPU element-wise and row ops: embedding, rmsnorm, add, silu_mul, rope, argmax. They are
- * memory-bound, so they stay portable C and only split large inputs over the thread pool. */
+/* CPU element-wise and row ops: embedding, rmsnorm, add, glu, scale, softcap, rope, argmax. They
+ * are memory-bound, so they stay portable C and only split large inputs over the thread pool. */
 #include "backend/cpu/cpu_internal.h"
 
 #include <math.h>
@@ -91,21 +91,56 @@ typedef struct ew_ctx {
     const float *a, *b; /* (n) */
     float *y;           /* (n) */
     int64_t n;
+    float s; /* scale's factor, softcap's cap */
 } ew_ctx;
+
+/* The elements [i0, i1) of element-wise task t. */
+static void ew_span(const ew_ctx *c, int64_t t, int64_t *i0, int64_t *i1) {
+    *i0 = t * CPU_EW_CHUNK;
+    *i1 = (t + 1) * CPU_EW_CHUNK < c->n ? (t + 1) * CPU_EW_CHUNK : c->n;
+}
 
 static void ew_add(void *vctx, int64_t t) {
     const ew_ctx *c = vctx;
-    int64_t i1 = (t + 1) * CPU_EW_CHUNK < c->n ? (t + 1) * CPU_EW_CHUNK : c->n;
-    for (int64_t i = t * CPU_EW_CHUNK; i < i1; i++) c->y[i] = c->a[i] + c->b[i];
+    int64_t i0, i1;
+    ew_span(c, t, &i0, &i1);
+    for (int64_t i = i0; i < i1; i++) c->y[i] = c->a[i] + c->b[i];
 }
 
 static void ew_silu_mul(void *vctx, int64_t t) {
     const ew_ctx *c = vctx;
-    int64_t i1 = (t + 1) * CPU_EW_CHUNK < c->n ? (t + 1) * CPU_EW_CHUNK : c->n;
-    for (int64_t i = t * CPU_EW_CHUNK; i < i1; i++) {
+    int64_t i0, i1;
+    ew_span(c, t, &i0, &i1);
+    for (int64_t i = i0; i < i1; i++) {
         float g = c->a[i];
         c->y[i] = g / (1.0f + expf(-g)) * c->b[i];
     }
+}
+
+/* gelu_pytorch_tanh; the cube and tanh in F32 as torch computes them for F32 tensors. */
+static void ew_gelu_tanh_mul(void *vctx, int64_t t) {
+    const ew_ctx *c = vctx;
+    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+    int64_t i0, i1;
+    ew_span(c, t, &i0, &i1);
+    for (int64_t i = i0; i < i1; i++) {
+        float g = c->a[i];
+        c->y[i] = 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g))) * c->b[i];
+    }
+}
+
+static void ew_scale(void *vctx, int64_t t) {
+    const ew_ctx *c = vctx;
+    int64_t i0, i1;
+    ew_span(c, t, &i0, &i1);
+    for (int64_t i = i0; i < i1; i++) c->y[i] = c->a[i] * c->s;
+}
+
+static void ew_softcap(void *vctx, int64_t t) {
+    const ew_ctx *c = vctx;
+    int64_t i0, i1;
+    ew_span(c, t, &i0, &i1);
+    for (int64_t i = i0; i < i1; i++) c->y[i] = tanhf(c->a[i] / c->s) * c->s;
 }
 
 static int cpu_binary(be_backend *be, const char *op, const be_tensor *a, const be_tensor *b,
@@ -122,20 +157,48 @@ static int cpu_binary(be_backend *be, const char *op, const be_tensor *a, const 
     return 0;
 }
 
+static int cpu_unary(be_backend *be, const char *op, const be_tensor *x, float s, be_tensor *y,
+                     base_pool_fn fn, base_err *err) {
+    if (cpu_check_tensor(x, BASE_DTYPE_F32, op, "input", err) ||
+        cpu_check_tensor(y, BASE_DTYPE_F32, op, "output", err) ||
+        cpu_same_shape(x, y, op, "input", "output", err)) {
+        return -1;
+    }
+    if (!isfinite(s)) return base_fail(err, "%s: factor %g is not finite", op, (double)s);
+    ew_ctx c = {.a = x->data, .y = y->data, .n = x->rows * x->cols, .s = s};
+    base_pool_for(cpu_pool(be), (c.n + CPU_EW_CHUNK - 1) / CPU_EW_CHUNK, fn, &c);
+    return 0;
+}
+
 int cpu_add(be_backend *be, const be_tensor *a, const be_tensor *b, be_tensor *y, base_err *err) {
     return cpu_binary(be, "add", a, b, y, ew_add, err);
 }
 
-int cpu_silu_mul(be_backend *be, const be_tensor *gate, const be_tensor *up, be_tensor *y,
-                 base_err *err) {
-    return cpu_binary(be, "silu_mul", gate, up, y, ew_silu_mul, err);
+int cpu_glu(be_backend *be, be_act act, const be_tensor *gate, const be_tensor *up, be_tensor *y,
+            base_err *err) {
+    switch (act) {
+    case BE_ACT_SILU:
+        return cpu_binary(be, "glu (silu)", gate, up, y, ew_silu_mul, err);
+    case BE_ACT_GELU_TANH:
+        return cpu_binary(be, "glu (gelu_tanh)", gate, up, y, ew_gelu_tanh_mul, err);
+    }
+    return base_fail(err, "glu: unknown activation %d", (int)act);
+}
+
+int cpu_scale(be_backend *be, const be_tensor *x, float s, be_tensor *y, base_err *err) {
+    return cpu_unary(be, "scale", x, s, y, ew_scale, err);
+}
+
+int cpu_softcap(be_backend *be, const be_tensor *x, float cap, be_tensor *y, base_err *err) {
+    if (!(cap > 0)) return base_fail(err, "softcap: cap %g must be positive", (double)cap);
+    return cpu_unary(be, "softcap", x, cap, y, ew_softcap, err);
 }
 
 typedef struct rope_ctx {
     float *x;              /* (n, n_heads * head_dim) */
     const int32_t *pos;    /* (n) */
-    const float *inv_freq; /* (head_dim / 2) */
-    int n_heads, head_dim;
+    const float *inv_freq; /* (half) */
+    int n_heads, head_dim, half;
     float mscale;
 } rope_ctx;
 
@@ -144,7 +207,7 @@ typedef struct rope_ctx {
 static void rope_row(void *vctx, int64_t r) {
     const rope_ctx *c = vctx;
     float *x = c->x + r * (int64_t)c->n_heads * c->head_dim;
-    int half = c->head_dim / 2;
+    int half = c->half;
     for (int i = 0; i < half; i++) {
         double angle = (double)c->pos[r] * (double)c->inv_freq[i];
         float cs = (float)(cos(angle) * c->mscale), sn = (float)(sin(angle) * c->mscale);
@@ -177,8 +240,8 @@ int cpu_rope(be_backend *be, be_tensor *x, int n_heads, int head_dim, const be_t
                          (long long)positions->rows, (long long)positions->cols,
                          (long long)x->rows);
     }
-    if (inv_freq->rows != 1 || inv_freq->cols != head_dim / 2) {
-        return base_fail(err, "rope: inv_freq is [%lld, %lld], expected [1, %d]",
+    if (inv_freq->rows != 1 || inv_freq->cols < 1 || inv_freq->cols > head_dim / 2) {
+        return base_fail(err, "rope: inv_freq is [%lld, %lld], expected [1, 1..%d]",
                          (long long)inv_freq->rows, (long long)inv_freq->cols, head_dim / 2);
     }
     rope_ctx c = {.x = x->data,
@@ -186,6 +249,7 @@ int cpu_rope(be_backend *be, be_tensor *x, int n_heads, int head_dim, const be_t
                   .inv_freq = inv_freq->data,
                   .n_heads = n_heads,
                   .head_dim = head_dim,
+                  .half = (int)inv_freq->cols,
                   .mscale = mscale};
     base_pool_for(cpu_pool(be), x->rows, rope_row, &c);
     return 0;

@@ -1,0 +1,435 @@
+#!/usr/bin/env python3
+"""Tiny random-weight mixture-of-experts checkpoints (Qwen3-MoE, Mixtral) in mlx-lm's layout
+and the outputs Hugging Face transformers gives for them.
+
+The contract of make_fixtures.py: each fixture folder holds config.json as the family's
+checkpoints write it, model.safetensors in mlx-lm's layout (experts stacked per layer as one
+[experts, out, in] tensor, quantized along the last axis, the router quantized at 8 bits as
+mlx-lm writes it), logits.npy and reference.json from transformers in float64 on the CPU. The
+reference model is loaded by from_pretrained from the same weights written in the Hugging Face
+per-expert layout (experts.N.gate_proj, or Mixtral's w1/w2/w3), so transformers' own loading
+maps them, as it does for a downloaded checkpoint.
+
+    python3 tools/reference/make_moe_fixtures.py OUT_DIR [--only NAME ...] [--weights-only]
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_fixtures as mf  # noqa: E402
+
+E, TOP_K = 4, 2
+
+
+def _qwen3_moe():
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "decoder_sparse_step": 1,
+        "eos_token_id": 2,
+        "head_dim": 32,
+        "hidden_act": "silu",
+        "hidden_size": 128,
+        "initializer_range": 0.02,
+        "intermediate_size": 256,
+        "max_position_embeddings": 512,
+        "max_window_layers": 3,
+        # Layer 1 is a dense MLP among MoE layers.
+        "mlp_only_layers": [1],
+        "model_type": "qwen3_moe",
+        "moe_intermediate_size": 64,
+        "norm_topk_prob": True,
+        "num_attention_heads": 4,
+        "num_experts": E,
+        "num_experts_per_tok": TOP_K,
+        "num_hidden_layers": 3,
+        "num_key_value_heads": 2,
+        "output_router_logits": False,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.001,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": 256,
+    }
+
+
+def _mixtral():
+    return {
+        "architectures": ["MixtralForCausalLM"],
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "head_dim": 32,
+        "hidden_act": "silu",
+        "hidden_size": 128,
+        "initializer_range": 0.02,
+        "intermediate_size": 64,
+        "max_position_embeddings": 4096,
+        "model_type": "mixtral",
+        "num_attention_heads": 4,
+        "num_experts_per_tok": TOP_K,
+        "num_hidden_layers": 2,
+        "num_key_value_heads": 2,
+        "num_local_experts": E,
+        "output_router_logits": False,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.02,
+        "router_jitter_noise": 0.0,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "vocab_size": 256,
+    }
+
+
+MODELS = {
+    "qwen3_moe": {"seed": 101, "config": _qwen3_moe()},
+    "mixtral": {"seed": 111, "config": _mixtral()},
+}
+
+
+def _router8(cfg, quant):
+    """mlx-lm quantizes the routers at 8 bits, written as one override per layer."""
+    over = {}
+    for layer in range(cfg["num_hidden_layers"]):
+        if is_moe_layer(cfg, layer):
+            over[f"model.layers.{layer}.{moe_prefix(cfg)}gate"] = {"bits": 8, "group_size": 64}
+    return {"bits": quant[0], "group_size": quant[1], "overrides": over}
+
+
+FIXTURES = [
+    {"name": "qwen3_moe_bf16", "model": "qwen3_moe", "dtype": "bfloat16"},
+    {"name": "qwen3_moe_q4_g64", "model": "qwen3_moe", "dtype": "bfloat16", "quant": (4, 64)},
+    {"name": "mixtral_bf16", "model": "mixtral", "dtype": "bfloat16"},
+]
+
+
+def moe_prefix(cfg):
+    return "block_sparse_moe." if cfg["model_type"] == "mixtral" else "mlp."
+
+
+def is_moe_layer(cfg, layer):
+    if cfg["model_type"] == "mixtral":
+        return True
+    step = cfg.get("decoder_sparse_step", 1)
+    return layer not in cfg.get("mlp_only_layers", []) and (layer + 1) % step == 0
+
+
+def expert_size(cfg):
+    return cfg["moe_intermediate_size"] if cfg["model_type"] == "qwen3_moe" else cfg["intermediate_size"]
+
+
+# --------------------------------------------------------------------------------------------
+# Weights by mlx-lm name.
+
+
+def master_weights(cfg, seed):
+    rng = np.random.default_rng(seed)
+    h, vocab = cfg["hidden_size"], cfg["vocab_size"]
+    hd, nh, nkv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    w = {}
+
+    def normal(name, shape, std):
+        w[name] = (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
+
+    def norm(name, n):
+        w[name] = (1.0 + 0.2 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
+
+    normal("model.embed_tokens.weight", (vocab, h), 1.0)
+    for layer in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        norm(p + "input_layernorm.weight", h)
+        normal(p + "self_attn.q_proj.weight", (nh * hd, h), 1.5 / math.sqrt(h))
+        normal(p + "self_attn.k_proj.weight", (nkv * hd, h), 1.5 / math.sqrt(h))
+        normal(p + "self_attn.v_proj.weight", (nkv * hd, h), 1.0 / math.sqrt(h))
+        normal(p + "self_attn.o_proj.weight", (h, nh * hd), 1.0 / math.sqrt(nh * hd))
+        if cfg["model_type"] == "qwen3_moe":
+            norm(p + "self_attn.q_norm.weight", hd)
+            norm(p + "self_attn.k_norm.weight", hd)
+        norm(p + "post_attention_layernorm.weight", h)
+        if is_moe_layer(cfg, layer):
+            inter = expert_size(cfg)
+            m = p + moe_prefix(cfg)
+            # A wide router so that the choice of experts differs from token to token.
+            normal(m + "gate.weight", (E, h), 3.0 / math.sqrt(h))
+            normal(m + "switch_mlp.gate_proj.weight", (E, inter, h), 1.5 / math.sqrt(h))
+            normal(m + "switch_mlp.up_proj.weight", (E, inter, h), 1.5 / math.sqrt(h))
+            normal(m + "switch_mlp.down_proj.weight", (E, h, inter), 2.0 / math.sqrt(inter))
+        else:
+            inter = cfg["intermediate_size"]
+            normal(p + "mlp.gate_proj.weight", (inter, h), 1.5 / math.sqrt(h))
+            normal(p + "mlp.up_proj.weight", (inter, h), 1.5 / math.sqrt(h))
+            normal(p + "mlp.down_proj.weight", (h, inter), 1.0 / math.sqrt(inter))
+    norm("model.norm.weight", h)
+    normal("lm_head.weight", (vocab, h), 4.0 / math.sqrt(h))
+    return w
+
+
+def hf_weights(cfg, ref):
+    """The reference weights under Hugging Face's per-expert names."""
+    out = {}
+    for name, w in ref.items():
+        if ".switch_mlp." not in name:
+            out[name] = w
+            continue
+        head, proj = name.split(".switch_mlp.")
+        proj = proj[: -len(".weight")]
+        if cfg["model_type"] == "mixtral":
+            proj = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}[proj]
+        for e in range(w.shape[0]):
+            out[f"{head}.experts.{e}.{proj}.weight"] = w[e]
+    return out
+
+
+def quantizable(name):
+    return (
+        name in ("model.embed_tokens.weight", "lm_head.weight")
+        or (name.startswith("model.layers.") and name.endswith("_proj.weight"))
+        or name.endswith(".gate.weight")
+    )
+
+
+def quant_spec(fx, cfg, name):
+    q = fx.get("quant")
+    if not q or not quantizable(name):
+        return None
+    spec = _router8(cfg, q)
+    o = spec["overrides"].get(name[: -len(".weight")])
+    return (o["bits"], o["group_size"]) if o else (spec["bits"], spec["group_size"])
+
+
+def config_json(fx):
+    cfg = json.loads(json.dumps(MODELS[fx["model"]]["config"]))
+    cfg["torch_dtype"] = fx["dtype"]
+    q = fx.get("quant")
+    if q:
+        spec = _router8(cfg, q)
+        qcfg = {"group_size": spec["group_size"], "bits": spec["bits"]}
+        qcfg.update(spec["overrides"])
+        cfg["quantization"] = qcfg
+        cfg["quantization_config"] = json.loads(json.dumps(qcfg))
+    return dict(sorted(cfg.items()))
+
+
+def build_checkpoint(fx, fx_dir):
+    model = MODELS[fx["model"]]
+    cfg = model["config"]
+    master = master_weights(cfg, model["seed"])
+    stored, ref = {}, {}
+    for name, w in master.items():
+        spec = quant_spec(fx, cfg, name)
+        if spec is None:
+            b = mf.bf16_bits(w)
+            stored[name] = ("BF16", b)
+            ref[name] = mf.bf16_to_f64(b)
+            continue
+        bits, group = spec
+        module = name[: -len(".weight")]
+        flat = w.reshape(-1, w.shape[-1])
+        codes, scale, bias = mf.mlx_affine_quantize(
+            mf.bf16_to_f64(mf.bf16_bits(flat)).astype(np.float32), bits, group
+        )
+        s_bits, b_bits = mf.bf16_bits(scale), mf.bf16_bits(bias)
+        lead = w.shape[:-1]
+        stored[name] = ("U32", mf.pack_codes(codes, bits).reshape(*lead, -1))
+        stored[module + ".scales"] = ("BF16", s_bits.reshape(*lead, -1))
+        stored[module + ".biases"] = ("BF16", b_bits.reshape(*lead, -1))
+        deq = np.repeat(mf.bf16_to_f64(s_bits), group, 1) * codes + np.repeat(
+            mf.bf16_to_f64(b_bits), group, 1
+        )
+        ref[name] = deq.reshape(w.shape)
+    os.makedirs(fx_dir, exist_ok=True)
+    cj = config_json(fx)
+    with open(os.path.join(fx_dir, "config.json"), "w") as f:
+        json.dump(cj, f, indent=2)
+        f.write("\n")
+    path = os.path.join(fx_dir, "model.safetensors")
+    mf.write_safetensors(path, stored)
+    # Read back independently (stacked tensors as their 2-D [experts * out, in] rows).
+    _, raw = mf.read_safetensors(path)
+    assert set(raw) == set(stored)
+    for name, want in ref.items():
+        tag, shape, data = raw[name]
+        spec = quant_spec(fx, cfg, name)
+        if spec is None:
+            got = mf.decode_float(tag, shape, data)
+        else:
+            bits, group = spec
+            module = name[: -len(".weight")]
+            words = np.frombuffer(data, dtype="<u4").reshape(-1, shape[-1])
+            n_in = shape[-1] * 32 // bits
+            codes = mf.unpack_codes(words, bits, n_in).astype(np.float64)
+            st, ss, sd = raw[module + ".scales"]
+            bt, bs, bd = raw[module + ".biases"]
+            scales = mf.decode_float(st, ss, sd).reshape(-1, n_in // group)
+            biases = mf.decode_float(bt, bs, bd).reshape(-1, n_in // group)
+            got = (np.repeat(scales, group, 1) * codes + np.repeat(biases, group, 1)).reshape(
+                want.shape
+            )
+        assert np.array_equal(got, want), f"{name}: does not decode to the reference"
+    return cj, ref, stored
+
+
+# --------------------------------------------------------------------------------------------
+# transformers side.
+
+
+def load_hf(cfg, ref, torch_dtype):
+    import torch
+    import transformers
+    from safetensors.numpy import save_file
+
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = dict(cfg)
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(plain, f)
+        save_file(
+            {k: np.ascontiguousarray(v, dtype=np.float64) for k, v in hf_weights(cfg, ref).items()},
+            os.path.join(tmp, "model.safetensors"),
+            metadata={"format": "pt"},
+        )
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(
+            tmp, dtype=torch_dtype, attn_implementation="eager", output_loading_info=True
+        )
+    bad = {k: v for k, v in info.items() if v and k != "error_msgs"} or (
+        info.get("error_msgs") or None
+    )
+    assert not bad, f"loading the per-expert checkpoint: {bad}"
+    # The grouped-GEMM experts take no float64; the eager loop over experts is the reference.
+    model.set_experts_implementation("eager")
+    assert type(model).__name__ == cfg["architectures"][0], type(model).__name__
+    n_ref = sum(v.size for v in ref.values())
+    n_model = sum(p.numel() for p in model.parameters())
+    assert n_model == n_ref, f"{n_model} parameters in the model, {n_ref} in the checkpoint"
+    return model.eval()
+
+
+def reference_outputs(fx, cfg, ref):
+    import torch
+
+    model = load_hf(cfg, ref, torch.float64)
+    specials = {0, 1, 2, 3}
+    seed0 = MODELS[fx["model"]]["seed"] * 1000
+    for attempt in range(mf.MAX_PROMPT_TRIES):
+        rng = np.random.default_rng(seed0 + attempt)
+        tokens = [1] + rng.integers(mf.FIRST_ORDINARY_ID, cfg["vocab_size"], mf.N_PROMPT - 1).tolist()
+        new, step_logits = mf.greedy(model, tokens)
+        if len(new) != mf.N_GREEDY or specials & set(new) or len(set(new)) < mf.MIN_DISTINCT_GREEDY:
+            continue
+        raw, rel = mf.margins(step_logits)
+        if rel.min() >= mf.MIN_REL_MARGIN:
+            break
+    else:
+        raise AssertionError(f"no prompt gives a usable continuation; the last: {new}")
+    logits = mf.forward_logits(model, tokens)
+    rms = float(np.sqrt(np.mean(logits**2)))
+    assert 1.0 <= rms and np.abs(logits).max() < 1e3, f"logits RMS {rms}"
+    full = mf.forward_logits(model, tokens + new[:-1])[mf.N_PROMPT - 1 :]
+    assert np.argmax(full, axis=1).tolist() == new, "uncached forward disagrees with generate"
+    cached_vs_full = mf.rel_err(step_logits, full)
+    assert cached_vs_full < 1e-6, f"cached vs uncached logits: {cached_vs_full}"
+    logits32 = mf.forward_logits(load_hf(cfg, ref, torch.float32), tokens)
+    return {
+        "tokens": tokens,
+        "logits": logits,
+        "greedy": new,
+        "margin_raw": raw.tolist(),
+        "margin_rel": rel.tolist(),
+        "prompt_seed": seed0 + attempt,
+        "rel_err_float32_model": mf.rel_err(logits32, logits),
+        "cached_vs_uncached_rel_err": cached_vs_full,
+    }
+
+
+def make_fixture(fx, out_dir, weights_only):
+    fx_dir = os.path.join(out_dir, fx["name"])
+    if os.path.exists(fx_dir):
+        shutil.rmtree(fx_dir)
+    cj, ref, stored = build_checkpoint(fx, fx_dir)
+    summary = {"name": fx["name"], "bytes": os.path.getsize(os.path.join(fx_dir, "model.safetensors"))}
+    if weights_only:
+        return summary
+    import torch
+    import transformers
+
+    mf.check_with_safetensors_library(os.path.join(fx_dir, "model.safetensors"), stored)
+    cfg = MODELS[fx["model"]]["config"]
+    r = reference_outputs(fx, cfg, ref)
+    np.save(os.path.join(fx_dir, "logits.npy"), r["logits"].astype(np.float32))
+    doc = {
+        "family": cfg["model_type"],
+        "variant": fx["name"],
+        "tokens": r["tokens"],
+        "greedy": r["greedy"],
+        "greedy_top2_margin": r["margin_raw"],
+        "greedy_top2_margin_rel": r["margin_rel"],
+        "dtype": fx["dtype"],
+        "quantization": cj.get("quantization"),
+        "logits_shape": list(r["logits"].shape),
+        "logits_rms": float(np.sqrt(np.mean(r["logits"] ** 2))),
+        "eos_token_ids": [cfg["eos_token_id"]],
+        "weights_seed": MODELS[fx["model"]]["seed"],
+        "prompt_seed": r["prompt_seed"],
+        "rel_err_float32_model": r["rel_err_float32_model"],
+        "cached_vs_uncached_rel_err": r["cached_vs_uncached_rel_err"],
+        "notes": f"{E} experts, top {TOP_K}, stacked in mlx-lm's layout; reference: transformers "
+        "in float64 on the CPU from the per-expert Hugging Face layout; see "
+        "tools/reference/make_moe_fixtures.py",
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+    }
+    with open(os.path.join(fx_dir, "reference.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    summary.update(min_margin_rel=round(min(r["margin_rel"]), 4), greedy=r["greedy"],
+                   rel_err_f32=f"{r['rel_err_float32_model']:.2e}")
+    return summary
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out_dir")
+    ap.add_argument("--only", nargs="*")
+    ap.add_argument("--weights-only", action="store_true")
+    args = ap.parse_args()
+    wanted = [fx for fx in FIXTURES if not args.only or fx["name"] in args.only]
+    if not args.weights_only:
+        import torch
+        import transformers
+
+        torch.set_num_threads(min(8, os.cpu_count() or 1))
+        print(f"torch {torch.__version__}, transformers {transformers.__version__}")
+    os.makedirs(args.out_dir, exist_ok=True)
+    failed = []
+    for fx in wanted:
+        t0 = time.time()
+        try:
+            s = make_fixture(fx, args.out_dir, args.weights_only)
+            print(f"ok   {fx['name']} ({time.time() - t0:.1f} s) {json.dumps(s)}", flush=True)
+        except Exception:
+            failed.append(fx["name"])
+            print(f"FAIL {fx['name']}\n{traceback.format_exc()}", flush=True)
+            shutil.rmtree(os.path.join(args.out_dir, fx["name"]), ignore_errors=True)
+    print(f"{len(wanted) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
