@@ -83,7 +83,7 @@ static int parse_choice(json_t *b, json_t *tools, tool_choice *c, base_err *err)
             return base_fail(err, "'tool_choice' must be none, auto, required or {\"type\": "
                                   "\"function\", \"function\": {\"name\": ...}}");
     }
-    if (!tools && !c->none) return base_fail(err, "'tool_choice' needs 'tools'");
+    if (!json_array_size(tools) && !c->none) return base_fail(err, "'tool_choice' needs 'tools'");
     size_t i;
     json_t *t;
     bool found = !c->only;
@@ -100,7 +100,10 @@ int server_chat_vars(json_t *b, server_params *p, engine_chat_options *o, base_e
     static const char *const efforts[] = {"minimal", "low", "medium", "high"};
     if (kw && !json_is_object(kw))
         return base_fail(err, "'chat_template_kwargs' must be an object");
+    json_t *par = field(b, "parallel_tool_calls");
     if (tools && check_tools(tools, err)) return -1;
+    if (par && !json_is_boolean(par))
+        return base_fail(err, "'parallel_tool_calls' must be true or false");
     tool_choice c;
     if (parse_choice(b, tools, &c, err)) return -1;
     bool known = !effort;
@@ -125,8 +128,6 @@ static int setup_tools(json_t *b, const server_options *o, const engine_prompter
     bool parallel = true;
     if (parse_choice(b, tools, &c, err)) return -1;
     json_t *par = field(b, "parallel_tool_calls");
-    if (par && !json_is_boolean(par))
-        return base_fail(err, "'parallel_tool_calls' must be true or false");
     if (par) parallel = json_is_true(par);
     p->out.tools = true;
     p->out.format = o->has_tool_parser ? o->tool_parser : pr->tool_format;

@@ -171,6 +171,7 @@ async function partsAndPrefill(url, client) {
 async function refusals(url) {
   const chat = (extra) => ({ messages: USER, max_tokens: 4, ...extra });
   await status400(url, '/v1/chat/completions', chat({ tool_choice: 'required' }), 'tool_choice without tools', 'tools');
+  await status400(url, '/v1/chat/completions', chat({ tools: [], tool_choice: 'required' }), 'tool_choice with no tools', 'tools');
   await status400(url, '/v1/chat/completions', chat({ tools: TOOLS, tool_choice: { type: 'function', function: { name: 'nope' } } }),
     'unknown named tool', 'nope');
   await status400(url, '/v1/chat/completions', chat({ tools: TOOLS, tool_choice: 'sometimes' }), 'bad tool_choice', 'tool_choice');
