@@ -23,12 +23,32 @@ static bool valid_name(const char *s) {
     return true;
 }
 
+/* Every key of o is one of keys (NULL-ended); `what` and i name o in the error. */
+static int known_keys(json_t *o, const char *what, size_t i, const char *const *keys,
+                      base_err *err) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(o, key, v) {
+        size_t k = 0;
+        while (keys[k] && strcmp(key, keys[k]) != 0) k++;
+        if (!keys[k]) return base_fail(err, "'tools[%zu]%s.%s' is not supported", i, what, key);
+    }
+    return 0;
+}
+
 static int check_tool(json_t *t, size_t i, base_err *err) {
+    static const char *const tool_keys[] = {"type", "function", NULL};
+    static const char *const fn_keys[] = {"name", "description", "parameters", "strict", NULL};
     json_t *fn = json_object_get(t, "function");
     const char *type = json_string_value(json_object_get(t, "type"));
     if (!json_is_object(t) || !type || strcmp(type, "function") != 0 || !json_is_object(fn))
         return base_fail(err, "'tools[%zu]' must be {\"type\": \"function\", \"function\": {...}}",
                          i);
+    if (known_keys(t, "", i, tool_keys, err) || known_keys(fn, ".function", i, fn_keys, err))
+        return -1;
+    json_t *strict = field(fn, "strict");
+    if (strict && !json_is_boolean(strict))
+        return base_fail(err, "'tools[%zu].function.strict' must be true or false", i);
     const char *name = json_string_value(json_object_get(fn, "name"));
     if (!name || !valid_name(name))
         return base_fail(err,
@@ -119,6 +139,16 @@ int server_chat_vars(json_t *b, server_params *p, engine_chat_options *o, base_e
     return 0;
 }
 
+/* The first tool that asks for strict arguments, or -1. */
+static long strict_tool(const json_t *tools) {
+    size_t i;
+    const json_t *t;
+    json_array_foreach(tools, i, t) {
+        if (json_is_true(json_object_get(json_object_get(t, "function"), "strict"))) return (long)i;
+    }
+    return -1;
+}
+
 /* The answer's tool calls: the format to parse, and a grammar when a call is forced. */
 static int setup_tools(json_t *b, const server_options *o, const engine_prompter *pr,
                        server_params *p, base_err *err) {
@@ -133,6 +163,13 @@ static int setup_tools(json_t *b, const server_options *o, const engine_prompter
     p->out.format = o->has_tool_parser ? o->tool_parser : pr->tool_format;
     p->out.tool_defs = json_incref(tools);
     p->req.keep_special = engine_tool_format_special(p->out.format);
+    /* strict arguments are what the grammar of a forced call gives; a free answer has none */
+    long strict = strict_tool(tools);
+    if (!c.required && !c.only && strict >= 0)
+        return base_fail(err,
+                         "'tools[%ld].function.strict': strict arguments are enforced only with "
+                         "'tool_choice' required or a named function",
+                         strict);
     if (!c.required && !c.only) {
         /* one call at most: the scan stops after the first (server_gen reads calls_max) */
         p->out.calls_max = parallel ? 0 : 1;

@@ -86,7 +86,8 @@ function parses(text) {
 
 async function toolTurn(url, client) {
   // a named function: the grammar makes the call, whose arguments follow its schema
-  const r = await client.chat.completions.create({ model: 'demo', messages: USER, tools: TOOLS, max_tokens: 120,
+  const r = await client.chat.completions.create({ model: 'demo', messages: USER, max_tokens: 120,
+    tools: [{ type: 'function', function: { ...TOOLS[0].function, strict: true } }, TOOLS[1]],
     tool_choice: { type: 'function', function: { name: 'get_weather' } } });
   const m = r.choices[0].message, call = m.tool_calls?.[0];
   check(r.choices[0].finish_reason === 'tool_calls', `named: finish_reason ${r.choices[0].finish_reason}`);
@@ -177,6 +178,9 @@ async function refusals(url) {
   await status400(url, '/v1/chat/completions', chat({ tools: TOOLS, tool_choice: 'sometimes' }), 'bad tool_choice', 'tool_choice');
   await status400(url, '/v1/chat/completions', chat({ tools: [{ type: 'function', function: { name: 'a b' } }] }), 'bad tool name', 'tools[0]');
   await status400(url, '/v1/chat/completions', chat({ tools: [TOOLS[0], TOOLS[0]] }), 'duplicate tool', 'tools[1]');
+  const strict = [{ type: 'function', function: { ...TOOLS[0].function, strict: true } }];
+  await status400(url, '/v1/chat/completions', chat({ tools: strict }), 'strict without a forced call', 'strict');
+  await status400(url, '/v1/chat/completions', chat({ tools: [{ ...TOOLS[1], cache: true }] }), 'unknown tool field', 'tools[0].cache');
   await status400(url, '/v1/chat/completions', chat({ tools: TOOLS, parallel_tool_calls: 3 }), 'bad parallel_tool_calls', 'parallel_tool_calls');
   await status400(url, '/v1/chat/completions', chat({ reasoning_effort: 'extreme' }), 'bad reasoning_effort', 'reasoning_effort');
   await status400(url, '/v1/chat/completions', chat({ tools: TOOLS, tool_choice: 'required', response_format: { type: 'json_object' } }),
