@@ -206,7 +206,7 @@ int main(int argc, char **argv) {
         const be_tensor *q = f32 ? &r.q : &r.q16;
         be_tensor *out = f32 ? &r.out : &r.out16;
         float ms = bench_time_ms(st, reps, [&] {
-            if (be->ops->attention(be, q, &layer, &r.db, plan, NQ, scale, out, &err))
+            if (be->ops->attention(be, q, &layer, &r.db, plan, NQ, be_attn_plain(scale), out, &err))
                 bench_die("attention", err.msg);
         });
         return r.kv_bytes / (ms * 1e-3) / 1e12;
@@ -226,7 +226,8 @@ int main(int argc, char **argv) {
         return num == num ? sqrt(num / (den > 0 ? den : 1)) : INFINITY;
     };
     for (auto &r : runs) {
-        if (be->ops->attention(be, &r.q, &layer, &r.db, &r.v1, NQ, scale, &r.out, &err))
+        if (be->ops->attention(be, &r.q, &layer, &r.db, &r.v1, NQ, be_attn_plain(scale), &r.out,
+                               &err))
             bench_die("attention", err.msg);
         r.ref.resize((size_t)r.B * NQ * HD);
         if (be->ops->download(be, r.ref.data(), r.out.data, r.ref.size() * 4, &err))
@@ -256,7 +257,8 @@ int main(int argc, char **argv) {
             const int def_stages = cb->att_stages;
             if (stages > 0) cb->att_stages = stages;
             std::vector<float> ms = bench_times_ms(st, n, true, [&] {
-                if (be->ops->attention(be, &r->q, &layer, &r->db, plan, NQ, scale, &r->out, &err))
+                if (be->ops->attention(be, &r->q, &layer, &r->db, plan, NQ, be_attn_plain(scale),
+                                       &r->out, &err))
                     bench_die("attention", err.msg);
             });
             cb->att_stages = def_stages;

@@ -209,7 +209,8 @@ static void bench_layer(be_backend *be, int bits, int rows, int reps, double cop
             be_tensor *ys[3] = {&q, &k, &v};
             return be->ops->matmul_qkv(be, &h, &norm, ws, ys, e) ||
                            be->ops->matmul_add(be, &q, &L.o, &h, e) ||
-                           be->ops->matmul_silu_mul(be, &h, &norm, &L.gate, &L.up, &act, e) ||
+                           be->ops->matmul_glu(be, &h, &norm, &L.gate, &L.up, BE_ACT_SILU, &act,
+                                               e) ||
                            be->ops->matmul_add(be, &act, &L.down, &h, e)
                        ? -1
                        : 0;
@@ -311,7 +312,8 @@ int main(int argc, char **argv) {
                             return be->ops->matmul_qkv(be, &tx, NULL, ws, ys, e);
                         }
                         if (sh.k == GATE_UP)
-                            return be->ops->matmul_silu_mul(be, &tx, NULL, &w[0], &w[1], &ty[0], e);
+                            return be->ops->matmul_glu(be, &tx, NULL, &w[0], &w[1], BE_ACT_SILU,
+                                                       &ty[0], e);
                         return be->ops->matmul(be, &tx, &w[0], &ty[0], e);
                     };
                     double sec = time_rotating(be, n_copies, reps, run);

@@ -16,7 +16,9 @@
  * whatever the plan (every decode_only, offsets and the one- and two-row batches below): rows of
  * one token to over 2000, spans that do not divide the row, spans past a short row's end,
  * first-page offsets. rope_kv_attention, which folds RoPE and the append into that kernel, against
- * rope_kv_append then attention on the same batches. Skipped when no CUDA device is present. */
+ * rope_kv_append then attention on the same batches. Attention with a logit soft-cap or a
+ * sliding window, on the F32 kernel, against the reference and the CPU backend. Skipped when
+ * no CUDA device is present. */
 #include "test_cuda_util.h"
 
 #include "attn/attn.h"
@@ -24,29 +26,32 @@
 #include <math.h>
 #include <stdlib.h>
 
+/* With attn's soft-cap and window: a row that sees nvis keys sees the last `window` of them. */
 static void reference(const tc_batch *b, const tc_att_case *c, const float *q, const float *kf,
-                      const float *vf, float scale, double *out) {
+                      const float *vf, be_attn attn, double *out) {
     int D = c->head_dim, nkv = c->n_kv, H = c->group * nkv, width = nkv * D;
     double *sc = malloc(sizeof(double) * (b->max_kv + 1));
     for (int s = 0; s < b->n_seqs; s++) {
         int ql = b->q_indptr[s + 1] - b->q_indptr[s];
         for (int i = 0; i < ql; i++) {
             int row = b->q_indptr[s] + i, nvis = b->kv_len[s] - ql + i + 1;
+            int j0 = attn.window > 0 && nvis > attn.window ? nvis - attn.window : 0;
             for (int h = 0; h < H; h++) {
                 int kvh = h / c->group;
                 const float *qr = q + (size_t)row * H * D + (size_t)h * D;
                 double mx = -INFINITY, sum = 0;
-                for (int j = 0; j < nvis; j++) {
+                for (int j = j0; j < nvis; j++) {
                     const float *kr = kf + tc_tok_offset(b, s, j, c->block_size, width) + kvh * D;
                     double d = 0;
                     for (int e = 0; e < D; e++) d += (double)qr[e] * kr[e];
-                    sc[j] = d * scale;
+                    sc[j] = d * attn.scale;
+                    if (attn.softcap > 0) sc[j] = attn.softcap * tanh(sc[j] / attn.softcap);
                     mx = sc[j] > mx ? sc[j] : mx;
                 }
-                for (int j = 0; j < nvis; j++) sum += (sc[j] = exp(sc[j] - mx));
+                for (int j = j0; j < nvis; j++) sum += (sc[j] = exp(sc[j] - mx));
                 double *o = out + (size_t)row * H * D + (size_t)h * D;
                 for (int e = 0; e < D; e++) o[e] = 0;
-                for (int j = 0; j < nvis; j++) {
+                for (int j = j0; j < nvis; j++) {
                     const float *vr = vf + tc_tok_offset(b, s, j, c->block_size, width) + kvh * D;
                     for (int e = 0; e < D; e++) o[e] += sc[j] / sum * vr[e];
                 }
@@ -72,7 +77,46 @@ static double dev_diff(be_backend *be, const be_tensor *a, const be_tensor *b) {
     return d;
 }
 
-static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, int n_seqs) {
+/* The CPU backend, for attention with a soft-cap or a window. */
+static be_backend *cpu;
+
+/* The CPU backend's attention on the same pools, batch and q (host copies), as F32. */
+static float *cpu_attention(const tc_batch *b, const tc_att_case *c, const tc_pools *pools,
+                            const float *q, be_attn attn) {
+    const int D = c->head_dim, H = c->group * c->n_kv;
+    const size_t qn = (size_t)b->n_tokens * H * D;
+    float *out = malloc(sizeof(float) * qn);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)b->n_tokens);
+    for (int s = 0; s < b->n_seqs; s++) {
+        const int ql = b->q_indptr[s + 1] - b->q_indptr[s];
+        for (int i = 0; i < ql; i++) pos[b->q_indptr[s] + i] = b->kv_len[s] - ql + i;
+    }
+    be_kv_layer layer = {pools->kh,     pools->vh, c->pool_dt, b->num_blocks,
+                         c->block_size, c->n_kv,   D};
+    be_paged_batch hb = {.n_seqs = b->n_seqs,
+                         .n_tokens = b->n_tokens,
+                         .max_q_len = b->max_q,
+                         .max_kv_len = b->max_kv,
+                         .q_indptr = b->q_indptr,
+                         .kv_len = b->kv_len,
+                         .page_indptr = b->page_indptr,
+                         .page_indices = b->pages,
+                         .last_page_len = b->last_len,
+                         .first_page_offset = b->first,
+                         .positions = pos};
+    be_tensor tq = {(void *)q, BASE_DTYPE_F32, b->n_tokens, (int64_t)H * D};
+    be_tensor to = {out, BASE_DTYPE_F32, b->n_tokens, (int64_t)H * D};
+    base_err err = {{0}};
+    CHECK_MSG(cpu->ops->attention(cpu, &tq, &layer, &hb, NULL, H, attn, &to, &err) == 0,
+              "cpu attention: %s", err.msg);
+    free(pos);
+    return out;
+}
+
+/* Attention at 1 / sqrt(head_dim) with the given soft-cap and window (0, 0: plain) against the
+ * reference; with either, also against the CPU backend. */
+static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, int n_seqs,
+                     float softcap, int window) {
     tc_batch b;
     tc_batch_build(seqs, n_seqs, c->block_size, 7, &b);
     int D = c->head_dim, H = c->group * c->n_kv;
@@ -82,9 +126,11 @@ static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, i
     float *q = malloc(sizeof(float) * qn);
     tc_fill(q, qn, 2.0f);
     tc_round(q, qn, c->act_dt);
-    float scale = 1.0f / sqrtf((float)D);
+    const be_attn attn = {1.0f / sqrtf((float)D), softcap, window};
+    const bool plain = softcap == 0.0f && window == 0;
     double *ref = malloc(sizeof(double) * qn);
-    reference(&b, c, q, pools.kf, pools.vf, scale, ref);
+    reference(&b, c, q, pools.kf, pools.vf, attn, ref);
+    float *cref = plain ? NULL : cpu_attention(&b, c, &pools, q, attn);
 
     be_kv_layer layer = tc_dev_layer(be, &pools, &b, c);
     be_paged_batch db = tc_dev_batch(be, &b);
@@ -113,7 +159,7 @@ static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, i
         }
         be_tensor to = tc_poisoned(be, c->act_dt, b.n_tokens, (int64_t)H * D);
         base_err err = {{0}};
-        int rc = be->ops->attention(be, &tq, &layer, &db, pp, H, be_attn_plain(scale), &to, &err);
+        int rc = be->ops->attention(be, &tq, &layer, &db, pp, H, attn, &to, &err);
         CHECK_MSG(rc == 0, "%s", err.msg);
         CHECK_MSG(be->ops->sync(be, &err) == 0, "%s", err.msg);
         double e = tc_err(be, &to, ref);
@@ -121,16 +167,28 @@ static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, i
         /* Prompt rows at head_dim 64 and 128 run on the tensor cores with q and the softmax
          * weights rounded to the pool dtype (test_cuda_prefill bounds that path element by
          * element); the other rows compute in F32. */
-        if (b.max_q > 1 && (D == 64 || D == 128) && tc_tol(c->pool_dt) > tol)
+        if (plain && b.max_q > 1 && (D == 64 || D == 128) && tc_tol(c->pool_dt) > tol)
             tol = tc_tol(c->pool_dt);
         CHECK_MSG(e < tol,
-                  "attention G%d kv%d d%d bs%d pool %s act %s plan %d ppc %d: err %g (seqs %d)",
+                  "attention G%d kv%d d%d bs%d pool %s act %s plan %d ppc %d cap %g window %d: "
+                  "err %g (seqs %d)",
                   c->group, c->n_kv, D, c->block_size, base_dtype_name(c->pool_dt),
-                  base_dtype_name(c->act_dt), kinds[k], ppcs[k], e, n_seqs);
+                  base_dtype_name(c->act_dt), kinds[k], ppcs[k], (double)softcap, window, e,
+                  n_seqs);
+        if (cref) {
+            float *got = tc_read(be, &to);
+            const double ec = test_rel_err(got, cref, qn);
+            CHECK_MSG(ec < tol,
+                      "attention G%d kv%d d%d bs%d plan %d cap %g window %d: against the CPU, "
+                      "err %g (seqs %d)",
+                      c->group, c->n_kv, D, c->block_size, kinds[k], (double)softcap, window, ec,
+                      n_seqs);
+            free(got);
+        }
         /* The same launch again on the same workspace: what a launch leaves behind (the wide
          * decode kernel's counters, the workspace's partials) must not change the next. */
         be_tensor again = tc_poisoned(be, c->act_dt, b.n_tokens, (int64_t)H * D);
-        rc = be->ops->attention(be, &tq, &layer, &db, pp, H, be_attn_plain(scale), &again, &err);
+        rc = be->ops->attention(be, &tq, &layer, &db, pp, H, attn, &again, &err);
         CHECK_MSG(rc == 0 && be->ops->sync(be, &err) == 0, "%s", err.msg);
         double d2 = dev_diff(be, &to, &again);
         CHECK_MSG(d2 == 0,
@@ -144,14 +202,15 @@ static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, i
     tc_dev_layer_free(be, &layer);
     tc_dev_batch_free(be, &db);
     tc_pools_free(&pools);
-    free(q), free(ref);
+    free(q), free(ref), free(cref);
     tc_batch_free(&b);
 }
 
 /* rope_kv_attention against rope_kv_append then attention, both on the device from the same
- * q, k, v and pools (positions past the rows' lengths, mscale 1.1): the same outputs, and the
- * same pools after, the new token's k and v in their slots. */
-static void run_rope_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, int n_seqs) {
+ * q, k, v and pools (positions past the rows' lengths, mscale 1.1) with the given soft-cap and
+ * window: the same outputs, and the same pools after, the new token's k and v in their slots. */
+static void run_rope_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, int n_seqs,
+                          float softcap, int window) {
     tc_batch b;
     tc_batch_build(seqs, n_seqs, c->block_size, 7, &b);
     const int D = c->head_dim, H = c->group * c->n_kv, W = c->n_kv * D, bs = c->block_size;
@@ -174,7 +233,7 @@ static void run_rope_case(be_backend *be, const tc_att_case *c, const tc_seq *se
     be_tensor tp = {tc_dev_bytes(be, pos, sizeof(int32_t) * (size_t)b.n_seqs), BASE_DTYPE_I32,
                     b.n_tokens, 1};
     be_tensor tf = tc_tensor(be, inv, BASE_DTYPE_F32, 1, D / 2);
-    const float scale = 1.0f / sqrtf((float)D);
+    const be_attn attn = {1.0f / sqrtf((float)D), softcap, window};
     be_kv_layer layer[2];
     be_tensor to[2], tq[2], tk[2], tv[2];
     for (int f = 0; f < 2; f++) {
@@ -186,10 +245,10 @@ static void run_rope_case(be_backend *be, const tc_att_case *c, const tc_seq *se
         base_err err = {{0}};
         int rc =
             f ? be->ops->rope_kv_attention(be, &tq[f], &tk[f], &tv[f], &tp, &tf, 1.1f, &layer[f],
-                                           &db, NULL, H, be_attn_plain(scale), &to[f], &err)
+                                           &db, NULL, H, attn, &to[f], &err)
               : be->ops->rope_kv_append(be, &tq[f], &tk[f], &tv[f], &tp, &tf, 1.1f, &layer[f], &db,
                                         &err) ||
-                    be->ops->attention(be, &tq[f], &layer[f], &db, NULL, H, be_attn_plain(scale), &to[f], &err);
+                    be->ops->attention(be, &tq[f], &layer[f], &db, NULL, H, attn, &to[f], &err);
         CHECK_MSG(rc == 0, "%s", err.msg);
     }
     const int64_t elems = (int64_t)(pools.bytes / 2);
@@ -202,10 +261,10 @@ static void run_rope_case(be_backend *be, const tc_att_case *c, const tc_seq *se
     double ek = dev_diff(be, &pk[0], &pk[1]), ev = dev_diff(be, &pv[0], &pv[1]);
     double tol = c->act_dt == BASE_DTYPE_F32 ? 1e-5 : tc_tol(c->act_dt);
     CHECK_MSG(eo < tol && ek < tc_tol(c->pool_dt) && ev == 0,
-              "rope_kv_attention G%d kv%d d%d bs%d pool %s act %s (seqs %d): out diff %g, pool "
-              "k diff %g, v diff %g",
+              "rope_kv_attention G%d kv%d d%d bs%d pool %s act %s cap %g window %d (seqs %d): "
+              "out diff %g, pool k diff %g, v diff %g",
               c->group, c->n_kv, D, bs, base_dtype_name(c->pool_dt), base_dtype_name(c->act_dt),
-              n_seqs, eo, ek, ev);
+              (double)softcap, window, n_seqs, eo, ek, ev);
     for (int f = 0; f < 2; f++) {
         void *bufs[] = {tq[f].data, tk[f].data, tv[f].data, to[f].data};
         for (int i = 0; i < 4; i++) be->ops->free(be, bufs[i]);
@@ -258,21 +317,49 @@ int main(void) {
     const tc_seq two_rows[] = {{2100, 1, 0}, {37, 1, 5}};
     const tc_seq tiny_row[] = {{3, 1, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        run_case(be, &cases[i], mixed, 6);
-        run_case(be, &cases[i], decode_only, 3);
-        if (cases[i].block_size >= 32) run_case(be, &cases[i], offsets, 3);
-        run_case(be, &cases[i], long_row, 5);
-        run_case(be, &cases[i], one_row, 1);
-        run_case(be, &cases[i], two_rows, 2);
-        run_case(be, &cases[i], tiny_row, 1);
+        run_case(be, &cases[i], mixed, 6, 0.0f, 0);
+        run_case(be, &cases[i], decode_only, 3, 0.0f, 0);
+        if (cases[i].block_size >= 32) run_case(be, &cases[i], offsets, 3, 0.0f, 0);
+        run_case(be, &cases[i], long_row, 5, 0.0f, 0);
+        run_case(be, &cases[i], one_row, 1, 0.0f, 0);
+        run_case(be, &cases[i], two_rows, 2, 0.0f, 0);
+        run_case(be, &cases[i], tiny_row, 1, 0.0f, 0);
     }
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        run_rope_case(be, &cases[i], decode_only, 3);
-        if (cases[i].block_size >= 32) run_rope_case(be, &cases[i], offsets, 3);
-        run_rope_case(be, &cases[i], one_row, 1);
-        run_rope_case(be, &cases[i], two_rows, 2);
-        run_rope_case(be, &cases[i], tiny_row, 1);
+        run_rope_case(be, &cases[i], decode_only, 3, 0.0f, 0);
+        if (cases[i].block_size >= 32) run_rope_case(be, &cases[i], offsets, 3, 0.0f, 0);
+        run_rope_case(be, &cases[i], one_row, 1, 0.0f, 0);
+        run_rope_case(be, &cases[i], two_rows, 2, 0.0f, 0);
+        run_rope_case(be, &cases[i], tiny_row, 1, 0.0f, 0);
     }
+    /* Soft-capped and windowed attention (the F32 kernel, whatever the shape): head_dim 32 to
+     * 256, blocks of 8 to 64, 16-bit and F32 activations, on prefill and decode rows with
+     * first-page offsets. Windows of one key (a row sees itself alone), inside one page,
+     * across pages, past some rows and not others (mixed: rows of 1 to 250 keys; long_row: 1 to
+     * 8400), and past every row; the cap with and without a window. */
+    base_err err = {{0}};
+    CHECK_MSG(be_cpu_create(2, &cpu, &err) == 0, "%s", err.msg);
+    const size_t gemma_cases[] = {0, 1, 2, 4, 6, 7, 10, 13, 14};
+    const struct {
+        float softcap;
+        int window;
+    } attns[] = {{2.0f, 0}, {0.0f, 1}, {0.0f, 7}, {0.0f, 50}, {2.0f, 300}, {0.0f, 100000}};
+    for (size_t g = 0; g < sizeof gemma_cases / sizeof gemma_cases[0]; g++) {
+        const tc_att_case *c = &cases[gemma_cases[g]];
+        for (size_t a = 0; a < sizeof attns / sizeof attns[0]; a++) {
+            const float cap = attns[a].softcap;
+            const int win = attns[a].window;
+            run_case(be, c, mixed, 6, cap, win);
+            run_case(be, c, decode_only, 3, cap, win);
+            if (c->block_size >= 32) run_case(be, c, offsets, 3, cap, win);
+            run_case(be, c, long_row, 5, cap, win);
+            run_case(be, c, two_rows, 2, cap, win);
+        }
+        run_rope_case(be, c, decode_only, 3, 2.0f, 7);
+        run_rope_case(be, c, two_rows, 2, 0.0f, 50);
+        run_rope_case(be, c, one_row, 1, 2.0f, 0);
+    }
+    cpu->ops->destroy(cpu);
     be->ops->destroy(be);
     TEST_MAIN_END();
 }

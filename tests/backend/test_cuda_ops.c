@@ -7,6 +7,14 @@
 
 static const base_dtype act_types[] = {BASE_DTYPE_F32, BASE_DTYPE_F16, BASE_DTYPE_BF16};
 
+/* The GLU activations in double precision. */
+static double act_ref(be_act act, double x) {
+    if (act == BE_ACT_GELU_TANH)
+        return 0.5 * x *
+               (1.0 + tanh(0.7978845608028654 /* sqrt(2 / pi) */ * (x + 0.044715 * x * x * x)));
+    return x / (1.0 + exp(-x));
+}
+
 /* 300 columns, and 9000: past the values a thread keeps in registers. */
 static void test_rmsnorm(be_backend *be) {
     for (int a = 0; a < 6; a++) {
@@ -48,14 +56,17 @@ static void test_binary(be_backend *be) {
         base_dtype dt = act_types[a];
         int n = 1000;
         float x[1000], y[1000];
-        double add[1000], sm[1000];
+        double add[1000], sm[1000], gl[1000], sc[1000], cap[1000];
         tc_fill(x, n, 6.0f);
         tc_fill(y, n, 2.0f);
         tc_round(x, n, dt);
         tc_round(y, n, dt);
         for (int i = 0; i < n; i++) {
             add[i] = (double)x[i] + y[i];
-            sm[i] = x[i] / (1.0 + exp(-(double)x[i])) * y[i];
+            sm[i] = act_ref(BE_ACT_SILU, x[i]) * y[i];
+            gl[i] = act_ref(BE_ACT_GELU_TANH, x[i]) * y[i];
+            sc[i] = x[i] * (double)-0.37f;
+            cap[i] = 2.5 * tanh(x[i] / 2.5);
         }
         be_tensor tx = tc_tensor(be, x, dt, 4, 250), ty = tc_tensor(be, y, dt, 4, 250);
         be_tensor to = tc_poisoned(be, dt, 4, 250);
@@ -65,7 +76,27 @@ static void test_binary(be_backend *be) {
         CHECK_MSG(e < tc_tol(dt), "add %s err %g", base_dtype_name(dt), e);
         CHECK(be->ops->glu(be, BE_ACT_SILU, &tx, &ty, &to, &err) == 0);
         e = tc_err(be, &to, sm);
-        CHECK_MSG(e < tc_tol(dt), "silu_mul %s err %g", base_dtype_name(dt), e);
+        CHECK_MSG(e < tc_tol(dt), "glu silu %s err %g", base_dtype_name(dt), e);
+        CHECK(be->ops->glu(be, BE_ACT_GELU_TANH, &tx, &ty, &to, &err) == 0);
+        e = tc_err(be, &to, gl);
+        CHECK_MSG(e < tc_tol(dt), "glu gelu_tanh %s err %g", base_dtype_name(dt), e);
+        CHECK(be->ops->scale(be, &tx, -0.37f, &to, &err) == 0);
+        e = tc_err(be, &to, sc);
+        CHECK_MSG(e < tc_tol(dt), "scale %s err %g", base_dtype_name(dt), e);
+        CHECK(be->ops->softcap(be, &tx, 2.5f, &to, &err) == 0);
+        e = tc_err(be, &to, cap);
+        CHECK_MSG(e < tc_tol(dt), "softcap %s err %g", base_dtype_name(dt), e);
+        /* a 16-bit input into an F32 output (logits), and y aliasing x */
+        be_tensor tf = tc_poisoned(be, BASE_DTYPE_F32, 4, 250);
+        CHECK(be->ops->softcap(be, &tx, 2.5f, &tf, &err) == 0);
+        e = tc_err(be, &tf, cap);
+        CHECK_MSG(e < 1e-5, "softcap %s into F32 err %g", base_dtype_name(dt), e);
+        CHECK(be->ops->softcap(be, &tf, 2.5f, &tf, &err) == 0);
+        for (int i = 0; i < n; i++) cap[i] = 2.5 * tanh(cap[i] / 2.5);
+        e = tc_err(be, &tf, cap);
+        CHECK_MSG(e < 1e-5, "softcap in place %s err %g", base_dtype_name(dt), e);
+        CHECK(be->ops->softcap(be, &tx, 0.0f, &to, &err) == -1 && strstr(err.msg, "softcap"));
+        be->ops->free(be, tf.data);
         be_tensor bad = {ty.data, dt, 5, 200};
         CHECK(be->ops->add(be, &tx, &bad, &to, &err) == -1 && strstr(err.msg, "add"));
         be->ops->free(be, tx.data);
@@ -74,37 +105,55 @@ static void test_binary(be_backend *be) {
     }
 }
 
+/* Whole-head rotation, and partial rotary embeddings (the first 2 * half of 64 dims: 16 and
+ * 26, the rest unchanged); a table wider than half the head fails. */
 static void test_rope(be_backend *be) {
-    int n = 3, heads = 4, hd = 64, half = 32;
+    int n = 3, heads = 4, hd = 64;
+    const int halves[] = {32, 8, 13};
     int32_t pos[3] = {0, 7, 4000};
     float inv[32], x[3 * 4 * 64];
-    for (int i = 0; i < half; i++) inv[i] = (float)pow(10000.0, -2.0 * i / hd);
-    for (int a = 0; a < 3; a++) {
-        base_dtype dt = act_types[a];
-        tc_fill(x, sizeof x / sizeof x[0], 2.0f);
-        tc_round(x, sizeof x / sizeof x[0], dt);
-        double ref[3 * 4 * 64];
-        float ms = 1.25f;
-        for (int t = 0; t < n; t++)
-            for (int h = 0; h < heads; h++)
-                for (int i = 0; i < half; i++) {
-                    int b = (t * heads + h) * hd;
-                    double ang = (double)((float)pos[t] * inv[i]);
-                    double c = cos(ang) * ms, s = sin(ang) * ms;
-                    ref[b + i] = x[b + i] * c - x[b + i + half] * s;
-                    ref[b + i + half] = x[b + i + half] * c + x[b + i] * s;
-                }
-        be_tensor tx = tc_tensor(be, x, dt, n, heads * hd);
-        be_tensor tf = tc_tensor(be, inv, BASE_DTYPE_F32, 1, half);
-        be_tensor tp = {tc_dev_bytes(be, pos, sizeof pos), BASE_DTYPE_I32, n, 1};
-        base_err err = {{0}};
-        CHECK_MSG(be->ops->rope(be, &tx, heads, hd, &tp, &tf, ms, &err) == 0, "%s", err.msg);
-        double e = tc_err(be, &tx, ref);
-        CHECK_MSG(e < tc_tol(dt) + 1e-5, "rope %s err %g", base_dtype_name(dt), e);
-        be->ops->free(be, tx.data);
-        be->ops->free(be, tf.data);
-        be->ops->free(be, tp.data);
+    for (int hv = 0; hv < 3; hv++) {
+        const int half = halves[hv];
+        for (int i = 0; i < half; i++) inv[i] = (float)pow(10000.0, -1.0 * i / half);
+        for (int a = 0; a < 3; a++) {
+            base_dtype dt = act_types[a];
+            tc_fill(x, sizeof x / sizeof x[0], 2.0f);
+            tc_round(x, sizeof x / sizeof x[0], dt);
+            double ref[3 * 4 * 64];
+            for (size_t i = 0; i < sizeof x / sizeof x[0]; i++) ref[i] = x[i];
+            float ms = 1.25f;
+            for (int t = 0; t < n; t++)
+                for (int h = 0; h < heads; h++)
+                    for (int i = 0; i < half; i++) {
+                        int b = (t * heads + h) * hd;
+                        double ang = (double)((float)pos[t] * inv[i]);
+                        double c = cos(ang) * ms, s = sin(ang) * ms;
+                        ref[b + i] = x[b + i] * c - x[b + i + half] * s;
+                        ref[b + i + half] = x[b + i + half] * c + x[b + i] * s;
+                    }
+            be_tensor tx = tc_tensor(be, x, dt, n, heads * hd);
+            be_tensor tf = tc_tensor(be, inv, BASE_DTYPE_F32, 1, half);
+            be_tensor tp = {tc_dev_bytes(be, pos, sizeof pos), BASE_DTYPE_I32, n, 1};
+            base_err err = {{0}};
+            CHECK_MSG(be->ops->rope(be, &tx, heads, hd, &tp, &tf, ms, &err) == 0, "%s", err.msg);
+            double e = tc_err(be, &tx, ref);
+            CHECK_MSG(e < tc_tol(dt) + 1e-5, "rope %s rotary %d err %g", base_dtype_name(dt),
+                      2 * half, e);
+            be->ops->free(be, tx.data);
+            be->ops->free(be, tf.data);
+            be->ops->free(be, tp.data);
+        }
     }
+    float wide[33] = {0};
+    be_tensor tx = tc_poisoned(be, BASE_DTYPE_F32, 1, 64);
+    be_tensor tf = tc_tensor(be, wide, BASE_DTYPE_F32, 1, 33);
+    int32_t p0 = 0;
+    be_tensor tp = {tc_dev_bytes(be, &p0, sizeof p0), BASE_DTYPE_I32, 1, 1};
+    base_err err = {{0}};
+    CHECK(be->ops->rope(be, &tx, 1, 64, &tp, &tf, 1.0f, &err) == -1 && strstr(err.msg, "inv_freq"));
+    be->ops->free(be, tx.data);
+    be->ops->free(be, tf.data);
+    be->ops->free(be, tp.data);
 }
 
 static void test_argmax(be_backend *be) {
@@ -453,15 +502,17 @@ static double gemv_tol(const host_linear *L, const float *x, int n, const float 
 /* f16x_tol of y = silu(x G^T) * (x U^T) from the products g and u: silu's slope is under 1.1
  * in magnitude, so y moves by at most 1.1 dg (|u| + du) + |silu(g)| du. */
 static double glu_tol(const host_linear *G, const host_linear *U, const float *x, int n,
-                      const float *g, const float *u) {
+                      const float *g, const float *u, be_act act) {
     if (n <= 16) return 1e-5;
     const size_t len = (size_t)(n * G->host.out);
     double *dg = f16x_dev(G, x, n), *du = f16x_dev(U, x, n);
     float *y = malloc(sizeof(float) * len);
+    /* the activation's slope stays below 1.1 (SiLU) and 1.13 (GELU-tanh) */
+    const double slope = act == BE_ACT_GELU_TANH ? 1.13 : 1.1;
     for (size_t i = 0; i < len; i++) {
-        const double sg = g[i] / (1.0 + exp(-(double)g[i]));
+        const double sg = act_ref(act, g[i]);
         y[i] = (float)(sg * u[i]);
-        dg[i] = 1.1 * dg[i] * (fabs(u[i]) + du[i]) + fabs(sg) * du[i];
+        dg[i] = slope * dg[i] * (fabs(u[i]) + du[i]) + fabs(sg) * du[i];
     }
     const double t = f16x_tol(dg, y, len);
     free(dg), free(du), free(y);
@@ -704,37 +755,108 @@ static void test_matmul_qkv(be_backend *be) {
         }
 }
 
-/* silu(x gate^T) * (x up^T): fused at 1, 5 and 40 rows (4 and 8 bits, with and without
- * biases, an odd out), composed for mixed bit widths. */
-static void test_matmul_silu_mul(be_backend *be) {
+/* act(x gate^T) * (x up^T), SiLU and GELU-tanh: fused at 1, 5 and 40 rows (4 and 8 bits, with
+ * and without biases, an odd out), composed for mixed bit widths. */
+static void test_matmul_glu(be_backend *be) {
     const int cfg[3][2] = {{4, 8}, {8, 8}, {4, 4}};
     const int64_t out = 301, in = 384;
-    for (int c = 0; c < 3; c++)
-        for (int n = 1; n <= 40; n = n == 1 ? 5 : n + 35) {
-            host_linear G, U;
-            make_linear(be, &G, out, in, cfg[c][0], 64, BASE_DTYPE_F16, c == 0);
-            make_linear(be, &U, out, in, cfg[c][1], 64, BASE_DTYPE_F16, c == 0);
-            float *x = rand_rows(n, in);
-            float *g = malloc(sizeof(float) * (size_t)(n * out));
-            float *u = malloc(sizeof(float) * (size_t)(n * out));
-            cpu_matmul(x, n, &G.host, g);
-            cpu_matmul(x, n, &U.host, u);
-            be_tensor tg = {g, BASE_DTYPE_F32, n, out}, tu = {u, BASE_DTYPE_F32, n, out};
-            const double tol = glu_tol(&G, &U, x, n, g, u);
-            base_err err = {{0}};
-            CHECK(cpu->ops->glu(cpu, BE_ACT_SILU, &tg, &tu, &tg, &err) == 0);
-            be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
-            be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, out);
-            CHECK_MSG(be->ops->matmul_glu(be, &tx, NULL, &G.dev, &U.dev, BE_ACT_SILU, &ty, &err) == 0, "%s",
-                      err.msg);
-            double e = dev_err(be, &ty, g);
-            CHECK_MSG(e < tol, "silu_mul config %d n=%d: err %g", c, n, e);
-            be->ops->free(be, tx.data);
-            be->ops->free(be, ty.data);
-            free(x), free(g), free(u);
-            free_linear(be, &G);
-            free_linear(be, &U);
-        }
+    for (int a = 0; a < 2; a++)
+        for (int c = 0; c < 3; c++)
+            for (int n = 1; n <= 40; n = n == 1 ? 5 : n + 35) {
+                const be_act act = a ? BE_ACT_GELU_TANH : BE_ACT_SILU;
+                host_linear G, U;
+                make_linear(be, &G, out, in, cfg[c][0], 64, BASE_DTYPE_F16, c == 0);
+                make_linear(be, &U, out, in, cfg[c][1], 64, BASE_DTYPE_F16, c == 0);
+                float *x = rand_rows(n, in);
+                float *g = malloc(sizeof(float) * (size_t)(n * out));
+                float *u = malloc(sizeof(float) * (size_t)(n * out));
+                cpu_matmul(x, n, &G.host, g);
+                cpu_matmul(x, n, &U.host, u);
+                be_tensor tg = {g, BASE_DTYPE_F32, n, out}, tu = {u, BASE_DTYPE_F32, n, out};
+                const double tol = glu_tol(&G, &U, x, n, g, u, act);
+                base_err err = {{0}};
+                CHECK_MSG(cpu->ops->glu(cpu, act, &tg, &tu, &tg, &err) == 0, "%s", err.msg);
+                be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
+                be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, out);
+                CHECK_MSG(be->ops->matmul_glu(be, &tx, NULL, &G.dev, &U.dev, act, &ty, &err) == 0,
+                          "%s", err.msg);
+                double e = dev_err(be, &ty, g);
+                CHECK_MSG(e < tol, "glu act %d config %d n=%d: err %g", a, c, n, e);
+                be->ops->free(be, tx.data);
+                be->ops->free(be, ty.data);
+                free(x), free(g), free(u);
+                free_linear(be, &G);
+                free_linear(be, &U);
+            }
+}
+
+/* The ops past Llama's (glu with GELU-tanh, scale, softcap, partial RoPE) against the CPU
+ * backend on the same F32 inputs: rows of a 50007-token vocabulary for the logit ops, y
+ * aliasing x on the device. */
+static void test_vs_cpu(be_backend *be) {
+    base_err err = {{0}};
+    const int gr = 7;
+    const int64_t gc = 1001;
+    float *g = rand_rows(gr, gc), *u = rand_rows(gr, gc);
+    for (int64_t i = 0; i < gr * gc; i++) g[i] *= 4.0f;
+    for (int a = 0; a < 2; a++) {
+        const be_act act = a ? BE_ACT_GELU_TANH : BE_ACT_SILU;
+        float *ref = malloc(sizeof(float) * (size_t)(gr * gc));
+        be_tensor cg = {g, BASE_DTYPE_F32, gr, gc}, cu = {u, BASE_DTYPE_F32, gr, gc};
+        be_tensor cy = {ref, BASE_DTYPE_F32, gr, gc};
+        CHECK_MSG(cpu->ops->glu(cpu, act, &cg, &cu, &cy, &err) == 0, "%s", err.msg);
+        be_tensor tg = tc_tensor(be, g, BASE_DTYPE_F32, gr, gc);
+        be_tensor tu = tc_tensor(be, u, BASE_DTYPE_F32, gr, gc);
+        CHECK_MSG(be->ops->glu(be, act, &tg, &tu, &tg, &err) == 0, "%s", err.msg);
+        double e = dev_err(be, &tg, ref);
+        CHECK_MSG(e < 1e-5, "glu act %d against the CPU: err %g", a, e);
+        be->ops->free(be, tg.data);
+        be->ops->free(be, tu.data);
+        free(ref);
+    }
+    free(g), free(u);
+
+    const int lr = 3;
+    const int64_t lc = 50007;
+    float *l = rand_rows(lr, lc), *ref = malloc(sizeof(float) * (size_t)(lr * lc));
+    for (int64_t i = 0; i < lr * lc; i++) l[i] *= 60.0f;
+    be_tensor cl = {l, BASE_DTYPE_F32, lr, lc}, cy = {ref, BASE_DTYPE_F32, lr, lc};
+    be_tensor tl = tc_tensor(be, l, BASE_DTYPE_F32, lr, lc);
+    CHECK_MSG(cpu->ops->scale(cpu, &cl, 0.0883883f, &cy, &err) == 0, "%s", err.msg);
+    CHECK_MSG(be->ops->scale(be, &tl, 0.0883883f, &tl, &err) == 0, "%s", err.msg);
+    double e = dev_err(be, &tl, ref);
+    CHECK_MSG(e < 1e-6, "scale against the CPU: err %g", e);
+    be->ops->free(be, tl.data);
+    tl = tc_tensor(be, l, BASE_DTYPE_F32, lr, lc);
+    CHECK_MSG(cpu->ops->softcap(cpu, &cl, 30.0f, &cy, &err) == 0, "%s", err.msg);
+    CHECK_MSG(be->ops->softcap(be, &tl, 30.0f, &tl, &err) == 0, "%s", err.msg);
+    e = dev_err(be, &tl, ref);
+    CHECK_MSG(e < 1e-5, "softcap against the CPU: err %g", e);
+    be->ops->free(be, tl.data);
+    free(l), free(ref);
+
+    /* partial rotary: the first 32 of 128 dims, and 96 of 96 (the whole head, a short table) */
+    const int dims[2][2] = {{128, 16}, {96, 48}};
+    for (int k = 0; k < 2; k++) {
+        const int hd = dims[k][0], half = dims[k][1], heads = 3, n = 5;
+        int32_t pos[5] = {0, 1, 100, 5000, 131071};
+        float inv[64];
+        for (int i = 0; i < half; i++) inv[i] = (float)pow(10000.0, -1.0 * i / half);
+        float *x = rand_rows(n, (int64_t)heads * hd);
+        be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, (int64_t)heads * hd);
+        be_tensor tf = tc_tensor(be, inv, BASE_DTYPE_F32, 1, half);
+        be_tensor tp = {tc_dev_bytes(be, pos, sizeof pos), BASE_DTYPE_I32, n, 1};
+        be_tensor cx = {x, BASE_DTYPE_F32, n, (int64_t)heads * hd};
+        be_tensor cf = {inv, BASE_DTYPE_F32, 1, half}, cp = {pos, BASE_DTYPE_I32, n, 1};
+        CHECK_MSG(cpu->ops->rope(cpu, &cx, heads, hd, &cp, &cf, 1.2f, &err) == 0, "%s", err.msg);
+        CHECK_MSG(be->ops->rope(be, &tx, heads, hd, &tp, &tf, 1.2f, &err) == 0, "%s", err.msg);
+        e = dev_err(be, &tx, x);
+        CHECK_MSG(e < 1e-5, "rope of %d of %d dims against the CPU: err %g", 2 * half, hd, e);
+        be->ops->free(be, tx.data);
+        be->ops->free(be, tf.data);
+        be->ops->free(be, tp.data);
+        free(x);
+    }
 }
 
 /* ---- RMSNorm folded before the fused matmuls, the residual add after a matmul ---- */
@@ -823,9 +945,9 @@ static void test_qkv_norm(be_backend *be) {
     }
 }
 
-/* matmul_silu_mul with a norm against rmsnorm, two matmuls and silu_mul on the CPU: 4 bits with
- * biases and F16 norm weights, 8 bits with BF16 ones (both folded below 64 rows), and 4 with 8
- * bits (normed into the scratch). */
+/* matmul_glu with a norm against rmsnorm, two matmuls and glu on the CPU: 4 bits with biases
+ * and F16 norm weights, 8 bits with BF16 ones (both folded below 64 rows), and 4 with 8 bits
+ * (normed into the scratch); SiLU at even row counts, GELU-tanh at odd ones. */
 static void test_glu_norm(be_backend *be) {
     const int cfg[3][2] = {{4, 4}, {8, 8}, {4, 8}};
     const base_dtype ndt[3] = {BASE_DTYPE_F16, BASE_DTYPE_BF16, BASE_DTYPE_F32};
@@ -844,14 +966,15 @@ static void test_glu_norm(be_backend *be) {
             cpu_matmul(h, n, &G.host, g);
             cpu_matmul(h, n, &U.host, u);
             be_tensor tg = {g, BASE_DTYPE_F32, n, out}, tu = {u, BASE_DTYPE_F32, n, out};
-            const double tol = fused_tol(n, glu_tol(&G, &U, h, n, g, u));
+            const be_act act = n % 2 ? BE_ACT_GELU_TANH : BE_ACT_SILU;
+            const double tol = fused_tol(n, glu_tol(&G, &U, h, n, g, u, act));
             base_err err = {{0}};
-            CHECK(cpu->ops->glu(cpu, BE_ACT_SILU, &tg, &tu, &tg, &err) == 0);
+            CHECK(cpu->ops->glu(cpu, act, &tg, &tu, &tg, &err) == 0);
             be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
             be_tensor scratch = tc_poisoned(be, BASE_DTYPE_F32, n, in);
             be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, out);
             const be_norm norm = {&tw, 1e-5f, &scratch};
-            CHECK_MSG(be->ops->matmul_glu(be, &tx, &norm, &G.dev, &U.dev, BE_ACT_SILU, &ty, &err) == 0,
+            CHECK_MSG(be->ops->matmul_glu(be, &tx, &norm, &G.dev, &U.dev, act, &ty, &err) == 0,
                       "%s", err.msg);
             double e = dev_err(be, &ty, g);
             CHECK_MSG(e < tol, "normed gate/up config %d n=%d: err %g", c, n, e);
@@ -993,12 +1116,12 @@ static void check_fused_forms(be_backend *be, const host_linear L[3], const host
     float *u = malloc(sizeof(float) * (size_t)(n * go));
     cpu_matmul(h, n, &G->host, g);
     cpu_matmul(h, n, &U->host, u);
-    const double gtol = fused_tol(n, glu_tol(G, U, h, n, g, u));
+    const double gtol = fused_tol(n, glu_tol(G, U, h, n, g, u, BE_ACT_SILU));
     be_tensor tg = {g, BASE_DTYPE_F32, n, go}, tu = {u, BASE_DTYPE_F32, n, go};
     CHECK(cpu->ops->glu(cpu, BE_ACT_SILU, &tg, &tu, &tg, &err) == 0);
     be_tensor tyg = tc_poisoned(be, BASE_DTYPE_F32, n, go);
-    CHECK_MSG(be->ops->matmul_glu(be, &tx, &norm, &G->dev, &U->dev, BE_ACT_SILU, &tyg, &err) == 0, "%s",
-              err.msg);
+    CHECK_MSG(be->ops->matmul_glu(be, &tx, &norm, &G->dev, &U->dev, BE_ACT_SILU, &tyg, &err) == 0,
+              "%s", err.msg);
     double e = dev_err(be, &tyg, g);
     CHECK_MSG(e < gtol, "%s: normed gate/up n=%d: err %g", what, n, e);
     be->ops->free(be, tyg.data);
@@ -1183,7 +1306,8 @@ int main(void) {
     test_gemv_ranges(be);
     test_gemv_edges(be);
     test_matmul_qkv(be);
-    test_matmul_silu_mul(be);
+    test_matmul_glu(be);
+    test_vs_cpu(be);
     test_qkv_norm(be);
     test_glu_norm(be);
     test_matmul_add(be);

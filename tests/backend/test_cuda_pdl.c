@@ -284,10 +284,10 @@ static int run_att_chain(att_side *s, const dims *dm, int mode, base_err *err) {
                 op->rope_kv_attention(be, &s->tq, &s->tk, &s->tv, &s->pos, &s->freqs, 1.0f, pool,
                                       &s->batch, &s->plan, H, be_attn_plain(scale), &s->ta, err))
                 return -1;
-            if (mode == 1 &&
-                (op->rope_kv_append(be, &s->tq, &s->tk, &s->tv, &s->pos, &s->freqs, 1.0f, pool,
-                                    &s->batch, err) ||
-                 op->attention(be, &s->tq, pool, &s->batch, &s->plan, H, be_attn_plain(scale), &s->ta, err)))
+            if (mode == 1 && (op->rope_kv_append(be, &s->tq, &s->tk, &s->tv, &s->pos, &s->freqs,
+                                                 1.0f, pool, &s->batch, err) ||
+                              op->attention(be, &s->tq, pool, &s->batch, &s->plan, H,
+                                            be_attn_plain(scale), &s->ta, err)))
                 return -1;
             if (op->matmul_add(be, &s->ta, &s->o, &s->x, err)) return -1;
         } else if (op->rmsnorm(be, &s->x, &s->norm, 1e-5f, &s->h, err) ||
@@ -297,7 +297,8 @@ static int run_att_chain(att_side *s, const dims *dm, int mode, base_err *err) {
                    op->rope(be, &s->tq, H, dm->head_dim, &s->pos, &s->freqs, 1.0f, err) ||
                    op->rope(be, &s->tk, KV, dm->head_dim, &s->pos, &s->freqs, 1.0f, err) ||
                    op->kv_append(be, pool, &s->tk, &s->tv, &s->batch, err) ||
-                   op->attention(be, &s->tq, pool, &s->batch, &s->plan, H, be_attn_plain(scale), &s->ta, err) ||
+                   op->attention(be, &s->tq, pool, &s->batch, &s->plan, H, be_attn_plain(scale),
+                                 &s->ta, err) ||
                    op->matmul(be, &s->ta, &s->o, &s->h, err) ||
                    op->add(be, &s->x, &s->h, &s->x, err)) {
             return -1;

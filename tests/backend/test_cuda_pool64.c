@@ -97,7 +97,8 @@ int main(void) {
     CHECK(be->ops->alloc(be, plans[1].workspace_bytes, &plans[1].workspace, &err) == 0);
     for (int p = 0; p < 2; p++) {
         be_tensor to = tc_poisoned(be, BASE_DTYPE_F32, NSEQ, (int64_t)H * HD);
-        CHECK_MSG(be->ops->attention(be, &tq, &layer, &db, &plans[p], H, be_attn_plain(scale), &to, &err) == 0,
+        CHECK_MSG(be->ops->attention(be, &tq, &layer, &db, &plans[p], H, be_attn_plain(scale), &to,
+                                     &err) == 0,
                   "%s", err.msg);
         double e = tc_err(be, &to, ref);
         CHECK_MSG(e < 1e-5, "past-2^32 attention plan %d: err %g", p, e);

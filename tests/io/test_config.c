@@ -115,7 +115,7 @@ static void test_families(void) {
     io_config_free(&c);
 
     CHECK(strcmp(model_arch_names(), "llama, mistral, qwen2, qwen3, gemma2, gemma3_text, gemma3, "
-                                     "phi3, olmo2, granite") == 0);
+                                     "phi3, olmo2, granite, qwen3_moe, mixtral") == 0);
 }
 
 static void test_defaults(void) {

@@ -24,7 +24,12 @@
  * Pool offsets are 64-bit from the first multiply. A decode row follows the plan: v1 is one
  * chunk covering all pages; v2 writes each chunk's normalized output and log-sum-exp to the
  * workspace (layout in attn.h) and a merge kernel combines them, whichever kernel wrote them.
- * Prefill rows are v1 rows with a causal limit. */
+ * Prefill rows are v1 rows with a causal limit.
+ *
+ * Attention with a logit soft-cap or a sliding window (be_attn) runs on paged_attention_kernel
+ * alone, decode and prefill rows alike: it caps each score as it is stored, and a window's rows
+ * (one chunk each) start at the page of their first visible key with the keys before it outside
+ * the page's live range. */
 #include "backend/cuda/cuda_mma.h"
 
 extern "C" {
@@ -63,6 +68,11 @@ typedef struct att_params {
     float *partial; /* (n_decode, max_chunks, n_heads, head_dim) */
     float *lse;     /* (n_decode, max_chunks, n_heads) */
     float scale_log2;
+    /* paged_attention_kernel only (the other kernels serve plain attention): the soft-cap in
+     * the log2 domain, cap * log2 e (0 none), and the window (0 none): a row that sees n_vis
+     * keys sees only the last `window` of them. */
+    float softcap_log2;
+    int window;
     int stages; /* shared-memory pages in flight + 1, ATT_MIN_STAGES..ATT_MAX_STAGES */
 } att_params;
 
@@ -180,6 +190,10 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
         const int n_vis = p.kv_len[s] - q_len + (row - p.q_indptr[s]) + 1;
         int fpo, p_begin, p_end;
         if (!chunk_pages(p, s, n_vis, chunk, &fpo, &p_begin, &p_end)) continue;
+        /* With a window (one chunk), slot `first` holds the row's first visible key: logical
+         * key n_vis - window, counted from the first kept token at slot fpo. */
+        const int first = p.window > 0 && n_vis > p.window ? fpo + n_vis - p.window : 0;
+        if (first / bs > p_begin) p_begin = first / bs;
         const int32_t *pages = p.page_indices + p.page_indptr[s];
         const int drow = p.split ? decode_rank(p, s) : 0;
         cuda_pdl_wait();
@@ -195,6 +209,7 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
         /* Live token slots [lo, hi) of page pg. */
         auto live = [&](int pg, int &lo, int &hi) {
             lo = pg == 0 ? fpo : 0;
+            if (first - pg * bs > lo) lo = first - pg * bs;
             int end = fpo + n_vis - pg * bs;
             hi = end < bs ? end : bs;
         };
@@ -266,6 +281,12 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
 #pragma unroll
                     for (int o = NP / 2; o > 0; o >>= 1)
                         dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], o);
+                /* cap * tanh(s / cap) in the log2 domain: there s and cap both carry log2 e. */
+                if (p.softcap_log2 > 0.0f) {
+#pragma unroll
+                    for (int h = 0; h < GB; h++)
+                        dot[h] = p.softcap_log2 * tanhf(dot[h] / p.softcap_log2);
+                }
                 if (part == 0 && t < bs) {
 #pragma unroll
                     for (int h = 0; h < GB; h++) sc_s[t * GB + h] = ok ? dot[h] : -INFINITY;
@@ -1150,11 +1171,13 @@ static int dispatch_mma_split(const att_params &p, bool exact, const CUtensorMap
     return launch_decode_mma<D, 1, KT, NT>(p, km, vm, grid, smem, c, err);
 }
 
-/* The tensor-core decode kernel takes head_dim 64 or 128, groups of up to 16 and blocks of a
- * multiple of 16 tokens; every other decode shape runs on paged_attention_kernel. */
+/* The tensor-core decode kernel takes plain attention at head_dim 64 or 128, groups of up to 16
+ * and blocks of a multiple of 16 tokens; every other decode shape, and any soft-cap or window,
+ * runs on paged_attention_kernel. */
 static bool mma_decode_fits(const att_params &p, const be_kv_layer *layer) {
-    return p.decode && (layer->head_dim == 64 || layer->head_dim == 128) &&
-           p.group <= ATT_TC_ROWS && layer->block_size % ATT_TC_BOX == 0;
+    return p.decode && p.softcap_log2 == 0.0f && p.window == 0 &&
+           (layer->head_dim == 64 || layer->head_dim == 128) && p.group <= ATT_TC_ROWS &&
+           layer->block_size % ATT_TC_BOX == 0;
 }
 
 /* Decode rows on the tensor cores, each warp att_stages tiles of 32 tokens deep. An F32
@@ -1276,11 +1299,16 @@ int cuda_attention_check(const be_tensor *q, const be_kv_layer *layer, const be_
 
 int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
                    const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
-                   float scale, be_tensor *out, base_err *err) {
+                   be_attn attn, be_tensor *out, base_err *err) {
     if (cuda_attention_check(q, layer, batch, n_heads, out, err)) return -1;
+    if (!(attn.softcap >= 0.0f) || attn.window < 0)
+        return base_fail(err, "cuda: attention: soft-cap %g, window %d", (double)attn.softcap,
+                         attn.window);
     const int hd = layer->head_dim, nkv = layer->n_kv_heads;
+    const float scale = attn.scale;
+    const bool plain = cuda_attn_plain(attn);
     if (batch->n_tokens == 0 || batch->n_seqs == 0) return 0;
-    if (cuda_attention_wide_fits(be, layer, batch, n_heads))
+    if (plain && cuda_attention_wide_fits(be, layer, batch, n_heads))
         return cuda_attention_wide(be, q, layer, batch, n_heads, scale, out, err);
     const int group = n_heads / nkv;
     int gb = ATT_MAX_GROUP;
@@ -1316,17 +1344,20 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
     p.all_decode = batch->max_q_len == 1;
     p.pages_per_chunk = INT_MAX;
     p.scale_log2 = scale * CUDA_LOG2E;
+    p.softcap_log2 = attn.softcap * CUDA_LOG2E;
+    p.window = attn.window;
     p.stages = stages;
     cuda_backend *c = cuda_impl(be);
 
-    if (batch->max_q_len > 1 && cuda_prefill_supported(layer, batch)) {
+    if (plain && batch->max_q_len > 1 && cuda_prefill_supported(layer, batch)) {
         if (cuda_attention_prefill(be, q, layer, batch, n_heads, scale, out, err)) return -1;
     } else if (batch->max_q_len > 1) {
         p.decode = 0;
         if (run_pass(p, layer, 1, c, err)) return -1;
     }
     p.decode = 1;
-    if (!v2_usable(plan, batch, n_heads, hd, layer->block_size))
+    /* A window's rows take one chunk: their page range starts at the window. */
+    if (attn.window > 0 || !v2_usable(plan, batch, n_heads, hd, layer->block_size))
         return run_pass(p, layer, 1, c, err);
     p.split = 1;
     p.pages_per_chunk = plan->pages_per_chunk;

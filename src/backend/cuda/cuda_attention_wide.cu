@@ -414,19 +414,19 @@ int cuda_attention_wide(be_backend *be, const be_tensor *q, const be_kv_layer *l
 int cuda_rope_kv_attention(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
                            const be_tensor *positions, const be_tensor *inv_freq, float mscale,
                            const be_kv_layer *layer, const be_paged_batch *batch,
-                           const be_decode_plan *plan, int n_heads, float scale, be_tensor *out,
+                           const be_decode_plan *plan, int n_heads, be_attn attn, be_tensor *out,
                            base_err *err) {
     if (cuda_rope_kv_check(q, k, v, positions, inv_freq, layer, batch, err) ||
         cuda_attention_check(q, layer, batch, n_heads, out, err))
         return -1;
-    if (!batch->slots || batch->n_tokens == 0 ||
+    if (!batch->slots || batch->n_tokens == 0 || !cuda_attn_plain(attn) ||
         !cuda_attention_wide_fits(be, layer, batch, n_heads)) {
         if (cuda_rope_kv_append(be, q, k, v, positions, inv_freq, mscale, layer, batch, err))
             return -1;
-        return cuda_attention(be, q, layer, batch, plan, n_heads, scale, out, err);
+        return cuda_attention(be, q, layer, batch, plan, n_heads, attn, out, err);
     }
     wd_params p;
-    if (wd_setup(be, q, layer, batch, n_heads, scale, out, &p, err)) return -1;
+    if (wd_setup(be, q, layer, batch, n_heads, attn.scale, out, &p, err)) return -1;
     p.k_new = k->data;
     p.k_dt = k->dtype;
     p.v_new = v->data;

@@ -1,10 +1,10 @@
 /* The fused ops of decode: residual add with RMSNorm, Q/K/V in one GEMV, gate and up with
- * SiLU-mul in one GEMV, RoPE with the KV append. At batch 1 every one of the unfused ops is a
- * launch of a few microseconds whatever its size, so fusing is what removes their time. The
- * matmul fusions run the decode GEMVs when they serve every matrix, RMSNorm folded into their
- * prologue, and compose the plain ops otherwise (64 rows and more, other bit widths, mixed
- * geometries): the norm into the caller's scratch, then the matmuls. The row kernels here let the
- * next kernel start at once and wait for the previous one before touching memory, as those of
+ * the GLU's activation and product in one GEMV, RoPE with the KV append. At batch 1 every one of
+ * the unfused ops is a launch of a few microseconds whatever its size, so fusing is what removes
+ * their time. The matmul fusions run the decode GEMVs when they serve every matrix, RMSNorm folded
+ * into their prologue, and compose the plain ops otherwise (64 rows and more, other bit widths,
+ * mixed geometries): the norm into the caller's scratch, then the matmuls. The row kernels here let
+ * the next kernel start at once and wait for the previous one before touching memory, as those of
  * cuda_ops.cu do. */
 #include "backend/cuda/cuda_internal.h"
 
@@ -110,14 +110,17 @@ int cuda_matmul_qkv(be_backend *be, const be_tensor *x, const be_norm *norm,
     return 0;
 }
 
-int cuda_matmul_silu_mul(be_backend *be, const be_tensor *x, const be_norm *norm,
-                         const be_linear *gate, const be_linear *up, be_tensor *y, base_err *err) {
+int cuda_matmul_glu(be_backend *be, const be_tensor *x, const be_norm *norm, const be_linear *gate,
+                    const be_linear *up, be_act act, be_tensor *y, base_err *err) {
+    if (act != BE_ACT_SILU && act != BE_ACT_GELU_TANH)
+        return base_fail(err, "cuda: gate/up: unknown activation %d", (int)act);
     if (cuda_matmul_check(x, gate, y, err) || cuda_matmul_check(x, up, y, err))
         return base_fail_wrap(err, "gate/up");
     cuda_gemv_fuse fz;
     if (fold_norm(norm,
                   cuda_gemv1_fits(x, gate) && cuda_gemv1_fits(x, up) && same_geometry(gate, up), x,
                   &fz)) {
+        fz.act = act;
         const be_linear *ws[2] = {gate, up};
         be_tensor *ys[1] = {y};
         return cuda_gemv1(be, x, ws, ys, 2, true, &fz, err);
@@ -128,7 +131,7 @@ int cuda_matmul_silu_mul(be_backend *be, const be_tensor *x, const be_norm *norm
     if (cuda_scratch(be, &c->ftmp, &c->ftmp_bytes, bytes, "gate/up", err)) return -1;
     be_tensor u = {c->ftmp, y->dtype, y->rows, y->cols};
     if (cuda_matmul(be, x, gate, y, err) || cuda_matmul(be, x, up, &u, err)) return -1;
-    return cuda_silu_mul(be, y, &u, y, err);
+    return cuda_glu(be, act, y, &u, y, err);
 }
 
 /* ---- RoPE + KV append ---- */

@@ -1,8 +1,8 @@
 /* The quantized GEMV of decode: y = x W^T for one or two F32 rows of x, 4- or 8-bit MLX affine
  * weights, aiming at the memory-bandwidth limit. The same kernel serves the fused matmuls: up
- * to three matrices that share x (Q, K and V) in one launch, and gate with up followed by
- * SiLU-mul. More rows of x take more passes (from CUDA_GEMV_MMA_ROWS rows the tensor-core
- * kernel serves them instead).
+ * to three matrices that share x (Q, K and V) in one launch, and gate with up followed by the
+ * GLU (act(gate) * up, the activation from the job's fz). More rows of x take more passes
+ * (from CUDA_GEMV_MMA_ROWS rows the tensor-core kernel serves them instead).
  *
  * Arithmetic: integer dot products. x is cut into units of the 32 (4-bit) or 16 (8-bit) values
  * one 16-byte word of weights holds; each unit's values, scaled by a power of two above its
@@ -43,7 +43,7 @@
 
 /* Up to three matrices of the same geometry sharing one x: rows [0, out) of the first, then
  * the second's, then the third's (PLAIN); or gate and up (GLU) where output row o is
- * silu(x . gate[o]) * (x . up[o]). */
+ * act(x . gate[o]) * (x . up[o]), act = fz.act. */
 struct gemv1_job {
     cuda_gemv_mat m[3];
     int nm;
@@ -205,7 +205,7 @@ __device__ __forceinline__ void gemv1_emit(const gemv1_job &job, int64_t step, i
             if (job.m[0].bias) v += cuda_load(job.m[0].bias, job.m[0].bias_dt, (size_t)row);
             if (job.m[1].bias) v2 += cuda_load(job.m[1].bias, job.m[1].bias_dt, (size_t)row);
             cuda_store(job.m[0].y, job.m[0].y_dt, (size_t)(j * job.rows + row),
-                       v / (1.0f + __expf(-v)) * v2);
+                       cuda_act(job.fz.act, v) * v2);
         }
     } else if (step * R + r < job.rows) {
         cuda_gemv_store(job, mi, j, row, v, prev);

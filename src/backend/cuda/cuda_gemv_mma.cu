@@ -37,7 +37,7 @@
  * the rows' next lines prefetched into L2, and no barrier. The CTAs of one m-block (one per
  * k-range, as many as it takes to fill the device) write partial sums to scratch; the last of
  * them to finish (a counter per m-block) adds them in k order, deterministically, and writes
- * y with the bias, the SiLU-mul of gate/up, and the output dtype.
+ * y with the bias, the GLU of gate/up (act(gate) * up, act from fz), and the output dtype.
  *
  * Fused forms (cuda_gemv_fuse). An RMSNorm before the product needs each row's whole sum of
  * squares, while a CTA sees one k-range: so the CTA multiplies x by the norm's weight as it
@@ -519,7 +519,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
             if (job.m[0].bias) v += cuda_load(job.m[0].bias, job.m[0].bias_dt, (size_t)r);
             if (job.m[1].bias) v2 += cuda_load(job.m[1].bias, job.m[1].bias_dt, (size_t)r);
             cuda_store(job.m[0].y, job.m[0].y_dt, (size_t)(xr * job.rows + r),
-                       v / (1.0f + __expf(-v)) * v2);
+                       cuda_act(job.fz.act, v) * v2);
         } else {
             cuda_gemv_store(job, mi, xr, row, v, prev);
         }

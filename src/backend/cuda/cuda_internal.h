@@ -202,6 +202,15 @@ __device__ __forceinline__ float2 cuda_rope_rotate(float x1, float x2, float s, 
     return make_float2(x1 * c - x2 * s, x2 * c + x1 * s);
 }
 
+/* A gated linear unit's activation of v (be_act), for the elementwise glu and the GEMVs'
+ * gate/up epilogue alike, so that the fused and plain paths agree. SiLU with the fast exp, as
+ * it always was; GELU-tanh with tanhf, whose accuracy the tails of the curve need. */
+__device__ __forceinline__ float cuda_act(be_act act, float v) {
+    if (act == BE_ACT_GELU_TANH)
+        return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    return v / (1.0f + __expf(-v));
+}
+
 /* log2(e): the attention kernels take scores in the log2 domain (exp2f). */
 #define CUDA_LOG2E 1.4426950408889634f
 
@@ -315,15 +324,23 @@ int cuda_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tenso
 int cuda_rmsnorm(be_backend *be, const be_tensor *x, const be_tensor *weight, float eps,
                  be_tensor *y, base_err *err);
 int cuda_add(be_backend *be, const be_tensor *a, const be_tensor *b, be_tensor *y, base_err *err);
-int cuda_silu_mul(be_backend *be, const be_tensor *gate, const be_tensor *up, be_tensor *y,
-                  base_err *err);
+int cuda_glu(be_backend *be, be_act act, const be_tensor *gate, const be_tensor *up, be_tensor *y,
+             base_err *err);
+int cuda_scale(be_backend *be, const be_tensor *x, float s, be_tensor *y, base_err *err);
+int cuda_softcap(be_backend *be, const be_tensor *x, float cap, be_tensor *y, base_err *err);
 int cuda_rope(be_backend *be, be_tensor *x, int n_heads, int head_dim, const be_tensor *positions,
               const be_tensor *inv_freq, float mscale, base_err *err);
 int cuda_kv_append(be_backend *be, const be_kv_layer *layer, const be_tensor *k, const be_tensor *v,
                    const be_paged_batch *batch, base_err *err);
 int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
                    const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
-                   float scale, be_tensor *out, base_err *err);
+                   be_attn attn, be_tensor *out, base_err *err);
+/* Whether attn is plain causal attention (no soft-cap, no window): only such attention takes
+ * the wide decode, tensor-core decode and prefill kernels; the rest runs on the F32 paged
+ * kernel, which applies the cap and the window. */
+static inline bool cuda_attn_plain(be_attn attn) {
+    return attn.softcap == 0.0f && attn.window == 0;
+}
 /* The arguments' checks of cuda_attention (head_dim, heads, pool dtype, q and out shapes). */
 int cuda_attention_check(const be_tensor *q, const be_kv_layer *layer, const be_paged_batch *batch,
                          int n_heads, const be_tensor *out, base_err *err);
@@ -337,12 +354,12 @@ int cuda_attention_wide(be_backend *be, const be_tensor *q, const be_kv_layer *l
                         const be_paged_batch *batch, int n_heads, float scale, be_tensor *out,
                         base_err *err);
 /* The rope_kv_attention op: RoPE of q and k, k and v's append and the attention in the wide
- * decode kernel where it serves the batch (q and k left as they were), else rope_kv_append
- * then cuda_attention. */
+ * decode kernel where it serves the batch and attn is plain (q and k left as they were), else
+ * rope_kv_append then cuda_attention. */
 int cuda_rope_kv_attention(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
                            const be_tensor *positions, const be_tensor *inv_freq, float mscale,
                            const be_kv_layer *layer, const be_paged_batch *batch,
-                           const be_decode_plan *plan, int n_heads, float scale, be_tensor *out,
+                           const be_decode_plan *plan, int n_heads, be_attn attn, be_tensor *out,
                            base_err *err);
 /* Tensor-core prefill attention (cuda_attention_prefill.cu): the rows of sequences with
  * q_len > 1, causal, through the pages; decode rows are left untouched. Serves what
@@ -370,8 +387,8 @@ int cuda_add_rmsnorm(be_backend *be, be_tensor *x, const be_tensor *d, const be_
                      float eps, be_tensor *y, base_err *err);
 int cuda_matmul_qkv(be_backend *be, const be_tensor *x, const be_norm *norm,
                     const be_linear *const *ws, be_tensor *const *ys, base_err *err);
-int cuda_matmul_silu_mul(be_backend *be, const be_tensor *x, const be_norm *norm,
-                         const be_linear *gate, const be_linear *up, be_tensor *y, base_err *err);
+int cuda_matmul_glu(be_backend *be, const be_tensor *x, const be_norm *norm, const be_linear *gate,
+                    const be_linear *up, be_act act, be_tensor *y, base_err *err);
 int cuda_matmul_add(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
                     base_err *err);
 /* The arguments' checks of cuda_rope_kv_append, failing with the one at fault named. */
@@ -392,7 +409,8 @@ struct cuda_gemv_fuse {
     const void *norm; /* (in) the norm's weight, 16-byte aligned, or NULL: x as is */
     base_dtype norm_dt;
     float eps;
-    bool acc; /* y += x' W^T (+ bias) */
+    bool acc;   /* y += x' W^T (+ bias) */
+    be_act act; /* glu jobs: the activation of gate's output (zero-initialized: SiLU) */
 };
 
 /* Whether the GEMVs take w [1, in] (or [in, 1]) as a norm weight for rows of in values. */
@@ -402,13 +420,13 @@ bool cuda_gemv_norm_fits(const be_tensor *w, int64_t in);
  * against w; cuda_gemv1 then computes ys[i] = x ws[i]^T (+ bias) for i < n (n <= 3, all of
  * one in, bits, group size and scales dtype, every one fitting, every out but the last a
  * multiple of 4), or, with glu (n == 2),
- * ys[0] = silu(x ws[0]^T) * (x ws[1]^T) for two matrices of one out; with what fz folds in
- * (fz NULL: nothing). */
+ * ys[0] = act(x ws[0]^T) * (x ws[1]^T) for two matrices of one out, act = fz->act (SiLU when fz
+ * is NULL); with what fz folds in (fz NULL: nothing). */
 bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w);
 int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, be_tensor *const *ys,
                int n, bool glu, const cuda_gemv_fuse *fz, base_err *err);
 /* One matrix of a decode GEMV job, for both GEMV kernels (cuda_gemv.cu, cuda_gemv_mma.cu): up
- * to three share one x (Q, K and V), or gate and up pair for SiLU-mul. */
+ * to three share one x (Q, K and V), or gate and up pair for the GLU. */
 struct cuda_gemv_mat {
     const void *w;     /* (out, in * bits / 8) packed weights */
     const void *s, *b; /* (out, groups) scales and biases */

@@ -1,4 +1,5 @@
-/* Row and elementwise ops: embedding, RMSNorm, add, SiLU-mul, RoPE, KV append, argmax.
+/* Row and elementwise ops: embedding, RMSNorm, add, GLU, scale, soft-cap, RoPE, KV append,
+ * argmax.
  *
  * These are memory-bound and small next to the matmuls and attention, so each is the plain
  * version: one thread per element, or one block per row where a row reduction is needed,
@@ -115,48 +116,82 @@ int cuda_rmsnorm(be_backend *be, const be_tensor *x, const be_tensor *weight, fl
                            x->cols, y->data, y->dtype);
 }
 
-/* ---- add, silu_mul ---- */
+/* ---- add, glu, scale, softcap ---- */
 
 __global__ void binary_kernel(const void *a, base_dtype a_dt, const void *b, base_dtype b_dt,
-                              void *y, base_dtype y_dt, int64_t n, int silu) {
+                              void *y, base_dtype y_dt, int64_t n, int glu, be_act act) {
     cuda_pdl_trigger();
     cuda_pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         float u = cuda_load(a, a_dt, (size_t)i), v = cuda_load(b, b_dt, (size_t)i);
-        cuda_store(y, y_dt, (size_t)i, silu ? u / (1.0f + __expf(-u)) * v : u + v);
+        cuda_store(y, y_dt, (size_t)i, glu ? cuda_act(act, u) * v : u + v);
     }
 }
 
-static int binary(be_backend *be, const be_tensor *a, const be_tensor *b, be_tensor *y, int silu,
-                  const char *what, base_err *err) {
+static int binary(be_backend *be, const be_tensor *a, const be_tensor *b, be_tensor *y, int glu,
+                  be_act act, const char *what, base_err *err) {
     if (check_float(a, what, err) || check_float(b, what, err) || check_float(y, what, err) ||
         same_shape(a, b, what, err) || same_shape(a, y, what, err))
         return -1;
     int64_t n = a->rows * a->cols;
     if (n == 0) return 0;
     return cuda_launch_pdl(cuda_impl(be), binary_kernel, grid_for(n), ELEM_THREADS, 0, what, err,
-                           a->data, a->dtype, b->data, b->dtype, y->data, y->dtype, n, silu);
+                           a->data, a->dtype, b->data, b->dtype, y->data, y->dtype, n, glu, act);
 }
 
 int cuda_add(be_backend *be, const be_tensor *a, const be_tensor *b, be_tensor *y, base_err *err) {
-    return binary(be, a, b, y, 0, "add", err);
+    return binary(be, a, b, y, 0, BE_ACT_SILU, "add", err);
 }
 
-int cuda_silu_mul(be_backend *be, const be_tensor *gate, const be_tensor *up, be_tensor *y,
-                  base_err *err) {
-    return binary(be, gate, up, y, 1, "silu_mul", err);
+int cuda_glu(be_backend *be, be_act act, const be_tensor *gate, const be_tensor *up, be_tensor *y,
+             base_err *err) {
+    if (act != BE_ACT_SILU && act != BE_ACT_GELU_TANH)
+        return base_fail(err, "cuda: glu: unknown activation %d", (int)act);
+    return binary(be, gate, up, y, 1, act, "glu", err);
+}
+
+/* y = x * s, or with cap (> 0) y = cap * tanh(x / cap). */
+__global__ void unary_kernel(const void *x, base_dtype x_dt, void *y, base_dtype y_dt, int64_t n,
+                             float s, int cap) {
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float v = cuda_load(x, x_dt, (size_t)i);
+        cuda_store(y, y_dt, (size_t)i, cap ? s * tanhf(v / s) : v * s);
+    }
+}
+
+static int unary(be_backend *be, const be_tensor *x, float s, int cap, be_tensor *y,
+                 const char *what, base_err *err) {
+    if (check_float(x, what, err) || check_float(y, what, err) || same_shape(x, y, what, err))
+        return -1;
+    int64_t n = x->rows * x->cols;
+    if (n == 0) return 0;
+    return cuda_launch_pdl(cuda_impl(be), unary_kernel, grid_for(n), ELEM_THREADS, 0, what, err,
+                           x->data, x->dtype, y->data, y->dtype, n, s, cap);
+}
+
+int cuda_scale(be_backend *be, const be_tensor *x, float s, be_tensor *y, base_err *err) {
+    return unary(be, x, s, 0, y, "scale", err);
+}
+
+int cuda_softcap(be_backend *be, const be_tensor *x, float cap, be_tensor *y, base_err *err) {
+    if (!(cap > 0.0f)) return base_fail(err, "cuda: softcap: cap %g is not positive", (double)cap);
+    return unary(be, x, cap, 1, y, "softcap", err);
 }
 
 /* ---- RoPE ---- */
 
-/* One thread per (token, head, pair i): rotates x[i] with x[i + half]. The angle is formed in
- * F32 as the CPU does; sincosf (not the fast intrinsic) keeps large positions accurate. */
-__global__ void rope_kernel(void *x, base_dtype dt, int n_heads, int head_dim, int64_t n,
+/* One thread per (token, head, pair i) with i < half, half = rotary_dim / 2: rotates x[i] with
+ * x[i + half]; the head's dims past rotary_dim are left alone (partial rotary embeddings). The
+ * angle is formed in F32 as the CPU does; sincosf (not the fast intrinsic) keeps large
+ * positions accurate. */
+__global__ void rope_kernel(void *x, base_dtype dt, int n_heads, int head_dim, int half, int64_t n,
                             const int32_t *pos, const float *inv_freq, float mscale) {
     cuda_pdl_trigger();
     cuda_pdl_wait();
-    int half = head_dim / 2;
     int64_t total = n * n_heads * half;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -178,14 +213,21 @@ int cuda_rope(be_backend *be, be_tensor *x, int n_heads, int head_dim, const be_
     if (check_float(x, "rope input", err)) return -1;
     if (positions->dtype != BASE_DTYPE_I32 || inv_freq->dtype != BASE_DTYPE_F32)
         return base_fail(err, "cuda: rope: positions must be I32 and inv_freq F32");
-    if (head_dim % 2 || (int64_t)n_heads * head_dim != x->cols || positions->rows != x->rows ||
-        inv_freq->rows * inv_freq->cols != head_dim / 2)
+    if (head_dim < 2 || (int64_t)n_heads * head_dim != x->cols || positions->rows != x->rows)
         return base_fail(err, "cuda: rope: x [%lld, %lld] does not match %d heads of %d",
                          (long long)x->rows, (long long)x->cols, n_heads, head_dim);
-    int64_t total = x->rows * n_heads * (head_dim / 2);
+    /* The table's width sets the rotary dims: 2 * cols of the head's first dims. */
+    if (inv_freq->rows != 1 || inv_freq->cols < 1 || 2 * inv_freq->cols > head_dim)
+        return base_fail(err,
+                         "cuda: rope: inv_freq [%lld, %lld] for heads of %d (want [1, n] with "
+                         "1 <= n <= %d)",
+                         (long long)inv_freq->rows, (long long)inv_freq->cols, head_dim,
+                         head_dim / 2);
+    const int half = (int)inv_freq->cols;
+    int64_t total = x->rows * n_heads * half;
     if (total == 0) return 0;
     return cuda_launch_pdl(cuda_impl(be), rope_kernel, grid_for(total), ELEM_THREADS, 0, "rope",
-                           err, x->data, x->dtype, n_heads, head_dim, x->rows,
+                           err, x->data, x->dtype, n_heads, head_dim, half, x->rows,
                            (const int32_t *)positions->data, (const float *)inv_freq->data, mscale);
 }
 
