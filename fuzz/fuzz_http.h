@@ -136,6 +136,17 @@ static inline void fuzz_http_check_params(const fuzz_http_state *st, server_kind
         }
         gram_free(g);
     }
+    /* a forced tool call's grammar, built from the tools' schemas, must always parse too */
+    if (p->tool_gbnf) {
+        gram_grammar *g = NULL;
+        fuzz_require(r->grammar == p->tool_gbnf,
+                     "a tool-call grammar that the request does not use");
+        if (gram_parse(p->tool_gbnf, strlen(p->tool_gbnf), &g, &err) != 0) {
+            fprintf(stderr, "fuzz: %s\n", err.msg);
+            fuzz_require(false, "the GBNF of a forced tool call does not parse");
+        }
+        gram_free(g);
+    }
 }
 
 static inline int fuzz_http_body(const uint8_t *data, size_t size) {

@@ -25,6 +25,8 @@ static const char *g_help =
     "  -n, --n-predict N        most tokens per reply (default: until the end of the reply)\n"
     "      --temp T, --top-k K, --top-p P, --min-p P, --seed S   sampling, as in generate\n"
     "      --raw                send the prompt as plain text, without the chat template\n"
+    "      --show-reasoning     print the model's thinking (<think>..</think>) too; without it\n"
+    "                           only the answer is shown\n"
     "\n"
     "examples:\n"
     "  mlxcel run -p \"Once upon a time\" -n 60\n"
@@ -61,20 +63,43 @@ typedef struct run_session {
     engine_prompter *pr;
     engine_sampling sampling;
     int max_new;
-    bool raw;
+    bool raw, show_reasoning;
     json_t *messages; /* the conversation so far */
     tok_stream *stream;
+    /* the reply so far, and how much of it is printed: all of it with --show-reasoning, else
+     * only the answer after the thinking */
+    char *reply;
+    size_t reply_len, reply_cap, printed;
+    bool inside; /* the prompt opened the thinking */
 } run_session;
+
+/* Adds a piece of the reply and prints what may be shown of it now (final: all of it). */
+static void reply_add(run_session *s, const char *piece, size_t len, bool final) {
+    if (s->reply_len + len + 1 > s->reply_cap) {
+        s->reply_cap = (s->reply_len + len + 1) * 2;
+        s->reply = base_xrealloc(s->reply, s->reply_cap);
+    }
+    memcpy(s->reply + s->reply_len, piece, len);
+    s->reply_len += len;
+    size_t from = 0;
+    if (!s->show_reasoning) {
+        engine_think_split t;
+        engine_think_split_text(s->reply, s->reply_len, s->inside, final, &t);
+        from = t.content_start;
+    }
+    if (s->printed < from) s->printed = from;
+    fwrite(s->reply + s->printed, 1, s->reply_len - s->printed, stdout);
+    fflush(stdout);
+    s->printed = s->reply_len;
+}
 
 static bool print_token(void *ctx, int32_t token) {
     run_session *s = ctx;
     char *piece;
     size_t len;
     base_err err;
-    if (tok_stream_push(s->stream, token, &piece, &len, &err) == 0 && len) {
-        fwrite(piece, 1, len, stdout);
-        fflush(stdout);
-    }
+    if (tok_stream_push(s->stream, token, &piece, &len, &err) == 0 && len)
+        reply_add(s, piece, len, false);
     free(piece);
     return !g_interrupted;
 }
@@ -90,7 +115,12 @@ static int encode_turn(run_session *s, const char *text, int32_t **ids, int *n, 
     int room = s->rt->kv_plan.ctx_size - RUN_REPLY_ROOM;
     for (;;) {
         engine_chat_options o = {.add_generation_prompt = true};
-        if (engine_prompter_encode_chat(s->pr, s->messages, &o, 0, ids, n, err)) return -1;
+        char *prompt;
+        if (engine_prompter_render(s->pr, s->messages, &o, &prompt, err)) return -1;
+        s->inside = engine_prompt_opens_think(prompt);
+        int rc = engine_prompter_encode_rendered(s->pr, prompt, 0, ids, n, err);
+        free(prompt);
+        if (rc) return -1;
         if (*n <= room || json_array_size(s->messages) <= 1) return 0;
         free(*ids);
         json_array_remove(s->messages, 0);
@@ -111,9 +141,10 @@ static int run_turn(run_session *s, const char *text, base_err *err) {
     char *rest;
     size_t len;
     if (rc == 0 && tok_stream_flush(s->stream, &rest, &len, err) == 0) {
-        fwrite(rest, 1, len, stdout);
+        reply_add(s, rest, len, true);
         free(rest);
     }
+    s->reply_len = s->printed = 0;
     fputc('\n', stdout);
     if (rc == 0) {
         char *reply;
@@ -194,6 +225,10 @@ int cli_cmd_run(int argc, char **argv) {
             s.raw = true;
             continue;
         }
+        if (cli_flag(&p, NULL, "--show-reasoning")) {
+            s.show_reasoning = true;
+            continue;
+        }
         if (cli_arg(&p)[0] != '-' && !rtf.model) {
             rtf.model = cli_arg(&p);
             continue;
@@ -225,6 +260,7 @@ int cli_cmd_run(int argc, char **argv) {
     else
         rc = interactive(&s);
     json_decref(s.messages);
+    free(s.reply);
     engine_runtime_close(s.rt);
     engine_prompter_close(s.pr);
     return rc;

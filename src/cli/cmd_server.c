@@ -52,6 +52,9 @@ static const struct {
     {"LLAMA_ARG_MAX_BATCH_TOKENS", "--max-batch-tokens", NULL, false},
     {"LLAMA_ARG_PREFILL_CHUNK_SIZE", "--prefill-chunk-size", NULL, false},
     {"LLAMA_ARG_SHUTDOWN_TIMEOUT", "--shutdown-timeout", NULL, false},
+    {"LLAMA_ARG_THINK", "--reasoning-format", NULL, false},
+    {"LLAMA_ARG_THINK_BUDGET", "--reasoning-budget", NULL, false},
+    {"LLAMA_ARG_CHAT_TEMPLATE_KWARGS", "--chat-template-kwargs", NULL, false},
 };
 
 static const char g_help[] =
@@ -103,6 +106,7 @@ static const char g_help[] =
     "      --prefill-chunk-size N  prompt tokens of one sequence per step (default: the\n"
     "                           backend's, 512 on the CPU, 2048 on CUDA)\n"
     "      --max-body BYTES     largest request body; more gets 413 (default 8 MiB)\n"
+    "%s"
     "      --temp, --top-k, --top-p, --min-p, --repeat-penalty\n"
     "                           sampling defaults for requests that leave them out\n"
     "  -s, --seed N             the seed of requests that give none (default: a fresh one\n"
@@ -126,8 +130,8 @@ static const char g_help[] =
     "LLAMA_ARG_FLASH_ATTN,\n"
     "LLAMA_ARG_CONT_BATCHING, LLAMA_ARG_JINJA, LLAMA_ARG_MLOCK, LLAMA_ARG_NO_MMAP,\n"
     "LLAMA_ARG_CONTEXT_SHIFT, LLAMA_ARG_KV_CACHE_BUDGET, LLAMA_ARG_MAX_QUEUE,\n"
-    "LLAMA_ARG_MAX_BATCH_TOKENS, LLAMA_ARG_PREFILL_CHUNK_SIZE, LLAMA_ARG_SHUTDOWN_TIMEOUT); a "
-    "flag\n"
+    "LLAMA_ARG_MAX_BATCH_TOKENS, LLAMA_ARG_PREFILL_CHUNK_SIZE, LLAMA_ARG_SHUTDOWN_TIMEOUT,\n"
+    "LLAMA_ARG_THINK, LLAMA_ARG_THINK_BUDGET, LLAMA_ARG_CHAT_TEMPLATE_KWARGS); a flag\n"
     "on the command line wins, and a bad value is an error naming the variable.\n"
     "\n"
     "examples:\n"
@@ -217,6 +221,7 @@ static void defaults(server_flags *f) {
     f->srv.max_header = 32u << 10;
     f->srv.max_body = 8u << 20;
     f->sched.max_queue = 256;
+    f->srv.reasoning_format = ENGINE_REASONING_AUTO;
     f->srv.slots = true;
     f->srv.log_requests = true;
     engine_sampling_defaults(&f->srv.defaults);
@@ -232,7 +237,8 @@ static void parse_args(cli_parser *p, server_flags *f) {
         }
         const char *arg = cli_arg(p);
         if (cli_take_runtime(p, &f->rt) || take_server_flag(p, f) || server_take_llama_flag(p, f) ||
-            cli_take_sampling(p, &f->srv.defaults)) {
+            cli_take_sampling(p, &f->srv.defaults) ||
+            cli_take_server_chat(p, &f->srv, &f->template_kwargs)) {
             if (strcmp(arg, "-s") == 0 || strncmp(arg, "--seed", 6) == 0) f->srv.seed_fixed = true;
             continue;
         }
@@ -316,6 +322,7 @@ static int load(server_flags *f, loaded *L, base_err *err) {
         engine_prompter_open(f->rt.model, f->template_file, &L->pr, err) ||
         (f->template_text && engine_prompter_set_template(L->pr, f->template_text, err)))
         return -1;
+    cli_server_chat_apply(&f->srv, f->template_kwargs, L->pr);
     int n_eos;
     server_extra_eos(f->rt.model, L->pr, &L->eos, &n_eos);
     f->sched.tok = L->pr->tok;
@@ -367,7 +374,7 @@ int cli_cmd_server(int argc, char **argv) {
     defaults(&f);
     int rc = parse(argc, argv, &f);
     if (rc != CLI_OK || f.help) {
-        if (rc == CLI_OK) printf(g_help, cli_runtime_help());
+        if (rc == CLI_OK) printf(g_help, cli_runtime_help(), cli_server_chat_help);
         server_flags_free(&f);
         return rc;
     }

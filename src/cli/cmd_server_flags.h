@@ -12,6 +12,7 @@ typedef struct server_flags {
     engine_sched_options sched;
     const char *template_file;
     const char *template_text; /* --chat-template: Jinja text, a built-in name's text, or NULL */
+    json_t *template_kwargs;   /* --chat-template-kwargs, owned */
     const char *cache_type_k, *cache_type_v; /* as given, checked by server_flags_finish */
     const char *api_key_list;                /* --api-key: comma-separated keys */
     const char *api_key_file;                /* --api-key-file: one key a line */

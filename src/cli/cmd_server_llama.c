@@ -315,4 +315,5 @@ int server_flags_finish(server_flags *f) {
 void server_flags_free(server_flags *f) {
     for (int i = 0; i < f->n_keys; i++) free(f->keys[i]);
     free(f->keys);
+    json_decref(f->template_kwargs);
 }

@@ -223,14 +223,104 @@ int engine_bench_decode(engine_runtime *rt, int n_seqs, int n_depth, int n_steps
  * 256 MiB): the ceiling a decode step's weight reads are measured against. */
 int engine_bench_copy_bandwidth(be_backend *be, double *bytes_per_second, base_err *err);
 
+/* ---- tool calls in generated text (engine_tools.c) ----
+ *
+ * How a model writes a call, by family, as vLLM's --tool-call-parser names them:
+ * hermes (Hermes, Qwen 2.5 / 3): <tool_call>{"name": .., "arguments": {..}}</tool_call>;
+ * qwen3_coder: <tool_call><function=NAME><parameter=P>VALUE</parameter></function></tool_call>;
+ * llama3_json (Llama 3.1 - 3.3): the reply is {"name": .., "parameters": {..}} (several joined
+ * by ';'), after <|python_tag|> or not; mistral: [TOOL_CALLS] then a JSON array of {"name",
+ * "arguments"} or NAME[ARGS]{..}. Text before the first call is content; a call that does not
+ * parse leaves the text content. */
+typedef enum engine_tool_format {
+    ENGINE_TOOLS_HERMES,
+    ENGINE_TOOLS_QWEN3_CODER,
+    ENGINE_TOOLS_LLAMA3_JSON,
+    ENGINE_TOOLS_MISTRAL,
+} engine_tool_format;
+
+/* vLLM's name of a format; an unknown or unimplemented one (pythonic, openai, ...) is an error
+ * listing the names taken. */
+int engine_tool_format_from_name(const char *name, engine_tool_format *out, base_err *err);
+const char *engine_tool_format_name(engine_tool_format f);
+/* The format a chat template writes calls in, judged by its text; hermes when it shows none. */
+engine_tool_format engine_tool_format_detect(const char *template_source);
+/* Whether the format's markers are special tokens, which the detokenizer must then keep. */
+bool engine_tool_format_special(engine_tool_format f);
+
+typedef struct engine_tool_call {
+    char *name;      /* owned */
+    char *arguments; /* owned: compact JSON text of an object */
+} engine_tool_call;
+
+typedef struct engine_tool_scan {
+    size_t content_len;      /* text[0, content_len) is content */
+    size_t rest_start;       /* and so is text[rest_start, len) (final scans only; else len) */
+    engine_tool_call *calls; /* (n_calls) owned: the complete calls, in order */
+    int n_calls;
+    bool in_call; /* a call began at content_len: the text after it is held */
+} engine_tool_scan;
+
+/* Scans generated text for calls. final: the text is complete, and a call that does not parse
+ * (or one cut short) leaves the text from it on as content; otherwise text that may still turn
+ * into a call is held (out of content_len), so that streamed content never shows a marker.
+ * forced: the output was constrained to calls (engine_tools_grammar), which then start at
+ * once, marker or not. tools: the request's tools (NULL: none known), whose parameter types
+ * say which qwen3_coder values are strings. Free *out with engine_tool_scan_free. */
+void engine_tools_scan(engine_tool_format f, const char *text, size_t len, bool final, bool forced,
+                       const json_t *tools, engine_tool_scan *out);
+void engine_tool_scan_free(engine_tool_scan *s);
+
+/* GBNF that makes the output one call (or, when parallel, one or more) in format f to one of
+ * `tools` (OpenAI's [{"type": "function", "function": {"name", "parameters"}}], names checked by
+ * the caller), or only to the tool named `only` (may be NULL), its arguments following the
+ * tool's parameters schema. A schema the grammar cannot enforce is an error naming the tool and
+ * the keyword. *gbnf: caller frees. */
+int engine_tools_grammar(engine_tool_format f, const json_t *tools, const char *only, bool parallel,
+                         char **gbnf, base_err *err);
+
+/* ---- reasoning in generated text (engine_reasoning.c) ----
+ *
+ * <think>..</think> (Qwen3, DeepSeek-R1 and its distills, QwQ) as llama-server's
+ * --reasoning-format names the handling: none leaves it in the content, deepseek and auto put
+ * it in reasoning_content. */
+typedef enum engine_reasoning_format {
+    ENGINE_REASONING_NONE,
+    ENGINE_REASONING_DEEPSEEK,
+    ENGINE_REASONING_AUTO,
+} engine_reasoning_format;
+
+int engine_reasoning_format_from_name(const char *name, engine_reasoning_format *out,
+                                      base_err *err);
+
+#define ENGINE_THINK_OPEN  "<think>"
+#define ENGINE_THINK_CLOSE "</think>"
+
+/* Where thinking and the answer lie in generated text. */
+typedef struct engine_think_split {
+    size_t reasoning_start, reasoning_len; /* text[reasoning_start, +reasoning_len) */
+    size_t content_start; /* text[content_start, len) is the answer; len while thinking */
+    bool thinking;        /* the thinking is not closed (yet) */
+} engine_think_split;
+
+/* Splits text: it starts inside the thinking when the prompt opened it (inside), else when it
+ * begins with <think>. Not final: text that may still be the start of a tag is held out of
+ * both parts; final: an unclosed thinking is all reasoning. The answer's leading newlines go. */
+void engine_think_split_text(const char *text, size_t len, bool inside, bool final,
+                             engine_think_split *out);
+/* Whether a rendered prompt ends inside an opened thinking (a template that writes <think>
+ * in its generation prompt). */
+bool engine_prompt_opens_think(const char *prompt);
+
 /* ---- prompts: tokenizer + chat template of a model directory ---- */
 
 typedef struct engine_prompter {
-    tok_tokenizer *tok;     /* owned */
-    chat_template *tmpl;    /* owned; NULL when the model has no chat template */
-    json_t *special_vars;   /* owned: bos_token, eos_token, ... as the template sees them */
-    size_t max_token_bytes; /* the longest token's text, for the encoders' length bound */
-    bool content_as_list;   /* the template walks a message's content parts itself */
+    tok_tokenizer *tok;             /* owned */
+    chat_template *tmpl;            /* owned; NULL when the model has no chat template */
+    json_t *special_vars;           /* owned: bos_token, eos_token, ... as the template sees them */
+    size_t max_token_bytes;         /* the longest token's text, for the encoders' length bound */
+    bool content_as_list;           /* the template walks a message's content parts itself */
+    engine_tool_format tool_format; /* how the template writes tool calls */
 } engine_prompter;
 /* Loads dir's tokenizer and chat template; template_file (may be NULL) replaces the model's
  * template. When dir has a config.json, the tokenizer's ids must be below its vocab_size. */
@@ -267,9 +357,14 @@ int engine_prompter_encode_chat(const engine_prompter *p, const json_t *messages
  * caller decrefs): the roles system, user, assistant and tool, with developer taken as
  * system, anything else refused; content a string (null or absent: empty), or an array of text
  * parts, joined with newlines unless content_as_list keeps them as parts; image, audio and
- * file parts refused (these models take text only). err names the message and part. */
+ * file parts refused (these models take text only); an assistant's tool_calls with each
+ * function.arguments an object (the JSON text the SDKs send is parsed). err names the message
+ * and part. */
 int engine_messages_normalize(const json_t *messages, bool content_as_list, json_t **out,
                               base_err *err);
+/* Tokenizes a rendered prompt (engine_prompter_render) as engine_prompter_encode_chat does. */
+int engine_prompter_encode_rendered(const engine_prompter *p, const char *prompt, int max_tokens,
+                                    int32_t **ids, int *n, base_err *err);
 /* Tokenizes plain text with the tokenizer's special tokens (e.g. BOS) added; max_tokens as for
  * engine_prompter_encode_chat. */
 int engine_prompter_encode_text(const engine_prompter *p, const char *text, int max_tokens,
@@ -362,6 +457,16 @@ typedef struct engine_request {
      * (ENGINE_FINISH_STOP) once the grammar can take nothing more. Needs the tokenizer
      * (engine_sched_options.tok). */
     const char *grammar;
+    bool keep_special; /* the text keeps special tokens (tool-call markers that are special) */
+    /* A thinking budget, llama-server's --reasoning-budget: once the output has thought for
+     * reasoning_budget tokens (0: at once), the think_close ids are forced, one a step, ending
+     * the thinking. Thinking is the output from the start when the prompt opened it
+     * (`thinking`), else from think_open ids among the first tokens to the first think_close.
+     * Off when n_think_close is 0 or the budget < 0; not with a grammar. Ids copied. */
+    int reasoning_budget;
+    bool thinking;
+    const int32_t *think_open, *think_close;
+    int n_think_open, n_think_close;
     engine_event_fn on_event;
     void *ctx;
 } engine_request;

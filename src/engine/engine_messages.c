@@ -62,6 +62,36 @@ static int content_parts(const json_t *parts, size_t at, bool as_list, json_t **
     return 0;
 }
 
+/* An assistant's tool_calls as templates take them: function.arguments a mapping, where the
+ * SDKs send the JSON text of one (templates write `arguments | tojson` or walk its items). */
+static int tool_calls(const json_t *calls, size_t at, json_t **out, base_err *err) {
+    if (!json_is_array(calls))
+        return base_fail(err, "'messages[%zu].tool_calls' must be an array", at);
+    json_t *list = json_array();
+    size_t j;
+    json_t *c;
+    json_array_foreach(calls, j, c) {
+        json_t *fn = json_object_get(c, "function");
+        json_t *args = json_object_get(fn, "arguments");
+        json_t *parsed =
+            json_is_string(args) ? json_loads(json_string_value(args), 0, NULL) : json_incref(args);
+        if (!json_is_object(c) || !json_is_string(json_object_get(fn, "name")) ||
+            !json_is_object(parsed)) {
+            json_decref(parsed);
+            json_decref(list);
+            return base_fail(err,
+                             "'messages[%zu].tool_calls[%zu]' must be {\"function\": {\"name\": a "
+                             "string, \"arguments\": an object or its JSON text}}",
+                             at, j);
+        }
+        json_t *copy = json_deep_copy(c);
+        json_object_set_new(json_object_get(copy, "function"), "arguments", parsed);
+        json_array_append_new(list, copy);
+    }
+    *out = list;
+    return 0;
+}
+
 static int normalize_one(const json_t *m, size_t at, bool as_list, json_t **out, base_err *err) {
     const char *role = json_string_value(json_object_get(m, "role"));
     if (!json_is_object(m) || !role)
@@ -85,9 +115,15 @@ static int normalize_one(const json_t *m, size_t at, bool as_list, json_t **out,
                          at);
     else if (content_parts(content, at, as_list, &c, err))
         return -1;
+    json_t *calls = json_object_get(m, "tool_calls"), *tc = NULL;
+    if (calls && !json_is_null(calls) && tool_calls(calls, at, &tc, err)) {
+        json_decref(c);
+        return -1;
+    }
     json_t *o = json_copy((json_t *)m);
     json_object_set_new(o, "role", json_string(role));
     json_object_set_new(o, "content", c);
+    if (tc) json_object_set_new(o, "tool_calls", tc);
     *out = o;
     return 0;
 }

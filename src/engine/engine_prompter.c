@@ -69,6 +69,7 @@ int engine_prompter_open(const char *dir, const char *template_file, engine_prom
     }
     int rc = source ? chat_template_parse(source, &p->tmpl, err) : 0;
     p->content_as_list = source && walks_content(source);
+    p->tool_format = engine_tool_format_detect(source);
     free(source);
     if (rc) {
         engine_prompter_close(p);
@@ -187,9 +188,14 @@ int engine_prompter_encode_chat(const engine_prompter *p, const json_t *messages
                                 base_err *err) {
     char *prompt;
     if (engine_prompter_render(p, messages, o, &prompt, err)) return -1;
-    int rc = encode(p, prompt, false, max_tokens, ids, n, err);
+    int rc = engine_prompter_encode_rendered(p, prompt, max_tokens, ids, n, err);
     free(prompt);
     return rc;
+}
+
+int engine_prompter_encode_rendered(const engine_prompter *p, const char *prompt, int max_tokens,
+                                    int32_t **ids, int *n, base_err *err) {
+    return encode(p, prompt, false, max_tokens, ids, n, err);
 }
 
 int engine_prompter_encode_text(const engine_prompter *p, const char *text, int max_tokens,

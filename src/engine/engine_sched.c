@@ -59,8 +59,13 @@ typedef struct sreq {
     sched_grammar *gram;   /* the matcher shared with the requests of the same text */
     gram_state *gstate;    /* of gram's matcher, from the first sample on */
     char *gram_error;      /* this step's mask failed: the request ends with it */
-    tok_stream *stream;    /* NULL without a tokenizer */
-    char *held;            /* (held_cap) text not shown yet: it may still become a stop string */
+    /* the thinking budget (engine_request.reasoning_budget) */
+    int32_t *think_open, *think_close; /* (r.n_think_open), (r.n_think_close) owned */
+    bool thinking, think_done;         /* inside the thinking; it has ended (or never began) */
+    int think_tokens;                  /* generated while thinking */
+    int forcing;                       /* think_close[forcing] is the next token; -1: none */
+    tok_stream *stream;                /* NULL without a tokenizer */
+    char *held; /* (held_cap) text not shown yet: it may still become a stop string */
     size_t held_len, held_cap;
     double t_submit, ttft;
 } sreq;
@@ -130,6 +135,8 @@ static void sreq_free(sreq *q) {
     free(q->grammar_text);
     gram_free(q->grammar);
     free(q->gram_error);
+    free(q->think_open);
+    free(q->think_close);
     free(q);
 }
 
@@ -155,6 +162,11 @@ static int check_request(const engine_sched *s, const engine_request *r, base_er
             return base_fail(err, "stop token id %d is outside the vocabulary (%d)", r->stop_ids[i],
                              s->vocab);
     if (r->min_tokens < 0) return base_fail(err, "min_tokens must be >= 0");
+    if (r->n_think_close > 0 && r->reasoning_budget >= 0 && (r->grammar || !s->o.tok))
+        return base_fail(err, "a reasoning budget needs the tokenizer and no grammar");
+    for (int i = 0; i < r->n_think_close; i++)
+        if (r->think_close[i] < 0 || r->think_close[i] >= s->vocab)
+            return base_fail(err, "think_close token %d is outside the vocabulary", i);
     return 0;
 }
 
@@ -174,6 +186,22 @@ static int sampler_new(const engine_sched *s, sreq *q, base_err *err) {
     int rc = engine_sampler_new(&banned, s->vocab, &q->sampler, err);
     free(b);
     return rc;
+}
+
+static int32_t *copy_ids(const int32_t *ids, int n) {
+    int32_t *c = base_xmalloc((size_t)(n + 1) * sizeof *c);
+    if (n) memcpy(c, ids, (size_t)n * sizeof *c);
+    return c;
+}
+
+/* The thinking budget's state at submission: the ids it watches for, copied. */
+static void think_init(sreq *q, const engine_request *r) {
+    q->forcing = -1;
+    q->think_done = r->n_think_close <= 0 || r->reasoning_budget < 0;
+    q->thinking = !q->think_done && r->thinking;
+    q->think_open = copy_ids(r->think_open, r->n_think_open);
+    q->think_close = copy_ids(r->think_close, r->n_think_close);
+    q->r.think_open = q->r.think_close = NULL;
 }
 
 /* The grammar vocabulary, built from the tokenizer by the first caller that needs it. */
@@ -210,7 +238,9 @@ static int sreq_new(engine_sched *s, const engine_request *r, sreq **out, base_e
         memcpy(q->stop_ids, r->stop_ids, (size_t)r->n_stop_ids * sizeof *q->stop_ids);
     }
     q->r.stop_ids = q->stop_ids;
-    if (sampler_new(s, q, err) || (r->grammar && grammar_compile(s, q, r->grammar, err))) {
+    think_init(q, r);
+    if (sampler_new(s, q, err) || (r->grammar && grammar_compile(s, q, r->grammar, err)) ||
+        (!q->think_done && vocab_ensure(s, err))) {
         sreq_free(q);
         return -1;
     }
@@ -232,7 +262,7 @@ static int sreq_new(engine_sched *s, const engine_request *r, sreq **out, base_e
     q->r.prompt = NULL;
     /* the text continues the prompt: a SentencePiece first token keeps its leading space */
     if (s->o.tok) {
-        q->stream = tok_stream_new(s->o.tok, true);
+        q->stream = tok_stream_new(s->o.tok, !r->keep_special);
         tok_stream_continue(q->stream);
     }
     q->t_submit = base_now();
@@ -617,12 +647,51 @@ static int detok(sreq *q, int32_t t, bool final, base_err *err) {
     return 0;
 }
 
+/* Whether q's generated ids end with ids (n). */
+static bool generated_ends_with(const sreq *q, const int32_t *ids, int n) {
+    return n > 0 && q->n_tokens - q->n_prompt >= n &&
+           memcmp(q->tokens + q->n_tokens - n, ids, (size_t)n * sizeof *ids) == 0;
+}
+
+/* Follows the thinking as tokens come: it opens with think_open among the first tokens (a few
+ * blanks may come first), closes with think_close; the budget counts the tokens between. */
+static void think_track(sreq *q) {
+    if (q->think_done) return;
+    if (q->forcing >= 0) {
+        if (++q->forcing == q->r.n_think_close) q->forcing = -1, q->think_done = true;
+        return;
+    }
+    if (!q->thinking) {
+        q->thinking = generated_ends_with(q, q->think_open, q->r.n_think_open);
+        q->think_done = !q->thinking && q->n_generated > q->r.n_think_open + 4;
+        return;
+    }
+    if (generated_ends_with(q, q->think_close, q->r.n_think_close))
+        q->think_done = true;
+    else
+        q->think_tokens++;
+}
+
+/* Whether q's next token is forced to end its thinking, which is then the only one allowed. */
+static bool think_forced(const engine_sched *s, sreq *q, engine_pick *pk, uint32_t *mask) {
+    if (q->think_done || !q->thinking) return false;
+    if (q->forcing < 0 && q->think_tokens < q->r.reasoning_budget) return false;
+    if (q->forcing < 0) q->forcing = 0;
+    int32_t t = q->think_close[q->forcing];
+    memset(mask, 0, (size_t)gram_mask_words(s->gvocab) * sizeof *mask);
+    mask[t / 32] |= 1u << (t % 32);
+    pk->allowed = mask;
+    pk->allowed_vocab = s->gvocab;
+    return true;
+}
+
 /* Takes q's sampled token (pk) and tells the client. Returns true when the request finished
  * (it is then out of the running set and freed). */
 static bool take_token(engine_sched *s, sreq *q, const engine_pick *pk) {
     int32_t t = pk->token;
     push_token(q, t);
     if (++q->n_generated == 1) q->ttft = base_now() - q->t_submit;
+    think_track(q);
     engine_event ev = event_for(q);
     ev.token = t;
     if (q->r.logprobs) {
@@ -707,14 +776,15 @@ static int sample_step(engine_sched *s, int n) {
                             .history = q->tokens,
                             .n_history = q->n_tokens,
                             .top_logprobs = q->r.logprobs ? q->r.top_logprobs : -1};
-        if (!q->gstate && !q->grammar) continue;
+        if (!q->gstate && !q->grammar && q->think_done) continue;
         int words = gram_mask_words(s->gvocab);
         if (!s->masks)
             s->masks = base_xmalloc((size_t)s->o.n_parallel * (size_t)words * sizeof *s->masks);
+        uint32_t *mask = s->masks + (size_t)(rows - 1) * (size_t)words;
         base_err err;
+        if (think_forced(s, q, pk, mask) || (!q->gstate && !q->grammar)) continue;
         /* the row stays in the batch (rows follow the entries); its pick is dropped */
-        if (constrain(s, q, pk, s->masks + (size_t)(rows - 1) * (size_t)words, &err))
-            q->gram_error = base_xstrdup(err.msg);
+        if (constrain(s, q, pk, mask, &err)) q->gram_error = base_xstrdup(err.msg);
     }
     if (rows == 0) return 0;
     base_err err;

@@ -35,6 +35,11 @@ void gram_free(gram_grammar *g);
  * accepts. A keyword it cannot express exactly is refused with an error that names the keyword
  * and its JSON pointer. *gbnf: NUL-terminated, caller frees. */
 int gram_schema_to_gbnf(const char *schema, size_t len, char **gbnf, base_err *err);
+/* The same for n schemas in one grammar without a root: rule names[i] matches schemas[i], so
+ * that a caller's own rules (`root` among them) can use them. Generated rules are named
+ * "json-..." and "ws", or end in "-" and digits: the caller's names must be neither. */
+int gram_schemas_to_gbnf(const char *const *schemas, const size_t *lens, const char *const *names,
+                         int n, char **gbnf, base_err *err);
 /* GBNF for `response_format: json_object`: any JSON object. *gbnf: caller frees. */
 char *gram_json_object_gbnf(void);
 

@@ -1101,33 +1101,54 @@ static int gen(compiler *c, json_t *schema, const char *path, sb *out) {
     return rc;
 }
 
-int gram_schema_to_gbnf(const char *schema, size_t len, char **gbnf, base_err *err) {
+/* Compiles one schema: its expression into *body, the rules it needs appended to c->rules
+ * (names unique across the schemas one compiler takes, since n_names carries on). */
+static int compile_one(compiler *c, const char *schema, size_t len, sb *body, base_err *err) {
     json_error_t jerr;
     json_t *root = json_loadb(schema, len, JSON_DECODE_ANY, &jerr);
     if (!root)
         return base_fail(err, "json schema: line %d, column %d: %s", jerr.line, jerr.column,
                          jerr.text);
-    compiler c = {.root = root, .err = err};
-    sb body = {0};
-    int rc = gen(&c, root, "#", &body);
-    if (!rc) rc = gen_refs(&c);
+    c->root = root;
+    c->err = err;
+    int rc = gen(c, root, "#", body);
+    if (!rc) rc = gen_refs(c);
+    for (size_t i = 0; i < c->n_refs; i++) {
+        free(c->refs[i].pointer);
+        free(c->refs[i].name);
+    }
+    free(c->refs);
+    c->refs = NULL;
+    c->n_refs = c->cap_refs = c->n_done = 0;
+    c->root = NULL;
+    json_decref(root);
+    return rc;
+}
+
+int gram_schema_to_gbnf(const char *schema, size_t len, char **gbnf, base_err *err) {
+    const char *name = "root";
+    return gram_schemas_to_gbnf(&schema, &len, &name, 1, gbnf, err);
+}
+
+int gram_schemas_to_gbnf(const char *const *schemas, const size_t *lens, const char *const *names,
+                         int n, char **gbnf, base_err *err) {
+    compiler c = {0};
+    sb g = {0};
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        sb body = {0};
+        rc = compile_one(&c, schemas[i], lens[i], &body, err);
+        if (!rc) sb_printf(&g, "%s ::= %s\n", names[i], body.p);
+        free(body.p);
+    }
     if (!rc) {
-        sb g = {0};
-        sb_puts(&g, "root ::= ");
-        sb_puts(&g, body.p);
-        sb_puts(&g, "\n");
         sb_add(&g, c.rules.p ? c.rules.p : "", c.rules.n);
         sb_puts(&g, k_base_rules);
         *gbnf = g.p;
+    } else {
+        free(g.p);
     }
-    free(body.p);
     free(c.rules.p);
-    for (size_t i = 0; i < c.n_refs; i++) {
-        free(c.refs[i].pointer);
-        free(c.refs[i].name);
-    }
-    free(c.refs);
-    json_decref(root);
     return rc;
 }
 

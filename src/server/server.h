@@ -45,6 +45,12 @@ typedef struct server_options {
     bool log_requests;        /* one line on stderr per request */
     bool log_json;            /* ... as a JSON object rather than text */
     const char *model_id;     /* the name /v1/models reports */
+    /* chat answers: how tool calls are written (when set; else as the chat template shows),
+     * where <think> goes, and the thinking budget in tokens (when set; 0 ends it at once) */
+    bool has_tool_parser, has_reasoning_budget;
+    engine_tool_format tool_parser;
+    engine_reasoning_format reasoning_format;
+    int reasoning_budget;
 } server_options;
 
 typedef struct server server;

@@ -18,6 +18,7 @@
  * an interim "100 Continue", which every HTTP/1.1 client must read past (RFC 9110, 15.2) and
  * which a closed socket answers with the reset that cancels the request. */
 #include "server/server_internal.h"
+#include "server/server_output.h"
 #include "server/server_params.h"
 
 #include <errno.h>
@@ -41,9 +42,12 @@ struct group;
 typedef struct job {
     struct group *g;
     uint64_t id;
-    int prompt;     /* which of the request's prompts */
-    int index;      /* the choice's index in the response */
-    bool submitted; /* given to the scheduler, which then owes it a final event */
+    int prompt;          /* which of the request's prompts */
+    int index;           /* the choice's index in the response */
+    bool submitted;      /* given to the scheduler, which then owes it a final event */
+    server_output split; /* chat: how the text splits into reasoning, content and tool calls, and
+                            (the connection's thread) how much of each has been sent; its
+                            tool_defs reference owned */
     /* written by the scheduler's thread, under g->mu */
     char *text; /* (text_cap) everything generated so far */
     size_t text_len, text_cap;
@@ -101,6 +105,7 @@ static void group_release(group *g) {
         free(g->jobs[i].text);
         free(g->jobs[i].lps);
         free(g->jobs[i].error);
+        json_decref(g->jobs[i].split.tool_defs);
     }
     for (int i = 0; i < g->n_prompts; i++) free(g->echo[i]);
     for (int i = 0; i < g->n_stop; i++) free(g->stop[i]);
@@ -203,6 +208,49 @@ static bool group_wait(group *g) {
 
 static const char *finish_reason(engine_finish f) {
     return f == ENGINE_FINISH_LENGTH ? "length" : f == ENGINE_FINISH_CANCELLED ? "abort" : "stop";
+}
+
+/* A chat answer that called tools ends with "tool_calls", unless it was cut short. */
+static const char *chat_finish_reason(engine_finish f, bool called) {
+    return called && f != ENGINE_FINISH_CANCELLED ? "tool_calls" : finish_reason(f);
+}
+
+static bool blank(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!strchr(" \t\r\n", s[i])) return false;
+    return true;
+}
+
+/* The parts of news as a chat message or delta: content (null beside calls when blank, in a
+ * whole message), reasoning_content, tool_calls (with their index when streamed). */
+static void news_fields(json_t *o, const server_news *n, bool streamed) {
+    bool calls = n->scan.n_calls > n->first_call;
+    if (!streamed || n->content_len)
+        json_object_set_new(o, "content",
+                            calls && blank(n->content, n->content_len)
+                                ? json_null()
+                                : json_stringn(n->content ? n->content : "", n->content_len));
+    if (n->reasoning_len)
+        json_object_set_new(o, "reasoning_content", json_stringn(n->reasoning, n->reasoning_len));
+    if (!calls) return;
+    json_t *arr = json_array();
+    for (int i = n->first_call; i < n->scan.n_calls; i++)
+        json_array_append_new(arr, server_tool_call_json(&n->scan.calls[i], streamed ? i : -1));
+    json_object_set_new(o, "tool_calls", arr);
+}
+
+/* The whole answer as a chat message; *called: it holds tool calls. */
+static json_t *chat_message(const job *j, bool *called) {
+    server_output o = j->split;
+    o.reasoning_sent = o.content_sent = 0;
+    o.calls_sent = 0;
+    server_news n;
+    server_output_news(&o, j->text ? j->text : "", j->text_len, true, &n);
+    json_t *msg = json_pack("{s:s}", "role", "assistant");
+    news_fields(msg, &n, false);
+    *called = n.scan.n_calls > 0;
+    server_news_free(&n);
+    return msg;
 }
 
 static json_t *token_json(server *s, int32_t id, float lp, bool with_bytes) {
@@ -350,13 +398,15 @@ static json_t *choice_json(server *s, const group *g, const job *j) {
     bool chat = g->kind == SERVER_CHAT;
     size_t len;
     char *text = choice_text(g, j, &len);
-    json_t *choice =
-        json_pack("{s:i,s:s}", "index", j->index, "finish_reason", finish_reason(j->finish));
+    bool called = false;
+    json_t *choice = json_pack("{s:i}", "index", j->index);
     if (chat)
-        json_object_set_new(choice, "message",
-                            json_pack("{s:s,s:s%}", "role", "assistant", "content", text, len));
+        json_object_set_new(choice, "message", chat_message(j, &called));
     else
         json_object_set_new(choice, "text", json_stringn(text, len));
+    json_object_set_new(
+        choice, "finish_reason",
+        json_string(chat ? chat_finish_reason(j->finish, called) : finish_reason(j->finish)));
     free(text);
     json_object_set_new(choice, "logprobs",
                         !g->logprobs ? json_null()
@@ -425,9 +475,10 @@ static void out_event(group *g, json_t *o) {
     free(t);
 }
 
-/* One chunk of a choice with the text and log-probabilities that arrived since the last one. */
-static json_t *delta_chunk(server *s, group *g, job *j, const char *text, size_t n, int lp_to,
-                           const char *finish) {
+/* One chunk of a choice with the text (news, for chat) and log-probabilities that arrived since
+ * the last one. */
+static json_t *delta_chunk(server *s, group *g, job *j, const char *text, size_t n,
+                           const server_news *news, int lp_to, const char *finish) {
     if (g->kind == SERVER_LLAMA_COMPLETION) {
         json_t *o = json_pack("{s:s%,s:b}", "content", text, n, "stop", false);
         if (g->logprobs && lp_to > j->lps_sent)
@@ -445,7 +496,10 @@ static json_t *delta_chunk(server *s, group *g, job *j, const char *text, size_t
     if (chat) {
         json_t *delta = json_object();
         if (!j->head_sent) json_object_set_new(delta, "role", json_string("assistant"));
-        if (n || !finish) json_object_set_new(delta, "content", json_stringn(text, n));
+        if (news) news_fields(delta, news, true);
+        /* a chunk that only carries log-probabilities (or the role) still has its content */
+        if (!finish && json_object_size(delta) == (j->head_sent ? 0u : 1u))
+            json_object_set_new(delta, "content", json_string(""));
         json_object_set_new(choice, "delta", delta);
     } else {
         json_object_set_new(choice, "text", json_stringn(text, n));
@@ -459,7 +513,15 @@ static void format_job(server *s, group *g, job *j) {
     size_t n = j->text_len - j->text_sent;
     int lp_to = j->n_lps;
     const char *echo = j->head_sent ? NULL : g->echo[j->prompt];
-    if (n || lp_to > j->lps_sent || echo || (!j->head_sent && g->kind == SERVER_CHAT)) {
+    bool chat = g->kind == SERVER_CHAT;
+    server_news news = {0};
+    if (chat)
+        server_output_news(&j->split, j->text ? j->text : "", j->text_len,
+                           j->finish != ENGINE_FINISH_NONE, &news);
+    bool fresh = chat
+                     ? news.content_len || news.reasoning_len || news.scan.n_calls > news.first_call
+                     : n > 0;
+    if (fresh || lp_to > j->lps_sent || echo || (!j->head_sent && chat)) {
         size_t len = n;
         char *text = NULL;
         if (echo) {
@@ -468,12 +530,13 @@ static void format_job(server *s, group *g, job *j) {
             text = base_xmalloc(n + 1);
             if (n) memcpy(text, j->text + j->text_sent, n);
         }
-        out_event(g, delta_chunk(s, g, j, text, len, lp_to, NULL));
+        out_event(g, delta_chunk(s, g, j, text, len, chat ? &news : NULL, lp_to, NULL));
         free(text);
         j->head_sent = true;
         j->text_sent = j->text_len;
         j->lps_sent = lp_to;
     }
+    server_news_free(&news);
     if (j->finish == ENGINE_FINISH_NONE || j->tail_sent) return;
     j->tail_sent = true;
     if (j->finish == ENGINE_FINISH_ERROR)
@@ -483,7 +546,9 @@ static void format_job(server *s, group *g, job *j) {
     else if (g->kind == SERVER_LLAMA_COMPLETION)
         out_event(g, llama_body(s, g, j, "", true, 0, 0));
     else
-        out_event(g, delta_chunk(s, g, j, "", 0, j->lps_sent, finish_reason(j->finish)));
+        out_event(g, delta_chunk(s, g, j, "", 0, NULL, j->lps_sent,
+                                 chat ? chat_finish_reason(j->finish, j->split.calls_sent > 0)
+                                      : finish_reason(j->finish)));
 }
 
 /* Formats (mu held) whatever is new in every choice, then the usage and [DONE] once all have
@@ -665,6 +730,8 @@ static group *group_new(server *s, struct MHD_Connection *c, server_exchange *x,
         j->prompt = i / p->best_of;
         j->index = j->prompt * p->n_choices + i % p->best_of;
         j->stop_index = -1;
+        j->split = p->out;
+        json_incref(j->split.tool_defs);
     }
     g->echo = base_xcalloc((size_t)p->n_prompts, sizeof *g->echo);
     g->echo_len = base_xcalloc((size_t)p->n_prompts, sizeof *g->echo_len);

@@ -364,8 +364,7 @@ static int parse_text_prompt(json_t *b, server_kind kind, const engine_prompter 
 /* How the conversation is rendered: add_generation_prompt and continue_final_message as vLLM
  * spells them, defaulting to continuing a final assistant message (a prefill), and
  * chat_template_kwargs as more template variables. */
-static int parse_chat_options(json_t *b, const json_t *messages, engine_chat_options *o,
-                              base_err *err) {
+int server_chat_options(json_t *b, const json_t *messages, engine_chat_options *o, base_err *err) {
     *o = engine_chat_defaults(messages);
     bool add_set = field(b, "add_generation_prompt") != NULL;
     bool cont_set = field(b, "continue_final_message") != NULL;
@@ -375,18 +374,6 @@ static int parse_chat_options(json_t *b, const json_t *messages, engine_chat_opt
     /* naming one of the two decides the other, unless both are named */
     if (add_set && !cont_set) o->continue_final_message = false;
     if (cont_set && !add_set) o->add_generation_prompt = !o->continue_final_message;
-    json_t *extra = field(b, "chat_template_kwargs");
-    if (extra && !json_is_object(extra))
-        return base_fail(err, "'chat_template_kwargs' must be an object");
-    o->extra = extra;
-    return 0;
-}
-
-/* Fields of features not implemented yet (issue 22): refused, never ignored. */
-static int refuse_unimplemented(json_t *b, base_err *err) {
-    json_t *tools = field(b, "tools");
-    if (tools && (!json_is_array(tools) || json_array_size(tools) > 0))
-        return base_fail(err, "'tools' (tool calling) is not supported yet");
     return 0;
 }
 
@@ -450,20 +437,22 @@ static int parse_suffix(json_t *b, const engine_prompter *pr, int ctx, server_pa
     return 0;
 }
 
-static int parse_prompt(json_t *b, server_kind kind, const engine_prompter *pr, int vocab, int ctx,
-                        server_params *p, base_err *err) {
-    if (refuse_unimplemented(b, err)) return -1;
+static int parse_prompt(json_t *b, server_kind kind, const server_options *o,
+                        const engine_prompter *pr, int vocab, int ctx, server_params *p,
+                        base_err *err) {
     if (kind == SERVER_CHAT && field(b, "suffix"))
         return base_fail(err, "'suffix' is a field of the completions routes");
-    if (kind != SERVER_CHAT && field(b, "suffix")) return parse_suffix(b, pr, ctx, p, err);
-    if (kind != SERVER_CHAT) return parse_text_prompt(b, kind, pr, vocab, ctx, p, err);
-    json_t *m = field(b, "messages");
-    if (!json_is_array(m) || json_array_size(m) == 0)
-        return base_fail(err, "'messages' must be a non-empty array");
-    engine_chat_options o;
-    if (parse_chat_options(b, m, &o, err)) return -1;
-    server_prompt *e = add_prompt(p);
-    return engine_prompter_encode_chat(pr, m, &o, ctx, &e->ids, &e->n_ids, err);
+    if (kind == SERVER_CHAT) {
+        server_prompt *e = add_prompt(p);
+        return server_chat_prompt(b, o, pr, ctx, p, &e->ids, &e->n_ids, err);
+    }
+    static const char *const chat_only[] = {"tools", "tool_choice", "parallel_tool_calls",
+                                            "reasoning_effort", "chat_template_kwargs"};
+    for (size_t i = 0; i < sizeof chat_only / sizeof *chat_only; i++)
+        if (field(b, chat_only[i]))
+            return base_fail(err, "'%s' is for /v1/chat/completions, not this route", chat_only[i]);
+    if (field(b, "suffix")) return parse_suffix(b, pr, ctx, p, err);
+    return parse_text_prompt(b, kind, pr, vocab, ctx, p, err);
 }
 
 int server_params_parse(json_t *b, server_kind kind, const server_options *o,
@@ -484,7 +473,7 @@ int server_params_parse(json_t *b, server_kind kind, const server_options *o,
         parse_stop_ids(b, vocab, p, err) || parse_logit_bias(b, vocab, p, err) ||
         parse_logprobs(b, kind, p, err) || parse_echo_probs(b, kind, p, err) ||
         parse_constraint(b, p, err) || get_bool(b, "ignore_eos", &p->req.ignore_eos, err) ||
-        parse_prompt(b, kind, pr, vocab, ctx, p, err))
+        parse_prompt(b, kind, o, pr, vocab, ctx, p, err))
         return -1;
     if (p->n_prompts * p->best_of > SERVER_MAX_CHOICES)
         return base_fail(err, "%d prompts times %d sequences each is more than %d", p->n_prompts,
@@ -501,6 +490,10 @@ void server_params_free(server_params *p) {
     free(p->prompts);
     free(p->bias);
     free(p->gbnf);
+    json_decref(p->vars);
+    json_decref(p->out.tool_defs);
+    free(p->tool_gbnf);
+    free(p->think_ids);
 }
 
 int server_body_props(json_t *b, engine_sampling *d, int *n_predict, bool *seed_fixed,
@@ -581,9 +574,12 @@ int server_body_apply_template(const engine_prompter *pr, json_t *b, json_t **ou
     json_t *m = json_object_get(b, "messages");
     if (!json_is_array(m)) return base_fail(err, "'messages' must be an array");
     engine_chat_options o;
-    if (parse_chat_options(b, m, &o, err)) return -1;
+    server_params p = {0};
+    int rc = server_chat_options(b, m, &o, err) || server_chat_vars(b, &p, &o, err);
     char *prompt = NULL;
-    if (engine_prompter_render(pr, m, &o, &prompt, err)) return -1;
+    rc = rc || engine_prompter_render(pr, m, &o, &prompt, err);
+    server_params_free(&p);
+    if (rc) return -1;
     *out = json_pack("{s:s}", "prompt", prompt);
     free(prompt);
     return 0;

@@ -5,6 +5,7 @@
 #define MLXCEL_SERVER_PARAMS_H
 
 #include "server/server.h"
+#include "server/server_output.h"
 
 #include <jansson.h>
 
@@ -41,7 +42,23 @@ typedef struct server_params {
     engine_logit_bias *bias; /* owned */
     char *gbnf; /* owned: the grammar of response_format or json_schema; req.grammar is this or
                    the body's `grammar` */
+    /* chat */
+    json_t *vars;       /* owned: template variables (chat_template_kwargs, tools, ...) */
+    server_output out;  /* how the answer splits; its tool_defs reference owned */
+    char *tool_gbnf;    /* owned: the grammar of a forced tool call */
+    int32_t *think_ids; /* owned: <think> then </think> as ids, for the thinking budget */
 } server_params;
+
+/* How the conversation is rendered (add_generation_prompt, continue_final_message), from the
+ * body (server_params.c). */
+int server_chat_options(json_t *b, const json_t *messages, engine_chat_options *o, base_err *err);
+/* The template variables of a chat body into p->vars and o->extra: chat_template_kwargs,
+ * then the tools (unless tool_choice is none) and reasoning_effort (server_chat.c). */
+int server_chat_vars(json_t *b, server_params *p, engine_chat_options *o, base_err *err);
+/* A chat body's prompt rendered and tokenized into *ids (n), and into p what the answer's
+ * parsing and the engine need for tools and reasoning (server_chat.c). */
+int server_chat_prompt(json_t *b, const server_options *o, const engine_prompter *pr, int ctx,
+                       server_params *p, int32_t **ids, int *n, base_err *err);
 
 /* Fills p from the body (which must outlive p). ctx: tokens a sequence holds, against which a
  * prompt is judged long before it is tokenized. On failure err names the field; call

@@ -205,7 +205,7 @@ async function messagesPart(url) {
   const image = await post(url, '/v1/chat/completions', { messages: [{ role: 'user', content: [{ type: 'text', text: 'What is it?' }, { type: 'image_url', image_url: { url: 'data:,' } }] }] });
   check(image.status === 400 && /text only/.test((await image.json()).error.message), 'an image part is refused: this model takes text only');
   await expectError(await post(url, '/v1/chat/completions', { messages: [{ role: 'wizard', content: 'hi' }] }), 400, 'an unknown role');
-  await expectError(await post(url, '/v1/chat/completions', { messages, tools: [{ type: 'function', function: { name: 'f' } }] }), 400, 'tools, not implemented yet');
+  await expectError(await post(url, '/v1/chat/completions', { messages, tools: { type: 'function' } }), 400, 'tools that are not an array');
   await expectError(await post(url, '/v1/chat/completions', { messages, grammar: 'root ::= ("a"' }), 400, 'a grammar that does not parse');
 
   // prefill: a final assistant message is continued

@@ -1,0 +1,71 @@
+/* The answer's parts, kept consistent between streamed and whole responses: each part only
+ * grows from one scan to the next (the splitters hold text that may still become a tag or a
+ * call marker), so a delta is what a part holds past what was sent. */
+#include "server/server_output.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void server_output_news(server_output *o, const char *text, size_t len, bool final,
+                        server_news *n) {
+    memset(n, 0, sizeof *n);
+    engine_think_split t = {.content_start = 0};
+    if (o->reasoning) engine_think_split_text(text, len, o->inside, final, &t);
+    if (t.reasoning_len > o->reasoning_sent) {
+        n->reasoning = text + t.reasoning_start + o->reasoning_sent;
+        n->reasoning_len = t.reasoning_len - o->reasoning_sent;
+        o->reasoning_sent = t.reasoning_len;
+    }
+    const char *c = text + t.content_start;
+    size_t clen = len - t.content_start, head = clen, rest = clen;
+    if (o->tools) {
+        engine_tools_scan(o->format, c, clen, final, o->forced, o->tool_defs, &n->scan);
+        while (o->calls_max && n->scan.n_calls > o->calls_max) {
+            engine_tool_call *x = &n->scan.calls[--n->scan.n_calls];
+            free(x->name);
+            free(x->arguments);
+        }
+        head = n->scan.content_len;
+        rest = n->scan.rest_start;
+    }
+    /* the content is the text before the calls, then (final) what follows them */
+    size_t total = head + (clen - rest);
+    if (total > o->content_sent) {
+        n->content = base_xmalloc(total - o->content_sent + 1);
+        size_t w = 0;
+        if (o->content_sent < head) {
+            memcpy(n->content, c + o->content_sent, head - o->content_sent);
+            w = head - o->content_sent;
+        }
+        size_t from = o->content_sent > head ? rest + (o->content_sent - head) : rest;
+        memcpy(n->content + w, c + from, clen - from);
+        n->content_len = w + clen - from;
+        n->content[n->content_len] = 0;
+        o->content_sent = total;
+    }
+    n->first_call = o->calls_sent;
+    if (n->scan.n_calls > o->calls_sent) o->calls_sent = n->scan.n_calls;
+}
+
+void server_news_free(server_news *n) {
+    free(n->content);
+    engine_tool_scan_free(&n->scan);
+}
+
+json_t *server_tool_call_json(const engine_tool_call *c, int index) {
+    static const char digits[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    static uint64_t counter;
+    /* unique within the process and unguessable enough for a correlation id */
+    uint64_t x = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ull ^
+                 (uint64_t)(base_now() * 1e9);
+    char id[32] = "call_";
+    for (int i = 5; i < 29; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        id[i] = digits[x % (sizeof digits - 1)];
+    }
+    id[29] = 0;
+    json_t *o = json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", id, "type", "function", "function", "name",
+                          c->name, "arguments", c->arguments);
+    if (o && index >= 0) json_object_set_new(o, "index", json_integer(index));
+    return o;
+}

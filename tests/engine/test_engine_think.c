@@ -1,0 +1,130 @@
+/* The thinking budget through the scheduler on the demo model (greedy): the close ids are
+ * forced right after the budget's tokens, counted from the start when the prompt opened the
+ * thinking or from the model's own open ids, the tokens before them are the free run's, a
+ * request that never thinks is untouched, and a budget beside a grammar is refused. */
+#include "engine/engine.h"
+#include "test.h"
+
+#include <pthread.h>
+#include <string.h>
+
+#define MAX_GEN 16
+
+typedef struct collector {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t tokens[MAX_GEN];
+    int n_tokens, n_final;
+} collector;
+
+static void on_event(void *ctx, const engine_event *ev) {
+    collector *c = ctx;
+    pthread_mutex_lock(&c->mu);
+    if (ev->token >= 0 && c->n_tokens < MAX_GEN) c->tokens[c->n_tokens++] = ev->token;
+    if (ev->finish != ENGINE_FINISH_NONE) c->n_final++;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static const int32_t g_prompt[] = {1, 450, 9939, 28705};
+static const int32_t g_close[] = {100, 200, 300};
+
+/* Runs one greedy request of 10 tokens with the budget fields of `think` into c. */
+static void run(engine_sched *s, const engine_request *think, collector *c) {
+    memset(c, 0, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    engine_request r = *think;
+    r.prompt = g_prompt;
+    r.n_prompt = 4;
+    r.max_tokens = 10;
+    engine_sampling_defaults(&r.sampling);
+    r.sampling.temperature = 0;
+    r.ignore_eos = true;
+    r.on_event = on_event;
+    r.ctx = c;
+    uint64_t id;
+    engine_reject why;
+    base_err err;
+    CHECK_MSG(engine_submit(s, &r, &id, &why, &err) == 0, "%s", err.msg);
+    pthread_mutex_lock(&c->mu);
+    while (!c->n_final) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    CHECK(c->n_tokens == 10);
+}
+
+static bool same(const int32_t *a, const int32_t *b, int n) {
+    return memcmp(a, b, (size_t)n * sizeof *a) == 0;
+}
+
+int main(void) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/models/demo", test_source_dir());
+    base_err err;
+    tok_tokenizer *tok = NULL;
+    engine_runtime *rt = NULL;
+    engine_options o;
+    engine_options_defaults(&o);
+    o.device = "cpu";
+    o.n_threads = 2;
+    o.ctx_size = 64;
+    o.n_parallel = 1;
+    if (tok_load(dir, 0, &tok, &err) || engine_runtime_open(dir, &o, &rt, &err)) {
+        fprintf(stderr, "demo model: %s\n", err.msg);
+        return 1;
+    }
+    engine_sched_options so = {.n_parallel = 1, .ctx_size = 64, .tok = tok};
+    engine_sched *s = NULL;
+    if (engine_sched_start(rt, &so, &s, &err)) {
+        fprintf(stderr, "scheduler: %s\n", err.msg);
+        return 1;
+    }
+    collector free_run, c;
+    engine_request none = {0};
+    run(s, &none, &free_run);
+
+    /* the prompt opened the thinking: 3 tokens, then the close ids */
+    engine_request think = {
+        .reasoning_budget = 3, .thinking = true, .think_close = g_close, .n_think_close = 3};
+    run(s, &think, &c);
+    CHECK(same(c.tokens, free_run.tokens, 3) && same(c.tokens + 3, g_close, 3));
+
+    /* a budget of 0 closes at once */
+    think.reasoning_budget = 0;
+    run(s, &think, &c);
+    CHECK(same(c.tokens, g_close, 3));
+
+    /* the model opens it itself (its first two free tokens taken as the open tag): two
+     * tokens of thinking after them, then the close */
+    think = (engine_request){.reasoning_budget = 2,
+                             .think_open = free_run.tokens,
+                             .n_think_open = 2,
+                             .think_close = g_close,
+                             .n_think_close = 3};
+    run(s, &think, &c);
+    CHECK(same(c.tokens, free_run.tokens, 4) && same(c.tokens + 4, g_close, 3));
+
+    /* never opened: the free run */
+    int32_t open[] = {g_close[0], g_close[1]};
+    think.think_open = open;
+    run(s, &think, &c);
+    CHECK(same(c.tokens, free_run.tokens, 10));
+
+    /* a budget beside a grammar is refused */
+    engine_request both = {.prompt = g_prompt,
+                           .n_prompt = 4,
+                           .grammar = "root ::= \"a\"\n",
+                           .reasoning_budget = 1,
+                           .think_close = g_close,
+                           .n_think_close = 3,
+                           .on_event = on_event,
+                           .ctx = &c};
+    engine_sampling_defaults(&both.sampling);
+    uint64_t id;
+    engine_reject why;
+    CHECK(engine_submit(s, &both, &id, &why, &err) == -1 && why == ENGINE_REJECT_INVALID);
+    engine_sched_stop(s);
+    engine_runtime_close(rt);
+    tok_free(tok);
+    TEST_MAIN_END();
+}
