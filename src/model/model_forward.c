@@ -452,8 +452,9 @@ void model_free(model *m) {
     if (!m) return;
     be_backend *be = m->be;
     model_scratch *s = &m->s;
-    void *bufs[] = {s->x,  s->h,   s->q,     s->k,      s->v,    s->att,      s->gate,
-                    s->up, s->ids, s->out_x, s->logits, s->meta, s->inv_freq, m->workspace};
+    void *bufs[] = {s->x,      s->h,    s->q,        s->k,         s->v,
+                    s->att,    s->gate, s->up,       s->ids,       s->out_x,
+                    s->logits, s->meta, s->inv_freq, m->workspace, s->moe_out};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
     model_graphs_free(m);
