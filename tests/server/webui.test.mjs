@@ -3,7 +3,7 @@
 // to pick and no WebSocket client needed). The page must ask for the key, take it and a
 // max_tokens in its settings, send a typed message with Enter, stream the answer into the
 // page (the same text the API gives for the same request, as the server's seed is fixed), show
-// tokens/s, render markdown safely, and keep the conversation across a reload. The screenshot goes to
+// tokens/s, stop a reply with its button, render markdown safely, and keep the conversation across a reload. The screenshot goes to
 // webui_chat.png in the build directory. Exits 77 (skipped) where there is no Chromium.
 import { spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -173,13 +173,29 @@ async function pageChecks(url) {
     check(/<details class="reasoning"><summary>Reasoning<\/summary><p>hmm<\/p><\/details><p>yes<\/p>/.test(thought),
       `reasoning is a collapsed block before the answer (${thought})`);
 
+    // Stop: with the network slowed to a trickle the answer streams for seconds; the button
+    // aborts it, the part that came is kept, and the page is ready for the next message
+    await page.send('Network.enable');
+    await page.send('Network.emulateNetworkConditions', { offline: false, latency: 0, downloadThroughput: 300, uploadThroughput: -1 });
+    await page.evaluate(`settings.max_tokens = 400`);
+    await page.type('#input', 'And then?');
+    await page.key('Enter', 'Enter');
+    await page.waitFor(`document.getElementById('send').textContent === 'Stop' && /[1-9]\\d* tokens?/.test(document.querySelectorAll('.msg.assistant')[1]?.innerText)`, 'the second answer to start');
+    await page.evaluate(`document.getElementById('send').click()`);
+    await page.waitFor(`document.getElementById('send').textContent === 'Send'`, 'the stop to take effect', 10_000 * SCALE);
+    await page.send('Network.emulateNetworkConditions', { offline: false, latency: 0, downloadThroughput: -1, uploadThroughput: -1 });
+    const stopped = (await page.evaluate(`JSON.parse(localStorage.getItem('mlxcel.messages'))`))?.[3];
+    check(stopped?.error === 'stopped' && stopped.content.length > 0,
+      `Stop ends the answer, keeps what came and says so (${JSON.stringify(stopped)})`);
+    await page.evaluate(`settings.max_tokens = 24`);
+
     const shot = await page.send('Page.captureScreenshot', { format: 'png' });
     writeFileSync(SCREENSHOT, Buffer.from(shot.data, 'base64'));
     console.log(`screenshot: ${SCREENSHOT}`);
 
     // a reload keeps the conversation (localStorage) and the key
     await page.navigate(`${url}/`);
-    const kept = await page.waitFor(`document.querySelectorAll('.msg').length === 2 && document.getElementById('model').textContent`, 'the conversation after a reload');
+    const kept = await page.waitFor(`document.querySelectorAll('.msg').length === 4 && document.getElementById('model').textContent`, 'the conversation after a reload');
     check(kept === 'demo', 'the conversation and the key survive a reload');
   } finally {
     // the profile goes once the browser has stopped writing to it
