@@ -18,9 +18,11 @@ deps:
 test: deps all
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-# The main job: the embedded demo model continues a story.
+# The main job: the embedded demo model continues a story. A plain continuation (--raw): the
+# toy model's chat turns end after a few words. Seeded sampling with a mild repeat penalty,
+# as greedy decoding loops; the seed makes every fresh clone print the same story.
 demo: deps all
-	$(BUILD)/bin/mlxcel run -p "Once upon a time" -n 60
+	$(BUILD)/bin/mlxcel run --raw -p "Once upon a time" -n 60 --temp 0.7 --repeat-penalty 1.1 --seed 3
 
 # Builds the fuzz targets with clang and the sanitizers (build-fuzz/) and runs each for
 # FUZZ_SECONDS; see fuzz/run.sh.

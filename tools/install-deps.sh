@@ -17,6 +17,12 @@ if command -v node >/dev/null && command -v npm >/dev/null; then
     missing=("${missing[@]/npm}")
 fi
 read -r -a missing <<<"${missing[*]:-}"
+# Chromium only runs the chat page's browser test, which skips without it: installed when
+# this runs as root, and not asked for otherwise.
+if ! dpkg-query -W -f='${Status}' chromium 2>/dev/null | grep -q 'install ok installed' &&
+    [ "$(id -u)" -eq 0 ]; then
+    missing+=(chromium)
+fi
 if ((${#missing[@]})); then
     if [ "$(id -u)" -ne 0 ]; then
         echo "mlxcel: error: missing packages: ${missing[*]} (run this script as root, or apt-get install them)" >&2

@@ -7,19 +7,22 @@
 #include <string.h>
 #include <unistd.h>
 
-/* A progress bar on stderr while the model loads, only on a terminal. */
+/* A progress bar on stderr while the model's layers load (mapped, and uploaded to the device),
+ * only on a terminal; it is erased once the model is in. */
 static void load_progress(void *ctx, int done, int total) {
-    (void)ctx;
-    int width = 30, fill = total ? done * width / total : width;
-    fprintf(stderr, "\rloading [%.*s%*s] %d/%d layers", fill, "##############################",
-            width - fill, "", done, total);
-    if (done == total) fputs("\r\033[K", stderr);
+    cli_progress *bar = ctx;
+    cli_progress_draw(bar, done, total);
+    if (done == total) cli_progress_clear(bar);
 }
 
 void cli_runtime_init(cli_runtime_flags *f) {
     memset(f, 0, sizeof *f);
     engine_options_defaults(&f->opts);
-    if (isatty(STDERR_FILENO)) f->opts.on_load = load_progress;
+    cli_progress_init(&f->load_bar, "loading", "layers");
+    if (f->load_bar.on) {
+        f->opts.on_load = load_progress;
+        f->opts.on_load_ctx = &f->load_bar;
+    }
 }
 
 bool cli_take_runtime(cli_parser *p, cli_runtime_flags *f) {

@@ -3,6 +3,7 @@
 #define MLXCEL_CLI_RUNTIME_H
 
 #include "cli/cli.h"
+#include "cli/cli_progress.h"
 #include "engine/engine.h"
 
 #include <limits.h>
@@ -12,6 +13,7 @@ typedef struct cli_runtime_flags {
     bool offline;      /* --offline: never download */
     char model_dir[PATH_MAX];
     engine_options opts;
+    cli_progress load_bar; /* opts.on_load_ctx points here: f must stay where it was inited */
 } cli_runtime_flags;
 
 void cli_runtime_init(cli_runtime_flags *f);

@@ -1,6 +1,7 @@
 /* `mlxcel bench`: llama-bench style throughput table, with decode measured against the
  * backend's copy bandwidth measured in the same run. */
 #include "cli/cli_runtime.h"
+#include "cli/cmd_bench_plot.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -25,9 +26,16 @@ static const char *g_help =
     "  -b, --batch LIST         concurrent sequences for tgN, comma-separated (default 1)\n"
     "  -r, --repetitions R      runs of each test, the best is kept (default 3)\n"
     "      --json               one JSON object per test, one per line\n"
+    "      --plot FILE.svg      also draw decode tok/s against batch, with the copy-bandwidth\n"
+    "                           ceiling, as an SVG\n"
+    "      --plot-from ROWS     draw FILE.svg from the --json rows of an earlier run instead\n"
+    "                           of running (no -m)\n"
+    "\n"
+    "On a terminal, stderr shows which test is running; each row is printed as it finishes.\n"
     "\n"
     "example:\n"
-    "  mlxcel bench -m models/demo -p 512 -n 128 -d 512 -b 1,8 -t 2\n";
+    "  mlxcel bench -m models/demo -p 512 -n 128 -d 512 -b 1,8 -t 2\n"
+    "  mlxcel bench -m models/demo -p 0 -n 32 -b 1,2,4,8 --plot decode.svg\n";
 
 typedef struct bench_row {
     char test[48];
@@ -53,6 +61,7 @@ static void print_row(const char *model_dir, const engine_runtime *rt, const ben
             json_object_set_new(o, "copy_bandwidth_share", json_real(r->ceiling_share));
         }
         cli_print_json(o);
+        fflush(stdout);
         return;
     }
     printf("| %-24s | %-4s | %7d | %-10s | %5d | %10.1f |", model_dir, be->name, be->n_threads,
@@ -61,6 +70,7 @@ static void print_row(const char *model_dir, const engine_runtime *rt, const ben
         printf(" %8.2f | %5.1f%% |\n", r->gb_per_s, 100.0 * r->ceiling_share);
     else
         printf(" %8s | %6s |\n", "-", "-");
+    fflush(stdout);
 }
 
 static int parse_batches(const char *s, int *out, int max, int *n) {
@@ -75,9 +85,18 @@ static int parse_batches(const char *s, int *out, int max, int *n) {
     return *n ? 0 : -1;
 }
 
+/* The line on stderr that says which test runs, while it runs. */
+static void show_running(cli_progress *bar, const bench_row *r, long rep, long reps) {
+    char label[80];
+    snprintf(label, sizeof label, "%s, batch %d", r->test, r->batch);
+    if (rep == 0) cli_progress_init(bar, label, "runs");
+    cli_progress_draw(bar, rep, reps);
+}
+
 static int run_bench(const char *model_dir, engine_runtime *rt, long n_prompt, long n_gen,
                      long n_depth, const int *batches, int n_batches, long reps, bool json,
-                     base_err *err) {
+                     bench_curve *curve, base_err *err) {
+    cli_progress bar;
     double copy_bw;
     if (engine_bench_copy_bandwidth(rt->be, &copy_bw, err)) return -1;
     uint64_t step_bytes = model_decode_bytes(rt->model);
@@ -98,9 +117,11 @@ static int run_bench(const char *model_dir, engine_runtime *rt, long n_prompt, l
         snprintf(r.test, sizeof r.test, "pp%ld", n_prompt);
         for (long i = 0; i < reps; i++) {
             double sec;
+            show_running(&bar, &r, i, reps);
             if (engine_bench_prefill(rt, (int)n_prompt, &sec, err)) return -1;
             if (sec > 0 && n_prompt / sec > r.tok_per_s) r.tok_per_s = (double)n_prompt / sec;
         }
+        cli_progress_clear(&bar);
         print_row(model_dir, rt, &r, json);
     }
     for (int b = 0; b < n_batches && n_gen > 0; b++) {
@@ -112,6 +133,7 @@ static int run_bench(const char *model_dir, engine_runtime *rt, long n_prompt, l
         double best = 0;
         for (long i = 0; i < reps; i++) {
             double sec;
+            show_running(&bar, &r, i, reps);
             if (engine_bench_decode(rt, batches[b], (int)n_depth, (int)n_gen, &sec, err)) return -1;
             if (sec > 0 && (best == 0 || sec < best)) best = sec;
         }
@@ -122,7 +144,14 @@ static int run_bench(const char *model_dir, engine_runtime *rt, long n_prompt, l
         r.kv_gb_per_s = kv_step * (double)n_gen / best / 1e9;
         r.gb_per_s = (double)step_bytes * (double)n_gen / best / 1e9 + r.kv_gb_per_s;
         r.ceiling_share = copy_bw > 0 ? r.gb_per_s * 1e9 / copy_bw : 0;
+        cli_progress_clear(&bar);
         print_row(model_dir, rt, &r, json);
+        bench_curve_add(curve, r.batch, r.tok_per_s, r.ceiling_share);
+        if (b == 0) {
+            snprintf(curve->title, sizeof curve->title, "%s: decode, %s", model_dir, r.test);
+            snprintf(curve->subtitle, sizeof curve->subtitle, "%s (%s backend), commit %s",
+                     rt->be->device, rt->be->name, MLXCEL_GIT_COMMIT);
+        }
     }
     return 0;
 }
@@ -131,7 +160,7 @@ int cli_cmd_bench(int argc, char **argv) {
     cli_runtime_flags rtf;
     cli_runtime_init(&rtf);
     long n_prompt = 512, n_gen = 128, n_depth = 0, reps = 3;
-    const char *batch_list = "1";
+    const char *batch_list = "1", *plot = NULL, *plot_from = NULL;
     bool json = false;
     cli_parser p;
     cli_parser_init(&p, "bench", argc, argv);
@@ -145,7 +174,8 @@ int cli_cmd_bench(int argc, char **argv) {
             cli_take_int(&p, "-n", "--n-gen", 0, 1 << 20, &n_gen) ||
             cli_take_int(&p, "-d", "--n-depth", 0, 1 << 20, &n_depth) ||
             cli_take_int(&p, "-r", "--repetitions", 1, 1000, &reps) ||
-            cli_take(&p, "-b", "--batch", &batch_list))
+            cli_take(&p, "-b", "--batch", &batch_list) || cli_take(&p, NULL, "--plot", &plot) ||
+            cli_take(&p, NULL, "--plot-from", &plot_from))
             continue;
         if (cli_flag(&p, NULL, "--json")) {
             json = true;
@@ -154,7 +184,18 @@ int cli_cmd_bench(int argc, char **argv) {
         cli_unknown(&p);
     }
     if (cli_done(&p)) return CLI_USAGE;
+    base_err err;
+    bench_curve curve = {0};
+    if (plot_from) {
+        if (!plot) return cli_usage_fail("bench: --plot-from needs --plot FILE.svg to draw into");
+        if (rtf.model) return cli_usage_fail("bench: --plot-from runs nothing: leave out -m");
+        return bench_curve_read(plot_from, &curve, &err) || bench_curve_plot(plot, &curve, &err)
+                   ? cli_fail(&err)
+                   : CLI_OK;
+    }
     if (!rtf.model) return cli_usage_fail("bench: -m MODEL is required");
+    if (plot && n_gen == 0)
+        return cli_usage_fail("bench: --plot draws the decode tests, and -n 0 runs none");
     int batches[64], n_batches;
     if (parse_batches(batch_list, batches, 64, &n_batches))
         return cli_usage_fail("bench: -b wants comma-separated batch sizes in [1, 4096], got '%s'",
@@ -169,12 +210,12 @@ int cli_cmd_bench(int argc, char **argv) {
         return cli_usage_fail("bench: -d %ld with -n %ld needs a context of %ld tokens; -c is %d",
                               n_depth, n_gen, decode_len, rtf.opts.ctx_size);
     rtf.opts.n_parallel = max_batch;
-    base_err err;
     engine_runtime *rt;
     if (cli_runtime_resolve(&rtf, &err) || engine_runtime_open(rtf.model, &rtf.opts, &rt, &err))
         return cli_fail(&err);
-    int rc =
-        run_bench(rtf.model, rt, n_prompt, n_gen, n_depth, batches, n_batches, reps, json, &err);
+    int rc = run_bench(rtf.model, rt, n_prompt, n_gen, n_depth, batches, n_batches, reps, json,
+                       &curve, &err);
     engine_runtime_close(rt);
+    if (rc == 0 && plot) rc = bench_curve_plot(plot, &curve, &err);
     return rc ? cli_fail(&err) : CLI_OK;
 }

@@ -24,7 +24,8 @@ static const char *g_help =
     "  -p, --prompt TEXT        answer this one message and exit\n"
     "  -n, --n-predict N        most tokens per reply (default: until the end of the reply)\n"
     "      --temp T, --top-k K, --top-p P, --min-p P, --seed S   sampling, as in generate\n"
-    "      --raw                send the prompt as plain text, without the chat template\n"
+    "      --raw                send the prompt as plain text, without the chat template, and\n"
+    "                           (with -p) print it before its continuation, as a text to go on\n"
     "      --show-reasoning     print the model's thinking (<think>..</think>) too; without it\n"
     "                           only the answer is shown\n"
     "\n"
@@ -255,6 +256,8 @@ int cli_cmd_run(int argc, char **argv) {
     struct sigaction sa = {.sa_handler = on_sigint};
     sigaction(SIGINT, &sa, NULL);
     int rc = CLI_OK;
+    /* a plain continuation reads as one text only with the words it continues */
+    if (prompt && s.raw) fputs(prompt, stdout);
     if (prompt)
         rc = run_turn(&s, prompt, &err) ? cli_fail(&err) : CLI_OK;
     else

@@ -29,6 +29,7 @@ static const struct {
     {"LLAMA_ARG_ENDPOINT_SLOTS", "--slots", "--no-slots", true},
     {"LLAMA_ARG_NO_ENDPOINT_SLOTS", "--no-slots", NULL, true},
     {"LLAMA_ARG_ENDPOINT_PROPS", "--props", NULL, true},
+    {"LLAMA_ARG_NO_WEBUI", "--no-webui", NULL, true},
     {"LLAMA_ARG_CHAT_TEMPLATE", "--chat-template", NULL, false},
     {"LLAMA_ARG_CHAT_TEMPLATE_FILE", "--chat-template-file", NULL, false},
     {"LLAMA_ARG_TIMEOUT", "--timeout", NULL, false},
@@ -62,7 +63,8 @@ static const char g_help[] =
     "\n"
     "OpenAI-compatible server: POST /v1/chat/completions, /v1/completions, /completion,\n"
     "/tokenize, /detokenize, /apply-template, /props, /slots/ID?action=erase; GET /v1/models,\n"
-    "/v1/models/ID, /health, /v1/health, /metrics, /slots, /props.\n"
+    "/v1/models/ID, /health, /v1/health, /metrics, /slots, /props; a chat page at / for a\n"
+    "browser.\n"
     "\n"
     "%s"
     "  -np, --parallel N        sequences generated at once (default 4). -c is the limit of\n"
@@ -79,6 +81,8 @@ static const char g_help[] =
     "      --metrics            serve Prometheus metrics on GET /metrics\n"
     "      --no-slots           no GET /slots (served by default, as --slots says)\n"
     "      --props              let POST /props change the sampling defaults\n"
+    "      --no-webui           no chat page at / (served by default, without the API key:\n"
+    "                           the page asks for it)\n"
     "      --chat-template-file F  a Jinja chat template replacing the model's\n"
     "      --chat-template T    the same as text, or llama-server's name chatml or llama3\n"
     "      --timeout S          close connections idle for S seconds (default 600)\n"
@@ -124,7 +128,8 @@ static const char g_help[] =
     "Flags can also come from the environment as llama-server names them (LLAMA_ARG_MODEL,\n"
     "LLAMA_ARG_HOST, LLAMA_ARG_PORT, LLAMA_ARG_CTX_SIZE, LLAMA_ARG_N_PARALLEL, LLAMA_ARG_THREADS,\n"
     "LLAMA_ARG_N_PREDICT, LLAMA_API_KEY or LLAMA_ARG_API_KEY, LLAMA_ARG_ENDPOINT_METRICS,\n"
-    "LLAMA_ARG_ENDPOINT_SLOTS, LLAMA_ARG_ENDPOINT_PROPS, LLAMA_ARG_TIMEOUT, LLAMA_ARG_ALIAS,\n"
+    "LLAMA_ARG_ENDPOINT_SLOTS, LLAMA_ARG_ENDPOINT_PROPS, LLAMA_ARG_NO_WEBUI, LLAMA_ARG_TIMEOUT, "
+    "LLAMA_ARG_ALIAS,\n"
     "LLAMA_ARG_CHAT_TEMPLATE, LLAMA_ARG_CHAT_TEMPLATE_FILE, LLAMA_ARG_BATCH, LLAMA_ARG_UBATCH,\n"
     "LLAMA_ARG_CACHE_TYPE_K, LLAMA_ARG_CACHE_TYPE_V, LLAMA_ARG_N_GPU_LAYERS, "
     "LLAMA_ARG_FLASH_ATTN,\n"
@@ -164,6 +169,10 @@ static bool take_server_flag(cli_parser *p, server_flags *f) {
     if (cli_take(p, "-a", "--alias", &f->srv.model_id)) return true;
     if (cli_flag(p, NULL, "--metrics")) {
         f->srv.metrics = true;
+        return true;
+    }
+    if (cli_flag(p, NULL, "--no-webui")) {
+        f->srv.webui = false;
         return true;
     }
     if (cli_take(p, NULL, "--chat-template-file", &f->template_file)) return true;
@@ -223,6 +232,7 @@ static void defaults(server_flags *f) {
     f->sched.max_queue = 256;
     f->srv.reasoning_format = ENGINE_REASONING_AUTO;
     f->srv.slots = true;
+    f->srv.webui = true;
     f->srv.log_requests = true;
     engine_sampling_defaults(&f->srv.defaults);
 }

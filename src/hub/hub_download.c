@@ -287,6 +287,7 @@ typedef struct fetch_io {
     char content_range[128];
     bool progress;
     double last_draw;
+    double t0; /* base_now() when the request began: the speed counts this request's bytes */
 } fetch_io;
 
 static size_t fetch_header(char *p, size_t size, size_t n, void *ctx) {
@@ -349,16 +350,34 @@ static void format_bytes(uint64_t b, char *out, size_t size) {
         snprintf(out, size, "%.1f KiB", (double)b / 1024);
 }
 
+/* "0:42", or "1:02:03" past an hour */
+static void format_duration(double sec, char *out, size_t size) {
+    long s = sec < 0 ? 0 : sec > 359999 ? 359999 : (long)(sec + 0.5);
+    if (s >= 3600)
+        snprintf(out, size, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+    else
+        snprintf(out, size, "%ld:%02ld", s / 60, s % 60);
+}
+
+/* The file's bar, with the speed of this request and the time left at that speed. */
 static void draw_progress(const fetch_io *io, uint64_t done) {
-    char a[32], b[32];
+    char a[32], b[32], speed[32] = "", left[32] = "";
     format_bytes(done, a, sizeof a);
     format_bytes(io->total, b, sizeof b);
+    double sec = base_now() - io->t0, rate = sec > 0 ? (double)(done - io->start) / sec : 0;
+    if (rate > 0) {
+        format_bytes((uint64_t)rate, speed, sizeof speed);
+        strcat(speed, "/s");
+        format_duration(done < io->total ? (double)(io->total - done) / rate : 0, left,
+                        sizeof left);
+    }
     int width = 30, filled = io->total ? (int)((double)done / (double)io->total * width) : width;
     char bar[31];
     for (int i = 0; i < width; i++) bar[i] = i < filled ? '#' : '.';
     bar[width] = 0;
-    fprintf(stderr, "\r  %-34.34s [%s] %3d%% %10s / %s ", io->name, bar,
-            io->total ? (int)(100.0 * (double)done / (double)io->total) : 100, a, b);
+    fprintf(stderr, "\r  %-34.34s [%s] %3d%% %10s / %s %12s %s%s \033[K", io->name, bar,
+            io->total ? (int)(100.0 * (double)done / (double)io->total) : 100, a, b, speed,
+            *left ? "left " : "", left);
     fflush(stderr);
 }
 
@@ -390,7 +409,8 @@ static int fetch_range(http_req *r, const char *url, const char *part, const hub
                    .name = hf->name,
                    .start = start,
                    .total = hf->size,
-                   .progress = o->progress};
+                   .progress = o->progress,
+                   .t0 = base_now()};
     char range[48];
     snprintf(range, sizeof range, "%llu-", (unsigned long long)start);
     curl_easy_setopt(r->curl, CURLOPT_URL, url);

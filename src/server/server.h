@@ -1,8 +1,8 @@
 /* server: the OpenAI-compatible HTTP server (libmicrohttpd): /v1/chat/completions,
  * /v1/completions, /v1/models and /v1/models/{id}, llama-server's /completion, /tokenize,
  * /detokenize, /apply-template, /health, /metrics, /slots (and its erase action) and /props
- * (GET and POST); SSE streaming, key auth (Bearer or x-api-key), one log line per request,
- * header, body, connection and read-time limits, Host and Origin checks, opt-in CORS,
+ * (GET and POST), a chat page at /; SSE streaming, key auth (Bearer or x-api-key), one log line per
+ * request, header, body, connection and read-time limits, Host and Origin checks, opt-in CORS,
  * OpenAI-shaped errors, and a graceful stop. Touches no tensors: generation goes through the
  * engine's scheduler. */
 #ifndef MLXCEL_SERVER_H
@@ -20,6 +20,7 @@ typedef struct server_options {
     bool metrics;  /* serve GET /metrics */
     bool slots;    /* serve GET /slots and its erase action */
     bool props;    /* accept POST /props */
+    bool webui;    /* serve the chat page at / (off: --no-webui) */
     int timeout_s; /* idle connection timeout; <= 0: none */
     /* a request's line, headers and body must all arrive within this many seconds of the
      * connection opening or of its previous response, however steadily the bytes trickle in;

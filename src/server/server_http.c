@@ -3,6 +3,7 @@
  * bodies up to a limit, connection limits, bearer-key auth, CORS when asked for, routing and
  * OpenAI-shaped errors. */
 #include "server/server_internal.h"
+#include "server/server_webui.h"
 
 #include <arpa/inet.h>
 #include <poll.h>
@@ -188,6 +189,7 @@ static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, const char 
     bool post = strcmp(method, "POST") == 0;
     if (get && (strcmp(url, "/health") == 0 || strcmp(url, "/v1/health") == 0)) return health(s, c);
     if (s->cors && strcmp(method, "OPTIONS") == 0) return preflight(s, c);
+    if (server_is_webui_route(s, method, url)) return server_route_webui(s, c);
     if (!authorized(s, c))
         return server_reply_error(s, c, 401, "authentication_error", "Invalid API Key");
     bool gen = post && server_is_generate_route(url);

@@ -5,3 +5,11 @@ set_tests_properties(cli/demo_perplexity PROPERTIES ENVIRONMENT
 add_test(NAME cli/run_reasoning COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/run_reasoning.sh)
 set_tests_properties(cli/run_reasoning PROPERTIES ENVIRONMENT
                      "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin")
+# make demo's story: a continuation of about the asked length, seeded, with no template markers.
+add_test(NAME cli/demo_story COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/demo_story.sh)
+set_tests_properties(cli/demo_story PROPERTIES ENVIRONMENT
+                     "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin")
+# bench --plot and --plot-from: the SVG's lines, points and escaping, and the refusals.
+add_test(NAME cli/bench_plot COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/bench_plot.sh)
+set_tests_properties(cli/bench_plot PROPERTIES ENVIRONMENT
+                     "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin")

@@ -40,6 +40,7 @@ if(MLXCEL_NODE)
                        ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
                        TIMEOUT 120)
 endif()
+math(EXPR MLXCEL_TOOLS_TIMEOUT "120 * ${MLXCEL_TEST_TIME_SCALE}")
 # Tool calls (forced by grammar), reasoning split and budget, content parts and prefill through
 # the openai client.
 if(MLXCEL_NODE)
@@ -48,5 +49,16 @@ if(MLXCEL_NODE)
            WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
   set_tests_properties(server/tools_node PROPERTIES
                        ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
-                       TIMEOUT 120)
+                       TIMEOUT ${MLXCEL_TOOLS_TIMEOUT})
+endif()
+math(EXPR MLXCEL_WEBUI_TIMEOUT "120 * ${MLXCEL_TEST_TIME_SCALE}")
+# The chat page at / in headless Chromium: the key prompt, settings, a streamed chat turn, a
+# reload; its screenshot is webui_chat.png here. Skipped (77) where Chromium is missing.
+if(MLXCEL_NODE)
+  add_test(NAME server/webui_browser
+           COMMAND ${MLXCEL_NODE} ${CMAKE_SOURCE_DIR}/tests/server/webui.test.mjs
+           WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(server/webui_browser PROPERTIES
+                       ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin;MLXCEL_TEST_TIME_SCALE=${MLXCEL_TEST_TIME_SCALE}"
+                       SKIP_RETURN_CODE 77 TIMEOUT ${MLXCEL_WEBUI_TIMEOUT})
 endif()
