@@ -1,5 +1,5 @@
 /* A one-line progress bar on stderr, redrawn in place, for a terminal only:
- *   loading [############..................]  40% 12/30 layers, 1.2 s, ~1.8 s left */
+ *   loading [############..................]  40% 1843/4608 MiB, 1.2 s, ~1.8 s left */
 #ifndef MLXCEL_CLI_PROGRESS_H
 #define MLXCEL_CLI_PROGRESS_H
 

@@ -7,18 +7,18 @@
 #include <string.h>
 #include <unistd.h>
 
-/* A progress bar on stderr while the model's layers load (mapped, and uploaded to the device),
- * only on a terminal; it is erased once the model is in. */
-static void load_progress(void *ctx, int done, int total) {
+/* A progress bar on stderr while the model's weights load (mapped, and uploaded to the device),
+ * in MiB, only on a terminal; it is erased once the model is in. */
+static void load_progress(void *ctx, uint64_t done, uint64_t total) {
     cli_progress *bar = ctx;
-    cli_progress_draw(bar, done, total);
+    cli_progress_draw(bar, (long)(done >> 20), (long)(total >> 20));
     if (done == total) cli_progress_clear(bar);
 }
 
 void cli_runtime_init(cli_runtime_flags *f) {
     memset(f, 0, sizeof *f);
     engine_options_defaults(&f->opts);
-    cli_progress_init(&f->load_bar, "loading", "layers");
+    cli_progress_init(&f->load_bar, "loading", "MiB");
     if (f->load_bar.on) {
         f->opts.on_load = load_progress;
         f->opts.on_load_ctx = &f->load_bar;

@@ -13,9 +13,10 @@
 
 typedef struct model model;
 
-/* Called as loading goes (done of total steps: the layers' weights), e.g. for a progress bar
- * while a large model is uploaded to a GPU. */
-typedef void (*model_progress_fn)(void *ctx, int done, int total);
+/* Called as loading goes, after each layer's weights are mapped (and uploaded to a GPU): bytes
+ * done of the checkpoint's total, done == total once the last is in (tensors the family does
+ * not read, a vision tower say, count as done then), e.g. for a progress bar. */
+typedef void (*model_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 
 /* Loads config.json and the safetensors in dir, binds every tensor the architecture needs
  * (a missing tensor, a wrong shape or dtype, or a quantization that disagrees with config.json

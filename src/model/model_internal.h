@@ -79,6 +79,7 @@ struct model {
     io_checkpoint *ck; /* owned */
     be_backend *be;    /* not owned */
     model_progress_fn progress; /* may be NULL; used only while loading */
+    uint64_t bytes_bound;       /* checkpoint bytes mapped so far, for progress */
     void *progress_ctx;
     be_linear embed;          /* (vocab, hidden) */
     be_linear lm_head;        /* (vocab, hidden); == embed when tied */

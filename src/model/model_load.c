@@ -11,6 +11,7 @@
 static void own_buffer(model *m, const void *dev);
 
 static int map_tensor(model *m, const io_tensor *t, const void **dev, base_err *err) {
+    m->bytes_bound += t->nbytes;
     if (m->be->ops->map_weights(m->be, t->data, t->nbytes, dev, err))
         return base_fail_wrap(err, "%s: tensor %s", t->file, t->name);
     if (*dev != t->data) own_buffer(m, *dev);
@@ -365,7 +366,12 @@ int model_bind_weights(model *m, base_err *err) {
     m->layers = base_xcalloc((size_t)c->num_hidden_layers, sizeof *m->layers);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         if (bind_layer(m, l, err)) return -1;
-        if (m->progress) m->progress(m->progress_ctx, l + 1, c->num_hidden_layers);
+        if (m->progress) {
+            uint64_t total = io_checkpoint_bytes(m->ck);
+            bool last = l + 1 == c->num_hidden_layers;
+            m->progress(m->progress_ctx, last || m->bytes_bound > total ? total : m->bytes_bound,
+                        total);
+        }
     }
     return 0;
 }
