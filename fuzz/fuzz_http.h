@@ -41,21 +41,16 @@ typedef struct fuzz_http_state {
 static inline const fuzz_http_state *fuzz_http_setup(void) {
     static fuzz_http_state st;
     if (st.pr) return &st;
-    char dir[4096], *text = NULL;
+    char dir[4096];
     snprintf(dir, sizeof dir, "%s/models/demo", fuzz_source_dir());
-    char *cfg_path = base_path_join(dir, "config.json");
     base_err err = {{0}};
     io_model_config cfg;
-    if (engine_prompter_open(dir, NULL, &st.pr, &err) ||
-        base_read_file(cfg_path, &text, NULL, &err) ||
-        io_config_parse(text, cfg_path, &cfg, &err)) {
+    if (engine_prompter_open(dir, NULL, &st.pr, &err) || model_config_load(dir, &cfg, NULL, &err)) {
         fprintf(stderr, "fuzz: cannot load the demo model: %s\n", err.msg);
         exit(1);
     }
     st.vocab = cfg.vocab_size;
     io_config_free(&cfg);
-    free(text);
-    free(cfg_path);
     engine_sampling_defaults(&st.o.defaults);
     st.bias_sum = base_xcalloc((size_t)st.vocab, sizeof *st.bias_sum);
     return &st;

@@ -186,9 +186,8 @@ typedef struct io_model_config {
  * it; the root otherwise), with dtype and quantization from the root. Missing required fields,
  * wrong types and impossible values (heads not dividing, zero sizes, unsupported bits or group
  * size) are errors naming the field. model_type is read, not judged: the family descriptors
- * (model/arch) know which exist, and model_config_load reads the rest through them. */
-int io_config_parse(const char *json_text, const char *origin, io_model_config *cfg, base_err *err);
-/* Same, from a parsed document (not taken over). */
+ * (model/arch) know which exist, and model_config_load reads the rest through them. root is
+ * not taken over. */
 int io_config_parse_json(struct json_t *root, const char *origin, io_model_config *cfg,
                          base_err *err);
 /* dir/config.json, parsed as a JSON document (*root owned by the caller: json_decref). */

@@ -441,17 +441,6 @@ json_t *io_config_text(json_t *root) {
     return json_is_object(t) ? t : root;
 }
 
-int io_config_parse(const char *json_text, const char *origin, io_model_config *cfg,
-                    base_err *err) {
-    memset(cfg, 0, sizeof *cfg);
-    json_error_t jerr;
-    json_t *root = json_loads(json_text, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) return base_fail(err, "%s: line %d: %s", origin, jerr.line, jerr.text);
-    int rc = io_config_parse_json(root, origin, cfg, err);
-    json_decref(root);
-    return rc;
-}
-
 int io_config_read_json(const char *dir, json_t **root, char **origin, base_err *err) {
     *root = NULL;
     *origin = base_path_join(dir, "config.json");
