@@ -11,13 +11,14 @@ if(MLXCEL_NODE)
 endif()
 # Constrained output (response_format, grammar, json_schema) through the openai client, every
 # answer validated with ajv against its schema.
+math(EXPR MLXCEL_GRAMMAR_TIMEOUT "120 * ${MLXCEL_TEST_TIME_SCALE}")
 if(MLXCEL_NODE)
   add_test(NAME server/grammar_node
            COMMAND ${MLXCEL_NODE} ${CMAKE_SOURCE_DIR}/tests/server/grammar.test.mjs
            WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
   set_tests_properties(server/grammar_node PROPERTIES
-                       ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
-                       TIMEOUT 120)
+                       ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin;MLXCEL_TEST_TIME_SCALE=${MLXCEL_TEST_TIME_SCALE}"
+                       TIMEOUT ${MLXCEL_GRAMMAR_TIMEOUT})
 endif()
 # The hardening test: the faults of a hostile-input campaign, each reproduced (plain sockets).
 math(EXPR MLXCEL_HARDENING_TIMEOUT "160 * ${MLXCEL_TEST_TIME_SCALE}")
