@@ -47,6 +47,12 @@ for m in "${modules[@]}"; do ls src/"$m"/*.c; done |
         esac
         exec clang $2 $simd -fsanitize=fuzzer-no-link -c "$1" -o "$o"' \
         "$build" {} "$cflags"
+# The chat page's C array, generated as CMake does (src/server/webui/webui.cmake).
+cmake -DIN=src/server/webui/index.html -DOUT="$build/obj/server_webui_page.c" \
+    -DNAME=server_webui_page -P src/server/webui/embed.cmake
+# shellcheck disable=SC2086
+clang $cflags -fsanitize=fuzzer-no-link -c "$build/obj/server_webui_page.c" \
+    -o "$build/obj/server_webui_page.o"
 rm -f "$build/libfuzzcore.a"
 ar rcs "$build/libfuzzcore.a" "$build"/obj/*.o
 libs="$(pkg-config --libs jansson libpcre2-8 libutf8proc libmicrohttpd) -lm -lpthread"
