@@ -12,15 +12,12 @@ ignores the window, or clamps the whole context to it, fails.
     python3 tools/reference/make_family_fixtures.py OUT_DIR [--only NAME ...] [--weights-only]
 """
 
-import argparse
 import json
 import math
 import os
 import shutil
 import sys
 import tempfile
-import time
-import traceback
 
 import numpy as np
 
@@ -645,31 +642,7 @@ def make_fixture(fx, out_dir, weights_only):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("out_dir")
-    ap.add_argument("--only", nargs="*")
-    ap.add_argument("--weights-only", action="store_true")
-    args = ap.parse_args()
-    wanted = [fx for fx in FIXTURES if not args.only or fx["name"] in args.only]
-    if not args.weights_only:
-        import torch
-        import transformers
-
-        torch.set_num_threads(min(8, os.cpu_count() or 1))
-        print(f"torch {torch.__version__}, transformers {transformers.__version__}")
-    os.makedirs(args.out_dir, exist_ok=True)
-    failed = []
-    for fx in wanted:
-        t0 = time.time()
-        try:
-            s = make_fixture(fx, args.out_dir, args.weights_only)
-            print(f"ok   {fx['name']} ({time.time() - t0:.1f} s) {json.dumps(s)}", flush=True)
-        except Exception:
-            failed.append(fx["name"])
-            print(f"FAIL {fx['name']}\n{traceback.format_exc()}", flush=True)
-            shutil.rmtree(os.path.join(args.out_dir, fx["name"]), ignore_errors=True)
-    print(f"{len(wanted) - len(failed)} passed, {len(failed)} failed")
-    return 1 if failed else 0
+    return mf.run_fixtures(__doc__.split("\n")[0], FIXTURES, make_fixture)
 
 
 if __name__ == "__main__":

@@ -915,13 +915,16 @@ def make_fixture(fx, out_dir, weights_only):
     return summary
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def run_fixtures(description, fixtures, make_one):
+    """The command line every fixture script shares: OUT_DIR [--only NAME ...] [--weights-only];
+    make_one(fx, out_dir, weights_only) writes one fixture and returns its summary. A failing
+    fixture is reported and removed, and the others still run. Returns the exit status."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("out_dir")
     ap.add_argument("--only", nargs="*", help="fixture names (default: all)")
     ap.add_argument("--weights-only", action="store_true", help="write and check checkpoints only")
     args = ap.parse_args()
-    wanted = [fx for fx in FIXTURES if not args.only or fx["name"] in args.only]
+    wanted = [fx for fx in fixtures if not args.only or fx["name"] in args.only]
     if not args.weights_only:
         import torch
         import transformers
@@ -936,14 +939,18 @@ def main():
     for fx in wanted:
         t0 = time.time()
         try:
-            s = make_fixture(fx, args.out_dir, args.weights_only)
-            print(f"ok   {fx['name']} ({time.time() - t0:.1f} s) {json.dumps(s)}")
+            s = make_one(fx, args.out_dir, args.weights_only)
+            print(f"ok   {fx['name']} ({time.time() - t0:.1f} s) {json.dumps(s)}", flush=True)
         except Exception:
             failed.append(fx["name"])
-            print(f"FAIL {fx['name']}\n{traceback.format_exc()}")
+            print(f"FAIL {fx['name']}\n{traceback.format_exc()}", flush=True)
             shutil.rmtree(os.path.join(args.out_dir, fx["name"]), ignore_errors=True)
     print(f"{len(wanted) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
+
+
+def main():
+    return run_fixtures(__doc__.split("\n")[0], FIXTURES, make_fixture)
 
 
 if __name__ == "__main__":
