@@ -430,16 +430,10 @@ def build_checkpoint(fx, fx_dir):
         else:
             bits, group = spec
             module = sname[: -len(".weight")]
-            codes, scale, bias = mf.mlx_affine_quantize(
-                mf.bf16_to_f64(mf.bf16_bits(w)).astype(np.float32), bits, group
-            )
-            s_bits, b_bits = mf.bf16_bits(scale), mf.bf16_bits(bias)
-            stored[sname] = ("U32", mf.pack_codes(codes, bits))
+            packed, s_bits, b_bits, ref[name] = mf.quantize_stored(w, bits, group)
+            stored[sname] = ("U32", packed)
             stored[module + ".scales"] = ("BF16", s_bits)
             stored[module + ".biases"] = ("BF16", b_bits)
-            ref[name] = np.repeat(mf.bf16_to_f64(s_bits), group, 1) * codes + np.repeat(
-                mf.bf16_to_f64(b_bits), group, 1
-            )
     if model.get("vlm"):
         rng = np.random.default_rng(model["seed"] + 1)
         for name, shape in VLM_EXTRA.items():

@@ -311,6 +311,28 @@ def mlx_affine_quantize(w, bits, group_size):
     return q, scale, bias
 
 
+def quantize_stored(w, bits, group_size):
+    """An MLX affine-quantized module from float32 w [..., in] (leading dims, stacked experts
+    say, kept): MLX quantizes the bf16 checkpoint, so the input is the bf16-rounded weight.
+    Returns the packed weight (uint32 [..., in * bits / 32]), the bf16 scale and bias bits
+    [..., in / group_size], and the float64 weight the runtime dequantizes from them."""
+    lead = w.shape[:-1]
+    flat = w.reshape(-1, w.shape[-1])
+    codes, scale, bias = mlx_affine_quantize(
+        bf16_to_f64(bf16_bits(flat)).astype(np.float32), bits, group_size
+    )
+    s_bits, b_bits = bf16_bits(scale), bf16_bits(bias)
+    deq = np.repeat(bf16_to_f64(s_bits), group_size, 1) * codes + np.repeat(
+        bf16_to_f64(b_bits), group_size, 1
+    )
+    return (
+        pack_codes(codes, bits).reshape(*lead, -1),
+        s_bits.reshape(*lead, -1),
+        b_bits.reshape(*lead, -1),
+        deq.reshape(w.shape),
+    )
+
+
 def pack_codes(q, bits):
     """Codes [out, in] -> uint32 [out, in * bits / 32]: each row a little-endian bit stream,
     code k at bits [k * bits, (k + 1) * bits)."""
@@ -486,18 +508,10 @@ def build_checkpoint(fx, fx_dir):
         else:
             bits, group = spec
             module = name[: -len(".weight")]
-            # MLX quantizes the bf16 checkpoint, so the input is the bf16-rounded weight.
-            codes, scale, bias = mlx_affine_quantize(
-                bf16_to_f64(bf16_bits(w)).astype(np.float32), bits, group
-            )
-            s_bits, b_bits = bf16_bits(scale), bf16_bits(bias)
-            stored[name] = ("U32", pack_codes(codes, bits))
+            packed, s_bits, b_bits, ref[name] = quantize_stored(w, bits, group)
+            stored[name] = ("U32", packed)
             stored[module + ".scales"] = ("BF16", s_bits)
             stored[module + ".biases"] = ("BF16", b_bits)
-            # The runtime's dequantization, from the stored (bf16) scales and biases.
-            ref[name] = np.repeat(bf16_to_f64(s_bits), group, 1) * codes + np.repeat(
-                bf16_to_f64(b_bits), group, 1
-            )
     os.makedirs(fx_dir, exist_ok=True)
     with open(os.path.join(fx_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)

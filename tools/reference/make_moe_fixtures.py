@@ -374,17 +374,10 @@ def build_checkpoint(fx, fx_dir):
             stored[module + ".scales"] = ("U8", sbytes.reshape(*lead, -1))
             ref[name] = mxfp4_decode(codes, sbytes).reshape(w.shape)
             continue
-        codes, scale, bias = mf.mlx_affine_quantize(
-            mf.bf16_to_f64(mf.bf16_bits(flat)).astype(np.float32), bits, group
-        )
-        s_bits, b_bits = mf.bf16_bits(scale), mf.bf16_bits(bias)
-        stored[name] = ("U32", mf.pack_codes(codes, bits).reshape(*lead, -1))
-        stored[module + ".scales"] = ("BF16", s_bits.reshape(*lead, -1))
-        stored[module + ".biases"] = ("BF16", b_bits.reshape(*lead, -1))
-        deq = np.repeat(mf.bf16_to_f64(s_bits), group, 1) * codes + np.repeat(
-            mf.bf16_to_f64(b_bits), group, 1
-        )
-        ref[name] = deq.reshape(w.shape)
+        packed, s_bits, b_bits, ref[name] = mf.quantize_stored(w, bits, group)
+        stored[name] = ("U32", packed)
+        stored[module + ".scales"] = ("BF16", s_bits)
+        stored[module + ".biases"] = ("BF16", b_bits)
     os.makedirs(fx_dir, exist_ok=True)
     cj = config_json(fx)
     with open(os.path.join(fx_dir, "config.json"), "w") as f:
