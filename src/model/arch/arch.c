@@ -26,8 +26,9 @@ const model_arch *const *model_arch_all(int *n) {
 const char *model_arch_names(void) {
     static char list[256];
     if (!list[0]) {
+        /* Bounded: a registry outgrowing the buffer truncates the list, never overruns it. */
         size_t n = 0;
-        for (int i = 0; i < N_ARCHS; i++)
+        for (int i = 0; i < N_ARCHS && n < sizeof list; i++)
             n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", i ? ", " : "",
                                   g_archs[i]->model_type);
     }

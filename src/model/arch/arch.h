@@ -25,6 +25,11 @@ typedef struct model_names {
     const char *experts;
 } model_names;
 
+/* The names of Llama's blocks (a norm before attention and one before the MLP, under
+ * "model."), which most families keep; a descriptor adds its own fields after them. */
+#define ARCH_LLAMA_NAMES                                                                           \
+    .prefix = "model.", .attn_norm = "input_layernorm", .mlp_norm = "post_attention_layernorm"
+
 typedef struct model_arch {
     const char *model_type; /* config.json's model_type */
     const char *summary;    /* one line for `mlxcel arch`: what is supported, and the limits */

@@ -17,7 +17,5 @@ const model_arch arch_granite = {
     .model_type = "granite",
     .summary = "Granite 3.x dense: embedding, attention, residual and logits multipliers",
     .configure = granite_configure,
-    .names = {.prefix = "model.",
-              .attn_norm = "input_layernorm",
-              .mlp_norm = "post_attention_layernorm"},
+    .names = {ARCH_LLAMA_NAMES},
 };

@@ -2,19 +2,16 @@
  * defines for them; Mistral adds a sliding window over every layer. */
 #include "model/arch/arch.h"
 
-#define LLAMA_NAMES                                                                                \
-    { .prefix = "model.", .attn_norm = "input_layernorm", .mlp_norm = "post_attention_layernorm" }
-
 const model_arch arch_llama = {
     .model_type = "llama",
     .summary = "Llama 2/3.x and their fine-tunes: RoPE default, linear, dynamic, llama3, yarn; "
                "attention_bias",
-    .names = LLAMA_NAMES,
+    .names = {ARCH_LLAMA_NAMES},
 };
 
 const model_arch arch_mistral = {
     .model_type = "mistral",
     .summary = "Mistral 7B and Ministral: sliding_window over every layer",
     .configure = arch_window_all,
-    .names = LLAMA_NAMES,
+    .names = {ARCH_LLAMA_NAMES},
 };

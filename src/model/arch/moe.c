@@ -48,21 +48,14 @@ const model_arch arch_qwen3_moe = {
     .summary = "Qwen3-MoE (30B-A3B, Coder): experts stacked as mlx-lm writes them, dense layers "
                "by mlp_only_layers; CPU only for now",
     .configure = qwen3_moe_configure,
-    .names = {.prefix = "model.",
-              .attn_norm = "input_layernorm",
-              .mlp_norm = "post_attention_layernorm",
-              .router = "mlp.gate",
-              .experts = "mlp.switch_mlp"},
+    .names = {ARCH_LLAMA_NAMES, .router = "mlp.gate", .experts = "mlp.switch_mlp"},
 };
 
 const model_arch arch_mixtral = {
     .model_type = "mixtral",
     .summary = "Mixtral: experts stacked as mlx-lm writes them; CPU only for now",
     .configure = mixtral_configure,
-    .names = {.prefix = "model.",
-              .attn_norm = "input_layernorm",
-              .mlp_norm = "post_attention_layernorm",
-              .router = "block_sparse_moe.gate",
+    .names = {ARCH_LLAMA_NAMES, .router = "block_sparse_moe.gate",
               .experts = "block_sparse_moe.switch_mlp"},
 };
 
@@ -88,9 +81,5 @@ const model_arch arch_gpt_oss = {
     .summary = "GPT-OSS (20b, 120b): attention sinks, MXFP4 experts (mlx-community's "
                "MXFP4-Q8), biases, clamped SwiGLU; CPU only for now",
     .configure = gpt_oss_configure,
-    .names = {.prefix = "model.",
-              .attn_norm = "input_layernorm",
-              .mlp_norm = "post_attention_layernorm",
-              .router = "mlp.router",
-              .experts = "mlp.experts"},
+    .names = {ARCH_LLAMA_NAMES, .router = "mlp.router", .experts = "mlp.experts"},
 };

@@ -17,9 +17,5 @@ const model_arch arch_phi3 = {
     .model_type = "phi3",
     .summary = "Phi-3, Phi-3.5-mini, Phi-4-mini: fused qkv and gate_up, longrope, partial rotary",
     .configure = phi3_configure,
-    .names = {.prefix = "model.",
-              .attn_norm = "input_layernorm",
-              .mlp_norm = "post_attention_layernorm",
-              .qkv = "self_attn.qkv_proj",
-              .gate_up = "mlp.gate_up_proj"},
+    .names = {ARCH_LLAMA_NAMES, .qkv = "self_attn.qkv_proj", .gate_up = "mlp.gate_up_proj"},
 };

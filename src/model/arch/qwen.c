@@ -20,19 +20,16 @@ static int qwen3_configure(const io_cfg_at *at, io_model_config *cfg) {
     return refuse_window(at);
 }
 
-#define QWEN_NAMES                                                                                 \
-    { .prefix = "model.", .attn_norm = "input_layernorm", .mlp_norm = "post_attention_layernorm" }
-
 const model_arch arch_qwen2 = {
     .model_type = "qwen2",
     .summary = "Qwen 2 and 2.5: q/k/v biases; use_sliding_window refused",
     .configure = qwen2_configure,
-    .names = QWEN_NAMES,
+    .names = {ARCH_LLAMA_NAMES},
 };
 
 const model_arch arch_qwen3 = {
     .model_type = "qwen3",
     .summary = "Qwen 3 (dense): per-head q/k RMSNorm; use_sliding_window refused",
     .configure = qwen3_configure,
-    .names = QWEN_NAMES,
+    .names = {ARCH_LLAMA_NAMES},
 };
