@@ -88,6 +88,7 @@ typedef struct group {
     int n_prompts;
     char **stop; /* (n_stop) owned copies, for /completion's stopping_word */
     int n_stop;
+    server_writer w; /* another API's shapes when w.stream is set; its state owned */
     /* the connection's thread: bytes formatted but not sent */
     bool done_sent;
     char *out; /* (out_cap) */
@@ -114,6 +115,7 @@ static void group_release(group *g) {
     free(g->echo_len);
     free(g->stop);
     free(g->out);
+    if (g->w.free_state) g->w.free_state(g->w.state);
     free(g);
 }
 
@@ -462,17 +464,27 @@ static void out_append(group *g, const char *data, size_t n) {
     g->out_len += n;
 }
 
-/* One SSE event. A chunk that cannot be built (out of memory, or text jansson refuses) is sent
- * as an error event, so that the stream still says what happened. */
-static void out_event(group *g, json_t *o) {
+/* One SSE event, named or not. A chunk that cannot be built (out of memory, or text jansson
+ * refuses) is sent as an error event, so that the stream still says what happened. */
+static void out_named(void *sink, const char *name, json_t *o) {
     static const char unbuildable[] = "{\"error\":{\"message\":\"a chunk of the response could "
                                       "not be built\",\"type\":\"server_error\",\"code\":500}}";
+    group *g = sink;
     char *t = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
+    if (name) {
+        out_append(g, "event: ", 7);
+        out_append(g, name, strlen(name));
+        out_append(g, "\n", 1);
+    }
     out_append(g, "data: ", 6);
     out_append(g, t ? t : unbuildable, t ? strlen(t) : sizeof unbuildable - 1);
     out_append(g, "\n\n", 2);
     free(t);
+}
+
+static void out_event(group *g, json_t *o) {
+    out_named(g, NULL, o);
 }
 
 /* One chunk of a choice with the text (news, for chat) and log-probabilities that arrived since
@@ -551,9 +563,27 @@ static void format_job(server *s, group *g, job *j) {
                                       : finish_reason(j->finish)));
 }
 
+/* What a writer sees of job j (mu held). */
+static server_seq seq_view(const group *g, job *j) {
+    return (server_seq){.text = j->text ? j->text : "",
+                        .len = j->text_len,
+                        .split = &j->split,
+                        .finish = j->finish,
+                        .stop = j->stop_index >= 0 ? g->stop[j->stop_index] : NULL,
+                        .error = j->error,
+                        .n_prompt = j->n_prompt,
+                        .n_generated = j->n_generated};
+}
+
 /* Formats (mu held) whatever is new in every choice, then the usage and [DONE] once all have
- * ended. */
+ * ended; a writer's stream says all itself. */
 static void format_news(server *s, group *g) {
+    if (g->w.stream) {
+        server_seq q = seq_view(g, &g->jobs[0]);
+        g->w.stream(g->w.state, &q, out_named, g);
+        g->done_sent = all_done(g);
+        return;
+    }
     for (int i = 0; i < g->n_jobs; i++) format_job(s, g, &g->jobs[i]);
     if (!all_done(g) || g->done_sent) return;
     g->done_sent = true;
@@ -688,27 +718,35 @@ static enum MHD_Result reply(server *s, struct MHD_Connection *c, group *g, bool
         rc = MHD_NO;
     } else if (nothing && cut_short(g)) {
         __atomic_add_fetch(&s->cut, 1, __ATOMIC_RELAXED);
-        rc = server_reply_error(s, c, 503, "unavailable_error",
-                                "the server is shutting down; the request was not started");
+        rc = server_reply_error_as(s, c, g->w.error, 503, "unavailable_error",
+                                   "the server is shutting down; the request was not started");
     } else if (bad && (nothing || !g->stream)) {
-        rc =
-            server_reply_error(s, c, 500, "server_error", "%s", bad->error ? bad->error : "failed");
+        rc = server_reply_error_as(s, c, g->w.error, 500, "server_error", "%s",
+                                   bad->error ? bad->error : "failed");
     } else if (g->stream) {
         pthread_mutex_unlock(&g->mu);
         return reply_stream(s, c, g);
-    } else {
+    } else if (!g->w.whole) {
         if (cut_short(g)) __atomic_add_fetch(&s->cut, 1, __ATOMIC_RELAXED);
         rc = server_reply_json(s, c, 200, final_body(s, g));
+    } else {
+        unsigned status = 200;
+        server_seq q = seq_view(g, &g->jobs[0]);
+        json_t *o = g->w.whole(g->w.state, &q, &status);
+        if (cut_short(g)) __atomic_add_fetch(&s->cut, 1, __ATOMIC_RELAXED);
+        rc = server_reply_json(s, c, status, o);
     }
     pthread_mutex_unlock(&g->mu);
     connection_done(g);
     return rc;
 }
 
-/* The group for p's prompts, each best_of times; takes p's echo texts. */
-static group *group_new(server *s, struct MHD_Connection *c, server_exchange *x, server_params *p) {
+/* The group for p's prompts, each best_of times; takes p's echo texts and w's state. */
+static group *group_new(server *s, struct MHD_Connection *c, server_exchange *x, server_params *p,
+                        const server_writer *w) {
     static uint64_t counter;
     group *g = base_xcalloc(1, sizeof *g);
+    if (w) g->w = *w;
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cv, NULL);
     g->refs = 1;
@@ -845,8 +883,9 @@ static enum MHD_Result reply_refused(server *s, struct MHD_Connection *c, group 
     while (!all_done(g)) base_cond_wait_ms(&g->cv, &g->mu, SERVER_POLL_MS);
     note_exchange(g);
     pthread_mutex_unlock(&g->mu);
-    enum MHD_Result rc = server_reply_error(
-        s, c, status, status == 400 ? "invalid_request_error" : "unavailable_error", "%s", msg);
+    enum MHD_Result rc = server_reply_error_as(
+        s, c, g->w.error, status, status == 400 ? "invalid_request_error" : "unavailable_error",
+        "%s", msg);
     connection_done(g);
     return rc;
 }
@@ -862,10 +901,16 @@ enum MHD_Result server_route_generate(server *s, struct MHD_Connection *c, const
         server_params_free(&p);
         return server_reply_error(s, c, 400, "invalid_request_error", "%s", err.msg);
     }
-    group *g = group_new(s, c, x, &p);
+    return server_generate(s, c, version, &p, NULL, x);
+}
+
+enum MHD_Result server_generate(server *s, struct MHD_Connection *c, const char *version,
+                                server_params *p, const server_writer *w, server_exchange *x) {
+    base_err err;
+    group *g = group_new(s, c, x, p, w);
     __atomic_add_fetch(&s->active, 1, __ATOMIC_ACQ_REL);
-    unsigned status = start_all(s, g, &p, &err);
-    server_params_free(&p);
+    unsigned status = start_all(s, g, p, &err);
+    server_params_free(p);
     if (status) return reply_refused(s, c, g, status, err.msg);
     return reply(s, c, g, strcmp(version, MHD_HTTP_VERSION_1_1) == 0);
 }

@@ -7,6 +7,7 @@
 
 #include <arpa/inet.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,14 +66,33 @@ static json_t *error_json(unsigned status, const char *type, const char *msg) {
                      (int)status);
 }
 
+static enum MHD_Result reply_error_v(const server *s, struct MHD_Connection *c,
+                                     server_error_shape *shape, unsigned status, const char *type,
+                                     const char *fmt, va_list ap) {
+    char msg[1024], clean[1024];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (!shape) return server_reply_json(s, c, status, error_json(status, type, msg));
+    base_utf8_clean(clean, sizeof clean, msg, strlen(msg));
+    return server_reply_json(s, c, status, shape(status, type, clean));
+}
+
 enum MHD_Result server_reply_error(const server *s, struct MHD_Connection *c, unsigned status,
                                    const char *type, const char *fmt, ...) {
-    char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    enum MHD_Result rc = reply_error_v(s, c, NULL, status, type, fmt, ap);
     va_end(ap);
-    return server_reply_json(s, c, status, error_json(status, type, msg));
+    return rc;
+}
+
+enum MHD_Result server_reply_error_as(const server *s, struct MHD_Connection *c,
+                                      server_error_shape *shape, unsigned status, const char *type,
+                                      const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    enum MHD_Result rc = reply_error_v(s, c, shape, status, type, fmt, ap);
+    va_end(ap);
+    return rc;
 }
 
 /* An error after which the connection is closed: the request's framing is in doubt, or the
@@ -190,19 +210,23 @@ static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, const char 
     if (get && (strcmp(url, "/health") == 0 || strcmp(url, "/v1/health") == 0)) return health(s, c);
     if (s->cors && strcmp(method, "OPTIONS") == 0) return preflight(s, c);
     if (server_is_webui_route(s, method, url)) return server_route_webui(s, c);
+    /* Anthropic's clients read errors in Anthropic's shape */
+    bool messages = server_is_messages_route(url);
+    server_error_shape *shape = messages ? server_messages_error : NULL;
     if (!authorized(s, c))
-        return server_reply_error(s, c, 401, "authentication_error", "Invalid API Key");
-    bool gen = post && server_is_generate_route(url);
+        return server_reply_error_as(s, c, shape, 401, "authentication_error", "Invalid API Key");
+    bool gen = post && (server_is_generate_route(url) || messages);
     if (!gen && !server_is_info_route(get ? "GET" : method, url))
-        return server_reply_error(s, c, 404, "not_found_error", "File Not Found: %s %s", method,
-                                  url);
+        return server_reply_error_as(s, c, shape, 404, "not_found_error", "File Not Found: %s %s",
+                                     method, url);
     if (x->too_large)
-        return server_reply_error(s, c, 413, "invalid_request_error",
-                                  "the request body is larger than %zu bytes", s->o.max_body);
+        return server_reply_error_as(s, c, shape, 413, "invalid_request_error",
+                                     "the request body is larger than %zu bytes", s->o.max_body);
     if (__atomic_load_n(&s->draining, __ATOMIC_ACQUIRE))
-        return server_reply_error(s, c, 503, "unavailable_error", "the server is shutting down");
+        return server_reply_error_as(s, c, shape, 503, "unavailable_error",
+                                     "the server is shutting down");
     if (!__atomic_load_n(&s->ready, __ATOMIC_ACQUIRE))
-        return server_reply_error(s, c, 503, "unavailable_error", "Loading model");
+        return server_reply_error_as(s, c, shape, 503, "unavailable_error", "Loading model");
     enum MHD_Result rc;
     json_t *body = NULL;
     /* llama-server's slot actions take no body */
@@ -213,13 +237,14 @@ static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, const char 
         body = json_loadb(x->body ? x->body : "", x->len, 0, &je);
         if (!body || !json_is_object(body)) {
             json_decref(body);
-            return server_reply_error(s, c, 400, "invalid_request_error",
-                                      "the body is not a JSON object: %s (line %d, column %d)",
-                                      body ? "another JSON value" : je.text, je.line, je.column);
+            return server_reply_error_as(s, c, shape, 400, "invalid_request_error",
+                                         "the body is not a JSON object: %s (line %d, column %d)",
+                                         body ? "another JSON value" : je.text, je.line, je.column);
         }
     }
-    rc = gen ? server_route_generate(s, c, url, version, body, x)
-             : server_route_info(s, c, url, body);
+    rc = messages ? server_route_messages(s, c, url, version, body, x)
+         : gen    ? server_route_generate(s, c, url, version, body, x)
+                  : server_route_info(s, c, url, body);
     json_decref(body);
     return rc;
 }

@@ -4,6 +4,7 @@
 
 #include "server/server.h"
 #include "server/server_metrics.h"
+#include "server/server_params.h"
 
 #include <jansson.h>
 #include <microhttpd.h>
@@ -72,10 +73,16 @@ enum MHD_Result server_queue(const server *s, struct MHD_Connection *c, unsigned
 /* Sends a JSON body (stolen: decref'd here) with a status. */
 enum MHD_Result server_reply_json(const server *s, struct MHD_Connection *c, unsigned status,
                                   json_t *body);
+/* An error body in an API's shape, for a status, our error type and a message (valid UTF-8). */
+typedef json_t *server_error_shape(unsigned status, const char *type, const char *msg);
 /* OpenAI error object {"error": {"message", "type", "code"}}. */
 enum MHD_Result server_reply_error(const server *s, struct MHD_Connection *c, unsigned status,
                                    const char *type, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
+/* The same in another shape; NULL: OpenAI's. */
+enum MHD_Result server_reply_error_as(const server *s, struct MHD_Connection *c,
+                                      server_error_shape *shape, unsigned status, const char *type,
+                                      const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 /* True when the client has hung up (reset, or closed both ways). */
 bool server_client_gone(struct MHD_Connection *c);
 /* True when the client has sent all it will (it shut down its side, or closed the socket). */
@@ -109,6 +116,39 @@ enum MHD_Result server_route_metrics(server *s, struct MHD_Connection *c);
 enum MHD_Result server_route_props_change(server *s, struct MHD_Connection *c, json_t *body);
 enum MHD_Result server_route_slot_action(server *s, struct MHD_Connection *c, const char *url);
 server_options server_options_now(server *s);
+/* A chat answer in another API's shape than OpenAI's (server_messages_out.c: Anthropic's
+ * Messages), for a request of one sequence. What the writer sees of the sequence, under the
+ * request's lock: */
+typedef struct server_seq {
+    const char *text; /* (len) everything generated so far */
+    size_t len;
+    server_output *split; /* how the text splits; its counters say what has been streamed */
+    engine_finish finish; /* ENGINE_FINISH_NONE while it runs */
+    const char *stop;     /* the stop string that ended it, or NULL */
+    const char *error;    /* ENGINE_FINISH_ERROR only */
+    int n_prompt, n_generated;
+} server_seq;
+/* Appends one SSE event to sink: "event: NAME" (when name is set), then "data: " and data
+ * (stolen). */
+typedef void server_emit_fn(void *sink, const char *name, json_t *data);
+typedef struct server_writer {
+    void *state; /* owned by the request once server_generate has it, freed by free_state */
+    /* streamed: the events for what is new in q, and for its end once q->finish is set */
+    void (*stream)(void *state, const server_seq *q, server_emit_fn *emit, void *sink);
+    /* not streamed: the whole answer's body; *status comes as 200 */
+    json_t *(*whole)(void *state, const server_seq *q, unsigned *status);
+    server_error_shape *error; /* the shape of error bodies */
+    void (*free_state)(void *state);
+} server_writer;
+/* Generates p's answer and writes it, in OpenAI's shapes (w NULL) or w's (p: one sequence);
+ * frees p, and takes w's state. */
+enum MHD_Result server_generate(server *s, struct MHD_Connection *c, const char *version,
+                                server_params *p, const server_writer *w, server_exchange *x);
+/* server_messages.c: POST /v1/messages and /v1/messages/count_tokens, and their error shape. */
+bool server_is_messages_route(const char *url);
+enum MHD_Result server_route_messages(server *s, struct MHD_Connection *c, const char *url,
+                                      const char *version, json_t *body, server_exchange *x);
+json_t *server_messages_error(unsigned status, const char *type, const char *msg);
 /* True for the routes server_route_generate / server_route_info serve. */
 bool server_is_generate_route(const char *url);
 bool server_is_info_route(const char *method, const char *url);

@@ -52,18 +52,24 @@ void server_news_free(server_news *n) {
     engine_tool_scan_free(&n->scan);
 }
 
-json_t *server_tool_call_json(const engine_tool_call *c, int index) {
+void server_new_id(char *out, size_t size, const char *prefix) {
     static const char digits[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     static uint64_t counter;
     /* unique within the process and unguessable enough for a correlation id */
     uint64_t x = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ull ^
                  (uint64_t)(base_now() * 1e9);
-    char id[32] = "call_";
-    for (int i = 5; i < 29; i++) {
+    size_t n = strlen(prefix), end = n + SERVER_ID_DIGITS < size ? n + SERVER_ID_DIGITS : size - 1;
+    memcpy(out, prefix, n < end ? n : end);
+    for (size_t i = n; i < end; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        id[i] = digits[x % (sizeof digits - 1)];
+        out[i] = digits[x % (sizeof digits - 1)];
     }
-    id[29] = 0;
+    out[end] = 0;
+}
+
+json_t *server_tool_call_json(const engine_tool_call *c, int index) {
+    char id[32];
+    server_new_id(id, sizeof id, "call_");
     json_t *o = json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", id, "type", "function", "function", "name",
                           c->name, "arguments", c->arguments);
     if (o && index >= 0) json_object_set_new(o, "index", json_integer(index));

@@ -34,6 +34,11 @@ typedef struct server_news {
 void server_output_news(server_output *o, const char *text, size_t len, bool final, server_news *n);
 void server_news_free(server_news *n);
 
+/* A fresh id: prefix then SERVER_ID_DIGITS letters and digits, cut to fit size bytes with its
+ * NUL. */
+#define SERVER_ID_DIGITS 24
+void server_new_id(char *out, size_t size, const char *prefix);
+
 /* A call as the API gives it: {"id", "type": "function", "function": {"name", "arguments"}},
  * with "index" when streamed (index >= 0). */
 json_t *server_tool_call_json(const engine_tool_call *c, int index);
