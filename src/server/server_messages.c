@@ -289,8 +289,10 @@ static int add_tool(json_t *t, size_t i, json_t *out, base_err *err) {
         return base_fail(err, "'%s.description' must be a string", at);
     if (strict && !json_is_boolean(strict))
         return base_fail(err, "'%s.strict' must be true or false", at);
-    json_t *fn = json_pack("{s:O,s:O}", "name", name, "parameters", schema);
+    /* in the order OpenAI's clients write, which templates that dump a tool whole show */
+    json_t *fn = json_pack("{s:O}", "name", name);
     if (desc) json_object_set(fn, "description", desc);
+    json_object_set(fn, "parameters", schema);
     if (strict) json_object_set(fn, "strict", strict);
     json_array_append_new(out, json_pack("{s:s,s:o}", "type", "function", "function", fn));
     return 0;

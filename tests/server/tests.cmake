@@ -63,3 +63,15 @@ if(MLXCEL_NODE)
                        ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin;MLXCEL_TEST_TIME_SCALE=${MLXCEL_TEST_TIME_SCALE}"
                        SKIP_RETURN_CODE 77 TIMEOUT ${MLXCEL_WEBUI_TIMEOUT})
 endif()
+math(EXPR MLXCEL_MESSAGES_TIMEOUT "120 * ${MLXCEL_TEST_TIME_SCALE}")
+# Anthropic's Messages API through the official @anthropic-ai/sdk: plain and streamed messages
+# against the chat route's greedy answer, stop sequences, a tool round, thinking, count_tokens
+# against @huggingface/tokenizers, refusals of what is not implemented, x-api-key.
+if(MLXCEL_NODE)
+  add_test(NAME server/messages_node
+           COMMAND ${MLXCEL_NODE} ${CMAKE_SOURCE_DIR}/tests/server/messages.test.mjs
+           WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(server/messages_node PROPERTIES
+                       ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
+                       TIMEOUT ${MLXCEL_MESSAGES_TIMEOUT})
+endif()
