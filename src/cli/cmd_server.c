@@ -29,6 +29,7 @@ static const struct {
     {"LLAMA_ARG_ENDPOINT_SLOTS", "--slots", "--no-slots", true},
     {"LLAMA_ARG_NO_ENDPOINT_SLOTS", "--no-slots", NULL, true},
     {"LLAMA_ARG_ENDPOINT_PROPS", "--props", NULL, true},
+    {"LLAMA_ARG_EMBEDDINGS", "--embeddings", NULL, true},
     {"LLAMA_ARG_NO_WEBUI", "--no-webui", NULL, true},
     {"LLAMA_ARG_CHAT_TEMPLATE", "--chat-template", NULL, false},
     {"LLAMA_ARG_CHAT_TEMPLATE_FILE", "--chat-template-file", NULL, false},
@@ -62,7 +63,9 @@ static const char g_help[] =
     "usage: mlxcel-server -m MODEL [options]\n"
     "\n"
     "OpenAI-compatible server: POST /v1/chat/completions, /v1/completions, /completion,\n"
-    "/tokenize, /detokenize, /apply-template, /props, /slots/ID?action=erase; GET /v1/models,\n"
+    "/v1/messages and /v1/messages/count_tokens (Anthropic's), /v1/embeddings and /embedding\n"
+    "(with --embeddings), /tokenize, /detokenize, /apply-template, /props,\n"
+    "/slots/ID?action=erase; GET /v1/models,\n"
     "/v1/models/ID, /health, /v1/health, /metrics, /slots, /props; a chat page at / for a\n"
     "browser.\n"
     "\n"
@@ -81,6 +84,9 @@ static const char g_help[] =
     "      --metrics            serve Prometheus metrics on GET /metrics\n"
     "      --no-slots           no GET /slots (served by default, as --slots says)\n"
     "      --props              let POST /props change the sampling defaults\n"
+    "      --embeddings         serve POST /v1/embeddings, /embeddings and /embedding: the\n"
+    "                           hidden states after the final norm, mean-pooled (or as the\n"
+    "                           model's sentence-transformers Pooling config says), normalized\n"
     "      --no-webui           no chat page at / (served by default, without the API key:\n"
     "                           the page asks for it)\n"
     "      --chat-template-file F  a Jinja chat template replacing the model's\n"
@@ -324,6 +330,7 @@ typedef struct loaded {
     engine_prompter *pr;
     engine_sched *sched;
     int32_t *eos;
+    engine_pooling pooling;
 } loaded;
 
 static int load(server_flags *f, loaded *L, base_err *err) {
@@ -332,6 +339,7 @@ static int load(server_flags *f, loaded *L, base_err *err) {
         engine_prompter_open(f->rt.model, f->template_file, &L->pr, err) ||
         (f->template_text && engine_prompter_set_template(L->pr, f->template_text, err)))
         return -1;
+    if (f->embeddings && engine_pooling_read(f->rt.model, &L->pooling, err)) return -1;
     cli_server_chat_apply(&f->srv, f->template_kwargs, L->pr);
     int n_eos;
     server_extra_eos(f->rt.model, L->pr, &L->eos, &n_eos);
@@ -410,6 +418,7 @@ int cli_cmd_server(int argc, char **argv) {
         server_flags_free(&f);
         return cli_fail(&err);
     }
+    if (f.embeddings) server_serve_embeddings(srv, L.pooling);
     server_attach(srv, L.rt, L.pr, L.sched);
     print_startup(f.rt.model, L.rt, srv, &f.srv);
     int sig;

@@ -370,6 +370,27 @@ int engine_prompter_encode_rendered(const engine_prompter *p, const char *prompt
 int engine_prompter_encode_text(const engine_prompter *p, const char *text, int max_tokens,
                                 int32_t **ids, int *n, base_err *err);
 
+/* ---- embeddings (engine_embed.c) ---- */
+
+/* How a text's hidden states become one vector: their mean, the last token's (decoder
+ * embedding models such as Qwen3-Embedding) or the first's (CLS). */
+typedef enum engine_pooling {
+    ENGINE_POOL_MEAN,
+    ENGINE_POOL_LAST,
+    ENGINE_POOL_CLS,
+} engine_pooling;
+
+/* The pooling the checkpoint's sentence-transformers config names (modules.json and its
+ * Pooling module's config.json); mean when it has none. A mode not implemented (max,
+ * weighted mean, several at once) is an error naming it. */
+int engine_pooling_read(const char *model_dir, engine_pooling *out, base_err *err);
+/* The embedding of tokens (n, at most the context size): the hidden states after the final
+ * norm (model_forward_hidden), pooled, then L2-normalized, into out (hidden_size floats). Runs
+ * a sequence of its own through rt in prefill chunks, its blocks freed at the end: rt must be
+ * the caller's alone (engine_sched_run_between, under a scheduler). */
+int engine_embed(engine_runtime *rt, engine_pooling pooling, const int32_t *tokens, int n,
+                 float *out, base_err *err);
+
 /* ---- the scheduler ---- */
 
 /* Continuous batching on a thread of its own. Each step packs, under a token budget, one
@@ -508,6 +529,11 @@ int engine_submit(engine_sched *s, const engine_request *r, uint64_t *id, engine
  * CANCELLED (unless it had already finished). Unknown ids are ignored. Any thread. */
 void engine_cancel(engine_sched *s, uint64_t id);
 engine_sched_stats engine_sched_get_stats(engine_sched *s);
+/* Work that needs the runtime to itself (its pool and model), run on the step thread. */
+typedef int (*engine_between_fn)(void *ctx, engine_runtime *rt, base_err *err);
+/* Runs fn between two steps and waits for it: returns what fn returns (err as fn set it), or
+ * fails when the scheduler stops first. Any thread but the step thread. */
+int engine_sched_run_between(engine_sched *s, engine_between_fn fn, void *ctx, base_err *err);
 /* Empties the prefix cache between two steps (llama-server's slot erase): the blocks no
  * sequence holds go back to the free list. Waits for the step thread; returns the blocks
  * dropped (0 when the scheduler is stopping). Any thread but the step thread. */

@@ -95,6 +95,7 @@ struct engine_sched {
     bool stopping, draining, idle;
     uint64_t erase_asked, erase_done; /* engine_sched_erase_cache's tickets */
     int64_t erased;                   /* blocks the last erase dropped */
+    struct between *between;          /* engine_sched_run_between's jobs, newest first */
     uint64_t next_id;
     engine_sched_stats stats;
     pthread_mutex_t vocab_mu;
@@ -836,6 +837,37 @@ static void step(engine_sched *s) {
 
 /* ---- the thread ---- */
 
+/* A job for the step thread between two steps, on its caller's stack until done. */
+typedef struct between {
+    struct between *next;
+    engine_between_fn fn;
+    void *ctx;
+    bool taken, done; /* under mu */
+    int rc;
+    base_err err;
+} between;
+
+/* Runs the jobs taken off the list, oldest first, and says each is done. */
+static void run_between(engine_sched *s, between *jobs) {
+    between *order = NULL;
+    while (jobs) {
+        between *next = jobs->next;
+        jobs->next = order;
+        order = jobs;
+        jobs = next;
+    }
+    for (between *j = order, *next; j; j = next) {
+        next = j->next;
+        int rc = j->fn(j->ctx, s->rt, &j->err);
+        pthread_mutex_lock(&s->mu);
+        j->rc = rc;
+        j->done = true;
+        pthread_cond_broadcast(&s->idle_cv);
+        pthread_mutex_unlock(&s->mu);
+    }
+    snapshot_stats(s);
+}
+
 /* Between steps, the pool is the step thread's to change: answers the erases asked so far. */
 static void erase_cache(engine_sched *s, uint64_t ticket) {
     int64_t n = kv_pool_drop_cached(s->rt->pool);
@@ -869,7 +901,7 @@ static void *sched_main(void *arg) {
         }
         free(unstarted);
         while (!s->stopping && s->n_cancels == 0 && !runnable(s) &&
-               s->erase_done == s->erase_asked) {
+               s->erase_done == s->erase_asked && !s->between) {
             s->idle = true;
             pthread_cond_broadcast(&s->idle_cv);
             pthread_cond_wait(&s->wake, &s->mu);
@@ -886,9 +918,13 @@ static void *sched_main(void *arg) {
         bool go = runnable(s);
         if (go && s->step_limit > 0) s->step_limit--;
         uint64_t erase = s->erase_asked;
+        between *jobs = s->between;
+        s->between = NULL;
+        for (between *j = jobs; j; j = j->next) j->taken = true;
         pthread_mutex_unlock(&s->mu);
         apply_cancels(s, cancels, n);
         if (erase != s->erase_done) erase_cache(s, erase);
+        if (jobs) run_between(s, jobs);
         if (go) step(s);
         pthread_mutex_lock(&s->mu);
     }
@@ -1043,6 +1079,20 @@ int64_t engine_sched_erase_cache(engine_sched *s) {
     int64_t n = s->erase_done >= ticket ? s->erased : 0;
     pthread_mutex_unlock(&s->mu);
     return n;
+}
+
+int engine_sched_run_between(engine_sched *s, engine_between_fn fn, void *ctx, base_err *err) {
+    between j = {.fn = fn, .ctx = ctx};
+    pthread_mutex_lock(&s->mu);
+    j.next = s->between;
+    s->between = &j;
+    pthread_cond_signal(&s->wake);
+    /* a job the thread has taken runs to its end, even past a stop: it is on this stack */
+    while (!j.done && !(s->stopping && !j.taken)) pthread_cond_wait(&s->idle_cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    if (!j.done) return base_fail(err, "the scheduler is stopping");
+    if (j.rc) *err = j.err;
+    return j.rc;
 }
 
 engine_sched_stats engine_sched_get_stats(engine_sched *s) {

@@ -43,6 +43,11 @@ int model_reserve_decode(model *m, int block_size, int max_seqs, int max_ctx, ba
  * (see model_logits). The batch's slots must have been reserved in `pool` (kv_seq_append). */
 int model_forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t *tokens,
                   const int32_t *out_rows, int n_out, float *logits, base_err *err);
+/* As model_forward, but what the out_rows give is their hidden state after the final norm
+ * (the output head's input: transformers' last_hidden_state), written to `hidden` (host,
+ * float32 [n_out, hidden_size]); for embeddings. */
+int model_forward_hidden(model *m, kv_pool *pool, const kv_batch *batch, const int32_t *tokens,
+                         const int32_t *out_rows, int n_out, float *hidden, base_err *err);
 /* The last forward's logits in backend memory, float32 [n_out, vocab] (n_out as passed to
  * it); owned by the model, valid until its next forward. */
 be_tensor model_logits(const model *m, int n_out);

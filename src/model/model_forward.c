@@ -412,16 +412,18 @@ int model_forward_body(model *m, const model_step *st, base_err *err) {
         TRY(gather_rows(m, st->out_rows, st->n_out, err));
         TRY(be->ops->rmsnorm(be, &ox, &m->final_norm, c->rms_norm_eps, &ox, err));
     }
+    if (st->hidden) return 0;
     TRY(be->ops->matmul(be, &ox, &m->lm_head, &lg, err));
     if (c->logits_scale != 1.0f) TRY(be->ops->scale(be, &lg, c->logits_scale, &lg, err));
     if (c->final_softcap > 0) TRY(be->ops->softcap(be, &lg, c->final_softcap, &lg, err));
     return 0;
 }
 
-int model_forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t *tokens,
-                  const int32_t *out_rows, int n_out, float *logits, base_err *err) {
+/* One step; the wanted rows' logits (or, hidden, their normalized hidden states) stay in
+ * backend memory. */
+static int forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t *tokens,
+                   const int32_t *out_rows, int n_out, bool hidden, base_err *err) {
     TRY(check_step(m, pool, batch, tokens, out_rows, n_out, err));
-    const io_model_config *c = &m->cfg;
     const be_paged_batch *hb = &batch->view;
     be_backend *be = m->be;
     int n = hb->n_tokens;
@@ -430,18 +432,39 @@ int model_forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t 
     TRY(upload_batch(m, hb, &db, err));
     TRY(be->ops->upload(be, m->s.ids, tokens, (size_t)n * sizeof(int32_t), err));
     be_decode_plan plan;
-    model_step st = {pool, hb, &db, &plan, out_rows, n_out};
-    if (model_graph_usable(m, &st)) {
-        TRY(model_graph_step(m, &st, err));
-    } else {
-        TRY(model_plan_step(m, pool, batch, &plan, err));
-        TRY(model_forward_body(m, &st, err));
-    }
-    if (n_out == 0) return be->ops->sync(be, err);
-    if (logits)
+    model_step st = {pool, hb, &db, &plan, out_rows, n_out, hidden};
+    if (model_graph_usable(m, &st)) return model_graph_step(m, &st, err);
+    TRY(model_plan_step(m, pool, batch, &plan, err));
+    return model_forward_body(m, &st, err);
+}
+
+int model_forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t *tokens,
+                  const int32_t *out_rows, int n_out, float *logits, base_err *err) {
+    be_backend *be = m->be;
+    TRY(forward(m, pool, batch, tokens, out_rows, n_out, false, err));
+    if (n_out && logits)
         TRY(be->ops->download(be, logits, m->s.logits,
-                              (size_t)n_out * (size_t)c->vocab_size * sizeof(float), err));
+                              (size_t)n_out * (size_t)m->cfg.vocab_size * sizeof(float), err));
     return be->ops->sync(be, err);
+}
+
+int model_forward_hidden(model *m, kv_pool *pool, const kv_batch *batch, const int32_t *tokens,
+                         const int32_t *out_rows, int n_out, float *hidden, base_err *err) {
+    be_backend *be = m->be;
+    size_t n = (size_t)n_out * (size_t)m->cfg.hidden_size;
+    base_dtype dt = be->act_dtype;
+    TRY(forward(m, pool, batch, tokens, out_rows, n_out, true, err));
+    if (n_out == 0) return be->ops->sync(be, err);
+    /* the activations' dtype, widened on the host: f32 lands in place */
+    void *raw = dt == BASE_DTYPE_F32 ? (void *)hidden : base_xmalloc(n * base_dtype_size(dt));
+    int rc = be->ops->download(be, raw, m->s.out_x, n * base_dtype_size(dt), err) ||
+             be->ops->sync(be, err);
+    for (size_t i = 0; rc == 0 && raw != hidden && i < n; i++) {
+        uint16_t h = ((const uint16_t *)raw)[i];
+        hidden[i] = dt == BASE_DTYPE_BF16 ? base_bf16_to_f32(h) : base_f16_to_f32(h);
+    }
+    if (raw != hidden) free(raw);
+    return rc ? -1 : 0;
 }
 
 be_tensor model_logits(const model *m, int n_out) {

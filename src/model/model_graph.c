@@ -25,7 +25,7 @@ bool model_graph_usable(const model *m, const model_step *st) {
     const be_paged_batch *hb = st->host;
     if (!op->capture_begin || !op->capture_end || !op->graph_launch || !op->graph_free)
         return false;
-    if (!model_rope_static(&m->cfg.rope_scaling)) return false;
+    if (!model_rope_static(&m->cfg.rope_scaling) || st->hidden) return false;
     if (hb->max_q_len != 1 || hb->n_tokens != hb->n_seqs || st->n_out != hb->n_tokens) return false;
     for (int i = 0; i < st->n_out; i++)
         if (st->out_rows[i] != i) return false;

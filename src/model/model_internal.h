@@ -70,6 +70,7 @@ typedef struct model_step {
     be_decode_plan *plan;
     const int32_t *out_rows; /* (n_out) */
     int n_out;
+    bool hidden; /* stop at the output head's input (model_forward_hidden) */
 } model_step;
 
 struct model {

@@ -215,7 +215,8 @@ static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, const char 
     server_error_shape *shape = messages ? server_messages_error : NULL;
     if (!authorized(s, c))
         return server_reply_error_as(s, c, shape, 401, "authentication_error", "Invalid API Key");
-    bool gen = post && (server_is_generate_route(url) || messages);
+    bool embed = post && server_is_embed_route(url);
+    bool gen = post && (server_is_generate_route(url) || messages || embed);
     if (!gen && !server_is_info_route(get ? "GET" : method, url))
         return server_reply_error_as(s, c, shape, 404, "not_found_error", "File Not Found: %s %s",
                                      method, url);
@@ -243,6 +244,7 @@ static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, const char 
         }
     }
     rc = messages ? server_route_messages(s, c, url, version, body, x)
+         : embed  ? server_route_embed(s, c, url, body, x)
          : gen    ? server_route_generate(s, c, url, version, body, x)
                   : server_route_info(s, c, url, body);
     json_decref(body);

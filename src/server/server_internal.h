@@ -50,6 +50,8 @@ struct server {
     uint64_t n_requests, n_errors, n_dropped, n_replaced, n_refused;
     server_metrics metrics;
     pthread_mutex_t props_mu; /* o.defaults, o.n_predict and o.seed_fixed: POST /props */
+    bool embeddings;          /* serve the embedding routes (server_serve_embeddings) */
+    engine_pooling pooling;
 };
 
 /* One HTTP request while its body arrives. */
@@ -149,6 +151,10 @@ bool server_is_messages_route(const char *url);
 enum MHD_Result server_route_messages(server *s, struct MHD_Connection *c, const char *url,
                                       const char *version, json_t *body, server_exchange *x);
 json_t *server_messages_error(unsigned status, const char *type, const char *msg);
+/* server_embed.c: POST /v1/embeddings, /embeddings and /embedding. */
+bool server_is_embed_route(const char *url);
+enum MHD_Result server_route_embed(server *s, struct MHD_Connection *c, const char *url,
+                                   json_t *body, server_exchange *x);
 /* True for the routes server_route_generate / server_route_info serve. */
 bool server_is_generate_route(const char *url);
 bool server_is_info_route(const char *method, const char *url);
