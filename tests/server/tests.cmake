@@ -75,3 +75,14 @@ if(MLXCEL_NODE)
                        ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
                        TIMEOUT ${MLXCEL_MESSAGES_TIMEOUT})
 endif()
+# Embeddings through the official openai client: the demo model's vectors (same text, batch
+# orders, token ids, base64), and the llama_f32 fixture's mean- and last-token-pooled vectors
+# against transformers' logits.
+if(MLXCEL_NODE)
+  add_test(NAME server/embeddings_node
+           COMMAND ${MLXCEL_NODE} ${CMAKE_SOURCE_DIR}/tests/server/embeddings.test.mjs
+           WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(server/embeddings_node PROPERTIES
+                       ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
+                       TIMEOUT 120)
+endif()
