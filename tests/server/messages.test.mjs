@@ -2,7 +2,8 @@
 // @anthropic-ai/sdk package, on the demo model with the small Hermes-style template of the tools
 // test (tests/server/templates/tools_think.jinja). The demo model follows no instructions, so
 // what it must write is forced honestly: a tool call by tool_choice (the server's grammar), the
-// end of its thinking by the thinking budget. The answers are checked against the OpenAI chat
+// end of its thinking by the thinking budget, a JSON answer by output_config.format. The
+// answers are checked against the OpenAI chat
 // route on the same conversation at temperature 0, and the token counts against
 // @huggingface/tokenizers on the prompt the chat template renders.
 import { existsSync, readFileSync } from 'node:fs';
@@ -173,6 +174,23 @@ async function thinking(client) {
   check(off.content.every((b) => b.type === 'text'), `thinking disabled: ${JSON.stringify(off.content)}`);
 }
 
+// output_config.format is enforced by the grammar; metadata and cache_control are taken
+async function accepted(client) {
+  const r = await client.messages.create({ model: 'demo', max_tokens: 60, messages: ASK_WEATHER, metadata: { user_id: 'u1' },
+    system: [{ type: 'text', text: SYSTEM, cache_control: { type: 'ephemeral', ttl: '1h' } }],
+    output_config: { format: { type: 'json_schema', schema: WEATHER } } });
+  let parsed;
+  try {
+    parsed = JSON.parse(textOf(r));
+  } catch {
+    parsed = undefined;
+  }
+  check(validWeather(parsed) && r.stop_reason === 'end_turn', `output_config.format: ${JSON.stringify(r)}`);
+  const serial = await client.messages.countTokens({ model: 'demo', tools: TOOLS, messages: ASK_WEATHER,
+    tool_choice: { type: 'any', disable_parallel_tool_use: true } });
+  check(serial.input_tokens > 0, `disable_parallel_tool_use taken: ${JSON.stringify(serial)}`);
+}
+
 async function refusals(url, client) {
   const ask = { model: 'demo', max_tokens: 4, messages: USER };
   async function bad(extra, needle, what) {
@@ -237,6 +255,7 @@ async function main() {
     await plain(a.url, client);
     await toolRound(a.url, client);
     await thinking(client);
+    await accepted(client);
     await refusals(a.url, client);
   } catch (e) {
     fail(e);
