@@ -3,9 +3,8 @@
 // test (tests/server/templates/tools_think.jinja). The demo model follows no instructions, so
 // what it must write is forced honestly: a tool call by tool_choice (the server's grammar), the
 // end of its thinking by the thinking budget, a JSON answer by output_config.format. The
-// answers are checked against the OpenAI chat
-// route on the same conversation at temperature 0, and the token counts against
-// @huggingface/tokenizers on the prompt the chat template renders.
+// answers are checked against the OpenAI chat route on the same conversation at temperature 0,
+// and the token counts against @huggingface/tokenizers on the prompt the chat template renders.
 import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 
