@@ -226,7 +226,8 @@ static json_t *whole(void *state, const server_seq *q, unsigned *status) {
     return f.error;
 }
 
-/* Anthropic's error types, by status. */
+/* Anthropic's error types, by status (our own types name the same failures in OpenAI's
+ * words, and are not needed). */
 json_t *server_messages_error(unsigned status, const char *type, const char *msg) {
     static const struct {
         unsigned status;
@@ -235,7 +236,6 @@ json_t *server_messages_error(unsigned status, const char *type, const char *msg
                  {403, "permission_error"},      {404, "not_found_error"},
                  {413, "request_too_large"},     {429, "rate_limit_error"},
                  {503, "overloaded_error"}};
-    (void)type; /* ours name the same failures, in OpenAI's words */
     const char *t = "api_error";
     for (size_t i = 0; i < sizeof types / sizeof *types; i++)
         if (types[i].status == status) t = types[i].type;
