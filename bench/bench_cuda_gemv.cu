@@ -1,11 +1,13 @@
 /* The decode matmuls of a Llama-3.1-8B-shaped MLX model (hidden 4096, 32/8 heads of 128, MLP
  * 14336, vocab 128256), through the backend's ops: GB/s of weights read (packed values, scales
- * and biases) for 1 to 64 rows of F32 x (powers of two), 4 and 8 bits, group 64, BF16 scales, and
+ * and biases) for 1 to 256 rows of F32 x (powers of two), 4 and 8 bits, group 64, BF16 scales, and
  * the fraction of the device-to-device copy bandwidth measured in the same run (a 1 GiB
  * cudaMemcpy, read + write counted). Q/K/V and gate/up run through their fused ops. Each case
- * runs twice, the decode GEMV forced to each of its two kernels: "rows" (integer dot products,
- * one or two rows a pass over W) and "mma" (tensor cores, one pass for every row); "err" is the
- * normalized difference of a kernel's outputs from the first one's.
+ * runs three times: through the ops with the decode GEMV forced to each of its two kernels,
+ * "rows" (integer dot products, one or two rows a pass over W) and "mma" (tensor cores, one
+ * pass for up to 32 rows), both of which give way to the GEMM path from CUDA_GEMM_MIN_ROWS
+ * rows, and as "slices", the GEMVs called directly with the tensor-core kernel forced at every
+ * row count; "err" is the normalized difference of a kernel's outputs from the first one's.
  *
  * Each shape's weights are copied until the copies pass 512 MB (eight times the H200's L2) and
  * the timed launches rotate through them, so every launch reads device memory. The launches
@@ -66,7 +68,8 @@ static be_linear make_weight_shape(int64_t out, int64_t in, int bits) {
     return w;
 }
 
-static be_linear make_weight(int64_t out, int64_t in, int bits, uint32_t seed) {
+/* A random weight, with the packed copy a loaded model's linears carry. */
+static be_linear make_weight(be_backend *be, int64_t out, int64_t in, int bits, uint32_t seed) {
     be_linear w = make_weight_shape(out, in, bits);
     size_t words = (size_t)(out * in * bits / 32), groups = (size_t)(out * in / 64);
     w.weight = dev_alloc(words * 4);
@@ -75,6 +78,9 @@ static be_linear make_weight(int64_t out, int64_t in, int bits, uint32_t seed) {
     fill_bytes<<<1024, 256>>>((uint32_t *)w.weight, words, seed);
     fill_bf16<<<1024, 256>>>((__nv_bfloat16 *)w.scales, groups, 0.02f);
     fill_bf16<<<1024, 256>>>((__nv_bfloat16 *)w.biases, groups, 0.1f);
+    bench_cuda_ok(cudaDeviceSynchronize(), "fill");
+    base_err err = {};
+    if (be->ops->pack_linear(be, &w, &err) || !w.packed) bench_die("pack", err.msg);
     return w;
 }
 
@@ -86,6 +92,7 @@ static void free_weight(const be_linear &w) {
     cudaFree((void *)w.weight);
     cudaFree((void *)w.scales);
     cudaFree((void *)w.biases);
+    cudaFree((void *)w.packed);
 }
 
 static float median(std::vector<float> v) {
@@ -181,10 +188,11 @@ static void bench_layer(be_backend *be, int bits, int rows, int reps, double cop
     std::vector<layer> ls;
     for (int i = 0; i < n_layers; i++) {
         const uint32_t s = (uint32_t)(100 + 7 * i);
-        ls.push_back({make_weight(hid, hid, bits, s), make_weight(kv, hid, bits, s + 1),
-                      make_weight(kv, hid, bits, s + 2), make_weight(hid, hid, bits, s + 3),
-                      make_weight(mlp, hid, bits, s + 4), make_weight(mlp, hid, bits, s + 5),
-                      make_weight(hid, mlp, bits, s + 6)});
+        ls.push_back({make_weight(be, hid, hid, bits, s), make_weight(be, kv, hid, bits, s + 1),
+                      make_weight(be, kv, hid, bits, s + 2), make_weight(be, hid, hid, bits, s + 3),
+                      make_weight(be, mlp, hid, bits, s + 4),
+                      make_weight(be, mlp, hid, bits, s + 5),
+                      make_weight(be, hid, mlp, bits, s + 6)});
     }
     auto f32 = [&](int64_t r, int64_t c) {
         float *p = (float *)dev_alloc((size_t)(r * c) * 4);
@@ -201,7 +209,7 @@ static void bench_layer(be_backend *be, int bits, int rows, int reps, double cop
     snprintf(dims, sizeof dims, "%dx%.0fMB", n_layers, per_layer / 1e6);
     printf("%-8s %-14s %4d %4d", "layer", dims, bits, rows);
     for (int ki = 0; ki < n_kernels; ki++) {
-        if (!wanted(kernels[ki])) continue;
+        if (!wanted(kernels[ki]) || strcmp(kernels[ki], "slices") == 0) continue;
         cuda_impl(be)->gemv_kernel = kernel_ids[ki];
         auto run = [&](int c, base_err *e) {
             const layer &L = ls[c];
@@ -245,10 +253,12 @@ int main(int argc, char **argv) {
         {"gate+up", GATE_UP, {14336}, 4096},      {"down", PLAIN, {4096}, 14336},
         {"lm_head", PLAIN, {128256}, 4096},
     };
-    const int bits_list[] = {4, 8}, rows_list[] = {1, 2, 4, 8, 16, 32, 64};
-    const char *kernels[] = {"rows", "mma"};
-    const int kernel_ids[] = {CUDA_GEMV_ROWS, CUDA_GEMV_MMA};
-    const int n_kernels = 2;
+    const int bits_list[] = {4, 8}, rows_list[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+    /* "slices" calls the GEMVs directly, tensor-core kernel forced, past the row count from
+     * which the ops take the GEMM path: the two compared where the threshold sits. */
+    const char *kernels[] = {"rows", "mma", "slices"};
+    const int kernel_ids[] = {CUDA_GEMV_ROWS, CUDA_GEMV_MMA, CUDA_GEMV_MMA};
+    const int n_kernels = 3;
     /* An item runs when no list is given or it is in the comma-separated list. */
     auto listed = [](const char *only_list, const char *k) {
         if (!only_list) return true;
@@ -272,7 +282,8 @@ int main(int argc, char **argv) {
             std::vector<std::vector<be_linear>> copies;
             size_t bytes = 0;
             for (int i = 0; i < nm; i++) {
-                be_linear w = make_weight(sh.k == GATE_UP ? sh.out[0] : sh.out[i], sh.in, bits, 1);
+                be_linear w =
+                    make_weight(be, sh.k == GATE_UP ? sh.out[0] : sh.out[i], sh.in, bits, 1);
                 bytes += weight_bytes(w);
                 free_weight(w);
             }
@@ -280,8 +291,8 @@ int main(int argc, char **argv) {
             for (int c = 0; c < n_copies; c++) {
                 std::vector<be_linear> set;
                 for (int i = 0; i < nm; i++)
-                    set.push_back(make_weight(sh.k == GATE_UP ? sh.out[0] : sh.out[i], sh.in, bits,
-                                              (uint32_t)(c * 3 + i + 1)));
+                    set.push_back(make_weight(be, sh.k == GATE_UP ? sh.out[0] : sh.out[i], sh.in,
+                                              bits, (uint32_t)(c * 3 + i + 1)));
                 copies.push_back(set);
             }
             for (int rows : rows_list) {
@@ -304,8 +315,16 @@ int main(int argc, char **argv) {
                 for (int ki = 0; ki < n_kernels; ki++) {
                     if (!wanted(kernels[ki])) continue;
                     cuda_impl(be)->gemv_kernel = kernel_ids[ki];
+                    const bool direct = strcmp(kernels[ki], "slices") == 0;
                     auto run = [&](int c, base_err *e) {
                         const std::vector<be_linear> &w = copies[c];
+                        if (direct) {
+                            const be_linear *ws[3] = {&w[0], nm > 1 ? &w[1] : NULL,
+                                                      nm > 2 ? &w[2] : NULL};
+                            be_tensor *ys[3] = {&ty[0], nm > 1 ? &ty[1] : NULL,
+                                                nm > 2 ? &ty[2] : NULL};
+                            return cuda_gemv1(be, &tx, ws, ys, nm, sh.k == GATE_UP, NULL, e);
+                        }
                         if (sh.k == QKV) {
                             const be_linear *ws[3] = {&w[0], &w[1], &w[2]};
                             be_tensor *ys[3] = {&ty[0], &ty[1], &ty[2]};

@@ -50,6 +50,9 @@ typedef struct be_linear {
     const void *biases; /* (out, in / group_size), quantized only */
     const void *bias;   /* (out) or NULL: the linear layer's additive bias */
     base_dtype bias_dtype;
+    /* NULL, or a copy of weight, scales and biases that `pack_linear` made in the layout the
+     * backend's batched kernels stream (freed with `free`); weight and the rest stay valid. */
+    const void *packed;
 } be_linear;
 
 /* Rows [r0, r0 + n) of a linear layer: a view into its weight (and scales, biases and bias),
@@ -66,6 +69,8 @@ static inline be_linear be_linear_rows(const be_linear *w, int64_t r0, int64_t n
     }
     if (w->bias) v.bias = (const char *)w->bias + (size_t)r0 * base_dtype_size(w->bias_dtype);
     v.out = n;
+    /* A packed copy holds whole tiles of rows: a view of some of them is repacked apart. */
+    v.packed = NULL;
     return v;
 }
 
@@ -232,6 +237,11 @@ typedef struct be_ops {
      * *dev == host. */
     int (*map_weights)(be_backend *be, const void *host, size_t bytes, const void **dev,
                        base_err *err);
+    /* Optional (NULL: no kernel reads another layout). Sets w->packed to a new buffer holding
+     * w's quantized weights in the layout the backend's batched matmuls stream, once at load;
+     * leaves it NULL, returning 0, where none of them would take w or memory is short (the
+     * matmuls then read w as it is, slower where they would have taken the copy). */
+    int (*pack_linear)(be_backend *be, be_linear *w, base_err *err);
     int (*sync)(be_backend *be, base_err *err);
     /* Free and total bytes of the memory this backend computes in. */
     int (*memory_info)(be_backend *be, uint64_t *free_bytes, uint64_t *total_bytes);

@@ -324,6 +324,14 @@ static int bind_moe(model *m, const char *p, model_layer *L, base_err *err) {
     return rc;
 }
 
+/* The backend's own copy of a linear layer for its batched kernels, freed with the model. */
+static int pack_linear(model *m, be_linear *lin, base_err *err) {
+    if (!m->be->ops->pack_linear || lin->bits == 0) return 0;
+    if (m->be->ops->pack_linear(m->be, lin, err)) return -1;
+    if (lin->packed) own_buffer(m, lin->packed);
+    return 0;
+}
+
 static int bind_layer(model *m, int l, base_err *err) {
     const io_model_config *c = &m->cfg;
     const model_names *nm = &m->arch->names;
@@ -338,6 +346,9 @@ static int bind_layer(model *m, int l, base_err *err) {
         bind_norm_opt(m, p, nm->mlp_norm, hidden, &L->mlp_norm, err) ||
         bind_norm_opt(m, p, nm->post_mlp_norm, hidden, &L->post_mlp_norm, err))
         return -1;
+    be_linear *lins[] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
+    for (size_t i = 0; i < sizeof lins / sizeof lins[0]; i++)
+        if (pack_linear(m, lins[i], err)) return -1;
     L->local = c->layer_local && c->layer_local[l];
     L->attn = be_attn_plain(c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)c->head_dim));
     L->attn.softcap = c->attn_softcap;
@@ -363,6 +374,7 @@ int model_bind_weights(model *m, base_err *err) {
         snprintf(name, sizeof name, "%.*slm_head", (int)keep, prefix);
         if (bind_linear(m, name, c->vocab_size, c->hidden_size, false, &m->lm_head, err)) return -1;
     }
+    if (pack_linear(m, &m->lm_head, err)) return -1;
     m->layers = base_xcalloc((size_t)c->num_hidden_layers, sizeof *m->layers);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         if (bind_layer(m, l, err)) return -1;

@@ -46,12 +46,15 @@ static void make_q(be_backend *be, int bits, int64_t out, int64_t in, be_linear 
     d->weight = tc_dev_bytes(be, w, wbytes);
     d->scales = tc_dev_bytes(be, s, ng * 2);
     d->biases = tc_dev_bytes(be, b, ng * 2);
+    base_err err = {{0}};
+    if (be->ops->pack_linear) CHECK(be->ops->pack_linear(be, d, &err) == 0 && d->packed);
 }
 
 static void free_q(be_backend *be, be_linear *h, be_linear *d) {
     be->ops->free(be, (void *)d->weight);
     be->ops->free(be, (void *)d->scales);
     be->ops->free(be, (void *)d->biases);
+    be->ops->free(be, (void *)d->packed);
     free((void *)h->weight), free((void *)h->scales), free((void *)h->biases);
 }
 

@@ -137,6 +137,7 @@ static const be_ops cuda_ops = {
     .download_async = cuda_download_async,
     .copy = cuda_copy,
     .map_weights = cuda_map_weights,
+    .pack_linear = cuda_pack_linear,
     .sync = cuda_sync,
     .memory_info = cuda_memory_info,
     .embedding = cuda_embedding,

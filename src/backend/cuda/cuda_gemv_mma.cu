@@ -7,34 +7,45 @@
  * pairs without conversions: (w & 0x000F000F) | 0x64006400 is the half2 (1024 + q0, 1024 + q4),
  * one packed subtraction leaves (q0, q4); the nibbles at bits 4..7 come out as 1024 + 16 q and
  * one packed FMA by (1/16, -64) leaves q. 8-bit bytes take the same path (1024 + q, q < 256).
- * Up to 16 rows x is split into two F16 terms, hi = f16(x') and lo = f16(x' - hi), of
- * x' = x 2^e, where the power of two e puts the largest |x'| of a row of x over one CTA's
- * k-range in [2^14, 2^15): no term overflows whatever the row's range, and hi + lo carries 22
- * bits of each value, with an absolute floor of 2^-25 (F16's subnormals) against a largest
- * value of 2^14. Past 16 rows x' is hi alone (relative 2^-11, the same floor): half the mmas
- * and fragments, and still finer than the BF16 (2^-9) of the GEMM path. Products of q and a
- * term are exact and the tensor core sums them in F32. The affine form is folded per group:
+ * x enters as f16(x'), x' = x 2^e, where the power of two e puts the largest |x'| of a row of
+ * x over one CTA's k-range in [2^14, 2^15): nothing overflows whatever the row's range, each
+ * value keeps a relative 2^-11 with an absolute floor of 2^-25 (F16's subnormals) against a
+ * largest value of 2^14, finer than the BF16 (2^-9) of the GEMM path. (A second term, f16(x' -
+ * hi), carried 22 bits up to 16 rows; it doubled the mmas and the fragments, and dropping it
+ * took gate+up at 8 rows from 42.6 to 37-38 us and lm_head, whose fragments then fit one
+ * k-range, from 186 to 123.) Products of q and x' are exact and the tensor core sums them in
+ * F32. The affine form is folded per group:
  * y = sum_g s_g dot(q_g, x'_g) + b_g sum(x'_g), with sum(x'_g) computed once from the
  * unrounded x', and each partial sum is scaled back by 2^-e before the k-ranges meet. This
  * needs every mma's k-range inside one group.
  *
  * Layout. An m16n8k16 mma takes W as A (16 output rows) and x as B (8 columns, the rows of x).
  * Within an mma the k order is free as long as A and B agree: the quad of lane g (lanes 4g to
- * 4g + 3, t = lane % 4) reads one 32-byte sector of rows g and g + 8 of the tile, lane t the
- * 8 bytes at 8t (16 4-bit or 8 8-bit values, two words), and each word feeds two mmas (4-bit)
- * or one (8-bit). A sector is 64 4-bit values: one group of 64, half of one of 128, two of 32.
- * With groups of 32 the quad's lanes 0-1 hold one group and lanes 2-3 the next, so the columns
- * of an n-tile are split in two classes: column 2j takes row j of x against the first group
- * only (zeros in lanes 2-3 of B), column 2j + 1 against the second; an n-tile then serves 4
- * rows of x instead of 8.
+ * 4g + 3, t = lane % 4) takes one 32-byte sector of rows g and g + 8 of the tile, lane t the
+ * 8 bytes at 8t of each (16 4-bit or 8 8-bit values, two words), and each word feeds two mmas
+ * (4-bit) or one (8-bit). A sector is 64 4-bit values: one group of 64, half of one of 128, two
+ * of 32. With groups of 32 the quad's lanes 0-1 hold one group and lanes 2-3 the next, so the
+ * columns of an n-tile are split in two classes: column 2j takes row j of x against the first
+ * group only (zeros in lanes 2-3 of B), column 2j + 1 against the second; an n-tile then serves
+ * 4 rows of x instead of 8.
+ *
+ * Packed copy (cuda_pack_linear, once at load). The kernel streams a copy of W in the order its
+ * lanes consume it: for m-tile T (16 rows, the last padded with zero rows) and sector s, 512
+ * contiguous bytes, lane l's 16 at 16 l (its 8 bytes of row g, then of row g + 8), tile after
+ * tile, each tile's sectors in k order; then the scales and biases, for tile T and group i the
+ * 16 rows' (scale, bias) pairs side by side. A warp's load of a sector is one 16-byte load a
+ * lane over 512 contiguous bytes, and a tile's k-range one contiguous run; a lane's scale and
+ * bias of a row are one load. In the MLX layout the same sector was two 8-byte loads a lane 16
+ * rows apart and each scale and bias a 2-byte load of its own.
  *
  * Work split. A CTA owns a k-range of the rows and an m-block of tiles. It first converts its
  * k-range of x into B fragments in shared memory (the order of the values in a register
  * follows the pairs of the weight word: values j and j + 4 of a 4-bit word, j and j + 2 of an
- * 8-bit one), with the sums of each column and one e per row of x. Then each warp streams its
- * own 32 rows (16 when x takes two n-tiles or more) across the whole k-range: per sector an
- * 8-byte load per row and lane, the next sector's loads in flight while this one computes,
- * the rows' next lines prefetched into L2, and no barrier. The CTAs of one m-block (one per
+ * 8-bit one), with the sums of each column and one e per row of x. Each warp then streams its
+ * tiles of the m-block (every GMMA_WARPS-th) over the k-range as one sequence of sectors, with
+ * gmma_depth sectors' loads in flight across the tile boundaries, and no barrier; before the
+ * fragments, while the kernel before it may still run (programmatic dependent launch), it has
+ * already asked for its first sectors, which no kernel writes. The CTAs of one m-block (one per
  * k-range, as many as it takes to fill the device) write partial sums to scratch; the last of
  * them to finish (a counter per m-block) adds them in k order, deterministically, and writes
  * y with the bias, the GLU of gate/up (act(gate) * up, act from fz), and the output dtype.
@@ -45,21 +56,22 @@
  * last CTA adds those in k order and scales each row's sums by its 1/rms (a factor per row of
  * x commutes with the product). The residual add reads y in that last CTA's store.
  *
- * Measured (H200, bench/bench_cuda_gemv.cu, 4-bit group 64, BF16 scales, copy 4243 GB/s;
- * us for 1 / 4 / 8 / 16 rows, the one-row kernel's in brackets): q+k+v 17.6 / 21.7 / 27.1 /
- * 37.7 (13.2 / 33.0 / 72.8 / 137.8), gate+up 62.7 / 66.0 / 70.0 / 86.5 (40.5 / 102.6 / 205.6 /
- * 413.4), down 31.3 / 35.2 / 39.4 / 61.5 (27.4 / 104.9 / 209.2 / 416.1), lm_head 232.8 / 254.5
- * / 285.0 / 431.8 (163.5 / 381.9 / 762.1 / 1522.5). lm_head at one row reads 1269 GB/s, 30% of
- * copy (ncu: L2 throughput 81%, DRAM 40%, 9.5 cycles per issued instruction, 128 registers).
- * 8 rows cost 1.2 to 1.5 times one row; at one row this kernel is slower than the one-row
- * kernel (its ~2.3 instructions per weight, a third of them the dequantization, against that
- * kernel's 3 per weight and row), so cuda_gemv1 keeps 1 and 2 rows. A first version that met
- * the warps of a CTA in shared memory after every 2 m-tiles was latency-bound at 10-17% of
- * copy; streaming each warp's rows without barriers doubled that. Past 16 rows (H200, decode
- * of the 8B model after 512 tokens, tok/s): 32 rows in one pass 2707 against 1915 in two of
- * 16; 64 rows in one pass of 8 n-tiles 2161 against 2979 on the GEMM path (its decode layer
- * 793 us, 3.7% of copy, the staging of x, the partial sums and the last CTA's reduction
- * growing with the rows), so a pass stops at 4 n-tiles and 64 rows take cuBLAS. */
+ * Measured (H200, bench/bench_cuda_gemv.cu, 4-bit group 64, BF16 scales, copy 4206 GB/s; us
+ * for 1 / 8 / 16 / 32 rows, the MLX-layout kernel before the packed copy in brackets, from
+ * 4243 GB/s): q+k+v 12.9 / 18.5 / 28.7 / 52.2 (17.6 / 27.1 / 37.7 / -), o 9.0 / 12.5 / 18.9 /
+ * 33.4, gate+up 33.5 / 37.0 / 50.2 / 92.1 (62.7 / 70.0 / 86.5 / -), down 24.5 / 30.3 / 45.1 /
+ * 79.5 (31.3 / 39.4 / 61.5 / -), lm_head 117.9 / 122.7 / 209.7 / 507.5 (232.8 / 285.0 / 431.8 /
+ * -); a decode layer's four launches at 8 rows 106 us, 27% of copy. Decode of the 8B model after
+ * 512 tokens (tok/s): 8 sequences 1779 (1188 before), 16 2560 (1844), 32 2924 (2710). At one
+ * row this kernel stays slower than the one-row kernel (gate+up 33.5 against 21.0 us), so
+ * cuda_gemv1 keeps 1 and 2 rows. Where it stands: ncu of gate+up at 8 rows shows DRAM at 33%,
+ * L2 42%, the SMs 41%, 7.8 cycles per issued instruction at 16 warps an SM; about 70
+ * instructions a warp per 512-byte sector, half of them the dequantization. Tried on the way:
+ * the store of y inside the streaming loop of the same kernel for every k-split cost q+k+v,
+ * o and down 25-50% (so the one-k-range form is a kernel of its own); a last-CTA reduction
+ * that took 8 outputs at a time, with a division per output, was no faster. Past 32 rows: 64
+ * rows in two passes of 32 read 2534 tok/s against 3000 on the GEMM path, 128 in four 2577
+ * against 5459, so a pass stops at 4 n-tiles and 64 rows take cuBLAS. */
 #include "backend/cuda/cuda_mma.h"
 
 #include <type_traits>
@@ -71,8 +83,8 @@
 /* Most m-blocks a launch may have. Their counters sit first in the scratch at a fixed size, so
  * a launch never finds another launch's partial sums where it expects a counter at zero. */
 #define GMMA_MAX_MBLOCKS 4096
-/* 128-byte lines of each of its rows a warp has prefetched into L2 ahead of its loads. */
-#define GMMA_L2_AHEAD 3
+/* Bytes of a packed sector of one m-tile: 16 rows x 32 bytes. */
+#define GMMA_SECTOR_BYTES 512
 
 /* 4-bit: 64 values a 32-byte sector, 16 a lane; 8-bit: 32 and 8. */
 template <int BITS> __host__ __device__ constexpr int gmma_vps() {
@@ -81,49 +93,53 @@ template <int BITS> __host__ __device__ constexpr int gmma_vps() {
 template <int BITS> __host__ __device__ constexpr int gmma_vpl() {
     return 64 / BITS;
 }
-/* Whether x takes its lo term: up to 16 rows (NT n-tiles of 8 / C rows). Past them one F16
- * term (relative 2^-11) is still finer than the GEMM path's BF16 (2^-9) and halves the mmas
- * and the fragments. */
-template <int C, int NT> __host__ __device__ constexpr bool gmma_lo() {
-    return NT * (8 / C) <= 16;
+/* uint4s of x fragments per lane, sector and n-tile. */
+template <int BITS> __host__ __device__ constexpr int gmma_parts() {
+    return gmma_vpl<BITS>() / 8;
 }
-/* uint4s of x fragments per lane, sector and n-tile: the hi words, then the lo words if any. */
-template <int BITS, int C, int NT> __host__ __device__ constexpr int gmma_parts() {
-    return gmma_vpl<BITS>() / (gmma_lo<C, NT>() ? 4 : 8);
+/* Shared memory a CTA may give its x fragments: the most two CTAs on an SM can share (fewer
+ * k-ranges: fewer partial sums to write and add, none where one k-range fits). */
+#define GMMA_SMEM_CAP (110 << 10)
+/* Sectors whose loads a warp keeps in flight: 512 bytes each, so 16 warps an SM hold 24 to 64
+ * KB of weights in flight, what the H200's bandwidth times its latency asks; fewer where the
+ * fragments of more n-tiles, or two groups' scales a sector, take the registers (the most that
+ * compile without spills under the 128 registers of two CTAs an SM). */
+template <int C, int NT> __host__ __device__ constexpr int gmma_depth() {
+    return NT == 1 ? 8 / C + 2 * (C - 1) : (NT == 2 ? 6 - 2 * (C - 1) : 2);
 }
-/* Shared memory a CTA may give its x fragments: two CTAs fit on an SM. Past 16 rows the
- * fragments of a sector grow, and the k-ranges take the most two CTAs can share (fewer
- * k-ranges: fewer partial sums to write and add). */
-template <int C, int NT> __host__ __device__ constexpr int gmma_smem_cap() {
-    return gmma_lo<C, NT>() ? 64 << 10 : 110 << 10;
+
+/* A packed copy's geometry: m-tiles, sectors a row, groups a row; the codes come first. */
+struct gmma_geom {
+    int64_t tiles, sectors, groups;
+};
+static gmma_geom gmma_geometry(const be_linear *w) {
+    return {(w->out + 15) / 16, w->in * w->bits / 256, w->in / w->group_size};
 }
-/* m-tiles a warp computes together, sharing each read of the x fragments: one when several
- * n-tiles of fragments already fill the registers. */
-template <int NT> __host__ __device__ constexpr int gmma_mb() {
-    return NT == 1 ? 2 : 1;
+__host__ __device__ static inline int64_t gmma_code_bytes(int64_t tiles, int64_t sectors) {
+    return tiles * sectors * GMMA_SECTOR_BYTES;
 }
 
 struct gmma_job {
     cuda_gemv_mat m[3];
-    base_dtype sdt;    /* scales and biases */
-    int64_t in;        /* values per row of W and x */
-    int64_t row_bytes; /* in * bits / 8 */
-    int64_t groups;    /* groups per row */
-    int gsize;         /* values per group */
-    int gshift;        /* log2(gsize) */
-    int64_t sectors;   /* 32-byte sectors per row */
-    int64_t rows;      /* PLAIN: the outs summed; GLU: out */
-    int64_t tiles;     /* m-tiles: PLAIN ceil(rows / 16); GLU 2 ceil(out / 16), gate and up
-                        * alternating */
-    int64_t tpb;       /* m-tiles per m-block (even) */
-    int nx;            /* rows of x */
-    int ksplit;        /* k-ranges (CTAs per m-block) */
-    int spc;           /* sectors per k-range */
-    const float *x;    /* (nx, in) */
-    float *part;       /* (ksplit, nx, tiles * 16) partial sums */
-    float *ssq;        /* (m-blocks, ksplit, GMMA_MAX_NX) with a norm: x's sums of squares
-                        * per k-range */
-    unsigned *count;   /* (m-blocks) CTAs done, reset to 0 by the last */
+    const uint8_t *pk[3]; /* the matrices' packed copies */
+    int64_t mt[3];        /* m-tiles of each matrix (0 past the n used) */
+    base_dtype sdt;       /* scales and biases */
+    int64_t in;           /* values per row of W and x */
+    int64_t groups;       /* groups per row */
+    int gshift;           /* log2(values per group) */
+    int64_t sectors;      /* 32-byte sectors per row */
+    int64_t rows;         /* PLAIN: the outs summed; GLU: out */
+    int64_t tiles;        /* m-tiles: PLAIN the matrices' tiles in turn; GLU 2 ceil(out / 16),
+                           * gate and up alternating */
+    int64_t tpb;          /* m-tiles per m-block (even) */
+    int nx;               /* rows of x */
+    int ksplit;           /* k-ranges (CTAs per m-block) */
+    int spc;              /* sectors per k-range */
+    const float *x;       /* (nx, in) */
+    float *part;          /* (ksplit, nx, tiles * 16) partial sums, by tile and row in it */
+    float *ssq;           /* (m-blocks, ksplit, GMMA_MAX_NX) with a norm: x's sums of squares
+                           * per k-range */
+    unsigned *count;      /* (m-blocks) CTAs done, reset to 0 by the last */
     cuda_gemv_fuse fz;
 };
 
@@ -148,19 +164,28 @@ __device__ __forceinline__ int gmma_exp(int m_bits) {
     return e < 126 ? e : 126;
 }
 
-__device__ __forceinline__ uint2 gmma_ld_nc(const uint8_t *p) {
-    uint2 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
-                 : "=r"(v.x), "=r"(v.y)
+/* A weight load that bypasses L1: each byte is read once. */
+__device__ __forceinline__ uint4 gmma_ld_nc(const uint8_t *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
 }
 
-template <typename S> __device__ __forceinline__ float gmma_scale(const void *p, int64_t i) {
-    if (std::is_same<S, __nv_bfloat16>::value)
-        return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
-    if (std::is_same<S, __half>::value) return __half2float(((const __half *)p)[i]);
-    return ((const float *)p)[i];
+/* A row's (scale, bias) of one group as the packed copy holds it: one register for 16-bit
+ * dtypes, two for F32. */
+template <typename S>
+using gmma_sb_t = typename std::conditional<sizeof(S) == 4, float2, uint32_t>::type;
+
+template <typename S> __device__ __forceinline__ float2 gmma_sb(gmma_sb_t<S> raw) {
+    if constexpr (std::is_same<S, float>::value) {
+        return raw;
+    } else if constexpr (std::is_same<S, __half>::value) {
+        return __half22float2(*(const __half2 *)&raw);
+    } else {
+        return __bfloat1622float2(*(const __nv_bfloat162 *)&raw);
+    }
 }
 
 __device__ __forceinline__ uint32_t gmma_hsub(uint32_t a, uint32_t b) {
@@ -191,31 +216,39 @@ __device__ __forceinline__ void gmma_dq8(uint32_t w, uint32_t *h) {
     h[1] = gmma_hsub(((w >> 8) & 0x00FF00FFu) | magic, magic);
 }
 
-/* Output row `i` of m-tile `tile`: its matrix (-1 past the end) and its row there. */
+/* m-tile `tile` of the job: its matrix, and its tile there in *lt. */
 template <bool GLU>
-__device__ __forceinline__ int gmma_row(const gmma_job &j, int64_t tile, int i, int64_t *row) {
+__device__ __forceinline__ int gmma_tile(const gmma_job &j, int64_t tile, int64_t *lt) {
     if (GLU) {
-        *row = (tile >> 1) * 16 + i;
-        return *row < j.rows ? (int)(tile & 1) : -1;
+        *lt = tile >> 1;
+        return (int)(tile & 1);
     }
-    const int64_t g = tile * 16 + i, e0 = j.m[0].out, e1 = e0 + j.m[1].out;
-    if (g >= j.rows) return -1;
-    *row = g < e0 ? g : (g < e1 ? g - e0 : g - e1);
-    return g < e0 ? 0 : (g < e1 ? 1 : 2);
+    if (tile < j.mt[0]) {
+        *lt = tile;
+        return 0;
+    }
+    if (tile < j.mt[0] + j.mt[1]) {
+        *lt = tile - j.mt[0];
+        return 1;
+    }
+    *lt = tile - j.mt[0] - j.mt[1];
+    return 2;
 }
 
 /* Partials of the rows of x against the CTA's k-range for its m-block's tiles; the last CTA of
  * the m-block reduces them into y. C: groups per sector (2 for 4-bit groups of 32), NT: n-tiles
- * of 8 / C rows of x. */
-template <int BITS, int C, int NT, bool GLU, typename S>
+ * of 8 / C rows of x; ONE (not with GLU, whose gate and up tiles other warps hold): one k-range,
+ * whose sums are y's. A kernel of its own: the stores in the loop cost the other form its
+ * speed. */
+template <int BITS, int C, int NT, bool GLU, bool ONE, typename S>
 __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job job) {
     constexpr int VPS = gmma_vps<BITS>(), VPL = gmma_vpl<BITS>(), XU = VPL / 2;
-    constexpr int PARTS = gmma_parts<BITS, C, NT>(), XR = 8 / C, Q = 4 / C, MB = gmma_mb<NT>();
-    constexpr bool LO = gmma_lo<C, NT>();
-    constexpr int HP = LO ? PARTS / 2 : PARTS; /* uint4s of hi words */
-    constexpr int WV = 32 / BITS;              /* values per word */
+    constexpr int PARTS = gmma_parts<BITS>(), XR = 8 / C, Q = 4 / C, D = gmma_depth<C, NT>();
+    constexpr int WV = 32 / BITS; /* values per word */
+    using SB = gmma_sb_t<S>;
     extern __shared__ uint4 gmma_smem[];
     __shared__ int cmax[GMMA_MAX_NX];
+    __shared__ float rinv[GMMA_MAX_NX]; /* one k-range: each row's 1/rms (1 without a norm) */
     __shared__ bool last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int ks = blockIdx.x;
@@ -223,6 +256,56 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
     const int64_t s_first = (int64_t)ks * job.spc;
     const int ns = (int)(job.sectors - s_first < job.spc ? job.sectors - s_first : job.spc);
     const int64_t k0 = s_first * VPS;
+    const int64_t t_begin = mb * job.tpb;
+    const int64_t t_end = t_begin + job.tpb < job.tiles ? t_begin + job.tpb : job.tiles;
+    /* The warp's tiles: t_begin + warp, then every GMMA_WARPS-th, each over ns sectors. */
+    const int64_t n_units =
+        t_begin + warp < t_end ? (t_end - t_begin - warp + GMMA_WARPS - 1) / GMMA_WARPS : 0;
+    const int64_t total = n_units * ns;
+
+    /* One sector of one tile as a lane loads it: its 16 bytes of codes and, for each of its C
+     * groups, the (scale, bias) of rows g and g + 8. */
+    struct stage {
+        uint4 w;
+        SB sb[2][C];
+    };
+    /* The load cursor: sector ls of the warp's unit lu, whose codes and scales start at lw and
+     * lsb. */
+    int64_t lu = 0;
+    int ls = 0;
+    const uint8_t *lw = NULL;
+    const SB *lsb = NULL;
+    auto seek = [&](int64_t u) {
+        int64_t lt = 0;
+        const int mi = gmma_tile<GLU>(job, t_begin + warp + u * GMMA_WARPS, &lt);
+        const uint8_t *pk = job.pk[0];
+        int64_t mt = job.mt[0];
+        if (mi == 1) pk = job.pk[1], mt = job.mt[1];
+        if (mi == 2) pk = job.pk[2], mt = job.mt[2];
+        lw = pk + gmma_code_bytes(lt, job.sectors) + s_first * GMMA_SECTOR_BYTES + lane * 16;
+        lsb = (const SB *)(pk + gmma_code_bytes(mt, job.sectors)) + lt * job.groups * 16 + g;
+    };
+    auto load = [&](stage &st) {
+        st.w = gmma_ld_nc(lw + ls * GMMA_SECTOR_BYTES);
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            const int64_t gi = ((s_first + ls) * VPS + c * (VPS / C)) >> job.gshift;
+            st.sb[0][c] = __ldg(lsb + gi * 16);
+            st.sb[1][c] = __ldg(lsb + gi * 16 + 8);
+        }
+        if (++ls == ns) {
+            ls = 0;
+            if (++lu < n_units) seek(lu);
+        }
+    };
+    /* The first sectors go out before the wait for the kernel before: no kernel writes W. */
+    stage st[D];
+    if (total > 0) seek(0);
+#pragma unroll
+    for (int d = 0; d < D; d++)
+        if (d < total) load(st[d]);
+    cuda_pdl_wait();
+
     /* Fragments (spc, NT, PARTS, 32 lanes), then the sums of each B column (spc, NT, 8). */
     uint4 *frag = gmma_smem;
     float *csum = (float *)(frag + (size_t)job.spc * NT * PARTS * 32);
@@ -230,13 +313,14 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
     /* A norm scales each row of x by its weight here and by the row's 1/rms in the final sum:
      * a CTA sees only its k-range, so it leaves the sum of squares over it for the last CTA.
      * Then, with x' the values multiplied, the largest |x'| of each row over the k-range (as
-     * bits: they order as the floats). One warp a row: both reductions in a fixed order. */
+     * bits: they order as the floats). One warp a row: both reductions in a fixed order. x
+     * comes from the kernel before, so it is read coherently. */
     const int kq = ns * VPS / 4;
     for (int xr = warp; xr < job.nx; xr += GMMA_WARPS) {
         const float4 *src = (const float4 *)(job.x + xr * job.in + k0);
         float m = 0.0f, ss = 0.0f;
         for (int u = lane; u < kq; u += 32) {
-            float4 f = __ldg(src + u);
+            float4 f = src[u];
             if (job.fz.norm) {
                 ss += f.x * f.x + f.y * f.y + f.z * f.z + f.w * f.w;
                 float w4[4];
@@ -252,6 +336,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
         if (lane == 0) {
             cmax[xr] = __float_as_int(m);
             if (job.fz.norm) job.ssq[(mb * job.ksplit + ks) * GMMA_MAX_NX + xr] = ss;
+            rinv[xr] = job.fz.norm ? cuda_rms_inv(ss, job.in, job.fz.eps) : 1.0f;
         }
     }
     __syncthreads();
@@ -267,7 +352,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
         float xv[VPL], sum = 0.0f;
 #pragma unroll
         for (int v = 0; v < VPL / 4; v++) {
-            const float4 f = on ? __ldg(src + v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const float4 f = on ? src[v] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             float w4[4] = {1.0f, 1.0f, 1.0f, 1.0f};
             if (on && job.fz.norm)
                 cuda_load_ro<4>(job.fz.norm, job.fz.norm_dt,
@@ -275,7 +360,7 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
             xv[4 * v] = f.x * w4[0] * sc, xv[4 * v + 1] = f.y * w4[1] * sc,
                    xv[4 * v + 2] = f.z * w4[2] * sc, xv[4 * v + 3] = f.w * w4[3] * sc;
         }
-        uint32_t hw[XU], lw[XU];
+        uint32_t hw[XU];
         /* Word wd's values j and j + WV / 2 make one register, low first. */
 #pragma unroll
         for (int wd = 0; wd < 2; wd++)
@@ -285,20 +370,11 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
                 sum += a + b;
                 const __half2 h = __floats2half2_rn(a, b);
                 hw[wd * WV / 2 + p] = *(const uint32_t *)&h;
-                if (LO) {
-                    const float2 hf = __half22float2(h);
-                    const __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);
-                    lw[wd * WV / 2 + p] = *(const uint32_t *)&l;
-                }
             }
         uint4 *dst = frag + (size_t)(sl * NT + nt) * PARTS * 32 + ln;
 #pragma unroll
-        for (int p = 0; p < HP; p++) {
+        for (int p = 0; p < PARTS; p++)
             dst[p * 32] = make_uint4(hw[4 * p], hw[4 * p + 1], hw[4 * p + 2], hw[4 * p + 3]);
-            if (LO)
-                dst[(p + HP) * 32] =
-                    make_uint4(lw[4 * p], lw[4 * p + 1], lw[4 * p + 2], lw[4 * p + 3]);
-        }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         if (lt == 0) csum[(sl * NT + nt) * 8 + lg] = sum;
@@ -316,174 +392,113 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
         }
 
     const int64_t vrows = job.tiles * 16;
-    const int64_t t_begin = mb * job.tpb;
-    const int64_t t_end = t_begin + job.tpb < job.tiles ? t_begin + job.tpb : job.tiles;
-    /* The weights, scales and biases of one sector: MB m-tiles, rows g and g + 8. */
-    struct sector_regs {
-        uint2 w[MB][2];
-        float s[MB][2][C], b[MB][2][C];
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[nt][i] = 0.0f;
+    /* The compute cursor: sector cs of unit cu. */
+    int64_t cu = 0;
+    int cs = 0;
+    auto compute = [&](const stage &sg) {
+        uint32_t xh[NT][XU];
+        float xs[NT][2];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const uint4 *src = frag + (size_t)(cs * NT + nt) * PARTS * 32 + lane;
+#pragma unroll
+            for (int p = 0; p < PARTS; p++) {
+                const uint4 h = src[p * 32];
+                xh[nt][4 * p] = h.x, xh[nt][4 * p + 1] = h.y, xh[nt][4 * p + 2] = h.z,
+                           xh[nt][4 * p + 3] = h.w;
+            }
+            const float2 cv = *(const float2 *)&csum[(cs * NT + nt) * 8 + 2 * t];
+            xs[nt][0] = cv.x, xs[nt][1] = cv.y;
+        }
+        /* The sector's products, scaled into acc per group below. */
+        float ch[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) ch[nt][i] = 0.0f;
+#pragma unroll
+        for (int wd = 0; wd < 2; wd++) {
+            const uint32_t w0 = wd ? sg.w.y : sg.w.x; /* row g */
+            const uint32_t w1 = wd ? sg.w.w : sg.w.z; /* row g + 8 */
+            constexpr int PAIRS = BITS == 4 ? 4 : 2;
+            uint32_t h0[PAIRS], h1[PAIRS];
+            if (BITS == 4) {
+                gmma_dq4(w0, h0);
+                gmma_dq4(w1, h1);
+            } else {
+                gmma_dq8(w0, h0);
+                gmma_dq8(w1, h1);
+            }
+#pragma unroll
+            for (int j = 0; j < PAIRS / 2; j++) {
+                const uint32_t a[4] = {h0[2 * j], h1[2 * j], h0[2 * j + 1], h1[2 * j + 1]};
+                const int u = wd * PAIRS + 2 * j;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+                    cuda_mma16816<__half>(ch[nt], a, xh[nt][u], xh[nt][u + 1]);
+            }
+        }
+        float2 sb[2][C];
+#pragma unroll
+        for (int rh = 0; rh < 2; rh++)
+#pragma unroll
+            for (int c = 0; c < C; c++) sb[rh][c] = gmma_sb<S>(sg.sb[rh][c]);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int rh = i >> 1, c = C == 2 ? (i & 1) : 0;
+                acc[nt][i] =
+                    fmaf(sb[rh][c].x, ch[nt][i], fmaf(sb[rh][c].y, xs[nt][i & 1], acc[nt][i]));
+            }
+        if (++cs < ns) return;
+        /* The unit's k-range is done: its sums out, the accumulators cleared. */
+        const int64_t tile = t_begin + warp + cu * GMMA_WARPS;
+        int64_t lt = 0;
+        const int mi = gmma_tile<GLU>(job, tile, &lt);
+        const int64_t out_m = cuda_gemv_pick(job, mi, &cuda_gemv_mat::out);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int q = 0; q < Q; q++) {
+                const float v =
+                    C == 1 ? acc[nt][q] * unscale[nt][q & 1]
+                           : acc[nt][2 * q] * unscale[nt][0] + acc[nt][2 * q + 1] * unscale[nt][1];
+                const int rh = C == 1 ? q >> 1 : q;
+                const int xr = C == 1 ? nt * 8 + 2 * t + (q & 1) : nt * 4 + t;
+                if (xr >= job.nx) continue;
+                if (ONE) {
+                    const int64_t row = lt * 16 + g + 8 * rh;
+                    if (row < out_m)
+                        cuda_gemv_store(job, mi, xr, row, v * rinv[xr],
+                                        cuda_gemv_prev(job, mi, xr, row));
+                } else {
+                    job.part[((int64_t)ks * job.nx + xr) * vrows + tile * 16 + g + 8 * rh] = v;
+                }
+            }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[nt][i] = 0.0f;
+        cs = 0;
+        cu++;
     };
-    for (int64_t tile0 = t_begin + warp * MB; tile0 < t_end; tile0 += GMMA_WARPS * MB) {
-        const uint8_t *wp[MB][2];
-        const S *sp[MB][2], *bp[MB][2]; /* the row's scales and biases */
-        bool ok[MB][2];
+    /* D sectors in flight: each stage's next load goes out as soon as it is consumed. */
+    for (int64_t i0 = 0; i0 < total; i0 += D) {
 #pragma unroll
-        for (int mt = 0; mt < MB; mt++)
-#pragma unroll
-            for (int rh = 0; rh < 2; rh++) {
-                int64_t row = 0;
-                const int mi =
-                    tile0 + mt < t_end ? gmma_row<GLU>(job, tile0 + mt, g + 8 * rh, &row) : -1;
-                const int m = mi < 0 ? 0 : mi;
-                ok[mt][rh] = mi >= 0;
-                wp[mt][rh] = (const uint8_t *)cuda_gemv_pick(job, m, &cuda_gemv_mat::w) +
-                             row * job.row_bytes + s_first * 32 + t * 8;
-                sp[mt][rh] =
-                    (const S *)cuda_gemv_pick(job, m, &cuda_gemv_mat::s) + row * job.groups;
-                bp[mt][rh] =
-                    (const S *)cuda_gemv_pick(job, m, &cuda_gemv_mat::b) + row * job.groups;
-            }
-        /* Lane l prefetches row l of the warp's tiles into L2: its scales and biases over the
-         * k-range now, its weights GMMA_L2_AHEAD lines ahead of the loads. */
-        const char *pf = NULL;
-        {
-            const int r = lane % (MB * 16);
-            int64_t row = 0;
-            const int mi =
-                tile0 + r / 16 < t_end ? gmma_row<GLU>(job, tile0 + r / 16, r % 16, &row) : -1;
-            if (mi >= 0) {
-                pf = (const char *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::w) +
-                     row * job.row_bytes + s_first * 32;
-                const int64_t ga = row * job.groups + (k0 >> job.gshift);
-                const int64_t gb = row * job.groups + ((k0 + ns * VPS - 1) >> job.gshift);
-                const char *sa = (const char *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::s);
-                const char *ba = (const char *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::b);
-                for (int64_t o = ga * (int64_t)sizeof(S); o <= gb * (int64_t)sizeof(S); o += 128) {
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(sa + o));
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(ba + o));
-                }
-                for (int d = 0; d < GMMA_L2_AHEAD && d * 128 < ns * 32; d++)
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(pf + d * 128));
-            }
+        for (int d = 0; d < D; d++) {
+            if (i0 + d >= total) break;
+            compute(st[d]);
+            if (i0 + d + D < total) load(st[d]);
         }
-
-        auto load = [&](int sl, sector_regs &st) {
-            int gi[C];
-#pragma unroll
-            for (int c = 0; c < C; c++)
-                gi[c] = ((int)(s_first + sl) * VPS + c * (VPS / C)) >> job.gshift;
-#pragma unroll
-            for (int mt = 0; mt < MB; mt++)
-#pragma unroll
-                for (int rh = 0; rh < 2; rh++) {
-                    const bool on = ok[mt][rh];
-                    st.w[mt][rh] = on ? gmma_ld_nc(wp[mt][rh] + sl * 32) : make_uint2(0, 0);
-#pragma unroll
-                    for (int c = 0; c < C; c++) {
-                        st.s[mt][rh][c] = on ? gmma_scale<S>(sp[mt][rh], gi[c]) : 0.0f;
-                        st.b[mt][rh][c] = on ? gmma_scale<S>(bp[mt][rh], gi[c]) : 0.0f;
-                    }
-                }
-        };
-        float acc[MB][NT][4];
-#pragma unroll
-        for (int mt = 0; mt < MB; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
-        auto compute = [&](int sl, const sector_regs &st) {
-            /* A new line of every row: ask for the one GMMA_L2_AHEAD lines on. */
-            if (pf && (sl & 3) == 0 && (sl + 4 * GMMA_L2_AHEAD) < ns)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(pf + sl * 32 + GMMA_L2_AHEAD * 128));
-            uint32_t xh[NT][XU], xl[NT][XU];
-            float xs[NT][2];
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const uint4 *src = frag + (size_t)(sl * NT + nt) * PARTS * 32 + lane;
-#pragma unroll
-                for (int p = 0; p < HP; p++) {
-                    const uint4 h = src[p * 32];
-                    xh[nt][4 * p] = h.x, xh[nt][4 * p + 1] = h.y, xh[nt][4 * p + 2] = h.z,
-                               xh[nt][4 * p + 3] = h.w;
-                    if (LO) {
-                        const uint4 l = src[(p + HP) * 32];
-                        xl[nt][4 * p] = l.x, xl[nt][4 * p + 1] = l.y, xl[nt][4 * p + 2] = l.z,
-                                   xl[nt][4 * p + 3] = l.w;
-                    }
-                }
-                const float2 cs = *(const float2 *)&csum[(sl * NT + nt) * 8 + 2 * t];
-                xs[nt][0] = cs.x, xs[nt][1] = cs.y;
-            }
-#pragma unroll
-            for (int mt = 0; mt < MB; mt++) {
-                /* The hi and lo terms in two accumulators: two shorter chains of mmas. */
-                float ch[NT][4], cl[NT][4];
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) ch[nt][i] = cl[nt][i] = 0.0f;
-#pragma unroll
-                for (int wd = 0; wd < 2; wd++) {
-                    const uint32_t w0 = wd ? st.w[mt][0].y : st.w[mt][0].x;
-                    const uint32_t w1 = wd ? st.w[mt][1].y : st.w[mt][1].x;
-                    constexpr int PAIRS = BITS == 4 ? 4 : 2;
-                    uint32_t h0[PAIRS], h1[PAIRS];
-                    if (BITS == 4) {
-                        gmma_dq4(w0, h0);
-                        gmma_dq4(w1, h1);
-                    } else {
-                        gmma_dq8(w0, h0);
-                        gmma_dq8(w1, h1);
-                    }
-#pragma unroll
-                    for (int j = 0; j < PAIRS / 2; j++) {
-                        const uint32_t a[4] = {h0[2 * j], h1[2 * j], h0[2 * j + 1], h1[2 * j + 1]};
-                        const int u = wd * PAIRS + 2 * j;
-#pragma unroll
-                        for (int nt = 0; nt < NT; nt++) {
-                            cuda_mma16816<__half>(ch[nt], a, xh[nt][u], xh[nt][u + 1]);
-                            if (LO) cuda_mma16816<__half>(cl[nt], a, xl[nt][u], xl[nt][u + 1]);
-                        }
-                    }
-                }
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const int rh = i >> 1, c = C == 2 ? (i & 1) : 0;
-                        acc[mt][nt][i] =
-                            fmaf(st.s[mt][rh][c], LO ? ch[nt][i] + cl[nt][i] : ch[nt][i],
-                                 fmaf(st.b[mt][rh][c], xs[nt][i & 1], acc[mt][nt][i]));
-                    }
-            }
-        };
-        /* Two sectors in flight: the next one's loads go out before this one computes. */
-        sector_regs ra, rb;
-        load(0, ra);
-        for (int sl = 0; sl < ns; sl += 2) {
-            if (sl + 1 < ns) load(sl + 1, rb);
-            compute(sl, ra);
-            if (sl + 1 >= ns) break;
-            if (sl + 2 < ns) load(sl + 2, ra);
-            compute(sl + 1, rb);
-        }
-#pragma unroll
-        for (int mt = 0; mt < MB; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int q = 0; q < Q; q++) {
-                    const float v = C == 1 ? acc[mt][nt][q] * unscale[nt][q & 1]
-                                           : acc[mt][nt][2 * q] * unscale[nt][0] +
-                                                 acc[mt][nt][2 * q + 1] * unscale[nt][1];
-                    const int rh = C == 1 ? q >> 1 : q;
-                    const int xr = C == 1 ? nt * 8 + 2 * t + (q & 1) : nt * 4 + t;
-                    if (xr < job.nx && tile0 + mt < t_end)
-                        job.part[((int64_t)ks * job.nx + xr) * vrows + (tile0 + mt) * 16 + g +
-                                 8 * rh] = v;
-                }
     }
+    cuda_pdl_trigger();
+    if (ONE) return;
 
     /* The last CTA of the m-block to finish adds the k-ranges' partials in order. */
     __threadfence();
@@ -492,16 +507,24 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
     __syncthreads();
     if (!last) return;
     __threadfence();
-    const int64_t r_begin = GLU ? t_begin / 2 * 16 : t_begin * 16;
-    int64_t r_end = GLU ? t_end / 2 * 16 : t_end * 16;
-    if (r_end > job.rows) r_end = job.rows;
-    const int64_t span = r_end - r_begin;
+    /* GLU: the m-block's pairs of gate and up tiles, by output row; PLAIN: its tiles' rows. */
+    const int64_t span = GLU ? (t_end - t_begin) / 2 * 16 : (t_end - t_begin) * 16;
     for (int64_t u = tid; u < span * job.nx; u += blockDim.x) {
         const int xr = (int)(u / span);
-        const int64_t r = r_begin + u % span;
-        const int64_t v0 = GLU ? (r / 16) * 32 + r % 16 : r;
-        int64_t row = 0;
-        const int mi = GLU ? 0 : gmma_row<false>(job, r / 16, (int)(r % 16), &row);
+        const int64_t o = u % span;
+        int64_t v0, row;
+        int mi = 0;
+        if (GLU) {
+            row = t_begin / 2 * 16 + o;
+            v0 = (row / 16) * 32 + row % 16;
+            if (row >= job.rows) continue;
+        } else {
+            v0 = t_begin * 16 + o;
+            int64_t lt = 0;
+            mi = gmma_tile<false>(job, v0 / 16, &lt);
+            row = lt * 16 + v0 % 16;
+            if (row >= cuda_gemv_pick(job, mi, &cuda_gemv_mat::out)) continue;
+        }
         const float prev = GLU ? 0.0f : cuda_gemv_prev(job, mi, xr, row);
         /* The partials and, with a norm, the row's sums of squares, both in k order. */
         float v = 0.0f, v2 = 0.0f, ss = 0.0f;
@@ -516,9 +539,9 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
             v *= inv, v2 *= inv;
         }
         if (GLU) {
-            if (job.m[0].bias) v += cuda_load(job.m[0].bias, job.m[0].bias_dt, (size_t)r);
-            if (job.m[1].bias) v2 += cuda_load(job.m[1].bias, job.m[1].bias_dt, (size_t)r);
-            cuda_store(job.m[0].y, job.m[0].y_dt, (size_t)(xr * job.rows + r),
+            if (job.m[0].bias) v += cuda_load(job.m[0].bias, job.m[0].bias_dt, (size_t)row);
+            if (job.m[1].bias) v2 += cuda_load(job.m[1].bias, job.m[1].bias_dt, (size_t)row);
+            cuda_store(job.m[0].y, job.m[0].y_dt, (size_t)(xr * job.rows + row),
                        cuda_act(job.fz.act, v) * v2);
         } else {
             cuda_gemv_store(job, mi, xr, row, v, prev);
@@ -529,23 +552,87 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
 
 bool cuda_gemv_mma_fits(const be_tensor *x, const be_linear *w) {
     return x->rows >= 1 && x->rows <= GMMA_MAX_NX && x->dtype == BASE_DTYPE_F32 &&
-           (w->bits == 4 || w->bits == 8) && (w->in * w->bits) % 256 == 0 &&
-           (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) &&
-           w->in % w->group_size == 0 && ((uintptr_t)w->weight & 7) == 0 &&
-           ((uintptr_t)x->data & 15) == 0 && cuda_float_dtype(w->dtype) &&
+           w->packed != NULL && ((uintptr_t)x->data & 15) == 0 &&
            (!w->bias || cuda_float_dtype(w->bias_dtype));
+}
+
+/* Lane-ordered sectors (the layout in the file's comment): thread i writes the 16 bytes of
+ * lane i % 32 of sector i / 32 (tile-major), rows past `out` as zeros. */
+__global__ void gmma_pack_codes(const uint8_t *w, int64_t out, int64_t row_bytes, int64_t sectors,
+                                int64_t n, uint4 *dst) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int lane = (int)(i & 31), g = lane >> 2, t = lane & 3;
+        const int64_t ts = i >> 5, tile = ts / sectors, s = ts % sectors;
+        uint2 h[2];
+        for (int rh = 0; rh < 2; rh++) {
+            const int64_t row = tile * 16 + g + 8 * rh;
+            h[rh] = row < out ? *(const uint2 *)(w + row * row_bytes + s * 32 + t * 8)
+                              : make_uint2(0, 0);
+        }
+        dst[i] = make_uint4(h[0].x, h[0].y, h[1].x, h[1].y);
+    }
+}
+
+/* Per tile and group the 16 rows' (scale, bias) pairs, rows past `out` as zeros; T is the
+ * dtype's bits as an unsigned type. */
+template <typename T>
+__global__ void gmma_pack_scales(const T *s, const T *b, int64_t out, int64_t groups, int64_t n,
+                                 T *dst) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t tg = i >> 4, row = (tg / groups) * 16 + (i & 15), gi = tg % groups;
+        dst[2 * i] = row < out ? s[row * groups + gi] : (T)0;
+        dst[2 * i + 1] = row < out ? b[row * groups + gi] : (T)0;
+    }
+}
+
+int cuda_pack_linear(be_backend *be, be_linear *w, base_err *err) {
+    w->packed = NULL;
+    if (w->quant != BE_QUANT_AFFINE || (w->bits != 4 && w->bits != 8) ||
+        (w->group_size != 32 && w->group_size != 64 && w->group_size != 128) ||
+        w->in % w->group_size || (w->in * w->bits) % 256 || !cuda_float_dtype(w->dtype) ||
+        !w->biases || ((uintptr_t)w->weight & 7) || w->out == 0)
+        return 0;
+    const gmma_geom gm = gmma_geometry(w);
+    const size_t ssz = base_dtype_size(w->dtype);
+    const int64_t codes = gmma_code_bytes(gm.tiles, gm.sectors);
+    const size_t bytes = (size_t)codes + (size_t)(gm.tiles * gm.groups * 32) * ssz;
+    void *p = NULL;
+    /* The copy only speeds the batched matmuls up: without the memory, w stays as it is. */
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    cudaStream_t st = cuda_impl(be)->stream;
+    const int64_t nc = codes / 16, ns = gm.tiles * gm.groups * 16;
+    gmma_pack_codes<<<cuda_elem_grid(nc), 256, 0, st>>>(
+        (const uint8_t *)w->weight, w->out, w->in * w->bits / 8, gm.sectors, nc, (uint4 *)p);
+    uint8_t *sp = (uint8_t *)p + codes;
+    if (ssz == 4)
+        gmma_pack_scales<uint32_t><<<cuda_elem_grid(ns), 256, 0, st>>>(
+            (const uint32_t *)w->scales, (const uint32_t *)w->biases, w->out, gm.groups, ns,
+            (uint32_t *)sp);
+    else
+        gmma_pack_scales<uint16_t><<<cuda_elem_grid(ns), 256, 0, st>>>(
+            (const uint16_t *)w->scales, (const uint16_t *)w->biases, w->out, gm.groups, ns,
+            (uint16_t *)sp);
+    if (cuda_check_launch("packing a quantized weight", err)) {
+        cudaFree(p);
+        return -1;
+    }
+    w->packed = p;
+    return 0;
 }
 
 template <int BITS, int C, int NT, bool GLU, typename S>
 static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     cuda_backend *c = cuda_impl(be);
-    auto kernel = gmma_kernel<BITS, C, NT, GLU, S>;
-    constexpr int MB = gmma_mb<NT>();
-    constexpr int SMEM = gmma_smem_cap<C, NT>();
-    constexpr size_t per_sector =
-        (size_t)NT * (gmma_parts<BITS, C, NT>() * 32 * 16 + 8 * sizeof(float));
+    auto kernel = gmma_kernel<BITS, C, NT, GLU, false, S>;
+    constexpr int SMEM = GMMA_SMEM_CAP;
+    constexpr size_t per_sector = (size_t)NT * (gmma_parts<BITS>() * 32 * 16 + 8 * sizeof(float));
     /* The k-ranges: few enough that each CTA's fragments fit its shared memory, many enough
-     * that the warps' units of MB tiles and one k-range fill the device's resident warps. */
+     * that the warps' tiles of one k-range fill the device's resident warps. */
     static int per_sm;
     if (per_sm == 0) {
         cudaError_t e =
@@ -559,10 +646,9 @@ static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
         if (per_sm < 1) per_sm = 1;
     }
     const int64_t resident = (int64_t)per_sm * c->sm_count;
-    const int64_t units = (job.tiles + MB - 1) / MB;
     const int64_t spc_most = SMEM / per_sector;
     int64_t ksplit = (job.sectors + spc_most - 1) / spc_most;
-    const int64_t fill = (resident * GMMA_WARPS + units - 1) / units;
+    const int64_t fill = (resident * GMMA_WARPS + job.tiles - 1) / job.tiles;
     if (ksplit < fill) ksplit = fill;
     if (ksplit > job.sectors) ksplit = job.sectors;
     job.spc = (int)((job.sectors + ksplit - 1) / ksplit);
@@ -570,7 +656,7 @@ static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     /* One wave: m-blocks enough that their k-ranges fill the device once, each with tiles
      * for all its warps. */
     int64_t mblocks = (resident + job.ksplit - 1) / job.ksplit;
-    const int64_t most = (job.tiles + GMMA_WARPS * MB - 1) / (GMMA_WARPS * MB);
+    const int64_t most = (job.tiles + GMMA_WARPS - 1) / GMMA_WARPS;
     if (mblocks > most) mblocks = most;
     if (mblocks < 1) mblocks = 1;
     if (mblocks > GMMA_MAX_MBLOCKS) mblocks = GMMA_MAX_MBLOCKS;
@@ -595,9 +681,24 @@ static int gmma_launch(be_backend *be, gmma_job job, base_err *err) {
     job.part = (float *)((char *)c->gmma_buf + gmma_part_offset());
     job.ssq = job.part + parts;
     const size_t smem = (size_t)job.spc * per_sector;
-    kernel<<<dim3((unsigned)job.ksplit, (unsigned)mblocks), GMMA_WARPS * 32, smem, c->stream>>>(
-        job);
-    return cuda_check_launch("matmul (tensor-core GEMV)", err);
+    const dim3 grid((unsigned)job.ksplit, (unsigned)mblocks), block(GMMA_WARPS * 32);
+    if constexpr (!GLU) {
+        if (job.ksplit == 1) {
+            auto one = gmma_kernel<BITS, C, NT, false, true, S>;
+            static bool ready;
+            if (!ready) {
+                cudaError_t e =
+                    cudaFuncSetAttribute(one, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+                if (e != cudaSuccess)
+                    return base_fail(err, "cuda: matmul: tensor-core GEMV: %s",
+                                     cudaGetErrorString(e));
+                ready = true;
+            }
+            return cuda_launch_pdl(c, one, grid, block, smem, "matmul (tensor-core GEMV)", err,
+                                   job);
+        }
+    }
+    return cuda_launch_pdl(c, kernel, grid, block, smem, "matmul (tensor-core GEMV)", err, job);
 }
 
 template <int BITS, int C, bool GLU, typename S>
@@ -609,17 +710,18 @@ static int gmma_dispatch_nt(be_backend *be, const gmma_job &job, base_err *err) 
 }
 
 template <bool GLU, typename S>
-static int gmma_dispatch_s(be_backend *be, const gmma_job &job, int bits, base_err *err) {
+static int gmma_dispatch_s(be_backend *be, const gmma_job &job, int bits, int gsize,
+                           base_err *err) {
     if (bits == 8) return gmma_dispatch_nt<8, 1, GLU, S>(be, job, err);
-    if (job.gsize == 32) return gmma_dispatch_nt<4, 2, GLU, S>(be, job, err);
+    if (gsize == 32) return gmma_dispatch_nt<4, 2, GLU, S>(be, job, err);
     return gmma_dispatch_nt<4, 1, GLU, S>(be, job, err);
 }
 
 template <bool GLU>
-static int gmma_dispatch(be_backend *be, const gmma_job &job, int bits, base_err *err) {
-    if (job.sdt == BASE_DTYPE_F32) return gmma_dispatch_s<GLU, float>(be, job, bits, err);
-    if (job.sdt == BASE_DTYPE_F16) return gmma_dispatch_s<GLU, __half>(be, job, bits, err);
-    return gmma_dispatch_s<GLU, __nv_bfloat16>(be, job, bits, err);
+static int gmma_dispatch(be_backend *be, const gmma_job &job, int bits, int gsize, base_err *err) {
+    if (job.sdt == BASE_DTYPE_F32) return gmma_dispatch_s<GLU, float>(be, job, bits, gsize, err);
+    if (job.sdt == BASE_DTYPE_F16) return gmma_dispatch_s<GLU, __half>(be, job, bits, gsize, err);
+    return gmma_dispatch_s<GLU, __nv_bfloat16>(be, job, bits, gsize, err);
 }
 
 int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws,
@@ -633,16 +735,18 @@ int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws
     if (fz) job.fz = *fz;
     job.sdt = w->dtype;
     job.in = w->in;
-    job.row_bytes = w->in * w->bits / 8;
     job.groups = w->in / w->group_size;
-    job.gsize = w->group_size;
     job.gshift = w->group_size == 32 ? 5 : (w->group_size == 64 ? 6 : 7);
-    job.sectors = job.row_bytes / 32;
+    job.sectors = w->in * w->bits / 256;
     job.nx = (int)x->rows;
     job.rows = cuda_gemv_mats(job.m, ws, ys, n, glu);
     if (job.rows == 0) return 0;
-    job.tiles = glu ? 2 * ((job.rows + 15) / 16) : (job.rows + 15) / 16;
+    for (int i = 0; i < n; i++) {
+        job.pk[i] = (const uint8_t *)ws[i]->packed;
+        job.mt[i] = gmma_geometry(ws[i]).tiles;
+        job.tiles += job.mt[i];
+    }
     job.x = (const float *)x->data;
-    return glu ? gmma_dispatch<true>(be, job, w->bits, err)
-               : gmma_dispatch<false>(be, job, w->bits, err);
+    return glu ? gmma_dispatch<true>(be, job, w->bits, w->group_size, err)
+               : gmma_dispatch<false>(be, job, w->bits, w->group_size, err);
 }

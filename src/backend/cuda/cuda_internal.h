@@ -163,6 +163,12 @@ static inline int cuda_launch_pdl(cuda_backend *c, void (*kern)(P...), dim3 grid
     return cuda_launch_pdl_carveout(c, kern, grid, block, smem, -1, what, err, args...);
 }
 
+/* CTAs of 256 threads for a grid-stride loop over n elements. */
+static inline unsigned cuda_elem_grid(int64_t n) {
+    int64_t blocks = (n + 255) / 256;
+    return (unsigned)(blocks < 1 ? 1 : (blocks < 65535 * 16 ? blocks : 65535 * 16));
+}
+
 /* Element i of a float array of dtype dt (F32, F16 or BF16), as float. */
 __device__ __forceinline__ float cuda_load(const void *p, base_dtype dt, size_t i) {
     if (dt == BASE_DTYPE_F32) return ((const float *)p)[i];
@@ -497,8 +503,11 @@ enum { CUDA_GEMV_AUTO, CUDA_GEMV_ROWS, CUDA_GEMV_MMA };
 #define CUDA_GEMV_MMA_ROWS 3
 /* The tensor-core decode GEMV (cuda_gemv_mma.cu): one pass over 4- or 8-bit W for 1 to 32 F32
  * rows of x (16 with 4-bit groups of 32, more in passes of that many); arguments as cuda_gemv1's
- * (any out, no multiple of 4 needed), every ws[i] passing cuda_gemv_mma_fits. */
+ * (any out, no multiple of 4 needed), every ws[i] passing cuda_gemv_mma_fits: it reads the
+ * packed copy (be_linear.packed) that cuda_pack_linear made. */
 bool cuda_gemv_mma_fits(const be_tensor *x, const be_linear *w);
+/* be_ops.pack_linear: the copy of a 4- or 8-bit affine weight the tensor-core GEMV streams. */
+int cuda_pack_linear(be_backend *be, be_linear *w, base_err *err);
 int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws,
                   be_tensor *const *ys, int n, bool glu, const cuda_gemv_fuse *fz, base_err *err);
 /* Checks x, w and y of one matmul (dtypes, shapes, alignment) as cuda_matmul does. */

@@ -288,11 +288,6 @@ __global__ void add_bias_kernel(void *y, base_dtype y_dt, int64_t rows, int64_t 
                    cuda_load(y, y_dt, (size_t)i) + cuda_load(bias, bias_dt, (size_t)(i % cols)));
 }
 
-static unsigned elem_grid(int64_t n) {
-    int64_t blocks = (n + 255) / 256;
-    return (unsigned)(blocks < 65535 * 16 ? blocks : 65535 * 16);
-}
-
 __global__ void to_bf16_kernel(const void *x, base_dtype dt, int64_t n, __nv_bfloat16 *out) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
@@ -330,7 +325,7 @@ static int gemm_launch(be_backend *be, const be_tensor *x, const be_linear *w, b
         if (w->bits != 0 || w->dtype != BASE_DTYPE_BF16) {
             size_t bytes = (size_t)w->out * (size_t)w->in * sizeof(__nv_bfloat16);
             if (cuda_scratch(be, &c->wtmp, &c->wtmp_bytes, bytes, "matmul", err)) return -1;
-            dequant_bf16_kernel<<<elem_grid(w->out * w->in / 8), 256, 0, c->stream>>>(
+            dequant_bf16_kernel<<<cuda_elem_grid(w->out * w->in / 8), 256, 0, c->stream>>>(
                 *w, (__nv_bfloat16 *)c->wtmp);
             if (cuda_check_launch("matmul dequantize", err)) return -1;
             a = c->wtmp;
@@ -340,8 +335,8 @@ static int gemm_launch(be_backend *be, const be_tensor *x, const be_linear *w, b
             if (cuda_scratch(be, &c->xtmp, &c->xtmp_bytes, (size_t)n * sizeof(__nv_bfloat16),
                              "matmul", err))
                 return -1;
-            to_bf16_kernel<<<elem_grid(n), 256, 0, c->stream>>>(x->data, x->dtype, n,
-                                                                (__nv_bfloat16 *)c->xtmp);
+            to_bf16_kernel<<<cuda_elem_grid(n), 256, 0, c->stream>>>(x->data, x->dtype, n,
+                                                                     (__nv_bfloat16 *)c->xtmp);
             if (cuda_check_launch("matmul input to BF16", err)) return -1;
             b = c->xtmp;
         }
@@ -357,7 +352,7 @@ static int gemm_launch(be_backend *be, const be_tensor *x, const be_linear *w, b
                          (long long)w->out, (long long)w->in, (long long)x->rows,
                          cublasGetStatusString(st));
     if (w->bias) {
-        add_bias_kernel<<<elem_grid(y->rows * y->cols), 256, 0, c->stream>>>(
+        add_bias_kernel<<<cuda_elem_grid(y->rows * y->cols), 256, 0, c->stream>>>(
             y->data, y->dtype, y->rows, y->cols, w->bias, w->bias_dtype);
         if (cuda_check_launch("matmul bias", err)) return -1;
     }
