@@ -69,7 +69,10 @@
  * instructions a warp per 512-byte sector, half of them the dequantization. Tried on the way:
  * the store of y inside the streaming loop of the same kernel for every k-split cost q+k+v,
  * o and down 25-50% (so the one-k-range form is a kernel of its own); a last-CTA reduction
- * that took 8 outputs at a time, with a division per output, was no faster. Past 32 rows: 64
+ * that took 8 outputs at a time, with a division per output, was no faster; the CTAs of an
+ * m-block as one thread-block cluster, meeting at its barrier and each reducing a share (no
+ * counter, no last CTA), took q+k+v at 8 rows to 13.7 us but o to 15.4 and down to 43.4 (the
+ * clusters of 8 to 16 CTAs fill the GPCs worse), 8-sequence decode 1648 tok/s. Past 32 rows: 64
  * rows in two passes of 32 read 2534 tok/s against 3000 on the GEMM path, 128 in four 2577
  * against 5459, so a pass stops at 4 n-tiles and 64 rows take cuBLAS. */
 #include "backend/cuda/cuda_mma.h"
