@@ -7,8 +7,8 @@
 #   a. paged decode attention (bench_attention) against cuDNN/flash SDPA (tools/reference/sdpa_peer.py);
 #   b. the decode GEMV per 8B matrix (bench_cuda_gemv) against the copy bandwidth;
 #   c. causal prefill attention (bench_prefill_attention) against SDPA (sdpa_prefill_peer.py);
-#   d. a random Llama-3.1-8B-shaped MLX 4-bit model (bench/make_llama8b_q4.py): decode at 1, 8, 32,
-#      64 and 256 sequences (batch 1 also with recorded steps off), 2048-token prefill;
+#   d. a random Llama-3.1-8B-shaped MLX 4-bit model (bench/make_llama8b_q4.py): decode at 1, 8, 16, 32,
+#      64, 128 and 256 sequences (batch 1 also with recorded steps off), 2048-token prefill;
 #   e. the scheduler the server uses (bench_server), 1 to 64 clients;
 # then the profiles behind the figures: one decode step kernel by kernel (bench/decode_profile.sh)
 # and ncu of the 1-row GEMV, the tensor-core GEMV and decode attention.
@@ -120,7 +120,7 @@ timeout 60 "$B/bench/bench_prefill_attention" 10 2>&1 | tail -6 | say
 PYTHONUNBUFFERED=1 timeout 60 python3 tools/reference/sdpa_prefill_peer.py 10 2>&1 | grep peer | say
 
 log "d. the 8B model: decode, 128 steps after a 512-token prompt in each sequence's cache"
-timeout 200 "$MLX" bench -m "$MODEL" -p 512 -n 128 -d 512 -b 1,8,32,64,256 -r 2 --device cuda 2>&1 |
+timeout 200 "$MLX" bench -m "$MODEL" -p 512 -n 128 -d 512 -b 1,8,16,32,64,128,256 -r 2 --device cuda 2>&1 |
     tee "$OUT/bench_decode.txt" | say
 log "d. batch 1 from an empty cache (llama-bench's tg128), and with recorded steps off"
 timeout 60 "$MLX" bench -m "$MODEL" -p 0 -n 128 -b 1 -r 2 --device cuda 2>&1 | grep tg128 | say

@@ -455,7 +455,7 @@ static void run_att_case(be_backend *gpu, const dims *dm, int ppc) {
 
 int main(void) {
     be_backend *gpu = tc_backend();
-    if (!gpu) return 0;
+    if (!gpu) return TEST_SKIP;
     base_err err = {{0}};
     CHECK_MSG(be_cpu_create(2, &cpu, &err) == 0, "%s", err.msg);
     /* 8B-like, a small model, and the fixtures' shape (in 4 and 8 bits). */
