@@ -41,34 +41,31 @@ static inline unsigned port_q(int bits, const uint8_t *w, int64_t k) {
     return bits == 8 ? w[k] : (unsigned)(w[k / 2] >> (4 * (k % 2))) & 15u;
 }
 
-static void port_idot(int bits, const uint8_t *w, const float *s, int64_t n_groups, int g,
-                      const int16_t *codes, int64_t ldc, const float *d, int64_t ldd, int nr,
-                      float *out) {
-    for (int r = 0; r < nr; r++) {
-        const int16_t *c = codes + r * ldc;
-        float acc = 0.0f;
-        for (int64_t gi = 0; gi < n_groups; gi++) {
-            int32_t t = 0;
-            for (int i = 0; i < g; i++) {
-                int64_t k = gi * g + i;
-                t += (int32_t)port_q(bits, w, k) * c[k];
+static void port_idot(int bits, const cpu_idot_args *a, float *out) {
+    for (int j = 0; j < a->nw; j++) {
+        const uint8_t *w = a->w + j * a->ldw;
+        for (int r = 0; r < a->nr; r++) {
+            const int16_t *c = a->codes + r * a->ldc;
+            float acc = 0.0f;
+            for (int64_t gi = 0; gi < a->n_groups; gi++) {
+                int32_t t = 0;
+                for (int i = 0; i < a->g; i++) {
+                    int64_t k = gi * a->g + i;
+                    t += (int32_t)port_q(bits, w, k) * c[k];
+                }
+                acc += (float)t * (a->s[j * a->lds + gi] * a->d[r * a->ldd + gi]);
             }
-            acc += (float)t * (s[gi] * d[r * ldd + gi]);
+            out[j * CPU_IDOT_ROWS + r] = acc;
         }
-        out[r] = acc;
     }
 }
 
-static void port_idot4(const uint8_t *w, const float *s, int64_t n_groups, int g,
-                       const int16_t *codes, int64_t ldc, const float *d, int64_t ldd, int nr,
-                       float *out) {
-    port_idot(4, w, s, n_groups, g, codes, ldc, d, ldd, nr, out);
+static void port_idot4(const cpu_idot_args *a, float *out) {
+    port_idot(4, a, out);
 }
 
-static void port_idot8(const uint8_t *w, const float *s, int64_t n_groups, int g,
-                       const int16_t *codes, int64_t ldc, const float *d, int64_t ldd, int nr,
-                       float *out) {
-    port_idot(8, w, s, n_groups, g, codes, ldc, d, ldd, nr, out);
+static void port_idot8(const cpu_idot_args *a, float *out) {
+    port_idot(8, a, out);
 }
 
 const cpu_ikernels cpu_ikernels_portable = {

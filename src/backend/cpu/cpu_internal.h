@@ -49,20 +49,35 @@ void cpu_deq_bits(int bits, const uint8_t *w, const float *s, const float *b, in
  *
  * A row's result depends only on that row and the weight, never on how many rows share the
  * call: the server's same-seed guarantee needs decode and prefill to agree to the bit. */
-#define CPU_IDOT_ROWS 4 /* rows of x that one idot call may take together */
-#define CPU_XQ_MAX    32767
+#define CPU_IDOT_ROWS  4 /* rows of x that one idot call may take together */
+#define CPU_IDOT_WROWS 2 /* weight rows that one idot call may take together */
+#define CPU_XQ_MAX     32767
+
+/* One idot call: nw weight rows against nr rows of x over n_groups groups of g values. */
+typedef struct cpu_idot_args {
+    const uint8_t *w; /* (nw) rows of packed codes, ldw bytes apart */
+    int64_t ldw;
+    const float *s; /* (nw, n_groups) the weight rows' scales, lds apart */
+    int64_t lds;
+    const int16_t *codes; /* (nr) rows of x's codes, ldc apart */
+    int64_t ldc;
+    const float *d; /* (nr, n_groups) the codes' scales, ldd apart */
+    int64_t ldd;
+    int64_t n_groups;
+    int g;
+    int nw; /* 1 or CPU_IDOT_WROWS */
+    int nr; /* 1 or CPU_IDOT_ROWS */
+} cpu_idot_args;
 
 typedef struct cpu_ikernels {
     /* codes (in), d and sums (in / g) of one row of x for `bits`-wide weights in groups of g;
      * the codes in the order idot reads the weights' values. */
     void (*quant_x)(const float *x, int64_t in, int bits, int g, int16_t *codes, float *d,
                     float *sums);
-    /* out[r] = sum_{gi < n_groups} s[gi] d[r * ldd + gi] (q_gi . c_gi) for r < nr, where row r's
-     * codes start at codes + r * ldc; nr is 1 or CPU_IDOT_ROWS and does not change out[r]. */
-    void (*idot4)(const uint8_t *w, const float *s, int64_t n_groups, int g, const int16_t *codes,
-                  int64_t ldc, const float *d, int64_t ldd, int nr, float *out);
-    void (*idot8)(const uint8_t *w, const float *s, int64_t n_groups, int g, const int16_t *codes,
-                  int64_t ldc, const float *d, int64_t ldd, int nr, float *out);
+    /* out[j * CPU_IDOT_ROWS + r] = sum_gi s[j][gi] d[r][gi] (q_j,gi . c_r,gi) for j < nw,
+     * r < nr; neither nw nor nr changes a result. */
+    void (*idot4)(const cpu_idot_args *a, float *out);
+    void (*idot8)(const cpu_idot_args *a, float *out);
 } cpu_ikernels;
 
 extern const cpu_ikernels cpu_ikernels_portable;

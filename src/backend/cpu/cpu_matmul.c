@@ -254,41 +254,46 @@ static bool mm_uses_idot(const be_linear *w) {
     return (w->bits == 4 || w->bits == 8) && w->quant != BE_QUANT_MXFP4;
 }
 
-/* y[r][o] for rows [r0, r0 + nr) of x and weight row o, by the integer dots; nr is at most
- * CPU_IDOT_XBLOCK. Rows go CPU_IDOT_ROWS at a time and the rest one by one, which idot
- * promises gives the same bits. */
-static void mm_idot_row(const mm_ctx *c, int64_t o, int64_t r0, int64_t nr) {
+/* y[r][o] for weight rows [o, o + nw) (nw at most CPU_IDOT_WROWS) and rows [r0, r0 + nr) of
+ * x (nr at most CPU_IDOT_XBLOCK), by the integer dots. Rows of x go CPU_IDOT_ROWS at a time
+ * and the rest one by one, which idot promises gives the same bits, as nw does. */
+static void mm_idot_rows(const mm_ctx *c, int64_t o, int nw, int64_t r0, int64_t nr) {
     const be_linear *w = c->w;
     int g = w->group_size;
     int64_t n_groups = w->in / g;
     const uint8_t *row = (const uint8_t *)w->weight + (size_t)o * mm_row_bytes(w);
-    float acc[CPU_IDOT_XBLOCK] = {0}, part[CPU_IDOT_XBLOCK];
-    float s[CPU_GROUP_CHUNK], b[CPU_GROUP_CHUNK];
+    float acc[CPU_IDOT_WROWS][CPU_IDOT_XBLOCK] = {{0}}, part[CPU_IDOT_WROWS * CPU_IDOT_ROWS];
+    float s[CPU_IDOT_WROWS][CPU_GROUP_CHUNK], b[CPU_IDOT_WROWS][CPU_GROUP_CHUNK];
+    void (*idot)(const cpu_idot_args *, float *) = w->bits == 4 ? c->ik->idot4 : c->ik->idot8;
     for (int64_t g0 = 0; g0 < n_groups; g0 += CPU_GROUP_CHUNK) {
         int64_t ng = n_groups - g0 < CPU_GROUP_CHUNK ? n_groups - g0 : CPU_GROUP_CHUNK;
-        mm_scales(c->k, w, o, g0, ng, s, b);
-        const uint8_t *wp = row + (size_t)(g0 * g) * (size_t)w->bits / 8;
-        const int16_t *xc = c->xc + r0 * w->in + g0 * g;
-        const float *xd = c->xd + r0 * n_groups + g0;
-        void (*idot)(const uint8_t *, const float *, int64_t, int, const int16_t *, int64_t,
-                     const float *, int64_t, int, float *) =
-            w->bits == 4 ? c->ik->idot4 : c->ik->idot8;
-        int64_t r = 0;
-        for (; r + CPU_IDOT_ROWS <= nr; r += CPU_IDOT_ROWS) {
-            idot(wp, s, ng, g, xc + r * w->in, w->in, xd + r * n_groups, n_groups, CPU_IDOT_ROWS,
-                 part + r);
-        }
-        for (; r < nr; r++) {
-            idot(wp, s, ng, g, xc + r * w->in, w->in, xd + r * n_groups, n_groups, 1, part + r);
-        }
-        for (r = 0; r < nr; r++) {
-            const float *xs = c->xsum + (r0 + r) * n_groups + g0;
-            for (int64_t i = 0; i < ng; i++) part[r] += b[i] * xs[i];
-            acc[r] += part[r];
+        for (int j = 0; j < nw; j++) mm_scales(c->k, w, o + j, g0, ng, s[j], b[j]);
+        cpu_idot_args a = {.w = row + (size_t)(g0 * g) * (size_t)w->bits / 8,
+                           .ldw = (int64_t)mm_row_bytes(w),
+                           .s = s[0],
+                           .lds = CPU_GROUP_CHUNK,
+                           .ldc = w->in,
+                           .ldd = n_groups,
+                           .n_groups = ng,
+                           .g = g,
+                           .nw = nw};
+        for (int64_t r = 0; r < nr; r += a.nr) {
+            a.nr = nr - r >= CPU_IDOT_ROWS ? CPU_IDOT_ROWS : 1;
+            a.codes = c->xc + (r0 + r) * w->in + g0 * g;
+            a.d = c->xd + (r0 + r) * n_groups + g0;
+            idot(&a, part);
+            for (int j = 0; j < nw; j++) {
+                for (int i = 0; i < a.nr; i++) {
+                    const float *xs = c->xsum + (r0 + r + i) * n_groups + g0;
+                    acc[j][r + i] += part[j * CPU_IDOT_ROWS + i] + c->k->dot_f32(b[j], xs, ng);
+                }
+            }
         }
     }
-    float bias = mm_bias(w, o);
-    for (int64_t r = 0; r < nr; r++) c->y[(r0 + r) * w->out + o] = acc[r] + bias;
+    for (int j = 0; j < nw; j++) {
+        float bias = mm_bias(w, o + j);
+        for (int64_t r = 0; r < nr; r++) c->y[(r0 + r) * w->out + o + j] = acc[j][r] + bias;
+    }
 }
 
 /* Blocks of x rows outside, weight rows inside: a block's codes stay in the cache while
@@ -298,7 +303,10 @@ static void mm_idot_task(void *vctx, int64_t t) {
     int64_t o1 = (t + 1) * CPU_GEMV_ROWS < c->w->out ? (t + 1) * CPU_GEMV_ROWS : c->w->out;
     for (int64_t r0 = 0; r0 < c->n; r0 += CPU_IDOT_XBLOCK) {
         int64_t nr = c->n - r0 < CPU_IDOT_XBLOCK ? c->n - r0 : CPU_IDOT_XBLOCK;
-        for (int64_t o = t * CPU_GEMV_ROWS; o < o1; o++) mm_idot_row(c, o, r0, nr);
+        for (int64_t o = t * CPU_GEMV_ROWS; o < o1; o += CPU_IDOT_WROWS) {
+            int nw = o1 - o < CPU_IDOT_WROWS ? (int)(o1 - o) : CPU_IDOT_WROWS;
+            mm_idot_rows(c, o, nw, r0, nr);
+        }
     }
 }
 
