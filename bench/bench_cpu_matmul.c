@@ -31,8 +31,7 @@ static uint8_t rand_byte(void) {
 }
 
 /* Best seconds per call of y = x W^T for a random out x in weight of `bits`. */
-static double time_matmul(be_backend *be, int bits, int64_t out, int64_t in, int64_t n,
-                          int calls) {
+static double time_matmul(be_backend *be, int bits, int64_t out, int64_t in, int64_t n, int calls) {
     size_t wbytes = (size_t)(out * in * bits / 8), ng = (size_t)(out * in / GROUP);
     uint8_t *w = malloc(wbytes);
     uint16_t *s = malloc(ng * sizeof(uint16_t)), *b = malloc(ng * sizeof(uint16_t));
@@ -90,8 +89,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_cpu_matmul: %s\n", err.msg);
         return 1;
     }
-    printf("device: %s (cpu backend, 1 thread); commit %s; group %d, bf16 scales\n\n",
-           be->device, MLXCEL_GIT_COMMIT, GROUP);
+    printf("device: %s (cpu backend, 1 thread); commit %s; group %d, bf16 scales\n\n", be->device,
+           MLXCEL_GIT_COMMIT, GROUP);
     printf("| bits | matmul  |    out |   in | rows |  ms/call |   figure      |\n");
     printf("|------|---------|--------|------|------|----------|---------------|\n");
     static const int bits[] = {4, 8};
