@@ -1,11 +1,12 @@
 /* The CPU quantized matmul alone, on the Llama-3.2-1B shapes: one row of x (decode, figure:
  * weight GB/s) and 128 rows (prefill, figure: GMAC/s), 4- and 8-bit MLX affine weights in
- * groups of 64 with bf16 scales, in one thread. Times are the thread's CPU time, best of
+ * groups of 64 with bf16 scales. In one thread times are the thread's CPU time, best of
  * ROUNDS rounds of CALLS calls: on a machine shared with other work that is what stays
- * comparable between two builds run in turns (wall time counts the other work's slices too).
- * Weights are malloc'd, not a checkpoint's mmap.
+ * comparable between two builds run in turns (wall time counts the other work's slices too);
+ * with more threads they are wall time. Weights are malloc'd, not a checkpoint's mmap.
  *
- *   build/bench/bench_cpu_matmul [BITS] [ROWS]     (defaults: both widths, 1 and 128 rows) */
+ *   build/bench/bench_cpu_matmul [BITS] [ROWS] [THREADS]   (defaults: both widths, 1 and 128
+ *                                                            rows, 1 thread) */
 #include "backend/backend.h"
 
 #include <stdio.h>
@@ -15,9 +16,11 @@
 
 enum { ROUNDS = 5, GROUP = 64 };
 
+static clockid_t clock_id = CLOCK_THREAD_CPUTIME_ID;
+
 static double thread_seconds(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    clock_gettime(clock_id, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -83,9 +86,11 @@ int main(int argc, char **argv) {
                   {"lm_head", 128256, 2048}};
     int only_bits = argc > 1 ? atoi(argv[1]) : 0;
     int64_t only_rows = argc > 2 ? atoll(argv[2]) : 0;
+    int threads = argc > 3 ? atoi(argv[3]) : 1;
+    if (threads > 1) clock_id = CLOCK_MONOTONIC;
     be_backend *be;
     base_err err = {{0}};
-    if (be_cpu_create(1, &be, &err)) {
+    if (be_cpu_create(threads, &be, &err)) {
         fprintf(stderr, "bench_cpu_matmul: %s\n", err.msg);
         return 1;
     }

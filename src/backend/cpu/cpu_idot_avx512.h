@@ -20,13 +20,15 @@ static void ia5_quant_x(const float *x, int64_t in, int bits, int g, int16_t *co
     cpu_quant_x_span(x, in, g, bits == 4 ? (g == 32 ? 32 : 64) : 0, codes, d, sums);
 }
 
-/* Groups of 64 or more values, nw weight rows by nr rows of x: each weight step is unpacked
- * once for the nr rows and each step of x's codes loaded once for the nw rows. Forced inline
- * so that each call site's constant bits, nw and nr unroll the loops and keep the
+/* Groups of 64 or more values, weight rows [j0, j0 + nw) by nr rows of x: each weight step is
+ * unpacked once for the nr rows and each step of x's codes loaded once for the nw rows. Forced
+ * inline so that each call site's constant bits, nw and nr unroll the loops and keep the
  * accumulators in registers (left to itself, GCC made one copy with nr a variable, spilling
  * them: half the decode speed). */
-static inline __attribute__((always_inline)) void ia5_rows(int bits, const cpu_idot_args *a, int nw,
-                                                           int nr, float *out) {
+static inline __attribute__((always_inline)) void ia5_rows(int bits, const cpu_idot_args *a, int j0,
+                                                           int nw, int nr, float *out) {
+    const uint8_t *w = a->w + j0 * a->ldw;
+    const float *s = a->s + j0 * a->lds;
     const __m512i m15 = _mm512_set1_epi16(15);
     int g = a->g;
     int64_t gbytes = (int64_t)g * bits / 8;
@@ -37,14 +39,13 @@ static inline __attribute__((always_inline)) void ia5_rows(int bits, const cpu_i
         const int16_t *cg = a->codes + gi * g;
         __m512i acc[CPU_IDOT_WROWS][CPU_IDOT_ROWS];
         for (int j = 0; j < nw; j++) {
-            _mm_prefetch((const char *)(a->w + j * a->ldw + gi * gbytes) + CPU_PREFETCH,
-                         _MM_HINT_T0);
+            _mm_prefetch((const char *)(w + j * a->ldw + gi * gbytes) + CPU_PREFETCH, _MM_HINT_T0);
             for (int r = 0; r < nr; r++) acc[j][r] = _mm512_setzero_si512();
         }
         for (int i = 0; i < g; i += 64) {
             __m512i q0[CPU_IDOT_WROWS], q1[CPU_IDOT_WROWS];
             for (int j = 0; j < nw; j++) {
-                const uint8_t *p = a->w + j * a->ldw + gi * gbytes + i * bits / 8;
+                const uint8_t *p = w + j * a->ldw + gi * gbytes + i * bits / 8;
                 if (bits == 4) {
                     __m512i q = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
                     q0[j] = _mm512_and_si512(q, m15);
@@ -65,13 +66,14 @@ static inline __attribute__((always_inline)) void ia5_rows(int bits, const cpu_i
         }
         for (int j = 0; j < nw; j++) {
             for (int r = 0; r < nr; r++) {
-                __m512 sd = _mm512_set1_ps(a->s[j * a->lds + gi] * a->d[r * a->ldd + gi]);
+                __m512 sd = _mm512_set1_ps(s[j * a->lds + gi] * a->d[r * a->ldd + gi]);
                 f[j][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[j][r]), sd, f[j][r]);
             }
         }
     }
     for (int j = 0; j < nw; j++)
-        for (int r = 0; r < nr; r++) out[j * CPU_IDOT_ROWS + r] = _mm512_reduce_add_ps(f[j][r]);
+        for (int r = 0; r < nr; r++)
+            out[(j0 + j) * CPU_IDOT_ROWS + r] = _mm512_reduce_add_ps(f[j][r]);
 }
 
 static inline float ia5_hsum256(__m256 v) {
@@ -127,13 +129,19 @@ static inline __attribute__((always_inline)) void ia5_idot(int bits, const cpu_i
             }
         }
     } else if (a->nw == CPU_IDOT_WROWS && a->nr == CPU_IDOT_ROWS) {
-        ia5_rows(bits, a, CPU_IDOT_WROWS, CPU_IDOT_ROWS, out);
-    } else if (a->nw == CPU_IDOT_WROWS) {
-        ia5_rows(bits, a, CPU_IDOT_WROWS, 1, out);
-    } else if (a->nr == CPU_IDOT_ROWS) {
-        ia5_rows(bits, a, 1, CPU_IDOT_ROWS, out);
+        ia5_rows(bits, a, 0, CPU_IDOT_WROWS, CPU_IDOT_ROWS, out);
     } else {
-        ia5_rows(bits, a, 1, 1, out);
+        /* One weight row at a time otherwise: with one row of x (decode) a pair has nothing
+         * to share, and each row streams on its own with its prefetch ahead of it (a pair put
+         * one row's prefetch onto the other's lines when rows are 2 KiB: 8-bit decode lost a
+         * third to the f32 kernels it replaced). */
+        for (int j = 0; j < a->nw; j++) {
+            if (a->nr == CPU_IDOT_ROWS) {
+                ia5_rows(bits, a, j, 1, CPU_IDOT_ROWS, out);
+            } else {
+                ia5_rows(bits, a, j, 1, 1, out);
+            }
+        }
     }
 }
 

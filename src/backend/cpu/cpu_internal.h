@@ -127,8 +127,9 @@ void cpu_linear_row(be_backend *be, const be_linear *w, int64_t r, float *dst);
 
 int cpu_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y, base_err *err);
 /* matmul in f32 whatever the weights, one dot per row of x: for outputs that feed a discrete
- * choice (a MoE router's top-k), where the integer dots' rounding of x moved the fixtures'
- * logits past 1e-3 by flipping experts. */
+ * choice. A MoE router's top-k on the integer dots put qwen3_moe_q4_g64's logits 1.4e-3 off
+ * transformers' (bound 1e-3; every other matmul together 9e-4): a near tie of two experts
+ * turns a small error into a large one. */
 int cpu_matmul_exact(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
                      base_err *err);
 int cpu_embedding(be_backend *be, const be_linear *table, const be_tensor *ids, be_tensor *out,
