@@ -172,7 +172,8 @@ typedef struct mm_ctx {
     const int16_t *xc; /* (n, in) x's codes; integer path only */
     const float *xd;   /* (n, in / group_size) the codes' scales; integer path only */
     const cpu_ikernels *ik;
-    float *y; /* (n, out) */
+    float *rows; /* (tasks, in) each task's dequantized weight row; exact path only */
+    float *y;    /* (n, out) */
     int64_t n;
 } mm_ctx;
 
@@ -391,12 +392,12 @@ int cpu_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor
     return 0;
 }
 
-/* Task t's weight rows dequantized into its own (in) slice of c->xsum's buffer, then one f32
- * dot per row of x. */
+/* Task t's weight rows dequantized one by one into its row of c->rows, then one f32 dot per
+ * row of x. */
 static void mm_exact_task(void *vctx, int64_t t) {
     const mm_ctx *c = vctx;
     const be_linear *w = c->w;
-    float *row = (float *)c->xsum + t * w->in;
+    float *row = c->rows + t * w->in;
     int64_t o1 = (t + 1) * CPU_GEMV_ROWS < w->out ? (t + 1) * CPU_GEMV_ROWS : w->out;
     for (int64_t o = t * CPU_GEMV_ROWS; o < o1; o++) {
         mm_dequant_row(c->k, w, o, row);
@@ -413,7 +414,7 @@ int cpu_matmul_exact(be_backend *be, const be_tensor *x, const be_linear *w, be_
     int64_t n_tasks = (w->out + CPU_GEMV_ROWS - 1) / CPU_GEMV_ROWS;
     float *rows = malloc((size_t)(n_tasks * w->in) * sizeof(float));
     if (!rows) return base_fail(err, "matmul: out of memory for %lld rows", (long long)w->out);
-    mm_ctx c = {.k = cpu_krn(be), .w = w, .x = x->data, .xsum = rows, .y = y->data, .n = x->rows};
+    mm_ctx c = {.k = cpu_krn(be), .w = w, .x = x->data, .rows = rows, .y = y->data, .n = x->rows};
     base_pool_for(cpu_pool(be), n_tasks, mm_exact_task, &c);
     free(rows);
     return 0;
