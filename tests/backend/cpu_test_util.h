@@ -1,5 +1,5 @@
 /* Shared by the CPU backend tests: a seeded generator, an independent MLX bit packer, and one
- * backend per instruction set this CPU has, times thread counts 1 and 3. */
+ * backend per instruction set this CPU has, times thread counts 1, 2 and 3. */
 #ifndef MLXCEL_TESTS_CPU_TEST_UTIL_H
 #define MLXCEL_TESTS_CPU_TEST_UTIL_H
 
@@ -44,7 +44,9 @@ static inline void tu_pack(uint8_t *row, int bits, int64_t k, unsigned q) {
     }
 }
 
-#define TU_MAX_BACKENDS 6
+#define TU_MAX_BACKENDS 12
+#define TU_N_ISAS       4
+#define TU_N_THREADS    3
 
 typedef struct tu_backends {
     be_backend *be[TU_MAX_BACKENDS];
@@ -55,31 +57,33 @@ typedef struct tu_backends {
 static inline bool tu_cpu_has(const char *isa) {
     if (strcmp(isa, "avx2") == 0) return cpu_isa_supported(CPU_ISA_AVX2);
     if (strcmp(isa, "avx512") == 0) return cpu_isa_supported(CPU_ISA_AVX512);
+    if (strcmp(isa, "avx512vnni") == 0) return cpu_isa_supported(CPU_ISA_AVX512VNNI);
     return strcmp(isa, "portable") == 0;
 }
 
 /* Every instruction set this CPU has, each with 1 and 3 threads; checks that the forced set
  * is the one in use, so that a silent fallback cannot pass for agreement. */
 static inline void tu_backends_open(tu_backends *b) {
-    static const char *isas[] = {"portable", "avx2", "avx512"};
-    static const char *labels[] = {"portable/1", "portable/3", "avx2/1",
-                                   "avx2/3",     "avx512/1",   "avx512/3"};
+    static const char *isas[TU_N_ISAS] = {"portable", "avx2", "avx512", "avx512vnni"};
+    static const char *labels[TU_N_ISAS * TU_N_THREADS] = {
+        "portable/1", "portable/2", "portable/3", "avx2/1",       "avx2/2",       "avx2/3",
+        "avx512/1",   "avx512/2",   "avx512/3",   "avx512vnni/1", "avx512vnni/2", "avx512vnni/3"};
     b->n = 0;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < TU_N_ISAS; i++) {
         if (!tu_cpu_has(isas[i])) {
             printf("skipping %s: this CPU lacks it\n", isas[i]);
             continue;
         }
         setenv("MLXCEL_CPU_ISA", isas[i], 1);
-        for (int t = 0; t < 2; t++) {
+        for (int t = 0; t < TU_N_THREADS; t++) {
             base_err err = {{0}};
             be_backend *be = NULL;
-            int rc = be_cpu_create(t ? 3 : 1, &be, &err);
-            CHECK_MSG(rc == 0, "%s: %s", labels[2 * i + t], err.msg);
+            int rc = be_cpu_create(t + 1, &be, &err);
+            CHECK_MSG(rc == 0, "%s: %s", labels[TU_N_THREADS * i + t], err.msg);
             if (rc) continue;
             CHECK(strcmp(cpu_isa_name(be), isas[i]) == 0);
-            CHECK(be->n_threads == (t ? 3 : 1));
-            b->label[b->n] = labels[2 * i + t];
+            CHECK(be->n_threads == t + 1);
+            b->label[b->n] = labels[TU_N_THREADS * i + t];
             b->be[b->n++] = be;
         }
     }

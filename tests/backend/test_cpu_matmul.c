@@ -1,13 +1,21 @@
 /* CPU matmul against a scalar double-precision reference: dense F32/F16/BF16 and every MLX
  * affine bit width x group size x scale dtype, with and without a bias, for 1, 3, 7 and 64
- * rows of x (both the fused decode path and the tiled prefill path), on every instruction set
- * this CPU has with 1 and 3 threads. The reference uses the same dtype-rounded weights, so
- * the only difference left is f32 accumulation and the bound stays 1e-5. */
+ * rows of x (both the fused decode path and the tiled prefill path; 4 and 8 bits at more row
+ * counts, odd ones and past the integer dots' blocks of 4 and 16), on every instruction set
+ * this CPU has with 1, 2 and 3 threads. The reference uses the same dtype-rounded weights, so
+ * the only difference left is f32 accumulation and the bound stays 1e-5.
+ *
+ * 4 and 8 bits run on integer dots over x quantized per group to int16: against a reference
+ * given the same quantized x (each group's codes round(x * 32767 / max|x|)) the bound is still
+ * 1e-5; against x itself the rounding adds about 1e-5 (uniform x), so that bound is 4e-5. Their
+ * rows must also come out the same bits alone as among 7 others, whatever the thread count. */
 #include "cpu_test_util.h"
 
 #include <math.h>
 
-#define TOL 1e-5
+#define TOL      1e-5
+#define TOL_XQ   4e-5 /* the integer dots against the unquantized x */
+#define XQ_CODES 32767.0
 
 /* A weight and its exact dequantized values. */
 typedef struct mat {
@@ -16,6 +24,7 @@ typedef struct mat {
     void *s, *b;   /* (out, in / g) quantized only */
     void *bias;    /* (out) of the scale / weight dtype */
     double *wd;    /* (out, in) */
+    double *bd;    /* (out, in / g) each group's b, quantized only */
     double *biasd; /* (out) */
 } mat;
 
@@ -34,11 +43,13 @@ static void mat_quant(mat *m, int64_t out, int64_t in, int bits, int g, base_dty
     m->s = calloc((size_t)out * ng, base_dtype_size(sdt));
     m->b = calloc((size_t)out * ng, base_dtype_size(sdt));
     m->wd = malloc((size_t)(out * in) * sizeof(double));
+    m->bd = malloc((size_t)out * ng * sizeof(double));
     for (int64_t o = 0; o < out; o++) {
         for (size_t gi = 0; gi < ng; gi++) {
             size_t i = (size_t)o * ng + gi;
             double s = tu_store_round(m->s, sdt, i, tu_uniform(-0.05f, 0.05f));
             double b = tu_store_round(m->b, sdt, i, tu_uniform(-0.5f, 0.5f));
+            m->bd[i] = b;
             for (int j = 0; j < g; j++) {
                 int64_t k = (int64_t)gi * g + j;
                 unsigned q = (unsigned)(tu_next() % (1u << bits));
@@ -75,7 +86,47 @@ static void mat_free(mat *m) {
     free(m->b);
     free(m->bias);
     free(m->wd);
+    free(m->bd);
     free(m->biasd);
+}
+
+static bool uses_idot(const mat *m) {
+    return m->lin.bits == 4 || m->lin.bits == 8;
+}
+
+/* x as the integer dots see it: per group of g, d * round(x / d) with d = max|x| / 32767. */
+static double *quantized_x(const float *x, int64_t n, int64_t in, int g) {
+    double *xq = malloc((size_t)(n * in) * sizeof(double));
+    for (int64_t g0 = 0; g0 < n * in; g0 += g) {
+        double amax = 0;
+        for (int i = 0; i < g; i++) amax = fmax(amax, fabs((double)x[g0 + i]));
+        double d = amax / XQ_CODES;
+        for (int i = 0; i < g; i++) xq[g0 + i] = d > 0 ? d * round(x[g0 + i] / d) : 0.0;
+    }
+    return xq;
+}
+
+/* ref[r][o] = x[r] . W[o] (+ bias) in double. With xd, xd replaces x in the s q part of each
+ * w = s q + b, and x stays in the b part: the integer dots take the bias term from the sums
+ * of x itself. */
+static void reference(const mat *m, const float *x, const double *xd, int64_t n, bool with_bias,
+                      float *ref) {
+    int64_t in = m->lin.in, out = m->lin.out;
+    for (int64_t r = 0; r < n; r++) {
+        for (int64_t o = 0; o < out; o++) {
+            double acc = with_bias ? m->biasd[o] : 0.0;
+            for (int64_t k = 0; k < in; k++) {
+                double w = m->wd[o * in + k], xk = x[r * in + k];
+                if (!xd) {
+                    acc += w * xk;
+                    continue;
+                }
+                double b = m->bd[o * (in / m->lin.group_size) + k / m->lin.group_size];
+                acc += (w - b) * xd[r * in + k] + b * xk;
+            }
+            ref[r * out + o] = (float)acc;
+        }
+    }
 }
 
 /* Runs x [n, in] through every backend, with and without the bias, against the reference. */
@@ -83,15 +134,12 @@ static void check_matmul(tu_backends *bk, mat *m, int64_t n, const char *what) {
     int64_t in = m->lin.in, out = m->lin.out;
     float *x = tu_randf((size_t)(n * in), -1, 1);
     float *ref = malloc((size_t)(n * out) * sizeof(float));
+    float *refq = malloc((size_t)(n * out) * sizeof(float));
     float *y = malloc((size_t)(n * out) * sizeof(float));
+    double *xq = uses_idot(m) ? quantized_x(x, n, in, m->lin.group_size) : NULL;
     for (int with_bias = 0; with_bias < 2; with_bias++) {
-        for (int64_t r = 0; r < n; r++) {
-            for (int64_t o = 0; o < out; o++) {
-                double acc = with_bias ? m->biasd[o] : 0.0;
-                for (int64_t k = 0; k < in; k++) acc += m->wd[o * in + k] * x[r * in + k];
-                ref[r * out + o] = (float)acc;
-            }
-        }
+        reference(m, x, NULL, n, with_bias, ref);
+        if (xq) reference(m, x, xq, n, with_bias, refq);
         be_linear lin = m->lin;
         lin.bias = with_bias ? m->bias : NULL;
         for (int i = 0; i < bk->n; i++) {
@@ -100,13 +148,74 @@ static void check_matmul(tu_backends *bk, mat *m, int64_t n, const char *what) {
             base_err err = {{0}};
             int rc = bk->be[i]->ops->matmul(bk->be[i], &xt, &lin, &yt, &err);
             double e = test_rel_err(y, ref, (size_t)(n * out));
-            CHECK_MSG(rc == 0 && e < TOL, "%s n=%lld bias=%d on %s: rc %d err %.3g (%s)", what,
+            double tol = xq ? TOL_XQ : TOL;
+            CHECK_MSG(rc == 0 && e < tol, "%s n=%lld bias=%d on %s: rc %d err %.3g (%s)", what,
                       (long long)n, with_bias, bk->label[i], rc, e, err.msg);
+            if (!xq) continue;
+            double eq = test_rel_err(y, refq, (size_t)(n * out));
+            CHECK_MSG(eq < TOL, "%s n=%lld bias=%d on %s: err %.3g against the quantized x", what,
+                      (long long)n, with_bias, bk->label[i], eq);
         }
     }
     free(x);
+    free(xq);
     free(ref);
+    free(refq);
     free(y);
+}
+
+/* Row r of 8 computed alone and among the 8 gives the same bits, on every backend, and every
+ * thread count of an instruction set gives the bits of its first. */
+static void check_batch_invariance(tu_backends *bk, mat *m, const char *what) {
+    enum { N = 8 };
+    int64_t in = m->lin.in, out = m->lin.out;
+    float *x = tu_randf((size_t)(N * in), -1, 1);
+    float *all = malloc((size_t)(N * out) * sizeof(float));
+    float *one = malloc((size_t)out * sizeof(float));
+    float *first = malloc((size_t)(N * out) * sizeof(float));
+    for (int i = 0; i < bk->n; i++) {
+        base_err err = {{0}};
+        be_backend *be = bk->be[i];
+        be_tensor xt = {x, BASE_DTYPE_F32, N, in}, yt = {all, BASE_DTYPE_F32, N, out};
+        CHECK(be->ops->matmul(be, &xt, &m->lin, &yt, &err) == 0);
+        for (int64_t r = 0; r < N; r++) {
+            be_tensor xr = {x + r * in, BASE_DTYPE_F32, 1, in}, yr = {one, BASE_DTYPE_F32, 1, out};
+            CHECK(be->ops->matmul(be, &xr, &m->lin, &yr, &err) == 0);
+            CHECK_MSG(memcmp(one, all + r * out, (size_t)out * sizeof(float)) == 0,
+                      "%s on %s: row %lld alone differs from the same row among %d", what,
+                      bk->label[i], (long long)r, N);
+        }
+        bool first_of_isa = i == 0 || strcmp(cpu_isa_name(be), cpu_isa_name(bk->be[i - 1])) != 0;
+        if (first_of_isa) {
+            memcpy(first, all, (size_t)(N * out) * sizeof(float));
+        } else {
+            CHECK_MSG(memcmp(first, all, (size_t)(N * out) * sizeof(float)) == 0,
+                      "%s on %s: differs from the same instruction set's other thread count", what,
+                      bk->label[i]);
+        }
+    }
+    free(x);
+    free(all);
+    free(one);
+    free(first);
+}
+
+/* The integer dots at odd row counts and past their blocks of CPU_IDOT_ROWS and 16 rows. */
+static void test_integer_dots(tu_backends *bk) {
+    static const int bits[] = {4, 8};
+    static const int groups[] = {32, 64, 128};
+    static const int64_t ns[] = {2, 5, 9, 17};
+    for (int bi = 0; bi < 2; bi++) {
+        for (int gi = 0; gi < 3; gi++) {
+            mat m;
+            mat_quant(&m, 45, 1152, bits[bi], groups[gi], BASE_DTYPE_BF16);
+            char what[64];
+            snprintf(what, sizeof what, "idot q%d g%d", bits[bi], groups[gi]);
+            for (int ni = 0; ni < 4; ni++) check_matmul(bk, &m, ns[ni], what);
+            check_batch_invariance(bk, &m, what);
+            mat_free(&m);
+        }
+    }
 }
 
 static void test_quantized(tu_backends *bk) {
@@ -226,6 +335,7 @@ int main(void) {
     CHECK(bk.n >= 2);
     test_quantized(&bk);
     test_quantized_long_rows(&bk);
+    test_integer_dots(&bk);
     test_dense(&bk);
     if (bk.n) test_errors(bk.be[bk.n - 1]);
     tu_backends_close(&bk);

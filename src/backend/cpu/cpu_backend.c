@@ -11,7 +11,8 @@
 
 #define CPU_ALIGN 64 /* a cache line and an AVX-512 register */
 
-static const char *const cpu_isa_names[] = {"portable", "avx2", "avx512"};
+static const char *const cpu_isa_names[] = {"portable", "avx2", "avx512", "avx512vnni"};
+#define CPU_N_ISAS ((int)(sizeof cpu_isa_names / sizeof cpu_isa_names[0]))
 
 const char *cpu_isa_name(const be_backend *be) {
     return cpu_isa_names[((const cpu_impl *)be->impl)->isa];
@@ -38,6 +39,8 @@ bool cpu_isa_supported(cpu_isa isa) {
     case CPU_ISA_AVX512:
         return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    case CPU_ISA_AVX512VNNI:
+        return cpu_isa_supported(CPU_ISA_AVX512) && __builtin_cpu_supports("avx512vnni");
     }
     return false;
 #else
@@ -47,22 +50,34 @@ bool cpu_isa_supported(cpu_isa isa) {
 
 static const cpu_kernels *cpu_isa_kernels(cpu_isa isa) {
 #if defined(__x86_64__) || defined(__i386__)
-    if (isa == CPU_ISA_AVX512) return &cpu_kernels_avx512;
+    if (isa == CPU_ISA_AVX512 || isa == CPU_ISA_AVX512VNNI) return &cpu_kernels_avx512;
     if (isa == CPU_ISA_AVX2) return &cpu_kernels_avx2;
 #endif
     return &cpu_kernels_portable;
+}
+
+static const cpu_ikernels *cpu_isa_ikernels(cpu_isa isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (isa == CPU_ISA_AVX512VNNI) return &cpu_ikernels_avx512vnni;
+    if (isa == CPU_ISA_AVX512) return &cpu_ikernels_avx512;
+    if (isa == CPU_ISA_AVX2) return &cpu_ikernels_avx2;
+#endif
+    return &cpu_ikernels_portable;
 }
 
 /* The best instruction set this CPU has, or the one MLXCEL_CPU_ISA names. */
 static int cpu_pick_isa(cpu_isa *out, base_err *err) {
     const char *env = getenv("MLXCEL_CPU_ISA");
     if (!env || !*env) {
-        *out = cpu_isa_supported(CPU_ISA_AVX512) ? CPU_ISA_AVX512
-               : cpu_isa_supported(CPU_ISA_AVX2) ? CPU_ISA_AVX2
-                                                 : CPU_ISA_PORTABLE;
+        *out = CPU_ISA_PORTABLE;
+        for (int i = CPU_N_ISAS - 1; i > 0; i--) {
+            if (!cpu_isa_supported((cpu_isa)i)) continue;
+            *out = (cpu_isa)i;
+            break;
+        }
         return 0;
     }
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < CPU_N_ISAS; i++) {
         if (strcmp(env, cpu_isa_names[i]) != 0) continue;
         if (!cpu_isa_supported((cpu_isa)i)) {
             return base_fail(err, "MLXCEL_CPU_ISA=%s: this CPU lacks that instruction set", env);
@@ -70,7 +85,7 @@ static int cpu_pick_isa(cpu_isa *out, base_err *err) {
         *out = (cpu_isa)i;
         return 0;
     }
-    return base_fail(err, "MLXCEL_CPU_ISA=%s: expected portable, avx2 or avx512", env);
+    return base_fail(err, "MLXCEL_CPU_ISA=%s: expected portable, avx2, avx512 or avx512vnni", env);
 }
 
 static void cpu_destroy(be_backend *be) {
@@ -188,6 +203,7 @@ int be_cpu_create(int n_threads, be_backend **out, base_err *err) {
     impl->pool = pool;
     impl->isa = isa;
     impl->krn = cpu_isa_kernels(isa);
+    impl->ikrn = cpu_isa_ikernels(isa);
     be->name = "cpu";
     cpu_model_name(be->device, sizeof be->device);
     be->ops = &cpu_ops;

@@ -4,22 +4,14 @@
 
 #include "backend/backend.h"
 
-/* Instruction sets with their own kernels; MLXCEL_CPU_ISA=portable|avx2|avx512 forces one. */
-typedef enum { CPU_ISA_PORTABLE = 0, CPU_ISA_AVX2, CPU_ISA_AVX512 } cpu_isa;
+/* Instruction sets with their own kernels; MLXCEL_CPU_ISA=portable|avx2|avx512|avx512vnni
+ * forces one. avx512vnni is avx512 with vpdpwssd for the integer dots. */
+typedef enum { CPU_ISA_PORTABLE = 0, CPU_ISA_AVX2, CPU_ISA_AVX512, CPU_ISA_AVX512VNNI } cpu_isa;
 
-/* The inner loops of matmul for one instruction set. Quantized rows are read from byte
- * pointers that start on a group boundary; `s` holds that span's scales converted to f32.
- *
- * The fused dot products (qdot4, qdot8) return sum_g s[g] * sum_{i in g} q[i] * xp[i] over
- * n_groups groups, where xp is x rearranged by prep_x4 (4-bit) or x itself (8-bit); the
- * biases' share (b[g] * sum of x over g) is added by the caller, since it does not depend on
- * the order. prep_x4 exists because each instruction set unpacks nibbles in its own lane
- * order; reordering x once per call is cheaper than reordering every weight. */
+/* The f32 inner loops of matmul for one instruction set (4- and 8-bit weights take the
+ * integer dots below). Quantized rows are read from byte pointers that start on a group
+ * boundary; `s` holds that span's scales converted to f32. */
 typedef struct cpu_kernels {
-    /* xp (in) = x (in) in the order qdot4 reads nibbles; in is a multiple of 32. */
-    void (*prep_x4)(const float *x, int64_t in, float *xp);
-    float (*qdot4)(const uint8_t *w, const float *s, int64_t n_groups, int g, const float *xp);
-    float (*qdot8)(const uint8_t *w, const float *s, int64_t n_groups, int g, const float *x);
     float (*dot_f32)(const float *w, const float *x, int64_t k);
     float (*dot_f16)(const uint16_t *w, const float *x, int64_t k);
     float (*dot_bf16)(const uint16_t *w, const float *x, int64_t k);
@@ -47,10 +39,65 @@ float cpu_qdot_bits(int bits, const uint8_t *w, const float *s, int64_t n_groups
 void cpu_deq_bits(int bits, const uint8_t *w, const float *s, const float *b, int64_t n_groups,
                   int g, float *dst);
 
+/* Integer dot products for 4- and 8-bit affine weights (cpu_idot*.c). Each row of x is
+ * quantized per weight group to int16 codes c with a scale d (x ~ d c) and the group's sum of
+ * x, so that a weight row w = s q + b gives w . x = sum_g s_g d_g (q_g . c_g) + b_g sum(x_g):
+ * the products and their sums within a group are exact in int32, only the scaling of each
+ * group is rounded (in f32). int16, not int8, codes: one int8 code per value put the fixtures'
+ * logits 8e-2 off transformers' (bench/RESULTS.md), 15 bits keep them within 1e-3, and
+ * vpdpwssd / vpmaddwd take int16 pairs at the rate vpdpbusd takes two int8 codes.
+ *
+ * A row's result depends only on that row and the weight, never on how many rows share the
+ * call: the server's same-seed guarantee needs decode and prefill to agree to the bit. */
+#define CPU_IDOT_ROWS  4 /* rows of x that one idot call may take together */
+#define CPU_IDOT_WROWS 2 /* weight rows that one idot call may take together */
+#define CPU_XQ_MAX     32767
+
+/* One idot call: nw weight rows against nr rows of x over n_groups groups of g values. */
+typedef struct cpu_idot_args {
+    const uint8_t *w; /* (nw) rows of packed codes, ldw bytes apart */
+    int64_t ldw;
+    const float *s; /* (nw, n_groups) the weight rows' scales, lds apart */
+    int64_t lds;
+    const int16_t *codes; /* (nr) rows of x's codes, ldc apart */
+    int64_t ldc;
+    const float *d; /* (nr, n_groups) the codes' scales, ldd apart */
+    int64_t ldd;
+    int64_t n_groups;
+    int g;
+    int nw; /* 1 or CPU_IDOT_WROWS */
+    int nr; /* 1 or CPU_IDOT_ROWS */
+} cpu_idot_args;
+
+typedef struct cpu_ikernels {
+    /* codes (in), d and sums (in / g) of one row of x for `bits`-wide weights in groups of g;
+     * the codes in the order idot reads the weights' values. */
+    void (*quant_x)(const float *x, int64_t in, int bits, int g, int16_t *codes, float *d,
+                    float *sums);
+    /* out[j * CPU_IDOT_ROWS + r] = sum_gi s[j][gi] d[r][gi] (q_j,gi . c_r,gi) for j < nw,
+     * r < nr; neither nw nor nr changes a result. */
+    void (*idot4)(const cpu_idot_args *a, float *out);
+    void (*idot8)(const cpu_idot_args *a, float *out);
+} cpu_ikernels;
+
+extern const cpu_ikernels cpu_ikernels_portable;
+#if defined(__x86_64__) || defined(__i386__)
+extern const cpu_ikernels cpu_ikernels_avx2;
+extern const cpu_ikernels cpu_ikernels_avx512;
+extern const cpu_ikernels cpu_ikernels_avx512vnni;
+#endif
+
+/* Quantizes one row of x for the integer dots; codes are stored in natural order, or, with
+ * span > 0, each span of values as its even-indexed values then its odd ones (the order in
+ * which a SIMD kernel unpacks the low and high nibbles of span / 2 bytes). */
+void cpu_quant_x_span(const float *x, int64_t in, int g, int span, int16_t *codes, float *d,
+                      float *sums);
+
 typedef struct cpu_impl {
-    base_pool *pool;        /* owned */
-    cpu_isa isa;            /* the kernels in use */
-    const cpu_kernels *krn; /* the table for isa */
+    base_pool *pool;          /* owned */
+    cpu_isa isa;              /* the kernels in use */
+    const cpu_kernels *krn;   /* the table for isa */
+    const cpu_ikernels *ikrn; /* the integer dots for isa */
 } cpu_impl;
 
 static inline base_pool *cpu_pool(be_backend *be) {
@@ -61,7 +108,11 @@ static inline const cpu_kernels *cpu_krn(be_backend *be) {
     return ((cpu_impl *)be->impl)->krn;
 }
 
-/* "portable", "avx2" or "avx512": the kernels this backend runs. */
+static inline const cpu_ikernels *cpu_ikrn(be_backend *be) {
+    return ((cpu_impl *)be->impl)->ikrn;
+}
+
+/* "portable", "avx2", "avx512" or "avx512vnni": the kernels this backend runs. */
 const char *cpu_isa_name(const be_backend *be);
 /* Whether this CPU (and its OS) can run the kernels of `isa`. */
 bool cpu_isa_supported(cpu_isa isa);
@@ -75,6 +126,12 @@ int cpu_check_linear(const be_linear *w, const char *op, base_err *err);
 void cpu_linear_row(be_backend *be, const be_linear *w, int64_t r, float *dst);
 
 int cpu_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y, base_err *err);
+/* matmul in f32 whatever the weights, one dot per row of x: for outputs that feed a discrete
+ * choice. A MoE router's top-k on the integer dots put qwen3_moe_q4_g64's logits 1.4e-3 off
+ * transformers' (bound 1e-3; every other matmul together 9e-4): a near tie of two experts
+ * turns a small error into a large one. */
+int cpu_matmul_exact(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
+                     base_err *err);
 int cpu_embedding(be_backend *be, const be_linear *table, const be_tensor *ids, be_tensor *out,
                   base_err *err);
 int cpu_rmsnorm(be_backend *be, const be_tensor *x, const be_tensor *weight, float eps,

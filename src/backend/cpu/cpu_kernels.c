@@ -38,37 +38,6 @@ void cpu_deq_bits(int bits, const uint8_t *w, const float *s, const float *b, in
     }
 }
 
-static void port_prep_x4(const float *x, int64_t in, float *xp) {
-    for (int64_t i = 0; i < in; i++) xp[i] = x[i];
-}
-
-static float port_qdot4(const uint8_t *w, const float *s, int64_t n_groups, int g, const float *x) {
-    float acc = 0.0f;
-    for (int64_t gi = 0; gi < n_groups; gi++) {
-        const uint8_t *wg = w + gi * (g / 2);
-        const float *xg = x + gi * g;
-        float t0 = 0.0f, t1 = 0.0f;
-        for (int i = 0; i < g / 2; i++) {
-            t0 += (float)(wg[i] & 15) * xg[2 * i];
-            t1 += (float)(wg[i] >> 4) * xg[2 * i + 1];
-        }
-        acc += s[gi] * (t0 + t1);
-    }
-    return acc;
-}
-
-static float port_qdot8(const uint8_t *w, const float *s, int64_t n_groups, int g, const float *x) {
-    float acc = 0.0f;
-    for (int64_t gi = 0; gi < n_groups; gi++) {
-        const uint8_t *wg = w + gi * g;
-        const float *xg = x + gi * g;
-        float t = 0.0f;
-        for (int i = 0; i < g; i++) t += (float)wg[i] * xg[i];
-        acc += s[gi] * t;
-    }
-    return acc;
-}
-
 static float port_dot_f32(const float *w, const float *x, int64_t k) {
     float a[4] = {0, 0, 0, 0};
     int64_t i = 0;
@@ -126,9 +95,6 @@ static void port_gemm(int64_t n, int64_t m, int64_t k, const float *x, int64_t l
 }
 
 const cpu_kernels cpu_kernels_portable = {
-    .prep_x4 = port_prep_x4,
-    .qdot4 = port_qdot4,
-    .qdot8 = port_qdot8,
     .dot_f32 = port_dot_f32,
     .dot_f16 = port_dot_f16,
     .dot_bf16 = port_dot_bf16,

@@ -2,7 +2,7 @@
  * all three; this file is compiled with those flags and nothing else may call into it.
  *
  * 4-bit: 8 bytes widened to 8 int32 lanes give values 0, 2, .., 14 (low nibbles) and 1, 3,
- * .., 15 (high nibbles); the fused dot reads x rearranged to that order (prep_x4). The GEMM
+ * .., 15 (high nibbles), which dequantization interleaves back. The GEMM
  * micro-kernel is 3 x rows by 4 weight rows: 12 accumulators plus 4 operands fill the 16
  * vector registers without spilling. */
 #if defined(__x86_64__) || defined(__i386__)
@@ -17,68 +17,8 @@ static inline float a2_hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-static void a2_prep_x4(const float *x, int64_t in, float *xp) {
-    for (int64_t i = 0; i < in; i += 16) {
-        for (int j = 0; j < 8; j++) {
-            xp[i + j] = x[i + 2 * j];
-            xp[i + 8 + j] = x[i + 2 * j + 1];
-        }
-    }
-}
-
 static inline __m256i a2_bytes8(const uint8_t *p) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-}
-
-static inline __m256 a2_group4(const uint8_t *wg, int g, const float *xg) {
-    const __m256i m15 = _mm256_set1_epi32(15);
-    __m256 t0 = _mm256_setzero_ps(), t1 = _mm256_setzero_ps();
-    for (int i = 0; i < g; i += 16) {
-        __m256i q = a2_bytes8(wg + i / 2);
-        __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(q, m15));
-        __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4));
-        t0 = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xg + i), t0);
-        t1 = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xg + i + 8), t1);
-    }
-    return _mm256_add_ps(t0, t1);
-}
-
-/* Prefetch distance for the fused dots; see the AVX-512 file for why. */
-#define CPU_PREFETCH 1024
-
-static float a2_qdot4(const uint8_t *w, const float *s, int64_t n_groups, int g, const float *xp) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int64_t gi = 0;
-    for (; gi + 2 <= n_groups; gi += 2) {
-        _mm_prefetch((const char *)(w + gi * (g / 2)) + CPU_PREFETCH, _MM_HINT_T0);
-        __m256 t0 = a2_group4(w + gi * (g / 2), g, xp + gi * g);
-        __m256 t1 = a2_group4(w + (gi + 1) * (g / 2), g, xp + (gi + 1) * g);
-        acc0 = _mm256_fmadd_ps(t0, _mm256_set1_ps(s[gi]), acc0);
-        acc1 = _mm256_fmadd_ps(t1, _mm256_set1_ps(s[gi + 1]), acc1);
-    }
-    if (gi < n_groups) {
-        __m256 t0 = a2_group4(w + gi * (g / 2), g, xp + gi * g);
-        acc0 = _mm256_fmadd_ps(t0, _mm256_set1_ps(s[gi]), acc0);
-    }
-    return a2_hsum(_mm256_add_ps(acc0, acc1));
-}
-
-static float a2_qdot8(const uint8_t *w, const float *s, int64_t n_groups, int g, const float *x) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t gi = 0; gi < n_groups; gi++) {
-        const uint8_t *wg = w + gi * g;
-        const float *xg = x + gi * g;
-        _mm_prefetch((const char *)wg + CPU_PREFETCH, _MM_HINT_T0);
-        __m256 t0 = _mm256_setzero_ps(), t1 = _mm256_setzero_ps();
-        for (int i = 0; i < g; i += 16) {
-            __m256 q0 = _mm256_cvtepi32_ps(a2_bytes8(wg + i));
-            __m256 q1 = _mm256_cvtepi32_ps(a2_bytes8(wg + i + 8));
-            t0 = _mm256_fmadd_ps(q0, _mm256_loadu_ps(xg + i), t0);
-            t1 = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xg + i + 8), t1);
-        }
-        acc = _mm256_fmadd_ps(_mm256_add_ps(t0, t1), _mm256_set1_ps(s[gi]), acc);
-    }
-    return a2_hsum(acc);
 }
 
 static inline __m256 a2_bf16(const uint16_t *p) {
@@ -216,9 +156,6 @@ static void a2_gemm(int64_t n, int64_t m, int64_t k, const float *x, int64_t ldx
 }
 
 const cpu_kernels cpu_kernels_avx2 = {
-    .prep_x4 = a2_prep_x4,
-    .qdot4 = a2_qdot4,
-    .qdot8 = a2_qdot8,
     .dot_f32 = a2_dot_f32,
     .dot_f16 = a2_dot_f16,
     .dot_bf16 = a2_dot_bf16,

@@ -2,10 +2,9 @@
  * BW, VL and DQ; this file is compiled with those flags and nothing else may call into it.
  *
  * 4-bit: one 16-byte load holds 32 values; widening the bytes to 16 int32 lanes and taking
- * the low and high nibbles gives values 0, 2, .., 30 and 1, 3, .., 31. The fused dot keeps
- * that order and reads x rearranged to match (prep_x4); dequantization for the GEMM tile
- * interleaves them back. The GEMM micro-kernel computes a 4 x 4 block of dot products with 16
- * vector accumulators and reduces each once per K block. */
+ * the low and high nibbles gives values 0, 2, .., 30 and 1, 3, .., 31, which dequantization
+ * for the GEMM tile interleaves back. The GEMM micro-kernel computes a 4 x 4 block of dot products
+ * with 16 vector accumulators and reduces each once per K block. */
 #if defined(__x86_64__) || defined(__i386__)
 #include "backend/cpu/cpu_internal.h"
 
@@ -15,71 +14,8 @@ static inline __mmask16 a512_tail(int64_t r) {
     return (__mmask16)((1u << r) - 1u);
 }
 
-static void a512_prep_x4(const float *x, int64_t in, float *xp) {
-    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
-    for (int64_t i = 0; i < in; i += 32) {
-        __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
-        _mm512_storeu_ps(xp + i, _mm512_permutex2var_ps(a, ev, b));
-        _mm512_storeu_ps(xp + i + 16, _mm512_permutex2var_ps(a, od, b));
-    }
-}
-
-/* sum over one group of q * xp, for g 4-bit values at wg. */
-static inline __m512 a512_group4(const uint8_t *wg, int g, const float *xg) {
-    const __m512i m15 = _mm512_set1_epi32(15);
-    __m512 t0 = _mm512_setzero_ps(), t1 = _mm512_setzero_ps();
-    for (int i = 0; i < g; i += 32) {
-        __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(wg + i / 2)));
-        __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(q, m15));
-        __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4));
-        t0 = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xg + i), t0);
-        t1 = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xg + i + 16), t1);
-    }
-    return _mm512_add_ps(t0, t1);
-}
-
-/* The fused dots are compute-bound on one core, so the hardware prefetcher alone leaves the
- * memory idle between bursts; asking for the line CPU_PREFETCH bytes ahead overlaps the two
- * (measured: 4.2 -> 7.8 GB/s on one core for a 4-bit 2048 x 8192 GEMV). */
-#define CPU_PREFETCH 1024
-
-static float a512_qdot4(const uint8_t *w, const float *s, int64_t n_groups, int g,
-                        const float *xp) {
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    int64_t gi = 0;
-    for (; gi + 2 <= n_groups; gi += 2) {
-        _mm_prefetch((const char *)(w + gi * (g / 2)) + CPU_PREFETCH, _MM_HINT_T0);
-        __m512 t0 = a512_group4(w + gi * (g / 2), g, xp + gi * g);
-        __m512 t1 = a512_group4(w + (gi + 1) * (g / 2), g, xp + (gi + 1) * g);
-        acc0 = _mm512_fmadd_ps(t0, _mm512_set1_ps(s[gi]), acc0);
-        acc1 = _mm512_fmadd_ps(t1, _mm512_set1_ps(s[gi + 1]), acc1);
-    }
-    if (gi < n_groups) {
-        __m512 t0 = a512_group4(w + gi * (g / 2), g, xp + gi * g);
-        acc0 = _mm512_fmadd_ps(t0, _mm512_set1_ps(s[gi]), acc0);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-}
-
 static inline __m512 a512_q8(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
-}
-
-static float a512_qdot8(const uint8_t *w, const float *s, int64_t n_groups, int g, const float *x) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t gi = 0; gi < n_groups; gi++) {
-        const uint8_t *wg = w + gi * g;
-        const float *xg = x + gi * g;
-        _mm_prefetch((const char *)wg + CPU_PREFETCH, _MM_HINT_T0);
-        __m512 t0 = _mm512_setzero_ps(), t1 = _mm512_setzero_ps();
-        for (int i = 0; i < g; i += 32) {
-            t0 = _mm512_fmadd_ps(a512_q8(wg + i), _mm512_loadu_ps(xg + i), t0);
-            t1 = _mm512_fmadd_ps(a512_q8(wg + i + 16), _mm512_loadu_ps(xg + i + 16), t1);
-        }
-        acc = _mm512_fmadd_ps(_mm512_add_ps(t0, t1), _mm512_set1_ps(s[gi]), acc);
-    }
-    return _mm512_reduce_add_ps(acc);
 }
 
 static inline __m512 a512_bf16(__m256i v) {
@@ -225,9 +161,6 @@ static void a512_gemm(int64_t n, int64_t m, int64_t k, const float *x, int64_t l
 }
 
 const cpu_kernels cpu_kernels_avx512 = {
-    .prep_x4 = a512_prep_x4,
-    .qdot4 = a512_qdot4,
-    .qdot8 = a512_qdot8,
     .dot_f32 = a512_dot_f32,
     .dot_f16 = a512_dot_f16,
     .dot_bf16 = a512_dot_bf16,

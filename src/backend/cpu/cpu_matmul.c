@@ -1,6 +1,8 @@
 /* CPU matmul: y [n, out] = x [n, in] W^T (+ bias), W dense, MLX affine-quantized or MXFP4.
  *
- * Two paths, both parallel over blocks of output rows and both accumulating in f32:
+ * 4- and 8-bit affine weights take the integer dots (cpu_internal.h) at every row count, so a
+ * row's result never depends on its batch. The other weights take one of two paths, both
+ * parallel over blocks of output rows and both accumulating in f32:
  *
  * - One row of x (decode): a fused dot per weight row that unpacks the packed values in
  *   registers and never writes them out, so the weights stream from memory once. The affine
@@ -21,6 +23,7 @@
 #define CPU_GEMV_ROWS   16  /* output rows per task on the fused path */
 #define CPU_GEMV_MAX_N  1   /* rows of x up to which the fused path is faster (measured) */
 #define CPU_GROUP_CHUNK 64  /* groups whose scales are converted at a time */
+#define CPU_IDOT_XBLOCK 16  /* rows of x an integer-dot task runs per pass over its weight rows */
 
 static bool cpu_float_dtype(base_dtype dt) {
     return dt == BASE_DTYPE_F32 || dt == BASE_DTYPE_F16 || dt == BASE_DTYPE_BF16;
@@ -149,8 +152,7 @@ static void mm_dequant(const cpu_kernels *k, const be_linear *w, int64_t o, int6
     }
 }
 
-void cpu_linear_row(be_backend *be, const be_linear *w, int64_t r, float *dst) {
-    const cpu_kernels *k = cpu_krn(be);
+static void mm_dequant_row(const cpu_kernels *k, const be_linear *w, int64_t r, float *dst) {
     int64_t step = w->bits ? (CPU_TILE_K / w->group_size) * w->group_size : CPU_TILE_K;
     for (int64_t k0 = 0; k0 < w->in; k0 += step) {
         int64_t kb = w->in - k0 < step ? w->in - k0 : step;
@@ -158,13 +160,20 @@ void cpu_linear_row(be_backend *be, const be_linear *w, int64_t r, float *dst) {
     }
 }
 
+void cpu_linear_row(be_backend *be, const be_linear *w, int64_t r, float *dst) {
+    mm_dequant_row(cpu_krn(be), w, r, dst);
+}
+
 typedef struct mm_ctx {
     const cpu_kernels *k;
     const be_linear *w;
     const float *x;    /* (n, in) */
-    const float *xp;   /* (n, in) x in qdot4's order; fused 4-bit path only */
-    const float *xsum; /* (n, in / group_size) sums of x per group; fused quantized path only */
-    float *y;          /* (n, out) */
+    const float *xsum; /* (n, in / group_size) sums of x per group; fused and integer paths */
+    const int16_t *xc; /* (n, in) x's codes; integer path only */
+    const float *xd;   /* (n, in / group_size) the codes' scales; integer path only */
+    const cpu_ikernels *ik;
+    float *rows; /* (tasks, in) each task's dequantized weight row; exact path only */
+    float *y;    /* (n, out) */
     int64_t n;
 } mm_ctx;
 
@@ -184,14 +193,7 @@ static void mm_qdot_row(const mm_ctx *c, const uint8_t *row, int64_t o, float *a
         const uint8_t *wp = row + (size_t)(g0 * g) * (size_t)w->bits / 8;
         for (int64_t r = 0; r < c->n; r++) {
             const float *x = c->x + r * w->in + g0 * g;
-            float part;
-            if (w->bits == 4) {
-                part = c->k->qdot4(wp, s, ng, g, c->xp + r * w->in + g0 * g);
-            } else if (w->bits == 8) {
-                part = c->k->qdot8(wp, s, ng, g, x);
-            } else {
-                part = cpu_qdot_bits(w->bits, wp, s, ng, g, x);
-            }
+            float part = cpu_qdot_bits(w->bits, wp, s, ng, g, x);
             const float *xs = c->xsum + r * n_groups + g0;
             for (int64_t i = 0; i < ng; i++) part += b[i] * xs[i];
             acc[r] += part;
@@ -249,14 +251,98 @@ static void mm_gemm_task(void *vctx, int64_t t) {
     }
 }
 
+static bool mm_uses_idot(const be_linear *w) {
+    return (w->bits == 4 || w->bits == 8) && w->quant != BE_QUANT_MXFP4;
+}
+
+/* y[r][o] for weight rows [o, o + nw) (nw at most CPU_IDOT_WROWS) and rows [r0, r0 + nr) of
+ * x (nr at most CPU_IDOT_XBLOCK), by the integer dots. Rows of x go CPU_IDOT_ROWS at a time
+ * and the rest one by one, which idot promises gives the same bits, as nw does. */
+static void mm_idot_rows(const mm_ctx *c, int64_t o, int nw, int64_t r0, int64_t nr) {
+    const be_linear *w = c->w;
+    int g = w->group_size;
+    int64_t n_groups = w->in / g;
+    const uint8_t *row = (const uint8_t *)w->weight + (size_t)o * mm_row_bytes(w);
+    float acc[CPU_IDOT_WROWS][CPU_IDOT_XBLOCK] = {{0}}, part[CPU_IDOT_WROWS * CPU_IDOT_ROWS];
+    float s[CPU_IDOT_WROWS][CPU_GROUP_CHUNK], b[CPU_IDOT_WROWS][CPU_GROUP_CHUNK];
+    void (*idot)(const cpu_idot_args *, float *) = w->bits == 4 ? c->ik->idot4 : c->ik->idot8;
+    for (int64_t g0 = 0; g0 < n_groups; g0 += CPU_GROUP_CHUNK) {
+        int64_t ng = n_groups - g0 < CPU_GROUP_CHUNK ? n_groups - g0 : CPU_GROUP_CHUNK;
+        for (int j = 0; j < nw; j++) mm_scales(c->k, w, o + j, g0, ng, s[j], b[j]);
+        cpu_idot_args a = {.w = row + (size_t)(g0 * g) * (size_t)w->bits / 8,
+                           .ldw = (int64_t)mm_row_bytes(w),
+                           .s = s[0],
+                           .lds = CPU_GROUP_CHUNK,
+                           .ldc = w->in,
+                           .ldd = n_groups,
+                           .n_groups = ng,
+                           .g = g,
+                           .nw = nw};
+        for (int64_t r = 0; r < nr; r += a.nr) {
+            a.nr = nr - r >= CPU_IDOT_ROWS ? CPU_IDOT_ROWS : 1;
+            a.codes = c->xc + (r0 + r) * w->in + g0 * g;
+            a.d = c->xd + (r0 + r) * n_groups + g0;
+            idot(&a, part);
+            for (int j = 0; j < nw; j++) {
+                for (int i = 0; i < a.nr; i++) {
+                    const float *xs = c->xsum + (r0 + r + i) * n_groups + g0;
+                    acc[j][r + i] += part[j * CPU_IDOT_ROWS + i] + c->k->dot_f32(b[j], xs, ng);
+                }
+            }
+        }
+    }
+    for (int j = 0; j < nw; j++) {
+        float bias = mm_bias(w, o + j);
+        for (int64_t r = 0; r < nr; r++) c->y[(r0 + r) * w->out + o + j] = acc[j][r] + bias;
+    }
+}
+
+/* Blocks of x rows outside, weight rows inside: a block's codes stay in the cache while
+ * every weight row of the task passes over them. */
+static void mm_idot_task(void *vctx, int64_t t) {
+    const mm_ctx *c = vctx;
+    int64_t o1 = (t + 1) * CPU_GEMV_ROWS < c->w->out ? (t + 1) * CPU_GEMV_ROWS : c->w->out;
+    for (int64_t r0 = 0; r0 < c->n; r0 += CPU_IDOT_XBLOCK) {
+        int64_t nr = c->n - r0 < CPU_IDOT_XBLOCK ? c->n - r0 : CPU_IDOT_XBLOCK;
+        for (int64_t o = t * CPU_GEMV_ROWS; o < o1; o += CPU_IDOT_WROWS) {
+            int nw = o1 - o < CPU_IDOT_WROWS ? (int)(o1 - o) : CPU_IDOT_WROWS;
+            mm_idot_rows(c, o, nw, r0, nr);
+        }
+    }
+}
+
+static void mm_quant_task(void *vctx, int64_t r) {
+    const mm_ctx *c = vctx;
+    const be_linear *w = c->w;
+    int64_t n_groups = w->in / w->group_size;
+    c->ik->quant_x(c->x + r * w->in, w->in, w->bits, w->group_size, (int16_t *)c->xc + r * w->in,
+                   (float *)c->xd + r * n_groups, (float *)c->xsum + r * n_groups);
+}
+
+/* x quantized for the integer dots, then the dots; one buffer for codes, scales and sums. */
+static int mm_idot(be_backend *be, mm_ctx *c, base_err *err) {
+    const be_linear *w = c->w;
+    size_t n_groups = (size_t)(w->in / w->group_size), n = (size_t)c->n;
+    size_t codes = n * (size_t)w->in * sizeof(int16_t), f32s = 2 * n * n_groups * sizeof(float);
+    char *buf = malloc(codes + f32s);
+    if (!buf) return base_fail(err, "matmul: out of memory for %lld rows", (long long)c->n);
+    c->ik = cpu_ikrn(be);
+    c->xd = (const float *)buf;
+    c->xsum = c->xd + n * n_groups;
+    c->xc = (const int16_t *)(buf + f32s);
+    base_pool_for(cpu_pool(be), c->n, mm_quant_task, c);
+    base_pool_for(cpu_pool(be), (w->out + CPU_GEMV_ROWS - 1) / CPU_GEMV_ROWS, mm_idot_task, c);
+    free(buf);
+    return 0;
+}
+
 /* Fills the fused path's per-call views of x; the caller frees *buf. */
 static int mm_prepare_x(mm_ctx *c, float **buf, base_err *err) {
     const be_linear *w = c->w;
     *buf = NULL;
     if (w->bits == 0) return 0;
     int64_t n_groups = w->in / w->group_size;
-    size_t xs = (size_t)(c->n * n_groups), xp = w->bits == 4 ? (size_t)(c->n * w->in) : 0;
-    *buf = malloc((xs + xp) * sizeof(float));
+    *buf = malloc((size_t)(c->n * n_groups) * sizeof(float));
     if (!*buf) return base_fail(err, "matmul: out of memory for %lld rows", (long long)c->n);
     float *sums = *buf;
     for (int64_t r = 0; r < c->n; r++) {
@@ -268,17 +354,10 @@ static int mm_prepare_x(mm_ctx *c, float **buf, base_err *err) {
         }
     }
     c->xsum = sums;
-    if (w->bits == 4) {
-        float *xperm = sums + xs;
-        for (int64_t r = 0; r < c->n; r++)
-            c->k->prep_x4(c->x + r * w->in, w->in, xperm + r * w->in);
-        c->xp = xperm;
-    }
     return 0;
 }
 
-int cpu_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
-               base_err *err) {
+static int mm_check(const be_tensor *x, const be_linear *w, const be_tensor *y, base_err *err) {
     if (cpu_check_tensor(x, BASE_DTYPE_F32, "matmul", "x", err) ||
         cpu_check_tensor(y, BASE_DTYPE_F32, "matmul", "y", err) ||
         cpu_check_linear(w, "matmul", err)) {
@@ -293,8 +372,15 @@ int cpu_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor
                          (long long)y->rows, (long long)y->cols, (long long)x->rows,
                          (long long)w->out);
     }
+    return 0;
+}
+
+int cpu_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
+               base_err *err) {
+    if (mm_check(x, w, y, err)) return -1;
     if (x->rows == 0) return 0;
     mm_ctx c = {.k = cpu_krn(be), .w = w, .x = x->data, .y = y->data, .n = x->rows};
+    if (mm_uses_idot(w)) return mm_idot(be, &c, err);
     if (c.n > CPU_GEMV_MAX_N || (w->bits && w->quant == BE_QUANT_MXFP4)) {
         base_pool_for(cpu_pool(be), (w->out + CPU_TILE_ROWS - 1) / CPU_TILE_ROWS, mm_gemm_task, &c);
         return 0;
@@ -303,5 +389,33 @@ int cpu_matmul(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor
     if (mm_prepare_x(&c, &buf, err)) return -1;
     base_pool_for(cpu_pool(be), (w->out + CPU_GEMV_ROWS - 1) / CPU_GEMV_ROWS, mm_gemv_task, &c);
     free(buf);
+    return 0;
+}
+
+/* Task t's weight rows dequantized one by one into its row of c->rows, then one f32 dot per
+ * row of x. */
+static void mm_exact_task(void *vctx, int64_t t) {
+    const mm_ctx *c = vctx;
+    const be_linear *w = c->w;
+    float *row = c->rows + t * w->in;
+    int64_t o1 = (t + 1) * CPU_GEMV_ROWS < w->out ? (t + 1) * CPU_GEMV_ROWS : w->out;
+    for (int64_t o = t * CPU_GEMV_ROWS; o < o1; o++) {
+        mm_dequant_row(c->k, w, o, row);
+        float bias = mm_bias(w, o);
+        for (int64_t r = 0; r < c->n; r++)
+            c->y[r * w->out + o] = c->k->dot_f32(row, c->x + r * w->in, w->in) + bias;
+    }
+}
+
+int cpu_matmul_exact(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
+                     base_err *err) {
+    if (mm_check(x, w, y, err)) return -1;
+    if (x->rows == 0) return 0;
+    int64_t n_tasks = (w->out + CPU_GEMV_ROWS - 1) / CPU_GEMV_ROWS;
+    float *rows = malloc((size_t)(n_tasks * w->in) * sizeof(float));
+    if (!rows) return base_fail(err, "matmul: out of memory for %lld rows", (long long)w->out);
+    mm_ctx c = {.k = cpu_krn(be), .w = w, .x = x->data, .rows = rows, .y = y->data, .n = x->rows};
+    base_pool_for(cpu_pool(be), n_tasks, mm_exact_task, &c);
+    free(rows);
     return 0;
 }

@@ -71,7 +71,7 @@ int cpu_moe(be_backend *be, const be_tensor *x, const be_norm *norm, const be_mo
         goto done;
     }
     be_tensor lt = {logits, BASE_DTYPE_F32, n, E};
-    if ((rc = be->ops->matmul(be, x, moe->router, &lt, err))) goto done;
+    if ((rc = cpu_matmul_exact(be, x, moe->router, &lt, err))) goto done;
     for (int64_t r = 0; r < n; r++) route_row(logits + r * E, moe, ids + r * K, w + r * K);
     memset(y->data, 0, (size_t)n * out * sizeof(float));
     const float *xf = x->data;
