@@ -287,7 +287,9 @@ static int add_tools(json_t *b, json_t *chat, base_err *err) {
     json_object_set_new(chat, "tools", out);
     size_t i;
     json_t *t;
-    json_array_foreach(tools, i, t) if (add_tool(t, i, out, err)) return -1;
+    json_array_foreach(tools, i, t) {
+        if (add_tool(t, i, out, err)) return -1;
+    }
     return 0;
 }
 
@@ -336,10 +338,10 @@ static int add_text(json_t *b, json_t *chat, base_err *err) {
         json_object_set_new(chat, "response_format", json_pack("{s:s}", "type", type));
         return 0;
     }
-    json_t *js = json_deep_copy(f);
-    json_object_del(js, "type");
     if (!json_is_object(field(f, "schema")))
         return base_fail(err, "'text.format.schema' must be a JSON Schema object");
+    json_t *js = json_deep_copy(f);
+    json_object_del(js, "type");
     json_object_set_new(chat, "response_format",
                         json_pack("{s:s,s:o}", "type", "json_schema", "json_schema", js));
     return 0;
@@ -384,8 +386,9 @@ static int add_plain(json_t *b, json_t *chat, base_err *err) {
     json_t *v;
     if (meta && !json_is_object(meta))
         return base_fail(err, "'metadata' must be an object of strings");
-    json_object_foreach(meta, key, v) if (!json_is_string(v)) return base_fail(
-        err, "'metadata.%s' must be a string", key);
+    json_object_foreach(meta, key, v) {
+        if (!json_is_string(v)) return base_fail(err, "'metadata.%s' must be a string", key);
+    }
     static const char *const same[] = {"temperature", "top_p", "parallel_tool_calls", "stream"};
     for (size_t k = 0; k < sizeof same / sizeof *same; k++)
         if (field(b, same[k])) json_object_set(chat, same[k], field(b, same[k]));

@@ -198,6 +198,12 @@ async function reasoning(client) {
   check(s.reasoning === item?.content?.[0]?.text && s.types.includes('response.reasoning_text.done') &&
     JSON.stringify(s.last?.response?.output) === JSON.stringify(r.output.map((i) => ({ ...i, id: s.last?.response?.output?.[0]?.id }))),
   `reasoning streamed: ${JSON.stringify(s.last?.response?.output)}`);
+  // the reasoning item sent back, by previous_response_id or whole: one prompt
+  const thanks = { role: 'user', content: 'Thanks.' };
+  const byId = await client.responses.create({ model: 'demo', previous_response_id: r.id, input: [thanks], max_output_tokens: 2 });
+  const whole = await client.responses.create({ model: 'demo', input: [{ role: 'user', content: ASK_WEATHER }, ...r.output, thanks], max_output_tokens: 2 });
+  check(byId.usage.input_tokens === whole.usage.input_tokens && whole.usage.input_tokens > r.usage.input_tokens,
+    `reasoning sent back: by id ${byId.usage.input_tokens}, whole ${whole.usage.input_tokens}`);
   const off = await client.responses.create({ ...ask, reasoning: { effort: 'none' } });
   check(off.output.every((i) => i.type === 'message'), `effort none: ${JSON.stringify(off.output)}`);
 }
