@@ -198,11 +198,13 @@ async function pageChecks(url) {
     const kept = await page.waitFor(`document.querySelectorAll('.msg').length === 4 && document.getElementById('model').textContent`, 'the conversation after a reload');
     check(kept === 'demo', 'the conversation and the key survive a reload');
   } finally {
-    // the profile goes once the browser has stopped writing to it
+    // the profile goes once the browser has stopped writing to it; its helper processes
+    // outlive the main one for a moment (under load a file appeared during the removal:
+    // ENOTEMPTY), so the removal retries
     const gone = new Promise((resolve) => (cdp.child.exitCode !== null ? resolve() : cdp.child.once('exit', resolve)));
     cdp.child.kill('SIGKILL');
     await gone;
-    rmSync(profile, { recursive: true, force: true });
+    rmSync(profile, { recursive: true, force: true, maxRetries: 20, retryDelay: 100 });
   }
 }
 
