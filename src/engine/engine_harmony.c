@@ -71,7 +71,8 @@ static const char *find_first(const char *s, size_t n, const char *const *lits, 
  * complete it. */
 static size_t held_tail(const char *s, size_t n) {
     static const char *const markers[] = {H_START, H_CHANNEL, H_MESSAGE, H_END, H_RETURN, H_CALL};
-    for (size_t i = n > 11 ? n - 11 : 0; i < n; i++)
+    const size_t longest = strlen(H_CHANNEL); /* and H_MESSAGE */
+    for (size_t i = n > longest ? n - longest : 0; i < n; i++)
         for (size_t m = 0; m < sizeof markers / sizeof *markers; m++)
             if (n - i < strlen(markers[m]) && memcmp(s + i, markers[m], n - i) == 0) return n - i;
     return 0;
@@ -96,15 +97,19 @@ static bool valid_name(const char *s, size_t n) {
  * missing channel or a recipient other than a function is MSG_BAD. */
 static msg_kind header_kind(const char *h, size_t n, bool tools, const char **name,
                             size_t *name_len) {
-    size_t i = starts(h, n, H_START) ? strlen(H_START) : 0, role = word(h + i, n - i);
+    size_t i = starts(h, n, H_START) ? strlen(H_START) : 0;
+    size_t role = starts(h + i, n - i, "to=") ? 0 : word(h + i, n - i);
     if (role && (role != strlen("assistant") || memcmp(h + i, "assistant", role) != 0))
         return MSG_BAD;
-    const char *ch = find(h, n, H_CHANNEL), *to = find(h, n, "to=");
+    const char *ch = find(h, n, H_CHANNEL), *to = find(h, n, " to=");
     if (!ch) return MSG_BAD;
     ch += strlen(H_CHANNEL);
     size_t ch_len = word(ch, (size_t)(h + n - ch));
+    if (to)
+        to += strlen(" to=");
+    else if (starts(h, n, "to=")) /* the first header's, right after the prompt */
+        to = h + strlen("to=");
     if (to) {
-        to += strlen("to=");
         size_t k = word(to, (size_t)(h + n - to)), f = strlen("functions.");
         if (!tools || k <= f || memcmp(to, "functions.", f) != 0 || !valid_name(to + f, k - f))
             return MSG_BAD;
@@ -119,7 +124,7 @@ static msg_kind header_kind(const char *h, size_t n, bool tools, const char **na
     return MSG_BAD;
 }
 
-/* A call's body as arguments: a JSON object, or false. */
+/* Adds the call to name whose body holds its arguments; false when that is not a JSON object. */
 static bool add_call(engine_harmony_split *out, const char *name, size_t name_len, const char *body,
                      size_t n) {
     json_t *args = json_loadb(body, n, 0, NULL);
@@ -182,7 +187,7 @@ void engine_harmony_split_text(const char *text, size_t len, bool final, bool re
                                engine_harmony_split *out) {
     memset(out, 0, sizeof *out);
     buf r = {0}, c = {0};
-    put(&r, "", 0);
+    put(&r, "", 0); /* both parts are strings, empty or not */
     put(&c, "", 0);
     for (size_t i = 0, used = 1; i < len && used; i += used) {
         const char *s = text + i;

@@ -140,6 +140,13 @@ static const want g_good[] = {
      "",
      1,
      {{"ping", "{\"n\":[1,2]}"}}},
+    {"to=functions.ping<|channel|>commentary json<|message|>{}",
+     true,
+     true,
+     "",
+     "",
+     1,
+     {{"ping", "{}"}}},
     /* --reasoning-format none: the analysis stays in the content as written */
     {"<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>4",
      false,
