@@ -572,7 +572,8 @@ static server_seq seq_view(const group *g, job *j) {
                         .stop = j->stop_index >= 0 ? g->stop[j->stop_index] : NULL,
                         .error = j->error,
                         .n_prompt = j->n_prompt,
-                        .n_generated = j->n_generated};
+                        .n_generated = j->n_generated,
+                        .n_cached = j->n_cached};
 }
 
 /* Formats (mu held) whatever is new in every choice, then the usage and [DONE] once all have

@@ -3,6 +3,7 @@
  * bodies up to a limit, connection limits, bearer-key auth, CORS when asked for, routing and
  * OpenAI-shaped errors. */
 #include "server/server_internal.h"
+#include "server/server_responses.h"
 #include "server/server_webui.h"
 
 #include <arpa/inet.h>
@@ -216,7 +217,8 @@ static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, const char 
     if (!authorized(s, c))
         return server_reply_error_as(s, c, shape, 401, "authentication_error", "Invalid API Key");
     bool embed = post && server_is_embed_route(url);
-    bool gen = post && (server_is_generate_route(url) || messages || embed);
+    bool responses = post && server_is_responses_route(url);
+    bool gen = post && (server_is_generate_route(url) || messages || embed || responses);
     if (!gen && !server_is_info_route(get ? "GET" : method, url))
         return server_reply_error_as(s, c, shape, 404, "not_found_error", "File Not Found: %s %s",
                                      method, url);
@@ -243,10 +245,11 @@ static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, const char 
                                          body ? "another JSON value" : je.text, je.line, je.column);
         }
     }
-    rc = messages ? server_route_messages(s, c, url, version, body, x)
-         : embed  ? server_route_embed(s, c, url, body, x)
-         : gen    ? server_route_generate(s, c, url, version, body, x)
-                  : server_route_info(s, c, url, body);
+    rc = messages    ? server_route_messages(s, c, url, version, body, x)
+         : responses ? server_route_responses(s, c, version, body, x)
+         : embed     ? server_route_embed(s, c, url, body, x)
+         : gen       ? server_route_generate(s, c, url, version, body, x)
+                     : server_route_info(s, c, url, body);
     json_decref(body);
     return rc;
 }
@@ -429,6 +432,7 @@ int server_start(const server_options *o, server **out, base_err *err) {
     pthread_cond_init(&s->guard_cv, NULL);
     s->created = (long long)time(NULL);
     server_metrics_init(&s->metrics);
+    s->responses = server_store_new(SERVER_RESPONSES_MAX, SERVER_RESPONSES_TTL_S);
     struct sockaddr_storage ss;
     bool v6 = false;
     if (copy_options(s, o, err) || bind_address(s->host, o->port, &ss, &v6, err) ||
@@ -518,5 +522,6 @@ void server_stop(server *s) {
     for (int i = 0; i < s->o.n_api_keys; i++) free(s->api_keys[i]);
     free(s->api_keys);
     free(s->model_id);
+    server_store_free(s->responses);
     free(s);
 }

@@ -21,6 +21,9 @@ typedef struct server_conn {
     double since;           /* base_now() when its current request began to arrive */
 } server_conn;
 
+/* The past responses of the Responses API (server_responses_store.c). */
+typedef struct server_store server_store;
+
 struct server {
     server_options o; /* strings point at the owned copies below */
     char *host, *model_id, *cors;
@@ -52,6 +55,7 @@ struct server {
     pthread_mutex_t props_mu; /* o.defaults, o.n_predict and o.seed_fixed: POST /props */
     bool embeddings;          /* serve the embedding routes (server_serve_embeddings) */
     engine_pooling pooling;
+    server_store *responses; /* owned: what previous_response_id may name */
 };
 
 /* One HTTP request while its body arrives. */
@@ -118,9 +122,9 @@ enum MHD_Result server_route_metrics(server *s, struct MHD_Connection *c);
 enum MHD_Result server_route_props_change(server *s, struct MHD_Connection *c, json_t *body);
 enum MHD_Result server_route_slot_action(server *s, struct MHD_Connection *c, const char *url);
 server_options server_options_now(server *s);
-/* A chat answer in another API's shape than OpenAI's (server_messages_out.c: Anthropic's
- * Messages), for a request of one sequence. What the writer sees of the sequence, under the
- * request's lock: */
+/* A chat answer in another API's shape than OpenAI's chat (server_messages_out.c: Anthropic's
+ * Messages; server_responses_out.c: OpenAI's Responses), for a request of one sequence. What the
+ * writer sees of the sequence, under the request's lock: */
 typedef struct server_seq {
     const char *text; /* (len) everything generated so far */
     size_t len;
@@ -128,7 +132,7 @@ typedef struct server_seq {
     engine_finish finish; /* ENGINE_FINISH_NONE while it runs */
     const char *stop;     /* the stop string that ended it, or NULL */
     const char *error;    /* ENGINE_FINISH_ERROR only */
-    int n_prompt, n_generated;
+    int n_prompt, n_generated, n_cached; /* n_cached: prompt tokens the prefix cache held */
 } server_seq;
 /* Appends one SSE event to sink: "event: NAME" (when name is set), then "data: " and data
  * (stolen). */
@@ -151,6 +155,10 @@ bool server_is_messages_route(const char *url);
 enum MHD_Result server_route_messages(server *s, struct MHD_Connection *c, const char *url,
                                       const char *version, json_t *body, server_exchange *x);
 json_t *server_messages_error(unsigned status, const char *type, const char *msg);
+/* server_responses.c: POST /v1/responses. */
+bool server_is_responses_route(const char *url);
+enum MHD_Result server_route_responses(server *s, struct MHD_Connection *c, const char *version,
+                                       json_t *body, server_exchange *x);
 /* server_embed.c: POST /v1/embeddings, /embeddings and /embedding. */
 bool server_is_embed_route(const char *url);
 enum MHD_Result server_route_embed(server *s, struct MHD_Connection *c, const char *url,

@@ -86,6 +86,19 @@ if(MLXCEL_NODE)
                        ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
                        TIMEOUT 120)
 endif()
+math(EXPR MLXCEL_RESPONSES_TIMEOUT "120 * ${MLXCEL_TEST_TIME_SCALE}")
+# OpenAI's Responses API through the official openai package's client.responses: plain and
+# streamed responses against the chat route's greedy answer, a tool round, previous_response_id
+# against the conversation sent whole, text.format validated with ajv, reasoning items, and the
+# refusals of built-in tools and fields that are not implemented.
+if(MLXCEL_NODE)
+  add_test(NAME server/responses_node
+           COMMAND ${MLXCEL_NODE} ${CMAKE_SOURCE_DIR}/tests/server/responses.test.mjs
+           WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(server/responses_node PROPERTIES
+                       ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
+                       TIMEOUT ${MLXCEL_RESPONSES_TIMEOUT})
+endif()
 # GPT-OSS Harmony answers through the openai client: channels to reasoning_content and content,
 # calls to tool_calls (the markers spelled out by a grammar), the parser chosen from the template.
 if(MLXCEL_NODE)
