@@ -321,6 +321,22 @@ static void test_template(void) {
               n > 2 ? ids[2] : -1, n > 1 ? ids[n - 2] : -1);
     free(ids);
     free(prompt);
+    /* a call's analysis, sent back as reasoning_content, reaches the template as thinking */
+    json_t *history = json_loads(
+        "[{\"role\": \"user\", \"content\": \"Weather?\"}, {\"role\": \"assistant\", "
+        "\"content\": null, \"reasoning_content\": \"Need the weather.\", \"tool_calls\": "
+        "[{\"id\": \"c1\", \"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+        "\"arguments\": \"{\\\"city\\\": \\\"Oslo\\\"}\"}}]}, {\"role\": \"tool\", "
+        "\"tool_call_id\": \"c1\", \"content\": \"snow\"}]",
+        0, NULL);
+    prompt = NULL;
+    CHECK(history && engine_prompter_render(p, history, &o, &prompt, &err) == 0);
+    CHECK_MSG(prompt && strstr(prompt, ANALYSIS "<|start|>assistant to=functions.get_weather"
+                                                "<|channel|>commentary json<|message|>{\"city\": "
+                                                "\"Oslo\"}<|call|>"),
+              "history [%s]", prompt ? prompt : err.msg);
+    free(prompt);
+    json_decref(history);
     json_decref(vars);
     json_decref(messages);
     engine_prompter_close(p);
