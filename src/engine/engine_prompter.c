@@ -86,6 +86,7 @@ int engine_prompter_set_template(engine_prompter *p, const char *source, base_er
     chat_template_free(p->tmpl);
     p->tmpl = t;
     p->content_as_list = walks_content(source);
+    p->tool_format = engine_tool_format_detect(source);
     return 0;
 }
 
