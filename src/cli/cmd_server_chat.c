@@ -7,7 +7,8 @@
 
 const char cli_server_chat_help[] =
     "      --tool-call-parser NAME  how the model writes tool calls: hermes, qwen3_coder,\n"
-    "                           llama3_json or mistral (default: judged from the chat template)\n"
+    "                           llama3_json, mistral or harmony (GPT-OSS; also its channels)\n"
+    "                           (default: judged from the chat template)\n"
     "      --reasoning-format F none (<think> stays in the content), deepseek or auto (default):\n"
     "                           the thinking goes to reasoning_content\n"
     "      --reasoning-budget N tokens of thinking before </think> is forced (-1: no limit, the\n"

@@ -230,17 +230,19 @@ int engine_bench_copy_bandwidth(be_backend *be, double *bytes_per_second, base_e
  * qwen3_coder: <tool_call><function=NAME><parameter=P>VALUE</parameter></function></tool_call>;
  * llama3_json (Llama 3.1 - 3.3): the reply is {"name": .., "parameters": {..}} (several joined
  * by ';'), after <|python_tag|> or not; mistral: [TOOL_CALLS] then a JSON array of {"name",
- * "arguments"} or NAME[ARGS]{..}. Text before the first call is content; a call that does not
- * parse leaves the text content. */
+ * "arguments"} or NAME[ARGS]{..}; harmony (GPT-OSS): a commentary message to=functions.NAME
+ * whose body is the JSON arguments, parsed with the rest of its channels by engine_harmony.c.
+ * Text before the first call is content; a call that does not parse leaves the text content. */
 typedef enum engine_tool_format {
     ENGINE_TOOLS_HERMES,
     ENGINE_TOOLS_QWEN3_CODER,
     ENGINE_TOOLS_LLAMA3_JSON,
     ENGINE_TOOLS_MISTRAL,
+    ENGINE_TOOLS_HARMONY,
 } engine_tool_format;
 
-/* vLLM's name of a format; an unknown or unimplemented one (pythonic, openai, ...) is an error
- * listing the names taken. */
+/* vLLM's name of a format (its "openai" is taken as harmony); an unknown or unimplemented one
+ * (pythonic, ...) is an error listing the names taken. */
 int engine_tool_format_from_name(const char *name, engine_tool_format *out, base_err *err);
 const char *engine_tool_format_name(engine_tool_format f);
 /* The format a chat template writes calls in, judged by its text; hermes when it shows none. */
@@ -311,6 +313,33 @@ void engine_think_split_text(const char *text, size_t len, bool inside, bool fin
 /* Whether a rendered prompt ends inside an opened thinking (a template that writes <think>
  * in its generation prompt). */
 bool engine_prompt_opens_think(const char *prompt);
+
+/* ---- GPT-OSS Harmony messages in generated text (engine_harmony.c) ----
+ *
+ * The output is a run of messages, each a header and a body: after the prompt's
+ * <|start|>assistant, `<|channel|>analysis<|message|>...<|end|>`, then
+ * `<|start|>assistant<|channel|>final<|message|>...<|return|>`; a call is
+ * `<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{..}`
+ * ended by <|call|> (the recipient may stand before <|channel|>). The analysis channel is the
+ * reasoning, final and commentary without a recipient (a preamble) the content. */
+typedef struct engine_harmony_split {
+    char *reasoning; /* (reasoning_len) owned: the analysis messages' text */
+    size_t reasoning_len;
+    char *content; /* (content_len) owned: the final and preamble messages, and every message or
+                      text that is not well formed, as written */
+    size_t content_len;
+    engine_tool_call *calls; /* (n_calls) owned: the complete calls, in order */
+    int n_calls;
+} engine_harmony_split;
+
+/* Splits text (len bytes). final: the text is complete (the stop tokens <|return|> and <|call|>
+ * are not in it, so its end ends the last message); otherwise what may still become a marker,
+ * a header and a call are held, so that each part only grows from one split to the next.
+ * reasoning: the analysis goes to reasoning (else, markers and all, to content); tools: calls
+ * are parsed (else kept as content). Free *out with engine_harmony_split_free. */
+void engine_harmony_split_text(const char *text, size_t len, bool final, bool reasoning, bool tools,
+                               engine_harmony_split *out);
+void engine_harmony_split_free(engine_harmony_split *h);
 
 /* ---- prompts: tokenizer + chat template of a model directory ---- */
 

@@ -86,6 +86,7 @@ int engine_prompter_set_template(engine_prompter *p, const char *source, base_er
     chat_template_free(p->tmpl);
     p->tmpl = t;
     p->content_as_list = walks_content(source);
+    p->tool_format = engine_tool_format_detect(source);
     return 0;
 }
 
@@ -144,6 +145,21 @@ static int cut_after_final(char *prompt, const char *final, base_err *err) {
     return 0;
 }
 
+/* GPT-OSS's template reads an assistant's analysis from `thinking` (sent back between a call
+ * and its result, as the Harmony guide asks), which OpenAI's clients send as
+ * reasoning_content. */
+static void harmony_thinking(json_t *msgs) {
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        const char *role = json_string_value(json_object_get(m, "role"));
+        json_t *r = json_object_get(m, "reasoning_content");
+        if (role && strcmp(role, "assistant") == 0 && json_is_string(r) &&
+            !json_object_get(m, "thinking"))
+            json_object_set(m, "thinking", r);
+    }
+}
+
 int engine_prompter_render(const engine_prompter *p, const json_t *messages,
                            const engine_chat_options *o, char **prompt, base_err *err) {
     if (!p->tmpl) return base_fail(err, "the model has no chat template (--chat-template-file)");
@@ -152,6 +168,7 @@ int engine_prompter_render(const engine_prompter *p, const json_t *messages,
                               "be true");
     json_t *msgs;
     if (engine_messages_normalize(messages, p->content_as_list, &msgs, err)) return -1;
+    if (p->tool_format == ENGINE_TOOLS_HARMONY) harmony_thinking(msgs);
     if (o->continue_final_message && !json_array_size(msgs)) {
         json_decref(msgs);
         return base_fail(err, "continue_final_message: there is no message to continue");

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const g_names[] = {"hermes", "qwen3_coder", "llama3_json", "mistral"};
+static const char *const g_names[] = {"hermes", "qwen3_coder", "llama3_json", "mistral", "harmony"};
 
 #define HERMES_OPEN  "<tool_call>"
 #define HERMES_CLOSE "</tool_call>"
@@ -19,14 +19,16 @@ static const char *const g_names[] = {"hermes", "qwen3_coder", "llama3_json", "m
 #define MISTRAL_ARGS "[ARGS]"
 
 int engine_tool_format_from_name(const char *name, engine_tool_format *out, base_err *err) {
+    /* vLLM calls GPT-OSS's parser "openai": its launch lines work here unchanged */
+    if (strcmp(name, "openai") == 0) name = "harmony";
     for (size_t i = 0; i < sizeof g_names / sizeof *g_names; i++)
         if (strcmp(name, g_names[i]) == 0) {
             *out = (engine_tool_format)i;
             return 0;
         }
     return base_fail(err,
-                     "tool-call parser '%s' is not implemented (hermes, qwen3_coder, llama3_json "
-                     "or mistral)",
+                     "tool-call parser '%s' is not implemented (hermes, qwen3_coder, llama3_json, "
+                     "mistral or harmony)",
                      name);
 }
 
@@ -36,6 +38,9 @@ const char *engine_tool_format_name(engine_tool_format f) {
 
 engine_tool_format engine_tool_format_detect(const char *src) {
     if (!src) return ENGINE_TOOLS_HERMES;
+    /* GPT-OSS's template opens every turn with <|start|>ROLE and heads messages with channels */
+    if (strstr(src, "<|channel|>") && strstr(src, "<|start|>assistant"))
+        return ENGINE_TOOLS_HARMONY;
     if (strstr(src, "<function=") && strstr(src, HERMES_OPEN)) return ENGINE_TOOLS_QWEN3_CODER;
     if (strstr(src, HERMES_OPEN)) return ENGINE_TOOLS_HERMES;
     if (strstr(src, MISTRAL_TAG)) return ENGINE_TOOLS_MISTRAL;
@@ -44,7 +49,7 @@ engine_tool_format engine_tool_format_detect(const char *src) {
 }
 
 bool engine_tool_format_special(engine_tool_format f) {
-    return f == ENGINE_TOOLS_LLAMA3_JSON || f == ENGINE_TOOLS_MISTRAL;
+    return f == ENGINE_TOOLS_LLAMA3_JSON || f == ENGINE_TOOLS_MISTRAL || f == ENGINE_TOOLS_HARMONY;
 }
 
 /* ---- parsing ---- */
@@ -288,6 +293,8 @@ static int step_at(engine_tool_format f, const char *s, size_t n, bool forced, c
         return llama_step(s, n, out, used);
     case ENGINE_TOOLS_MISTRAL:
         return mistral_step(s, n, forced, out, used);
+    case ENGINE_TOOLS_HARMONY: /* its calls are messages, split by engine_harmony_split_text */
+        break;
     }
     return STEP_BAD;
 }

@@ -207,6 +207,10 @@ static int call_rule(engine_tool_format f, const json_t *tools, const char *only
 
 int engine_tools_grammar(engine_tool_format f, const json_t *tools, const char *only, bool parallel,
                          char **gbnf, base_err *err) {
+    /* a forced Harmony call would be spelled with special tokens, which grammars do not match */
+    if (f == ENGINE_TOOLS_HARMONY)
+        return base_fail(err, "tools: a forced call (tool_choice required or a named function) "
+                              "is not implemented for harmony");
     sbuf g = {0};
     schemas s = {0};
     bool tagged = f == ENGINE_TOOLS_HERMES || f == ENGINE_TOOLS_QWEN3_CODER;

@@ -80,8 +80,8 @@ int server_cut(const server *s);
 /* Stops listening and waits for the connection threads. Call before stopping the scheduler. */
 void server_stop(server *s);
 
-/* The tokenizer's EOS plus generation_config.json's eos_token_id, for the scheduler.
- * *ids: caller frees. */
+/* The tokenizer's EOS plus generation_config.json's eos_token_id, and a Harmony template's
+ * <|return|> and <|call|>, for the scheduler. *ids: caller frees. */
 void server_extra_eos(const char *model_dir, const engine_prompter *pr, int32_t **ids, int *n);
 
 #endif

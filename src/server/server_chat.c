@@ -200,7 +200,8 @@ static int tag_ids(const engine_prompter *pr, const char *tag, int32_t **ids, in
 /* The thinking budget: </think> forced after --reasoning-budget tokens of thinking. */
 static int setup_budget(const server_options *o, const engine_prompter *pr, server_params *p,
                         base_err *err) {
-    if (!o->has_reasoning_budget || p->req.grammar) return 0;
+    /* Harmony thinks in a channel: forced </think> ids would only break its messages */
+    if (!o->has_reasoning_budget || p->req.grammar || p->out.harmony) return 0;
     int32_t *open = NULL, *close = NULL;
     int n_open, n_close;
     if (tag_ids(pr, ENGINE_THINK_OPEN, &open, &n_open, err) ||
@@ -238,6 +239,10 @@ int server_chat_prompt(json_t *b, const server_options *o, const engine_prompter
     /* constrained output is what its grammar says: thinking only where it writes <think> */
     p->out.reasoning = o->reasoning_format != ENGINE_REASONING_NONE;
     p->out.inside = !p->req.grammar && engine_prompt_opens_think(prompt);
+    /* Harmony's channels are special tokens, with tools or without */
+    p->out.harmony =
+        (o->has_tool_parser ? o->tool_parser : pr->tool_format) == ENGINE_TOOLS_HARMONY;
+    p->req.keep_special = p->req.keep_special || p->out.harmony;
     free(prompt);
     return rc || setup_budget(o, pr, p, err) ? -1 : 0;
 }

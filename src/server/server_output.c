@@ -6,16 +6,48 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* What of a part (n bytes at s) lies past the sent bytes: a copy in *out, counted as sent. */
+static void part_news(const char *s, size_t n, size_t *sent, char **out, size_t *out_len) {
+    if (n <= *sent) return;
+    *out_len = n - *sent;
+    *out = base_xmalloc(*out_len + 1);
+    memcpy(*out, s + *sent, *out_len);
+    (*out)[*out_len] = 0;
+    *sent = n;
+}
+
+static void harmony_news(server_output *o, const char *text, size_t len, bool final,
+                         server_news *n) {
+    engine_harmony_split h;
+    engine_harmony_split_text(text, len, final, o->reasoning, o->tools, &h);
+    part_news(h.reasoning, h.reasoning_len, &o->reasoning_sent, &n->reasoning, &n->reasoning_len);
+    part_news(h.content, h.content_len, &o->content_sent, &n->content, &n->content_len);
+    /* calls past parallel_tool_calls' one are dropped, as the scan's are */
+    int keep = o->calls_max && h.n_calls > o->calls_max ? o->calls_max : h.n_calls;
+    for (int i = keep; i < h.n_calls; i++) {
+        free(h.calls[i].name);
+        free(h.calls[i].arguments);
+    }
+    n->scan.calls = h.calls;
+    n->scan.n_calls = keep;
+    h.calls = NULL;
+    h.n_calls = 0;
+    engine_harmony_split_free(&h);
+    n->first_call = o->calls_sent;
+    if (n->scan.n_calls > o->calls_sent) o->calls_sent = n->scan.n_calls;
+}
+
 void server_output_news(server_output *o, const char *text, size_t len, bool final,
                         server_news *n) {
     memset(n, 0, sizeof *n);
+    if (o->harmony) {
+        harmony_news(o, text, len, final, n);
+        return;
+    }
     engine_think_split t = {.content_start = 0};
     if (o->reasoning) engine_think_split_text(text, len, o->inside, final, &t);
-    if (t.reasoning_len > o->reasoning_sent) {
-        n->reasoning = text + t.reasoning_start + o->reasoning_sent;
-        n->reasoning_len = t.reasoning_len - o->reasoning_sent;
-        o->reasoning_sent = t.reasoning_len;
-    }
+    part_news(text + t.reasoning_start, t.reasoning_len, &o->reasoning_sent, &n->reasoning,
+              &n->reasoning_len);
     const char *c = text + t.content_start;
     size_t clen = len - t.content_start, head = clen, rest = clen;
     if (o->tools) {
@@ -48,6 +80,7 @@ void server_output_news(server_output *o, const char *text, size_t len, bool fin
 }
 
 void server_news_free(server_news *n) {
+    free(n->reasoning);
     free(n->content);
     engine_tool_scan_free(&n->scan);
 }

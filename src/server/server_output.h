@@ -11,6 +11,7 @@ typedef struct server_output {
     bool inside;    /* the prompt opened the thinking */
     bool tools;     /* parse tool calls */
     bool forced;    /* the output was constrained to calls */
+    bool harmony;   /* the output is GPT-OSS Harmony messages: channels, not <think> */
     engine_tool_format format;
     int calls_max;     /* parallel_tool_calls false: 1 (later calls are dropped); 0: any */
     json_t *tool_defs; /* owned reference: the request's tools */
@@ -21,7 +22,7 @@ typedef struct server_output {
 
 /* What is new since the last call. */
 typedef struct server_news {
-    const char *reasoning; /* (reasoning_len) into the text */
+    char *reasoning; /* (reasoning_len) owned */
     size_t reasoning_len;
     char *content; /* (content_len) owned */
     size_t content_len;

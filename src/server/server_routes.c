@@ -122,4 +122,11 @@ void server_extra_eos(const char *model_dir, const engine_prompter *pr, int32_t 
             if (json_is_integer(v) && *n < 17) (*ids)[(*n)++] = (int32_t)json_integer_value(v);
         }
     json_decref(g);
+    /* a Harmony turn ends with <|return|> or <|call|> (GPT-OSS's generation_config says so;
+     * a checkpoint that lost that file must still stop at a call) */
+    static const char *const harmony_ends[] = {"<|return|>", "<|call|>"};
+    for (size_t k = 0; pr->tool_format == ENGINE_TOOLS_HARMONY && k < 2; k++) {
+        int32_t id = tok_token_id(pr->tok, harmony_ends[k]);
+        if (id >= 0 && *n < 17) (*ids)[(*n)++] = id;
+    }
 }

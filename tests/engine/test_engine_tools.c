@@ -214,7 +214,7 @@ static void test_formats_named(void) {
     base_err err;
     CHECK(engine_tool_format_from_name("qwen3_coder", &f, &err) == 0 &&
           f == ENGINE_TOOLS_QWEN3_CODER);
-    CHECK(engine_tool_format_from_name("openai", &f, &err) != 0 && strstr(err.msg, "openai"));
+    CHECK(engine_tool_format_from_name("pythonic", &f, &err) != 0 && strstr(err.msg, "pythonic"));
     CHECK(engine_tool_format_detect("{{ '<tool_call>' }}") == ENGINE_TOOLS_HERMES);
     CHECK(engine_tool_format_detect("<tool_call><function=") == ENGINE_TOOLS_QWEN3_CODER);
     CHECK(engine_tool_format_detect("'[TOOL_CALLS]'") == ENGINE_TOOLS_MISTRAL);

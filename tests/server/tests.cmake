@@ -99,3 +99,13 @@ if(MLXCEL_NODE)
                        ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
                        TIMEOUT ${MLXCEL_RESPONSES_TIMEOUT})
 endif()
+# GPT-OSS Harmony answers through the openai client: channels to reasoning_content and content,
+# calls to tool_calls (the markers spelled out by a grammar), the parser chosen from the template.
+if(MLXCEL_NODE)
+  add_test(NAME server/harmony_node
+           COMMAND ${MLXCEL_NODE} ${CMAKE_SOURCE_DIR}/tests/server/harmony.test.mjs
+           WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(server/harmony_node PROPERTIES
+                       ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
+                       TIMEOUT ${MLXCEL_TOOLS_TIMEOUT})
+endif()

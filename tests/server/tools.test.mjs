@@ -270,10 +270,10 @@ async function main() {
 
   // a parser that is not implemented is a usage error naming it
   try {
-    await startServer(['-m', MODEL, '--tool-call-parser', 'openai']);
-    check(false, '--tool-call-parser openai started');
+    await startServer(['-m', MODEL, '--tool-call-parser', 'pythonic']);
+    check(false, '--tool-call-parser pythonic started');
   } catch (e) {
-    check(/exited 2/.test(e.message) && e.message.includes("'openai' is not implemented"), `--tool-call-parser openai: ${e.message}`);
+    check(/exited 2/.test(e.message) && e.message.includes("'pythonic' is not implemented"), `--tool-call-parser pythonic: ${e.message}`);
   }
 }
 
