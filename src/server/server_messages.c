@@ -12,36 +12,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-static json_t *field(json_t *o, const char *key) {
-    json_t *v = json_object_get(o, key);
-    return json_is_null(v) ? NULL : v;
-}
-
-/* Every key of o is one of keys (NULL-ended); at names o ("" for the body). */
-static int known_keys(json_t *o, const char *at, const char *const *keys, base_err *err) {
-    const char *key;
-    json_t *v;
-    json_object_foreach(o, key, v) {
-        size_t k = 0;
-        while (keys[k] && strcmp(key, keys[k]) != 0) k++;
-        if (!keys[k]) return base_fail(err, "'%s%s%s' is not supported", at, *at ? "." : "", key);
-    }
-    return 0;
-}
-
 /* cache_control asks for the prompt up to here to be cached, which the prefix cache does for
  * every prompt: it is checked and taken as met. */
 static int check_cache(json_t *o, const char *at, base_err *err) {
     static const char *const keys[] = {"type", "ttl", NULL};
-    json_t *cc = field(o, "cache_control");
+    json_t *cc = server_json_field(o, "cache_control");
     if (!cc) return 0;
     const char *type = json_string_value(json_object_get(cc, "type"));
-    json_t *ttl = field(cc, "ttl");
+    json_t *ttl = server_json_field(cc, "ttl");
     char where[160];
     snprintf(where, sizeof where, "%s%scache_control", at, *at ? "." : "");
     if (!json_is_object(cc) || !type || strcmp(type, "ephemeral") != 0)
         return base_fail(err, "'%s' must be {\"type\": \"ephemeral\"}", where);
-    if (known_keys(cc, where, keys, err)) return -1;
+    if (server_known_keys(cc, where, keys, err)) return -1;
     if (ttl && !(json_is_string(ttl) && (strcmp(json_string_value(ttl), "5m") == 0 ||
                                          strcmp(json_string_value(ttl), "1h") == 0)))
         return base_fail(err, "'%s.ttl' must be 5m or 1h", where);
@@ -56,9 +39,10 @@ static const char *block_type(json_t *b) {
 static int text_block(json_t *b, const char *at, json_t *parts, base_err *err) {
     static const char *const keys[] = {"type", "text", "cache_control", "citations", NULL};
     json_t *text = json_object_get(b, "text");
-    if (known_keys(b, at, keys, err) || check_cache(b, at, err)) return -1;
+    if (server_known_keys(b, at, keys, err) || check_cache(b, at, err)) return -1;
     if (!json_is_string(text)) return base_fail(err, "'%s.text' must be a string", at);
-    if (field(b, "citations")) return base_fail(err, "'%s.citations' is not supported", at);
+    if (server_json_field(b, "citations"))
+        return base_fail(err, "'%s.citations' is not supported", at);
     json_array_append_new(parts, json_pack("{s:s,s:O}", "type", "text", "text", text));
     return 0;
 }
@@ -99,9 +83,9 @@ static int add_system(json_t *sys, json_t *out, base_err *err) {
 static int tool_result(json_t *b, const char *at, json_t *out, base_err *err) {
     static const char *const keys[] = {"type",     "tool_use_id",   "content",
                                        "is_error", "cache_control", NULL};
-    json_t *id = json_object_get(b, "tool_use_id"), *content = field(b, "content");
-    json_t *is_error = field(b, "is_error"), *parts = NULL;
-    if (known_keys(b, at, keys, err) || check_cache(b, at, err)) return -1;
+    json_t *id = json_object_get(b, "tool_use_id"), *content = server_json_field(b, "content");
+    json_t *is_error = server_json_field(b, "is_error"), *parts = NULL;
+    if (server_known_keys(b, at, keys, err) || check_cache(b, at, err)) return -1;
     if (!json_is_string(id)) return base_fail(err, "'%s.tool_use_id' must be a string", at);
     if (is_error && !json_is_boolean(is_error))
         return base_fail(err, "'%s.is_error' must be true or false", at);
@@ -169,7 +153,7 @@ static int tool_use(json_t *b, const char *at, json_t *calls, base_err *err) {
     static const char *const keys[] = {"type", "id", "name", "input", "cache_control", NULL};
     json_t *id = json_object_get(b, "id"), *name = json_object_get(b, "name");
     json_t *input = json_object_get(b, "input");
-    if (known_keys(b, at, keys, err) || check_cache(b, at, err)) return -1;
+    if (server_known_keys(b, at, keys, err) || check_cache(b, at, err)) return -1;
     if (!json_is_string(id) || !json_is_string(name) || !json_is_object(input))
         return base_fail(err, "'%s' must have a string 'id' and 'name' and an object 'input'", at);
     json_array_append_new(calls, json_pack("{s:O,s:s,s:{s:O,s:O}}", "id", id, "type", "function",
@@ -181,8 +165,8 @@ static int tool_use(json_t *b, const char *at, json_t *calls, base_err *err) {
  * this server signs nothing, and the text alone is what the template shows. */
 static int thinking_block(json_t *b, const char *at, json_t **reasoning, base_err *err) {
     static const char *const keys[] = {"type", "thinking", "signature", NULL};
-    json_t *t = json_object_get(b, "thinking"), *sig = field(b, "signature");
-    if (known_keys(b, at, keys, err)) return -1;
+    json_t *t = json_object_get(b, "thinking"), *sig = server_json_field(b, "signature");
+    if (server_known_keys(b, at, keys, err)) return -1;
     if (!json_is_string(t) || (sig && !json_is_string(sig)))
         return base_fail(err, "'%s' must have a string 'thinking' and 'signature'", at);
     if (!*reasoning) {
@@ -254,7 +238,7 @@ static int add_messages(json_t *messages, json_t *out, base_err *err) {
         json_t *content = json_object_get(m, "content");
         if (!json_is_object(m) || !role)
             return base_fail(err, "'%s' must be an object with a string 'role'", at);
-        if (known_keys(m, at, keys, err)) return -1;
+        if (server_known_keys(m, at, keys, err)) return -1;
         if (!json_is_string(content) && !(json_is_array(content) && json_array_size(content)))
             return base_fail(err, "'%s.content' must be a string or a non-empty array of blocks",
                              at);
@@ -274,14 +258,14 @@ static int add_tool(json_t *t, size_t i, json_t *out, base_err *err) {
                                        "strict", "cache_control", NULL};
     char at[32];
     snprintf(at, sizeof at, "tools[%zu]", i);
-    const char *type = json_string_value(field(t, "type"));
+    const char *type = json_string_value(server_json_field(t, "type"));
     if (!json_is_object(t)) return base_fail(err, "'%s' must be an object", at);
     if (type && strcmp(type, "custom") != 0)
         return base_fail(err, "'%s': the server tool '%s' is not supported (custom tools are)", at,
                          type);
-    if (known_keys(t, at, keys, err) || check_cache(t, at, err)) return -1;
+    if (server_known_keys(t, at, keys, err) || check_cache(t, at, err)) return -1;
     json_t *name = json_object_get(t, "name"), *schema = json_object_get(t, "input_schema");
-    json_t *desc = field(t, "description"), *strict = field(t, "strict");
+    json_t *desc = server_json_field(t, "description"), *strict = server_json_field(t, "strict");
     if (!json_is_string(name)) return base_fail(err, "'%s.name' must be a string", at);
     if (!json_is_object(schema))
         return base_fail(err, "'%s.input_schema' must be a JSON Schema object", at);
@@ -299,7 +283,7 @@ static int add_tool(json_t *t, size_t i, json_t *out, base_err *err) {
 }
 
 static int add_tools(json_t *b, json_t *chat, base_err *err) {
-    json_t *tools = field(b, "tools");
+    json_t *tools = server_json_field(b, "tools");
     if (!tools) return 0;
     if (!json_is_array(tools)) return base_fail(err, "'tools' must be an array");
     json_t *out = json_array();
@@ -319,12 +303,13 @@ static int add_tools(json_t *b, json_t *chat, base_err *err) {
  * and none; disable_parallel_tool_use as parallel_tool_calls false. */
 static int add_tool_choice(json_t *b, json_t *chat, base_err *err) {
     static const char *const keys[] = {"type", "name", "disable_parallel_tool_use", NULL};
-    json_t *tc = field(b, "tool_choice");
+    json_t *tc = server_json_field(b, "tool_choice");
     if (!tc) return 0;
     const char *type = json_string_value(json_object_get(tc, "type"));
-    json_t *name = field(tc, "name"), *serial = field(tc, "disable_parallel_tool_use");
+    json_t *name = server_json_field(tc, "name"),
+           *serial = server_json_field(tc, "disable_parallel_tool_use");
     if (!type) return base_fail(err, "'tool_choice' must be {\"type\": auto, any, tool or none}");
-    if (known_keys(tc, "tool_choice", keys, err)) return -1;
+    if (server_known_keys(tc, "tool_choice", keys, err)) return -1;
     bool named = strcmp(type, "tool") == 0;
     if (named != (name != NULL) || (name && !json_is_string(name)))
         return base_fail(err, "'tool_choice.name' is the tool's name, with type tool only");
@@ -349,7 +334,7 @@ static int add_tool_choice(json_t *b, json_t *chat, base_err *err) {
 static int add_thinking(json_t *b, json_t *kwargs, server_options *o, base_err *err) {
     static const char *const with_budget[] = {"type", "budget_tokens", NULL};
     static const char *const plain[] = {"type", NULL};
-    json_t *t = field(b, "thinking");
+    json_t *t = server_json_field(b, "thinking");
     if (!t) return 0;
     const char *type = json_string_value(json_object_get(t, "type"));
     if (!type)
@@ -358,10 +343,10 @@ static int add_thinking(json_t *b, json_t *kwargs, server_options *o, base_err *
     if (!enabled && strcmp(type, "adaptive") != 0 && strcmp(type, "disabled") != 0)
         return base_fail(err, "'thinking.type' must be enabled, adaptive or disabled (not '%s')",
                          type);
-    if (known_keys(t, "thinking", enabled ? with_budget : plain, err)) return -1;
+    if (server_known_keys(t, "thinking", enabled ? with_budget : plain, err)) return -1;
     json_object_set_new(kwargs, "enable_thinking", json_boolean(strcmp(type, "disabled") != 0));
     if (!enabled) return 0;
-    json_t *budget = json_object_get(t, "budget_tokens"), *max = field(b, "max_tokens");
+    json_t *budget = json_object_get(t, "budget_tokens"), *max = server_json_field(b, "max_tokens");
     json_int_t n = json_integer_value(budget);
     if (!json_is_integer(budget) || n < 1 || n > INT32_MAX)
         return base_fail(err, "'thinking.budget_tokens' must be a positive integer");
@@ -376,11 +361,11 @@ static int add_thinking(json_t *b, json_t *kwargs, server_options *o, base_err *
 static int add_output_config(json_t *b, json_t *chat, base_err *err) {
     static const char *const keys[] = {"effort", "format", NULL};
     static const char *const format_keys[] = {"type", "schema", NULL};
-    json_t *oc = field(b, "output_config");
+    json_t *oc = server_json_field(b, "output_config");
     if (!oc) return 0;
     if (!json_is_object(oc)) return base_fail(err, "'output_config' must be an object");
-    if (known_keys(oc, "output_config", keys, err)) return -1;
-    json_t *effort = field(oc, "effort"), *format = field(oc, "format");
+    if (server_known_keys(oc, "output_config", keys, err)) return -1;
+    json_t *effort = server_json_field(oc, "effort"), *format = server_json_field(oc, "format");
     const char *e = json_string_value(effort);
     if (effort &&
         !(e && (strcmp(e, "low") == 0 || strcmp(e, "medium") == 0 || strcmp(e, "high") == 0)))
@@ -392,7 +377,7 @@ static int add_output_config(json_t *b, json_t *chat, base_err *err) {
     if (!type || strcmp(type, "json_schema") != 0 || !json_is_object(schema))
         return base_fail(err, "'output_config.format' must be {\"type\": \"json_schema\", "
                               "\"schema\": {...}}");
-    if (known_keys(format, "output_config.format", format_keys, err)) return -1;
+    if (server_known_keys(format, "output_config.format", format_keys, err)) return -1;
     json_object_set_new(chat, "response_format",
                         json_pack("{s:s,s:{s:s,s:O}}", "type", "json_schema", "json_schema", "name",
                                   "output", "schema", schema));
@@ -403,17 +388,18 @@ static int add_output_config(json_t *b, json_t *chat, base_err *err) {
  * taken. */
 static int check_metadata(json_t *b, base_err *err) {
     static const char *const keys[] = {"user_id", NULL};
-    json_t *m = field(b, "metadata");
+    json_t *m = server_json_field(b, "metadata");
     if (!m) return 0;
-    json_t *user = field(m, "user_id");
+    json_t *user = server_json_field(m, "user_id");
     if (!json_is_object(m) || (user && !json_is_string(user)))
         return base_fail(err, "'metadata' must be {\"user_id\": a string}");
-    return known_keys(m, "metadata", keys, err);
+    return server_known_keys(m, "metadata", keys, err);
 }
 
 /* max_tokens (required), stop_sequences, temperature, top_p, top_k and stream. */
 static int add_sampling(json_t *b, json_t *chat, base_err *err) {
-    json_t *max = field(b, "max_tokens"), *stop = field(b, "stop_sequences");
+    json_t *max = server_json_field(b, "max_tokens"),
+           *stop = server_json_field(b, "stop_sequences");
     if (!json_is_integer(max) || json_integer_value(max) < 1)
         return base_fail(err, "'max_tokens' is required: a positive integer");
     json_object_set(chat, "max_tokens", max);
@@ -429,13 +415,14 @@ static int add_sampling(json_t *b, json_t *chat, base_err *err) {
     }
     if (json_array_size(stop)) json_object_set(chat, "stop", stop);
     /* Anthropic's range for temperature; the others the chat code checks by the same name */
-    json_t *temp = field(b, "temperature");
+    json_t *temp = server_json_field(b, "temperature");
     if (temp &&
         !(json_is_number(temp) && json_number_value(temp) >= 0 && json_number_value(temp) <= 1))
         return base_fail(err, "'temperature' must be a number in [0, 1]");
     static const char *const same[] = {"temperature", "top_p", "top_k", "stream"};
     for (size_t k = 0; k < sizeof same / sizeof *same; k++)
-        if (field(b, same[k])) json_object_set(chat, same[k], field(b, same[k]));
+        if (server_json_field(b, same[k]))
+            json_object_set(chat, same[k], server_json_field(b, same[k]));
     return 0;
 }
 
@@ -451,11 +438,11 @@ int server_messages_to_chat(json_t *b, bool counting, server_options *o, json_t 
     *chat = json_pack("{s:[],s:{}}", "messages", "chat_template_kwargs");
     json_t *messages = json_object_get(*chat, "messages");
     json_t *kwargs = json_object_get(*chat, "chat_template_kwargs");
-    if (known_keys(b, "", counting ? count_keys : create_keys, err)) return -1;
+    if (server_known_keys(b, "", counting ? count_keys : create_keys, err)) return -1;
     if (!json_is_string(json_object_get(b, "model")))
         return base_fail(err, "'model' is required: a string");
     if ((!counting && add_sampling(b, *chat, err)) || check_metadata(b, err) ||
-        check_cache(b, "", err) || add_system(field(b, "system"), messages, err) ||
+        check_cache(b, "", err) || add_system(server_json_field(b, "system"), messages, err) ||
         add_messages(json_object_get(b, "messages"), messages, err) || add_tools(b, *chat, err) ||
         add_tool_choice(b, *chat, err) || add_thinking(b, kwargs, o, err) ||
         add_output_config(b, *chat, err))

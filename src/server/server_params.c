@@ -123,6 +123,22 @@ static int schema_grammar(json_t *schema, const char *what, server_params *p, ba
     return rc ? base_fail(err, "'%s': %s", what, e.msg) : 0;
 }
 
+json_t *server_json_field(json_t *o, const char *key) {
+    json_t *v = json_object_get(o, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+int server_known_keys(json_t *o, const char *at, const char *const *keys, base_err *err) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(o, key, v) {
+        size_t k = 0;
+        while (keys[k] && strcmp(key, keys[k]) != 0) k++;
+        if (!keys[k]) return base_fail(err, "'%s%s%s' is not supported", at, *at ? "." : "", key);
+    }
+    return 0;
+}
+
 /* Every key of object o is one of `keys` (n); `what` names o in the error. */
 static int known_keys(json_t *o, const char *what, const char *const *keys, size_t n,
                       base_err *err) {

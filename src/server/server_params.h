@@ -68,6 +68,13 @@ int server_params_parse(json_t *body, server_kind kind, const server_options *o,
                         base_err *err);
 void server_params_free(server_params *p);
 
+/* Member key of o, or NULL where it is absent or JSON null (clients send null for "not
+ * given"). */
+json_t *server_json_field(json_t *o, const char *key);
+/* Every key of object o is one of keys (NULL-ended), else err names the first other one as
+ * "'<at>.<key>' is not supported" (at "" for the body itself). */
+int server_known_keys(json_t *o, const char *at, const char *const *keys, base_err *err);
+
 /* The response object of /tokenize ({"tokens"}), /detokenize ({"content"}) and /apply-template
  * ({"prompt"}) for a request body. *out: caller decrefs. On failure err says what is wrong
  * with the body (the client's fault: a 400). */

@@ -15,23 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static json_t *field(json_t *o, const char *key) {
-    json_t *v = json_object_get(o, key);
-    return json_is_null(v) ? NULL : v;
-}
-
-/* Every key of o is one of keys (NULL-ended); at names o ("" for the body). */
-static int known_keys(json_t *o, const char *at, const char *const *keys, base_err *err) {
-    const char *key;
-    json_t *v;
-    json_object_foreach(o, key, v) {
-        size_t k = 0;
-        while (keys[k] && strcmp(key, keys[k]) != 0) k++;
-        if (!keys[k]) return base_fail(err, "'%s%s%s' is not supported", at, *at ? "." : "", key);
-    }
-    return 0;
-}
-
 static const char *type_of(json_t *o) {
     return json_string_value(json_object_get(o, "type"));
 }
@@ -55,7 +38,7 @@ static int text_parts(json_t *content, const char *at, json_t **parts, base_err 
                              "'%s': '%s' parts are not supported (input_text and output_text are; "
                              "this model takes text only)",
                              where, type ? type : "untyped");
-        if (known_keys(p, where, in ? in_keys : out_keys, err)) return -1;
+        if (server_known_keys(p, where, in ? in_keys : out_keys, err)) return -1;
         json_t *text = json_object_get(p, "text");
         if (!json_is_string(text)) return base_fail(err, "'%s.text' must be a string", where);
         json_array_append_new(*parts, json_pack("{s:s,s:O}", "type", "text", "text", text));
@@ -99,7 +82,7 @@ static json_t *turn(convert *cv, bool fresh) {
 static int message_item(json_t *it, const char *at, convert *cv, base_err *err) {
     static const char *const keys[] = {"type", "role", "content", "id", "status", NULL};
     const char *role = json_string_value(json_object_get(it, "role"));
-    if (known_keys(it, at, keys, err)) return -1;
+    if (server_known_keys(it, at, keys, err)) return -1;
     if (!role) return base_fail(err, "'%s.role' must be a string", at);
     bool assistant = strcmp(role, "assistant") == 0;
     if (!assistant && strcmp(role, "user") != 0 && strcmp(role, "system") != 0 &&
@@ -127,7 +110,7 @@ static int call_item(json_t *it, const char *at, convert *cv, base_err *err) {
                                        "arguments", "status", NULL};
     json_t *id = json_object_get(it, "call_id"), *name = json_object_get(it, "name");
     json_t *args = json_object_get(it, "arguments");
-    if (known_keys(it, at, keys, err)) return -1;
+    if (server_known_keys(it, at, keys, err)) return -1;
     if (!json_is_string(id) || !json_is_string(name) || !json_is_string(args))
         return base_fail(err, "'%s' must have a string 'call_id', 'name' and 'arguments'", at);
     json_t *m = turn(cv, false);
@@ -146,7 +129,7 @@ static int call_item(json_t *it, const char *at, convert *cv, base_err *err) {
 static int call_output_item(json_t *it, const char *at, convert *cv, base_err *err) {
     static const char *const keys[] = {"type", "id", "call_id", "output", "status", NULL};
     json_t *id = json_object_get(it, "call_id"), *content;
-    if (known_keys(it, at, keys, err)) return -1;
+    if (server_known_keys(it, at, keys, err)) return -1;
     if (!json_is_string(id)) return base_fail(err, "'%s.call_id' must be a string", at);
     char where[160];
     snprintf(where, sizeof where, "%s.output", at);
@@ -163,13 +146,13 @@ static int reasoning_item(json_t *it, const char *at, convert *cv, base_err *err
     static const char *const keys[] = {"type",   "id", "summary", "content", "encrypted_content",
                                        "status", NULL};
     static const char *const part_keys[] = {"type", "text", NULL};
-    if (known_keys(it, at, keys, err)) return -1;
-    if (field(it, "encrypted_content"))
+    if (server_known_keys(it, at, keys, err)) return -1;
+    if (server_json_field(it, "encrypted_content"))
         return base_fail(err,
                          "'%s.encrypted_content' is not supported (this server encrypts "
                          "nothing; send the reasoning as content)",
                          at);
-    json_t *content = field(it, "content"), *summary = field(it, "summary");
+    json_t *content = server_json_field(it, "content"), *summary = server_json_field(it, "summary");
     if ((content && !json_is_array(content)) || (summary && !json_is_array(summary)))
         return base_fail(err, "'%s.content' and '%s.summary' must be arrays", at, at);
     size_t i, n = 0;
@@ -186,7 +169,7 @@ static int reasoning_item(json_t *it, const char *at, convert *cv, base_err *err
                 base_fail(err, "'%s' must be {\"type\": \"reasoning_text\", \"text\": ...}", where);
             break;
         }
-        if ((rc = known_keys(p, where, part_keys, err))) break;
+        if ((rc = server_known_keys(p, where, part_keys, err))) break;
         size_t k = json_string_length(text);
         joined = base_xrealloc(joined, n + k + 1);
         memcpy(joined + n, json_string_value(text), k + 1);
@@ -216,7 +199,8 @@ static int add_item(json_t *it, const char *at, convert *cv, base_err *err) {
  * is one user message). */
 static int gather_items(json_t *b, server_store *store, json_t **items, size_t *n_prev,
                         base_err *err) {
-    json_t *prev = field(b, "previous_response_id"), *input = json_object_get(b, "input");
+    json_t *prev = server_json_field(b, "previous_response_id"),
+           *input = json_object_get(b, "input");
     *items = NULL;
     *n_prev = 0;
     if (prev && !json_is_string(prev))
@@ -241,7 +225,7 @@ static int gather_items(json_t *b, server_store *store, json_t **items, size_t *
 
 /* The chat messages of the conversation, after the instructions. */
 static int add_messages(json_t *b, json_t *items, size_t n_prev, json_t *messages, base_err *err) {
-    json_t *ins = field(b, "instructions");
+    json_t *ins = server_json_field(b, "instructions");
     if (ins && !json_is_string(ins)) return base_fail(err, "'instructions' must be a string");
     if (ins)
         json_array_append_new(messages, json_pack("{s:s,s:O}", "role", "system", "content", ins));
@@ -270,17 +254,18 @@ static int add_tool(json_t *t, size_t i, json_t *out, base_err *err) {
     if (strcmp(type, "function") != 0)
         return base_fail(err, "'%s': the built-in tool '%s' is not supported (function tools are)",
                          at, type);
-    if (known_keys(t, at, keys, err)) return -1;
+    if (server_known_keys(t, at, keys, err)) return -1;
     json_t *fn = json_object();
     static const char *const copied[] = {"name", "description", "parameters", "strict"};
     for (size_t k = 0; k < sizeof copied / sizeof *copied; k++)
-        if (field(t, copied[k])) json_object_set(fn, copied[k], field(t, copied[k]));
+        if (server_json_field(t, copied[k]))
+            json_object_set(fn, copied[k], server_json_field(t, copied[k]));
     json_array_append_new(out, json_pack("{s:s,s:o}", "type", "function", "function", fn));
     return 0;
 }
 
 static int add_tools(json_t *b, json_t *chat, base_err *err) {
-    json_t *tools = field(b, "tools");
+    json_t *tools = server_json_field(b, "tools");
     if (!tools) return 0;
     if (!json_is_array(tools)) return base_fail(err, "'tools' must be an array");
     json_t *out = json_array();
@@ -297,7 +282,7 @@ static int add_tools(json_t *b, json_t *chat, base_err *err) {
  * allowed_tools' forms are refused. */
 static int add_tool_choice(json_t *b, json_t *chat, base_err *err) {
     static const char *const keys[] = {"type", "name", NULL};
-    json_t *tc = field(b, "tool_choice");
+    json_t *tc = server_json_field(b, "tool_choice");
     if (!tc) return 0;
     if (json_is_string(tc)) {
         json_object_set(chat, "tool_choice", tc);
@@ -310,7 +295,7 @@ static int add_tool_choice(json_t *b, json_t *chat, base_err *err) {
                          "'tool_choice' must be auto, none, required or {\"type\": "
                          "\"function\", \"name\": ...} (not type '%s')",
                          type ? type : "none");
-    if (known_keys(tc, "tool_choice", keys, err)) return -1;
+    if (server_known_keys(tc, "tool_choice", keys, err)) return -1;
     if (!json_is_string(name)) return base_fail(err, "'tool_choice.name' must be a string");
     json_object_set_new(chat, "tool_choice",
                         json_pack("{s:s,s:{s:O}}", "type", "function", "function", "name", name));
@@ -323,22 +308,22 @@ static int add_text(json_t *b, json_t *chat, base_err *err) {
     static const char *const schema_keys[] = {"type",        "name",   "schema",
                                               "description", "strict", NULL};
     static const char *const plain_keys[] = {"type", NULL};
-    json_t *t = field(b, "text");
+    json_t *t = server_json_field(b, "text");
     if (!t) return 0;
     if (!json_is_object(t)) return base_fail(err, "'text' must be an object");
-    if (known_keys(t, "text", keys, err)) return -1;
-    json_t *f = field(t, "format");
+    if (server_known_keys(t, "text", keys, err)) return -1;
+    json_t *f = server_json_field(t, "format");
     if (!f) return 0;
     const char *type = type_of(f);
     bool schema = type && strcmp(type, "json_schema") == 0;
     if (!schema && !(type && (strcmp(type, "text") == 0 || strcmp(type, "json_object") == 0)))
         return base_fail(err, "'text.format.type' must be text, json_object or json_schema");
-    if (known_keys(f, "text.format", schema ? schema_keys : plain_keys, err)) return -1;
+    if (server_known_keys(f, "text.format", schema ? schema_keys : plain_keys, err)) return -1;
     if (!schema) {
         json_object_set_new(chat, "response_format", json_pack("{s:s}", "type", type));
         return 0;
     }
-    if (!json_is_object(field(f, "schema")))
+    if (!json_is_object(server_json_field(f, "schema")))
         return base_fail(err, "'text.format.schema' must be a JSON Schema object");
     json_t *js = json_deep_copy(f);
     json_object_del(js, "type");
@@ -353,18 +338,18 @@ static int add_text(json_t *b, json_t *chat, base_err *err) {
 static int add_reasoning(json_t *b, json_t *chat, base_err *err) {
     static const char *const keys[] = {"effort", "summary", NULL};
     static const char *const efforts[] = {"none", "minimal", "low", "medium", "high"};
-    json_t *r = field(b, "reasoning");
+    json_t *r = server_json_field(b, "reasoning");
     if (!r) return 0;
     if (!json_is_object(r)) return base_fail(err, "'reasoning' must be an object");
-    if (known_keys(r, "reasoning", keys, err)) return -1;
-    if (field(r, "summary"))
+    if (server_known_keys(r, "reasoning", keys, err)) return -1;
+    if (server_json_field(r, "summary"))
         return base_fail(err, "'reasoning.summary' is not supported (no summaries are written: "
                               "the reasoning comes whole as reasoning_text)");
-    const char *e = json_string_value(field(r, "effort"));
+    const char *e = json_string_value(server_json_field(r, "effort"));
     bool known = false;
     for (size_t i = 0; e && i < sizeof efforts / sizeof *efforts; i++)
         known = known || strcmp(e, efforts[i]) == 0;
-    if (field(r, "effort") && !known)
+    if (server_json_field(r, "effort") && !known)
         return base_fail(err, "'reasoning.effort' must be none, minimal, low, medium or high");
     if (!e) return 0;
     bool on = strcmp(e, "none") != 0;
@@ -376,8 +361,8 @@ static int add_reasoning(json_t *b, json_t *chat, base_err *err) {
 /* max_output_tokens, temperature, top_p, parallel_tool_calls and stream, which the chat code
  * checks under its own names; store and metadata, which change no answer. */
 static int add_plain(json_t *b, json_t *chat, base_err *err) {
-    json_t *max = field(b, "max_output_tokens"), *store = field(b, "store");
-    json_t *meta = field(b, "metadata");
+    json_t *max = server_json_field(b, "max_output_tokens"), *store = server_json_field(b, "store");
+    json_t *meta = server_json_field(b, "metadata");
     if (max && !(json_is_integer(max) && json_integer_value(max) > 0))
         return base_fail(err, "'max_output_tokens' must be a positive integer");
     if (max) json_object_set(chat, "max_tokens", max);
@@ -391,7 +376,8 @@ static int add_plain(json_t *b, json_t *chat, base_err *err) {
     }
     static const char *const same[] = {"temperature", "top_p", "parallel_tool_calls", "stream"};
     for (size_t k = 0; k < sizeof same / sizeof *same; k++)
-        if (field(b, same[k])) json_object_set(chat, same[k], field(b, same[k]));
+        if (server_json_field(b, same[k]))
+            json_object_set(chat, same[k], server_json_field(b, same[k]));
     return 0;
 }
 
@@ -402,34 +388,42 @@ static json_t *echo_fields(json_t *b, const server_options *o) {
     static const char *const keys[] = {"instructions", "max_output_tokens", "previous_response_id"};
     for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
         json_object_set_new(e, keys[k],
-                            field(b, keys[k]) ? json_deep_copy(field(b, keys[k])) : json_null());
+                            server_json_field(b, keys[k])
+                                ? json_deep_copy(server_json_field(b, keys[k]))
+                                : json_null());
     json_object_set_new(e, "tools",
-                        field(b, "tools") ? json_deep_copy(field(b, "tools")) : json_array());
+                        server_json_field(b, "tools")
+                            ? json_deep_copy(server_json_field(b, "tools"))
+                            : json_array());
     json_object_set_new(e, "tool_choice",
-                        field(b, "tool_choice") ? json_deep_copy(field(b, "tool_choice"))
-                                                : json_string("auto"));
+                        server_json_field(b, "tool_choice")
+                            ? json_deep_copy(server_json_field(b, "tool_choice"))
+                            : json_string("auto"));
     json_object_set_new(e, "parallel_tool_calls",
-                        json_boolean(!json_is_false(field(b, "parallel_tool_calls"))));
+                        json_boolean(!json_is_false(server_json_field(b, "parallel_tool_calls"))));
     json_object_set_new(e, "temperature",
-                        field(b, "temperature") ? json_copy(field(b, "temperature"))
-                                                : json_real(o->defaults.temperature));
+                        server_json_field(b, "temperature")
+                            ? json_copy(server_json_field(b, "temperature"))
+                            : json_real(o->defaults.temperature));
     json_object_set_new(e, "top_p",
-                        field(b, "top_p") ? json_copy(field(b, "top_p"))
-                                          : json_real(o->defaults.top_p));
-    json_t *text = field(json_object_get(b, "text"), "format");
+                        server_json_field(b, "top_p") ? json_copy(server_json_field(b, "top_p"))
+                                                      : json_real(o->defaults.top_p));
+    json_t *text = server_json_field(json_object_get(b, "text"), "format");
     json_object_set_new(
         e, "text",
         json_pack("{s:o}", "format",
                   text ? json_deep_copy(text) : json_pack("{s:s}", "type", "text")));
     json_object_set_new(e, "reasoning",
                         json_pack("{s:O,s:n}", "effort",
-                                  field(json_object_get(b, "reasoning"), "effort")
-                                      ? field(json_object_get(b, "reasoning"), "effort")
+                                  server_json_field(json_object_get(b, "reasoning"), "effort")
+                                      ? server_json_field(json_object_get(b, "reasoning"), "effort")
                                       : json_null(),
                                   "summary"));
-    json_object_set_new(e, "store", json_boolean(!json_is_false(field(b, "store"))));
-    json_object_set_new(
-        e, "metadata", field(b, "metadata") ? json_deep_copy(field(b, "metadata")) : json_object());
+    json_object_set_new(e, "store", json_boolean(!json_is_false(server_json_field(b, "store"))));
+    json_object_set_new(e, "metadata",
+                        server_json_field(b, "metadata")
+                            ? json_deep_copy(server_json_field(b, "metadata"))
+                            : json_object());
     return e;
 }
 
@@ -454,7 +448,7 @@ int server_responses_to_chat(json_t *b, const server_options *o, server_store *s
     *chat = json_pack("{s:[]}", "messages");
     *echo = *input = NULL;
     size_t n_prev;
-    if (known_keys(b, "", keys, err)) return -1;
+    if (server_known_keys(b, "", keys, err)) return -1;
     if (!json_is_string(json_object_get(b, "model")))
         return base_fail(err, "'model' is required: a string");
     if (add_plain(b, *chat, err) || add_tools(b, *chat, err) || add_tool_choice(b, *chat, err) ||
@@ -487,10 +481,11 @@ enum MHD_Result server_route_responses(server *s, struct MHD_Connection *c, cons
         json_decref(input);
         return server_reply_error(s, c, 400, "invalid_request_error", "%s", err.msg);
     }
-    server_responses_req r = {.model_id = s->o.model_id,
-                              .echo = echo,
-                              .input = input,
-                              .store = json_is_false(field(body, "store")) ? NULL : s->responses};
+    server_responses_req r = {
+        .model_id = s->o.model_id,
+        .echo = echo,
+        .input = input,
+        .store = json_is_false(server_json_field(body, "store")) ? NULL : s->responses};
     server_writer w = server_responses_writer(&r);
     json_decref(chat);
     return server_generate(s, c, version, &p, &w, x);
