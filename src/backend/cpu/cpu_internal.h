@@ -93,10 +93,11 @@ extern const cpu_ikernels cpu_ikernels_avx512vnni;
 
 /* Weights repacked at load for the integer dots: tiles of CPU_PACK_ROWS weight rows, the last
  * padded with zero rows. Tile t (cpu_pack_tile_bytes apart) holds rows [t * CPU_PACK_ROWS,
- * (t + 1) * CPU_PACK_ROWS): first, group by group, the tile's rows' codes of that group side by
- * side (row j's group gi at (gi * CPU_PACK_ROWS + j) * g * bits / 8); then the rows' scales as
- * f32, (CPU_PACK_ROWS, in / g); then their biases likewise. The values are those of the
- * linear's own layout (scales widened exactly), so both layouts give the same bits. */
+ * (t + 1) * CPU_PACK_ROWS): the rows' scales as f32, (CPU_PACK_ROWS, in / g), then their
+ * biases likewise, then, group by group, the rows' codes of that group side by side (row j's
+ * group gi at (gi * CPU_PACK_ROWS + j) * g * bits / 8). Scales first, so that a tile is read
+ * front to back. The values are those of the linear's own layout (scales widened exactly), so
+ * both layouts give the same bits. */
 #define CPU_PACK_ROWS CPU_IDOT_WROWS
 
 /* Whether pack_linear repacks w: the affine 4- and 8-bit weights, which take the integer

@@ -264,10 +264,10 @@ static void mm_idot_weights(const mm_ctx *c, int64_t o, int nw, int64_t g0, int6
     const be_linear *w = c->w;
     int64_t n_groups = w->in / w->group_size, gbytes = w->group_size * w->bits / 8;
     if (w->packed) {
-        const uint8_t *tile =
-            (const uint8_t *)w->packed + (size_t)(o / CPU_PACK_ROWS) * cpu_pack_tile_bytes(w);
-        const float *ts = (const float *)(tile + (size_t)(n_groups * CPU_PACK_ROWS * gbytes));
-        a->w = tile + g0 * CPU_PACK_ROWS * gbytes;
+        const float *ts = (const float *)((const uint8_t *)w->packed +
+                                          (size_t)(o / CPU_PACK_ROWS) * cpu_pack_tile_bytes(w));
+        const uint8_t *codes = (const uint8_t *)(ts + 2 * CPU_PACK_ROWS * n_groups);
+        a->w = codes + g0 * CPU_PACK_ROWS * gbytes;
         a->ldw = gbytes;
         a->ldg = CPU_PACK_ROWS * gbytes;
         a->s = ts + g0;

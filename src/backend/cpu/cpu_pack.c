@@ -47,16 +47,16 @@ static void pack_tile(void *vctx, int64_t t) {
     int64_t n_groups = w->in / w->group_size;
     size_t gbytes = (size_t)w->group_size * (size_t)w->bits / 8;
     size_t row_bytes = (size_t)n_groups * gbytes;
-    uint8_t *tile = c->dst + (size_t)t * cpu_pack_tile_bytes(w);
-    float *scales = (float *)(tile + CPU_PACK_ROWS * row_bytes);
+    float *scales = (float *)(c->dst + (size_t)t * cpu_pack_tile_bytes(w));
     float *biases = scales + CPU_PACK_ROWS * n_groups;
-    memset(tile, 0, cpu_pack_tile_bytes(w));
+    uint8_t *codes = (uint8_t *)(biases + CPU_PACK_ROWS * n_groups);
+    memset(scales, 0, cpu_pack_tile_bytes(w));
     for (int j = 0; j < CPU_PACK_ROWS; j++) {
         int64_t o = t * CPU_PACK_ROWS + j;
         if (o >= w->out) break;
         const uint8_t *row = (const uint8_t *)w->weight + (size_t)o * row_bytes;
         for (int64_t gi = 0; gi < n_groups; gi++)
-            memcpy(tile + ((size_t)gi * CPU_PACK_ROWS + (size_t)j) * gbytes, row + gi * gbytes,
+            memcpy(codes + ((size_t)gi * CPU_PACK_ROWS + (size_t)j) * gbytes, row + gi * gbytes,
                    gbytes);
         pack_widen(c, w->scales, o, scales + j * n_groups);
         pack_widen(c, w->biases, o, biases + j * n_groups);
