@@ -127,8 +127,8 @@ static inline __attribute__((always_inline)) void ia5_idot(int bits, const cpu_i
             }
         }
     } else if (a->nr == CPU_IDOT_ROWS) {
-        /* Pairs of weight rows: 2 x 4 int32 and f32 accumulators and the operands fill the 32
-         * registers. */
+        /* Pairs of weight rows: a whole tile by 4 rows of x would need 32 accumulators (int32
+         * and f32), all 32 registers before the operands. */
         int j = 0;
         for (; j + 2 <= a->nw; j += 2) ia5_rows(bits, a, j, 2, CPU_IDOT_ROWS, out);
         if (j < a->nw) ia5_rows(bits, a, j, 1, CPU_IDOT_ROWS, out);
