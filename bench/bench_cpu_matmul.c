@@ -3,7 +3,9 @@
  * groups of 64 with bf16 scales. In one thread times are the thread's CPU time, best of
  * ROUNDS rounds of CALLS calls: on a machine shared with other work that is what stays
  * comparable between two builds run in turns (wall time counts the other work's slices too);
- * with more threads they are wall time. Weights are malloc'd, not a checkpoint's mmap.
+ * with more threads they are wall time. Weights are malloc'd, not a checkpoint's mmap. Each
+ * shape runs on the linear's own layout and, where the backend repacks it as a model's load
+ * does (pack_linear), on the packed copy.
  *
  *   build/bench/bench_cpu_matmul [BITS] [ROWS] [THREADS]   (defaults: both widths, 1 and 128
  *                                                            rows, 1 thread) */
@@ -33,8 +35,10 @@ static uint8_t rand_byte(void) {
     return (uint8_t)(rng >> 32);
 }
 
-/* Best seconds per call of y = x W^T for a random out x in weight of `bits`. */
-static double time_matmul(be_backend *be, int bits, int64_t out, int64_t in, int64_t n, int calls) {
+/* Best seconds per call of y = x W^T for a random out x in weight of `bits`, repacked first
+ * with `pack`; -1 where the backend does not repack it. */
+static double time_matmul(be_backend *be, int bits, int64_t out, int64_t in, int64_t n, int calls,
+                          bool pack) {
     size_t wbytes = (size_t)(out * in * bits / 8), ng = (size_t)(out * in / GROUP);
     uint8_t *w = malloc(wbytes);
     uint16_t *s = malloc(ng * sizeof(uint16_t)), *b = malloc(ng * sizeof(uint16_t));
@@ -56,7 +60,12 @@ static double time_matmul(be_backend *be, int bits, int64_t out, int64_t in, int
     be_tensor xt = {x, BASE_DTYPE_F32, n, in}, yt = {y, BASE_DTYPE_F32, n, out};
     base_err err = {{0}};
     double best = 1e30;
-    for (int round = 0; round <= ROUNDS; round++) {
+    if (pack && be->ops->pack_linear && be->ops->pack_linear(be, &lin, &err)) {
+        fprintf(stderr, "bench_cpu_matmul: %s\n", err.msg);
+        exit(1);
+    }
+    if (pack && !lin.packed) best = -1;
+    for (int round = 0; round <= ROUNDS && best >= 0; round++) {
         double t0 = thread_seconds();
         for (int c = 0; c < calls; c++) {
             if (be->ops->matmul(be, &xt, &lin, &yt, &err)) {
@@ -67,6 +76,7 @@ static double time_matmul(be_backend *be, int bits, int64_t out, int64_t in, int
         double t = (thread_seconds() - t0) / calls;
         if (round > 0 && t < best) best = t; /* round 0 warms the caches and pages */
     }
+    if (lin.packed) be->ops->free(be, (void *)lin.packed);
     free(w);
     free(s);
     free(b);
@@ -96,8 +106,8 @@ int main(int argc, char **argv) {
     }
     printf("device: %s (cpu backend, 1 thread); commit %s; group %d, bf16 scales\n\n", be->device,
            MLXCEL_GIT_COMMIT, GROUP);
-    printf("| bits | matmul  |    out |   in | rows |  ms/call |   figure      |\n");
-    printf("|------|---------|--------|------|------|----------|---------------|\n");
+    printf("| bits | matmul  |    out |   in | rows | layout |  ms/call |   figure      |\n");
+    printf("|------|---------|--------|------|------|--------|----------|---------------|\n");
     static const int bits[] = {4, 8};
     static const int64_t rows[] = {1, 128};
     for (int bi = 0; bi < 2; bi++) {
@@ -105,21 +115,19 @@ int main(int argc, char **argv) {
         for (int ri = 0; ri < 2; ri++) {
             if (only_rows && rows[ri] != only_rows) continue;
             for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
-                int64_t out = shapes[k].out, in = shapes[k].in, n = rows[ri];
-                double macs = (double)out * (double)in * (double)n;
-                int calls = macs > 4e9 ? 1 : macs > 1e8 ? 3 : 20;
-                double t = time_matmul(be, bits[bi], out, in, n, calls);
-                double bytes = (double)out * (double)in * bits[bi] / 8;
-                if (n == 1) {
-                    printf("| %4d | %-7s | %6lld | %4lld | %4lld | %8.3f | %7.2f GB/s  |\n",
+                for (int pack = 0; pack < 2; pack++) {
+                    int64_t out = shapes[k].out, in = shapes[k].in, n = rows[ri];
+                    double macs = (double)out * (double)in * (double)n;
+                    int calls = macs > 4e9 ? 1 : macs > 1e8 ? 3 : 20;
+                    double t = time_matmul(be, bits[bi], out, in, n, calls, pack);
+                    if (t < 0) continue;
+                    double bytes = (double)out * (double)in * bits[bi] / 8;
+                    double fig = n == 1 ? bytes / t / 1e9 : macs / t / 1e9;
+                    printf("| %4d | %-7s | %6lld | %4lld | %4lld | %-6s | %8.3f | %7.2f %s |\n",
                            bits[bi], shapes[k].what, (long long)out, (long long)in, (long long)n,
-                           1e3 * t, bytes / t / 1e9);
-                } else {
-                    printf("| %4d | %-7s | %6lld | %4lld | %4lld | %8.3f | %7.2f GMAC/s |\n",
-                           bits[bi], shapes[k].what, (long long)out, (long long)in, (long long)n,
-                           1e3 * t, macs / t / 1e9);
+                           pack ? "packed" : "own", 1e3 * t, fig, n == 1 ? "GB/s  " : "GMAC/s");
+                    fflush(stdout);
                 }
-                fflush(stdout);
             }
         }
     }

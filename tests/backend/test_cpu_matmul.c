@@ -8,7 +8,9 @@
  * 4 and 8 bits run on integer dots over x quantized per group to int16: against a reference
  * given the same quantized x (each group's codes round(x * 32767 / max|x|)) the bound is still
  * 1e-5; against x itself the rounding adds about 1e-5 (uniform x), so that bound is 4e-5. Their
- * rows must also come out the same bits alone as among 7 others, whatever the thread count. */
+ * rows must also come out the same bits alone as among 7 others, whatever the thread count,
+ * and the same bits from the weights repacked at load (45 rows: a tile of 4 left partial) as
+ * from the linear's own layout. */
 #include "cpu_test_util.h"
 
 #include <math.h>
@@ -200,6 +202,71 @@ static void check_batch_invariance(tu_backends *bk, mat *m, const char *what) {
     free(first);
 }
 
+/* The linear repacked as at load (by the first backend: every instruction set reads the same
+ * layout) gives each backend exactly the bits of the linear's own layout, with and without the
+ * bias, at row counts below, at and past the blocks of 4 and 16 rows; then the packed copy
+ * passes the reference and batch-invariance checks the original does. */
+static void check_packed(tu_backends *bk, mat *m, const char *what) {
+    static const int64_t ns[] = {1, 2, 4, 5, 9, 17};
+    be_backend *owner = bk->be[0];
+    be_linear p = m->lin;
+    base_err err = {{0}};
+    CHECK_MSG(owner->ops->pack_linear(owner, &p, &err) == 0 && p.packed, "%s: pack_linear: %s",
+              what, err.msg);
+    if (!p.packed) return;
+    char pwhat[80];
+    snprintf(pwhat, sizeof pwhat, "%s packed", what);
+    int64_t in = m->lin.in, out = m->lin.out;
+    for (int ni = 0; ni < 6; ni++) {
+        int64_t n = ns[ni];
+        float *x = tu_randf((size_t)(n * in), -1, 1);
+        float *y0 = malloc((size_t)(n * out) * sizeof(float));
+        float *y1 = malloc((size_t)(n * out) * sizeof(float));
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            be_linear u = m->lin;
+            u.bias = p.bias = with_bias ? m->bias : NULL;
+            for (int i = 0; i < bk->n; i++) {
+                be_backend *be = bk->be[i];
+                be_tensor xt = {x, BASE_DTYPE_F32, n, in};
+                be_tensor yt0 = {y0, BASE_DTYPE_F32, n, out}, yt1 = {y1, BASE_DTYPE_F32, n, out};
+                CHECK(be->ops->matmul(be, &xt, &u, &yt0, &err) == 0);
+                CHECK(be->ops->matmul(be, &xt, &p, &yt1, &err) == 0);
+                CHECK_MSG(memcmp(y0, y1, (size_t)(n * out) * sizeof(float)) == 0,
+                          "%s n=%lld bias=%d on %s: differs from the unpacked layout", pwhat,
+                          (long long)n, with_bias, bk->label[i]);
+            }
+        }
+        free(x);
+        free(y0);
+        free(y1);
+    }
+    mat mp = *m;
+    mp.lin.packed = p.packed;
+    check_matmul(bk, &mp, 5, pwhat);
+    check_batch_invariance(bk, &mp, pwhat);
+    owner->ops->free(owner, (void *)p.packed);
+}
+
+/* pack_linear repacks only what the integer dots read: other widths and dense weights keep
+ * packed NULL (their kernels read the linear's own layout). */
+static void test_pack_skips(tu_backends *bk) {
+    be_backend *be = bk->be[0];
+    static const int bits[] = {0, 2, 3, 5, 6};
+    for (int bi = 0; bi < 5; bi++) {
+        mat m;
+        if (bits[bi]) {
+            mat_quant(&m, 9, 128, bits[bi], 64, BASE_DTYPE_BF16);
+        } else {
+            mat_dense(&m, 9, 128, BASE_DTYPE_BF16);
+        }
+        base_err err = {{0}};
+        be_linear p = m.lin;
+        CHECK(be->ops->pack_linear(be, &p, &err) == 0);
+        CHECK_MSG(p.packed == NULL, "bits %d: packed", bits[bi]);
+        mat_free(&m);
+    }
+}
+
 /* The integer dots at odd row counts and past their blocks of CPU_IDOT_ROWS and 16 rows. */
 static void test_integer_dots(tu_backends *bk) {
     static const int bits[] = {4, 8};
@@ -213,6 +280,7 @@ static void test_integer_dots(tu_backends *bk) {
             snprintf(what, sizeof what, "idot q%d g%d", bits[bi], groups[gi]);
             for (int ni = 0; ni < 4; ni++) check_matmul(bk, &m, ns[ni], what);
             check_batch_invariance(bk, &m, what);
+            check_packed(bk, &m, what);
             mat_free(&m);
         }
     }
@@ -247,6 +315,7 @@ static void test_quantized_long_rows(tu_backends *bk) {
         mat_quant(&m, 19, 4096, bits[bi], 32, BASE_DTYPE_BF16);
         check_matmul(bk, &m, 1, "long row");
         check_matmul(bk, &m, 5, "long row");
+        if (uses_idot(&m)) check_packed(bk, &m, "long row");
         mat_free(&m);
     }
 }
@@ -336,6 +405,7 @@ int main(void) {
     test_quantized(&bk);
     test_quantized_long_rows(&bk);
     test_integer_dots(&bk);
+    test_pack_skips(&bk);
     test_dense(&bk);
     if (bk.n) test_errors(bk.be[bk.n - 1]);
     tu_backends_close(&bk);

@@ -153,6 +153,7 @@ static const be_ops cpu_ops = {
     .download_async = cpu_memcpy,
     .copy = cpu_memcpy,
     .map_weights = cpu_map_weights,
+    .pack_linear = cpu_pack_linear,
     .sync = cpu_sync,
     .memory_info = cpu_memory_info,
     .embedding = cpu_embedding,

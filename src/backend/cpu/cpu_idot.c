@@ -37,8 +37,9 @@ static void port_quant_x(const float *x, int64_t in, int bits, int g, int16_t *c
     cpu_quant_x_span(x, in, g, 0, codes, d, sums);
 }
 
-static inline unsigned port_q(int bits, const uint8_t *w, int64_t k) {
-    return bits == 8 ? w[k] : (unsigned)(w[k / 2] >> (4 * (k % 2))) & 15u;
+/* Value i of a group's codes. */
+static inline unsigned port_q(int bits, const uint8_t *w, int i) {
+    return bits == 8 ? w[i] : (unsigned)(w[i / 2] >> (4 * (i % 2))) & 15u;
 }
 
 static void port_idot(int bits, const cpu_idot_args *a, float *out) {
@@ -49,10 +50,8 @@ static void port_idot(int bits, const cpu_idot_args *a, float *out) {
             float acc = 0.0f;
             for (int64_t gi = 0; gi < a->n_groups; gi++) {
                 int32_t t = 0;
-                for (int i = 0; i < a->g; i++) {
-                    int64_t k = gi * a->g + i;
-                    t += (int32_t)port_q(bits, w, k) * c[k];
-                }
+                for (int i = 0; i < a->g; i++)
+                    t += (int32_t)port_q(bits, w + gi * a->ldg, i) * c[gi * a->g + i];
                 acc += (float)t * (a->s[j * a->lds + gi] * a->d[r * a->ldd + gi]);
             }
             out[j * CPU_IDOT_ROWS + r] = acc;

@@ -41,9 +41,8 @@ static inline __attribute__((always_inline)) void ia2_rows(int bits, const cpu_i
     int g = a->g;
     __m256 f[CPU_IDOT_ROWS];
     for (int r = 0; r < nr; r++) f[r] = _mm256_setzero_ps();
-    int64_t gbytes = (int64_t)g * bits / 8;
     for (int64_t gi = 0; gi < a->n_groups; gi++) {
-        const uint8_t *wg = w + gi * gbytes;
+        const uint8_t *wg = w + gi * a->ldg;
         const int16_t *cg = a->codes + gi * g;
         _mm_prefetch((const char *)wg + CPU_PREFETCH, _MM_HINT_T0);
         __m256i acc[CPU_IDOT_ROWS];

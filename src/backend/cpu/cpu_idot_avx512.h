@@ -31,7 +31,6 @@ static inline __attribute__((always_inline)) void ia5_rows(int bits, const cpu_i
     const float *s = a->s + j0 * a->lds;
     const __m512i m15 = _mm512_set1_epi16(15);
     int g = a->g;
-    int64_t gbytes = (int64_t)g * bits / 8;
     __m512 f[CPU_IDOT_WROWS][CPU_IDOT_ROWS];
     for (int j = 0; j < nw; j++)
         for (int r = 0; r < nr; r++) f[j][r] = _mm512_setzero_ps();
@@ -39,13 +38,13 @@ static inline __attribute__((always_inline)) void ia5_rows(int bits, const cpu_i
         const int16_t *cg = a->codes + gi * g;
         __m512i acc[CPU_IDOT_WROWS][CPU_IDOT_ROWS];
         for (int j = 0; j < nw; j++) {
-            _mm_prefetch((const char *)(w + j * a->ldw + gi * gbytes) + CPU_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)(w + j * a->ldw + gi * a->ldg) + CPU_PREFETCH, _MM_HINT_T0);
             for (int r = 0; r < nr; r++) acc[j][r] = _mm512_setzero_si512();
         }
         for (int i = 0; i < g; i += 64) {
             __m512i q0[CPU_IDOT_WROWS], q1[CPU_IDOT_WROWS];
             for (int j = 0; j < nw; j++) {
-                const uint8_t *p = w + j * a->ldw + gi * gbytes + i * bits / 8;
+                const uint8_t *p = w + j * a->ldw + gi * a->ldg + i * bits / 8;
                 if (bits == 4) {
                     __m512i q = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
                     q0[j] = _mm512_and_si512(q, m15);
@@ -92,9 +91,8 @@ static inline __attribute__((always_inline)) void ia5_rows_g32(int bits, const c
     const float *s = a->s + j * a->lds;
     __m256 f[CPU_IDOT_ROWS];
     for (int r = 0; r < nr; r++) f[r] = _mm256_setzero_ps();
-    int64_t gbytes = 32 * bits / 8;
     for (int64_t gi = 0; gi < a->n_groups; gi++) {
-        const uint8_t *wg = w + gi * gbytes;
+        const uint8_t *wg = w + gi * a->ldg;
         const int16_t *cg = a->codes + gi * 32;
         _mm_prefetch((const char *)wg + CPU_PREFETCH, _MM_HINT_T0);
         __m256i q0, q1;
@@ -128,20 +126,22 @@ static inline __attribute__((always_inline)) void ia5_idot(int bits, const cpu_i
                 ia5_rows_g32(bits, a, j, 1, out);
             }
         }
-    } else if (a->nw == CPU_IDOT_WROWS && a->nr == CPU_IDOT_ROWS) {
-        ia5_rows(bits, a, 0, CPU_IDOT_WROWS, CPU_IDOT_ROWS, out);
+    } else if (a->nr == CPU_IDOT_ROWS) {
+        /* Pairs of weight rows: a whole tile by 4 rows of x would need 32 accumulators (int32
+         * and f32), all 32 registers before the operands. */
+        int j = 0;
+        for (; j + 2 <= a->nw; j += 2) ia5_rows(bits, a, j, 2, CPU_IDOT_ROWS, out);
+        if (j < a->nw) ia5_rows(bits, a, j, 1, CPU_IDOT_ROWS, out);
+    } else if (a->ldw < a->ldg && a->nw == CPU_IDOT_WROWS) {
+        /* A packed tile's rows side by side: one stream, each step of x's codes loaded once
+         * for the four rows, four independent accumulator chains. */
+        ia5_rows(bits, a, 0, CPU_IDOT_WROWS, 1, out);
     } else {
-        /* One weight row at a time otherwise: with one row of x (decode) a pair has nothing
-         * to share, and each row streams on its own with its prefetch ahead of it (a pair put
+        /* Rows apart, one at a time: with one row of x a pair of separate rows has nothing to
+         * share, and each row streams on its own with its prefetch ahead of it (a pair put
          * one row's prefetch onto the other's lines when rows are 2 KiB: 8-bit decode lost a
          * third to the f32 kernels it replaced). */
-        for (int j = 0; j < a->nw; j++) {
-            if (a->nr == CPU_IDOT_ROWS) {
-                ia5_rows(bits, a, j, 1, CPU_IDOT_ROWS, out);
-            } else {
-                ia5_rows(bits, a, j, 1, 1, out);
-            }
-        }
+        for (int j = 0; j < a->nw; j++) ia5_rows(bits, a, j, 1, 1, out);
     }
 }
 

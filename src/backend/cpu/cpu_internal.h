@@ -50,13 +50,17 @@ void cpu_deq_bits(int bits, const uint8_t *w, const float *s, const float *b, in
  * A row's result depends only on that row and the weight, never on how many rows share the
  * call: the server's same-seed guarantee needs decode and prefill to agree to the bit. */
 #define CPU_IDOT_ROWS  4 /* rows of x that one idot call may take together */
-#define CPU_IDOT_WROWS 2 /* weight rows that one idot call may take together */
+#define CPU_IDOT_WROWS 4 /* weight rows that one idot call may take: a packed tile's */
 #define CPU_XQ_MAX     32767
 
-/* One idot call: nw weight rows against nr rows of x over n_groups groups of g values. */
+/* One idot call: nw weight rows against nr rows of x over n_groups groups of g values. A
+ * linear's own layout has rows ldw = in * bits / 8 bytes apart and groups ldg = g * bits / 8;
+ * a packed tile (cpu_pack.c) has its rows' groups side by side: ldw = g * bits / 8 and
+ * ldg = CPU_PACK_ROWS * ldw, so one contiguous stream feeds every row of the tile. */
 typedef struct cpu_idot_args {
-    const uint8_t *w; /* (nw) rows of packed codes, ldw bytes apart */
+    const uint8_t *w; /* (nw) rows of codes, ldw bytes apart, their groups ldg apart */
     int64_t ldw;
+    int64_t ldg;
     const float *s; /* (nw, n_groups) the weight rows' scales, lds apart */
     int64_t lds;
     const int16_t *codes; /* (nr) rows of x's codes, ldc apart */
@@ -65,7 +69,7 @@ typedef struct cpu_idot_args {
     int64_t ldd;
     int64_t n_groups;
     int g;
-    int nw; /* 1 or CPU_IDOT_WROWS */
+    int nw; /* 1 to CPU_IDOT_WROWS */
     int nr; /* 1 or CPU_IDOT_ROWS */
 } cpu_idot_args;
 
@@ -86,6 +90,27 @@ extern const cpu_ikernels cpu_ikernels_avx2;
 extern const cpu_ikernels cpu_ikernels_avx512;
 extern const cpu_ikernels cpu_ikernels_avx512vnni;
 #endif
+
+/* Weights repacked at load for the integer dots: tiles of CPU_PACK_ROWS weight rows, the last
+ * padded with zero rows. Tile t holds rows [t * CPU_PACK_ROWS, (t + 1) * CPU_PACK_ROWS): its
+ * codes (cpu_pack_codes), group by group the rows' codes of that group side by side (row j's
+ * group gi at (gi * CPU_PACK_ROWS + j) * g * bits / 8), and its scales (cpu_pack_scales), the
+ * rows' scales as f32, (CPU_PACK_ROWS, in / g), then their biases likewise. Every tile's codes
+ * come first, back to back, and every tile's scales after them: with each tile's scales in
+ * front of its codes the stream had a gap every few KiB, and decode from DRAM ran at half the
+ * speed (bench/RESULTS.md). The values are those of the linear's own layout (scales widened
+ * exactly), so both layouts give the same bits. */
+#define CPU_PACK_ROWS CPU_IDOT_WROWS
+
+/* Whether pack_linear repacks w: the affine 4- and 8-bit weights, which take the integer
+ * dots. */
+bool cpu_packs(const be_linear *w);
+/* Tile t's codes and scales in w->packed. */
+const uint8_t *cpu_pack_codes(const be_linear *w, int64_t t);
+const float *cpu_pack_scales(const be_linear *w, int64_t t);
+/* be_ops.pack_linear: w->packed gets a buffer in the layout above (freed with free), or stays
+ * NULL where w is not repacked or memory is short. */
+int cpu_pack_linear(be_backend *be, be_linear *w, base_err *err);
 
 /* Quantizes one row of x for the integer dots; codes are stored in natural order, or, with
  * span > 0, each span of values as its even-indexed values then its odd ones (the order in

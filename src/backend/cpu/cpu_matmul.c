@@ -255,29 +255,55 @@ static bool mm_uses_idot(const be_linear *w) {
     return (w->bits == 4 || w->bits == 8) && w->quant != BE_QUANT_MXFP4;
 }
 
-/* y[r][o] for weight rows [o, o + nw) (nw at most CPU_IDOT_WROWS) and rows [r0, r0 + nr) of
- * x (nr at most CPU_IDOT_XBLOCK), by the integer dots. Rows of x go CPU_IDOT_ROWS at a time
- * and the rest one by one, which idot promises gives the same bits, as nw does. */
+/* Where one chunk of groups [g0, g0 + ng) of weight rows [o, o + nw) lies for the integer
+ * dots: a's codes, strides and scales, and each row's biases in b[j]. A packed tile holds them
+ * as they are; the linear's own layout has its scales converted into s and sb. */
+static void mm_idot_weights(const mm_ctx *c, int64_t o, int nw, int64_t g0, int64_t ng,
+                            cpu_idot_args *a, float (*s)[CPU_GROUP_CHUNK],
+                            float (*sb)[CPU_GROUP_CHUNK], const float **b) {
+    const be_linear *w = c->w;
+    int64_t n_groups = w->in / w->group_size, gbytes = w->group_size * w->bits / 8;
+    if (w->packed) {
+        const uint8_t *codes = cpu_pack_codes(w, o / CPU_PACK_ROWS);
+        const float *ts = cpu_pack_scales(w, o / CPU_PACK_ROWS);
+        a->w = codes + g0 * CPU_PACK_ROWS * gbytes;
+        a->ldw = gbytes;
+        a->ldg = CPU_PACK_ROWS * gbytes;
+        a->s = ts + g0;
+        a->lds = n_groups;
+        for (int j = 0; j < nw; j++) b[j] = ts + (CPU_PACK_ROWS + j) * n_groups + g0;
+        return;
+    }
+    for (int j = 0; j < nw; j++) {
+        mm_scales(c->k, w, o + j, g0, ng, s[j], sb[j]);
+        b[j] = sb[j];
+    }
+    a->w = (const uint8_t *)w->weight + (size_t)o * mm_row_bytes(w) + (size_t)(g0 * gbytes);
+    a->ldw = (int64_t)mm_row_bytes(w);
+    a->ldg = gbytes;
+    a->s = s[0];
+    a->lds = CPU_GROUP_CHUNK;
+}
+
+/* A task's weight rows start a packed tile, and each idot call takes rows of one tile. */
+_Static_assert(CPU_GEMV_ROWS % CPU_PACK_ROWS == 0, "tasks must start on a packed tile");
+
+/* y[r][o] for weight rows [o, o + nw) (o a multiple of CPU_PACK_ROWS, nw at most it) and
+ * rows [r0, r0 + nr) of x (nr at most CPU_IDOT_XBLOCK), by the integer dots. Rows of x go
+ * CPU_IDOT_ROWS at a time and the rest one by one, which idot promises gives the same bits, as
+ * nw and the layout do. */
 static void mm_idot_rows(const mm_ctx *c, int64_t o, int nw, int64_t r0, int64_t nr) {
     const be_linear *w = c->w;
     int g = w->group_size;
     int64_t n_groups = w->in / g;
-    const uint8_t *row = (const uint8_t *)w->weight + (size_t)o * mm_row_bytes(w);
     float acc[CPU_IDOT_WROWS][CPU_IDOT_XBLOCK] = {{0}}, part[CPU_IDOT_WROWS * CPU_IDOT_ROWS];
-    float s[CPU_IDOT_WROWS][CPU_GROUP_CHUNK], b[CPU_IDOT_WROWS][CPU_GROUP_CHUNK];
+    float s[CPU_IDOT_WROWS][CPU_GROUP_CHUNK], sb[CPU_IDOT_WROWS][CPU_GROUP_CHUNK];
+    const float *b[CPU_IDOT_WROWS];
     void (*idot)(const cpu_idot_args *, float *) = w->bits == 4 ? c->ik->idot4 : c->ik->idot8;
     for (int64_t g0 = 0; g0 < n_groups; g0 += CPU_GROUP_CHUNK) {
         int64_t ng = n_groups - g0 < CPU_GROUP_CHUNK ? n_groups - g0 : CPU_GROUP_CHUNK;
-        for (int j = 0; j < nw; j++) mm_scales(c->k, w, o + j, g0, ng, s[j], b[j]);
-        cpu_idot_args a = {.w = row + (size_t)(g0 * g) * (size_t)w->bits / 8,
-                           .ldw = (int64_t)mm_row_bytes(w),
-                           .s = s[0],
-                           .lds = CPU_GROUP_CHUNK,
-                           .ldc = w->in,
-                           .ldd = n_groups,
-                           .n_groups = ng,
-                           .g = g,
-                           .nw = nw};
+        cpu_idot_args a = {.ldc = w->in, .ldd = n_groups, .n_groups = ng, .g = g, .nw = nw};
+        mm_idot_weights(c, o, nw, g0, ng, &a, s, sb, b);
         for (int64_t r = 0; r < nr; r += a.nr) {
             a.nr = nr - r >= CPU_IDOT_ROWS ? CPU_IDOT_ROWS : 1;
             a.codes = c->xc + (r0 + r) * w->in + g0 * g;
