@@ -282,23 +282,6 @@ static int add_tool(json_t *t, size_t i, json_t *out, base_err *err) {
     return 0;
 }
 
-static int add_tools(json_t *b, json_t *chat, base_err *err) {
-    json_t *tools = server_json_field(b, "tools");
-    if (!tools) return 0;
-    if (!json_is_array(tools)) return base_fail(err, "'tools' must be an array");
-    json_t *out = json_array();
-    size_t i;
-    json_t *t;
-    json_array_foreach(tools, i, t) {
-        if (add_tool(t, i, out, err)) {
-            json_decref(out);
-            return -1;
-        }
-    }
-    json_object_set_new(chat, "tools", out);
-    return 0;
-}
-
 /* tool_choice auto, any, tool (by name) and none as OpenAI's auto, required, a named function
  * and none; disable_parallel_tool_use as parallel_tool_calls false. */
 static int add_tool_choice(json_t *b, json_t *chat, base_err *err) {
@@ -443,9 +426,9 @@ int server_messages_to_chat(json_t *b, bool counting, server_options *o, json_t 
         return base_fail(err, "'model' is required: a string");
     if ((!counting && add_sampling(b, *chat, err)) || check_metadata(b, err) ||
         check_cache(b, "", err) || add_system(server_json_field(b, "system"), messages, err) ||
-        add_messages(json_object_get(b, "messages"), messages, err) || add_tools(b, *chat, err) ||
-        add_tool_choice(b, *chat, err) || add_thinking(b, kwargs, o, err) ||
-        add_output_config(b, *chat, err))
+        add_messages(json_object_get(b, "messages"), messages, err) ||
+        server_map_tools(b, *chat, add_tool, err) || add_tool_choice(b, *chat, err) ||
+        add_thinking(b, kwargs, o, err) || add_output_config(b, *chat, err))
         return -1;
     return 0;
 }

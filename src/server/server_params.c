@@ -128,6 +128,24 @@ json_t *server_json_field(json_t *o, const char *key) {
     return json_is_null(v) ? NULL : v;
 }
 
+int server_map_tools(json_t *body, json_t *chat,
+                     int (*add)(json_t *t, size_t i, json_t *out, base_err *err), base_err *err) {
+    json_t *tools = server_json_field(body, "tools");
+    if (!tools) return 0;
+    if (!json_is_array(tools)) return base_fail(err, "'tools' must be an array");
+    json_t *out = json_array();
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        if (add(t, i, out, err)) {
+            json_decref(out);
+            return -1;
+        }
+    }
+    json_object_set_new(chat, "tools", out);
+    return 0;
+}
+
 int server_known_keys(json_t *o, const char *at, const char *const *keys, base_err *err) {
     const char *key;
     json_t *v;

@@ -75,6 +75,11 @@ json_t *server_json_field(json_t *o, const char *key);
  * "'<at>.<key>' is not supported" (at "" for the body itself). */
 int server_known_keys(json_t *o, const char *at, const char *const *keys, base_err *err);
 
+/* The body's "tools" array (absent or null: nothing) as the chat request's "tools": add turns
+ * tool i of it into OpenAI's function form appended to out, or fails naming it. */
+int server_map_tools(json_t *body, json_t *chat,
+                     int (*add)(json_t *t, size_t i, json_t *out, base_err *err), base_err *err);
+
 /* The response object of /tokenize ({"tokens"}), /detokenize ({"content"}) and /apply-template
  * ({"prompt"}) for a request body. *out: caller decrefs. On failure err says what is wrong
  * with the body (the client's fault: a 400). */

@@ -264,20 +264,6 @@ static int add_tool(json_t *t, size_t i, json_t *out, base_err *err) {
     return 0;
 }
 
-static int add_tools(json_t *b, json_t *chat, base_err *err) {
-    json_t *tools = server_json_field(b, "tools");
-    if (!tools) return 0;
-    if (!json_is_array(tools)) return base_fail(err, "'tools' must be an array");
-    json_t *out = json_array();
-    json_object_set_new(chat, "tools", out);
-    size_t i;
-    json_t *t;
-    json_array_foreach(tools, i, t) {
-        if (add_tool(t, i, out, err)) return -1;
-    }
-    return 0;
-}
-
 /* tool_choice auto, none, required or {"type": "function", "name"}; the built-in tools' and
  * allowed_tools' forms are refused. */
 static int add_tool_choice(json_t *b, json_t *chat, base_err *err) {
@@ -451,8 +437,8 @@ int server_responses_to_chat(json_t *b, const server_options *o, server_store *s
     if (server_known_keys(b, "", keys, err)) return -1;
     if (!json_is_string(json_object_get(b, "model")))
         return base_fail(err, "'model' is required: a string");
-    if (add_plain(b, *chat, err) || add_tools(b, *chat, err) || add_tool_choice(b, *chat, err) ||
-        add_text(b, *chat, err) || add_reasoning(b, *chat, err) ||
+    if (add_plain(b, *chat, err) || server_map_tools(b, *chat, add_tool, err) ||
+        add_tool_choice(b, *chat, err) || add_text(b, *chat, err) || add_reasoning(b, *chat, err) ||
         gather_items(b, store, input, &n_prev, err) ||
         add_messages(b, *input, n_prev, json_object_get(*chat, "messages"), err))
         return -1;
