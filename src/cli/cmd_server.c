@@ -30,6 +30,7 @@ static const struct {
     {"LLAMA_ARG_NO_ENDPOINT_SLOTS", "--no-slots", NULL, true},
     {"LLAMA_ARG_ENDPOINT_PROPS", "--props", NULL, true},
     {"LLAMA_ARG_EMBEDDINGS", "--embeddings", NULL, true},
+    {"LLAMA_ARG_RERANKING", "--reranking", NULL, true},
     {"LLAMA_ARG_NO_WEBUI", "--no-webui", NULL, true},
     {"LLAMA_ARG_CHAT_TEMPLATE", "--chat-template", NULL, false},
     {"LLAMA_ARG_CHAT_TEMPLATE_FILE", "--chat-template-file", NULL, false},
@@ -64,7 +65,8 @@ static const char g_help[] =
     "\n"
     "OpenAI-compatible server: POST /v1/chat/completions, /v1/completions, /completion,\n"
     "/v1/messages and /v1/messages/count_tokens (Anthropic's), /v1/embeddings and /embedding\n"
-    "(with --embeddings), /tokenize, /detokenize, /apply-template, /props,\n"
+    "(with --embeddings), /v1/rerank (with --reranking), /infill, /tokenize, /detokenize,\n"
+    "/apply-template, /props,\n"
     "/slots/ID?action=erase; GET /v1/models,\n"
     "/v1/models/ID, /health, /v1/health, /metrics, /slots, /props; a chat page at / for a\n"
     "browser.\n"
@@ -87,6 +89,10 @@ static const char g_help[] =
     "      --embeddings         serve POST /v1/embeddings, /embeddings and /embedding: the\n"
     "                           hidden states after the final norm, mean-pooled (or as the\n"
     "                           model's sentence-transformers Pooling config says), normalized\n"
+    "      --reranking          serve POST /v1/rerank (also /rerank, /v1/reranking): the\n"
+    "                           score head of a *ForSequenceClassification checkpoint, else\n"
+    "                           the logits of \"yes\" minus \"no\" (Qwen3-Reranker); the\n"
+    "                           relevance_score is its sigmoid\n"
     "      --no-webui           no chat page at / (served by default, without the API key:\n"
     "                           the page asks for it)\n"
     "      --chat-template-file F  a Jinja chat template replacing the model's\n"
@@ -136,6 +142,7 @@ static const char g_help[] =
     "LLAMA_ARG_N_PREDICT, LLAMA_API_KEY or LLAMA_ARG_API_KEY, LLAMA_ARG_ENDPOINT_METRICS,\n"
     "LLAMA_ARG_ENDPOINT_SLOTS, LLAMA_ARG_ENDPOINT_PROPS, LLAMA_ARG_NO_WEBUI, LLAMA_ARG_TIMEOUT, "
     "LLAMA_ARG_ALIAS,\n"
+    "LLAMA_ARG_EMBEDDINGS, LLAMA_ARG_RERANKING,\n"
     "LLAMA_ARG_CHAT_TEMPLATE, LLAMA_ARG_CHAT_TEMPLATE_FILE, LLAMA_ARG_BATCH, LLAMA_ARG_UBATCH,\n"
     "LLAMA_ARG_CACHE_TYPE_K, LLAMA_ARG_CACHE_TYPE_V, LLAMA_ARG_N_GPU_LAYERS, "
     "LLAMA_ARG_FLASH_ATTN,\n"
@@ -331,6 +338,7 @@ typedef struct loaded {
     engine_sched *sched;
     int32_t *eos;
     engine_pooling pooling;
+    engine_reranker reranker;
 } loaded;
 
 static int load(server_flags *f, loaded *L, base_err *err) {
@@ -340,6 +348,13 @@ static int load(server_flags *f, loaded *L, base_err *err) {
         (f->template_text && engine_prompter_set_template(L->pr, f->template_text, err)))
         return -1;
     if (f->embeddings && engine_pooling_read(f->rt.model, &L->pooling, err)) return -1;
+    if (f->reranking && engine_reranker_open(L->rt->model, L->pr->tok, &L->reranker, err))
+        return -1;
+    if (!model_has_lm_head(L->rt->model) && !f->reranking && !f->embeddings)
+        return base_fail(err,
+                         "%s is a sequence classifier (no LM head): it generates nothing; "
+                         "serve it with --reranking (or --embeddings)",
+                         f->rt.model);
     cli_server_chat_apply(&f->srv, f->template_kwargs, L->pr);
     int n_eos;
     server_extra_eos(f->rt.model, L->pr, &L->eos, &n_eos);
@@ -354,6 +369,7 @@ static void unload(loaded *L) {
     engine_sched_stop(L->sched);
     engine_prompter_close(L->pr);
     engine_runtime_close(L->rt);
+    engine_reranker_close(&L->reranker);
     free(L->eos);
 }
 
@@ -419,6 +435,7 @@ int cli_cmd_server(int argc, char **argv) {
         return cli_fail(&err);
     }
     if (f.embeddings) server_serve_embeddings(srv, L.pooling);
+    if (f.reranking) server_serve_reranking(srv, &L.reranker);
     server_attach(srv, L.rt, L.pr, L.sched);
     print_startup(f.rt.model, L.rt, srv, &f.srv);
     int sig;

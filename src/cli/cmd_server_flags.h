@@ -20,14 +20,15 @@ typedef struct server_flags {
     int n_keys;
     bool verbose, log_disable;
     bool embeddings; /* --embeddings */
+    bool reranking;  /* --reranking */
     int shutdown_timeout_s;
     bool help;
 } server_flags;
 
 /* Takes one of llama-server's flags (-b, -ub, -ctk, -ctv, --chat-template, --api-key-file,
- * --slots, --no-slots, --props, --embeddings, --log-format, -v, --log-disable, and the moot ones:
- * -ngl, -fa, -cb, --jinja, --mlock, --no-mmap; --ctx-shift is refused). A moot flag prints a
- * one-line note on stderr. */
+ * --slots, --no-slots, --props, --embeddings, --reranking, --log-format, -v, --log-disable, and the
+ * moot ones: -ngl, -fa, -cb, --jinja, --mlock, --no-mmap; --ctx-shift is refused). A moot flag
+ * prints a one-line note on stderr. */
 bool server_take_llama_flag(cli_parser *p, server_flags *f);
 /* What needs all the flags: the KV dtype from -ctk/-ctv, the keys of --api-key and
  * --api-key-file, the log level. Prints its error; returns CLI_OK, CLI_USAGE or CLI_FAIL. */

@@ -220,6 +220,10 @@ bool server_take_llama_flag(cli_parser *p, server_flags *f) {
         f->embeddings = true;
         return true;
     }
+    if (cli_flag(p, NULL, "--reranking") || cli_flag(p, NULL, "--rerank")) {
+        f->reranking = true;
+        return true;
+    }
     if (cli_flag(p, NULL, "--ctx-shift") || cli_flag(p, NULL, "--context-shift")) {
         cli_usage(p,
                   "%s: %s is not supported: mlxcel never drops the start of a sequence's "

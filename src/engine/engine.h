@@ -420,6 +420,35 @@ int engine_pooling_read(const char *model_dir, engine_pooling *out, base_err *er
 int engine_embed(engine_runtime *rt, engine_pooling pooling, const int32_t *tokens, int n,
                  float *out, base_err *err);
 
+/* ---- reranking (engine_rerank.c) ---- */
+
+/* How a (query, document) pair gets its relevance score, a logit: a sequence classifier's
+ * score head (transformers' *ForSequenceClassification, one label) applied to the last
+ * token's hidden state after the final norm, as transformers pools it; or, for a causal LM
+ * that judges relevance (Qwen3-Reranker), the logit of "yes" minus that of "no" after the
+ * last token, whose sigmoid is that model's softmax([no, yes])[yes]. */
+typedef struct engine_reranker {
+    float *head;     /* (hidden_size) the score head's row, owned; NULL: the yes/no logits */
+    int32_t yes, no; /* the tokens, without a head */
+} engine_reranker;
+
+/* The model's score head when it has one, else the tokenizer's "yes" and "no" tokens (each a
+ * vocabulary entry, as transformers' convert_tokens_to_ids finds them); a head of more than
+ * one label, or neither, is an error saying so. Close it with engine_reranker_close. */
+int engine_reranker_open(const model *m, const tok_tokenizer *tok, engine_reranker *out,
+                         base_err *err);
+void engine_reranker_close(engine_reranker *r);
+/* The tokens of a pair as llama-server joins them for a rank model: the query with the
+ * tokenizer's special tokens (BOS or CLS before, EOS or SEP after, as its post-processor
+ * adds them), then the document (its first max_doc tokens when max_doc > 0) and what the
+ * post-processor puts after a sequence. *ids: caller frees. */
+int engine_rerank_pair(const tok_tokenizer *tok, const char *query, const char *doc, int max_doc,
+                       int32_t **ids, int *n, base_err *err);
+/* The score of tokens (n, at most the context size), on a sequence of its own in prefill
+ * chunks, as engine_embed: rt must be the caller's alone. */
+int engine_rerank(engine_runtime *rt, const engine_reranker *r, const int32_t *tokens, int n,
+                  double *score, base_err *err);
+
 /* ---- the scheduler ---- */
 
 /* Continuous batching on a thread of its own. Each step packs, under a token budget, one

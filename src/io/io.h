@@ -145,6 +145,9 @@ typedef struct io_model_config {
     float rope_theta;
     io_rope_scaling rope_scaling;
     bool tie_word_embeddings;
+    /* a *ForSequenceClassification checkpoint: the outputs of its score head (which replaces
+     * the LM head); 0 for a causal LM */
+    int num_labels;
     bool attention_bias; /* q/k/v biases (qwen2 always; llama's attention_bias) */
     bool o_bias;         /* o_proj's bias: attention_bias, except qwen2's */
     bool attn_sinks;     /* a learned logit per head in each softmax's denominator */

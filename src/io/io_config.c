@@ -404,6 +404,30 @@ static int parse_shapes(const cfg_at *at, json_t *root, io_model_config *c) {
     return 0;
 }
 
+/* A *ForSequenceClassification checkpoint (architectures) has a score head instead of an LM
+ * head: its outputs are the labels of id2label (transformers saves num_labels only that way;
+ * its default is 2). */
+static int parse_labels(const cfg_at *at, json_t *root, io_model_config *c) {
+    static const char suffix[] = "ForSequenceClassification";
+    json_t *archs = field(root, "architectures"), *a;
+    size_t i;
+    bool seq_cls = false;
+    json_array_foreach(archs, i, a) {
+        const char *name = json_string_value(a);
+        size_t n = name ? strlen(name) : 0;
+        if (n >= sizeof suffix - 1 && strcmp(name + n - (sizeof suffix - 1), suffix) == 0)
+            seq_cls = true;
+    }
+    if (!seq_cls) return 0;
+    json_t *labels = field(root, "id2label");
+    if (labels && !json_is_object(labels))
+        return field_fail(at, "id2label", "must be an object", labels);
+    c->num_labels = labels ? (int)json_object_size(labels) : 2;
+    if (c->num_labels < 1)
+        return field_fail(at, "id2label", "must name at least one label", labels);
+    return 0;
+}
+
 /* Phi-3's longrope lists cover the rotated dims, one factor per frequency. */
 static int check_longrope(const cfg_at *at, const io_model_config *c) {
     const io_rope_scaling *rs = &c->rope_scaling;
@@ -432,6 +456,7 @@ int io_config_parse_json(json_t *root, const char *origin, io_model_config *cfg,
                           field(root, "eos_token_id") ? root : text, cfg);
     if (rc == 0) rc = parse_dtype(&at, root, &cfg->torch_dtype);
     if (rc == 0) rc = parse_quant(&at, root, cfg);
+    if (rc == 0) rc = parse_labels(&at, root, cfg);
     if (rc != 0) io_config_free(cfg);
     return rc;
 }

@@ -27,6 +27,12 @@ int model_load(const char *dir, be_backend *be, model_progress_fn progress, void
 void model_free(model *m);
 
 const io_model_config *model_config(const model *m);
+/* Whether the model gives logits: a sequence classifier (config num_labels > 0) has a score
+ * head instead of an LM head, unless its embeddings are tied. */
+bool model_has_lm_head(const model *m);
+/* A sequence classifier's score head: score.weight as float32 [num_labels, hidden_size] into
+ * *w (host; caller frees). An error for a model without one. */
+int model_score_head(const model *m, float **w, base_err *err);
 /* Bytes of all weight tensors as stored. */
 uint64_t model_weight_bytes(const model *m);
 /* Weight bytes one decode step reads: every linear layer (packed weights, scales, biases,

@@ -424,6 +424,10 @@ int model_forward_body(model *m, const model_step *st, base_err *err) {
 static int forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t *tokens,
                    const int32_t *out_rows, int n_out, bool hidden, base_err *err) {
     TRY(check_step(m, pool, batch, tokens, out_rows, n_out, err));
+    if (!hidden && n_out > 0 && !m->lm_head.weight)
+        return base_fail(err, "this checkpoint is a sequence classifier (config.json's "
+                              "architectures): it has a score head and no LM head, so it gives "
+                              "no logits; serve it with --reranking");
     const be_paged_batch *hb = &batch->view;
     be_backend *be = m->be;
     int n = hb->n_tokens;

@@ -83,7 +83,8 @@ struct model {
     uint64_t bytes_bound;       /* checkpoint bytes mapped so far, for progress */
     void *progress_ctx;
     be_linear embed;          /* (vocab, hidden) */
-    be_linear lm_head;        /* (vocab, hidden); == embed when tied */
+    be_linear lm_head;        /* (vocab, hidden); == embed when tied; weight NULL: none */
+    const io_tensor *score;   /* (num_labels, hidden) a sequence classifier's head, or NULL */
     be_tensor final_norm;     /* (1, hidden) */
     model_layer *layers;      /* (n_layers) */
     be_tensor inv_freq;       /* (1, rotary_dim / 2) F32, static RoPE table */

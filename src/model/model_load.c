@@ -365,12 +365,16 @@ int model_bind_weights(model *m, base_err *err) {
     if (bind_linear(m, name, c->vocab_size, c->hidden_size, false, &m->embed, err)) return -1;
     snprintf(name, sizeof name, "%snorm.weight", prefix);
     if (bind_norm(m, name, c->hidden_size, &m->final_norm, err)) return -1;
+    /* Beside the text model: "lm_head" for "model.", "language_model.lm_head" for
+     * "language_model.model."; a sequence classifier's "score" likewise. */
+    size_t keep = strlen(prefix) >= 6 ? strlen(prefix) - 6 : 0;
+    if (c->num_labels > 0) {
+        snprintf(name, sizeof name, "%.*sscore.weight", (int)keep, prefix);
+        if (find_float(m, name, c->num_labels, c->hidden_size, &m->score, err)) return -1;
+    }
     if (c->tie_word_embeddings) {
         m->lm_head = m->embed;
-    } else {
-        /* Beside the text model: "lm_head" for "model.", "language_model.lm_head" for
-         * "language_model.model.". */
-        size_t keep = strlen(prefix) >= 6 ? strlen(prefix) - 6 : 0;
+    } else if (c->num_labels == 0) {
         snprintf(name, sizeof name, "%.*slm_head", (int)keep, prefix);
         if (bind_linear(m, name, c->vocab_size, c->hidden_size, false, &m->lm_head, err)) return -1;
     }
@@ -473,6 +477,21 @@ int model_load(const char *dir, be_backend *be, model_progress_fn progress, void
 
 const io_model_config *model_config(const model *m) {
     return &m->cfg;
+}
+
+bool model_has_lm_head(const model *m) {
+    return m->lm_head.weight != NULL;
+}
+
+int model_score_head(const model *m, float **w, base_err *err) {
+    *w = NULL;
+    if (!m->score)
+        return base_fail(err, "the checkpoint is not a sequence classifier: it has no score head");
+    const io_tensor *t = m->score;
+    int64_t n = (int64_t)m->cfg.num_labels * m->cfg.hidden_size;
+    *w = base_xmalloc((size_t)n * sizeof **w);
+    for (int64_t i = 0; i < n; i++) (*w)[i] = base_load_float(t->data, t->dtype, i);
+    return 0;
 }
 
 uint64_t model_weight_bytes(const model *m) {

@@ -1,11 +1,12 @@
 /* server: the OpenAI-compatible HTTP server (libmicrohttpd): /v1/chat/completions,
  * /v1/completions, OpenAI's /v1/responses, Anthropic's /v1/messages and /v1/messages/count_tokens,
- * /v1/embeddings (with --embeddings), /v1/models and /v1/models/{id}, llama-server's /completion,
- * /tokenize, /detokenize, /apply-template, /health, /metrics, /slots (and its erase action) and
- * /props (GET and POST), a chat page at /; SSE streaming, key auth (Bearer or x-api-key), one log
- * line per request, header, body, connection and read-time limits, Host and Origin checks, opt-in
- * CORS, OpenAI-shaped errors (Anthropic's shape on its routes), and a graceful stop. Touches no
- * tensors: generation goes through the engine's scheduler. */
+ * /v1/embeddings (with --embeddings), /v1/rerank (with --reranking), /v1/models and
+ * /v1/models/{id}, llama-server's /completion, /infill, /tokenize, /detokenize, /apply-template,
+ * /health, /metrics, /slots (and its erase action) and /props (GET and POST), a chat page at /;
+ * SSE streaming, key auth (Bearer or x-api-key), one log line per request, header, body,
+ * connection and read-time limits, Host and Origin checks, opt-in CORS, OpenAI-shaped errors
+ * (Anthropic's shape on its routes), and a graceful stop. Touches no tensors: generation goes
+ * through the engine's scheduler. */
 #ifndef MLXCEL_SERVER_H
 #define MLXCEL_SERVER_H
 
@@ -66,6 +67,9 @@ void server_attach(server *s, engine_runtime *rt, engine_prompter *pr, engine_sc
 /* Serves the embedding routes (--embeddings), pooling as the checkpoint says; call before
  * server_attach. */
 void server_serve_embeddings(server *s, engine_pooling pooling);
+/* Serves the rerank routes (--reranking) with r (not owned; it must outlive server_stop);
+ * call before server_attach. */
+void server_serve_reranking(server *s, const engine_reranker *r);
 /* A graceful stop in two steps. server_drain closes the listening socket, answers new requests
  * on open connections and the queued requests that have not started with 503, and lets
  * running ones go on; server_abort ends those still running: a stream gets its last chunk with

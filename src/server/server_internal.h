@@ -52,8 +52,9 @@ struct server {
     /* counters for /metrics, atomics */
     uint64_t n_requests, n_errors, n_dropped, n_replaced, n_refused;
     server_metrics metrics;
-    pthread_mutex_t props_mu; /* o.defaults, o.n_predict and o.seed_fixed: POST /props */
-    bool embeddings;          /* serve the embedding routes (server_serve_embeddings) */
+    pthread_mutex_t props_mu;        /* o.defaults, o.n_predict and o.seed_fixed: POST /props */
+    bool embeddings;                 /* serve the embedding routes (server_serve_embeddings) */
+    const engine_reranker *reranker; /* serve the rerank routes (server_serve_reranking); NULL */
     engine_pooling pooling;
     server_store *responses; /* owned: what previous_response_id may name */
 };
@@ -163,6 +164,10 @@ enum MHD_Result server_route_responses(server *s, struct MHD_Connection *c, cons
 bool server_is_embed_route(const char *url);
 enum MHD_Result server_route_embed(server *s, struct MHD_Connection *c, const char *url,
                                    json_t *body, server_exchange *x);
+/* server_rerank.c: POST /v1/rerank, /rerank, /v1/reranking and /reranking. */
+bool server_is_rerank_route(const char *url);
+enum MHD_Result server_route_rerank(server *s, struct MHD_Connection *c, json_t *body,
+                                    server_exchange *x);
 /* True for the routes server_route_generate / server_route_info serve. */
 bool server_is_generate_route(const char *url);
 bool server_is_info_route(const char *method, const char *url);

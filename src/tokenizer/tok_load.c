@@ -657,6 +657,14 @@ int32_t tok_bos_id(const tok_tokenizer *tok) {
     return tok->bos_id;
 }
 
+void tok_special_ends(const tok_tokenizer *tok, const int32_t **prefix, size_t *n_prefix,
+                      const int32_t **suffix, size_t *n_suffix) {
+    *prefix = tok->prefix;
+    *n_prefix = tok->n_prefix;
+    *suffix = tok->suffix;
+    *n_suffix = tok->n_suffix;
+}
+
 const char *tok_eos_token(const tok_tokenizer *tok) {
     return tok->eos ? tok->eos : "";
 }

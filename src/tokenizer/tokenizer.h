@@ -59,6 +59,11 @@ int32_t tok_bos_id(const tok_tokenizer *tok);
 const char *tok_eos_token(const tok_tokenizer *tok);
 int32_t tok_eos_id(const tok_tokenizer *tok);
 
+/* The ids the post-processor puts before and after one sequence (what tok_encode's
+ * add_special adds: BOS, CLS, SEP, EOS as the tokenizer has them); owned by the tokenizer. */
+void tok_special_ends(const tok_tokenizer *tok, const int32_t **prefix, size_t *n_prefix,
+                      const int32_t **suffix, size_t *n_suffix);
+
 /* Incremental detokenizer for streaming: push one id, get the newly complete text. A piece
  * holds only whole UTF-8 characters; text that a later token could still change (a split
  * multi-byte character, a trailing character a Strip decoder would remove at the end) is held
