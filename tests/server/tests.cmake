@@ -86,6 +86,16 @@ if(MLXCEL_NODE)
                        ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
                        TIMEOUT 120)
 endif()
+# Reranking (--reranking) on the demo model through its yes/no logits, each score against
+# `mlxcel logits` of the pair the test joins itself; the Jina/Cohere and TEI shapes, refusals.
+if(MLXCEL_NODE)
+  add_test(NAME server/rerank_node
+           COMMAND ${MLXCEL_NODE} ${CMAKE_SOURCE_DIR}/tests/server/rerank.test.mjs
+           WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(server/rerank_node PROPERTIES
+                       ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
+                       TIMEOUT 120)
+endif()
 math(EXPR MLXCEL_RESPONSES_TIMEOUT "120 * ${MLXCEL_TEST_TIME_SCALE}")
 # OpenAI's Responses API through the official openai package's client.responses: plain and
 # streamed responses against the chat route's greedy answer, a tool round, previous_response_id
