@@ -88,6 +88,8 @@ typedef struct group {
     int n_prompts;
     char **stop; /* (n_stop) owned copies, for /completion's stopping_word */
     int n_stop;
+    char *prompt;    /* owned: /completion's prompt with its special tokens written out, which its
+                        answer reports as llama-server's does; NULL on the other routes */
     server_writer w; /* another API's shapes when w.stream is set; its state owned */
     /* the connection's thread: bytes formatted but not sent */
     bool done_sent;
@@ -114,6 +116,7 @@ static void group_release(group *g) {
     free(g->echo);
     free(g->echo_len);
     free(g->stop);
+    free(g->prompt);
     free(g->out);
     if (g->w.free_state) g->w.free_state(g->w.state);
     free(g);
@@ -378,6 +381,7 @@ static json_t *llama_body(server *s, const group *g, const job *j, const char *c
         json_object_set_new(o, "tokens_predicted", json_integer(j->n_generated));
         json_object_set_new(o, "tokens_evaluated", json_integer(j->n_prompt));
         json_object_set_new(o, "tokens_cached", json_integer(j->n_cached));
+        if (g->prompt) json_object_set_new(o, "prompt", json_string(g->prompt));
         json_object_set_new(o, "timings",
                             json_pack("{s:f,s:f,s:i}", "prompt_ms", j->ttft * 1e3, "predicted_ms",
                                       gen_s * 1e3, "predicted_n", j->n_generated));
@@ -782,6 +786,13 @@ static group *group_new(server *s, struct MHD_Connection *c, server_exchange *x,
     g->n_stop = p->n_stop;
     g->stop = base_xcalloc((size_t)p->n_stop + 1, sizeof *g->stop);
     for (int i = 0; i < p->n_stop; i++) g->stop[i] = base_xstrdup(p->stop[i]);
+    size_t len;
+    base_err err;
+    /* undecodable ids make the request fail later, with their own error */
+    if (p->kind == SERVER_LLAMA_COMPLETION &&
+        tok_decode(s->pr->tok, p->prompts[0].ids, (size_t)p->prompts[0].n_ids, false, &g->prompt,
+                   &len, &err))
+        g->prompt = NULL;
     g->created = (long long)time(NULL);
     g->t_submit = base_now();
     uint64_t n = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);

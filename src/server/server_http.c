@@ -218,8 +218,10 @@ static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, const char 
         return server_reply_error_as(s, c, shape, 401, "authentication_error", "Invalid API Key");
     bool embed = post && server_is_embed_route(url);
     bool rerank = post && server_is_rerank_route(url);
+    bool infill = post && strcmp(url, "/infill") == 0;
     bool responses = post && server_is_responses_route(url);
-    bool gen = post && (server_is_generate_route(url) || messages || embed || rerank || responses);
+    bool gen = post && (server_is_generate_route(url) || messages || embed || rerank || infill ||
+                        responses);
     if (!gen && !server_is_info_route(get ? "GET" : method, url))
         return server_reply_error_as(s, c, shape, 404, "not_found_error", "File Not Found: %s %s",
                                      method, url);
@@ -250,6 +252,7 @@ static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, const char 
          : responses ? server_route_responses(s, c, version, body, x)
          : embed     ? server_route_embed(s, c, url, body, x)
          : rerank    ? server_route_rerank(s, c, body, x)
+         : infill    ? server_route_infill(s, c, version, body, x)
          : gen       ? server_route_generate(s, c, url, version, body, x)
                      : server_route_info(s, c, url, body);
     json_decref(body);

@@ -168,6 +168,9 @@ enum MHD_Result server_route_embed(server *s, struct MHD_Connection *c, const ch
 bool server_is_rerank_route(const char *url);
 enum MHD_Result server_route_rerank(server *s, struct MHD_Connection *c, json_t *body,
                                     server_exchange *x);
+/* server_infill.c: llama-server's POST /infill, answered as /completion. */
+enum MHD_Result server_route_infill(server *s, struct MHD_Connection *c, const char *version,
+                                    json_t *body, server_exchange *x);
 /* True for the routes server_route_generate / server_route_info serve. */
 bool server_is_generate_route(const char *url);
 bool server_is_info_route(const char *method, const char *url);

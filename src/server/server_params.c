@@ -411,64 +411,21 @@ int server_chat_options(json_t *b, const json_t *messages, engine_chat_options *
     return 0;
 }
 
-/* The ids of the tokenizer's fill-in-the-middle tokens, in the spellings models use (Qwen and
- * StarCoder, DeepSeek, CodeLlama); false when it has none. */
-static bool fim_tokens(const tok_tokenizer *tok, int32_t ids[3]) {
-    static const char *const names[][3] = {
-        {"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"},
-        {"<fim_prefix>", "<fim_suffix>", "<fim_middle>"},
-        {"<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"},
-        {"▁<PRE>", "▁<SUF>", "▁<MID>"},
-    };
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
-        for (int k = 0; k < 3; k++) ids[k] = tok_token_id(tok, names[i][k]);
-        if (ids[0] >= 0 && ids[1] >= 0 && ids[2] >= 0) return true;
-    }
-    return false;
-}
-
-/* The tokens of a text without the tokenizer's special ones; NULL on failure. */
-static int32_t *encode_plain(const engine_prompter *pr, const char *text, size_t *n,
-                             base_err *err) {
-    int32_t *ids = NULL;
-    if (tok_encode(pr->tok, text, strlen(text), false, &ids, n, err)) return NULL;
-    return ids ? ids : base_xmalloc(sizeof *ids);
-}
-
-/* `suffix`: the prompt becomes fill-in-the-middle, in the prefix-suffix-middle order
- * llama-server's /infill builds: [BOS] PRE prompt SUF suffix MID, and the model writes what
- * goes between. */
-static int parse_suffix(json_t *b, const engine_prompter *pr, int ctx, server_params *p,
-                        base_err *err) {
+/* `suffix`: the prompt becomes fill-in-the-middle (server_fim_prompt): [BOS] PRE prompt SUF
+ * suffix MID, and the model writes what goes between. */
+static int parse_suffix(json_t *b, const engine_prompter *pr, server_params *p, base_err *err) {
     json_t *suffix = field(b, "suffix"), *prompt = field(b, "prompt");
-    int32_t fim[3];
+    server_fim f;
     if (!json_is_string(suffix)) return base_fail(err, "'suffix' must be a string");
-    if (!fim_tokens(pr->tok, fim))
-        return base_fail(err, "'suffix' needs fill-in-the-middle tokens, which this model's "
-                              "tokenizer does not have");
+    if (server_fim_tokens(pr->tok, &f, err)) return base_fail_wrap(err, "'suffix'");
     if (!json_is_string(prompt) || p->echo)
         return base_fail(err, "'suffix' takes one string 'prompt' and no 'echo'");
-    size_t n_pre, n_suf;
-    int32_t *pre = encode_plain(pr, json_string_value(prompt), &n_pre, err);
-    int32_t *suf = pre ? encode_plain(pr, json_string_value(suffix), &n_suf, err) : NULL;
-    if (!suf) {
-        free(pre);
-        return -1;
-    }
+    server_fim_parts in = {.prefix = json_string_value(prompt),
+                           .suffix = json_string_value(suffix),
+                           .prefix_key = "prompt",
+                           .suffix_key = "suffix"};
     server_prompt *e = add_prompt(p);
-    e->ids = base_xmalloc((n_pre + n_suf + 4) * sizeof *e->ids);
-    int32_t bos = tok_bos_id(pr->tok);
-    if (bos >= 0) e->ids[e->n_ids++] = bos;
-    e->ids[e->n_ids++] = fim[0];
-    memcpy(e->ids + e->n_ids, pre, n_pre * sizeof *pre);
-    e->n_ids += (int)n_pre;
-    e->ids[e->n_ids++] = fim[1];
-    memcpy(e->ids + e->n_ids, suf, n_suf * sizeof *suf);
-    e->n_ids += (int)n_suf;
-    e->ids[e->n_ids++] = fim[2];
-    free(pre);
-    free(suf);
-    return 0;
+    return server_fim_prompt(pr, &f, &in, &e->ids, &e->n_ids, err);
 }
 
 static int parse_prompt(json_t *b, server_kind kind, const server_options *o,
@@ -485,7 +442,7 @@ static int parse_prompt(json_t *b, server_kind kind, const server_options *o,
     for (size_t i = 0; i < sizeof chat_only / sizeof *chat_only; i++)
         if (field(b, chat_only[i]))
             return base_fail(err, "'%s' is for /v1/chat/completions, not this route", chat_only[i]);
-    if (field(b, "suffix")) return parse_suffix(b, pr, ctx, p, err);
+    if (field(b, "suffix")) return parse_suffix(b, pr, p, err);
     return parse_text_prompt(b, kind, pr, vocab, ctx, p, err);
 }
 

@@ -80,6 +80,27 @@ int server_known_keys(json_t *o, const char *at, const char *const *keys, base_e
 int server_map_tools(json_t *body, json_t *chat,
                      int (*add)(json_t *t, size_t i, json_t *out, base_err *err), base_err *err);
 
+/* Fill-in-the-middle (server_infill.c): the tokenizer's PRE, SUF and MID ids, and its
+ * repository and file separators (-1 where it has none); an error naming the tokens looked for
+ * when it has no PRE, SUF and MID. */
+typedef struct server_fim {
+    int32_t ids[3];
+    int32_t repo, sep;
+} server_fim;
+int server_fim_tokens(const tok_tokenizer *tok, server_fim *f, base_err *err);
+/* What goes around the hole. */
+typedef struct server_fim_parts {
+    const char *prefix, *suffix;         /* the text before and after it */
+    const char *prefix_key, *suffix_key; /* their fields, for errors */
+    const int32_t *prompt;               /* (n_prompt) ids after the prefix (/infill's prompt) */
+    int n_prompt;
+    json_t *extra; /* input_extra, or NULL */
+} server_fim_parts;
+/* The fill-in-the-middle prompt in prefix-suffix-middle order, as server_infill.c draws it.
+ * *ids: caller frees. */
+int server_fim_prompt(const engine_prompter *pr, const server_fim *f, const server_fim_parts *in,
+                      int32_t **ids, int *n, base_err *err);
+
 /* The response object of /tokenize ({"tokens"}), /detokenize ({"content"}) and /apply-template
  * ({"prompt"}) for a request body. *out: caller decrefs. On failure err says what is wrong
  * with the body (the client's fault: a 400). */

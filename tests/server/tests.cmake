@@ -96,6 +96,16 @@ if(MLXCEL_NODE)
                        ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
                        TIMEOUT 120)
 endif()
+# Fill-in-the-middle (/infill and the completions' suffix) on a tiny random Qwen3 built around
+# Qwen3's real tokenizer: the prompt the server built against the ids the test builds.
+if(MLXCEL_NODE)
+  add_test(NAME server/infill_node
+           COMMAND ${MLXCEL_NODE} ${CMAKE_SOURCE_DIR}/tests/server/infill.test.mjs
+           WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(server/infill_node PROPERTIES
+                       ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
+                       TIMEOUT 120)
+endif()
 math(EXPR MLXCEL_RESPONSES_TIMEOUT "120 * ${MLXCEL_TEST_TIME_SCALE}")
 # OpenAI's Responses API through the official openai package's client.responses: plain and
 # streamed responses against the chat route's greedy answer, a tool round, previous_response_id
