@@ -433,8 +433,9 @@ typedef struct engine_reranker {
 } engine_reranker;
 
 /* The model's score head when it has one, else the tokenizer's "yes" and "no" tokens (each a
- * vocabulary entry, as transformers' convert_tokens_to_ids finds them); a head of more than
- * one label, or neither, is an error saying so. Close it with engine_reranker_close. */
+ * vocabulary entry, as transformers' convert_tokens_to_ids finds them; tok may be NULL for a
+ * model with a head); a head of more than one label, or neither, is an error saying so. Close
+ * it with engine_reranker_close. */
 int engine_reranker_open(const model *m, const tok_tokenizer *tok, engine_reranker *out,
                          base_err *err);
 void engine_reranker_close(engine_reranker *r);

@@ -19,8 +19,8 @@ int engine_reranker_open(const model *m, const tok_tokenizer *tok, engine_rerank
         return model_score_head(m, &out->head, err);
     }
     /* transformers' convert_tokens_to_ids: vocabulary entries, not encoded text */
-    out->yes = tok_token_id(tok, "yes");
-    out->no = tok_token_id(tok, "no");
+    out->yes = tok ? tok_token_id(tok, "yes") : -1;
+    out->no = tok ? tok_token_id(tok, "no") : -1;
     if (out->yes < 0 || out->no < 0)
         return base_fail(err,
                          "--reranking: the model has no score head (it is not a "
