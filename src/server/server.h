@@ -1,12 +1,12 @@
 /* server: the OpenAI-compatible HTTP server (libmicrohttpd): /v1/chat/completions,
- * /v1/completions, OpenAI's /v1/responses, Anthropic's /v1/messages and /v1/messages/count_tokens,
- * /v1/embeddings (with --embeddings), /v1/rerank (with --reranking), /v1/models and
- * /v1/models/{id}, llama-server's /completion, /infill, /tokenize, /detokenize, /apply-template,
- * /health, /metrics, /slots (and its erase action) and /props (GET and POST), a chat page at /;
- * SSE streaming, key auth (Bearer or x-api-key), one log line per request, header, body,
- * connection and read-time limits, Host and Origin checks, opt-in CORS, OpenAI-shaped errors
- * (Anthropic's shape on its routes), and a graceful stop. Touches no tensors: generation goes
- * through the engine's scheduler. */
+ * /v1/completions, OpenAI's /v1/responses (and GET, DELETE /v1/responses/{id}), Anthropic's
+ * /v1/messages and /v1/messages/count_tokens, /v1/embeddings (with --embeddings), /v1/rerank (with
+ * --reranking), /v1/models and /v1/models/{id}, llama-server's /completion, /infill, /tokenize,
+ * /detokenize, /apply-template, /health, /metrics, /slots (and its erase action) and /props (GET
+ * and POST), a chat page at /; SSE streaming, key auth (Bearer or x-api-key), one log line per
+ * request, header, body, connection and read-time limits, Host and Origin checks, opt-in CORS,
+ * OpenAI-shaped errors (Anthropic's shape on its routes), and a graceful stop. Touches no tensors:
+ * generation goes through the engine's scheduler. */
 #ifndef MLXCEL_SERVER_H
 #define MLXCEL_SERVER_H
 

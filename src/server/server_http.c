@@ -172,7 +172,7 @@ static enum MHD_Result preflight(server *s, struct MHD_Connection *c) {
     const char *asked =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
     struct MHD_Response *r = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
-    MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
     MHD_add_response_header(r, "Access-Control-Allow-Headers",
                             asked && asked[0] ? asked : "Authorization, Content-Type");
     MHD_add_response_header(r, "Access-Control-Max-Age", "600");
@@ -222,7 +222,8 @@ static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, const char 
     bool responses = post && server_is_responses_route(url);
     bool gen = post && (server_is_generate_route(url) || messages || embed || rerank || infill ||
                         responses);
-    if (!gen && !server_is_info_route(get ? "GET" : method, url))
+    bool resp_id = server_is_response_id_route(get ? "GET" : method, url);
+    if (!gen && !resp_id && !server_is_info_route(get ? "GET" : method, url))
         return server_reply_error_as(s, c, shape, 404, "not_found_error", "File Not Found: %s %s",
                                      method, url);
     if (x->too_large)
@@ -254,6 +255,7 @@ static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, const char 
          : rerank    ? server_route_rerank(s, c, body, x)
          : infill    ? server_route_infill(s, c, version, body, x)
          : gen       ? server_route_generate(s, c, url, version, body, x)
+         : resp_id   ? server_route_response_id(s, c, get ? "GET" : method, url)
                      : server_route_info(s, c, url, body);
     json_decref(body);
     return rc;

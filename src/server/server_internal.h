@@ -158,6 +158,10 @@ enum MHD_Result server_route_messages(server *s, struct MHD_Connection *c, const
 json_t *server_messages_error(unsigned status, const char *type, const char *msg);
 /* server_responses.c: POST /v1/responses. */
 bool server_is_responses_route(const char *url);
+/* GET and DELETE /v1/responses/{id}: a stored response shown, or forgotten. */
+bool server_is_response_id_route(const char *method, const char *url);
+enum MHD_Result server_route_response_id(server *s, struct MHD_Connection *c, const char *method,
+                                         const char *url);
 enum MHD_Result server_route_responses(server *s, struct MHD_Connection *c, const char *version,
                                        json_t *body, server_exchange *x);
 /* server_embed.c: POST /v1/embeddings, /embeddings and /embedding. */

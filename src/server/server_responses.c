@@ -205,7 +205,7 @@ static int gather_items(json_t *b, server_store *store, json_t **items, size_t *
     *n_prev = 0;
     if (prev && !json_is_string(prev))
         return base_fail(err, "'previous_response_id' must be a string");
-    if (prev && !(*items = server_store_get(store, json_string_value(prev))))
+    if (prev && !(*items = server_store_get(store, json_string_value(prev), false)))
         return base_fail(err,
                          "'previous_response_id': no stored response '%s' (unknown, stored with "
                          "store false, or gone: responses are kept %.0f s, %d at most)",
@@ -448,6 +448,42 @@ int server_responses_to_chat(json_t *b, const server_options *o, server_store *s
 
 bool server_is_responses_route(const char *url) {
     return strcmp(url, "/v1/responses") == 0 || strcmp(url, "/responses") == 0;
+}
+
+bool server_is_response_id_route(const char *method, const char *url) {
+    bool ok = strcmp(method, "GET") == 0 || strcmp(method, "DELETE") == 0;
+    const char *id = strncmp(url, "/v1/", 4) == 0 ? url + 3 : url;
+    return ok && strncmp(id, "/responses/", 11) == 0 && id[11] && !strchr(id + 11, '/');
+}
+
+static enum MHD_Result on_query_arg(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value) {
+    (void)kind;
+    (void)value;
+    *(const char **)cls = key;
+    return MHD_NO;
+}
+
+/* GET /v1/responses/{id}: the stored response as it was answered; DELETE forgets it, as
+ * OpenAI's API answers it. Neither takes query parameters (retrieve's include, stream and
+ * starting_after are not served). */
+enum MHD_Result server_route_response_id(server *s, struct MHD_Connection *c, const char *method,
+                                         const char *url) {
+    const char *id = url + (strncmp(url, "/v1/", 4) == 0 ? 3 : 0) + strlen("/responses/");
+    const char *arg = NULL;
+    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, on_query_arg, &arg);
+    if (arg)
+        return server_reply_error(s, c, 400, "invalid_request_error",
+                                  "'%s' is not supported on /v1/responses/{id}", arg);
+    bool del = strcmp(method, "DELETE") == 0;
+    json_t *r = del ? NULL : server_store_get(s->responses, id, true);
+    if (del ? !server_store_delete(s->responses, id) : !r)
+        return server_reply_error(s, c, 404, "invalid_request_error",
+                                  "No response found with id '%s' (unknown, stored with store "
+                                  "false, deleted, or gone: responses are kept %.0f s, %d at most)",
+                                  id, SERVER_RESPONSES_TTL_S, SERVER_RESPONSES_MAX);
+    if (del) r = json_pack("{s:s,s:s,s:b}", "id", id, "object", "response", "deleted", true);
+    return server_reply_json(s, c, 200, r);
 }
 
 enum MHD_Result server_route_responses(server *s, struct MHD_Connection *c, const char *version,

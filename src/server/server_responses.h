@@ -14,12 +14,15 @@
 /* Thread-safe: requests put and get from their own connection threads. */
 server_store *server_store_new(int max, double ttl_s);
 void server_store_free(server_store *st);
-/* Keeps the conversation of response id (its input items then its output items; stolen),
- * dropping the expired entries and, past max, the oldest. */
-void server_store_put(server_store *st, const char *id, json_t *items);
-/* A deep copy of the conversation of id (caller decrefs), or NULL when it is unknown, expired
- * or evicted. */
-json_t *server_store_get(server_store *st, const char *id);
+/* Keeps response id: its conversation (its input items then its output items) and the
+ * response object as answered, both stolen; drops the expired entries and, past max, the
+ * oldest. */
+void server_store_put(server_store *st, const char *id, json_t *items, json_t *response);
+/* A deep copy of the conversation of id, or with `response` of its response object (caller
+ * decrefs); NULL when it is unknown, expired, evicted or deleted. */
+json_t *server_store_get(server_store *st, const char *id, bool response);
+/* Forgets id; false when it was not kept. */
+bool server_store_delete(server_store *st, const char *id);
 
 /* What the writer of one answer needs besides the sequence. */
 typedef struct server_responses_req {

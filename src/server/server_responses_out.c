@@ -225,7 +225,7 @@ static void finish(resp_state *r, const out *o, const server_seq *q) {
     if (r->store) {
         json_t *items = json_deep_copy(r->input);
         json_array_extend(items, r->output);
-        server_store_put(r->store, r->id, items);
+        server_store_put(r->store, r->id, items, json_incref(whole));
     }
     event(r, o, cut ? "response.incomplete" : "response.completed",
           json_pack("{s:o}", "response", whole));

@@ -236,6 +236,64 @@ async function refusals(url, client, unstored) {
   check(missing.status === 404, `GET /v1/responses: ${missing.status}`);
 }
 
+// GET /v1/responses/{id} shows a stored response as it was answered (whole or streamed), DELETE
+// forgets it (then both are a 404, and previous_response_id a 400); a response stored with
+// store false is not there; query parameters are refused.
+async function stored(url, client, unstored) {
+  const ask = { model: 'demo', input: ASK, max_output_tokens: 6, temperature: 0 };
+  const r = await client.responses.create(ask);
+  const got = await client.responses.retrieve(r.id);
+  check(JSON.stringify(got) === JSON.stringify(r), `retrieve gives the response as answered: ${JSON.stringify(got).slice(0, 160)}`);
+  const s = await collect(await client.responses.create({ ...ask, stream: true }));
+  const sid = s.last?.response?.id;
+  check(JSON.stringify((await (await fetch(`${url}/v1/responses/${sid}`)).json())) === JSON.stringify(s.last?.response),
+    'a streamed response is stored as its response.completed event gave it');
+  const del = await fetch(`${url}/v1/responses/${r.id}`, { method: 'DELETE' });
+  check(del.status === 200 && JSON.stringify(await del.json()) === JSON.stringify({ id: r.id, object: 'response', deleted: true }),
+    `DELETE answers {id, object, deleted} (${del.status})`);
+  for (const [what, call] of [['retrieve after delete', () => client.responses.retrieve(r.id)],
+    ['delete twice', () => client.responses.delete(r.id)], ['retrieve of store false', () => client.responses.retrieve(unstored)],
+    ['retrieve of an unknown id', () => client.responses.retrieve('resp_nothere')]]) {
+    try {
+      await call();
+      check(false, `${what}: answered`);
+    } catch (e) {
+      check(e instanceof OpenAI.NotFoundError && e.error?.message?.includes('No response found'), `${what}: ${e.status} ${JSON.stringify(e.error)}`);
+    }
+  }
+  await client.responses.delete(sid);
+  try {
+    await client.responses.create({ ...ask, previous_response_id: sid });
+    check(false, 'previous_response_id of a deleted response: accepted');
+  } catch (e) {
+    check(e.status === 400 && e.error?.message?.includes(sid), `previous_response_id of a deleted response: ${e.status}`);
+  }
+  const q = await fetch(`${url}/v1/responses/${unstored}?include=message.output_text.logprobs`);
+  check(q.status === 400 && (await q.text()).includes("'include'"), `a query parameter is refused: ${q.status}`);
+}
+
+// A stream the server's stop cuts short ends with response.failed (status failed, the error
+// saying why) and no response.completed; the cut request makes the server exit 1.
+async function failedStream() {
+  const s = await startServer(['-m', MODEL, '-c', '512', '--shutdown-timeout', '0', '--chat-template-file', TEMPLATE]);
+  const client = new OpenAI({ baseURL: `${s.url}/v1`, apiKey: 'none', maxRetries: 0 });
+  s.child.removeAllListeners('exit');
+  const exited = new Promise((res) => s.child.on('exit', (code) => res(code)));
+  const out = { types: [], seqOk: true, last: null };
+  const stream = await client.responses.create({ model: 'demo', input: ASK, max_output_tokens: 400, temperature: 0, stream: true });
+  for await (const e of stream) {
+    out.seqOk = out.seqOk && e.sequence_number === out.types.length;
+    if (e.type === 'response.output_text.delta' && !out.types.includes(e.type)) s.child.kill('SIGTERM');
+    out.types.push(e.type);
+    out.last = e;
+  }
+  const r = out.last?.response;
+  check(out.last?.type === 'response.failed' && r?.status === 'failed' && r?.error?.code === 'server_error' &&
+    /stopping/.test(r?.error?.message ?? '') && !out.types.includes('response.completed') && out.seqOk,
+  `a stream cut by the stop ends with response.failed: ${out.types.slice(-3)} ${JSON.stringify(r?.error)}`);
+  check((await exited) === 1, 'and the server exits 1: a request was cut');
+}
+
 async function main() {
   const a = await startServer(['-m', MODEL, '-c', '512', '-np', '2', '--chat-template-file', TEMPLATE]);
   const client = new OpenAI({ baseURL: `${a.url}/v1`, apiKey: 'none', maxRetries: 0 });
@@ -246,10 +304,12 @@ async function main() {
     await structured(client);
     await reasoning(client);
     await refusals(a.url, client, unstored);
+    await stored(a.url, client, unstored);
   } catch (e) {
     fail(e);
   }
   await stopServer(a);
+  await failedStream().catch(fail);
 }
 
 await main();
