@@ -35,6 +35,11 @@ int be_topk_check(const be_tensor *logits, const be_topk_row *reqs, int n_req,
         if (r->k < 0 || r->k > BE_TOPK_MAX)
             return base_fail(err, "topk_candidates: request %d asks for k = %d (0..%d)", i, r->k,
                              BE_TOPK_MAX);
+        if (r->allowed && (r->allowed_n < 0 || r->allowed_n > logits->cols))
+            return base_fail(err,
+                             "topk_candidates: request %d's allowed set covers %d tokens "
+                             "(vocab %lld)",
+                             i, r->allowed_n, (long long)logits->cols);
         if (r->adj_begin < 0 || r->adj_end < r->adj_begin)
             return base_fail(err, "topk_candidates: request %d has adjustments [%d, %d)", i,
                              r->adj_begin, r->adj_end);

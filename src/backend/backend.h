@@ -149,6 +149,11 @@ typedef struct be_topk_row {
     int32_t adj_begin; /* its adjustments are adj[adj_begin .. adj_end) */
     int32_t adj_end;
     int32_t want_lse; /* nonzero: also the log-sum-exp of the raw row */
+    /* NULL, or host memory of (allowed_n + 31) / 32 words: token t may be a candidate only
+     * when t < allowed_n and bit t % 32 of word t / 32 is set (a grammar's allowed set, applied
+     * where the logits are, so that a constrained row crosses PCIe as k candidates too) */
+    const uint32_t *allowed;
+    int32_t allowed_n;
 } be_topk_row;
 
 /* Checks a topk_candidates call (rows, k, adjustment ranges, tokens sorted and inside the
@@ -285,11 +290,11 @@ typedef struct be_ops {
     /* Sampling candidates from logits F32 [rows, vocab] (backend memory, left unchanged);
      * reqs, adj and every output are host memory, and the op returns once they are written.
      * Request i takes row reqs[i].row with its adjustments applied and writes its
-     * min(k, tokens above -inf) best tokens, adjusted logit descending and ties to the lower
-     * id (a NaN is never a candidate), to cand_id and cand_logit at offset
-     * reqs[0].k + ... + reqs[i - 1].k; n_cand[i] says how many. With want_lse, lse[i] is
-     * max + log(sum exp(raw - max)) over the raw row, the sum in double (the CPU sums in
-     * token order, as engine_logprobs does). NULL in a backend without it. */
+     * min(k, tokens above -inf in its allowed set) best tokens, adjusted logit descending and ties
+     * to the lower id (a NaN is never a candidate), to cand_id and cand_logit at offset reqs[0].k +
+     * ... + reqs[i - 1].k; n_cand[i] says how many. With want_lse, lse[i] is max + log(sum exp(raw
+     * - max)) over the raw row, the sum in double (the CPU sums in token order, as engine_logprobs
+     * does). NULL in a backend without it. */
     int (*topk_candidates)(be_backend *be, const be_tensor *logits, const be_topk_row *reqs,
                            int n_req, const be_logit_adj *adj, int32_t *cand_id, float *cand_logit,
                            int32_t *n_cand, double *lse, base_err *err);

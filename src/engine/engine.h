@@ -68,9 +68,10 @@ float engine_logprobs(const float *logits, int vocab, int32_t chosen, int top_n,
  * at temperature 1 that lands inside them); the full row is fetched for the rest. Top-k above
  * BE_TOPK_MAX (below the vocabulary), top-k off with a bias or penalties,
  * log-probabilities that the candidates cannot give, and rows limited to an allowed set (a
- * grammar's, which may leave out every candidate) take the full row. Log-probabilities
- * from candidates match the full row's bit for bit on the CPU and to rounding on CUDA, which
- * sums the log-sum-exp in another order. */
+ * grammar's) that want log-probabilities or a wide pick (the raw row's best tokens and sum are
+ * not the masked row's) take the full row; other limited rows send their set with the request.
+ * Log-probabilities from candidates match the full row's bit for bit on the CPU and to rounding on
+ * CUDA, which sums the log-sum-exp in another order. */
 
 /* Candidates the sampler needs (its top-k, capped by the vocabulary; 1 when greedy), or 0
  * when it needs the whole row. */
@@ -104,8 +105,9 @@ typedef struct engine_pick {
     int top_logprobs;        /* in: < 0: no log-probabilities; else alternatives wanted */
     const uint32_t *allowed; /* in: NULL, or (gram_mask_words(allowed_vocab)) the only tokens
                                 the pick may be (a bit per id, as gram_state_mask writes):
-                                the row takes the full-row path and every other logit becomes
-                                -inf before the chain; log-probabilities stay the raw row's */
+                                every other logit becomes -inf before the chain (the backend's
+                                candidates, or the full row); log-probabilities stay the raw
+                                row's */
     const gram_vocab *allowed_vocab; /* in: what `allowed` is over */
     int32_t token;                   /* out */
     float logprob;                   /* out when top_logprobs >= 0: of token, from the raw logits */

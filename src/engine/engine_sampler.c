@@ -432,23 +432,32 @@ static int plan_picks(engine_picker *p, be_backend *be, engine_pick *picks, int 
     *n_early = 0;
     for (int i = 0; i < n; i++) {
         engine_pick *k = &picks[i];
-        /* an allowed set can leave out any of the row's best tokens: only the row decides */
-        bool cand = op && !k->allowed;
-        int ks = cand ? engine_sampler_candidates(k->sampler) : 0;
-        bool wide = cand && ks == 0 && engine_sampler_wide(k->sampler);
+        /* The backend applies an allowed set before it selects; but the raw row's log-sum-exp
+         * (a wide pick's) and its best tokens (log-probabilities' alternatives) are then not
+         * those of the row the chain sees, so such rows take the full row. */
+        int ks = op ? engine_sampler_candidates(k->sampler) : 0;
+        bool wide = op && ks == 0 && !k->allowed && engine_sampler_wide(k->sampler);
         if (wide) ks = BE_TOPK_MAX;
         const be_logit_adj *a = NULL;
         int m = ks ? engine_sampler_adjustments(k->sampler, k->history, k->n_history, &a) : 0;
         /* log-probabilities, and a wide pick's log-sum-exp, are of the raw logits: adjusted
          * candidates cannot give them */
-        if (ks == 0 || ((k->top_logprobs >= 0 || wide) && m > 0)) {
+        if (ks == 0 || ((k->top_logprobs >= 0 || wide) && m > 0) ||
+            (k->allowed && k->top_logprobs >= 0)) {
             p->early[(*n_early)++] = i;
             continue;
         }
         int want = ks > k->top_logprobs ? ks : k->top_logprobs;
         picker_reserve(p, n, na + m, nc + want);
         if (m) memcpy(p->adj + na, a, (size_t)m * sizeof *a);
-        p->reqs[nr] = (be_topk_row){i, want, na, na + m, k->top_logprobs >= 0 || wide};
+        int n_allowed = k->allowed ? gram_vocab_size(k->allowed_vocab) : 0;
+        p->reqs[nr] = (be_topk_row){i,
+                                    want,
+                                    na,
+                                    na + m,
+                                    k->top_logprobs >= 0 || wide,
+                                    k->allowed,
+                                    n_allowed < p->vocab ? n_allowed : p->vocab};
         p->req_pick[nr++] = i;
         na += m;
         nc += want;

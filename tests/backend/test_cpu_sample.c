@@ -130,8 +130,9 @@ static void test_random_rows(be_backend *be) {
         {50, BE_ADJ_ADD, 0.5f, 0},
     };
     be_topk_row reqs[] = {
-        {0, 40, 0, 0, 1},   {1, 40, 0, 6, 1},  {2, 1, 0, 0, 0}, {2, 1024, 6, 9, 0}, {3, 0, 0, 0, 1},
-        {4, 1024, 0, 0, 0}, {5, 50, 9, 10, 1}, {5, 3, 0, 0, 0}, {0, 1, 0, 6, 0},
+        {0, 40, 0, 0, 1, NULL, 0},   {1, 40, 0, 6, 1, NULL, 0}, {2, 1, 0, 0, 0, NULL, 0},
+        {2, 1024, 6, 9, 0, NULL, 0}, {3, 0, 0, 0, 1, NULL, 0},  {4, 1024, 0, 0, 0, NULL, 0},
+        {5, 50, 9, 10, 1, NULL, 0},  {5, 3, 0, 0, 0, NULL, 0},  {0, 1, 0, 6, 0, NULL, 0},
     };
     check_requests(be, logits, ROWS, VOCAB, reqs, (int)(sizeof reqs / sizeof reqs[0]), adj);
     free(logits);
@@ -145,7 +146,7 @@ static void test_many_k(be_backend *be) {
         logits[t] = (float)(test_rand_u32(&rng) % 1000000) * 1e-5f - 5.0f;
     int ks[] = {1, 2, 7, 40, 64, 100, 511, 512, 513, 1023, 1024};
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
-        be_topk_row r = {0, ks[i], 0, 0, 1};
+        be_topk_row r = {0, ks[i], 0, 0, 1, NULL, 0};
         check_requests(be, logits, 1, VOCAB, &r, 1, NULL);
     }
     free(logits);
@@ -159,19 +160,23 @@ static void test_rejects(be_backend *be) {
     int32_t nc[1];
     base_err err = {{0}};
     be_logit_adj unsorted[] = {{5, BE_ADJ_ADD, 1, 0}, {3, BE_ADJ_ADD, 1, 0}};
-    be_topk_row r = {0, 2, 0, 2, 0};
+    be_topk_row r = {0, 2, 0, 2, 0, NULL, 0};
     CHECK(be->ops->topk_candidates(be, &t, &r, 1, unsorted, ids, ls, nc, NULL, &err) == -1);
     CHECK(strstr(err.msg, "sorted") != NULL);
     be_logit_adj outside[] = {{8, BE_ADJ_ADD, 1, 0}};
-    r = (be_topk_row){0, 2, 0, 1, 0};
+    r = (be_topk_row){0, 2, 0, 1, 0, NULL, 0};
     CHECK(be->ops->topk_candidates(be, &t, &r, 1, outside, ids, ls, nc, NULL, &err) == -1);
     CHECK(strstr(err.msg, "token 8") != NULL);
-    r = (be_topk_row){1, 2, 0, 0, 0};
+    r = (be_topk_row){1, 2, 0, 0, 0, NULL, 0};
     CHECK(be->ops->topk_candidates(be, &t, &r, 1, NULL, ids, ls, nc, NULL, &err) == -1);
     CHECK(strstr(err.msg, "row 1") != NULL);
-    r = (be_topk_row){0, BE_TOPK_MAX + 1, 0, 0, 0};
+    r = (be_topk_row){0, BE_TOPK_MAX + 1, 0, 0, 0, NULL, 0};
     CHECK(be->ops->topk_candidates(be, &t, &r, 1, NULL, ids, ls, nc, NULL, &err) == -1);
     CHECK(strstr(err.msg, "k = ") != NULL);
+    uint32_t all = ~0u;
+    r = (be_topk_row){0, 2, 0, 0, 0, &all, 9};
+    CHECK(be->ops->topk_candidates(be, &t, &r, 1, NULL, ids, ls, nc, NULL, &err) == -1);
+    CHECK(strstr(err.msg, "allowed set covers 9 tokens") != NULL);
 }
 
 int main(void) {

@@ -97,10 +97,11 @@ static void test_big_vocab(be_backend *gpu, be_backend *cpu) {
         adj[na++] = (be_logit_adj){tok, BE_ADJ_PENALTY, 1.3f, 0.1f * (float)(t % 4)};
     }
     be_topk_row reqs[] = {
-        {0, 1, 0, 0, 1},    {0, 40, 0, 0, 0},    {0, 1024, 0, 0, 1}, {1, 1, 0, 0, 0},
-        {1, 40, 0, 0, 1},   {1, 1024, 0, 0, 0},  {2, 40, 0, 0, 1},   {2, 1, 0, 0, 0},
-        {3, 64, 0, 0, 0},   {4, 40, 0, na, 1},   {4, 1, 0, na, 0},   {5, 0, 0, 0, 1},
-        {6, 500, 0, na, 0}, {7, 1024, 0, na, 1}, {1, 40, 0, na, 0},
+        {0, 1, 0, 0, 1, NULL, 0},    {0, 40, 0, 0, 0, NULL, 0},    {0, 1024, 0, 0, 1, NULL, 0},
+        {1, 1, 0, 0, 0, NULL, 0},    {1, 40, 0, 0, 1, NULL, 0},    {1, 1024, 0, 0, 0, NULL, 0},
+        {2, 40, 0, 0, 1, NULL, 0},   {2, 1, 0, 0, 0, NULL, 0},     {3, 64, 0, 0, 0, NULL, 0},
+        {4, 40, 0, na, 1, NULL, 0},  {4, 1, 0, na, 0, NULL, 0},    {5, 0, 0, 0, 1, NULL, 0},
+        {6, 500, 0, na, 0, NULL, 0}, {7, 1024, 0, na, 1, NULL, 0}, {1, 40, 0, na, 0, NULL, 0},
     };
     compare(gpu, cpu, "vocab 128256", x, ROWS, BIG_VOCAB, reqs, (int)(sizeof reqs / sizeof *reqs),
             adj);
@@ -114,8 +115,47 @@ static void test_many_rows(be_backend *gpu, be_backend *cpu) {
     tc_fill(x, (size_t)ROWS * BIG_VOCAB, 20.0f);
     be_topk_row reqs[ROWS];
     for (int i = 0; i < ROWS; i++)
-        reqs[i] = (be_topk_row){ROWS - 1 - i, 1 + i % 50, 0, 0, i % 3 == 0};
+        reqs[i] = (be_topk_row){ROWS - 1 - i, 1 + i % 50, 0, 0, i % 3 == 0, NULL, 0};
     compare(gpu, cpu, "200 rows", x, ROWS, BIG_VOCAB, reqs, ROWS, NULL);
+    free(x);
+}
+
+/* Allowed sets (a grammar's masks): sparse, dense, one token, none, over a vocabulary shorter
+ * than the row (ids past it never allowed), with adjustments on allowed and left-out tokens,
+ * on split rows (few requests) and whole ones (many). */
+static void test_allowed(be_backend *gpu, be_backend *cpu) {
+    enum { ROWS = 4, N_ALLOWED = BIG_VOCAB - 300, WORDS = (N_ALLOWED + 31) / 32, REQS = 300 };
+    float *x = malloc(sizeof(float) * ROWS * BIG_VOCAB);
+    tc_fill(x, (size_t)ROWS * BIG_VOCAB, 12.0f);
+    static uint32_t masks[5][WORDS];
+    for (int w = 0; w < WORDS; w++) {
+        uint32_t u = tc_u32(), v = tc_u32();
+        masks[0][w] = u & v & tc_u32(); /* an eighth */
+        masks[1][w] = ~(u & v);         /* three quarters */
+        masks[2][w] = 0;
+        masks[3][w] = (w % 64 == 0) ? u : 0; /* a few tokens in scattered words */
+        masks[4][w] = 0;
+    }
+    masks[2][1000] = 1u << 7;  /* one token */
+    masks[4][WORDS - 1] = ~0u; /* the last words: tokens past N_ALLOWED are not allowed */
+    be_logit_adj adj[64];
+    int na = 0;
+    for (int t = 0; t < 64; t++)
+        adj[na++] = (be_logit_adj){2003 * t + 1, t % 3 ? BE_ADJ_ADD : BE_ADJ_PENALTY,
+                                   t % 3 ? 9.0f : 1.3f, 0.25f};
+    be_topk_row reqs[REQS];
+    for (int i = 0; i < REQS; i++) {
+        static const int ks[] = {1, 40, 1024};
+        reqs[i] = (be_topk_row){i % ROWS,
+                                ks[i % 3],
+                                0,
+                                i % 2 ? na : 0,
+                                0,
+                                masks[i % 5],
+                                i % 5 == 4 ? N_ALLOWED : N_ALLOWED - 5 * (i % 4)};
+    }
+    compare(gpu, cpu, "allowed sets, split rows", x, ROWS, BIG_VOCAB, reqs, 5, adj);
+    compare(gpu, cpu, "allowed sets, whole rows", x, ROWS, BIG_VOCAB, reqs, REQS, adj);
     free(x);
 }
 
@@ -135,10 +175,10 @@ static void test_fixtures(be_backend *gpu, be_backend *cpu) {
                                   {(int32_t)(vocab - 1), BE_ADJ_ADD, -INFINITY, 0}};
             be_topk_row *reqs = malloc((size_t)rows * 3 * sizeof *reqs);
             for (int r = 0; r < rows; r++) {
-                reqs[3 * r] = (be_topk_row){r, 1, 0, 0, 1};
-                reqs[3 * r + 1] = (be_topk_row){r, 40, 0, 3, 0};
+                reqs[3 * r] = (be_topk_row){r, 1, 0, 0, 1, NULL, 0};
+                reqs[3 * r + 1] = (be_topk_row){r, 40, 0, 3, 0, NULL, 0};
                 reqs[3 * r + 2] =
-                    (be_topk_row){r, vocab < BE_TOPK_MAX ? vocab : BE_TOPK_MAX, 0, 0, 0};
+                    (be_topk_row){r, vocab < BE_TOPK_MAX ? vocab : BE_TOPK_MAX, 0, 0, 0, NULL, 0};
             }
             compare(gpu, cpu, names[f], ref.logits, rows, vocab, reqs, 3 * rows, adj);
             free(reqs);
@@ -235,7 +275,7 @@ static void time_op(be_backend *gpu) {
     for (int k = 1; k <= 40; k += 39)
         for (size_t c = 0; c < sizeof rows / sizeof *rows; c++) {
             be_topk_row reqs[ROWS];
-            for (int i = 0; i < rows[c]; i++) reqs[i] = (be_topk_row){i, k, 0, 0, 0};
+            for (int i = 0; i < rows[c]; i++) reqs[i] = (be_topk_row){i, k, 0, 0, 0, NULL, 0};
             topk_out o = run_op(gpu, &dt, reqs, rows[c], NULL);
             free_out(&o);
             double t0 = base_now();
@@ -261,6 +301,7 @@ int main(void) {
     }
     test_big_vocab(gpu, cpu);
     test_many_rows(gpu, cpu);
+    test_allowed(gpu, cpu);
     test_fixtures(gpu, cpu);
     time_op(gpu);
     test_picker(gpu);

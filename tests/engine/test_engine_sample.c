@@ -5,14 +5,16 @@
  * picker on the same backend with the op removed (every row downloaded and run through
  * engine_sampler_next, the reference). Tokens and log-probabilities must be equal, bit for
  * bit; the candidate path must have served every row it can, downloading none of them
- * (with top-k off, the rows its candidates decide). */
+ * (with top-k off, the rows its candidates decide). Rows limited to an allowed set (a
+ * grammar's mask, over a vocabulary shorter than the row) go through the op too, unless they
+ * want log-probabilities or a wide pick, and never pick a token outside the set. */
 #include "engine/engine.h"
 #include "test.h"
 
 #include <math.h>
 #include <string.h>
 
-enum { VOCAB = 2000, STEPS = 40, SEEDS = 4 };
+enum { VOCAB = 2000, STEPS = 40, SEEDS = 4, MASKED_VOCAB = VOCAB - 37 };
 
 static const be_ops *g_real; /* the CPU backend's own op table */
 static int g_downloads, g_topk_rows;
@@ -64,13 +66,14 @@ typedef struct param_set {
     bool maybe;       /* the candidates serve some of its picks, the full row the others */
     bool sparse;      /* its rows hold only 10 tokens above -inf */
     bool flat;        /* its rows are all ties */
+    int masked;       /* 0: no allowed set; 1: a random tenth of the tokens; 2: none allowed */
 } param_set;
 
 static engine_logit_bias g_bias[] = {
     {7, 3.0f}, {7, -1.25f}, {100, -INFINITY}, {1999, 2.5f}, {1500, 0.5f}};
 static engine_logit_bias g_ban[VOCAB]; /* bans every token; a prefix of it leaves some */
 
-static param_set g_sets[24];
+static param_set g_sets[32];
 static int g_n_sets;
 
 /* A new set with llama-server's defaults. */
@@ -163,6 +166,36 @@ static void make_sets(void) {
     s->temperature = 0;
     s->logit_bias = g_ban;
     s->n_logit_bias = VOCAB;
+    add_set("defaults, allowed set", -1, false);
+    g_sets[g_n_sets - 1].masked = 1;
+    add_set("greedy, allowed set", -1, false)->temperature = 0;
+    g_sets[g_n_sets - 1].masked = 1;
+    s = add_set("penalties and bias, k 5, allowed set", -1, false);
+    s->top_k = 5;
+    s->repeat_penalty = 1.3f;
+    s->logit_bias = g_bias;
+    s->n_logit_bias = (int)(sizeof g_bias / sizeof *g_bias);
+    g_sets[g_n_sets - 1].masked = 1;
+    add_set("defaults, nothing allowed", -1, false);
+    g_sets[g_n_sets - 1].masked = 2;
+    add_set("defaults, 3 logprobs, allowed set", 3, true);
+    g_sets[g_n_sets - 1].masked = 1;
+    s = add_set("top-k off, top-p 0.5, allowed set", -1, true);
+    s->top_k = 0;
+    s->top_p = 0.5f;
+    s->min_p = 0;
+    g_sets[g_n_sets - 1].masked = 1;
+}
+
+/* This step's allowed set of a lane whose set is masked (words over MASKED_VOCAB). */
+static void fill_mask(uint32_t *mask, int kind) {
+    int words = (MASKED_VOCAB + 31) / 32;
+    for (int w = 0; w < words; w++) {
+        uint32_t m = 0;
+        for (int b = 0; b < 32; b++)
+            if (kind == 1 && test_rand_u32(&rng) % 10 == 0) m |= 1u << b;
+        mask[w] = m;
+    }
 }
 
 typedef struct lane {
@@ -221,6 +254,16 @@ int main(void) {
         expect_op += !ps->full || ps->sparse || ps->flat;
     }
     float *logits = malloc(sizeof(float) * (size_t)n * VOCAB);
+    const int words = (MASKED_VOCAB + 31) / 32;
+    uint32_t *masks = calloc((size_t)n * (size_t)words, sizeof *masks);
+    char tok_bytes[MASKED_VOCAB][8];
+    const char *tok_ptr[MASKED_VOCAB];
+    size_t tok_len[MASKED_VOCAB];
+    for (int i = 0; i < MASKED_VOCAB; i++) {
+        tok_len[i] = (size_t)snprintf(tok_bytes[i], sizeof tok_bytes[i], "t%d", i);
+        tok_ptr[i] = tok_bytes[i];
+    }
+    gram_vocab *gv = gram_vocab_new(tok_ptr, tok_len, MASKED_VOCAB);
     engine_pick *pa = calloc((size_t)n, sizeof *pa), *pb = calloc((size_t)n, sizeof *pb);
     engine_picker *picker = engine_picker_new(VOCAB), *ref_picker = engine_picker_new(VOCAB);
     be_tensor t = {logits, BASE_DTYPE_F32, n, VOCAB};
@@ -228,11 +271,18 @@ int main(void) {
         for (int r = 0; r < n; r++)
             fill_row(logits + (size_t)r * VOCAB, r, sets[r / SEEDS].sparse, sets[r / SEEDS].flat);
         for (int i = 0; i < n; i++) {
+            int kind = sets[i / SEEDS].masked;
+            uint32_t *mask = kind ? masks + (size_t)i * (size_t)words : NULL;
+            if (mask) fill_mask(mask, kind);
             pa[i] = (engine_pick){.sampler = lanes[i].cand,
+                                  .allowed = mask,
+                                  .allowed_vocab = mask ? gv : NULL,
                                   .history = lanes[i].hist,
                                   .n_history = lanes[i].n_hist,
                                   .top_logprobs = lanes[i].top_logprobs};
             pb[i] = (engine_pick){.sampler = lanes[i].ref,
+                                  .allowed = mask,
+                                  .allowed_vocab = mask ? gv : NULL,
                                   .history = lanes[i].hist,
                                   .n_history = lanes[i].n_hist,
                                   .top_logprobs = lanes[i].top_logprobs};
@@ -248,6 +298,13 @@ int main(void) {
         for (int i = 0; i < n; i++) {
             compare_picks(sets[i / SEEDS].name, (uint64_t)(i % SEEDS), step, &pa[i], &pb[i],
                           lanes[i].top_logprobs);
+            const uint32_t *m = pa[i].allowed;
+            int32_t tk = pa[i].token;
+            if (sets[i / SEEDS].masked == 1)
+                CHECK_MSG(tk < MASKED_VOCAB && (m[tk >> 5] >> (tk & 31) & 1),
+                          "%s step %d: token %d "
+                          "is not allowed",
+                          sets[i / SEEDS].name, step, tk);
             lanes[i].hist[lanes[i].n_hist++] = pb[i].token;
         }
     }
@@ -265,6 +322,8 @@ int main(void) {
     engine_picker_free(ref_picker);
     free(lanes);
     free(logits);
+    free(masks);
+    gram_vocab_free(gv);
     free(pa);
     free(pb);
     be_destroy(be);

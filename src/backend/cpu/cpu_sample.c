@@ -56,6 +56,7 @@ static void topk_row(void *vctx, int64_t i) {
     for (int64_t t = 0; t < c->vocab && r->k > 0; t++) {
         float v = adjusted(row, (int32_t)t, c->adj, r->adj_end, &j);
         if (isnan(v) || (isinf(v) && v < 0)) continue;
+        if (r->allowed && (t >= r->allowed_n || !(r->allowed[t >> 5] >> (t & 31) & 1))) continue;
         base_topk_push(&top, v, (int32_t)t);
     }
     int n = base_topk_finish(&top);

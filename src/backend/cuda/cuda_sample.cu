@@ -23,6 +23,10 @@
  * each pass visits the short adjusted list instead. The raw row is never written, so a later
  * full download or log-sum-exp sees the model's logits.
  *
+ * Allowed sets (a grammar's masks, a bit a token) are uploaded with the requests, 16 KB a row
+ * at vocab 128256 instead of the row's 513 KB down: a token they leave out is skipped like -inf
+ * in every pass, adjusted or not.
+ *
  * Why not a sort of the whole row or a per-thread heap: a sort costs O(vocab log vocab) work
  * for k <= 1024 results; per-thread heaps of k up to 1024 do not fit in registers. */
 #include "backend/cuda/cuda_internal.h"
@@ -39,8 +43,10 @@
 
 typedef struct tk_req {
     int32_t row, k, adj_begin, adj_end, want_lse;
-    int32_t out_off; /* first output slot */
-    int32_t key_off; /* its adjusted keys' slots: requests may share adjustments, not keys */
+    int32_t out_off;  /* first output slot */
+    int32_t key_off;  /* its adjusted keys' slots: requests may share adjustments, not keys */
+    int32_t mask_off; /* its allowed set's first word in the uploaded masks, or -1: all allowed */
+    int32_t mask_n;   /* tokens the allowed set covers (the rest are not allowed) */
 } tk_req;
 
 __device__ __forceinline__ uint32_t tk_fkey(float v) {
@@ -140,6 +146,11 @@ __device__ __forceinline__ bool tk_skip(const uint32_t *bitmap, bool has_adj, in
     return has_adj && ((bitmap[i >> 5] >> (i & 31)) & 1u);
 }
 
+/* Whether token t is left out by the request's allowed set (mask: its words, or NULL). */
+__device__ __forceinline__ bool tk_masked(const uint32_t *mask, int mask_n, int t) {
+    return mask && (t >= mask_n || !((mask[t >> 5] >> (t & 31)) & 1u));
+}
+
 /* The select leaves exactly n <= BE_TOPK_MAX keys at or above the floor; the bound only keeps
  * a broken invariant from writing past the array. */
 __device__ __forceinline__ void tk_push(uint64_t *keys, uint32_t *cnt, uint64_t key) {
@@ -157,8 +168,8 @@ enum { TK_ROW, TK_SLICE, TK_MERGE };
 template <int MODE>
 __global__ void __launch_bounds__(TK_THREADS)
     tk_kernel(const float *logits, int vocab, int slices, const tk_req *reqs,
-              const be_logit_adj *adj, uint64_t *adj_key, uint64_t *cand, int32_t *out_id,
-              float *out_logit, int32_t *out_n, double *out_lse) {
+              const be_logit_adj *adj, const uint32_t *masks, uint64_t *adj_key, uint64_t *cand,
+              int32_t *out_id, float *out_logit, int32_t *out_n, double *out_lse) {
     /* ((hi - lo + 31) / 32) when the request has adjustments: the slice's adjusted tokens */
     extern __shared__ uint32_t tk_bitmap[];
     __shared__ uint32_t hist[TK_BINS];
@@ -172,6 +183,7 @@ __global__ void __launch_bounds__(TK_THREADS)
     const int req = MODE == TK_SLICE ? blockIdx.y : blockIdx.x;
     const tk_req r = reqs[req];
     const float *row = logits + (size_t)r.row * (size_t)vocab;
+    const uint32_t *mask = MODE != TK_MERGE && r.mask_off >= 0 ? masks + r.mask_off : NULL;
     const int tid = threadIdx.x;
     int lo = 0, hi = MODE == TK_MERGE ? 0 : vocab;
     if (MODE == TK_SLICE) {
@@ -205,7 +217,7 @@ __global__ void __launch_bounds__(TK_THREADS)
             if (j == r.adj_begin || adj[j - 1].token != t) {
                 atomicOr(&tk_bitmap[(t - lo) >> 5], 1u << ((t - lo) & 31));
                 float v = tk_apply(row, adj, j, r.adj_end);
-                if (tk_eligible(v)) key = tk_key(v, (uint32_t)t);
+                if (tk_eligible(v) && !tk_masked(mask, r.mask_n, t)) key = tk_key(v, (uint32_t)t);
             }
             keys_adj[j - r.adj_begin] = key;
         }
@@ -219,7 +231,9 @@ __global__ void __launch_bounds__(TK_THREADS)
         __syncthreads();
         for (int i = lo + tid; i < hi; i += TK_THREADS) {
             float v = row[i];
-            if (!tk_eligible(v) || tk_skip(tk_bitmap, has_adj, i - lo)) continue;
+            if (!tk_eligible(v) || tk_skip(tk_bitmap, has_adj, i - lo) ||
+                tk_masked(mask, r.mask_n, i))
+                continue;
             uint64_t key = tk_key(v, (uint32_t)i);
             if (used == 0 || (key >> (64 - used)) == (prefix >> (64 - used)))
                 atomicAdd(&hist[(key >> shift) & 255], 1u);
@@ -264,7 +278,8 @@ __global__ void __launch_bounds__(TK_THREADS)
     uint64_t floor_top = prefix >> shift;
     for (int i = lo + tid; i < hi; i += TK_THREADS) {
         float v = row[i];
-        if (!tk_eligible(v) || tk_skip(tk_bitmap, has_adj, i - lo)) continue;
+        if (!tk_eligible(v) || tk_skip(tk_bitmap, has_adj, i - lo) || tk_masked(mask, r.mask_n, i))
+            continue;
         uint64_t key = tk_key(v, (uint32_t)i);
         if ((key >> shift) >= floor_top) tk_push(keys, &s_cnt, key);
     }
@@ -334,7 +349,9 @@ int cuda_topk_candidates(be_backend *be, const be_tensor *logits, const be_topk_
     if (n_req <= 0) return 0;
     cuda_backend *c = cuda_impl(be);
     int vocab = (int)logits->cols, n_adj = 0, total_k = 0, n_keys = 0;
+    size_t n_words = 0;
     for (int i = 0; i < n_req; i++) {
+        if (reqs[i].allowed) n_words += (size_t)(reqs[i].allowed_n + 31) / 32;
         if (reqs[i].adj_end > n_adj) n_adj = reqs[i].adj_end;
         n_keys += reqs[i].adj_end - reqs[i].adj_begin;
         total_k += reqs[i].k;
@@ -357,9 +374,10 @@ int cuda_topk_candidates(be_backend *be, const be_tensor *logits, const be_topk_
             return base_fail(err, "cuda: topk_candidates: vocabulary of %d is too large: %s", vocab,
                              cudaGetErrorString(e));
     }
-    /* one upload (requests, adjustments), one download (every output) */
+    /* one upload (requests, adjustments, allowed sets), one download (every output) */
     size_t o_req = 0, o_adj = tk_align((size_t)n_req * sizeof(tk_req));
-    size_t o_key = o_adj + tk_align((size_t)n_adj * sizeof(be_logit_adj));
+    size_t o_mask = o_adj + tk_align((size_t)n_adj * sizeof(be_logit_adj));
+    size_t o_key = o_mask + tk_align(n_words * sizeof(uint32_t));
     size_t o_lse = o_key + tk_align((size_t)n_keys * sizeof(uint64_t));
     size_t o_n = o_lse + tk_align((size_t)n_req * sizeof(double));
     size_t o_id = o_n + tk_align((size_t)n_req * sizeof(int32_t));
@@ -369,12 +387,17 @@ int cuda_topk_candidates(be_backend *be, const be_tensor *logits, const be_topk_
     if (tk_scratch(c, end, err)) return -1;
     unsigned char *host = (unsigned char *)c->tk_host;
     tk_req *hr = (tk_req *)(host + o_req);
-    for (int i = 0, off = 0, koff = 0; i < n_req; i++) {
-        tk_req t = {reqs[i].row, reqs[i].k, reqs[i].adj_begin, reqs[i].adj_end, reqs[i].want_lse,
-                    off,         koff};
+    uint32_t *hm = (uint32_t *)(host + o_mask);
+    for (int i = 0, off = 0, koff = 0, moff = 0; i < n_req; i++) {
+        const be_topk_row *q = &reqs[i];
+        int words = q->allowed ? (q->allowed_n + 31) / 32 : 0;
+        tk_req t = {q->row, q->k, q->adj_begin,           q->adj_end,  q->want_lse,
+                    off,    koff, q->allowed ? moff : -1, q->allowed_n};
         hr[i] = t;
-        off += reqs[i].k;
-        koff += reqs[i].adj_end - reqs[i].adj_begin;
+        if (words) memcpy(hm + moff, q->allowed, (size_t)words * sizeof(uint32_t));
+        off += q->k;
+        koff += q->adj_end - q->adj_begin;
+        moff += words;
     }
     if (n_adj) memcpy(host + o_adj, adj, (size_t)n_adj * sizeof(be_logit_adj));
     unsigned char *dev = (unsigned char *)c->tk_buf;
@@ -382,21 +405,22 @@ int cuda_topk_candidates(be_backend *be, const be_tensor *logits, const be_topk_
     const float *lg = (const float *)logits->data;
     const tk_req *dr = (const tk_req *)(dev + o_req);
     const be_logit_adj *da = (const be_logit_adj *)(dev + o_adj);
+    const uint32_t *dm = (const uint32_t *)(dev + o_mask);
     uint64_t *dk = (uint64_t *)(dev + o_key), *dc = (uint64_t *)(dev + o_cand);
     int32_t *di = (int32_t *)(dev + o_id), *dn = (int32_t *)(dev + o_n);
     float *dl = (float *)(dev + o_logit);
     double *ds = (double *)(dev + o_lse);
     if (e == cudaSuccess && slices > 1) {
         tk_kernel<TK_SLICE><<<dim3(slices, n_req), TK_THREADS, smem, c->stream>>>(
-            lg, vocab, slices, dr, da, dk, dc, di, dl, dn, ds);
+            lg, vocab, slices, dr, da, dm, dk, dc, di, dl, dn, ds);
         e = cudaGetLastError();
         if (e == cudaSuccess &&
             cuda_launch_pdl(c, tk_kernel<TK_MERGE>, n_req, TK_THREADS, 0, "topk_candidates", err,
-                            lg, vocab, slices, dr, da, dk, dc, di, dl, dn, ds))
+                            lg, vocab, slices, dr, da, dm, dk, dc, di, dl, dn, ds))
             return -1;
     } else if (e == cudaSuccess) {
-        tk_kernel<TK_ROW>
-            <<<n_req, TK_THREADS, smem, c->stream>>>(lg, vocab, 1, dr, da, dk, dc, di, dl, dn, ds);
+        tk_kernel<TK_ROW><<<n_req, TK_THREADS, smem, c->stream>>>(lg, vocab, 1, dr, da, dm, dk, dc,
+                                                                  di, dl, dn, ds);
         e = cudaGetLastError();
     }
     if (e == cudaSuccess)
