@@ -234,6 +234,12 @@ static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, const char 
                                      "the server is shutting down");
     if (!__atomic_load_n(&s->ready, __ATOMIC_ACQUIRE))
         return server_reply_error_as(s, c, shape, 503, "unavailable_error", "Loading model");
+    /* a sequence classifier scores and embeds, and has no LM head to generate with */
+    if (gen && !embed && !rerank && !model_has_lm_head(s->rt->model))
+        return server_reply_error_as(s, c, shape, 501, "not_supported_error",
+                                     "this model is a sequence classifier (no LM head): it serves "
+                                     "/v1/rerank and /v1/embeddings, not %s",
+                                     url);
     enum MHD_Result rc;
     json_t *body = NULL;
     /* llama-server's slot actions take no body */

@@ -7,6 +7,8 @@
 // return_documents, {"text"} documents, max_tokens_per_doc, usage), TEI's shape (texts,
 // return_text, raw_scores), determinism, the refusals, the route without --reranking (501),
 // LLAMA_ARG_RERANKING, and --rerank on a model whose tokenizer lost "yes" (exit 1 at start-up).
+// Then a sequence classifier, the qwen3_seqcls_bf16 fixture, through the server against
+// transformers' score.
 import { execFileSync } from 'node:child_process';
 import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
@@ -147,6 +149,58 @@ function noYesModel(dir) {
   return model;
 }
 
+// GPT-2's byte-level alphabet as a BPE without merges: token id = byte, within the 256 ids
+function byteTokenizer() {
+  const bs = [];
+  for (let b = 33; b <= 126; b++) bs.push(b);
+  for (let b = 161; b <= 172; b++) bs.push(b);
+  for (let b = 174; b <= 255; b++) bs.push(b);
+  const cs = [...bs];
+  for (let b = 0, n = 0; b < 256; b++) if (!bs.includes(b)) { bs.push(b); cs.push(256 + n++); }
+  const vocab = Object.fromEntries(bs.map((b, i) => [String.fromCodePoint(cs[i]), b]));
+  const level = { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: true };
+  return { version: '1.0', truncation: null, padding: null, added_tokens: [], normalizer: null, pre_tokenizer: level,
+    post_processor: null, decoder: level, model: { type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: null,
+      end_of_word_suffix: null, fuse_unk: false, byte_fallback: false, ignore_merges: false, vocab, merges: [] } };
+}
+
+// The qwen3_seqcls_bf16 fixture (a Qwen3ForSequenceClassification) given a byte-level
+// tokenizer, so that a query "\u0001" and an empty document are its first reference sequence,
+// [1]: the server must answer transformers' score for it. Without --reranking it does not
+// start (it has no LM head), and with it, generation says why it cannot.
+async function classifier(dir) {
+  const fixture = path.join(SRC, 'tests/fixtures/qwen3_seqcls_bf16');
+  const model = path.join(dir, 'seqcls');
+  cpSync(fixture, model, { recursive: true });
+  writeFileSync(path.join(model, 'tokenizer.json'), JSON.stringify(byteTokenizer()));
+  writeFileSync(path.join(model, 'tokenizer_config.json'), '{}');
+  const ref = JSON.parse(readFileSync(path.join(fixture, 'scores.json'), 'utf8'));
+  check(JSON.stringify(ref.sequences[0]) === '[1]', `the fixture's first sequence is [1]: ${JSON.stringify(ref.sequences[0])}`);
+  try {
+    await startServer(['-m', model, '-c', '256']);
+    check(false, 'a classifier started without --reranking');
+  } catch (e) {
+    check(/exited 1/.test(e.message) && e.message.includes('sequence classifier') && e.message.includes('--reranking'),
+      `a classifier without --reranking exits at start-up: ${e.message.trim()}`);
+  }
+  const s = await startServer(['-m', model, '-c', '256', '--reranking']);
+  try {
+    const want = ref.scores[0][0];
+    const r = await (await post(s.url, '/v1/rerank', { query: '\u0001', documents: ['', 'ab'] })).json();
+    const got = r.results?.find((x) => x.index === 0)?.relevance_score;
+    check(r.usage?.prompt_tokens === 1 + 3 && Math.abs(logit(got) - want) < 1e-3 * Math.abs(want),
+      `the score head through the server: ${got} = sigmoid(${logit(got)}), transformers ${want} (${JSON.stringify(r.usage)})`);
+    const raw = await (await post(s.url, '/rerank', { query: '\u0001', texts: [''], raw_scores: true })).json();
+    check(Math.abs(raw[0]?.score - want) < 1e-3 * Math.abs(want), `TEI's raw_scores give the head's logit: ${raw[0]?.score}`);
+    const g = await post(s.url, '/v1/completions', { prompt: 'ab', max_tokens: 2 });
+    const text = await g.text();
+    check(g.status === 501 && text.includes('sequence classifier'), `generation on a classifier: ${g.status} ${text}`);
+  } catch (e) {
+    fail(e);
+  }
+  await stopServer(s);
+}
+
 async function main() {
   const dir = mkdtempSync(path.join(os.tmpdir(), 'mlxcel-rerank-'));
   try {
@@ -173,6 +227,7 @@ async function main() {
       check(/exited 1/.test(e.message) && e.message.includes('no score head') && e.message.includes('"yes"') && !e.message.includes('nor'),
         `--rerank on a model without "yes" exits at start-up naming it: ${e.message.trim()}`);
     }
+    await classifier(dir).catch(fail);
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
