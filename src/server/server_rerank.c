@@ -111,14 +111,15 @@ static int parse_docs(server *s, json_t *b, rerank_req *q, base_err *err) {
     int ctx = s->rt->kv_plan.ctx_size;
     for (int i = 0; i < q->n_docs; i++) {
         rerank_doc *d = &q->docs[i];
-        if (doc_text(json_array_get(docs, (size_t)i), key, (size_t)i, &d->text, err) ||
-            engine_rerank_pair(s->pr->tok, q->query, d->text, q->max_doc, &d->ids, &d->n, err))
-            return -1;
+        if (doc_text(json_array_get(docs, (size_t)i), key, (size_t)i, &d->text, err)) return -1;
+        if (engine_rerank_pair(s->pr->tok, q->query, d->text, q->max_doc, &d->ids, &d->n, err))
+            return base_fail_wrap(err, "'%s[%d]'", key, i);
         if (d->n > ctx)
             return base_fail(err,
                              "'%s[%d]' with the query is %d tokens, more than the context size "
                              "(%d)%s",
-                             key, i, d->n, ctx, q->tei ? "" : ": max_tokens_per_doc cuts it");
+                             key, i, d->n, ctx,
+                             q->tei ? "" : " (max_tokens_per_doc keeps a document's first tokens)");
         q->tokens += d->n;
     }
     if (!q->top_n || q->top_n > q->n_docs) q->top_n = q->n_docs;
