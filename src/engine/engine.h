@@ -536,9 +536,11 @@ typedef struct engine_sched_stats {
     uint64_t requests_done, requests_cancelled, preemptions, steps;
     uint64_t computed_tokens, cached_tokens,
         generated_tokens; /* through the model, adopted from the prefix cache, sampled */
-    double step_seconds, forward_seconds; /* summed over steps; the rest is scheduling,
-                                             sampling and detokenizing */
-    kv_pool_stats pool;                   /* as of the end of the last step */
+    /* summed over steps. forward: from the step's launch until the backend has run it (the
+     * grammar masks are computed meanwhile, and count only where they take longer); the rest
+     * is scheduling, sampling and detokenizing */
+    double step_seconds, forward_seconds;
+    kv_pool_stats pool; /* as of the end of the last step */
 } engine_sched_stats;
 
 typedef struct engine_sched engine_sched;

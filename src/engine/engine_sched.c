@@ -739,10 +739,10 @@ static bool take_token(engine_sched *s, sreq *q, const engine_pick *pk) {
     return true;
 }
 
-/* Builds the batch of the planned entries, runs the model and commits the written KV. The
- * logits rows are those of the entries whose slice reaches the end of their history, in
+/* Builds the batch of the planned entries and queues the model's step (finish_forward ends it).
+ * The logits rows are those of the entries whose slice reaches the end of their history, in
  * entry order. */
-static int run_forward(engine_sched *s, int n, double *fwd_seconds, base_err *err) {
+static int run_forward(engine_sched *s, int n, base_err *err) {
     int off = 0, n_out = 0;
     for (int i = 0; i < n; i++) {
         sreq *q = s->entries[i].q;
@@ -755,19 +755,23 @@ static int run_forward(engine_sched *s, int n, double *fwd_seconds, base_err *er
     }
     kv_batch batch;
     if (kv_batch_build(s->rt->pool, s->seqs, s->q_lens, n, &batch, err)) return -1;
-    double t0 = base_now();
-    int rc = model_forward(s->rt->model, s->rt->pool, &batch, s->step_tokens, s->out_rows, n_out,
-                           NULL, err);
-    *fwd_seconds = base_now() - t0;
+    int rc = model_forward_queue(s->rt->model, s->rt->pool, &batch, s->step_tokens, s->out_rows,
+                                 n_out, err);
     kv_batch_free(&batch);
-    if (rc) return -1;
+    return rc;
+}
+
+/* Waits for the queued step and commits the K/V it wrote (a failed step's blocks never reach
+ * the prefix cache). */
+static int finish_forward(engine_sched *s, int n, base_err *err) {
+    if (s->rt->be->ops->sync(s->rt->be, err)) return -1;
     for (int i = 0; i < n; i++) kv_seq_commit(s->rt->pool, s->seqs[i]);
     return 0;
 }
 
-/* Samples every entry whose slice reached the end of its history (their logits rows, in entry
- * order, are in backend memory) and tells the clients; returns how many tokens were sampled. */
-static int sample_step(engine_sched *s, int n) {
+/* Sets up a pick for every entry whose slice reached the end of its history, with its allowed
+ * set where it has one (on the host, while the backend runs the step); returns how many. */
+static int plan_picks(engine_sched *s, int n) {
     int rows = 0;
     for (int i = 0; i < n; i++) {
         sreq *q = s->entries[i].q;
@@ -787,6 +791,12 @@ static int sample_step(engine_sched *s, int n) {
         /* the row stays in the batch (rows follow the entries); its pick is dropped */
         if (constrain(s, q, pk, mask, &err)) q->gram_error = base_xstrdup(err.msg);
     }
+    return rows;
+}
+
+/* Samples the planned picks (their logits rows, in entry order, are in backend memory) and
+ * tells the clients; returns how many tokens were sampled. */
+static int sample_step(engine_sched *s, int n, int rows) {
     if (rows == 0) return 0;
     base_err err;
     be_tensor logits = model_logits(s->rt->model, rows);
@@ -813,18 +823,22 @@ static void step(engine_sched *s) {
     bool preempted = false;
     int n = plan_running(s, &budget, &preempted);
     if (!preempted) n = admit(s, n, &budget);
-    double fwd = 0;
+    double fwd = 0, t_fwd = base_now();
     base_err err;
-    if (n > 0 && run_forward(s, n, &fwd, &err)) {
+    bool failed = n > 0 && run_forward(s, n, &err);
+    int rows = failed ? 0 : plan_picks(s, n);
+    if (!failed && n > 0) failed = finish_forward(s, n, &err);
+    if (failed) {
         for (int i = 0; i < n; i++) {
             running_remove(s, s->entries[i].q);
             finish_plain(s, s->entries[i].q, ENGINE_FINISH_ERROR, err.msg);
         }
-        n = 0;
+        n = rows = 0;
     }
+    if (n > 0) fwd = base_now() - t_fwd;
     uint64_t computed = 0;
     for (int i = 0; i < n; i++) computed += (uint64_t)s->entries[i].q_len;
-    int row = sample_step(s, n);
+    int row = sample_step(s, n, rows);
     pthread_mutex_lock(&s->mu);
     s->stats.steps++;
     s->stats.generated_tokens += (uint64_t)row;

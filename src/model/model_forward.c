@@ -438,6 +438,11 @@ static int forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t
     return model_forward_body(m, &st, err);
 }
 
+int model_forward_queue(model *m, kv_pool *pool, const kv_batch *batch, const int32_t *tokens,
+                        const int32_t *out_rows, int n_out, base_err *err) {
+    return forward(m, pool, batch, tokens, out_rows, n_out, false, err);
+}
+
 int model_forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t *tokens,
                   const int32_t *out_rows, int n_out, float *logits, base_err *err) {
     be_backend *be = m->be;
