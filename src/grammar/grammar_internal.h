@@ -39,6 +39,7 @@ struct gram_grammar {
     gram_rule *rules; /* (n_rules) */
     size_t n_rules;
     uint32_t root; /* rule index of `root` */
+    bool tokens;   /* some element is a GOP_TOKEN: accepting a token then tries them too */
 };
 
 /* Words one element at code[at] takes. */

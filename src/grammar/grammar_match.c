@@ -882,8 +882,8 @@ int gram_state_accept(gram_state *s, int32_t token, base_err *err) {
             by_bytes = DEAD;
         }
     }
-    /* by the token terminals that name it */
-    uint32_t by_id = part ? DEAD : step_token(m, set, (uint32_t)token);
+    /* by the token terminals that name it (a grammar without any skips the lookup) */
+    uint32_t by_id = part || !m->g->tokens ? DEAD : step_token(m, set, (uint32_t)token);
     if (by_id == UNKNOWN) return fail_bound(err);
     if (by_bytes == DEAD && by_id == DEAD) {
         if (v->special[token])

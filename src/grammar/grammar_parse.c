@@ -36,6 +36,7 @@ typedef struct parser {
     rule_build *rules;
     size_t n_rules, cap_rules;
     const gram_vocab *v; /* token terminals' ids; NULL: token terminals are refused */
+    bool tokens;         /* a token terminal was parsed */
     base_err *err;
     bool failed;
 } parser;
@@ -284,6 +285,7 @@ static int parse_token(parser *p, uint32_t rule) {
         }
     }
     p->pos = at + n;
+    p->tokens = true;
     emit(&p->rules[rule], GOP_TOKEN);
     emit(&p->rules[rule], (uint32_t)id);
     return 0;
@@ -554,6 +556,7 @@ static int finish(parser *p, gram_grammar **out) {
         nc += b->n_code;
     }
     g->root = root;
+    g->tokens = p->tokens;
     compute_min_len(g);
     if (check_left_recursion(p, g)) {
         gram_free(g);
