@@ -189,11 +189,15 @@ async function forcedCalls(client, label) {
     [{ type: 'function', function: { name: 'ping' } }, 'ping']]) {
     const ask = { model: 'gptoss', messages: USER, tools: FORCED_TOOLS, tool_choice: choice, max_tokens: 300, temperature: 0 };
     const what = `${label} tool_choice ${JSON.stringify(choice)}`;
-    const r = (await client.chat.completions.create(ask)).choices[0];
+    const r = (await client.chat.completions.create({ ...ask, logprobs: true })).choices[0];
     const calls = r.message.tool_calls ?? [];
     check(r.finish_reason === 'tool_calls' && calls.length === 1 && (!want || calls[0].function.name === want) &&
       valid(calls[0].function.name, calls[0].function.arguments) && !r.message.content,
       `${what}: ${JSON.stringify(r)}`);
+    // the markers are GPT-OSS's special tokens, each one token, as the model itself writes them
+    const tokens = (r.logprobs?.content ?? []).map((t) => t.token);
+    check(['<|channel|>', '<|constrain|>', '<|message|>'].every((m) => tokens.includes(m)) && tokens.at(-1) === '<|call|>',
+      `${what}: the call's tokens ${JSON.stringify(tokens)}`);
     const s = await collect(await client.chat.completions.create({ ...ask, stream: true }));
     check(s.finish === 'tool_calls' && s.calls.length === 1 && s.calls[0].name === calls[0]?.function.name &&
       s.calls[0].arguments === calls[0]?.function.arguments && valid(s.calls[0].name, s.calls[0].arguments) &&
