@@ -73,6 +73,13 @@ static void test_parse(const gram_vocab *v) {
     CHECK(gram_vocab_find(v, "<|end|>", 7) == S_END && gram_vocab_find(v, "<think>", 7) == T_THINK);
     g = parse_ok("root ::= \"a\" <[13]> <think>", v);
     CHECK(g && accepts(g, v, (const int[]){T_A, S_END, T_THINK, -1}));
+    CHECK(g && !accepts(g, v, (const int[]){T_A, S_END, T_LT, -1}));
+    gram_free(g);
+    /* an ordinary token named by a terminal keeps both readings: as the terminal, as its bytes */
+    g = parse_ok("root ::= <think> \"a\" | \"<think>\" \"b\"", v);
+    CHECK(g && accepts(g, v, (const int[]){T_THINK, T_A, -1}));
+    CHECK(g && accepts(g, v, (const int[]){T_THINK, T_B, -1}));
+    CHECK(g && !accepts(g, v, (const int[]){T_LT, T_B, -1}));
     gram_free(g);
 }
 
