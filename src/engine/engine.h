@@ -513,12 +513,15 @@ typedef struct engine_request {
     /* A thinking budget, llama-server's --reasoning-budget: once the output has thought for
      * reasoning_budget tokens (0: at once), the think_close ids are forced, one a step, ending
      * the thinking. Thinking is the output from the start when the prompt opened it
-     * (`thinking`), else from think_open ids among the first tokens to the first think_close.
-     * Off when n_think_close is 0 or the budget < 0; not with a grammar. Ids copied. */
+     * (`thinking`), else from think_open ids among the first tokens to the first
+     * n_think_end ids of think_close (0: all of them; Harmony's analysis ends at its <|end|>,
+     * but the budget forces the final channel's header too). Off when n_think_close is 0 or
+     * the budget < 0. With a grammar the forced ids must be what it allows there: the request
+     * ends with an error where they are not. Ids copied. */
     int reasoning_budget;
     bool thinking;
     const int32_t *think_open, *think_close;
-    int n_think_open, n_think_close;
+    int n_think_open, n_think_close, n_think_end;
     engine_event_fn on_event;
     void *ctx;
 } engine_request;

@@ -163,8 +163,10 @@ static int check_request(const engine_sched *s, const engine_request *r, base_er
             return base_fail(err, "stop token id %d is outside the vocabulary (%d)", r->stop_ids[i],
                              s->vocab);
     if (r->min_tokens < 0) return base_fail(err, "min_tokens must be >= 0");
-    if (r->n_think_close > 0 && r->reasoning_budget >= 0 && (r->grammar || !s->o.tok))
-        return base_fail(err, "a reasoning budget needs the tokenizer and no grammar");
+    if (r->n_think_close > 0 && r->reasoning_budget >= 0 && !s->o.tok)
+        return base_fail(err, "a reasoning budget needs the tokenizer");
+    if (r->n_think_end < 0 || r->n_think_end > r->n_think_close)
+        return base_fail(err, "n_think_end must be in 0..n_think_close");
     for (int i = 0; i < r->n_think_close; i++)
         if (r->think_close[i] < 0 || r->think_close[i] >= s->vocab)
             return base_fail(err, "think_close token %d is outside the vocabulary", i);
@@ -217,7 +219,8 @@ static int vocab_ensure(engine_sched *s, base_err *err) {
  * error and the step thread never parses. */
 static int grammar_compile(engine_sched *s, sreq *q, const char *text, base_err *err) {
     if (!s->o.tok) return base_fail(err, "grammar: the scheduler has no tokenizer to match with");
-    if (vocab_ensure(s, err) || gram_parse(text, strlen(text), &q->grammar, err)) return -1;
+    if (vocab_ensure(s, err) || gram_parse_vocab(text, strlen(text), s->gvocab, &q->grammar, err))
+        return -1;
     q->grammar_text = base_xstrdup(text);
     q->r.grammar = NULL;
     return 0;
@@ -376,8 +379,8 @@ static bool mask_empty(const uint32_t *mask, int words) {
 }
 
 /* Points pk at q's allowed set for this step: what the grammar allows next, and the EOS ids
- * where it may end (the matcher's masks never hold special tokens, so they are added here,
- * which keeps the mask one pass over the row). */
+ * where it may end (the matcher's masks hold a special token only where a token terminal names
+ * it, so the EOS ids are added here, which keeps the mask one pass over the row). */
 static int constrain(engine_sched *s, sreq *q, engine_pick *pk, uint32_t *mask, base_err *err) {
     if (!q->gstate) grammar_bind(s, q);
     if (gram_state_mask(q->gstate, mask, err)) return -1;
@@ -667,23 +670,34 @@ static void think_track(sreq *q) {
         q->think_done = !q->thinking && q->n_generated > q->r.n_think_open + 4;
         return;
     }
-    if (generated_ends_with(q, q->think_close, q->r.n_think_close))
+    if (generated_ends_with(q, q->think_close,
+                            q->r.n_think_end ? q->r.n_think_end : q->r.n_think_close))
         q->think_done = true;
     else
         q->think_tokens++;
 }
 
-/* Whether q's next token is forced to end its thinking, which is then the only one allowed. */
-static bool think_forced(const engine_sched *s, sreq *q, engine_pick *pk, uint32_t *mask) {
-    if (q->think_done || !q->thinking) return false;
-    if (q->forcing < 0 && q->think_tokens < q->r.reasoning_budget) return false;
+/* 1 when q's next token is forced to end its thinking, which is then the only one allowed; 0
+ * when it is not; -1 when a grammar does not allow the forced token there. */
+static int think_forced(engine_sched *s, sreq *q, engine_pick *pk, uint32_t *mask, base_err *err) {
+    if (q->think_done || !q->thinking) return 0;
+    if (q->forcing < 0 && q->think_tokens < q->r.reasoning_budget) return 0;
     if (q->forcing < 0) q->forcing = 0;
     int32_t t = q->think_close[q->forcing];
+    if (q->gstate || q->grammar) { /* the forced ids go through the grammar like any other */
+        if (!q->gstate) grammar_bind(s, q);
+        if (gram_state_mask(q->gstate, mask, err)) return -1;
+        if (!(mask[t / 32] >> (t % 32) & 1))
+            return base_fail(err,
+                             "the reasoning budget ends the thinking with token %d (closing id %d "
+                             "of %d), which the grammar does not allow here",
+                             t, q->forcing + 1, q->r.n_think_close);
+    }
     memset(mask, 0, (size_t)gram_mask_words(s->gvocab) * sizeof *mask);
     mask[t / 32] |= 1u << (t % 32);
     pk->allowed = mask;
     pk->allowed_vocab = s->gvocab;
-    return true;
+    return 1;
 }
 
 /* Takes q's sampled token (pk) and tells the client. Returns true when the request finished
@@ -787,8 +801,11 @@ static int plan_picks(engine_sched *s, int n) {
             s->masks = base_xmalloc((size_t)s->o.n_parallel * (size_t)words * sizeof *s->masks);
         uint32_t *mask = s->masks + (size_t)(rows - 1) * (size_t)words;
         base_err err;
-        if (think_forced(s, q, pk, mask) || (!q->gstate && !q->grammar)) continue;
-        /* the row stays in the batch (rows follow the entries); its pick is dropped */
+        int forced = think_forced(s, q, pk, mask, &err);
+        /* on an error the row stays in the batch (rows follow the entries); its pick is
+         * dropped */
+        if (forced < 0) q->gram_error = base_xstrdup(err.msg);
+        if (forced || (!q->gstate && !q->grammar)) continue;
         if (constrain(s, q, pk, mask, &err)) q->gram_error = base_xstrdup(err.msg);
     }
     return rows;
