@@ -149,11 +149,19 @@ typedef struct engine_kv_plan {
     int n_parallel;
     uint64_t weights_bytes;
     uint64_t kv_bytes_per_token; /* K and V, all layers */
-    uint64_t kv_bytes_per_block;
-    uint64_t reserve_bytes; /* v2 decode workspace, from the real geometry */
-    uint64_t budget_bytes;  /* what the pool may use, reserve included */
-    int64_t kv_blocks;      /* what the budget buys (not capped by the context) */
-    int64_t blocks_per_seq; /* a full-context sequence */
+    uint64_t kv_bytes_per_block; /* all layers */
+    uint64_t reserve_bytes;      /* v2 decode workspace, from the real geometry */
+    uint64_t budget_bytes;       /* what the pool may use, reserve included */
+    int64_t kv_blocks;           /* global group: what the budget buys (not capped by the
+                                    context); every layer's when there are no local layers */
+    int64_t blocks_per_seq;      /* a full-context sequence */
+    /* Local (sliding-window) layers, kept apart (kv.h): all zero without them. */
+    int n_local_layers;
+    uint64_t global_bytes_per_block, local_bytes_per_block;
+    int64_t kv_local_blocks;      /* the local group's blocks */
+    int64_t local_blocks_per_seq; /* a sequence's window and prefill step, at most */
+    int64_t kv_blocks_full;       /* what the budget would buy if every layer kept the whole
+                                     context (== kv_blocks without local layers) */
 } engine_kv_plan;
 
 /* Sizes the pool: with no budget, n_parallel full-context sequences; with BYTES, what they
