@@ -30,7 +30,8 @@ int engine_plan_kv(const io_model_config *c, uint64_t weights_bytes, be_backend 
     memset(p, 0, sizeof *p);
     int bs = o->kv_block_size > 0 ? o->kv_block_size : KV_DEFAULT_BLOCK_SIZE;
     base_dtype dt = o->kv_dtype != BASE_DTYPE_COUNT ? o->kv_dtype : default_kv_dtype(be);
-    p->geom = (kv_geometry){c->num_hidden_layers, c->num_key_value_heads, c->head_dim, bs, dt, 0, NULL};
+    p->geom =
+        (kv_geometry){c->num_hidden_layers, c->num_key_value_heads, c->head_dim, bs, dt, 0, NULL};
     if (c->sliding_window > 0 && c->layer_local) {
         p->geom.window = c->sliding_window;
         p->geom.layer_local = c->layer_local;

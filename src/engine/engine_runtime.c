@@ -63,9 +63,8 @@ void engine_runtime_describe(const engine_runtime *rt, const char *model_dir, ch
              (double)k->kv_blocks * (double)k->global_bytes_per_block / (1 << 20));
     if (k->n_local_layers) {
         size_t used = strlen(buf);
-        snprintf(buf + used, size - used,
-                 "; %d local layers (window %d): %lld blocks (%.1f MiB)", k->n_local_layers,
-                 k->geom.window, (long long)k->kv_local_blocks,
+        snprintf(buf + used, size - used, "; %d local layers (window %d): %lld blocks (%.1f MiB)",
+                 k->n_local_layers, k->geom.window, (long long)k->kv_local_blocks,
                  (double)k->kv_local_blocks * (double)k->local_bytes_per_block / (1 << 20));
     }
 }

@@ -53,8 +53,8 @@ typedef struct kv_geometry {
     int n_layers;
     int n_kv_heads;
     int head_dim;
-    int block_size;   /* tokens per block */
-    base_dtype dtype; /* F16, BF16 (F32 on the CPU) */
+    int block_size;          /* tokens per block */
+    base_dtype dtype;        /* F16, BF16 (F32 on the CPU) */
     int window;              /* local layers' window in tokens; 0 = no local group */
     const bool *layer_local; /* (n_layers) which layers are local, or NULL (none); read by
                                 kv_pool_create and the budget functions, not kept */

@@ -48,12 +48,12 @@ struct kv_pool {
     kv_group global, local;
 
     /* prefix cache, global group */
-    uint64_t *key;     /* (capacity) prefix key, when published */
-    int32_t *parent;   /* (capacity) previous block of the chain, NONE for the first */
-    int32_t *tokens;   /* (capacity, block_size) token ids */
+    uint64_t *key;      /* (capacity) prefix key, when published */
+    int32_t *parent;    /* (capacity) previous block of the chain, NONE for the first */
+    int32_t *tokens;    /* (capacity, block_size) token ids */
     int32_t *hash_next; /* (capacity) next block of the same bucket */
-    int32_t *buckets;  /* (n_buckets) first block of each bucket */
-    int64_t n_buckets; /* power of two */
+    int32_t *buckets;   /* (n_buckets) first block of each bucket */
+    int64_t n_buckets;  /* power of two */
     uint64_t hash_mask;
     int64_t n_published;
 
@@ -247,8 +247,8 @@ static int geometry_check(const be_backend *be, const kv_geometry *g, int64_t nu
         return base_fail(err, "kv pool: %lld local blocks but no local layers",
                          (long long)num_local);
     if (n_local > 0 && (num_local < 1 || num_local > INT32_MAX))
-        return base_fail(err, "kv pool: num_local_blocks %lld outside 1..%d",
-                         (long long)num_local, INT32_MAX);
+        return base_fail(err, "kv pool: num_local_blocks %lld outside 1..%d", (long long)num_local,
+                         INT32_MAX);
     uint64_t bytes;
     int64_t most = num_blocks > num_local ? num_blocks : num_local;
     if (!base_mul_ok_u64(slab_block_bytes(g), (uint64_t)most, &bytes) || bytes > SIZE_MAX)
@@ -413,7 +413,8 @@ static int check_list(const kv_group *g, const char *group, int32_t head, bool c
         prev = b;
         (*count)++;
     }
-    if (cached && g->lru_tail != prev) return base_fail(err, "kv pool: %s LRU tail is wrong", group);
+    if (cached && g->lru_tail != prev)
+        return base_fail(err, "kv pool: %s LRU tail is wrong", group);
     return 0;
 }
 
@@ -478,10 +479,9 @@ static int check_group(const kv_group *g, const char *group, const int32_t *refs
                        (long long)g->n_referenced, (long long)n_free, (long long)n_cached,
                        (long long)n_ref);
     if (!rc && n_free + n_cached + n_ref != g->capacity)
-        rc = base_fail(err,
-                       "kv pool: %s referenced %lld + cached %lld + free %lld != capacity %lld",
-                       group, (long long)n_ref, (long long)n_cached, (long long)n_free,
-                       (long long)g->capacity);
+        rc = base_fail(
+            err, "kv pool: %s referenced %lld + cached %lld + free %lld != capacity %lld", group,
+            (long long)n_ref, (long long)n_cached, (long long)n_free, (long long)g->capacity);
     free(seen);
     return rc;
 }
@@ -496,8 +496,9 @@ static int check_cache(const kv_pool *p, base_err *err) {
         if (lb == NONE) continue;
         if (!p->global.published[b] || lb < 0 || lb >= p->local.capacity ||
             p->local.peer[lb] != b || !p->local.published[lb])
-            return base_fail(err, "kv pool: global block %lld names local block %d, which does not "
-                                  "name it back (or it is not cached)",
+            return base_fail(err,
+                             "kv pool: global block %lld names local block %d, which does not "
+                             "name it back (or it is not cached)",
                              (long long)b, lb);
     }
     for (int64_t b = 0; b < p->local.capacity; b++) {
@@ -519,7 +520,8 @@ static int check_cache(const kv_pool *p, base_err *err) {
         }
     }
     if (n_hashed != n_pub || n_pub != p->n_published)
-        return base_fail(err, "kv pool: %lld published blocks, %lld in the hash table, %lld counted",
+        return base_fail(err,
+                         "kv pool: %lld published blocks, %lld in the hash table, %lld counted",
                          (long long)n_pub, (long long)n_hashed, (long long)p->n_published);
     return 0;
 }
@@ -706,8 +708,7 @@ int kv_seq_append(kv_pool *pool, kv_seq *seq, const int32_t *tokens, int n, base
     bool lcow = false;
     if (pool->n_local) {
         /* used > 0 keeps the last page: drop_to <= len / bs == last */
-        lcow = used > 0 &&
-               (Lg->refcount[seq->local[last]] > 1 || Lg->published[seq->local[last]]);
+        lcow = used > 0 && (Lg->refcount[seq->local[last]] > 1 || Lg->published[seq->local[last]]);
         int64_t lneed = new_pages + (lcow ? 1 : 0), lhave = Lg->n_free + Lg->n_cached;
         for (int i = seq->local_first; i < drop_to; i++) lhave += Lg->refcount[seq->local[i]] == 1;
         if (lneed > lhave)

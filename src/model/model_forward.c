@@ -72,7 +72,8 @@ static int scratch_reserve(model *m, int n, int n_out, base_err *err) {
  * it keeps its address from one decode step to the next. */
 static size_t local_pages_region(const kv_pool *pool, const be_paged_batch *hl) {
     size_t used = (size_t)hl->page_indptr[hl->n_seqs];
-    size_t decode = (size_t)hl->n_seqs * (size_t)kv_local_blocks_per_step(kv_pool_geometry(pool), 1);
+    size_t decode =
+        (size_t)hl->n_seqs * (size_t)kv_local_blocks_per_step(kv_pool_geometry(pool), 1);
     return used > decode ? used : decode;
 }
 
@@ -421,8 +422,7 @@ static int check_step(const model *m, const kv_pool *pool, const kv_batch *batch
         const model_layer *L = &m->layers[l];
         /* a local group keeps only its window: a layer seeing further would read released
          * blocks */
-        if (kv_pool_layer_local(pool, l) &&
-            !(L->attn.window > 0 && L->attn.window <= g->window))
+        if (kv_pool_layer_local(pool, l) && !(L->attn.window > 0 && L->attn.window <= g->window))
             return base_fail(err,
                              "KV pool keeps layer %d's last %d tokens only, but the layer's "
                              "attention window is %d",
@@ -484,8 +484,8 @@ static int forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t
     TRY(upload_batch(m, pool, batch, &db, &dl, err));
     TRY(be->ops->upload(be, m->s.ids, tokens, (size_t)n * sizeof(int32_t), err));
     be_decode_plan plan;
-    model_step st = {pool,    hb,    &db,    kv_pool_has_local(pool) ? &dl : NULL,
-                     &plan,   out_rows, n_out, hidden};
+    model_step st = {pool,  hb,       &db,   kv_pool_has_local(pool) ? &dl : NULL,
+                     &plan, out_rows, n_out, hidden};
     if (model_graph_usable(m, &st)) return model_graph_step(m, &st, err);
     TRY(model_plan_step(m, pool, batch, &plan, err));
     return model_forward_body(m, &st, err);

@@ -35,8 +35,7 @@ bool model_graph_usable(const model *m, const model_step *st) {
 static bool key_equal(const model_graph_key *a, const model_graph_key *b) {
     return a->pool == b->pool && a->n_seqs == b->n_seqs && a->kv_bound == b->kv_bound &&
            a->page_offsets == b->page_offsets && a->pages_at == b->pages_at &&
-           a->plan.kind == b->plan.kind &&
-           a->plan.pages_per_chunk == b->plan.pages_per_chunk &&
+           a->plan.kind == b->plan.kind && a->plan.pages_per_chunk == b->plan.pages_per_chunk &&
            a->plan.max_chunks == b->plan.max_chunks && a->plan.workspace == b->plan.workspace &&
            a->model_generation == b->model_generation &&
            a->backend_generation == b->backend_generation;
