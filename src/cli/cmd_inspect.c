@@ -33,26 +33,24 @@ static void print_plan(const char *model_dir, const io_model_config *c, const en
     int64_t fit = all_local ? -1 : fit_per_seq(p, p->kv_blocks);
     int64_t fit_full = fit_per_seq(p, p->kv_blocks_full);
     if (json) {
-        json_t *o =
-            json_pack("{s:s, s:s, s:s, s:I, s:i, s:i, s:s, s:I, s:i, s:I, s:I, s:I, s:I, s:I}",
-                      "model", model_dir, "arch", c->model_type, "backend", backend,
-                      "weights_bytes", (json_int_t)p->weights_bytes, "ctx_size", p->ctx_size,
-                      "parallel", p->n_parallel, "kv_dtype", base_dtype_name(p->geom.dtype),
-                      "kv_bytes_per_token", (json_int_t)p->kv_bytes_per_token, "kv_block_size",
-                      p->geom.block_size, "kv_bytes_per_block", (json_int_t)p->kv_bytes_per_block,
-                      "decode_workspace_reserve_bytes", (json_int_t)p->reserve_bytes,
-                      "kv_budget_bytes", (json_int_t)p->budget_bytes, "kv_blocks",
-                      (json_int_t)p->kv_blocks, "context_fits_per_seq_full_attention",
-                      (json_int_t)fit_full);
+        json_t *o = json_pack(
+            "{s:s, s:s, s:s, s:I, s:i, s:i, s:s, s:I, s:i, s:I, s:I, s:I, s:I, s:I}", "model",
+            model_dir, "arch", c->model_type, "backend", backend, "weights_bytes",
+            (json_int_t)p->weights_bytes, "ctx_size", p->ctx_size, "parallel", p->n_parallel,
+            "kv_dtype", base_dtype_name(p->geom.dtype), "kv_bytes_per_token",
+            (json_int_t)p->kv_bytes_per_token, "kv_block_size", p->geom.block_size,
+            "kv_bytes_per_block", (json_int_t)p->kv_bytes_per_block,
+            "decode_workspace_reserve_bytes", (json_int_t)p->reserve_bytes, "kv_budget_bytes",
+            (json_int_t)p->budget_bytes, "kv_blocks", (json_int_t)p->kv_blocks,
+            "context_fits_per_seq_full_attention", (json_int_t)fit_full);
         json_object_set_new(o, "context_fits_per_seq", fit < 0 ? json_null() : json_integer(fit));
         json_object_set_new(o, "kv_local_layers", json_integer(p->n_local_layers));
         if (p->n_local_layers) {
-            json_t *l = json_pack(
-                "{s:i, s:I, s:I, s:I, s:I}", "window", p->geom.window, "global_bytes_per_block",
-                (json_int_t)p->global_bytes_per_block, "local_bytes_per_block",
-                (json_int_t)p->local_bytes_per_block, "local_blocks",
-                (json_int_t)p->kv_local_blocks, "local_blocks_per_seq",
-                (json_int_t)p->local_blocks_per_seq);
+            json_t *l = json_pack("{s:i, s:I, s:I, s:I, s:I}", "window", p->geom.window,
+                                  "global_bytes_per_block", (json_int_t)p->global_bytes_per_block,
+                                  "local_bytes_per_block", (json_int_t)p->local_bytes_per_block,
+                                  "local_blocks", (json_int_t)p->kv_local_blocks,
+                                  "local_blocks_per_seq", (json_int_t)p->local_blocks_per_seq);
             json_object_set_new(o, "kv_local", l);
         }
         cli_print_json(o);
@@ -70,9 +68,8 @@ static void print_plan(const char *model_dir, const io_model_config *c, const en
     if (p->n_local_layers)
         printf("KV layers        %d global (%llu bytes a block), %d local keeping a %d-token "
                "window (%llu bytes a block)\n",
-               p->geom.n_layers - p->n_local_layers,
-               (unsigned long long)p->global_bytes_per_block, p->n_local_layers, p->geom.window,
-               (unsigned long long)p->local_bytes_per_block);
+               p->geom.n_layers - p->n_local_layers, (unsigned long long)p->global_bytes_per_block,
+               p->n_local_layers, p->geom.window, (unsigned long long)p->local_bytes_per_block);
     printf("decode reserve   %llu bytes\n", (unsigned long long)p->reserve_bytes);
     printf("KV budget        %llu bytes\n", (unsigned long long)p->budget_bytes);
     if (!p->n_local_layers) {

@@ -136,6 +136,9 @@ typedef struct engine_options {
     base_dtype kv_dtype;       /* F16, BF16 or F32; BASE_DTYPE_COUNT = backend default */
     const char *kv_budget;     /* "auto", bytes ("8G", "512Mi"), or NULL = enough for
                                   n_parallel x ctx_size */
+    int prefill_chunk;         /* prompt tokens of one sequence per step that the scheduler
+                                  will run, when above the backend's (engine_prefill_chunk): the
+                                  local layers' KV is sized for the larger; <= 0: the backend's */
     model_progress_fn on_load; /* NULL, or told as the model loads */
     void *on_load_ctx;
 } engine_options;
@@ -160,6 +163,7 @@ typedef struct engine_kv_plan {
     uint64_t global_bytes_per_block, local_bytes_per_block;
     int64_t kv_local_blocks;      /* the local group's blocks */
     int64_t local_blocks_per_seq; /* a sequence's window and prefill step, at most */
+    int prefill_step;             /* the step that sizing assumed (tokens) */
     int64_t kv_blocks_full;       /* what the budget would buy if every layer kept the whole
                                      context (== kv_blocks without local layers) */
 } engine_kv_plan;

@@ -49,7 +49,10 @@ int engine_plan_kv(const io_model_config *c, uint64_t weights_bytes, be_backend 
                                                p->ctx_size, attn_decode_target(be));
     /* one spare block per sequence: appending into a shared block copies it first */
     p->blocks_per_seq = ((int64_t)p->ctx_size + bs - 1) / bs + 1;
+    /* the longest step either runs: the backend's prefill chunk or the scheduler's */
     int step = engine_prefill_chunk(be);
+    if (o->prefill_chunk > step) step = o->prefill_chunk;
+    p->prefill_step = step;
     p->local_blocks_per_seq = kv_local_blocks_per_seq(&p->geom, p->ctx_size, step);
     if (!o->kv_budget) {
         p->kv_blocks = p->blocks_per_seq * p->n_parallel;

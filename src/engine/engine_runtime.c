@@ -16,7 +16,8 @@ void engine_options_defaults(engine_options *o) {
                           .n_parallel = 1,
                           .kv_block_size = KV_DEFAULT_BLOCK_SIZE,
                           .kv_dtype = BASE_DTYPE_COUNT,
-                          .kv_budget = NULL};
+                          .kv_budget = NULL,
+                          .prefill_chunk = 0};
 }
 
 int engine_backend_open(const engine_options *o, be_backend **be, base_err *err) {

@@ -961,6 +961,16 @@ int engine_sched_start(engine_runtime *rt, const engine_sched_options *opts, eng
     engine_sched *s = base_xcalloc(1, sizeof *s);
     s->rt = rt;
     resolve_options(rt, opts, &s->o);
+    /* a longer step than the pool's local group was sized for could need more of its blocks
+     * than one sequence may ever get */
+    if (kv_pool_has_local(rt->pool) && s->o.prefill_chunk > rt->kv_plan.prefill_step) {
+        int chunk = s->o.prefill_chunk;
+        free(s);
+        return base_fail(err,
+                         "prefill chunk %d is longer than the %d-token step the KV pool's "
+                         "local layers were sized for (engine_options.prefill_chunk)",
+                         chunk, rt->kv_plan.prefill_step);
+    }
     const io_model_config *c = model_config(rt->model);
     s->vocab = c->vocab_size;
     s->eos = base_xmalloc((size_t)(c->n_eos + opts->n_eos + 1) * sizeof *s->eos);

@@ -165,9 +165,10 @@ uint64_t kv_group_bytes_per_block(const kv_geometry *geom, bool local);
 int64_t kv_local_blocks_per_seq(const kv_geometry *geom, int64_t ctx, int step);
 /* How a budget splits between the groups for n_seqs sequences of ctx tokens, each computing
  * up to step tokens at a time: the local group gets exactly what the sequences' windows need
- * (n_seqs x kv_local_blocks_per_seq), the global group what the budget buys after that and the
- * reserve. With no global layers its blocks cost nothing: it gets n_seqs contexts (and a spare
- * each), the local group the whole budget. Without local layers: all blocks are global. */
+ * (n_seqs x kv_local_blocks_per_seq, or what the budget buys if less), the global group what
+ * the budget buys after that and the reserve. With no global layers its blocks cost nothing: it
+ * gets n_seqs contexts (and a spare each), the local group the whole budget. Without local layers:
+ * all blocks are global. */
 typedef struct kv_group_split {
     int64_t global_blocks, local_blocks;
 } kv_group_split;

@@ -58,6 +58,8 @@ kv_group_split kv_budget_split(const kv_geometry *g, uint64_t budget, uint64_t r
     }
     out.local_blocks =
         clamp_blocks(base_sat_mul_u64((uint64_t)kv_local_blocks_per_seq(g, ctx, step), seqs));
+    int64_t affordable = kv_budget_blocks(budget, reserve, local_bpb);
+    if (affordable < out.local_blocks) out.local_blocks = affordable;
     uint64_t local_bytes = base_sat_mul_u64((uint64_t)out.local_blocks, local_bpb);
     out.global_blocks =
         kv_budget_blocks(budget, base_sat_add_u64(reserve, local_bytes), global_bpb);

@@ -98,8 +98,8 @@ static void inspect_windowed(void) {
         CHECK(gbpb == 5ll * 2 * 32 * 4 * 256 * 2 && lbpb == 29ll * 2 * 32 * 4 * 256 * 2);
         /* the 1023 tokens before a 512-token step and the step: 48 blocks, one more for where
          * the span starts in its block, one spare for copy-on-write */
-        CHECK_MSG(per_seq == 50 && local == 50ll * np, "local blocks %lld (%lld a sequence)",
-                  local, per_seq);
+        CHECK_MSG(per_seq == 50 && local == 50ll * np, "local blocks %lld (%lld a sequence)", local,
+                  per_seq);
         CHECK(blocks == (long long)((budget - (unsigned long long)reserve -
                                      (unsigned long long)(local * lbpb)) /
                                     (unsigned long long)gbpb));

@@ -4,7 +4,8 @@
  *   - token-by-token decode steps (each position's logits against the reference row),
  *   - prefill chunks of 13 tokens (many query rows over a window whose first blocks are gone),
  *   - a second sequence adopting the first's cached prefix, local blocks included,
- *   - a fork that decodes on from the first sequence's state.
+ *   - a fork that decodes on from the first sequence's state;
+ * and a scheduler stepping further than the local group was sized for is refused.
  * A fixture without local layers is not one of these; none at all fails the test. */
 #include "fixture_ref.h"
 
@@ -161,6 +162,39 @@ static bool run_fixture(const char *name, const char *dir) {
     return true;
 }
 
+/* A scheduler stepping further than the local group was sized for is refused, naming both;
+ * sized for its step (engine_options.prefill_chunk), it starts. */
+static void sched_step_sized(const char *dir) {
+    engine_options o;
+    engine_options_defaults(&o);
+    o.device = "cpu";
+    o.n_threads = 1;
+    o.kv_block_size = BLOCK;
+    o.ctx_size = 8192;
+    base_err err;
+    for (int sized = 0; sized < 2; sized++) {
+        o.prefill_chunk = sized ? 4096 : 0;
+        engine_runtime *rt;
+        if (engine_runtime_open(dir, &o, &rt, &err)) {
+            CHECK_MSG(0, "%s", err.msg);
+            return;
+        }
+        engine_sched_options so = {.n_parallel = 1, .prefill_chunk = 4096};
+        engine_sched *s = NULL;
+        int rc = engine_sched_start(rt, &so, &s, &err);
+        if (sized) {
+            CHECK_MSG(rc == 0, "%s", err.msg);
+            CHECK(rt->kv_plan.prefill_step == 4096);
+        } else {
+            CHECK_MSG(rc == -1 && strstr(err.msg, "prefill chunk 4096") &&
+                          strstr(err.msg, "512-token step"),
+                      "rc %d: %s", rc, rc ? err.msg : "");
+        }
+        if (rc == 0) engine_sched_stop(s);
+        engine_runtime_close(rt);
+    }
+}
+
 int main(void) {
     char *root = base_path_join(test_source_dir(), "tests/fixtures");
     char *names[256];
@@ -171,6 +205,9 @@ int main(void) {
         free(dir);
         free(names[i]);
     }
+    char *g3 = base_path_join(root, "gemma3_text_bf16");
+    sched_step_sized(g3);
+    free(g3);
     free(root);
     CHECK_MSG(windowed >= 5, "expected the fixtures with local layers, found %d", windowed);
     TEST_MAIN_END();
