@@ -1,7 +1,8 @@
 /* The scheduler on a fixture model: batched greedy output equals the single-sequence path,
  * preemption when blocks run out (outputs unchanged, nothing leaked), cancellation frees
  * blocks at once, admission is first come first served and every running sequence advances
- * every step, the queue limit, prompts longer than the context, per-request seeds. */
+ * every step, the queue limit, prompts longer than the context, per-request seeds; and the
+ * preemption run again on a model whose local layers keep only their window. */
 #include "engine/engine.h"
 #include "test.h"
 
@@ -305,5 +306,9 @@ int main(void) {
     test_fairness();
     test_limits();
     test_seeds();
+    /* local layers keep only their 16-token window: preempted, recomputed and batched, each
+     * output is still what the request gives alone */
+    snprintf(g_model, sizeof g_model, "%s/tests/fixtures/gemma3_text_bf16", test_source_dir());
+    test_preemption();
     TEST_MAIN_END();
 }
