@@ -549,6 +549,7 @@ typedef struct engine_sched_stats {
     double step_seconds, forward_seconds; /* summed over steps; the rest is scheduling,
                                              sampling and detokenizing */
     kv_pool_stats pool;                   /* as of the end of the last step */
+    kv_pool_stats local_pool;             /* the local layers' group, likewise (zero without) */
 } engine_sched_stats;
 
 typedef struct engine_sched engine_sched;

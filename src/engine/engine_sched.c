@@ -407,6 +407,7 @@ static engine_event event_for(const sreq *q) {
 static void snapshot_stats(engine_sched *s) {
     pthread_mutex_lock(&s->mu);
     s->stats.pool = kv_pool_get_stats(s->rt->pool);
+    s->stats.local_pool = kv_pool_get_local_stats(s->rt->pool);
     s->stats.running = s->n_running;
     s->stats.waiting = s->n_waiting;
     s->stats.matchers = s->n_grams;
@@ -991,6 +992,7 @@ int engine_sched_start(engine_runtime *rt, const engine_sched_options *opts, eng
     s->step_limit = -1;
     s->next_id = 1;
     s->stats.pool = kv_pool_get_stats(rt->pool);
+    s->stats.local_pool = kv_pool_get_local_stats(rt->pool);
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->vocab_mu, NULL);
     pthread_cond_init(&s->wake, NULL);

@@ -111,6 +111,11 @@ static void check_pool_idle(engine_runtime *rt, engine_sched *s) {
     engine_sched_stats st = engine_sched_get_stats(s);
     CHECK_MSG(st.pool.referenced == 0, "referenced %lld", (long long)st.pool.referenced);
     CHECK(st.pool.free + st.pool.cached + st.pool.referenced == st.pool.capacity);
+    kv_pool_stats local = kv_pool_get_local_stats(rt->pool);
+    CHECK(memcmp(&st.local_pool, &local, sizeof local) == 0);
+    CHECK(local.capacity == 0 ||
+          (local.referenced == 0 && local.free + local.cached == local.capacity));
+    CHECK(kv_pool_has_local(rt->pool) == (local.capacity > 0));
     base_err err;
     CHECK_MSG(kv_pool_check(rt->pool, &err) == 0, "%s", err.msg);
 }
