@@ -138,6 +138,9 @@ typedef struct engine_options {
     base_dtype kv_dtype;       /* F16, BF16 or F32; BASE_DTYPE_COUNT = backend default */
     const char *kv_budget;     /* "auto", bytes ("8G", "512Mi"), or NULL = enough for
                                   n_parallel x ctx_size */
+    int prefill_chunk;         /* prompt tokens of one sequence per step that the scheduler
+                                  will run, when above the backend's (engine_prefill_chunk): the
+                                  local layers' KV is sized for the larger; <= 0: the backend's */
     model_progress_fn on_load; /* NULL, or told as the model loads */
     void *on_load_ctx;
 } engine_options;
@@ -151,11 +154,20 @@ typedef struct engine_kv_plan {
     int n_parallel;
     uint64_t weights_bytes;
     uint64_t kv_bytes_per_token; /* K and V, all layers */
-    uint64_t kv_bytes_per_block;
-    uint64_t reserve_bytes; /* v2 decode workspace, from the real geometry */
-    uint64_t budget_bytes;  /* what the pool may use, reserve included */
-    int64_t kv_blocks;      /* what the budget buys (not capped by the context) */
-    int64_t blocks_per_seq; /* a full-context sequence */
+    uint64_t kv_bytes_per_block; /* all layers */
+    uint64_t reserve_bytes;      /* v2 decode workspace, from the real geometry */
+    uint64_t budget_bytes;       /* what the pool may use, reserve included */
+    int64_t kv_blocks;           /* global group: what the budget buys (not capped by the
+                                    context); every layer's when there are no local layers */
+    int64_t blocks_per_seq;      /* a full-context sequence */
+    /* Local (sliding-window) layers, kept apart (kv.h): all zero without them. */
+    int n_local_layers;
+    uint64_t global_bytes_per_block, local_bytes_per_block;
+    int64_t kv_local_blocks;      /* the local group's blocks */
+    int64_t local_blocks_per_seq; /* a sequence's window and prefill step, at most */
+    int prefill_step;             /* the step that sizing assumed (tokens) */
+    int64_t kv_blocks_full;       /* what the budget would buy if every layer kept the whole
+                                     context (== kv_blocks without local layers) */
 } engine_kv_plan;
 
 /* Sizes the pool: with no budget, n_parallel full-context sequences; with BYTES, what they
@@ -543,7 +555,8 @@ typedef struct engine_sched_stats {
      * grammar masks are computed meanwhile, and count only where they take longer); the rest
      * is scheduling, sampling and detokenizing */
     double step_seconds, forward_seconds;
-    kv_pool_stats pool; /* as of the end of the last step */
+    kv_pool_stats pool;       /* as of the end of the last step */
+    kv_pool_stats local_pool; /* the local layers' group, likewise (zero without) */
 } engine_sched_stats;
 
 typedef struct engine_sched engine_sched;

@@ -410,6 +410,7 @@ static engine_event event_for(const sreq *q) {
 static void snapshot_stats(engine_sched *s) {
     pthread_mutex_lock(&s->mu);
     s->stats.pool = kv_pool_get_stats(s->rt->pool);
+    s->stats.local_pool = kv_pool_get_local_stats(s->rt->pool);
     s->stats.running = s->n_running;
     s->stats.waiting = s->n_waiting;
     s->stats.matchers = s->n_grams;
@@ -992,6 +993,16 @@ int engine_sched_start(engine_runtime *rt, const engine_sched_options *opts, eng
     engine_sched *s = base_xcalloc(1, sizeof *s);
     s->rt = rt;
     resolve_options(rt, opts, &s->o);
+    /* a longer step than the pool's local group was sized for could need more of its blocks
+     * than one sequence may ever get */
+    if (kv_pool_has_local(rt->pool) && s->o.prefill_chunk > rt->kv_plan.prefill_step) {
+        int chunk = s->o.prefill_chunk;
+        free(s);
+        return base_fail(err,
+                         "prefill chunk %d is longer than the %d-token step the KV pool's "
+                         "local layers were sized for (engine_options.prefill_chunk)",
+                         chunk, rt->kv_plan.prefill_step);
+    }
     const io_model_config *c = model_config(rt->model);
     s->vocab = c->vocab_size;
     s->eos = base_xmalloc((size_t)(c->n_eos + opts->n_eos + 1) * sizeof *s->eos);
@@ -1012,6 +1023,7 @@ int engine_sched_start(engine_runtime *rt, const engine_sched_options *opts, eng
     s->step_limit = -1;
     s->next_id = 1;
     s->stats.pool = kv_pool_get_stats(rt->pool);
+    s->stats.local_pool = kv_pool_get_local_stats(rt->pool);
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->vocab_mu, NULL);
     pthread_cond_init(&s->wake, NULL);
