@@ -93,6 +93,22 @@ static void show_running(cli_progress *bar, const bench_row *r, long rep, long r
     cli_progress_draw(bar, rep, reps);
 }
 
+/* K and V bytes one sequence's timed decode step reads, on average: step i (1..n_gen) reads
+ * its n_depth + i + 1 tokens in the global layers and, in the local ones, the last `window`
+ * of them. */
+static double kv_step_bytes(const engine_kv_plan *p, long n_depth, long n_gen) {
+    double bs = (double)p->geom.block_size;
+    double mean_ctx = (double)n_depth + 1.0 + (double)(n_gen + 1) / 2.0;
+    double global = (double)p->global_bytes_per_block / bs * mean_ctx;
+    if (!p->n_local_layers) return global;
+    double seen = 0;
+    for (long i = 1; i <= n_gen; i++) {
+        long ctx = n_depth + i + 1;
+        seen += (double)(ctx < p->geom.window ? ctx : p->geom.window);
+    }
+    return global + (double)p->local_bytes_per_block / bs * seen / (double)n_gen;
+}
+
 static int run_bench(const char *model_dir, engine_runtime *rt, long n_prompt, long n_gen,
                      long n_depth, const int *batches, int n_batches, long reps, bool json,
                      bench_curve *curve, base_err *err) {
@@ -103,10 +119,17 @@ static int run_bench(const char *model_dir, engine_runtime *rt, long n_prompt, l
     if (!json) {
         printf("device: %s (%s backend); commit %s; copy bandwidth %.2f GB/s (read + write)\n",
                rt->be->device, rt->be->name, MLXCEL_GIT_COMMIT, copy_bw / 1e9);
+        const engine_kv_plan *kp = &rt->kv_plan;
         printf("model: %s, %llu weight bytes, %llu read per decode step, plus %llu of K and V "
-               "per token of each sequence's context\n\n",
+               "per token of each sequence's context",
                model_dir, (unsigned long long)model_weight_bytes(rt->model),
-               (unsigned long long)step_bytes, (unsigned long long)rt->kv_plan.kv_bytes_per_token);
+               (unsigned long long)step_bytes,
+               (unsigned long long)(kp->global_bytes_per_block / (uint64_t)kp->geom.block_size));
+        if (kp->n_local_layers)
+            printf(" (global layers) and %llu per token of its last %d (local layers)",
+                   (unsigned long long)(kp->local_bytes_per_block / (uint64_t)kp->geom.block_size),
+                   kp->geom.window);
+        printf("\n\n");
         printf("| %-24s | %-4s | %7s | %-10s | %5s | %10s | %8s | %6s |\n", "model", "dev",
                "threads", "test", "batch", "tok/s", "GB/s", "of bw");
         printf("|%s|------|---------|------------|-------|------------|----------|--------|\n",
@@ -138,9 +161,7 @@ static int run_bench(const char *model_dir, engine_runtime *rt, long n_prompt, l
             if (sec > 0 && (best == 0 || sec < best)) best = sec;
         }
         r.tok_per_s = (double)n_gen * batches[b] / best;
-        /* timed step i (1..n_gen) reads each sequence's n_depth + i + 1 tokens of K and V */
-        const double kv_step = (double)batches[b] * (double)rt->kv_plan.kv_bytes_per_token *
-                               ((double)n_depth + 1.0 + (double)(n_gen + 1) / 2.0);
+        const double kv_step = (double)batches[b] * kv_step_bytes(&rt->kv_plan, n_depth, n_gen);
         r.kv_gb_per_s = kv_step * (double)n_gen / best / 1e9;
         r.gb_per_s = (double)step_bytes * (double)n_gen / best / 1e9 + r.kv_gb_per_s;
         r.ceiling_share = copy_bw > 0 ? r.gb_per_s * 1e9 / copy_bw : 0;

@@ -10,7 +10,9 @@ static const char *g_help =
     "\n"
     "Reads config.json and the safetensors headers (no weights) and prints how memory would\n"
     "be used: weights, KV bytes per token and per block, the decode workspace reserve, the\n"
-    "KV blocks the budget buys and the context that fits per sequence at -np.\n"
+    "KV blocks the budget buys and the context that fits per sequence at -np. A model with\n"
+    "sliding-window (local) layers keeps only their window: the global and local blocks are\n"
+    "counted apart, and the context that fits is shown with and without that bound.\n"
     "\n"
     "options:\n"
     "%s"
@@ -20,20 +22,37 @@ static const char *g_help =
     "example:\n"
     "  mlxcel inspect -m ./Llama-3.2-1B-Instruct-4bit -c 8192 -np 4 --kv-cache-budget 4Gi\n";
 
+/* Tokens per sequence that `blocks` hold at -np. */
+static int64_t fit_per_seq(const engine_kv_plan *p, int64_t blocks) {
+    return p->n_parallel ? blocks * p->geom.block_size / p->n_parallel : 0;
+}
+
 static void print_plan(const char *model_dir, const io_model_config *c, const engine_kv_plan *p,
                        const char *backend, bool json) {
-    int64_t fit = p->n_parallel ? p->kv_blocks * p->geom.block_size / p->n_parallel : 0;
+    bool all_local = p->n_local_layers == p->geom.n_layers;
+    int64_t fit = all_local ? -1 : fit_per_seq(p, p->kv_blocks);
+    int64_t fit_full = fit_per_seq(p, p->kv_blocks_full);
     if (json) {
-        json_t *o =
-            json_pack("{s:s, s:s, s:s, s:I, s:i, s:i, s:s, s:I, s:i, s:I, s:I, s:I, s:I, s:I}",
-                      "model", model_dir, "arch", c->model_type, "backend", backend,
-                      "weights_bytes", (json_int_t)p->weights_bytes, "ctx_size", p->ctx_size,
-                      "parallel", p->n_parallel, "kv_dtype", base_dtype_name(p->geom.dtype),
-                      "kv_bytes_per_token", (json_int_t)p->kv_bytes_per_token, "kv_block_size",
-                      p->geom.block_size, "kv_bytes_per_block", (json_int_t)p->kv_bytes_per_block,
-                      "decode_workspace_reserve_bytes", (json_int_t)p->reserve_bytes,
-                      "kv_budget_bytes", (json_int_t)p->budget_bytes, "kv_blocks",
-                      (json_int_t)p->kv_blocks, "context_fits_per_seq", (json_int_t)fit);
+        json_t *o = json_pack(
+            "{s:s, s:s, s:s, s:I, s:i, s:i, s:s, s:I, s:i, s:I, s:I, s:I, s:I, s:I}", "model",
+            model_dir, "arch", c->model_type, "backend", backend, "weights_bytes",
+            (json_int_t)p->weights_bytes, "ctx_size", p->ctx_size, "parallel", p->n_parallel,
+            "kv_dtype", base_dtype_name(p->geom.dtype), "kv_bytes_per_token",
+            (json_int_t)p->kv_bytes_per_token, "kv_block_size", p->geom.block_size,
+            "kv_bytes_per_block", (json_int_t)p->kv_bytes_per_block,
+            "decode_workspace_reserve_bytes", (json_int_t)p->reserve_bytes, "kv_budget_bytes",
+            (json_int_t)p->budget_bytes, "kv_blocks", (json_int_t)p->kv_blocks,
+            "context_fits_per_seq_full_attention", (json_int_t)fit_full);
+        json_object_set_new(o, "context_fits_per_seq", fit < 0 ? json_null() : json_integer(fit));
+        json_object_set_new(o, "kv_local_layers", json_integer(p->n_local_layers));
+        if (p->n_local_layers) {
+            json_t *l = json_pack("{s:i, s:I, s:I, s:I, s:I}", "window", p->geom.window,
+                                  "global_bytes_per_block", (json_int_t)p->global_bytes_per_block,
+                                  "local_bytes_per_block", (json_int_t)p->local_bytes_per_block,
+                                  "local_blocks", (json_int_t)p->kv_local_blocks,
+                                  "local_blocks_per_seq", (json_int_t)p->local_blocks_per_seq);
+            json_object_set_new(o, "kv_local", l);
+        }
         cli_print_json(o);
         return;
     }
@@ -46,11 +65,31 @@ static void print_plan(const char *model_dir, const io_model_config *c, const en
            (unsigned long long)p->kv_bytes_per_token, base_dtype_name(p->geom.dtype));
     printf("KV block         %d tokens, %llu bytes\n", p->geom.block_size,
            (unsigned long long)p->kv_bytes_per_block);
+    if (p->n_local_layers)
+        printf("KV layers        %d global (%llu bytes a block), %d local keeping a %d-token "
+               "window (%llu bytes a block)\n",
+               p->geom.n_layers - p->n_local_layers, (unsigned long long)p->global_bytes_per_block,
+               p->n_local_layers, p->geom.window, (unsigned long long)p->local_bytes_per_block);
     printf("decode reserve   %llu bytes\n", (unsigned long long)p->reserve_bytes);
     printf("KV budget        %llu bytes\n", (unsigned long long)p->budget_bytes);
-    printf("KV blocks        %lld\n", (long long)p->kv_blocks);
-    printf("context          %d per sequence (-c); %lld tokens fit per sequence at -np %d\n",
-           p->ctx_size, (long long)fit, p->n_parallel);
+    if (!p->n_local_layers) {
+        printf("KV blocks        %lld\n", (long long)p->kv_blocks);
+        printf("context          %d per sequence (-c); %lld tokens fit per sequence at -np %d\n",
+               p->ctx_size, (long long)fit, p->n_parallel);
+        return;
+    }
+    printf("KV blocks        %lld global, %lld local (%lld per sequence)\n",
+           (long long)p->kv_blocks, (long long)p->kv_local_blocks,
+           (long long)p->local_blocks_per_seq);
+    if (all_local)
+        printf("context          %d per sequence (-c); every layer is local, so the budget bounds "
+               "no context at -np %d (%lld tokens with every layer keeping the whole context)\n",
+               p->ctx_size, p->n_parallel, (long long)fit_full);
+    else
+        printf("context          %d per sequence (-c); %lld tokens fit per sequence at -np %d "
+               "with window-bounded local layers, %lld with every layer keeping the whole "
+               "context\n",
+               p->ctx_size, (long long)fit, p->n_parallel, (long long)fit_full);
 }
 
 int cli_cmd_inspect(int argc, char **argv) {

@@ -218,7 +218,7 @@ static bool take_server_flag(cli_parser *p, server_flags *f) {
         return true;
     }
     if (cli_take_int(p, NULL, "--prefill-chunk-size", 1, 1 << 24, &v)) {
-        f->sched.prefill_chunk = (int)v;
+        f->rt.opts.prefill_chunk = f->sched.prefill_chunk = (int)v;
         return true;
     }
     if (cli_take_int(p, NULL, "--max-body", 1024, 1L << 34, &v)) {

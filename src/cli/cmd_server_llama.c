@@ -199,7 +199,7 @@ bool server_take_llama_flag(cli_parser *p, server_flags *f) {
         return true;
     }
     if (cli_take_int(p, "-ub", "--ubatch-size", 1, 1 << 24, &v)) {
-        f->sched.prefill_chunk = (int)v;
+        f->rt.opts.prefill_chunk = f->sched.prefill_chunk = (int)v;
         return true;
     }
     if (take_cache_type(p, f)) return true;

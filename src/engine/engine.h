@@ -138,6 +138,9 @@ typedef struct engine_options {
     base_dtype kv_dtype;       /* F16, BF16 or F32; BASE_DTYPE_COUNT = backend default */
     const char *kv_budget;     /* "auto", bytes ("8G", "512Mi"), or NULL = enough for
                                   n_parallel x ctx_size */
+    int prefill_chunk;         /* prompt tokens of one sequence per step that the scheduler
+                                  will run, when above the backend's (engine_prefill_chunk): the
+                                  local layers' KV is sized for the larger; <= 0: the backend's */
     model_progress_fn on_load; /* NULL, or told as the model loads */
     void *on_load_ctx;
 } engine_options;
@@ -151,11 +154,20 @@ typedef struct engine_kv_plan {
     int n_parallel;
     uint64_t weights_bytes;
     uint64_t kv_bytes_per_token; /* K and V, all layers */
-    uint64_t kv_bytes_per_block;
-    uint64_t reserve_bytes; /* v2 decode workspace, from the real geometry */
-    uint64_t budget_bytes;  /* what the pool may use, reserve included */
-    int64_t kv_blocks;      /* what the budget buys (not capped by the context) */
-    int64_t blocks_per_seq; /* a full-context sequence */
+    uint64_t kv_bytes_per_block; /* all layers */
+    uint64_t reserve_bytes;      /* v2 decode workspace, from the real geometry */
+    uint64_t budget_bytes;       /* what the pool may use, reserve included */
+    int64_t kv_blocks;           /* global group: what the budget buys (not capped by the
+                                    context); every layer's when there are no local layers */
+    int64_t blocks_per_seq;      /* a full-context sequence */
+    /* Local (sliding-window) layers, kept apart (kv.h): all zero without them. */
+    int n_local_layers;
+    uint64_t global_bytes_per_block, local_bytes_per_block;
+    int64_t kv_local_blocks;      /* the local group's blocks */
+    int64_t local_blocks_per_seq; /* a sequence's window and prefill step, at most */
+    int prefill_step;             /* the step that sizing assumed (tokens) */
+    int64_t kv_blocks_full;       /* what the budget would buy if every layer kept the whole
+                                     context (== kv_blocks without local layers) */
 } engine_kv_plan;
 
 /* Sizes the pool: with no budget, n_parallel full-context sequences; with BYTES, what they
@@ -543,12 +555,15 @@ typedef struct engine_request {
     /* A thinking budget, llama-server's --reasoning-budget: once the output has thought for
      * reasoning_budget tokens (0: at once), the think_close ids are forced, one a step, ending
      * the thinking. Thinking is the output from the start when the prompt opened it
-     * (`thinking`), else from think_open ids among the first tokens to the first think_close.
-     * Off when n_think_close is 0 or the budget < 0; not with a grammar. Ids copied. */
+     * (`thinking`), else from think_open ids among the first tokens to the first
+     * n_think_end ids of think_close (0: all of them; Harmony's analysis ends at its <|end|>,
+     * but the budget forces the final channel's header too). Off when n_think_close is 0 or
+     * the budget < 0. With a grammar the forced ids must be what it allows there: the request
+     * ends with an error where they are not. Ids copied. */
     int reasoning_budget;
     bool thinking;
     const int32_t *think_open, *think_close;
-    int n_think_open, n_think_close;
+    int n_think_open, n_think_close, n_think_end;
     engine_event_fn on_event;
     void *ctx;
 } engine_request;
@@ -566,9 +581,12 @@ typedef struct engine_sched_stats {
     uint64_t requests_done, requests_cancelled, preemptions, steps;
     uint64_t computed_tokens, cached_tokens,
         generated_tokens; /* through the model, adopted from the prefix cache, sampled */
-    double step_seconds, forward_seconds; /* summed over steps; the rest is scheduling,
-                                             sampling and detokenizing */
-    kv_pool_stats pool;                   /* as of the end of the last step */
+    /* summed over steps. forward: from the step's launch until the backend has run it (the
+     * grammar masks are computed meanwhile, and count only where they take longer); the rest
+     * is scheduling, sampling and detokenizing */
+    double step_seconds, forward_seconds;
+    kv_pool_stats pool;       /* as of the end of the last step */
+    kv_pool_stats local_pool; /* the local layers' group, likewise (zero without) */
 } engine_sched_stats;
 
 typedef struct engine_sched engine_sched;

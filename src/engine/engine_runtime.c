@@ -16,7 +16,8 @@ void engine_options_defaults(engine_options *o) {
                           .n_parallel = 1,
                           .kv_block_size = KV_DEFAULT_BLOCK_SIZE,
                           .kv_dtype = BASE_DTYPE_COUNT,
-                          .kv_budget = NULL};
+                          .kv_budget = NULL,
+                          .prefill_chunk = 0};
 }
 
 int engine_backend_open(const engine_options *o, be_backend **be, base_err *err) {
@@ -42,7 +43,7 @@ int engine_runtime_open(const char *model_dir, const engine_options *o, engine_r
     }
     const engine_kv_plan *kp = &rt->kv_plan;
     if (model_reserve_decode(rt->model, kp->geom.block_size, kp->n_parallel, kp->ctx_size, err) ||
-        kv_pool_create(rt->be, &kp->geom, kp->kv_blocks, &rt->pool, err)) {
+        kv_pool_create(rt->be, &kp->geom, kp->kv_blocks, kp->kv_local_blocks, &rt->pool, err)) {
         engine_runtime_close(rt);
         return -1;
     }
@@ -60,7 +61,13 @@ void engine_runtime_describe(const engine_runtime *rt, const char *model_dir, ch
              model_dir, c->model_type, c->num_hidden_layers, rt->be->name, rt->be->device,
              rt->be->n_threads, k->ctx_size, k->n_parallel, (long long)k->kv_blocks,
              k->geom.block_size, (long long)k->kv_blocks * k->geom.block_size,
-             (double)k->kv_blocks * (double)k->kv_bytes_per_block / (1 << 20));
+             (double)k->kv_blocks * (double)k->global_bytes_per_block / (1 << 20));
+    if (k->n_local_layers) {
+        size_t used = strlen(buf);
+        snprintf(buf + used, size - used, "; %d local layers (window %d): %lld blocks (%.1f MiB)",
+                 k->n_local_layers, k->geom.window, (long long)k->kv_local_blocks,
+                 (double)k->kv_local_blocks * (double)k->local_bytes_per_block / (1 << 20));
+    }
 }
 
 void engine_runtime_close(engine_runtime *rt) {

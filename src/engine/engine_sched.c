@@ -163,8 +163,10 @@ static int check_request(const engine_sched *s, const engine_request *r, base_er
             return base_fail(err, "stop token id %d is outside the vocabulary (%d)", r->stop_ids[i],
                              s->vocab);
     if (r->min_tokens < 0) return base_fail(err, "min_tokens must be >= 0");
-    if (r->n_think_close > 0 && r->reasoning_budget >= 0 && (r->grammar || !s->o.tok))
-        return base_fail(err, "a reasoning budget needs the tokenizer and no grammar");
+    if (r->n_think_close > 0 && r->reasoning_budget >= 0 && !s->o.tok)
+        return base_fail(err, "a reasoning budget needs the tokenizer");
+    if (r->n_think_end < 0 || r->n_think_end > r->n_think_close)
+        return base_fail(err, "n_think_end must be in 0..n_think_close");
     for (int i = 0; i < r->n_think_close; i++)
         if (r->think_close[i] < 0 || r->think_close[i] >= s->vocab)
             return base_fail(err, "think_close token %d is outside the vocabulary", i);
@@ -217,7 +219,8 @@ static int vocab_ensure(engine_sched *s, base_err *err) {
  * error and the step thread never parses. */
 static int grammar_compile(engine_sched *s, sreq *q, const char *text, base_err *err) {
     if (!s->o.tok) return base_fail(err, "grammar: the scheduler has no tokenizer to match with");
-    if (vocab_ensure(s, err) || gram_parse(text, strlen(text), &q->grammar, err)) return -1;
+    if (vocab_ensure(s, err) || gram_parse_vocab(text, strlen(text), s->gvocab, &q->grammar, err))
+        return -1;
     q->grammar_text = base_xstrdup(text);
     q->r.grammar = NULL;
     return 0;
@@ -376,8 +379,8 @@ static bool mask_empty(const uint32_t *mask, int words) {
 }
 
 /* Points pk at q's allowed set for this step: what the grammar allows next, and the EOS ids
- * where it may end (the matcher's masks never hold special tokens, so they are added here,
- * which keeps the mask one pass over the row). */
+ * where it may end (the matcher's masks hold a special token only where a token terminal names
+ * it, so the EOS ids are added here, which keeps the mask one pass over the row). */
 static int constrain(engine_sched *s, sreq *q, engine_pick *pk, uint32_t *mask, base_err *err) {
     if (!q->gstate) grammar_bind(s, q);
     if (gram_state_mask(q->gstate, mask, err)) return -1;
@@ -407,6 +410,7 @@ static engine_event event_for(const sreq *q) {
 static void snapshot_stats(engine_sched *s) {
     pthread_mutex_lock(&s->mu);
     s->stats.pool = kv_pool_get_stats(s->rt->pool);
+    s->stats.local_pool = kv_pool_get_local_stats(s->rt->pool);
     s->stats.running = s->n_running;
     s->stats.waiting = s->n_waiting;
     s->stats.matchers = s->n_grams;
@@ -667,23 +671,34 @@ static void think_track(sreq *q) {
         q->think_done = !q->thinking && q->n_generated > q->r.n_think_open + 4;
         return;
     }
-    if (generated_ends_with(q, q->think_close, q->r.n_think_close))
+    if (generated_ends_with(q, q->think_close,
+                            q->r.n_think_end ? q->r.n_think_end : q->r.n_think_close))
         q->think_done = true;
     else
         q->think_tokens++;
 }
 
-/* Whether q's next token is forced to end its thinking, which is then the only one allowed. */
-static bool think_forced(const engine_sched *s, sreq *q, engine_pick *pk, uint32_t *mask) {
-    if (q->think_done || !q->thinking) return false;
-    if (q->forcing < 0 && q->think_tokens < q->r.reasoning_budget) return false;
+/* 1 when q's next token is forced to end its thinking, which is then the only one allowed; 0
+ * when it is not; -1 when a grammar does not allow the forced token there. */
+static int think_forced(engine_sched *s, sreq *q, engine_pick *pk, uint32_t *mask, base_err *err) {
+    if (q->think_done || !q->thinking) return 0;
+    if (q->forcing < 0 && q->think_tokens < q->r.reasoning_budget) return 0;
     if (q->forcing < 0) q->forcing = 0;
     int32_t t = q->think_close[q->forcing];
+    if (q->gstate || q->grammar) { /* the forced ids go through the grammar like any other */
+        if (!q->gstate) grammar_bind(s, q);
+        if (gram_state_mask(q->gstate, mask, err)) return -1;
+        if (!(mask[t / 32] >> (t % 32) & 1))
+            return base_fail(err,
+                             "the reasoning budget ends the thinking with token %d (closing id %d "
+                             "of %d), which the grammar does not allow here",
+                             t, q->forcing + 1, q->r.n_think_close);
+    }
     memset(mask, 0, (size_t)gram_mask_words(s->gvocab) * sizeof *mask);
     mask[t / 32] |= 1u << (t % 32);
     pk->allowed = mask;
     pk->allowed_vocab = s->gvocab;
-    return true;
+    return 1;
 }
 
 /* Takes q's sampled token (pk) and tells the client. Returns true when the request finished
@@ -739,10 +754,10 @@ static bool take_token(engine_sched *s, sreq *q, const engine_pick *pk) {
     return true;
 }
 
-/* Builds the batch of the planned entries, runs the model and commits the written KV. The
- * logits rows are those of the entries whose slice reaches the end of their history, in
+/* Builds the batch of the planned entries and queues the model's step (finish_forward ends it).
+ * The logits rows are those of the entries whose slice reaches the end of their history, in
  * entry order. */
-static int run_forward(engine_sched *s, int n, double *fwd_seconds, base_err *err) {
+static int run_forward(engine_sched *s, int n, base_err *err) {
     int off = 0, n_out = 0;
     for (int i = 0; i < n; i++) {
         sreq *q = s->entries[i].q;
@@ -755,19 +770,23 @@ static int run_forward(engine_sched *s, int n, double *fwd_seconds, base_err *er
     }
     kv_batch batch;
     if (kv_batch_build(s->rt->pool, s->seqs, s->q_lens, n, &batch, err)) return -1;
-    double t0 = base_now();
-    int rc = model_forward(s->rt->model, s->rt->pool, &batch, s->step_tokens, s->out_rows, n_out,
-                           NULL, err);
-    *fwd_seconds = base_now() - t0;
+    int rc = model_forward_queue(s->rt->model, s->rt->pool, &batch, s->step_tokens, s->out_rows,
+                                 n_out, err);
     kv_batch_free(&batch);
-    if (rc) return -1;
+    return rc;
+}
+
+/* Waits for the queued step and commits the K/V it wrote (a failed step's blocks never reach
+ * the prefix cache). */
+static int finish_forward(engine_sched *s, int n, base_err *err) {
+    if (s->rt->be->ops->sync(s->rt->be, err)) return -1;
     for (int i = 0; i < n; i++) kv_seq_commit(s->rt->pool, s->seqs[i]);
     return 0;
 }
 
-/* Samples every entry whose slice reached the end of its history (their logits rows, in entry
- * order, are in backend memory) and tells the clients; returns how many tokens were sampled. */
-static int sample_step(engine_sched *s, int n) {
+/* Sets up a pick for every entry whose slice reached the end of its history, with its allowed
+ * set where it has one (on the host, while the backend runs the step); returns how many. */
+static int plan_picks(engine_sched *s, int n) {
     int rows = 0;
     for (int i = 0; i < n; i++) {
         sreq *q = s->entries[i].q;
@@ -783,10 +802,19 @@ static int sample_step(engine_sched *s, int n) {
             s->masks = base_xmalloc((size_t)s->o.n_parallel * (size_t)words * sizeof *s->masks);
         uint32_t *mask = s->masks + (size_t)(rows - 1) * (size_t)words;
         base_err err;
-        if (think_forced(s, q, pk, mask) || (!q->gstate && !q->grammar)) continue;
-        /* the row stays in the batch (rows follow the entries); its pick is dropped */
+        int forced = think_forced(s, q, pk, mask, &err);
+        /* on an error the row stays in the batch (rows follow the entries); its pick is
+         * dropped */
+        if (forced < 0) q->gram_error = base_xstrdup(err.msg);
+        if (forced || (!q->gstate && !q->grammar)) continue;
         if (constrain(s, q, pk, mask, &err)) q->gram_error = base_xstrdup(err.msg);
     }
+    return rows;
+}
+
+/* Samples the planned picks (their logits rows, in entry order, are in backend memory) and
+ * tells the clients; returns how many tokens were sampled. */
+static int sample_step(engine_sched *s, int n, int rows) {
     if (rows == 0) return 0;
     base_err err;
     be_tensor logits = model_logits(s->rt->model, rows);
@@ -813,18 +841,22 @@ static void step(engine_sched *s) {
     bool preempted = false;
     int n = plan_running(s, &budget, &preempted);
     if (!preempted) n = admit(s, n, &budget);
-    double fwd = 0;
+    double fwd = 0, t_fwd = base_now();
     base_err err;
-    if (n > 0 && run_forward(s, n, &fwd, &err)) {
+    bool failed = n > 0 && run_forward(s, n, &err);
+    int rows = failed ? 0 : plan_picks(s, n);
+    if (!failed && n > 0) failed = finish_forward(s, n, &err);
+    if (failed) {
         for (int i = 0; i < n; i++) {
             running_remove(s, s->entries[i].q);
             finish_plain(s, s->entries[i].q, ENGINE_FINISH_ERROR, err.msg);
         }
-        n = 0;
+        n = rows = 0;
     }
+    if (n > 0) fwd = base_now() - t_fwd;
     uint64_t computed = 0;
     for (int i = 0; i < n; i++) computed += (uint64_t)s->entries[i].q_len;
-    int row = sample_step(s, n);
+    int row = sample_step(s, n, rows);
     pthread_mutex_lock(&s->mu);
     s->stats.steps++;
     s->stats.generated_tokens += (uint64_t)row;
@@ -961,6 +993,16 @@ int engine_sched_start(engine_runtime *rt, const engine_sched_options *opts, eng
     engine_sched *s = base_xcalloc(1, sizeof *s);
     s->rt = rt;
     resolve_options(rt, opts, &s->o);
+    /* a longer step than the pool's local group was sized for could need more of its blocks
+     * than one sequence may ever get */
+    if (kv_pool_has_local(rt->pool) && s->o.prefill_chunk > rt->kv_plan.prefill_step) {
+        int chunk = s->o.prefill_chunk;
+        free(s);
+        return base_fail(err,
+                         "prefill chunk %d is longer than the %d-token step the KV pool's "
+                         "local layers were sized for (engine_options.prefill_chunk)",
+                         chunk, rt->kv_plan.prefill_step);
+    }
     const io_model_config *c = model_config(rt->model);
     s->vocab = c->vocab_size;
     s->eos = base_xmalloc((size_t)(c->n_eos + opts->n_eos + 1) * sizeof *s->eos);
@@ -981,6 +1023,7 @@ int engine_sched_start(engine_runtime *rt, const engine_sched_options *opts, eng
     s->step_limit = -1;
     s->next_id = 1;
     s->stats.pool = kv_pool_get_stats(rt->pool);
+    s->stats.local_pool = kv_pool_get_local_stats(rt->pool);
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->vocab_mu, NULL);
     pthread_cond_init(&s->wake, NULL);

@@ -5,7 +5,8 @@
  *
  * Markers that are special tokens (Mistral's [TOOL_CALLS], Llama's <|python_tag|>) are never in
  * a grammar's masks, so those formats are forced without them; the scan of forced output
- * expects that. */
+ * expects that. Harmony's call is nothing but special tokens around its header words, so it
+ * is written with token terminals (`<|channel|>`), which match those tokens alone. */
 #include "engine/engine.h"
 
 #include <stdlib.h>
@@ -181,6 +182,20 @@ static void json_tool(sbuf *g, schemas *s, const char *tool, const char *key, co
     json_decref(any);
 }
 
+/* NAME <|constrain|>json<|message|>ARGS: a Harmony call after its `to=functions.`, spelled as
+ * OpenAI's harmony format guide shows the model writing it. */
+static void harmony_tool(sbuf *g, schemas *s, const char *tool, const json_t *params, size_t ti) {
+    put_lit(g, tool);
+    put(g, " \" \" <|constrain|> \"json\" <|message|> ");
+    char *args = name_of("args-", ti);
+    put(g, args);
+    json_t *any = params ? NULL
+                         : json_pack("{s:s,s:{},s:b}", "type", "object", "properties",
+                                     "additionalProperties", 0);
+    add_schema(s, params ? params : any, args);
+    json_decref(any);
+}
+
 /* The call rule: one alternative per tool that may be called. */
 static int call_rule(engine_tool_format f, const json_t *tools, const char *only, sbuf *g,
                      schemas *s, base_err *err) {
@@ -195,6 +210,8 @@ static int call_rule(engine_tool_format f, const json_t *tools, const char *only
         put(g, n++ ? " | " : " ");
         if (f == ENGINE_TOOLS_QWEN3_CODER) {
             if (coder_tool(g, s, name, params, i, err)) return -1;
+        } else if (f == ENGINE_TOOLS_HARMONY) {
+            harmony_tool(g, s, name, params, i);
         } else {
             json_tool(g, s, name, f == ENGINE_TOOLS_LLAMA3_JSON ? "parameters" : "arguments",
                       params, i);
@@ -205,29 +222,39 @@ static int call_rule(engine_tool_format f, const json_t *tools, const char *only
     return 0;
 }
 
+/* Harmony: the prompt ends with <|start|>assistant; the model may think first (one analysis
+ * message, as GPT-OSS does before a call), then writes the call on the commentary channel.
+ * <|call|> ends the turn (it is a stop token), so a turn holds one call, parallel or not: the
+ * client sends its result and the next turn may call again. */
+static const char *const harmony_root =
+    "root ::= harmony-analysis? <|channel|> \"commentary to=functions.\" tool-call <|call|>\n"
+    "harmony-analysis ::= <|channel|> \"analysis\" <|message|> .* <|end|> <|start|> "
+    "\"assistant\"\n";
+
 int engine_tools_grammar(engine_tool_format f, const json_t *tools, const char *only, bool parallel,
                          char **gbnf, base_err *err) {
-    /* a forced Harmony call would be spelled with special tokens, which grammars do not match */
-    if (f == ENGINE_TOOLS_HARMONY)
-        return base_fail(err, "tools: a forced call (tool_choice required or a named function) "
-                              "is not implemented for harmony");
     sbuf g = {0};
     schemas s = {0};
     bool tagged = f == ENGINE_TOOLS_HERMES || f == ENGINE_TOOLS_QWEN3_CODER;
     const char *one = tagged ? "\"<tool_call>\\n\" tool-call \"\\n</tool_call>\"" : "tool-call";
     const char *sep = tagged ? "\"\\n\"" : f == ENGINE_TOOLS_MISTRAL ? "\", \"" : "\"; \"";
-    put(&g, "root ::= ");
-    if (f == ENGINE_TOOLS_MISTRAL) put(&g, "\"[\" ");
-    put(&g, one);
-    if (parallel) {
-        put(&g, " (");
-        put(&g, sep);
-        put(&g, " ");
+    if (f == ENGINE_TOOLS_HARMONY) {
+        put(&g, harmony_root);
+    } else {
+        put(&g, "root ::= ");
+        if (f == ENGINE_TOOLS_MISTRAL) put(&g, "\"[\" ");
         put(&g, one);
-        put(&g, ")*");
+        if (parallel) {
+            put(&g, " (");
+            put(&g, sep);
+            put(&g, " ");
+            put(&g, one);
+            put(&g, ")*");
+        }
+        if (f == ENGINE_TOOLS_MISTRAL) put(&g, " \"]\"");
+        put(&g, "\n");
     }
-    if (f == ENGINE_TOOLS_MISTRAL) put(&g, " \"]\"");
-    put(&g, "\ncoder-text ::= [^<]*\n");
+    put(&g, "coder-text ::= [^<]*\n");
     char *rules = NULL;
     int rc = call_rule(f, tools, only, &g, &s, err);
     if (!rc && s.n)

@@ -10,9 +10,11 @@
  * cache. The grammar and the vocabulary must outlive the matcher, the matcher its states. A
  * matcher and its states belong to one thread at a time.
  *
- * Special tokens (tokenizer_config's and the tokenizer's added special tokens) and tokens
- * whose bytes are empty are never in a mask: end-of-sequence is the sampler's policy, decided
- * by gram_state_can_end. */
+ * Special tokens (tokenizer_config's and the tokenizer's added special tokens) match only a
+ * token terminal that names them (`<|end|>`, `<[200007]>`, as llama.cpp writes them): they are
+ * in a mask only where the grammar expects that terminal, and their text never matches a
+ * literal or a class. Tokens whose bytes are empty are never in a mask. End-of-sequence is the
+ * sampler's policy, decided by gram_state_can_end. */
 #ifndef MLXCEL_GRAMMAR_H
 #define MLXCEL_GRAMMAR_H
 
@@ -23,11 +25,19 @@
 
 typedef struct gram_grammar gram_grammar;
 
+typedef struct gram_vocab gram_vocab;
+
 /* Parses GBNF text (len bytes of UTF-8): rules `name ::= alternatives`, `|`, grouping,
  * `*` `+` `?` `{m}` `{m,}` `{m,n}`, "literals" and [classes] with escapes, `.`, comments; the
  * start rule is `root`. Errors name the line and column; left recursion is refused. *out: free
- * with gram_free. */
+ * with gram_free. Token terminals need a vocabulary: here they are refused. */
 int gram_parse(const char *text, size_t len, gram_grammar **out, base_err *err);
+/* The same, with token terminals resolved against v: `<[id]>` (an id of v) and `<text>`, the
+ * token whose text is exactly `<text>` (a special token's, or an ordinary token's bytes). A
+ * negated terminal (`!<...>`) is refused: special tokens never match text, so `.*` already
+ * stops at them. The grammar may then be matched over v only. */
+int gram_parse_vocab(const char *text, size_t len, const gram_vocab *v, gram_grammar **out,
+                     base_err *err);
 void gram_free(gram_grammar *g);
 
 /* Compiles a JSON Schema (len bytes of JSON text; the draft 2020-12 subset described in
@@ -45,14 +55,20 @@ char *gram_json_object_gbnf(void);
 
 /* ---- vocabularies ---- */
 
-typedef struct gram_vocab gram_vocab;
-
-/* The tokenizer's tokens as byte strings (tok_token_bytes), special tokens left out, in a
- * trie. *out: free with gram_vocab_free; it does not refer to tok afterwards. */
+/* The tokenizer's tokens as byte strings (tok_token_bytes) in a trie, special tokens by their
+ * text only (for token terminals). *out: free with gram_vocab_free; it does not refer to tok
+ * afterwards. */
 int gram_vocab_from_tokenizer(const tok_tokenizer *tok, gram_vocab **out, base_err *err);
 /* Same from n byte strings: token i is bytes[i] (lens[i] bytes; NULL, 0 bytes or more than
  * 1024: never allowed). The strings are copied. */
 gram_vocab *gram_vocab_new(const char *const *bytes, const size_t *lens, int n);
+/* Same, where special[i] (special may be NULL) non-NULL makes token i a special token with
+ * that text: bytes[i] is then ignored. */
+gram_vocab *gram_vocab_new_special(const char *const *bytes, const size_t *lens,
+                                   const char *const *special, int n);
+/* The id of the token whose text is exactly text (n bytes): a special token's text first, then
+ * an ordinary token's bytes (the lowest id); -1 when none. */
+int32_t gram_vocab_find(const gram_vocab *v, const char *text, size_t n);
 void gram_vocab_free(gram_vocab *v);
 int gram_vocab_size(const gram_vocab *v);
 /* Words of a mask over the vocabulary: (size + 31) / 32. */
@@ -87,13 +103,17 @@ void gram_state_free(gram_state *s);
 
 /* Fills mask (gram_mask_words words) with bit (id % 32) of word (id / 32) set for every token
  * that may come next: its bytes keep the input a prefix of the grammar's language (a token may
- * end inside a multi-byte character that some allowed character completes). Fails only when
+ * end inside a multi-byte character that some allowed character completes), or a token
+ * terminal names it here (at a character boundary only). Fails only when
  * the grammar is so ambiguous that a state holds more parse stacks than the matcher's bound. */
 int gram_state_mask(gram_state *s, uint32_t *mask, base_err *err);
 /* Sets logits[id] to -INFINITY for every id in [0, n_logits) the mask leaves out (ids past
  * the vocabulary too: a model's row may be padded past its tokenizer). */
 void gram_mask_apply(const gram_vocab *v, const uint32_t *mask, float *logits, int n_logits);
-/* Advances by token id; a token outside the mask is an error naming it, and leaves s as is. */
+/* Advances by token id: by its bytes, and past every token terminal naming it where one is
+ * next (both readings are kept; where the bytes leave a character cut short, the terminal's
+ * alone, since a state holds one pending character). A token outside the mask is an error
+ * naming it, and leaves s as is. */
 int gram_state_accept(gram_state *s, int32_t token, base_err *err);
 /* Advances by len bytes of input (text the grammar must match, such as a forced prefix); on
  * error (naming the byte offset) s is left as is. */

@@ -11,8 +11,10 @@
  *   GOP_REF, rule                 call `rule`
  *   GOP_CLASS | n << 8, n pairs   one code point in one of n inclusive ranges [lo, hi]
  *   GOP_NCLASS | n << 8, n pairs  one code point in none of them (`.` is NCLASS with n = 0)
+ *   GOP_TOKEN, id                 the one token id, whole (`<|end|>`, `<[id]>`): matched by id at
+ *                                 a token boundary, never by its bytes (grammar_match.c)
  * A literal string is a run of one-range classes. */
-enum { GOP_END = 0, GOP_REF = 1, GOP_CLASS = 2, GOP_NCLASS = 3 };
+enum { GOP_END = 0, GOP_REF = 1, GOP_CLASS = 2, GOP_NCLASS = 3, GOP_TOKEN = 4 };
 
 #define GRAM_OP(w)     ((w)&0xffu)
 #define GRAM_NRANGE(w) ((w) >> 8)
@@ -37,14 +39,21 @@ struct gram_grammar {
     gram_rule *rules; /* (n_rules) */
     size_t n_rules;
     uint32_t root; /* rule index of `root` */
+    bool tokens;   /* some element is a GOP_TOKEN: accepting a token then tries them too */
 };
 
 /* Words one element at code[at] takes. */
 static inline uint32_t gram_elem_size(const uint32_t *code, uint32_t at) {
     uint32_t op = GRAM_OP(code[at]);
     if (op == GOP_END) return 1;
-    if (op == GOP_REF) return 2;
+    if (op == GOP_REF || op == GOP_TOKEN) return 2;
     return 1 + 2 * GRAM_NRANGE(code[at]);
+}
+
+/* Whether the element at code[at] is a class (the matcher's code-point terminals). */
+static inline bool gram_is_class(const uint32_t *code, uint32_t at) {
+    uint32_t op = GRAM_OP(code[at]);
+    return op == GOP_CLASS || op == GOP_NCLASS;
 }
 
 /* Whether code point cp matches the class element at code[at]. */
@@ -143,6 +152,7 @@ typedef struct gram_node {
 struct gram_vocab {
     int n_tokens;
     char **bytes;         /* (n_tokens) each token's bytes, NULL when never allowed */
+    char **special;       /* (n_tokens) a special token's text (its bytes are NULL), else NULL */
     size_t *lens;         /* (n_tokens) */
     gram_node *nodes;     /* (n_nodes + 1) the last a sentinel */
     uint64_t (*below)[2]; /* (n_nodes) the ASCII bytes below each node, as a 128-bit set */

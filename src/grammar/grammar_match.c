@@ -2,13 +2,14 @@
  * transitions and cached token masks.
  *
  * A parse stack is a list of offsets into the grammar's code, bottom first; its top is always
- * a character class (the next code point it can take), or the stack is empty (the grammar is
- * complete). Taking a code point replaces the top by the offset after it and expands: a frame
- * at an alternative's end is popped, a call is replaced by its continuation and one copy of
- * the stack per alternative of the callee is pushed (a continuation that is an alternative's
- * end is dropped, so right recursion does not deepen the stack). The state is the sorted set
- * of distinct stacks; it is interned, and its id keys the transition cache (per code point:
- * an array for ASCII, a hash table past it) and the mask cache.
+ * a terminal, a character class (the next code point it can take) or a token terminal (the
+ * next token it can take, whole), or the stack is empty (the grammar is complete). Taking a code
+ * point replaces the top by the offset after it and expands: a frame at an alternative's end is
+ * popped, a call is replaced by its continuation and one copy of the stack per alternative of the
+ * callee is pushed (a continuation that is an alternative's end is dropped, so right recursion does
+ * not deepen the stack). The state is the sorted set of distinct stacks; it is interned, and its id
+ * keys the transition cache (per code point: an array for ASCII, a hash table past it) and the mask
+ * cache.
  *
  * Input is bytes: a character split across tokens is carried as a partial code point (its
  * length, bytes still to come, bits so far) beside the set. A byte that leaves a partial is
@@ -19,7 +20,12 @@
  * little; a subtree made only of characters that move the state along its run of free text
  * is allowed whole (compute_mask), so a state inside a string walks only the tokens holding a
  * quote, a backslash or a control character. Masks are cached per state, the far links of a
- * bounded repetition sharing one (chain_canon). */
+ * bounded repetition sharing one (chain_canon).
+ *
+ * A token terminal takes no code point: a stack with one on top dies on any byte, and lives on
+ * only through the token it names, at a character boundary. Its id is added to the state's
+ * mask there (so the mask cache, keyed by the state, holds it), and accepting that token steps
+ * those stacks past it (step_token, cached beside the code-point transitions). */
 #include "grammar/grammar_internal.h"
 
 #include <stdlib.h>
@@ -64,7 +70,8 @@ struct gram_matcher {
     uint32_t *ascii; /* (cap_sets, 128) transitions by ASCII code point, UNKNOWN until met */
     uint32_t *table; /* (cap_table) set id + 1, 0 empty */
     size_t cap_table;
-    u64map trans; /* (set << 32 | code point, or | 1 << 31 | partial) -> set or DEAD */
+    u64map trans; /* (set << 32 | code point, or | 1 << 31 | partial, or | 1 << 30 | token id)
+                     -> set or DEAD (code points end below bit 21, a partial's bits below 31) */
     u64map masks; /* (set << 32 | partial) + 1 -> index into mask */
     uint32_t **mask;
     size_t n_mask, cap_mask;
@@ -306,12 +313,67 @@ static uint32_t advance(gram_matcher *m, uint32_t set, uint32_t cp) {
         uint32_t len = m->pool[at];
         const uint32_t *stk = m->pool + at + 1;
         at += 1 + len;
-        if (len == 0 || !gram_class_match(code, stk[len - 1], cp)) continue;
+        if (len == 0 || !gram_is_class(code, stk[len - 1]) ||
+            !gram_class_match(code, stk[len - 1], cp))
+            continue;
         reserve_u32(&m->work, &m->cap_work, len);
         memcpy(m->work, stk, len * sizeof *stk);
         m->work[len - 1] += gram_elem_size(code, stk[len - 1]);
         m->n_work = len;
         expand(m, 0, len);
+    }
+    return m->overflow ? UNKNOWN : finish_set(m);
+}
+
+/* The set after token id from set through its token terminals (DEAD, or UNKNOWN when a bound
+ * was hit). */
+static uint32_t advance_token(gram_matcher *m, uint32_t set, uint32_t id) {
+    begin_set(m);
+    const uint32_t *code = m->g->code;
+    size_t at = m->sets[set].off;
+    uint32_t n = m->pool[at++];
+    for (uint32_t k = 0; k < n && !m->overflow; k++) {
+        uint32_t len = m->pool[at];
+        const uint32_t *stk = m->pool + at + 1;
+        at += 1 + len;
+        if (len == 0 || GRAM_OP(code[stk[len - 1]]) != GOP_TOKEN || code[stk[len - 1] + 1] != id)
+            continue;
+        reserve_u32(&m->work, &m->cap_work, len);
+        memcpy(m->work, stk, len * sizeof *stk);
+        m->work[len - 1] += 2;
+        m->n_work = len;
+        expand(m, 0, len);
+    }
+    return m->overflow ? UNKNOWN : finish_set(m);
+}
+
+/* The same through the cache. */
+static uint32_t step_token(gram_matcher *m, uint32_t set, uint32_t id) {
+    uint64_t key = (uint64_t)set << 32 | 1u << 30 | id;
+    uint32_t next;
+    m->st.steps++;
+    if (map_get(&m->trans, key, &next)) {
+        m->st.step_hits++;
+        return next;
+    }
+    next = advance_token(m, set, id);
+    if (next != UNKNOWN) map_put(&m->trans, key, next);
+    return next;
+}
+
+/* The union of two sets (the two readings of one token). */
+static uint32_t union_sets(gram_matcher *m, uint32_t a, uint32_t b) {
+    begin_set(m);
+    for (int i = 0; i < 2; i++) {
+        size_t at = m->sets[i ? b : a].off;
+        uint32_t n = m->pool[at++];
+        for (uint32_t k = 0; k < n; k++) {
+            uint32_t len = m->pool[at];
+            reserve_u32(&m->work, &m->cap_work, len);
+            memcpy(m->work, m->pool + at + 1, len * sizeof *m->work);
+            emit_stack(m, 0, len);
+            at += 1 + len;
+        }
     }
     return m->overflow ? UNKNOWN : finish_set(m);
 }
@@ -353,7 +415,7 @@ static bool partial_viable(const gram_matcher *m, uint32_t set, uint32_t p) {
         uint32_t len = m->pool[at];
         uint32_t top = len ? m->pool[at + len] : 0;
         at += 1 + len;
-        if (!len) continue;
+        if (!len || !gram_is_class(code, top)) continue;
         if ((lo <= hi && class_meets(code, top, lo, hi)) ||
             (lo2 <= hi2 && class_meets(code, top, lo2, hi2)))
             return true;
@@ -388,7 +450,7 @@ static uint8_t set_hi(gram_matcher *m, uint32_t set) {
     bool some = false, mixed = false;
     for (uint32_t k = 0; k < n; k++) {
         uint32_t len = m->pool[at];
-        if (len) {
+        if (len && gram_is_class(m->g->code, m->pool[at + len])) {
             int h = class_hi(m->g->code, m->pool[at + len]);
             some = some || h == 1;
             mixed = mixed || h == 2;
@@ -685,6 +747,21 @@ static int chain_run(gram_matcher *m, uint32_t set) {
     return n;
 }
 
+/* Sets the bits of the tokens that the token terminals on top of set's stacks name. */
+static void add_token_terminals(const gram_matcher *m, uint32_t set, uint32_t *mask) {
+    const uint32_t *code = m->g->code;
+    size_t at = m->sets[set].off;
+    uint32_t n = m->pool[at++];
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t len = m->pool[at];
+        uint32_t top = len ? m->pool[at + len] : 0;
+        at += 1 + len;
+        if (!len || GRAM_OP(code[top]) != GOP_TOKEN) continue;
+        uint32_t id = code[top + 1];
+        if (id < (uint32_t)m->v->n_tokens) mask[id / 32] |= 1u << (id % 32);
+    }
+}
+
 /* Walks the trie from (set, part), setting the bits of the tokens that stay alive. On a node
  * whose state is U_k of the start's run, with no character pending, when every byte below it
  * is plain for the next `reach` steps of the run and its tokens are valid UTF-8, every token
@@ -743,6 +820,7 @@ static int compute_mask(gram_matcher *m, uint32_t set, uint32_t part, uint32_t *
     }
     m->st.steps += fast;
     m->st.step_hits += fast;
+    if (!part) add_token_terminals(m, set, mask);
     return 0;
 }
 
@@ -789,14 +867,41 @@ int gram_state_accept_bytes(gram_state *s, const char *bytes, size_t len, base_e
 }
 
 int gram_state_accept(gram_state *s, int32_t token, base_err *err) {
-    const gram_vocab *v = s->m->v;
+    gram_matcher *m = s->m;
+    const gram_vocab *v = m->v;
     if (token < 0 || token >= v->n_tokens)
         return base_fail(err, "grammar: token %d is outside the vocabulary (%d)", token,
                          v->n_tokens);
-    if (!v->bytes[token])
-        return base_fail(err, "grammar: token %d (special or empty) is not allowed here", token);
-    if (gram_state_accept_bytes(s, v->bytes[token], v->lens[token], err))
-        return base_fail_wrap(err, "token %d", token);
+    bound_cache(m);
+    uint32_t set = state_set(s), part = s->partial;
+    /* by its bytes: the set and pending character they lead to, or DEAD */
+    uint32_t by_bytes = v->bytes[token] ? set : DEAD, by_bytes_part = part;
+    for (size_t i = 0; by_bytes != DEAD && i < v->lens[token]; i++) {
+        if (!step_byte(m, &by_bytes, &by_bytes_part, (uint8_t)v->bytes[token][i])) {
+            if (by_bytes == UNKNOWN) return fail_bound(err);
+            by_bytes = DEAD;
+        }
+    }
+    /* by the token terminals that name it (a grammar without any skips the lookup) */
+    uint32_t by_id = part || !m->g->tokens ? DEAD : step_token(m, set, (uint32_t)token);
+    if (by_id == UNKNOWN) return fail_bound(err);
+    if (by_bytes == DEAD && by_id == DEAD) {
+        if (v->special[token])
+            return base_fail(err, "grammar: special token %d (%s) is not allowed here", token,
+                             v->special[token]);
+        if (!v->bytes[token])
+            return base_fail(err, "grammar: token %d (empty) is not allowed here", token);
+        return base_fail(err, "grammar: token %d is not allowed here", token);
+    }
+    if (by_id == DEAD) {
+        state_take(s, by_bytes, by_bytes_part);
+    } else if (by_bytes == DEAD || by_bytes_part) {
+        state_take(s, by_id, 0);
+    } else {
+        uint32_t both = union_sets(m, by_bytes, by_id);
+        if (both == UNKNOWN) return fail_bound(err);
+        state_take(s, both, 0);
+    }
     return 0;
 }
 

@@ -7,7 +7,8 @@
  * recursion in `r ::= x r |` costs no stack depth: the matcher drops a frame whose
  * continuation is an alternative's end. Left recursion would make the matcher's expansion
  * loop, so it is found here (a rule reaching itself through calls that can match nothing) and
- * refused. */
+ * refused. Token terminals (`<|end|>`, `<[id]>`) are resolved to ids against the vocabulary
+ * while parsing, so a grammar that names a token its model lacks fails here, with its place. */
 #include "grammar/grammar_internal.h"
 
 #include <stdio.h>
@@ -34,6 +35,8 @@ typedef struct parser {
     size_t len, pos;
     rule_build *rules;
     size_t n_rules, cap_rules;
+    const gram_vocab *v; /* token terminals' ids; NULL: token terminals are refused */
+    bool tokens;         /* a token terminal was parsed */
     base_err *err;
     bool failed;
 } parser;
@@ -248,6 +251,46 @@ static int parse_class(parser *p, uint32_t rule) {
     return 0;
 }
 
+/* A token terminal, `<[id]>` or `<text>` (the token whose text is exactly that, brackets
+ * included, up to the first '>'), as llama.cpp writes them. */
+static int parse_token(parser *p, uint32_t rule) {
+    size_t at = p->pos;
+    if (!p->v)
+        return fail_at(p, at, "a token terminal needs the model's vocabulary (none was given)");
+    const char *end = memchr(p->s + at, '>', p->len - at),
+               *nl = memchr(p->s + at, '\n', p->len - at);
+    if (!end || (nl && nl < end)) return fail_at(p, at, "unterminated token terminal (no '>')");
+    size_t n = (size_t)(end - (p->s + at)) + 1;
+    int64_t id = -1;
+    if (n > 3 && p->s[at + 1] == '[' && p->s[at + n - 2] == ']') {
+        id = 0;
+        for (size_t i = at + 2; i < at + n - 2; i++) {
+            if (p->s[i] < '0' || p->s[i] > '9' || id > INT32_MAX)
+                return fail_at(p, at, "a token id <[id]> must be decimal digits");
+            id = id * 10 + (p->s[i] - '0');
+        }
+        if (id >= gram_vocab_size(p->v)) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "token id %lld is outside the vocabulary (%d)", (long long)id,
+                     gram_vocab_size(p->v));
+            return fail_at(p, at, msg);
+        }
+    } else {
+        id = gram_vocab_find(p->v, p->s + at, n);
+        if (id < 0) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "'%.*s' is not the text of one token of the vocabulary",
+                     n > 120 ? 120 : (int)n, p->s + at);
+            return fail_at(p, at, msg);
+        }
+    }
+    p->pos = at + n;
+    p->tokens = true;
+    emit(&p->rules[rule], GOP_TOKEN);
+    emit(&p->rules[rule], (uint32_t)id);
+    return 0;
+}
+
 static int parse_count(parser *p, uint32_t *out) {
     if (peek(p) < '0' || peek(p) > '9') return fail_at(p, p->pos, "expected a repetition count");
     uint64_t v = 0;
@@ -337,6 +380,12 @@ static int parse_sequence(parser *p, uint32_t rule, bool nested) {
         } else if (c == '.') {
             p->pos++;
             emit(&p->rules[rule], GOP_NCLASS);
+        } else if (c == '<') {
+            if (parse_token(p, rule)) return -1;
+        } else if (c == '!' && p->pos + 1 < p->len && p->s[p->pos + 1] == '<') {
+            return fail_at(p, p->pos,
+                           "a negated token terminal (!<...>) is not implemented (special tokens "
+                           "never match '.' or a class, so `.*` already leaves them out)");
         } else if (c == '(') {
             size_t at = p->pos++;
             uint32_t g = new_rule(p, p->rules[rule].name, strlen(p->rules[rule].name), at);
@@ -507,6 +556,7 @@ static int finish(parser *p, gram_grammar **out) {
         nc += b->n_code;
     }
     g->root = root;
+    g->tokens = p->tokens;
     compute_min_len(g);
     if (check_left_recursion(p, g)) {
         gram_free(g);
@@ -517,7 +567,12 @@ static int finish(parser *p, gram_grammar **out) {
 }
 
 int gram_parse(const char *text, size_t len, gram_grammar **out, base_err *err) {
-    parser p = {.s = text, .len = len, .err = err};
+    return gram_parse_vocab(text, len, NULL, out, err);
+}
+
+int gram_parse_vocab(const char *text, size_t len, const gram_vocab *v, gram_grammar **out,
+                     base_err *err) {
+    parser p = {.s = text, .len = len, .v = v, .err = err};
     *out = NULL;
     int rc = parse_rules(&p);
     if (!rc) rc = finish(&p, out);

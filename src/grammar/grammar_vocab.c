@@ -92,13 +92,23 @@ static void build_trie(gram_vocab *v, sort_item *items, int n) {
 }
 
 gram_vocab *gram_vocab_new(const char *const *bytes, const size_t *lens, int n) {
+    return gram_vocab_new_special(bytes, lens, NULL, n);
+}
+
+gram_vocab *gram_vocab_new_special(const char *const *bytes, const size_t *lens,
+                                   const char *const *special, int n) {
     gram_vocab *v = base_xcalloc(1, sizeof *v);
     v->n_tokens = n;
     v->bytes = base_xcalloc((size_t)n + 1, sizeof *v->bytes);
     v->lens = base_xcalloc((size_t)n + 1, sizeof *v->lens);
+    v->special = base_xcalloc((size_t)n + 1, sizeof *v->special);
     sort_item *items = base_xmalloc(((size_t)n + 1) * sizeof *items);
     int k = 0;
     for (int i = 0; i < n; i++) {
+        if (special && special[i]) { /* out of the trie: its text is no input */
+            v->special[i] = base_xstrdup(special[i]);
+            continue;
+        }
         /* a prefix this long cannot be a real token; it would overflow the depth field */
         if (!bytes[i] || lens[i] == 0 || lens[i] > 1024) continue;
         v->bytes[i] = base_xmalloc(lens[i]);
@@ -116,24 +126,40 @@ int gram_vocab_from_tokenizer(const tok_tokenizer *tok, gram_vocab **out, base_e
     int n = tok_vocab_size(tok);
     char **bytes = base_xcalloc((size_t)n + 1, sizeof *bytes);
     size_t *lens = base_xcalloc((size_t)n + 1, sizeof *lens);
+    const char **special = base_xcalloc((size_t)n + 1, sizeof *special);
     int rc = 0;
     for (int i = 0; i < n && !rc; i++) {
-        /* ids with no token (gaps among added tokens) and special tokens stay out */
-        if (!tok_token_text(tok, i) || tok_is_special(tok, i)) continue;
+        /* ids with no token (gaps among added tokens) stay out */
+        if (!tok_token_text(tok, i)) continue;
+        if (tok_is_special(tok, i)) {
+            special[i] = tok_token_text(tok, i);
+            continue;
+        }
         rc = tok_token_bytes(tok, i, &bytes[i], &lens[i], err);
         if (rc) base_fail_wrap(err, "grammar vocabulary: token %d", i);
     }
-    if (!rc) *out = gram_vocab_new((const char *const *)bytes, lens, n);
+    if (!rc) *out = gram_vocab_new_special((const char *const *)bytes, lens, special, n);
     for (int i = 0; i < n; i++) free(bytes[i]);
     free(bytes);
     free(lens);
+    free(special);
     return rc;
+}
+
+int32_t gram_vocab_find(const gram_vocab *v, const char *text, size_t n) {
+    for (int i = 0; i < v->n_tokens; i++)
+        if (v->special[i] && strlen(v->special[i]) == n && !memcmp(v->special[i], text, n))
+            return i;
+    for (int i = 0; i < v->n_tokens; i++)
+        if (v->bytes[i] && v->lens[i] == n && !memcmp(v->bytes[i], text, n)) return i;
+    return -1;
 }
 
 void gram_vocab_free(gram_vocab *v) {
     if (!v) return;
-    for (int i = 0; i < v->n_tokens; i++) free(v->bytes[i]);
+    for (int i = 0; i < v->n_tokens; i++) free(v->bytes[i]), free(v->special[i]);
     free(v->bytes);
+    free(v->special);
     free(v->lens);
     free(v->nodes);
     free(v->below);

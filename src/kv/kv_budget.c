@@ -19,6 +19,53 @@ uint64_t kv_bytes_per_block(const kv_geometry *g) {
     return base_sat_mul_u64(b, 2); /* K and V */
 }
 
+uint64_t kv_group_bytes_per_block(const kv_geometry *g, bool local) {
+    int n_local = kv_geometry_local_layers(g);
+    kv_geometry one = *g;
+    one.n_layers = local ? n_local : g->n_layers - n_local;
+    return kv_bytes_per_block(&one);
+}
+
+int64_t kv_local_blocks_per_seq(const kv_geometry *g, int64_t ctx, int step) {
+    if (kv_geometry_local_layers(g) == 0 || g->block_size <= 0 || ctx <= 0) return 0;
+    int64_t full = (ctx + g->block_size - 1) / g->block_size + 1;
+    int q = step > 0 && step < ctx ? step : (int)(ctx < INT32_MAX ? ctx : INT32_MAX);
+    /* one spare, as for the global group: appending into a shared block copies it first */
+    int64_t windowed = kv_local_blocks_per_step(g, q) + 1;
+    return windowed < full ? windowed : full;
+}
+
+static int64_t clamp_blocks(uint64_t blocks) {
+    return blocks > INT32_MAX ? INT32_MAX : (int64_t)blocks;
+}
+
+kv_group_split kv_budget_split(const kv_geometry *g, uint64_t budget, uint64_t reserve, int n_seqs,
+                               int64_t ctx, int step) {
+    kv_group_split out = {0, 0};
+    if (kv_geometry_local_layers(g) == 0) {
+        out.global_blocks = kv_budget_blocks(budget, reserve, kv_bytes_per_block(g));
+        return out;
+    }
+    uint64_t seqs = n_seqs > 0 ? (uint64_t)n_seqs : 1;
+    uint64_t local_bpb = kv_group_bytes_per_block(g, true);
+    uint64_t global_bpb = kv_group_bytes_per_block(g, false);
+    if (global_bpb == 0) {
+        /* every layer local: the global blocks hold token ids only */
+        int64_t full = g->block_size > 0 ? (ctx + g->block_size - 1) / g->block_size + 1 : 0;
+        out.global_blocks = clamp_blocks(base_sat_mul_u64((uint64_t)full, seqs));
+        out.local_blocks = kv_budget_blocks(budget, reserve, local_bpb);
+        return out;
+    }
+    out.local_blocks =
+        clamp_blocks(base_sat_mul_u64((uint64_t)kv_local_blocks_per_seq(g, ctx, step), seqs));
+    int64_t affordable = kv_budget_blocks(budget, reserve, local_bpb);
+    if (affordable < out.local_blocks) out.local_blocks = affordable;
+    uint64_t local_bytes = base_sat_mul_u64((uint64_t)out.local_blocks, local_bpb);
+    out.global_blocks =
+        kv_budget_blocks(budget, base_sat_add_u64(reserve, local_bytes), global_bpb);
+    return out;
+}
+
 uint64_t kv_decode_reserve_bytes(const kv_geometry *g, int n_heads, int max_seqs,
                                  int64_t max_context, int target) {
     return attn_workspace_bytes(n_heads, g->n_kv_heads, g->head_dim, g->block_size, max_seqs,

@@ -49,6 +49,12 @@ int model_reserve_decode(model *m, int block_size, int max_seqs, int max_ctx, ba
  * (see model_logits). The batch's slots must have been reserved in `pool` (kv_seq_append). */
 int model_forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t *tokens,
                   const int32_t *out_rows, int n_out, float *logits, base_err *err);
+/* As model_forward with the logits left in backend memory, but returning once the step is
+ * queued, so that the host can work beside it: the backend's next wait (sync, a download,
+ * topk_candidates) ends the step and reports its errors. Until then the step's K/V are not
+ * written (commit them to the pool after that wait). */
+int model_forward_queue(model *m, kv_pool *pool, const kv_batch *batch, const int32_t *tokens,
+                        const int32_t *out_rows, int n_out, base_err *err);
 /* As model_forward, but what the out_rows give is their hidden state after the final norm
  * (the output head's input: transformers' last_hidden_state), written to `hidden` (host,
  * float32 [n_out, hidden_size]); for embeddings. */

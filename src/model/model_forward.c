@@ -67,28 +67,53 @@ static int scratch_reserve(model *m, int n, int n_out, base_err *err) {
     return 0;
 }
 
-/* Copies the batch's CSR arrays into backend memory in one upload; *dev points into it. */
-static int upload_batch(model *m, const be_paged_batch *hb, be_paged_batch *dev, base_err *err) {
+/* Ints of the local view's page list in backend memory: at least what n_seqs decode rows
+ * can hold (kv_local_blocks_per_step of one token each), so that the global page list after
+ * it keeps its address from one decode step to the next. */
+static size_t local_pages_region(const kv_pool *pool, const be_paged_batch *hl) {
+    size_t used = (size_t)hl->page_indptr[hl->n_seqs];
+    size_t decode =
+        (size_t)hl->n_seqs * (size_t)kv_local_blocks_per_step(kv_pool_geometry(pool), 1);
+    return used > decode ? used : decode;
+}
+
+/* Copies the batch's CSR arrays, both views, into backend memory in one upload; *dev (and
+ * *dev_local, with a local view) point into it. The views share q_indptr and positions. */
+static int upload_batch(model *m, const kv_pool *pool, const kv_batch *batch, be_paged_batch *dev,
+                        be_paged_batch *dev_local, base_err *err) {
+    const be_paged_batch *hb = &batch->view, *hl = &batch->local;
+    bool local = kv_pool_has_local(pool);
     int ns = hb->n_seqs, nt = hb->n_tokens, np = hb->page_indptr[ns];
+    size_t nl = local ? (size_t)hl->page_indptr[ns] : 0;
+    size_t local_region = local ? local_pages_region(pool, hl) * 4 : 0;
     struct {
         const void *src;
-        size_t bytes;
+        size_t bytes, room;
         const void **dst;
     } parts[] = {
-        {hb->q_indptr, (size_t)(ns + 1) * 4, (const void **)&dev->q_indptr},
-        {hb->kv_len, (size_t)ns * 4, (const void **)&dev->kv_len},
-        {hb->page_indptr, (size_t)(ns + 1) * 4, (const void **)&dev->page_indptr},
-        {hb->last_page_len, (size_t)ns * 4, (const void **)&dev->last_page_len},
-        {hb->first_page_offset, hb->first_page_offset ? (size_t)ns * 4 : 0,
+        {hb->q_indptr, (size_t)(ns + 1) * 4, 0, (const void **)&dev->q_indptr},
+        {hb->positions, (size_t)nt * 4, 0, (const void **)&dev->positions},
+        {hb->kv_len, (size_t)ns * 4, 0, (const void **)&dev->kv_len},
+        {hb->page_indptr, (size_t)(ns + 1) * 4, 0, (const void **)&dev->page_indptr},
+        {hb->last_page_len, (size_t)ns * 4, 0, (const void **)&dev->last_page_len},
+        {hb->first_page_offset, hb->first_page_offset ? (size_t)ns * 4 : 0, 0,
          (const void **)&dev->first_page_offset},
-        {hb->slots, (size_t)nt * 8, (const void **)&dev->slots},
-        {hb->positions, (size_t)nt * 4, (const void **)&dev->positions},
+        {hb->slots, (size_t)nt * 8, 0, (const void **)&dev->slots},
+        {hl->kv_len, local ? (size_t)ns * 4 : 0, 0, (const void **)&dev_local->kv_len},
+        {hl->page_indptr, local ? (size_t)(ns + 1) * 4 : 0, 0,
+         (const void **)&dev_local->page_indptr},
+        {hl->last_page_len, local ? (size_t)ns * 4 : 0, 0,
+         (const void **)&dev_local->last_page_len},
+        {hl->slots, local ? (size_t)nt * 8 : 0, 0, (const void **)&dev_local->slots},
+        /* sized for the batch's decode rows at least (local_pages_region) */
+        {hl->page_indices, nl * 4, local_region, (const void **)&dev_local->page_indices},
         /* Last: the only part whose size changes from one decode step to the next, so that
          * the others keep their addresses for a recorded step. */
-        {hb->page_indices, (size_t)np * 4, (const void **)&dev->page_indices},
+        {hb->page_indices, (size_t)np * 4, 0, (const void **)&dev->page_indices},
     };
     size_t n_parts = sizeof parts / sizeof parts[0], total = 0;
-    for (size_t i = 0; i < n_parts; i++) total += align8(parts[i].bytes);
+    for (size_t i = 0; i < n_parts; i++)
+        total += align8(parts[i].room > parts[i].bytes ? parts[i].room : parts[i].bytes);
     model_scratch *s = &m->s;
     if (total > s->cap_meta) {
         /* Room to grow: each reallocation makes recorded steps stale. */
@@ -98,11 +123,16 @@ static int upload_batch(model *m, const be_paged_batch *hb, be_paged_batch *dev,
         s->cap_meta = cap;
     }
     *dev = *hb;
+    if (local) *dev_local = *hl;
     size_t off = 0;
     for (size_t i = 0; i < n_parts; i++) {
         if (parts[i].bytes) memcpy(s->meta_host + off, parts[i].src, parts[i].bytes);
         *parts[i].dst = parts[i].bytes ? (char *)s->meta + off : NULL;
-        off += align8(parts[i].bytes);
+        off += align8(parts[i].room > parts[i].bytes ? parts[i].room : parts[i].bytes);
+    }
+    if (local) {
+        dev_local->q_indptr = dev->q_indptr;
+        dev_local->positions = dev->positions;
     }
     return m->be->ops->upload(m->be, s->meta, s->meta_host, total, err);
 }
@@ -241,12 +271,21 @@ static int norm_qk(model *m, const model_layer *L, be_tensor *q, be_tensor *k, b
     return norm_per_head(m, k, head ? c->num_key_value_heads : 1, &L->k_norm, err);
 }
 
+/* What one layer's attention reads: the step's batch (host and backend copies: RoPE's
+ * positions and lengths are the sequence's own) and the view of the layer's KV group in
+ * backend memory (a local layer's pages start at its window), with the layer's slabs. */
+typedef struct kv_layer_views {
+    const be_paged_batch *host, *dev, *dev_group;
+    const be_kv_layer *layer;
+} kv_layer_views;
+
 /* RoPE, the KV append and attention of layer L, fused where the backend and the layer allow:
  * the fused ops rotate whole heads with one static table. */
-static int rope_attend(model *m, const model_layer *L, const be_kv_layer *kvl,
-                       const be_paged_batch *hb, const be_paged_batch *db,
+static int rope_attend(model *m, const model_layer *L, const kv_layer_views *kv,
                        const be_decode_plan *plan, be_tensor *q, be_tensor *k, be_tensor *v,
                        be_tensor *att, base_err *err) {
+    const be_paged_batch *hb = kv->host, *db = kv->dev, *kdb = kv->dev_group;
+    const be_kv_layer *kvl = kv->layer;
     const io_model_config *c = &m->cfg;
     const be_ops *op = m->be->ops;
     be_backend *be = m->be;
@@ -256,24 +295,24 @@ static int rope_attend(model *m, const model_layer *L, const be_kv_layer *kvl,
     const bool fusable = layer_rope_static(m, L) && c->rotary_dim == c->head_dim;
     be_tensor pos = {(void *)db->positions, BASE_DTYPE_I32, hb->n_tokens, 1};
     if (op->rope_kv_attention && fusable)
-        return op->rope_kv_attention(be, q, k, v, &pos, freqs, mscale, kvl, db, plan, H, L->attn,
+        return op->rope_kv_attention(be, q, k, v, &pos, freqs, mscale, kvl, kdb, plan, H, L->attn,
                                      att, err);
     if (op->rope_kv_append && fusable) {
-        TRY(op->rope_kv_append(be, q, k, v, &pos, freqs, mscale, kvl, db, err));
+        TRY(op->rope_kv_append(be, q, k, v, &pos, freqs, mscale, kvl, kdb, err));
     } else {
         TRY(apply_rope(m, L, hb, db, q, k, err));
-        TRY(op->kv_append(be, kvl, k, v, db, err));
+        TRY(op->kv_append(be, kvl, k, v, kdb, err));
     }
-    return op->attention(be, q, kvl, db, plan, H, L->attn, att, err);
+    return op->attention(be, q, kvl, kdb, plan, H, L->attn, att, err);
 }
 
 /* Layer L's attention half. Folded: x holds the residual on entry and exit. Otherwise on entry
  * h holds rmsnorm(x) * attn_norm where the layer has that norm (the previous layer's residual
  * step computed it; the first layer computes it here); on exit x holds the residual and h the
  * MLP's input (rmsnorm(x) * mlp_norm, where the layer has that norm). */
-static int attention_block(model *m, const model_layer *L, const be_kv_layer *kvl,
-                           const be_paged_batch *hb, const be_paged_batch *db,
+static int attention_block(model *m, const model_layer *L, const kv_layer_views *kv,
                            const be_decode_plan *plan, base_err *err) {
+    const be_paged_batch *hb = kv->host;
     const io_model_config *c = &m->cfg;
     const be_ops *op = m->be->ops;
     be_backend *be = m->be;
@@ -293,7 +332,7 @@ static int attention_block(model *m, const model_layer *L, const be_kv_layer *kv
     if (!fold && pre && L == m->layers) TRY(op->rmsnorm(be, &x, pre, c->rms_norm_eps, &h, err));
     TRY(project_qkv(m, L, fold || !pre ? &x : &h, fold && pre ? &norm : NULL, ys, err));
     TRY(norm_qk(m, L, &q, &k, err));
-    TRY(rope_attend(m, L, kvl, hb, db, plan, &q, &k, &v, &att, err));
+    TRY(rope_attend(m, L, kv, plan, &q, &k, &v, &att, err));
     if (fold && plain_output(m, &L->post_attn_norm))
         return op->matmul_add(be, &att, &L->o, &x, err);
     TRY(op->matmul(be, &att, &L->o, &h, err));
@@ -379,6 +418,16 @@ static int check_step(const model *m, const kv_pool *pool, const kv_batch *batch
                          "match the model (%d, %d, %d)",
                          g->n_layers, g->n_kv_heads, g->head_dim, m->cfg.num_hidden_layers,
                          m->cfg.num_key_value_heads, m->cfg.head_dim);
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        const model_layer *L = &m->layers[l];
+        /* a local group keeps only its window: a layer seeing further would read released
+         * blocks */
+        if (kv_pool_layer_local(pool, l) && !(L->attn.window > 0 && L->attn.window <= g->window))
+            return base_fail(err,
+                             "KV pool keeps layer %d's last %d tokens only, but the layer's "
+                             "attention window is %d",
+                             l, g->window, L->attn.window);
+    }
     if (hb->n_tokens <= 0) return base_fail(err, "forward: empty batch");
     for (int i = 0; i < hb->n_tokens; i++)
         if (tokens[i] < 0 || tokens[i] >= m->cfg.vocab_size)
@@ -401,8 +450,10 @@ int model_forward_body(model *m, const model_step *st, base_err *err) {
     TRY(be->ops->embedding(be, &m->embed, &ids, &x, err));
     if (c->embed_scale != 1.0f) TRY(be->ops->scale(be, &x, c->embed_scale, &x, err));
     for (int l = 0; l < c->num_hidden_layers; l++) {
-        TRY(attention_block(m, &m->layers[l], kv_pool_layer(st->pool, l), hb, st->dev, st->plan,
-                            err));
+        bool local = kv_pool_layer_local(st->pool, l);
+        kv_layer_views kv = {hb, st->dev, local ? st->dev_local : st->dev,
+                             kv_pool_layer(st->pool, l)};
+        TRY(attention_block(m, &m->layers[l], &kv, st->plan, err));
         TRY(mlp_block(m, &m->layers[l], n, tail, err));
     }
     if (st->n_out == 0) return 0;
@@ -432,14 +483,21 @@ static int forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t
     be_backend *be = m->be;
     int n = hb->n_tokens;
     TRY(scratch_reserve(m, n, n_out, err));
-    be_paged_batch db;
-    TRY(upload_batch(m, hb, &db, err));
+    be_paged_batch db, dl;
+    memset(&dl, 0, sizeof dl);
+    TRY(upload_batch(m, pool, batch, &db, &dl, err));
     TRY(be->ops->upload(be, m->s.ids, tokens, (size_t)n * sizeof(int32_t), err));
     be_decode_plan plan;
-    model_step st = {pool, hb, &db, &plan, out_rows, n_out, hidden};
+    model_step st = {pool,  hb,       &db,   kv_pool_has_local(pool) ? &dl : NULL,
+                     &plan, out_rows, n_out, hidden};
     if (model_graph_usable(m, &st)) return model_graph_step(m, &st, err);
     TRY(model_plan_step(m, pool, batch, &plan, err));
     return model_forward_body(m, &st, err);
+}
+
+int model_forward_queue(model *m, kv_pool *pool, const kv_batch *batch, const int32_t *tokens,
+                        const int32_t *out_rows, int n_out, base_err *err) {
+    return forward(m, pool, batch, tokens, out_rows, n_out, false, err);
 }
 
 int model_forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t *tokens,

@@ -34,8 +34,8 @@ bool model_graph_usable(const model *m, const model_step *st) {
 
 static bool key_equal(const model_graph_key *a, const model_graph_key *b) {
     return a->pool == b->pool && a->n_seqs == b->n_seqs && a->kv_bound == b->kv_bound &&
-           a->page_offsets == b->page_offsets && a->plan.kind == b->plan.kind &&
-           a->plan.pages_per_chunk == b->plan.pages_per_chunk &&
+           a->page_offsets == b->page_offsets && a->pages_at == b->pages_at &&
+           a->plan.kind == b->plan.kind && a->plan.pages_per_chunk == b->plan.pages_per_chunk &&
            a->plan.max_chunks == b->plan.max_chunks && a->plan.workspace == b->plan.workspace &&
            a->model_generation == b->model_generation &&
            a->backend_generation == b->backend_generation;
@@ -94,12 +94,17 @@ int model_graph_step(model *m, model_step *st, base_err *err) {
     model_plan_pages(m, hb->n_seqs, bucket, st->plan);
     int64_t bound = bucket * block;
     st->dev->max_kv_len = bound < INT32_MAX ? (int)bound : INT32_MAX;
+    /* the local view's lengths are at most the global ones: the same bound holds */
+    if (st->dev_local) st->dev_local->max_kv_len = st->dev->max_kv_len;
 
     model_graph_key key;
     memset(&key, 0, sizeof key);
     key.pool = st->pool;
     key.n_seqs = hb->n_seqs;
     key.page_offsets = hb->first_page_offset != NULL;
+    /* where the page list starts in the uploaded arrays: the local view's parts before it
+     * move it (upload_batch) */
+    key.pages_at = (uint64_t)((const char *)st->dev->page_indices - (const char *)m->s.meta);
     key.kv_bound = st->dev->max_kv_len;
     key.plan = *st->plan;
     key.model_generation = m->s.generation;

@@ -49,6 +49,7 @@ typedef struct model_graph_key {
     int n_seqs;        /* decode rows, one per sequence, all of them logits rows */
     int kv_bound;      /* the max_kv_len the ops saw: a bucket of lengths shares one recording */
     bool page_offsets; /* the batch has first_page_offset (it moves the arrays after it) */
+    uint64_t pages_at; /* byte offset of the page list in the step's arrays (model_scratch) */
     be_decode_plan plan;
     uint64_t model_generation, backend_generation;
 } model_graph_key;
@@ -67,6 +68,7 @@ typedef struct model_step {
     const kv_pool *pool;
     const be_paged_batch *host; /* the batch arrays in host memory */
     be_paged_batch *dev;        /* the same arrays in backend memory */
+    be_paged_batch *dev_local;  /* the local group's view in backend memory, or NULL */
     be_decode_plan *plan;
     const int32_t *out_rows; /* (n_out) */
     int n_out;

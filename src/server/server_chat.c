@@ -197,15 +197,32 @@ static int tag_ids(const engine_prompter *pr, const char *tag, int32_t **ids, in
     return 0;
 }
 
-/* The thinking budget: </think> forced after --reasoning-budget tokens of thinking. */
+/* Harmony's analysis message as the model opens it after the prompt's <|start|>assistant, and
+ * what the budget writes to end it: the message closed, the final one opened (OpenAI's
+ * harmony format guide), or, where a call is forced, only the next message's role, the
+ * call's grammar writing the rest. The model's own <|end|> ends the analysis too. */
+#define HARMONY_ANALYSIS     "<|channel|>analysis<|message|>"
+#define HARMONY_NEXT         "<|end|><|start|>assistant"
+#define HARMONY_TO_FINAL     HARMONY_NEXT "<|channel|>final<|message|>"
+#define HARMONY_ANALYSIS_END "<|end|>"
+
+/* The thinking budget: the thinking's close forced after --reasoning-budget tokens of it. A
+ * grammar's output is what the grammar says, so the forced close must be what it allows there
+ * (the engine ends the request with an error where it is not). */
 static int setup_budget(const server_options *o, const engine_prompter *pr, server_params *p,
                         base_err *err) {
-    /* Harmony thinks in a channel: forced </think> ids would only break its messages */
-    if (!o->has_reasoning_budget || p->req.grammar || p->out.harmony) return 0;
-    int32_t *open = NULL, *close = NULL;
-    int n_open, n_close;
-    if (tag_ids(pr, ENGINE_THINK_OPEN, &open, &n_open, err) ||
-        tag_ids(pr, ENGINE_THINK_CLOSE, &close, &n_close, err)) {
+    if (!o->has_reasoning_budget) return 0;
+    bool harmony = p->out.harmony;
+    const char *open_tag = harmony ? HARMONY_ANALYSIS : ENGINE_THINK_OPEN;
+    const char *close_tag = !harmony        ? ENGINE_THINK_CLOSE
+                            : p->out.forced ? HARMONY_NEXT
+                                            : HARMONY_TO_FINAL;
+    int32_t *open = NULL, *close = NULL, *end = NULL;
+    int n_open, n_close, n_end = 0;
+    if (harmony && tag_ids(pr, HARMONY_ANALYSIS_END, &end, &n_end, err)) return -1;
+    free(end);
+    if (tag_ids(pr, open_tag, &open, &n_open, err) ||
+        tag_ids(pr, close_tag, &close, &n_close, err)) {
         free(open);
         free(close);
         return -1;
@@ -221,6 +238,7 @@ static int setup_budget(const server_options *o, const engine_prompter *pr, serv
     p->req.n_think_open = n_open;
     p->req.think_close = p->think_ids + n_open;
     p->req.n_think_close = n_close;
+    p->req.n_think_end = n_end;
     return 0;
 }
 
@@ -234,14 +252,14 @@ int server_chat_prompt(json_t *b, const server_options *o, const engine_prompter
     if (server_chat_options(b, m, &co, err) || server_chat_vars(b, p, &co, err) ||
         engine_prompter_render(pr, m, &co, &prompt, err))
         return -1;
+    /* Harmony's channels are special tokens, with tools or without */
+    p->out.harmony =
+        (o->has_tool_parser ? o->tool_parser : pr->tool_format) == ENGINE_TOOLS_HARMONY;
     int rc = engine_prompter_encode_rendered(pr, prompt, ctx, ids, n, err) ||
              setup_tools(b, o, pr, p, err);
     /* constrained output is what its grammar says: thinking only where it writes <think> */
     p->out.reasoning = o->reasoning_format != ENGINE_REASONING_NONE;
     p->out.inside = !p->req.grammar && engine_prompt_opens_think(prompt);
-    /* Harmony's channels are special tokens, with tools or without */
-    p->out.harmony =
-        (o->has_tool_parser ? o->tool_parser : pr->tool_format) == ENGINE_TOOLS_HARMONY;
     p->req.keep_special = p->req.keep_special || p->out.harmony;
     free(prompt);
     return rc || setup_budget(o, pr, p, err) ? -1 : 0;

@@ -127,6 +127,16 @@ static void engine_families(text *t, const engine_sched_stats *st) {
            (double)st->pool.cached);
     metric(t, "gauge", "mlxcel_kv_blocks_referenced", "KV blocks held by sequences",
            (double)st->pool.referenced);
+    if (st->local_pool.capacity == 0) return;
+    /* the local (sliding-window) layers' blocks, which go back as sequences pass the window */
+    metric(t, "gauge", "mlxcel_kv_local_blocks_capacity", "local-layer KV blocks in the pool",
+           (double)st->local_pool.capacity);
+    metric(t, "gauge", "mlxcel_kv_local_blocks_free", "local-layer KV blocks free",
+           (double)st->local_pool.free);
+    metric(t, "gauge", "mlxcel_kv_local_blocks_cached",
+           "local-layer KV blocks held only by the prefix cache", (double)st->local_pool.cached);
+    metric(t, "gauge", "mlxcel_kv_local_blocks_referenced",
+           "local-layer KV blocks held by sequences", (double)st->local_pool.referenced);
 }
 
 static double ratio(double a, double b) {

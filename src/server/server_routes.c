@@ -88,6 +88,7 @@ static enum MHD_Result props(server *s, struct MHD_Connection *c) {
                           s->rt->kv_plan.n_parallel, "model_alias", s->o.model_id, "backend",
                           s->rt->be->name, "kv_cache", kv_json(&st.pool), "requests_running",
                           st.running, "requests_waiting", st.waiting);
+    if (st.local_pool.capacity) json_object_set_new(o, "kv_cache_local", kv_json(&st.local_pool));
     return server_reply_json(s, c, 200, o);
 }
 

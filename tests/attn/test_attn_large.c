@@ -23,9 +23,9 @@ int main(void) {
     }
     be_backend *be = tb_create(0);
     scene sc = {be, NULL, KV, GROUP, KV * GROUP, D, BS, BASE_DTYPE_F16};
-    kv_geometry g = {1, KV, D, BS, BASE_DTYPE_F16};
+    kv_geometry g = {1, KV, D, BS, BASE_DTYPE_F16, 0, NULL};
     base_err err;
-    if (kv_pool_create(be, &g, BLOCKS, &sc.pool, &err)) {
+    if (kv_pool_create(be, &g, BLOCKS, 0, &sc.pool, &err)) {
         CHECK_MSG(0, "pool: %s", err.msg);
         TEST_MAIN_END();
     }
@@ -106,7 +106,7 @@ int main(void) {
     CHECK(be->ops->kv_append(be, L, &k20, &v20, &kb.view, &err) == 0);
     kv_batch_free(&kb);
     kv_seq *f = kv_seq_fork(sc.pool, s);
-    kv_seq_truncate(sc.pool, filler, (LAST - 1) * BS);
+    CHECK(kv_seq_truncate(sc.pool, filler, (LAST - 1) * BS, &err) == 0);
     CHECK(kv_seq_append(sc.pool, f, ids, 1, &err) == 0);
     CHECK(kv_batch_build(sc.pool, &f, &q1, 1, &kb, &err) == 0);
     CHECK(kb.view.page_indices[0] == LAST - 1);

@@ -125,9 +125,9 @@ static void check_all_paths(const scene *sc, ref_seq *const *rs, const be_paged_
 static void random_scene(base_dtype dt, int n_kv, int group, int head_dim, int block_size) {
     be_backend *be = tb_create(2);
     scene sc = {be, NULL, n_kv, group, n_kv * group, head_dim, block_size, dt};
-    kv_geometry g = {1, n_kv, head_dim, block_size, dt};
+    kv_geometry g = {1, n_kv, head_dim, block_size, dt, 0, NULL};
     base_err err;
-    if (kv_pool_create(be, &g, 4096 / block_size + 64, &sc.pool, &err)) {
+    if (kv_pool_create(be, &g, 4096 / block_size + 64, 0, &sc.pool, &err)) {
         CHECK_MSG(0, "pool: %s", err.msg);
         tb_destroy(be);
         return;
@@ -181,9 +181,9 @@ static void first_page_offset_case(base_dtype dt) {
     be_backend *be = tb_create(2);
     enum { BS = 8, KV = 2, GROUP = 3, D = 64, LEN = 20, OFF = 3 };
     scene sc = {be, NULL, KV, GROUP, KV * GROUP, D, BS, dt};
-    kv_geometry g = {1, KV, D, BS, dt};
+    kv_geometry g = {1, KV, D, BS, dt, 0, NULL};
     base_err err;
-    CHECK(kv_pool_create(be, &g, 16, &sc.pool, &err) == 0);
+    CHECK(kv_pool_create(be, &g, 16, 0, &sc.pool, &err) == 0);
     const int32_t pages[3] = {5, 2, 9};
     int64_t slots[LEN];
     ref_seq r = {0};

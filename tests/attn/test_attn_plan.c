@@ -247,9 +247,9 @@ static void environment(void) {
 static void rejected_plans_gather(void) {
     be_backend *be = tb_create(2);
     scene sc = {be, NULL, 2, 4, 8, 64, 8, BASE_DTYPE_F16};
-    kv_geometry g = {1, 2, 64, 8, BASE_DTYPE_F16};
+    kv_geometry g = {1, 2, 64, 8, BASE_DTYPE_F16, 0, NULL};
     base_err err;
-    CHECK(kv_pool_create(be, &g, 64, &sc.pool, &err) == 0);
+    CHECK(kv_pool_create(be, &g, 64, 0, &sc.pool, &err) == 0);
     ref_seq seqs[3] = {0};
     ref_seq *rs[3];
     int q_lens[3] = {37, 20, 5};

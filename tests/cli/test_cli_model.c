@@ -8,6 +8,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -44,6 +45,96 @@ static const char *last_line(char *text) {
     while (n && text[n - 1] == '\n') text[--n] = 0;
     char *nl = strrchr(text, '\n');
     return nl ? nl + 1 : text;
+}
+
+/* inspect on a Gemma-3-4B-shaped config (34 layers, 5 of them global, a 1024-token window,
+ * 4 kv heads of 256; the fixture's tensors stand in for the weights, which inspect only
+ * sizes): local and global layers are counted apart, the local group holds each sequence's
+ * window and prefill step (CPU: 512 tokens), and the rest of the budget buys global blocks. */
+static void inspect_windowed(void) {
+    char dir[256], path[512], target[1024], args[2048], out[65536], err[4096];
+    snprintf(dir, sizeof dir, "/tmp/mlxcel-inspect-gemma3-%d", (int)getpid());
+    CHECK(mkdir(dir, 0700) == 0);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f) return;
+    fputs("{\"architectures\": [\"Gemma3ForCausalLM\"], \"model_type\": \"gemma3_text\", "
+          "\"hidden_size\": 2560, \"intermediate_size\": 10240, \"num_hidden_layers\": 34, "
+          "\"num_attention_heads\": 8, \"num_key_value_heads\": 4, \"head_dim\": 256, "
+          "\"sliding_window\": 1024, \"sliding_window_pattern\": 6, "
+          "\"max_position_embeddings\": 131072, \"vocab_size\": 262208, "
+          "\"query_pre_attn_scalar\": 256, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0, "
+          "\"rope_local_base_freq\": 10000.0, \"rope_scaling\": {\"factor\": 8.0, "
+          "\"rope_type\": \"linear\"}, \"hidden_activation\": \"gelu_pytorch_tanh\", "
+          "\"tie_word_embeddings\": true}\n",
+          f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    snprintf(target, sizeof target, "%s/tests/fixtures/gemma3_text_bf16/model.safetensors",
+             test_source_dir());
+    CHECK(symlink(target, path) == 0);
+    const unsigned long long budget = 24ull << 30;
+    for (int np = 1; np <= 4; np += 3) {
+        snprintf(args, sizeof args,
+                 "inspect -m %s -c 131072 -np %d --kv-cache-budget 24Gi --kv-dtype bf16 --json "
+                 "--device cpu",
+                 dir, np);
+        CHECK_MSG(run(args, out, sizeof out, err, sizeof err) == 0, "inspect: %s", err);
+        json_t *o = json_loads(out, 0, NULL), *l = json_object_get(o, "kv_local");
+        CHECK_MSG(o && l, "inspect --json: %s", out);
+        if (!o || !l) {
+            json_decref(o);
+            break;
+        }
+#define GET(obj, key) json_integer_value(json_object_get(obj, key))
+        long long reserve = GET(o, "decode_workspace_reserve_bytes"), blocks = GET(o, "kv_blocks");
+        long long gbpb = GET(l, "global_bytes_per_block"), lbpb = GET(l, "local_bytes_per_block");
+        long long local = GET(l, "local_blocks"), per_seq = GET(l, "local_blocks_per_seq");
+        long long fit = GET(o, "context_fits_per_seq");
+        long long full = GET(o, "context_fits_per_seq_full_attention");
+        /* K and V, 32 tokens, 4 heads of 256, bf16: 5 global layers, 29 local */
+        CHECK(GET(o, "kv_local_layers") == 29 && GET(l, "window") == 1024);
+        CHECK(gbpb == 5ll * 2 * 32 * 4 * 256 * 2 && lbpb == 29ll * 2 * 32 * 4 * 256 * 2);
+        /* the 1023 tokens before a 512-token step and the step: 48 blocks, one more for where
+         * the span starts in its block, one spare for copy-on-write */
+        CHECK_MSG(per_seq == 50 && local == 50ll * np, "local blocks %lld (%lld a sequence)", local,
+                  per_seq);
+        CHECK(blocks == (long long)((budget - (unsigned long long)reserve -
+                                     (unsigned long long)(local * lbpb)) /
+                                    (unsigned long long)gbpb));
+        CHECK(fit == blocks * 32 / np);
+        CHECK(full == (long long)((budget - (unsigned long long)reserve) /
+                                  (unsigned long long)(gbpb + lbpb)) *
+                          32 / np);
+        printf("  gemma3-4b shape, 24 GiB bf16, -np %d: %lld tokens fit per sequence with "
+               "window-bounded local layers, %lld with every layer keeping the whole context\n",
+               np, fit, full);
+        CHECK(fit > 6 * full);
+#undef GET
+        json_decref(o);
+    }
+    snprintf(args, sizeof args,
+             "inspect -m %s -c 131072 --kv-cache-budget 24Gi --kv-dtype bf16 --device cpu", dir);
+    CHECK_MSG(run(args, out, sizeof out, err, sizeof err) == 0 &&
+                  strstr(out, "29 local keeping a 1024-token window") &&
+                  strstr(out, "with window-bounded local layers"),
+              "inspect: %s %s", out, err);
+    remove(path);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    remove(path);
+    rmdir(dir);
+    /* every layer local (Phi-3 with a window): the budget bounds no context */
+    snprintf(args, sizeof args,
+             "inspect -m %s/tests/fixtures/phi3_window_q4_g64 -c 4096 --kv-cache-budget 64Mi "
+             "--json --device cpu",
+             test_source_dir());
+    CHECK_MSG(run(args, out, sizeof out, err, sizeof err) == 0, "inspect phi3: %s", err);
+    json_t *o = json_loads(out, 0, NULL);
+    CHECK_MSG(o && json_is_null(json_object_get(o, "context_fits_per_seq")) &&
+                  json_integer_value(json_object_get(o, "kv_local_layers")) > 0,
+              "inspect phi3: %s", out);
+    json_decref(o);
 }
 
 int main(void) {
@@ -192,6 +283,8 @@ int main(void) {
     CHECK_MSG(run(args, out, sizeof out, err, sizeof err) == 1 && strstr(err, "1000 bytes") &&
                   strstr(err, "needs"),
               "inspect small budget: %s", err);
+
+    inspect_windowed();
 
     free(prompt);
     free(greedy);

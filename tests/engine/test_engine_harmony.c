@@ -353,12 +353,65 @@ static void test_names(void) {
     CHECK(engine_tool_format_detect("{{ '<tool_call>' }}") == ENGINE_TOOLS_HERMES);
     CHECK(engine_tool_format_detect("<|start|>assistant<|channel|>final<|message|>") ==
           ENGINE_TOOLS_HARMONY);
-    /* a forced call would need special tokens in a grammar: refused with a reason */
+}
+
+/* A forced call's grammar names Harmony's special tokens: over a vocabulary of single bytes
+ * and those tokens it takes the call (after an analysis or not) and ends at <|call|>, and a
+ * vocabulary without them refuses it by name. */
+static void test_forced_grammar(void) {
+    static const char *const specials[] = {"<|channel|>", "<|constrain|>", "<|message|>",
+                                           "<|end|>",     "<|start|>",     "<|call|>"};
+    enum { CHANNEL = 256, CONSTRAIN, MESSAGE, END, START, CALL, N };
+    char byte[256][2];
+    const char *bytes[N] = {0}, *special[N] = {0};
+    size_t lens[N] = {0};
+    for (int i = 0; i < 256; i++) {
+        byte[i][0] = (char)i;
+        bytes[i] = byte[i];
+        lens[i] = 1;
+    }
+    for (int i = CHANNEL; i < N; i++) special[i] = specials[i - CHANNEL];
+    gram_vocab *v = gram_vocab_new_special(bytes, lens, special, N);
     json_t *tools = json_loads(g_tools_json, 0, NULL);
     char *gbnf = NULL;
-    CHECK(engine_tools_grammar(ENGINE_TOOLS_HARMONY, tools, NULL, false, &gbnf, &err) != 0 &&
-          strstr(err.msg, "harmony"));
+    base_err err = {0};
+    CHECK_MSG(
+        engine_tools_grammar(ENGINE_TOOLS_HARMONY, tools, "get_weather", false, &gbnf, &err) == 0,
+        "%s", err.msg);
+    gram_grammar *g = NULL;
+    CHECK_MSG(gbnf && gram_parse_vocab(gbnf, strlen(gbnf), v, &g, &err) == 0, "%s", err.msg);
+    static const char *const analysis[] = {"", "<|channel|>analysis<|message|>Need it.<|end|>"
+                                               "<|start|>assistant"};
+    for (int k = 0; g && k < 2; k++) {
+        char text[256];
+        snprintf(text, sizeof text,
+                 "%s<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+                 "{\"city\": \"Oslo\"}<|call|>",
+                 analysis[k]);
+        gram_matcher *m = gram_matcher_new(g, v);
+        gram_state *st = gram_state_new(m);
+        bool ok = true;
+        for (const char *c = text; ok && *c;) { /* a marker by its token, the rest byte by byte */
+            int id = -1;
+            for (int i = CHANNEL; i < N && id < 0; i++)
+                if (!strncmp(c, special[i], strlen(special[i]))) id = i;
+            ok = gram_state_accept(st, id >= 0 ? id : (unsigned char)*c, &err) == 0;
+            c += id >= 0 ? strlen(special[id]) : 1;
+        }
+        CHECK_MSG(ok && gram_state_done(st), "call %d: %s", k, ok ? "not done" : err.msg);
+        gram_state_free(st);
+        gram_matcher_free(m);
+    }
+    gram_free(g);
+    g = NULL;
+    /* the markers' text in bytes is no call */
+    gram_vocab *plain = gram_vocab_new(bytes, lens, 256);
+    CHECK(gbnf && gram_parse_vocab(gbnf, strlen(gbnf), plain, &g, &err) == -1 &&
+          strstr(err.msg, "'<|channel|>' is not the text of one token"));
+    gram_vocab_free(plain);
+    free(gbnf);
     json_decref(tools);
+    gram_vocab_free(v);
 }
 
 int main(void) {
@@ -372,6 +425,7 @@ int main(void) {
     }
     test_soup();
     test_names();
+    test_forced_grammar();
     test_template();
     TEST_MAIN_END();
 }

@@ -1,7 +1,8 @@
 /* The scheduler on a fixture model: batched greedy output equals the single-sequence path,
  * preemption when blocks run out (outputs unchanged, nothing leaked), cancellation frees
  * blocks at once, admission is first come first served and every running sequence advances
- * every step, the queue limit, prompts longer than the context, per-request seeds. */
+ * every step, the queue limit, prompts longer than the context, per-request seeds; and the
+ * preemption run again on a model whose local layers keep only their window. */
 #include "engine/engine.h"
 #include "test.h"
 
@@ -110,6 +111,11 @@ static void check_pool_idle(engine_runtime *rt, engine_sched *s) {
     engine_sched_stats st = engine_sched_get_stats(s);
     CHECK_MSG(st.pool.referenced == 0, "referenced %lld", (long long)st.pool.referenced);
     CHECK(st.pool.free + st.pool.cached + st.pool.referenced == st.pool.capacity);
+    kv_pool_stats local = kv_pool_get_local_stats(rt->pool);
+    CHECK(memcmp(&st.local_pool, &local, sizeof local) == 0);
+    CHECK(local.capacity == 0 ||
+          (local.referenced == 0 && local.free + local.cached == local.capacity));
+    CHECK(kv_pool_has_local(rt->pool) == (local.capacity > 0));
     base_err err;
     CHECK_MSG(kv_pool_check(rt->pool, &err) == 0, "%s", err.msg);
 }
@@ -305,5 +311,9 @@ int main(void) {
     test_fairness();
     test_limits();
     test_seeds();
+    /* local layers keep only their 16-token window: preempted, recomputed and batched, each
+     * output is still what the request gives alone */
+    snprintf(g_model, sizeof g_model, "%s/tests/fixtures/gemma3_text_bf16", test_source_dir());
+    test_preemption();
     TEST_MAIN_END();
 }

@@ -1,7 +1,8 @@
 /* The thinking budget through the scheduler on the demo model (greedy): the close ids are
  * forced right after the budget's tokens, counted from the start when the prompt opened the
  * thinking or from the model's own open ids, the tokens before them are the free run's, a
- * request that never thinks is untouched, and a budget beside a grammar is refused. */
+ * request that never thinks is untouched; beside a grammar the close goes through it, and a
+ * grammar that does not allow it ends the request with an error that says so. */
 #include "engine/engine.h"
 #include "test.h"
 
@@ -15,13 +16,16 @@ typedef struct collector {
     pthread_cond_t cv;
     int32_t tokens[MAX_GEN];
     int n_tokens, n_final;
+    engine_finish finish;
+    char error[512];
 } collector;
 
 static void on_event(void *ctx, const engine_event *ev) {
     collector *c = ctx;
     pthread_mutex_lock(&c->mu);
     if (ev->token >= 0 && c->n_tokens < MAX_GEN) c->tokens[c->n_tokens++] = ev->token;
-    if (ev->finish != ENGINE_FINISH_NONE) c->n_final++;
+    if (ev->finish != ENGINE_FINISH_NONE) c->n_final++, c->finish = ev->finish;
+    if (ev->error) snprintf(c->error, sizeof c->error, "%s", ev->error);
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
 }
@@ -29,8 +33,8 @@ static void on_event(void *ctx, const engine_event *ev) {
 static const int32_t g_prompt[] = {1, 450, 9939, 28705};
 static const int32_t g_close[] = {100, 200, 300};
 
-/* Runs one greedy request of 10 tokens with the budget fields of `think` into c. */
-static void run(engine_sched *s, const engine_request *think, collector *c) {
+/* Runs one greedy request of at most 10 tokens with the budget fields of `think` into c. */
+static void run_some(engine_sched *s, const engine_request *think, collector *c) {
     memset(c, 0, sizeof *c);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
@@ -50,6 +54,11 @@ static void run(engine_sched *s, const engine_request *think, collector *c) {
     pthread_mutex_lock(&c->mu);
     while (!c->n_final) pthread_cond_wait(&c->cv, &c->mu);
     pthread_mutex_unlock(&c->mu);
+}
+
+/* The same, all 10 generated. */
+static void run(engine_sched *s, const engine_request *think, collector *c) {
+    run_some(s, think, c);
     CHECK(c->n_tokens == 10);
 }
 
@@ -110,19 +119,39 @@ int main(void) {
     run(s, &think, &c);
     CHECK(same(c.tokens, free_run.tokens, 10));
 
-    /* a budget beside a grammar is refused */
-    engine_request both = {.prompt = g_prompt,
-                           .n_prompt = 4,
-                           .grammar = "root ::= \"a\"\n",
-                           .reasoning_budget = 1,
-                           .think_close = g_close,
-                           .n_think_close = 3,
-                           .on_event = on_event,
-                           .ctx = &c};
-    engine_sampling_defaults(&both.sampling);
+    /* beside a grammar the close goes through it: forced where the grammar allows it */
+    int32_t *close = NULL;
+    size_t n_close = 0;
+    CHECK(tok_encode(tok, "</think>", 8, false, &close, &n_close, &err) == 0 && n_close <= 6);
+    engine_request both = {.grammar = "root ::= .*\n",
+                           .reasoning_budget = 2,
+                           .thinking = true,
+                           .think_close = close,
+                           .n_think_close = (int)n_close};
+    run(s, &both, &c);
+    CHECK_MSG(same(c.tokens + 2, close, (int)n_close), "the close after 2 tokens, by the grammar");
+    /* and an error where it does not */
+    both.grammar = "root ::= [a-z]*\n";
+    run_some(s, &both, &c);
+    CHECK_MSG(c.finish == ENGINE_FINISH_ERROR && c.n_tokens == 2 &&
+                  strstr(c.error, "the reasoning budget ends the thinking with token") &&
+                  strstr(c.error, "which the grammar does not allow here"),
+              "%d tokens, finish %d: %s", c.n_tokens, (int)c.finish, c.error);
+    free(close);
+    /* the ids that end the thinking are some of the close ids */
+    engine_request bad = {.prompt = g_prompt,
+                          .n_prompt = 4,
+                          .reasoning_budget = 1,
+                          .think_close = g_close,
+                          .n_think_close = 3,
+                          .n_think_end = 4,
+                          .on_event = on_event,
+                          .ctx = &c};
+    engine_sampling_defaults(&bad.sampling);
     uint64_t id;
     engine_reject why;
-    CHECK(engine_submit(s, &both, &id, &why, &err) == -1 && why == ENGINE_REJECT_INVALID);
+    CHECK(engine_submit(s, &bad, &id, &why, &err) == -1 && why == ENGINE_REJECT_INVALID &&
+          strstr(err.msg, "n_think_end"));
     engine_sched_stop(s);
     engine_runtime_close(rt);
     tok_free(tok);

@@ -9,7 +9,7 @@
 #include <string.h>
 
 /* Llama 3 8B: 32 layers, 32 query and 8 kv heads of 128, f16, block 32. */
-static const kv_geometry LLAMA3 = {32, 8, 128, 32, BASE_DTYPE_F16};
+static const kv_geometry LLAMA3 = {32, 8, 128, 32, BASE_DTYPE_F16, 0, NULL};
 
 static void block_counts(void) {
     uint64_t bpb = kv_bytes_per_block(&LLAMA3);
@@ -40,9 +40,9 @@ static void reserve_from_geometry(void) {
 }
 
 static void saturation(void) {
-    kv_geometry huge = {INT_MAX, INT_MAX, INT_MAX, INT_MAX, BASE_DTYPE_F32};
+    kv_geometry huge = {INT_MAX, INT_MAX, INT_MAX, INT_MAX, BASE_DTYPE_F32, 0, NULL};
     CHECK(kv_bytes_per_block(&huge) == UINT64_MAX);
-    kv_geometry bad = {0, 8, 128, 32, BASE_DTYPE_F16};
+    kv_geometry bad = {0, 8, 128, 32, BASE_DTYPE_F16, 0, NULL};
     CHECK(kv_bytes_per_block(&bad) == 0);
     CHECK(kv_budget_blocks(UINT64_MAX, 0, 1) == INT32_MAX);
     CHECK(kv_budget_blocks(UINT64_MAX, UINT64_MAX, 1) == 0);

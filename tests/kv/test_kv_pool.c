@@ -101,10 +101,10 @@ static void random_tokens(int32_t *out, int n) {
 
 static void property_run(uint64_t mask, int ops) {
     be_backend *be = tb_create(1);
-    kv_geometry g = {2, 2, 4, 4, BASE_DTYPE_F32};
+    kv_geometry g = {2, 2, 4, 4, BASE_DTYPE_F32, 0, NULL};
     kv_pool *pool;
     base_err err;
-    CHECK(kv_pool_create(be, &g, 40, &pool, &err) == 0);
+    CHECK(kv_pool_create(be, &g, 40, 0, &pool, &err) == 0);
     kv_pool_set_hash_mask(pool, mask);
     live_seq live[MAX_SEQS];
     int n_live = 0;
@@ -154,7 +154,7 @@ static void property_run(uint64_t mask, int ops) {
             f->len = s->len;
         } else if (kind == 4) {
             s->len = s->len ? (int)(rnd() % (uint32_t)s->len) : 0;
-            kv_seq_truncate(pool, s->seq, s->len);
+            CHECK(kv_seq_truncate(pool, s->seq, s->len, &err) == 0);
         } else {
             kv_seq_free(pool, s->seq);
             *s = live[--n_live];
@@ -210,11 +210,11 @@ static int decode_output(be_backend *be, kv_pool *pool, const int32_t *toks, int
  * output equals a run with no cache at all. */
 static void forced_collision(void) {
     be_backend *be = tb_create(2);
-    kv_geometry g = {2, 2, 4, 4, BASE_DTYPE_F32};
+    kv_geometry g = {2, 2, 4, 4, BASE_DTYPE_F32, 0, NULL};
     base_err err;
     kv_pool *cached, *fresh;
-    CHECK(kv_pool_create(be, &g, 32, &cached, &err) == 0);
-    CHECK(kv_pool_create(be, &g, 32, &fresh, &err) == 0);
+    CHECK(kv_pool_create(be, &g, 32, 0, &cached, &err) == 0);
+    CHECK(kv_pool_create(be, &g, 32, 0, &fresh, &err) == 0);
     kv_pool_set_hash_mask(cached, 0);
     int32_t first[17], second[17];
     for (int i = 0; i < 17; i++) first[i] = second[i] = i % 3;
@@ -230,7 +230,7 @@ static void forced_collision(void) {
     CHECK(decode_output(be, cached, first, 16, out_cached) == 12);
     /* a chain whose second block's tokens are cached only under another first block */
     kv_pool *pool;
-    CHECK(kv_pool_create(be, &g, 32, &pool, &err) == 0);
+    CHECK(kv_pool_create(be, &g, 32, 0, &pool, &err) == 0);
     kv_pool_set_hash_mask(pool, 0);
     const int32_t x[9] = {1, 1, 1, 1, 2, 2, 2, 2, 9}, z[9] = {3, 3, 3, 3, 4, 4, 4, 4, 9};
     const int32_t y[9] = {1, 1, 1, 1, 4, 4, 4, 4, 9};
@@ -251,10 +251,10 @@ static void forced_collision(void) {
  * and only once the free list is empty. */
 static void cache_contract(void) {
     be_backend *be = tb_create(1);
-    kv_geometry g = {1, 1, 4, 4, BASE_DTYPE_F32};
+    kv_geometry g = {1, 1, 4, 4, BASE_DTYPE_F32, 0, NULL};
     base_err err;
     kv_pool *pool;
-    CHECK(kv_pool_create(be, &g, 6, &pool, &err) == 0);
+    CHECK(kv_pool_create(be, &g, 6, 0, &pool, &err) == 0);
     int32_t a[9] = {1, 1, 1, 1, 2, 2, 2, 2, 3}, c[9] = {5, 5, 5, 5, 6, 6, 6, 6, 7};
     kv_seq *s = kv_seq_create(pool);
     CHECK(append_written(be, pool, s, a, 0, 8, &err) == 0);
@@ -292,15 +292,15 @@ static void cache_contract(void) {
  * keeps the tokens and K/V it was cached with. */
 static void cached_block_copied(void) {
     be_backend *be = tb_create(1);
-    kv_geometry g = {1, 1, 4, 4, BASE_DTYPE_F32};
+    kv_geometry g = {1, 1, 4, 4, BASE_DTYPE_F32, 0, NULL};
     base_err err;
     kv_pool *pool;
-    CHECK(kv_pool_create(be, &g, 8, &pool, &err) == 0);
+    CHECK(kv_pool_create(be, &g, 8, 0, &pool, &err) == 0);
     const int32_t t[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, other = 42;
     kv_seq *s = kv_seq_create(pool);
     CHECK(append_written(be, pool, s, t, 0, 8, &err) == 0);
     kv_seq_commit(pool, s);
-    kv_seq_truncate(pool, s, 6);
+    CHECK(kv_seq_truncate(pool, s, 6, &err) == 0);
     CHECK(kv_seq_append(pool, s, &other, 1, &err) == 0);
     kv_seq *probe = kv_seq_create(pool);
     CHECK(kv_seq_adopt_prefix(pool, probe, t, 9) == 8);
@@ -313,10 +313,10 @@ static void cached_block_copied(void) {
 /* The CSR batch of a forked pair after a copy-on-write append. */
 static void batch_fields(void) {
     be_backend *be = tb_create(1);
-    kv_geometry g = {1, 1, 2, 4, BASE_DTYPE_F32};
+    kv_geometry g = {1, 1, 2, 4, BASE_DTYPE_F32, 0, NULL};
     base_err err;
     kv_pool *pool;
-    CHECK(kv_pool_create(be, &g, 16, &pool, &err) == 0);
+    CHECK(kv_pool_create(be, &g, 16, 0, &pool, &err) == 0);
     int32_t t[10] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
     kv_seq *a = kv_seq_create(pool);
     CHECK(kv_seq_append(pool, a, t, 6, &err) == 0);

@@ -6,7 +6,9 @@
  * logits. Both runs plan decode steps by length bucket, so they run the same kernels on the
  * same data and must agree to the bit; the first GPU run, whose unrecorded steps still
  * planned for their exact lengths, differed by up to 2e-4 through the chunking alone. The recorded
- * run must actually replay (counted by the model). Skipped when no CUDA device can be opened. */
+ * run must actually replay (counted by the model). The windowed fixtures add the local layers'
+ * view, whose blocks go back to the pool as the sequences pass their windows. Skipped when no
+ * CUDA device can be opened. */
 #include "backend/test_cuda_util.h"
 #include "fixture_ref.h"
 
@@ -133,6 +135,12 @@ int main(void) {
     setenv("MLXCEL_PAGED_ATTENTION_NATIVE", "1", 1);
     run_fixture(root, "llama_q4_g64", 8);
     unsetenv("MLXCEL_PAGED_ATTENTION_NATIVE");
+    /* Local layers read their group's view: its page list moves the global one and changes
+     * every few steps as blocks leave the window (windows of 16 to 40 tokens, blocks of 8;
+     * phi3_window has no global layer at all). */
+    static const char *windowed[] = {"gemma3_text_bf16", "gpt_oss_bf16", "phi3_window_q4_g64"};
+    for (size_t i = 0; i < sizeof windowed / sizeof windowed[0]; i++)
+        run_fixture(root, windowed[i], 8);
     free(root);
     TEST_MAIN_END();
 }
