@@ -1,9 +1,10 @@
 /* The CUDA backend's moe op against the CPU backend's on the same random inputs: stacked
  * experts in BF16, 4-bit affine (groups of 64), 8-bit affine (groups of 32) and MXFP4; 8
- * experts, top 2, 1, 5 and 33 rows; each activation; norm_topk on and off; with and without the
+ * experts, top 2, 1, 5 and 33 rows (one row takes the per-pair kernels, five and more the
+ * kernels grouped by expert); each activation; norm_topk on and off; with and without the
  * router's and the experts' biases; with and without the RMSNorm before. Then the op recorded
- * as a graph and replayed, its scratch refusing to grow while recording, and its argument
- * checks. Skipped when no CUDA device is present.
+ * as a graph and replayed on both paths, its scratch refusing to grow while recording, and
+ * its argument checks. Skipped when no CUDA device is present.
  *
  * The tolerance: both backends sum every product in F32 over the same weight values (neither
  * rounds to BF16 on the way) and route in F32, so they differ by the order of their sums
@@ -228,15 +229,48 @@ static void test_vs_cpu(be_backend *be) {
            cases, worst[FMT_BF16], worst[FMT_Q4_G64], worst[FMT_Q8_G32], worst[FMT_MXFP4]);
 }
 
-/* Recorded and replayed with new inputs, equal to a direct run bit for bit; a recording in
- * which the scratch would have to grow fails, naming the scratch. */
+/* n rows through the op recorded, then replayed on new inputs: equal to a direct run bit for
+ * bit (the grouped path's pair order, the atomics', changes no value). */
+static void record_replay(be_backend *be, const layer *ly, int n) {
+    base_err err = {{0}};
+    float *x1 = rand_x(n), *x2 = rand_x(n);
+    const size_t bytes = sizeof(float) * (size_t)n * HIDDEN;
+    be_tensor tx = tc_tensor(be, x1, BASE_DTYPE_F32, n, HIDDEN);
+    be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, HIDDEN);
+    CHECK_MSG(be->ops->moe(be, &tx, NULL, &ly->dev, &ty, &err) == 0, "%s", err.msg);
+    float *direct1 = tc_read(be, &ty);
+    CHECK(be->ops->capture_begin(be, &err) == 0);
+    CHECK_MSG(be->ops->moe(be, &tx, NULL, &ly->dev, &ty, &err) == 0, "recording: %s", err.msg);
+    be_graph *g = NULL;
+    CHECK_MSG(be->ops->capture_end(be, &g, &err) == 0 && g, "capture of %d rows: %s", n, err.msg);
+    if (g) {
+        CHECK(be->ops->upload(be, tx.data, x2, bytes, &err) == 0);
+        CHECK_MSG(be->ops->graph_launch(be, g, &err) == 0, "%s", err.msg);
+        float *replay2 = tc_read(be, &ty);
+        CHECK_MSG(be->ops->moe(be, &tx, NULL, &ly->dev, &ty, &err) == 0, "%s", err.msg);
+        float *direct2 = tc_read(be, &ty);
+        CHECK_MSG(memcmp(replay2, direct2, bytes) == 0,
+                  "%d rows: the replay differs from a direct run", n);
+        CHECK_MSG(memcmp(direct1, direct2, bytes) != 0, "%d rows: the replay ignored the new input",
+                  n);
+        free(replay2), free(direct2);
+        be->ops->graph_free(be, g);
+    }
+    free(direct1);
+    be->ops->free(be, tx.data);
+    be->ops->free(be, ty.data);
+    free(x1), free(x2);
+}
+
+/* A recording in which the scratch would have to grow fails, naming the scratch; recordings of
+ * one row (a pair per expert at most) and of five (grouped by expert) replay. */
 static void test_graph(be_backend *be) {
     if (!be->ops->capture_begin) return;
     layer ly;
     make_layer(be, &ly, FMT_Q4_G64, true, true, BE_ACT_SILU, true);
     base_err err = {{0}};
     /* 2000 rows: more pairs than any call before */
-    const int big = 2000, n = 4;
+    const int big = 2000;
     be_tensor bx = tc_poisoned(be, BASE_DTYPE_F32, big, HIDDEN);
     be_tensor by = tc_poisoned(be, BASE_DTYPE_F32, big, HIDDEN);
     CHECK(be->ops->capture_begin(be, &err) == 0);
@@ -248,35 +282,8 @@ static void test_graph(be_backend *be) {
     if (be->ops->capture_end(be, &g, &end_err) == 0) be->ops->graph_free(be, g);
     be->ops->free(be, bx.data);
     be->ops->free(be, by.data);
-
-    float *x1 = rand_x(n), *x2 = rand_x(n);
-    be_tensor tx = tc_tensor(be, x1, BASE_DTYPE_F32, n, HIDDEN);
-    be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, HIDDEN);
-    CHECK_MSG(be->ops->moe(be, &tx, NULL, &ly.dev, &ty, &err) == 0, "%s", err.msg);
-    float *direct1 = tc_read(be, &ty);
-    CHECK(be->ops->capture_begin(be, &err) == 0);
-    CHECK_MSG(be->ops->moe(be, &tx, NULL, &ly.dev, &ty, &err) == 0, "recording: %s", err.msg);
-    g = NULL;
-    CHECK_MSG(be->ops->capture_end(be, &g, &err) == 0 && g, "capture: %s", err.msg);
-    if (g) {
-        base_err uerr = {{0}};
-        CHECK(be->ops->upload(be, tx.data, x2, sizeof(float) * n * HIDDEN, &uerr) == 0);
-        CHECK_MSG(be->ops->graph_launch(be, g, &err) == 0, "%s", err.msg);
-        float *replay2 = tc_read(be, &ty);
-        CHECK(be->ops->upload(be, tx.data, x2, sizeof(float) * n * HIDDEN, &uerr) == 0);
-        CHECK_MSG(be->ops->moe(be, &tx, NULL, &ly.dev, &ty, &err) == 0, "%s", err.msg);
-        float *direct2 = tc_read(be, &ty);
-        CHECK_MSG(memcmp(replay2, direct2, sizeof(float) * n * HIDDEN) == 0,
-                  "the replay differs from a direct run");
-        CHECK_MSG(memcmp(direct1, direct2, sizeof(float) * n * HIDDEN) != 0,
-                  "the replay ignored the new input");
-        free(replay2), free(direct2);
-        be->ops->graph_free(be, g);
-    }
-    free(direct1);
-    be->ops->free(be, tx.data);
-    be->ops->free(be, ty.data);
-    free(x1), free(x2);
+    record_replay(be, &ly, 1);
+    record_replay(be, &ly, 5);
     free_layer(be, &ly);
 }
 
