@@ -1,6 +1,7 @@
 /* The CUDA backend's mixture-of-experts MLP (be_ops.moe), all on the device: no host round
  * trip, no synchronization and no allocation once the scratch has grown, so a decode step that
- * holds it still records as a graph. Three kernels on the backend's stream:
+ * holds it still records as a graph. On the backend's stream, for at most as many (row, expert)
+ * pairs as there are experts (decode):
  *
  * 1. route: one CTA per row computes the row's router logits (a warp per expert), the softmax
  *    over all experts in F32 and the top_k (ties to the lower expert), renormalized with
