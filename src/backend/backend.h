@@ -354,14 +354,15 @@ struct be_backend {
     const char *name; /* "cpu", "cuda" */
     char device[128]; /* what it runs on, for reports: the CPU model, the GPU's name */
     const be_ops *ops;
-    base_dtype act_dtype;   /* activations dtype the backend computes in */
-    int n_threads;          /* CPU worker threads (1 for GPU backends) */
-    unsigned quant_kinds;   /* the be_quant formats its matmul and embedding read, 1 << kind */
-    int target_parallelism; /* work items that fill the device: SMs x k, or CPU threads */
-    uint64_t generation;    /* bumped when the backend replaces internal scratch memory */
-    int prefill_chunk;      /* prompt tokens per forward step it suggests: large enough that
-                               the per-step weight traffic is paid rarely, small enough to
-                               bound activation memory */
+    base_dtype act_dtype;     /* activations dtype the backend computes in */
+    int n_threads;            /* CPU worker threads (1 for GPU backends) */
+    unsigned quant_kinds;     /* the be_quant formats its matmul and embedding read, 1 << kind */
+    unsigned moe_quant_kinds; /* the be_quant formats its moe op reads in stacked experts */
+    int target_parallelism;   /* work items that fill the device: SMs x k, or CPU threads */
+    uint64_t generation;      /* bumped when the backend replaces internal scratch memory */
+    int prefill_chunk;        /* prompt tokens per forward step it suggests: large enough that
+                                 the per-step weight traffic is paid rarely, small enough to
+                                 bound activation memory */
     void *impl;
 };
 

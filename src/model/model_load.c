@@ -164,8 +164,9 @@ static int bind_quantized(model *m, const char *module, const io_tensor *w, io_q
                          w->file, module, base_dtype_name(w->dtype), got, (long long)out,
                          (long long)packed, spec.bits, (long long)out, (long long)in);
     }
-    if (!(m->be->quant_kinds &
-          1u << (spec.mode == IO_QUANT_MXFP4 ? BE_QUANT_MXFP4 : BE_QUANT_AFFINE)))
+    /* Stacked experts are read by the moe op alone, which may read formats matmul does not. */
+    unsigned kinds = m->stacking ? m->be->moe_quant_kinds : m->be->quant_kinds;
+    if (!(kinds & 1u << (spec.mode == IO_QUANT_MXFP4 ? BE_QUANT_MXFP4 : BE_QUANT_AFFINE)))
         return base_fail(err, "%s: module %s is %s, which the %s backend does not read yet",
                          w->file, module, spec.mode == IO_QUANT_MXFP4 ? "mxfp4" : "affine",
                          m->be->name);

@@ -16,9 +16,9 @@
  * whatever the plan (every decode_only, offsets and the one- and two-row batches below): rows of
  * one token to over 2000, spans that do not divide the row, spans past a short row's end,
  * first-page offsets. rope_kv_attention, which folds RoPE and the append into that kernel, against
- * rope_kv_append then attention on the same batches. Attention with a logit soft-cap or a
- * sliding window, on the F32 kernel, against the reference and the CPU backend. Skipped when
- * no CUDA device is present. */
+ * rope_kv_append then attention on the same batches. Attention with a logit soft-cap, a
+ * sliding window or sinks, on the F32 kernel, against the reference and the CPU backend.
+ * Skipped when no CUDA device is present. */
 #include "test_cuda_util.h"
 
 #include "attn/attn.h"
@@ -26,7 +26,8 @@
 #include <math.h>
 #include <stdlib.h>
 
-/* With attn's soft-cap and window: a row that sees nvis keys sees the last `window` of them. */
+/* With attn's soft-cap and window: a row that sees nvis keys sees the last `window` of them;
+ * with its sinks (host memory here), head h's denominator has one more term, e^sinks[h]. */
 static void reference(const tc_batch *b, const tc_att_case *c, const float *q, const float *kf,
                       const float *vf, be_attn attn, double *out) {
     int D = c->head_dim, nkv = c->n_kv, H = c->group * nkv, width = nkv * D;
@@ -48,7 +49,9 @@ static void reference(const tc_batch *b, const tc_att_case *c, const float *q, c
                     if (attn.softcap > 0) sc[j] = attn.softcap * tanh(sc[j] / attn.softcap);
                     mx = sc[j] > mx ? sc[j] : mx;
                 }
+                if (attn.sinks) mx = fmax(mx, attn.sinks[h]);
                 for (int j = j0; j < nvis; j++) sum += (sc[j] = exp(sc[j] - mx));
+                if (attn.sinks) sum += exp(attn.sinks[h] - mx);
                 double *o = out + (size_t)row * H * D + (size_t)h * D;
                 for (int e = 0; e < D; e++) o[e] = 0;
                 for (int j = j0; j < nvis; j++) {
@@ -113,10 +116,11 @@ static float *cpu_attention(const tc_batch *b, const tc_att_case *c, const tc_po
     return out;
 }
 
-/* Attention at 1 / sqrt(head_dim) with the given soft-cap and window (0, 0: plain) against the
- * reference; with either, also against the CPU backend. */
-static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, int n_seqs,
-                     float softcap, int window) {
+/* Attention at 1 / sqrt(head_dim) with the given soft-cap and window (0, 0: plain), and with
+ * random sinks when `sinks`, against the reference; with any of them, also against the CPU
+ * backend. */
+static void run_case_sinks(be_backend *be, const tc_att_case *c, const tc_seq *seqs, int n_seqs,
+                           float softcap, int window, bool sinks) {
     tc_batch b;
     tc_batch_build(seqs, n_seqs, c->block_size, 7, &b);
     int D = c->head_dim, H = c->group * c->n_kv;
@@ -126,11 +130,16 @@ static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, i
     float *q = malloc(sizeof(float) * qn);
     tc_fill(q, qn, 2.0f);
     tc_round(q, qn, c->act_dt);
-    const be_attn attn = {1.0f / sqrtf((float)D), softcap, window, NULL};
-    const bool plain = softcap == 0.0f && window == 0;
+    float *hs = malloc(sizeof(float) * H);
+    if (sinks) tc_fill(hs, H, 3.0f);
+    be_attn attn = {1.0f / sqrtf((float)D), softcap, window, sinks ? hs : NULL};
+    const bool plain = softcap == 0.0f && window == 0 && !sinks;
     double *ref = malloc(sizeof(double) * qn);
     reference(&b, c, q, pools.kf, pools.vf, attn, ref);
     float *cref = plain ? NULL : cpu_attention(&b, c, &pools, q, attn);
+    /* the device reads its own copy */
+    float *ds = sinks ? tc_dev_bytes(be, hs, sizeof(float) * H) : NULL;
+    attn.sinks = ds;
 
     be_kv_layer layer = tc_dev_layer(be, &pools, &b, c);
     be_paged_batch db = tc_dev_batch(be, &b);
@@ -170,19 +179,19 @@ static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, i
         if (plain && b.max_q > 1 && (D == 64 || D == 128) && tc_tol(c->pool_dt) > tol)
             tol = tc_tol(c->pool_dt);
         CHECK_MSG(e < tol,
-                  "attention G%d kv%d d%d bs%d pool %s act %s plan %d ppc %d cap %g window %d: "
-                  "err %g (seqs %d)",
+                  "attention G%d kv%d d%d bs%d pool %s act %s plan %d ppc %d cap %g window %d "
+                  "sinks %d: err %g (seqs %d)",
                   c->group, c->n_kv, D, c->block_size, base_dtype_name(c->pool_dt),
-                  base_dtype_name(c->act_dt), kinds[k], ppcs[k], (double)softcap, window, e,
+                  base_dtype_name(c->act_dt), kinds[k], ppcs[k], (double)softcap, window, sinks, e,
                   n_seqs);
         if (cref) {
             float *got = tc_read(be, &to);
             const double ec = test_rel_err(got, cref, qn);
             CHECK_MSG(ec < tol,
-                      "attention G%d kv%d d%d bs%d plan %d cap %g window %d: against the CPU, "
-                      "err %g (seqs %d)",
-                      c->group, c->n_kv, D, c->block_size, kinds[k], (double)softcap, window, ec,
-                      n_seqs);
+                      "attention G%d kv%d d%d bs%d plan %d cap %g window %d sinks %d: against "
+                      "the CPU, err %g (seqs %d)",
+                      c->group, c->n_kv, D, c->block_size, kinds[k], (double)softcap, window, sinks,
+                      ec, n_seqs);
             free(got);
         }
         /* The same launch again on the same workspace: what a launch leaves behind (the wide
@@ -199,11 +208,17 @@ static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, i
         be->ops->free(be, plan.workspace);
     }
     be->ops->free(be, tq.data);
+    be->ops->free(be, ds);
     tc_dev_layer_free(be, &layer);
     tc_dev_batch_free(be, &db);
     tc_pools_free(&pools);
-    free(q), free(ref), free(cref);
+    free(q), free(ref), free(cref), free(hs);
     tc_batch_free(&b);
+}
+
+static void run_case(be_backend *be, const tc_att_case *c, const tc_seq *seqs, int n_seqs,
+                     float softcap, int window) {
+    run_case_sinks(be, c, seqs, n_seqs, softcap, window, false);
 }
 
 /* rope_kv_attention against rope_kv_append then attention, both on the device from the same
@@ -358,6 +373,17 @@ int main(void) {
         run_rope_case(be, c, decode_only, 3, 2.0f, 7);
         run_rope_case(be, c, two_rows, 2, 0.0f, 50);
         run_rope_case(be, c, one_row, 1, 2.0f, 0);
+    }
+    /* Sinks (GPT-OSS), alone and with a window, on the F32 kernel under every plan: the v2
+     * plans' rows take one chunk. */
+    for (size_t g = 0; g < sizeof gemma_cases / sizeof gemma_cases[0]; g++) {
+        const tc_att_case *c = &cases[gemma_cases[g]];
+        for (int win = 0; win <= 50; win += 50) {
+            run_case_sinks(be, c, mixed, 6, 0.0f, win, true);
+            run_case_sinks(be, c, decode_only, 3, 0.0f, win, true);
+            run_case_sinks(be, c, long_row, 5, 0.0f, win, true);
+            run_case_sinks(be, c, two_rows, 2, 0.0f, win, true);
+        }
     }
     cpu->ops->destroy(cpu);
     be->ops->destroy(be);

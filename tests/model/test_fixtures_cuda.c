@@ -8,8 +8,6 @@
 #include "backend/test_cuda_util.h"
 #include "fixture_ref.h"
 
-#include "model/arch/arch.h"
-
 #include "engine/engine.h"
 
 #define LOGITS_TOL 2e-2
@@ -53,20 +51,6 @@ static void run_fixture(const char *name, const char *dir, const char *variant, 
     }
     float *want = ref.logits;
     int rc;
-    io_model_config cfg;
-    if (model_config_load(dir, &cfg, NULL, &err) == 0) {
-        bool moe = cfg.n_experts > 0;
-        io_config_free(&cfg);
-        /* Not a pass: the backend refuses these models (model_load says so), listed here so
-         * that the gap shows in every run. */
-        if (moe) {
-            printf("  %-20s %-4s skipped: the CUDA backend has no mixture-of-experts op yet\n",
-                   name, variant);
-            fixture_ref_free(&ref);
-            return;
-        }
-    }
-
     engine_options o;
     engine_options_defaults(&o);
     o.device = "cuda";

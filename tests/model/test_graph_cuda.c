@@ -129,7 +129,9 @@ int main(void) {
     /* A step that cannot be recorded says why at debug level. */
     base_log_set_level(BASE_LOG_DEBUG);
     char *root = base_path_join(test_source_dir(), "tests/fixtures");
-    static const char *names[] = {"llama_q4_g64", "qwen3_bf16", "qwen2_bf16"};
+    /* dense, and mixtures of experts (routed on the device, recorded like the rest) */
+    static const char *names[] = {"llama_q4_g64", "qwen3_bf16", "qwen2_bf16", "qwen3_moe_q4_g64",
+                                  "gpt_oss_mxfp4_q8"};
     unsetenv("MLXCEL_PAGED_ATTENTION_NATIVE");
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) run_fixture(root, names[i], 16);
     setenv("MLXCEL_PAGED_ATTENTION_NATIVE", "1", 1);

@@ -211,6 +211,7 @@ int be_cpu_create(int n_threads, be_backend **out, base_err *err) {
     be->act_dtype = BASE_DTYPE_F32;
     be->n_threads = base_pool_threads(pool);
     be->quant_kinds = 1u << BE_QUANT_AFFINE | 1u << BE_QUANT_MXFP4;
+    be->moe_quant_kinds = be->quant_kinds;
     be->target_parallelism = be->n_threads;
     be->prefill_chunk = 512;
     be->impl = impl;

@@ -26,10 +26,11 @@
  * workspace (layout in attn.h) and a merge kernel combines them, whichever kernel wrote them.
  * Prefill rows are v1 rows with a causal limit.
  *
- * Attention with a logit soft-cap or a sliding window (be_attn) runs on paged_attention_kernel
- * alone, decode and prefill rows alike: it caps each score as it is stored, and a window's rows
- * (one chunk each) start at the page of their first visible key with the keys before it outside
- * the page's live range. */
+ * Attention with a logit soft-cap, a sliding window or sinks (be_attn) runs on
+ * paged_attention_kernel alone, decode and prefill rows alike: it caps each score as it is
+ * stored, a window's rows (one chunk each) start at the page of their first visible key with
+ * the keys before it outside the page's live range, and a head's sink joins its denominator as
+ * the output is normalized (one chunk each too). */
 #include "backend/cuda/cuda_mma.h"
 
 extern "C" {
@@ -73,6 +74,9 @@ typedef struct att_params {
      * keys sees only the last `window` of them. */
     float softcap_log2;
     int window;
+    /* paged_attention_kernel only: one logit per query head (F32, natural log) in each head's
+     * softmax denominator alone, or NULL; such rows take one chunk */
+    const float *sinks;
     int stages; /* shared-memory pages in flight + 1, ATT_MIN_STAGES..ATT_MAX_STAGES */
 } att_params;
 
@@ -354,9 +358,15 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
             const int h = i / D, d = i % D;
             float v = 0.0f;
             for (int g = 0; g < NTG; g++) v += red[(g * GB + h) * D + d];
-            const float l = l_s[h];
-            v = l > 0.0f ? v / l : 0.0f;
             const int hg = head0 + h;
+            float l = l_s[h], r = 1.0f;
+            if (p.sinks) {
+                /* Against the larger of the running max and the sink, so neither overflows. */
+                const float sk = p.sinks[hg] * CUDA_LOG2E, m = fmaxf(m_s[h], sk);
+                r = exp2f(m_s[h] - m);
+                l = l * r + exp2f(sk - m);
+            }
+            v = l > 0.0f ? v * r / l : 0.0f;
             if (p.split) {
                 const size_t cell = ((size_t)drow * p.max_chunks + chunk) * p.n_heads + hg;
                 p.partial[cell * D + d] = v;
@@ -1175,7 +1185,7 @@ static int dispatch_mma_split(const att_params &p, bool exact, const CUtensorMap
  * and blocks of a multiple of 16 tokens; every other decode shape, and any soft-cap or window,
  * runs on paged_attention_kernel. */
 static bool mma_decode_fits(const att_params &p, const be_kv_layer *layer) {
-    return p.decode && p.softcap_log2 == 0.0f && p.window == 0 &&
+    return p.decode && p.softcap_log2 == 0.0f && p.window == 0 && !p.sinks &&
            (layer->head_dim == 64 || layer->head_dim == 128) && p.group <= ATT_TC_ROWS &&
            layer->block_size % ATT_TC_BOX == 0;
 }
@@ -1301,7 +1311,6 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
                    const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
                    be_attn attn, be_tensor *out, base_err *err) {
     if (cuda_attention_check(q, layer, batch, n_heads, out, err)) return -1;
-    if (attn.sinks) return base_fail(err, "cuda: attention: sinks are not implemented yet");
     if (!(attn.softcap >= 0.0f) || attn.window < 0)
         return base_fail(err, "cuda: attention: soft-cap %g, window %d", (double)attn.softcap,
                          attn.window);
@@ -1347,6 +1356,7 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
     p.scale_log2 = scale * CUDA_LOG2E;
     p.softcap_log2 = attn.softcap * CUDA_LOG2E;
     p.window = attn.window;
+    p.sinks = attn.sinks;
     p.stages = stages;
     cuda_backend *c = cuda_impl(be);
 
@@ -1357,8 +1367,9 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
         if (run_pass(p, layer, 1, c, err)) return -1;
     }
     p.decode = 1;
-    /* A window's rows take one chunk: their page range starts at the window. */
-    if (attn.window > 0 || !v2_usable(plan, batch, n_heads, hd, layer->block_size))
+    /* A window's rows take one chunk: their page range starts at the window. So do rows with
+     * sinks, which the chunks' merge does not add. */
+    if (attn.window > 0 || attn.sinks || !v2_usable(plan, batch, n_heads, hd, layer->block_size))
         return run_pass(p, layer, 1, c, err);
     p.split = 1;
     p.pages_per_chunk = plan->pages_per_chunk;

@@ -39,6 +39,7 @@ static void cuda_destroy(be_backend *be) {
     cudaFree(c->ftmp);
     cudaFree(c->gmma_buf);
     cudaFree(c->wide_buf);
+    cudaFree(c->moe_buf);
     free(c->tmaps);
     cudaStreamDestroy(c->stream);
     free(c);
@@ -152,7 +153,7 @@ static const be_ops cuda_ops = {
     .attention = cuda_attention,
     .argmax = cuda_argmax,
     .topk_candidates = cuda_topk_candidates,
-    .moe = NULL, /* not yet: model_load refuses mixture-of-experts models on CUDA */
+    .moe = cuda_moe,
     .capture_begin = cuda_capture_begin,
     .capture_end = cuda_capture_end,
     .graph_launch = cuda_graph_launch,
@@ -221,6 +222,7 @@ extern "C" int be_cuda_create(int device, be_backend **out, base_err *err) {
     be->act_dtype = BASE_DTYPE_F32;
     be->n_threads = 1;
     be->quant_kinds = 1u << BE_QUANT_AFFINE;
+    be->moe_quant_kinds = 1u << BE_QUANT_AFFINE | 1u << BE_QUANT_MXFP4;
     be->target_parallelism = c->sm_count * CUDA_CTAS_PER_SM;
     /* The GEMM path dequantizes every weight once per matmul call, about 34 GB of traffic for
      * an 8B model: 2048 rows make that a small share of the step. */

@@ -47,6 +47,10 @@ typedef struct cuda_backend {
     /* (wide_bytes) the wide decode attention's (row, kv head) counters and span partials */
     void *wide_buf;
     size_t wide_bytes;
+    /* (moe_bytes) the moe op's routing and gate/up outputs, for the most (row, expert) pairs
+     * of any call so far */
+    void *moe_buf;
+    size_t moe_bytes;
     /* Which decode GEMV cuda_gemv1 runs: CUDA_GEMV_AUTO, or one forced for benchmarks. */
     int gemv_kernel;
     /* (n_tmaps) tensor maps of KV pools for the decode attention's bulk tensor copies, and
@@ -385,6 +389,9 @@ int cuda_argmax(be_backend *be, const be_tensor *logits, be_tensor *ids, base_er
 int cuda_topk_candidates(be_backend *be, const be_tensor *logits, const be_topk_row *reqs,
                          int n_req, const be_logit_adj *adj, int32_t *cand_id, float *cand_logit,
                          int32_t *n_cand, double *lse, base_err *err);
+/* be_ops.moe (cuda_moe.cu): every expert format the backend knows, MXFP4 included. */
+int cuda_moe(be_backend *be, const be_tensor *x, const be_norm *norm, const be_moe *moe,
+             be_tensor *y, base_err *err);
 int cuda_capture_begin(be_backend *be, base_err *err);
 int cuda_capture_end(be_backend *be, be_graph **graph, base_err *err);
 int cuda_graph_launch(be_backend *be, be_graph *graph, base_err *err);

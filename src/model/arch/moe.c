@@ -46,14 +46,14 @@ static int mixtral_configure(const io_cfg_at *at, io_model_config *cfg) {
 const model_arch arch_qwen3_moe = {
     .model_type = "qwen3_moe",
     .summary = "Qwen3-MoE (30B-A3B, Coder): experts stacked as mlx-lm writes them, dense layers "
-               "by mlp_only_layers; CPU only for now",
+               "by mlp_only_layers",
     .configure = qwen3_moe_configure,
     .names = {ARCH_LLAMA_NAMES, .router = "mlp.gate", .experts = "mlp.switch_mlp"},
 };
 
 const model_arch arch_mixtral = {
     .model_type = "mixtral",
-    .summary = "Mixtral: experts stacked as mlx-lm writes them; CPU only for now",
+    .summary = "Mixtral: experts stacked as mlx-lm writes them",
     .configure = mixtral_configure,
     .names = {ARCH_LLAMA_NAMES, .router = "block_sparse_moe.gate",
               .experts = "block_sparse_moe.switch_mlp"},
@@ -79,7 +79,7 @@ static int gpt_oss_configure(const io_cfg_at *at, io_model_config *cfg) {
 const model_arch arch_gpt_oss = {
     .model_type = "gpt_oss",
     .summary = "GPT-OSS (20b, 120b): attention sinks, MXFP4 experts (mlx-community's "
-               "MXFP4-Q8), biases, clamped SwiGLU; CPU only for now",
+               "MXFP4-Q8), biases, clamped SwiGLU",
     .configure = gpt_oss_configure,
     .names = {ARCH_LLAMA_NAMES, .router = "mlp.router", .experts = "mlp.experts"},
 };
