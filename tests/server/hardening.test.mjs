@@ -107,7 +107,7 @@ async function shutdownPart() {
   check((await exited) === 0, '4: and the server exits 0, nothing cut');
 
   // one long stream running, a whole request and a stream queued behind it (-np 1)
-  s = await startServer(['-m', MODEL, '-c', '512', '-np', '1', '--shutdown-timeout', '1']);
+  s = await startServer(['-m', MODEL, '-c', '512', '-np', '1', '--shutdown-timeout', '0']);
   const long = { prompt: 'Once upon a time', n_predict: 450, ignore_eos: true, temperature: 0 };
   const running = call(s.port, 'POST', '/v1/completions', { ...long, stream: true });
   await sleep(300);
