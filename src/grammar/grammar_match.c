@@ -303,8 +303,16 @@ static uint32_t initial_set(gram_matcher *m) {
     return m->overflow ? UNKNOWN : finish_set(m);
 }
 
-/* The set after code point cp (DEAD, or UNKNOWN when a bound was hit). */
-static uint32_t advance(gram_matcher *m, uint32_t set, uint32_t cp) {
+/* Whether the stack's top terminal at code[at] takes the input: code point v, or token id v
+ * when `token` (a token terminal). */
+static bool terminal_takes(const uint32_t *code, uint32_t at, bool token, uint32_t v) {
+    if (token) return GRAM_OP(code[at]) == GOP_TOKEN && code[at + 1] == v;
+    return gram_is_class(code, at) && gram_class_match(code, at, v);
+}
+
+/* The set after code point v, or token id v through its token terminals when `token` (DEAD,
+ * or UNKNOWN when a bound was hit). */
+static uint32_t advance_by(gram_matcher *m, uint32_t set, bool token, uint32_t v) {
     begin_set(m);
     const uint32_t *code = m->g->code;
     size_t at = m->sets[set].off;
@@ -313,34 +321,10 @@ static uint32_t advance(gram_matcher *m, uint32_t set, uint32_t cp) {
         uint32_t len = m->pool[at];
         const uint32_t *stk = m->pool + at + 1;
         at += 1 + len;
-        if (len == 0 || !gram_is_class(code, stk[len - 1]) ||
-            !gram_class_match(code, stk[len - 1], cp))
-            continue;
+        if (len == 0 || !terminal_takes(code, stk[len - 1], token, v)) continue;
         reserve_u32(&m->work, &m->cap_work, len);
         memcpy(m->work, stk, len * sizeof *stk);
         m->work[len - 1] += gram_elem_size(code, stk[len - 1]);
-        m->n_work = len;
-        expand(m, 0, len);
-    }
-    return m->overflow ? UNKNOWN : finish_set(m);
-}
-
-/* The set after token id from set through its token terminals (DEAD, or UNKNOWN when a bound
- * was hit). */
-static uint32_t advance_token(gram_matcher *m, uint32_t set, uint32_t id) {
-    begin_set(m);
-    const uint32_t *code = m->g->code;
-    size_t at = m->sets[set].off;
-    uint32_t n = m->pool[at++];
-    for (uint32_t k = 0; k < n && !m->overflow; k++) {
-        uint32_t len = m->pool[at];
-        const uint32_t *stk = m->pool + at + 1;
-        at += 1 + len;
-        if (len == 0 || GRAM_OP(code[stk[len - 1]]) != GOP_TOKEN || code[stk[len - 1] + 1] != id)
-            continue;
-        reserve_u32(&m->work, &m->cap_work, len);
-        memcpy(m->work, stk, len * sizeof *stk);
-        m->work[len - 1] += 2;
         m->n_work = len;
         expand(m, 0, len);
     }
@@ -356,7 +340,7 @@ static uint32_t step_token(gram_matcher *m, uint32_t set, uint32_t id) {
         m->st.step_hits++;
         return next;
     }
-    next = advance_token(m, set, id);
+    next = advance_by(m, set, true, id);
     if (next != UNKNOWN) map_put(&m->trans, key, next);
     return next;
 }
@@ -478,7 +462,7 @@ static uint32_t step_cp(gram_matcher *m, uint32_t set, uint32_t cp) {
         m->st.step_hits++;
         return next;
     }
-    next = advance(m, set, cp);
+    next = advance_by(m, set, false, cp);
     if (next == UNKNOWN) return UNKNOWN;
     if (hi == HI_SAME) {
         m->sets[set].hi_next = next;
