@@ -3,11 +3,12 @@
  * and biases) for 1 to 256 rows of F32 x (powers of two), 4 and 8 bits, group 64, BF16 scales, and
  * the fraction of the device-to-device copy bandwidth measured in the same run (a 1 GiB
  * cudaMemcpy, read + write counted). Q/K/V and gate/up run through their fused ops. Each case
- * runs three times: through the ops with the decode GEMV forced to each of its two kernels,
- * "rows" (integer dot products, one or two rows a pass over W) and "mma" (tensor cores, one
- * pass for up to 32 rows), both of which give way to the GEMM path from CUDA_GEMM_MIN_ROWS
- * rows, and as "slices", the GEMVs called directly with the tensor-core kernel forced at every
- * row count; "err" is the normalized difference of a kernel's outputs from the first one's.
+ * runs through the ops four times: with the decode GEMV forced to each of its two kernels at
+ * every row count, "rows" (integer dot products, one or two rows a pass over W) and "mma"
+ * (tensor cores, 32 rows a pass); as "cublas", the path before the quantized GEMM (the GEMVs
+ * below CUDA_GEMM_MIN_ROWS rows, W dequantized to BF16 for cuBLAS from there); and as "auto",
+ * what the backend picks (the quantized GEMM from CUDA_QGEMM_MIN_ROWS rows). "err" is the
+ * normalized difference of a kernel's outputs from the first one's.
  *
  * Each shape's weights are copied until the copies pass 512 MB (eight times the H200's L2) and
  * the timed launches rotate through them, so every launch reads device memory. The launches
@@ -209,7 +210,7 @@ static void bench_layer(be_backend *be, int bits, int rows, int reps, double cop
     snprintf(dims, sizeof dims, "%dx%.0fMB", n_layers, per_layer / 1e6);
     printf("%-8s %-14s %4d %4d", "layer", dims, bits, rows);
     for (int ki = 0; ki < n_kernels; ki++) {
-        if (!wanted(kernels[ki]) || strcmp(kernels[ki], "slices") == 0) continue;
+        if (!wanted(kernels[ki])) continue;
         cuda_impl(be)->gemv_kernel = kernel_ids[ki];
         auto run = [&](int c, base_err *e) {
             const layer &L = ls[c];
@@ -253,12 +254,10 @@ int main(int argc, char **argv) {
         {"gate+up", GATE_UP, {14336}, 4096},      {"down", PLAIN, {4096}, 14336},
         {"lm_head", PLAIN, {128256}, 4096},
     };
-    const int bits_list[] = {4, 8}, rows_list[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
-    /* "slices" calls the GEMVs directly, tensor-core kernel forced, past the row count from
-     * which the ops take the GEMM path: the two compared where the threshold sits. */
-    const char *kernels[] = {"rows", "mma", "slices"};
-    const int kernel_ids[] = {CUDA_GEMV_ROWS, CUDA_GEMV_MMA, CUDA_GEMV_MMA};
-    const int n_kernels = 3;
+    const int bits_list[] = {4, 8}, rows_list[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+    const char *kernels[] = {"rows", "mma", "cublas", "auto"};
+    const int kernel_ids[] = {CUDA_GEMV_ROWS, CUDA_GEMV_MMA, CUDA_GEMV_CUBLAS, CUDA_GEMV_AUTO};
+    const int n_kernels = 4;
     /* An item runs when no list is given or it is in the comma-separated list. */
     auto listed = [](const char *only_list, const char *k) {
         if (!only_list) return true;
@@ -315,16 +314,8 @@ int main(int argc, char **argv) {
                 for (int ki = 0; ki < n_kernels; ki++) {
                     if (!wanted(kernels[ki])) continue;
                     cuda_impl(be)->gemv_kernel = kernel_ids[ki];
-                    const bool direct = strcmp(kernels[ki], "slices") == 0;
                     auto run = [&](int c, base_err *e) {
                         const std::vector<be_linear> &w = copies[c];
-                        if (direct) {
-                            const be_linear *ws[3] = {&w[0], nm > 1 ? &w[1] : NULL,
-                                                      nm > 2 ? &w[2] : NULL};
-                            be_tensor *ys[3] = {&ty[0], nm > 1 ? &ty[1] : NULL,
-                                                nm > 2 ? &ty[2] : NULL};
-                            return cuda_gemv1(be, &tx, ws, ys, nm, sh.k == GATE_UP, NULL, e);
-                        }
                         if (sh.k == QKV) {
                             const be_linear *ws[3] = {&w[0], &w[1], &w[2]};
                             be_tensor *ys[3] = {&ty[0], &ty[1], &ty[2]};

@@ -479,6 +479,48 @@ static float *rand_rows(int n, int64_t in) {
  * GEMV below them keeps x exact in integer digits. */
 #define MMA_ROWS 3
 
+/* Rows of x for which the quantized GEMM serves a product (CUDA_QGEMM_MIN_ROWS to
+ * CUDA_QGEMM_MAX_ROWS), for 8-bit weights and 4-bit ones in groups of 64 or 128. */
+#define QGEMM_MIN_ROWS 33
+#define QGEMM_MAX_ROWS 64
+static bool qgemm_serves(const be_linear *h, int n) {
+    return n >= QGEMM_MIN_ROWS && n <= QGEMM_MAX_ROWS &&
+           (h->bits == 8 || (h->bits == 4 && h->group_size >= 64)) && (h->in * h->bits) % 256 == 0;
+}
+
+/* The quantized GEMM rounds x' as the tensor-core GEMV does (f16x_dev below) and each weight
+ * w = s q + b to F16 after its scale and bias went to F16: w moves by at most 2^-11 (|w| +
+ * |s q| + |b|) (2^-25 more where it is subnormal), so a product w x moves by at most 2^-11
+ * |x| (2 |w| + |s q| + |b|) + 2^-24 |x|, plus x''s floor of 2^-39 m_r against |w|, per output
+ * summed over k. Returns that bound per output, (n, out); the caller frees it. */
+static double *f16wx_dev(const host_linear *L, const float *x, int n) {
+    const be_linear *h = &L->host;
+    const int64_t in = h->in, out = h->out, ng = in / h->group_size;
+    double *d = malloc(sizeof(double) * (size_t)(n * out)), *a = malloc(sizeof(double) * in),
+           *aw = malloc(sizeof(double) * in);
+    for (int64_t o = 0; o < out; o++) {
+        const uint8_t *w = (const uint8_t *)h->weight + o * in * h->bits / 8;
+        for (int64_t k = 0; k < in; k++) {
+            const size_t gi = (size_t)(o * ng + k / h->group_size);
+            const double sq =
+                fabs(base_load_float(h->scales, h->dtype, gi)) * stream_value(w, k, h->bits);
+            const double b = fabs(base_load_float(h->biases, h->dtype, gi));
+            aw[k] = fabs((double)L->wf[o * in + k]);
+            a[k] = ldexp(2 * aw[k] + sq + b, -11) + ldexp(1.0, -24);
+        }
+        for (int r = 0; r < n; r++) {
+            double e = 0, sw = 0, m = 0;
+            for (int64_t k = 0; k < in; k++) {
+                const double v = fabs((double)x[r * in + k]);
+                e += a[k] * v, sw += aw[k], m = v > m ? v : m;
+            }
+            d[r * out + o] = e + ldexp(m * sw, -39);
+        }
+    }
+    free(a), free(aw);
+    return d;
+}
+
 /* The tensor-core GEMV rounds x' (each row of x scaled by a power of two so
  * that its largest |x'| lies in [2^14, 2^15)) to one F16 term instead of two: by at most
  * 2^-11 |x'| where x' is a normal F16 and 2^-25 where it is subnormal, which scaled back is at
@@ -489,6 +531,7 @@ static float *rand_rows(int n, int64_t in) {
 static double *f16x_dev(const host_linear *L, const float *x, int n) {
     const be_linear *h = &L->host;
     const int64_t in = h->in, out = h->out, ng = in / h->group_size;
+    if (qgemm_serves(h, n)) return f16wx_dev(L, x, n);
     double *d = malloc(sizeof(double) * (size_t)(n * out)), *sq = malloc(sizeof(double) * in);
     for (int64_t o = 0; o < out; o++) {
         const uint8_t *w = (const uint8_t *)h->weight + o * in * h->bits / 8;
@@ -1067,10 +1110,43 @@ static void test_matmul_add(be_backend *be) {
 static const int wide_rows[] = {17, 24, 32, 33, 48, 63};
 #define N_WIDE_ROWS 6
 
-/* Each row of x against its own bound, rows of very different magnitudes (ranged_rows), a NaN
- * in row 9 and an inf in row n - 2, whose outputs must all be non-finite while every other
- * row's stay in bounds: 4 and 8 bits, every group, the three scale dtypes, an out that ends
- * inside a 16-row tile, and a shape of several m-blocks and k-ranges. */
+/* n rows of x against L, each row within its own bound, rows of very different magnitudes
+ * (ranged_rows), a NaN in row 9 and an inf in row n - 2, whose outputs must all be non-finite
+ * while every other row's stay in bounds. */
+static void check_wide(be_backend *be, const host_linear *L, int n) {
+    const int64_t in = L->host.in, out = L->host.out;
+    float *x = ranged_rows(n, in);
+    x[9 * in + 100] = NAN;
+    x[(n - 2) * in + 7] = INFINITY;
+    float *ref = malloc(sizeof(float) * (size_t)(n * out));
+    ref_matmul(x, n, &L->host, ref);
+    double *dv = f16x_dev(L, x, n);
+    be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
+    be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, out);
+    base_err err = {{0}};
+    CHECK_MSG(be->ops->matmul(be, &tx, &L->dev, &ty, &err) == 0, "%s", err.msg);
+    float *got = tc_read(be, &ty);
+    for (int r = 0; r < n; r++) {
+        if (r == 9 || r == n - 2) {
+            int finite = 0;
+            for (int64_t o = 0; o < out; o++) finite += isfinite(got[r * out + o]);
+            CHECK_MSG(finite == 0, "q%d g%d n=%d row %d: %d finite outputs", L->host.bits,
+                      L->host.group_size, n, r, finite);
+            continue;
+        }
+        double e = test_rel_err(got + r * out, ref + r * out, (size_t)out);
+        double tol = f16x_tol(dv + r * out, ref + r * out, (size_t)out);
+        CHECK_MSG(e < tol, "q%d g%d scales %s [%lld x %lld] n=%d row %d: err %g >= %g",
+                  L->host.bits, L->host.group_size, base_dtype_name(L->host.dtype), (long long)out,
+                  (long long)in, n, r, e, tol);
+    }
+    be->ops->free(be, tx.data);
+    be->ops->free(be, ty.data);
+    free(x), free(ref), free(got), free(dv);
+}
+
+/* 4 and 8 bits, every group, the three scale dtypes, an out that ends inside a 16-row tile,
+ * and a shape of several m-blocks and k-ranges. */
 static void test_gemv_wide_rows(be_backend *be) {
     const int bits[] = {4, 8}, groups[] = {32, 64, 128};
     const base_dtype sdts[] = {BASE_DTYPE_BF16, BASE_DTYPE_F16, BASE_DTYPE_F32};
@@ -1080,41 +1156,33 @@ static void test_gemv_wide_rows(be_backend *be) {
                 const int64_t out = z ? 520 : 37, in = z ? 2048 : 512;
                 host_linear L;
                 make_linear(be, &L, out, in, bits[b], groups[g], sdts[(b + g + z) % 3], z == 0);
-                for (int k = 0; k < N_WIDE_ROWS; k++) {
-                    const int n = wide_rows[k];
-                    if (z && k % 3 != 2) continue;
-                    float *x = ranged_rows(n, in);
-                    x[9 * in + 100] = NAN;
-                    x[(n - 2) * in + 7] = INFINITY;
-                    float *ref = malloc(sizeof(float) * (size_t)(n * out));
-                    ref_matmul(x, n, &L.host, ref);
-                    double *dv = f16x_dev(&L, x, n);
-                    be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, in);
-                    be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, out);
-                    base_err err = {{0}};
-                    CHECK_MSG(be->ops->matmul(be, &tx, &L.dev, &ty, &err) == 0, "%s", err.msg);
-                    float *got = tc_read(be, &ty);
-                    for (int r = 0; r < n; r++) {
-                        if (r == 9 || r == n - 2) {
-                            int finite = 0;
-                            for (int64_t o = 0; o < out; o++) finite += isfinite(got[r * out + o]);
-                            CHECK_MSG(finite == 0, "q%d g%d n=%d row %d: %d finite outputs",
-                                      bits[b], groups[g], n, r, finite);
-                            continue;
-                        }
-                        double e = test_rel_err(got + r * out, ref + r * out, (size_t)out);
-                        double tol = f16x_tol(dv + r * out, ref + r * out, (size_t)out);
-                        CHECK_MSG(e < tol,
-                                  "q%d g%d scales %s [%lld x %lld] n=%d row %d: err %g >= %g",
-                                  bits[b], groups[g], base_dtype_name(L.host.dtype), (long long)out,
-                                  (long long)in, n, r, e, tol);
-                    }
-                    be->ops->free(be, tx.data);
-                    be->ops->free(be, ty.data);
-                    free(x), free(ref), free(got), free(dv);
-                }
+                for (int k = 0; k < N_WIDE_ROWS; k++)
+                    if (!z || k % 3 == 2) check_wide(be, &L, wide_rows[k]);
                 free_linear(be, &L);
             }
+}
+
+/* ---- The quantized GEMM: 33 to 512 rows ---- */
+
+/* Row counts of one and several n-blocks of 32 and 64 rows, full and partial, up to
+ * QGEMM_MAX_ROWS. Shapes: 300 outputs (two m-blocks of 256 rows, the
+ * last tile partial) over 8 to 16 sectors (one k-range), and 40 outputs (one m-block) over
+ * 4096 inputs, whose k-range is split in 8 to 16 (the last CTA's sums in k order). Every
+ * bit width and group it serves, the three scale dtypes, with and without a bias. */
+static void test_qgemm_rows(be_backend *be) {
+    const int cfg[5][2] = {{4, 64}, {4, 128}, {8, 32}, {8, 64}, {8, 128}};
+    const int rows[] = {33, 40, 64, 65, 100, 129, 257, 512};
+    const base_dtype sdts[] = {BASE_DTYPE_BF16, BASE_DTYPE_F16, BASE_DTYPE_F32};
+    for (int c = 0; c < 5; c++)
+        for (int z = 0; z < 2; z++) {
+            const int64_t out = z ? 40 : 300, in = z ? 4096 : 512;
+            host_linear L;
+            make_linear(be, &L, out, in, cfg[c][0], cfg[c][1], sdts[(c + z) % 3], (c + z) % 2);
+            for (int k = 0; k < 8; k++)
+                if ((z == 0 || k % 2 == 0) && rows[k] <= QGEMM_MAX_ROWS)
+                    check_wide(be, &L, rows[k]);
+            free_linear(be, &L);
+        }
 }
 
 /* The three fused forms for the rows x (n, in) against the CPU: Q/K/V (L) and gate/up (G, U)
@@ -1347,6 +1415,7 @@ int main(void) {
     test_glu_norm(be);
     test_matmul_add(be);
     test_gemv_wide_rows(be);
+    test_qgemm_rows(be);
     test_gemv_wide_fused(be);
     test_gemv_down(be);
     test_add_rmsnorm(be);

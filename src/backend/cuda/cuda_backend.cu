@@ -38,6 +38,7 @@ static void cuda_destroy(be_backend *be) {
     cudaFreeHost(c->tk_host);
     cudaFree(c->ftmp);
     cudaFree(c->gmma_buf);
+    cudaFree(c->qg_buf);
     cudaFree(c->wide_buf);
     cudaFree(c->moe_buf);
     free(c->tmaps);

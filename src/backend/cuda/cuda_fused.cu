@@ -99,7 +99,7 @@ int cuda_matmul_qkv(be_backend *be, const be_tensor *x, const be_norm *norm,
     for (int i = 0; i < 3; i++) {
         if (cuda_matmul_check(x, ws[i], ys[i], err)) return base_fail_wrap(err, "qkv");
         /* The single-row GEMV's steps of 4 rows never straddle two matrices. */
-        one = one && cuda_gemv1_fits(x, ws[i]) && same_geometry(ws[0], ws[i]) &&
+        one = one && cuda_gemv1_fits(cuda_impl(be), x, ws[i]) && same_geometry(ws[0], ws[i]) &&
               (i == 2 || ws[i]->out % 4 == 0);
     }
     cuda_gemv_fuse fz;
@@ -118,8 +118,9 @@ int cuda_matmul_glu(be_backend *be, const be_tensor *x, const be_norm *norm, con
         return base_fail_wrap(err, "gate/up");
     cuda_gemv_fuse fz;
     if (fold_norm(norm,
-                  cuda_gemv1_fits(x, gate) && cuda_gemv1_fits(x, up) && same_geometry(gate, up), x,
-                  &fz)) {
+                  cuda_gemv1_fits(cuda_impl(be), x, gate) &&
+                      cuda_gemv1_fits(cuda_impl(be), x, up) && same_geometry(gate, up),
+                  x, &fz)) {
         fz.act = act;
         const be_linear *ws[2] = {gate, up};
         be_tensor *ys[1] = {y};

@@ -415,7 +415,10 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     }
 }
 
-bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w) {
+bool cuda_gemv1_fits(const cuda_backend *c, const be_tensor *x, const be_linear *w) {
+    if (x->rows >= CUDA_QGEMM_MIN_ROWS && c->gemv_kernel != CUDA_GEMV_CUBLAS &&
+        cuda_qgemm_fits(x, w))
+        return true;
     /* Past CUDA_GEMV_PAIR_ROWS rows only the tensor-core kernel serves them, in slices of
      * CUDA_GEMV_MAX_ROWS rows (a last slice of one or two rows on this one), until the GEMM
      * path starts. */
@@ -423,7 +426,7 @@ bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w) {
         be_tensor slice = *x;
         slice.rows = CUDA_GEMV_PAIR_ROWS;
         return x->rows < CUDA_GEMM_MIN_ROWS && cuda_gemv_mma_fits(&slice, w) &&
-               cuda_gemv1_fits(&slice, w);
+               cuda_gemv1_fits(c, &slice, w);
     }
     return x->rows >= 1 && x->dtype == BASE_DTYPE_F32 && (w->bits == 4 || w->bits == 8) &&
            (w->in * w->bits) % 128 == 0 &&
@@ -518,11 +521,14 @@ int cuda_gemv_in_slices(be_backend *be, const be_tensor *x, const be_linear *con
 
 int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, be_tensor *const *ys,
                int n, bool glu, const cuda_gemv_fuse *fz, base_err *err) {
+    const int pick = cuda_impl(be)->gemv_kernel;
+    bool gemm = x->rows >= CUDA_QGEMM_MIN_ROWS && pick == CUDA_GEMV_AUTO;
+    for (int i = 0; i < n; i++) gemm = gemm && cuda_qgemm_fits(x, ws[i]);
+    if (gemm) return cuda_qgemm(be, x, ws, ys, n, glu, fz, err);
     if (x->rows > CUDA_GEMV_MAX_ROWS)
         return cuda_gemv_in_slices(be, x, ws, ys, n, glu, fz, CUDA_GEMV_MAX_ROWS, cuda_gemv1, err);
     /* The tensor-core kernel reads W once for every row of x but costs more per weight: it
      * overtakes this one from CUDA_GEMV_MMA_ROWS rows. */
-    const int pick = cuda_impl(be)->gemv_kernel;
     bool mma = pick == CUDA_GEMV_MMA || (pick == CUDA_GEMV_AUTO && x->rows >= CUDA_GEMV_MMA_ROWS);
     for (int i = 0; i < n; i++) mma = mma && cuda_gemv_mma_fits(x, ws[i]);
     if (mma) return cuda_gemv_mma(be, x, ws, ys, n, glu, fz, err);

@@ -76,8 +76,7 @@
  * rows in two passes of 32 read 2534 tok/s against 3000 on the GEMM path, 128 in four 2577
  * against 5459, so a pass stops at 4 n-tiles and 64 rows take cuBLAS. */
 #include "backend/cuda/cuda_mma.h"
-
-#include <type_traits>
+#include "backend/cuda/cuda_packed.h"
 
 /* Warps per CTA. */
 #define GMMA_WARPS 8
@@ -86,20 +85,6 @@
 /* Most m-blocks a launch may have. Their counters sit first in the scratch at a fixed size, so
  * a launch never finds another launch's partial sums where it expects a counter at zero. */
 #define GMMA_MAX_MBLOCKS 4096
-/* Bytes of a packed sector of one m-tile: 16 rows x 32 bytes. */
-#define GMMA_SECTOR_BYTES 512
-
-/* 4-bit: 64 values a 32-byte sector, 16 a lane; 8-bit: 32 and 8. */
-template <int BITS> __host__ __device__ constexpr int gmma_vps() {
-    return 256 / BITS;
-}
-template <int BITS> __host__ __device__ constexpr int gmma_vpl() {
-    return 64 / BITS;
-}
-/* uint4s of x fragments per lane, sector and n-tile. */
-template <int BITS> __host__ __device__ constexpr int gmma_parts() {
-    return gmma_vpl<BITS>() / 8;
-}
 /* Shared memory a CTA may give its x fragments: the most two CTAs on an SM can share (fewer
  * k-ranges: fewer partial sums to write and add, none where one k-range fits). */
 #define GMMA_SMEM_CAP (110 << 10)
@@ -109,17 +94,6 @@ template <int BITS> __host__ __device__ constexpr int gmma_parts() {
  * compile without spills under the 128 registers of two CTAs an SM). */
 template <int C, int NT> __host__ __device__ constexpr int gmma_depth() {
     return NT == 1 ? 8 / C + 2 * (C - 1) : (NT == 2 ? 6 - 2 * (C - 1) : 2);
-}
-
-/* A packed copy's geometry: m-tiles, sectors a row, groups a row; the codes come first. */
-struct gmma_geom {
-    int64_t tiles, sectors, groups;
-};
-static gmma_geom gmma_geometry(const be_linear *w) {
-    return {(w->out + 15) / 16, w->in * w->bits / 256, w->in / w->group_size};
-}
-__host__ __device__ static inline int64_t gmma_code_bytes(int64_t tiles, int64_t sectors) {
-    return tiles * sectors * GMMA_SECTOR_BYTES;
 }
 
 struct gmma_job {
@@ -149,93 +123,6 @@ struct gmma_job {
 /* The scratch: the m-block counters, then the partial sums. */
 static size_t gmma_part_offset(void) {
     return (GMMA_MAX_MBLOCKS * sizeof(unsigned) + 255) & ~(size_t)255;
-}
-
-/* 2^e as a float, for -126 <= e <= 127. */
-__device__ __forceinline__ float gmma_pow2(int e) {
-    return __int_as_float((127 + e) << 23);
-}
-
-/* e for a row of x whose largest |x| has the bits m: 2^e puts it in [2^14, 2^15). e is at most
- * 126 (a row under 2^-111 keeps that scale) and at least -113 (floats are under 2^128), so 2^e
- * and 2^-e are floats and scaling by them is exact. */
-__device__ __forceinline__ int gmma_exp(int m_bits) {
-    const float m = __int_as_float(m_bits);
-    int E = 0;
-    frexpf(m, &E);
-    const int e = m > 0.0f && isfinite(m) ? 15 - E : 0;
-    return e < 126 ? e : 126;
-}
-
-/* A weight load that bypasses L1: each byte is read once. */
-__device__ __forceinline__ uint4 gmma_ld_nc(const uint8_t *p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-/* A row's (scale, bias) of one group as the packed copy holds it: one register for 16-bit
- * dtypes, two for F32. */
-template <typename S>
-using gmma_sb_t = typename std::conditional<sizeof(S) == 4, float2, uint32_t>::type;
-
-template <typename S> __device__ __forceinline__ float2 gmma_sb(gmma_sb_t<S> raw) {
-    if constexpr (std::is_same<S, float>::value) {
-        return raw;
-    } else if constexpr (std::is_same<S, __half>::value) {
-        return __half22float2(*(const __half2 *)&raw);
-    } else {
-        return __bfloat1622float2(*(const __nv_bfloat162 *)&raw);
-    }
-}
-
-__device__ __forceinline__ uint32_t gmma_hsub(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-
-__device__ __forceinline__ uint32_t gmma_hfma(uint32_t a, uint32_t b, uint32_t c) {
-    uint32_t d;
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-
-/* The 8 4-bit values of w as F16 pairs (q0, q4), (q1, q5), (q2, q6), (q3, q7). */
-__device__ __forceinline__ void gmma_dq4(uint32_t w, uint32_t *h) {
-    const uint32_t magic = 0x64006400u, w8 = w >> 8;
-    h[0] = gmma_hsub((w & 0x000F000Fu) | magic, magic);
-    h[1] = gmma_hfma((w & 0x00F000F0u) | magic, 0x2C002C00u /* 1/16 */, 0xD400D400u /* -64 */);
-    h[2] = gmma_hsub((w8 & 0x000F000Fu) | magic, magic);
-    h[3] = gmma_hfma((w8 & 0x00F000F0u) | magic, 0x2C002C00u, 0xD400D400u);
-}
-
-/* The 4 8-bit values of w as F16 pairs (q0, q2), (q1, q3). */
-__device__ __forceinline__ void gmma_dq8(uint32_t w, uint32_t *h) {
-    const uint32_t magic = 0x64006400u;
-    h[0] = gmma_hsub((w & 0x00FF00FFu) | magic, magic);
-    h[1] = gmma_hsub(((w >> 8) & 0x00FF00FFu) | magic, magic);
-}
-
-/* m-tile `tile` of the job: its matrix, and its tile there in *lt. */
-template <bool GLU>
-__device__ __forceinline__ int gmma_tile(const gmma_job &j, int64_t tile, int64_t *lt) {
-    if (GLU) {
-        *lt = tile >> 1;
-        return (int)(tile & 1);
-    }
-    if (tile < j.mt[0]) {
-        *lt = tile;
-        return 0;
-    }
-    if (tile < j.mt[0] + j.mt[1]) {
-        *lt = tile - j.mt[0];
-        return 1;
-    }
-    *lt = tile - j.mt[0] - j.mt[1];
-    return 2;
 }
 
 /* Partials of the rows of x against the CTA's k-range for its m-block's tiles; the last CTA of

@@ -41,6 +41,9 @@ typedef struct cuda_backend {
     void *ftmp; /* (ftmp_bytes) up's output when gate and up are not fused in one GEMV */
     size_t ftmp_bytes;
     int pdl; /* programmatic dependent launch: 0 not yet decided, 1 on, -1 off */
+    /* (qg_bytes) the quantized GEMM's split-tile counters, prepared x and partial sums */
+    void *qg_buf;
+    size_t qg_bytes;
     /* (gmma_bytes) the tensor-core GEMV's m-block counters and partial sums */
     void *gmma_buf;
     size_t gmma_bytes;
@@ -435,7 +438,7 @@ bool cuda_gemv_norm_fits(const be_tensor *w, int64_t in);
  * multiple of 4), or, with glu (n == 2),
  * ys[0] = act(x ws[0]^T) * (x ws[1]^T) for two matrices of one out, act = fz->act (SiLU when fz
  * is NULL); with what fz folds in (fz NULL: nothing). */
-bool cuda_gemv1_fits(const be_tensor *x, const be_linear *w);
+bool cuda_gemv1_fits(const cuda_backend *c, const be_tensor *x, const be_linear *w);
 int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, be_tensor *const *ys,
                int n, bool glu, const cuda_gemv_fuse *fz, base_err *err);
 /* One matrix of a decode GEMV job, for both GEMV kernels (cuda_gemv.cu, cuda_gemv_mma.cu): up
@@ -503,8 +506,10 @@ __device__ __forceinline__ void cuda_gemv_store(const J &j, int mi, int64_t xr, 
  * tensor-core kernel fits. */
 #define CUDA_GEMV_PAIR_ROWS 16
 
-/* Which kernel cuda_gemv1 runs (cuda_backend.gemv_kernel): chosen by rows, or forced. */
-enum { CUDA_GEMV_AUTO, CUDA_GEMV_ROWS, CUDA_GEMV_MMA };
+/* Which kernel cuda_gemv1 runs (cuda_backend.gemv_kernel): chosen by rows, or forced for
+ * benchmarks: the one-row GEMV, the tensor-core GEMV (both in passes over W at every row
+ * count), or no quantized GEMM (from CUDA_GEMM_MIN_ROWS the dequantization and cuBLAS). */
+enum { CUDA_GEMV_AUTO, CUDA_GEMV_ROWS, CUDA_GEMV_MMA, CUDA_GEMV_CUBLAS };
 /* Rows of x from which CUDA_GEMV_AUTO takes the tensor-core kernel: on the H200 the one-row
  * kernel is faster at 1 and 2 rows, 4 and 8 bits alike (bench/bench_cuda_gemv.cu). */
 #define CUDA_GEMV_MMA_ROWS 3
@@ -517,6 +522,16 @@ bool cuda_gemv_mma_fits(const be_tensor *x, const be_linear *w);
 int cuda_pack_linear(be_backend *be, be_linear *w, base_err *err);
 int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws,
                   be_tensor *const *ys, int n, bool glu, const cuda_gemv_fuse *fz, base_err *err);
+/* Rows of x the quantized GEMM (cuda_qgemm.cu) serves: from past the tensor-core GEMV's pass
+ * to where cuBLAS on the dequantized W overtakes it (bench/bench_cuda_gemv.cu). */
+#define CUDA_QGEMM_MIN_ROWS 33
+#define CUDA_QGEMM_MAX_ROWS 64
+/* Whether the quantized GEMM serves x [n, in] against w (its packed copy, 4 bits in groups of
+ * 64 or 128 or 8 bits); cuda_qgemm then takes cuda_gemv1's arguments, every ws[i] fitting and
+ * of one geometry. */
+bool cuda_qgemm_fits(const be_tensor *x, const be_linear *w);
+int cuda_qgemm(be_backend *be, const be_tensor *x, const be_linear *const *ws, be_tensor *const *ys,
+               int n, bool glu, const cuda_gemv_fuse *fz, base_err *err);
 /* Checks x, w and y of one matmul (dtypes, shapes, alignment) as cuda_matmul does. */
 int cuda_matmul_check(const be_tensor *x, const be_linear *w, const be_tensor *y, base_err *err);
 

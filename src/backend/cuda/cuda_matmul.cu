@@ -412,13 +412,13 @@ static int matmul_run(be_backend *be, const be_tensor *x, const be_linear *w, be
     size_t need = w->bits % 4 == 0 ? 16 : (w->bits % 2 == 0 ? 8 : 4);
     if (!aligned(w->weight, need))
         return base_fail(err, "cuda: matmul: %d-bit weight is not %zu-byte aligned", w->bits, need);
-    if (w->bits >= 2 && w->bits <= 8 && w->bits != 7 && gemm_fits(x, w, y))
-        return gemm_launch(be, x, w, y, acc, err);
-    if (cuda_gemv1_fits(x, w)) {
+    if (cuda_gemv1_fits(cuda_impl(be), x, w)) {
         cuda_gemv_fuse fz = {};
         fz.acc = acc;
         return cuda_gemv1(be, x, &w, &y, 1, false, &fz, err);
     }
+    if (w->bits >= 2 && w->bits <= 8 && w->bits != 7 && gemm_fits(x, w, y))
+        return gemm_launch(be, x, w, y, acc, err);
     switch (w->bits) {
     case 2:
         return quant_launch<2>(be, x, w, y, acc, err);
