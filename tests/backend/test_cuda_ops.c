@@ -482,7 +482,7 @@ static float *rand_rows(int n, int64_t in) {
 /* Rows of x for which the quantized GEMM serves a product (CUDA_QGEMM_MIN_ROWS to
  * CUDA_QGEMM_MAX_ROWS), for 8-bit weights and 4-bit ones in groups of 64 or 128. */
 #define QGEMM_MIN_ROWS 33
-#define QGEMM_MAX_ROWS 64
+#define QGEMM_MAX_ROWS 128
 static bool qgemm_serves(const be_linear *h, int n) {
     return n >= QGEMM_MIN_ROWS && n <= QGEMM_MAX_ROWS &&
            (h->bits == 8 || (h->bits == 4 && h->group_size >= 64)) && (h->in * h->bits) % 256 == 0;
@@ -1164,7 +1164,7 @@ static void test_gemv_wide_rows(be_backend *be) {
 
 /* ---- The quantized GEMM: 33 to 512 rows ---- */
 
-/* Row counts of one and several n-blocks of 32 and 64 rows, full and partial, up to
+/* Row counts of one and several n-blocks of 64 rows, full and partial, up to
  * QGEMM_MAX_ROWS. Shapes: 300 outputs (two m-blocks of 256 rows, the
  * last tile partial) over 8 to 16 sectors (one k-range), and 40 outputs (one m-block) over
  * 4096 inputs, whose k-range is split in 8 to 16 (the last CTA's sums in k order). Every

@@ -511,6 +511,15 @@ int cuda_pack_linear(be_backend *be, be_linear *w, base_err *err) {
         cudaFree(p);
         return -1;
     }
+    /* The GEMV reads the packed copy before its programmatic-dependent wait (no kernel writes
+     * weights once loaded), so the copy must be complete and visible before any kernel that
+     * may follow: in tests that multiply right after packing, a GEMV overlapping these kernels
+     * read stale sectors. */
+    cudaError_t e = cudaStreamSynchronize(st);
+    if (e != cudaSuccess) {
+        cudaFree(p);
+        return base_fail(err, "cuda: packing a quantized weight: %s", cudaGetErrorString(e));
+    }
     w->packed = p;
     return 0;
 }

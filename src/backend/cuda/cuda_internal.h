@@ -525,7 +525,7 @@ int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws
 /* Rows of x the quantized GEMM (cuda_qgemm.cu) serves: from past the tensor-core GEMV's pass
  * to where cuBLAS on the dequantized W overtakes it (bench/bench_cuda_gemv.cu). */
 #define CUDA_QGEMM_MIN_ROWS 33
-#define CUDA_QGEMM_MAX_ROWS 64
+#define CUDA_QGEMM_MAX_ROWS 128
 /* Whether the quantized GEMM serves x [n, in] against w (its packed copy, 4 bits in groups of
  * 64 or 128 or 8 bits); cuda_qgemm then takes cuda_gemv1's arguments, every ws[i] fitting and
  * of one geometry. */

@@ -17,8 +17,8 @@
  * for sector s and n-tile (8 rows of x) nt, PARTS uint4s a lane, lane after lane, so that a
  * stage of one sector for a CTA's n-tiles is one contiguous run and a lane reads its fragment
  * with one 16-byte shared load, free of bank conflicts; rows past x's are zeros. qg_kernel: a
- * CTA of 8 warps owns 16 m-tiles (4 along m of 4 m-tiles a warp) and 2 x NT n-tiles (2 warps
- * along n of NT a warp) over a k-range of sectors; every sector's weights (16 tiles x 512
+ * CTA of 8 warps owns 16 m-tiles (2 a warp) and 8 n-tiles (64 rows of x, every warp all of
+ * them) over a k-range of sectors; every sector's weights (16 tiles x 512
  * bytes, already in lane order), scales and biases and x fragments go through a QG_STAGES-deep
  * cp.async ring in shared memory; a warp dequantizes its A fragments in registers to F16 with
  * the group's scale and bias applied (w = s q + b, one F16 FMA a pair after the magic-number
@@ -37,9 +37,10 @@
 #include "backend/cuda/cuda_packed.h"
 
 #define QG_WARPS 8
-#define QG_WM    4 /* warps along m */
-#define QG_WN    2 /* warps along n */
-#define QG_MT    4 /* m-tiles a warp */
+#define QG_WM    8 /* warps along m */
+#define QG_WN    1 /* warps along n */
+#define QG_MT    2 /* m-tiles a warp */
+#define QG_NT    8 /* n-tiles a warp: 64 rows of x */
 /* m-tiles a CTA: 256 rows of W. */
 #define QG_TILES (QG_WM * QG_MT)
 /* Sectors in flight in a CTA's ring: 512 bytes of weights a tile each, so 5 of them hold
@@ -50,8 +51,10 @@
  * the counters of a launch fit here; they sit first in the scratch and every launch leaves
  * them at zero. */
 #define QG_MAX_SPLIT_TILES 1024
-/* Most k-ranges: the last CTA loads every k-range's partial of an output at once. */
-#define QG_MAX_KSPLIT 16
+/* Most k-ranges: the last CTA loads every k-range's partial of an output at once, for QG_RED
+ * outputs a thread at a time. */
+#define QG_MAX_KSPLIT 8
+#define QG_RED        4
 /* Sectors of x a prep CTA converts: a few loads in flight per thread, CTAs enough to fill the
  * SMs at 64 rows. */
 #define QG_PREP_SECTORS 8
@@ -99,6 +102,8 @@ __global__ void __launch_bounds__(256)
     const int xr = nt * 8 + warp;
     if (xr < nx) {
         float m = 0.0f, ss = 0.0f;
+        /* Unrolled so that several loads are in flight: the loop is the prep's latency. */
+#pragma unroll 8
         for (int64_t k = 4 * lane; k < in; k += 128) {
             float4 f = qg_load4(x, xdt, (size_t)(xr * in + k));
             if (fz.norm) {
@@ -180,9 +185,10 @@ __device__ __forceinline__ int64_t qg_mt(const qg_job &j, int mi) {
     return mi == 0 ? j.mt[0] : (mi == 1 ? j.mt[1] : j.mt[2]);
 }
 
-template <int BITS, int NT, bool GLU, typename S>
-/* NT 2 takes about 100 registers a thread, so two CTAs share an SM; NT 4 about 150. */
-__global__ void __launch_bounds__(QG_WARPS * 32, NT == 2 ? 2 : 1) qg_kernel(const qg_job job) {
+/* About 150 registers a thread: one CTA an SM. */
+template <int BITS, bool GLU, typename S>
+__global__ void __launch_bounds__(QG_WARPS * 32, 1) qg_kernel(const qg_job job) {
+    constexpr int NT = QG_NT;
     constexpr int PARTS = gmma_parts<BITS>(), NTC = QG_WN * NT, VPS = gmma_vps<BITS>();
     constexpr int WB = QG_TILES * GMMA_SECTOR_BYTES;       /* a stage's weights */
     constexpr int XB = NTC * PARTS * 32 * 16;              /* its x fragments */
@@ -381,42 +387,52 @@ __global__ void __launch_bounds__(QG_WARPS * 32, NT == 2 ? 2 : 1) qg_kernel(cons
     __threadfence();
     const int64_t t0 = mb * QG_TILES;
     const int64_t t1 = t0 + QG_TILES < job.tiles ? t0 + QG_TILES : job.tiles;
-    /* GLU: the tile pairs' output rows; PLAIN: the tiles' rows. */
-    const int64_t span = GLU ? (t1 - t0) / 2 * 16 : (t1 - t0) * 16;
-    for (int64_t u = tid; u < span * NTC * 8; u += TH) {
-        const int xr = nb * NTC * 8 + (int)(u / span);
-        const int64_t o = u % span;
-        if (xr >= job.nx) continue;
-        int64_t v0, row;
-        int mi = 0;
-        if (GLU) {
-            row = t0 / 2 * 16 + o;
-            v0 = (row / 16) * 32 + row % 16;
-            if (row >= job.rows) continue;
-        } else {
-            v0 = t0 * 16 + o;
-            int64_t lt = 0;
-            mi = gmma_tile<false>(job, v0 / 16, &lt);
-            row = lt * 16 + v0 % 16;
-            if (row >= cuda_gemv_pick(job, mi, &cuda_gemv_mat::out)) continue;
-        }
-        /* Every k-range's partial asked for first, then added in k order. */
-        float pv[QG_MAX_KSPLIT], pv2[QG_MAX_KSPLIT];
+    /* GLU: the tile pairs' output rows; PLAIN: the tiles' rows. QG_RED outputs a thread at a
+     * time, every k-range's partial of each asked for before any is added (in k order): the
+     * loads' latency, not their bytes, is this loop's cost. */
+    const int64_t span = GLU ? (t1 - t0) / 2 * 16 : (t1 - t0) * 16, total = span * NTC * 8;
+    for (int64_t u0 = tid; u0 < total; u0 += TH * QG_RED) {
+        float pv[QG_RED][QG_MAX_KSPLIT], pv2[QG_RED][QG_MAX_KSPLIT];
+        int64_t rows[QG_RED];
+        int xrs[QG_RED], mis[QG_RED];
+        bool ok[QG_RED];
 #pragma unroll
-        for (int k = 0; k < QG_MAX_KSPLIT; k++) {
-            if (k >= job.ksplit) break;
-            const float *p = job.part + ((int64_t)k * xrows + xr) * vrows + v0;
-            pv[k] = __ldcg(p);
-            pv2[k] = GLU ? __ldcg(p + 16) : 0.0f;
-        }
-        float v = 0.0f, v2 = 0.0f;
+        for (int j = 0; j < QG_RED; j++) {
+            const int64_t u = u0 + (int64_t)j * TH;
+            const int xr = nb * NTC * 8 + (int)(u / span);
+            const int64_t o = u % span;
+            int64_t v0 = 0, row = 0;
+            int mi = 0;
+            if (GLU) {
+                row = t0 / 2 * 16 + o;
+                v0 = (row / 16) * 32 + row % 16;
+                ok[j] = row < job.rows;
+            } else {
+                v0 = t0 * 16 + o;
+                int64_t lt = 0;
+                mi = gmma_tile<false>(job, v0 / 16, &lt);
+                row = lt * 16 + v0 % 16;
+                ok[j] = row < cuda_gemv_pick(job, mi, &cuda_gemv_mat::out);
+            }
+            ok[j] = ok[j] && u < total && xr < job.nx;
+            rows[j] = row, xrs[j] = xr, mis[j] = mi;
 #pragma unroll
-        for (int k = 0; k < QG_MAX_KSPLIT; k++) {
-            if (k >= job.ksplit) break;
-            v += pv[k], v2 += pv2[k];
+            for (int k = 0; k < QG_MAX_KSPLIT; k++) {
+                const bool on = ok[j] && k < job.ksplit;
+                const float *p = job.part + ((int64_t)k * xrows + xr) * vrows + v0;
+                pv[j][k] = on ? __ldcg(p) : 0.0f;
+                pv2[j][k] = on && GLU ? __ldcg(p + 16) : 0.0f;
+            }
         }
-        const float us = job.unsc[xr];
-        qg_store<GLU>(job, mi, xr, row, v * us, v2 * us);
+#pragma unroll
+        for (int j = 0; j < QG_RED; j++) {
+            if (!ok[j]) continue;
+            float v = 0.0f, v2 = 0.0f;
+#pragma unroll
+            for (int k = 0; k < QG_MAX_KSPLIT; k++) v += pv[j][k], v2 += pv2[j][k];
+            const float us = job.unsc[xrs[j]];
+            qg_store<GLU>(job, mis[j], xrs[j], rows[j], v * us, v2 * us);
+        }
     }
     if (tid == 0) job.count[ct] = 0;
 }
@@ -440,14 +456,14 @@ static qg_scratch qg_layout(int64_t ntx, int64_t sectors, int parts, int ksplit,
     return l;
 }
 
-template <int BITS, int NT, bool GLU, typename S>
+template <int BITS, bool GLU, typename S>
 static int qg_launch(be_backend *be, qg_job job, const be_tensor *x, base_err *err) {
     cuda_backend *c = cuda_impl(be);
-    constexpr int PARTS = gmma_parts<BITS>(), NTC = QG_WN * NT;
+    constexpr int PARTS = gmma_parts<BITS>(), NTC = QG_WN * QG_NT;
     constexpr int STB =
         QG_TILES * GMMA_SECTOR_BYTES + NTC * PARTS * 512 + QG_TILES * 16 * 2 * (int)sizeof(S);
     constexpr size_t SMEM = (size_t)QG_STAGES * STB;
-    auto kernel = qg_kernel<BITS, NT, GLU, S>;
+    auto kernel = qg_kernel<BITS, GLU, S>;
     static bool ready;
     if (!ready) {
         if (cuda_smem_limit(kernel, SMEM, "matmul (quantized GEMM)", err)) return -1;
@@ -490,17 +506,11 @@ static int qg_launch(be_backend *be, qg_job job, const be_tensor *x, base_err *e
                            err, job);
 }
 
-template <int BITS, bool GLU, typename S>
-static int qg_dispatch_nt(be_backend *be, const qg_job &job, const be_tensor *x, base_err *err) {
-    if (job.nx <= QG_WN * 2 * 8) return qg_launch<BITS, 2, GLU, S>(be, job, x, err);
-    return qg_launch<BITS, 4, GLU, S>(be, job, x, err);
-}
-
 template <bool GLU, typename S>
 static int qg_dispatch_s(be_backend *be, const qg_job &job, const be_tensor *x, int bits,
                          base_err *err) {
-    return bits == 8 ? qg_dispatch_nt<8, GLU, S>(be, job, x, err)
-                     : qg_dispatch_nt<4, GLU, S>(be, job, x, err);
+    return bits == 8 ? qg_launch<8, GLU, S>(be, job, x, err)
+                     : qg_launch<4, GLU, S>(be, job, x, err);
 }
 
 template <bool GLU>
