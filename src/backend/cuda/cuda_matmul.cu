@@ -15,7 +15,10 @@
  * inference does at every matmul.
  *
  * F32 rows below CUDA_GEMM_MIN_ROWS against 4- or 8-bit weights (decode) take the faster
- * kernels of cuda_gemv.cu and cuda_gemv_mma.cu. */
+ * kernels of cuda_gemv.cu and cuda_gemv_mma.cu, and CUDA_QGEMM_MIN_ROWS to CUDA_QGEMM_MAX_ROWS
+ * rows against a packed copy the quantized GEMM of cuda_qgemm.cu, which reads W once and
+ * writes nothing but y; cuBLAS on the dequantized W keeps the rows past it (prefill chunks),
+ * where its faster tensor-core GEMM repays the dequantization. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <string.h>

@@ -32,7 +32,16 @@
  * split: each CTA writes F32 partial sums and the last of an output tile's CTAs (a counter per
  * tile) adds them in k order, deterministically, before the epilogue. The epilogue adds the
  * bias, applies act(gate) * up for gate/up (their tiles alternate, so a warp holds both), adds
- * y for the residual add, and stores the output dtype. */
+ * y for the residual add, and stores the output dtype.
+ *
+ * Measured (H200, bench/bench_cuda_gemv.cu, 4-bit group 64, us at 64 / 128 rows, the cuBLAS path
+ * in brackets): gate+up 86.5 / 159.2 (287.0 / 295.2), lm_head 559 / 1113 (1200 / 1196), a decode
+ * layer 366 / 516 (559 / 584); decode of the 8B model at 64 sequences 4453 tok/s (3007). At 256
+ * rows cuBLAS wins (a layer 647 against 799): the mma.sync rate and 2 warps a scheduler bind
+ * (ncu: 0.42 instructions issued a cycle), hence CUDA_QGEMM_MAX_ROWS. Tried: 4 x 2 warps of
+ * 4 x 4 tiles (twice the dequantization a mma: 64 sequences 3838 tok/s), tiles of 32 rows of x
+ * at two CTAs an SM (gate+up slower, lm_head faster, a layer equal), the GEMM from 17 rows (the
+ * GEMV is faster there but on lm_head). bench/RESULTS.md has the runs. */
 #include "backend/cuda/cuda_mma.h"
 #include "backend/cuda/cuda_packed.h"
 
