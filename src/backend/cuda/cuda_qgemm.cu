@@ -40,7 +40,8 @@
  * rows cuBLAS wins (a layer 647 against 799): the mma.sync rate and 2 warps a scheduler bind
  * (ncu: 0.42 instructions issued a cycle), hence CUDA_QGEMM_MAX_ROWS. Tried: 4 x 2 warps of
  * 4 x 4 tiles (twice the dequantization a mma: 64 sequences 3838 tok/s), tiles of 32 rows of x
- * at two CTAs an SM (gate+up slower, lm_head faster, a layer equal), the GEMM from 17 rows (the
+ * at two CTAs an SM (gate+up slower, lm_head faster, a layer equal), two CTAs an SM of this
+ * layout at 128 registers (64 sequences 3619 tok/s), the GEMM from 17 rows (the
  * GEMV is faster there but on lm_head). bench/RESULTS.md has the runs. */
 #include "backend/cuda/cuda_mma.h"
 #include "backend/cuda/cuda_packed.h"
