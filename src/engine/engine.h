@@ -608,6 +608,8 @@ int engine_submit(engine_sched *s, const engine_request *r, uint64_t *id, engine
  * CANCELLED (unless it had already finished). Unknown ids are ignored. Any thread. */
 void engine_cancel(engine_sched *s, uint64_t id);
 engine_sched_stats engine_sched_get_stats(engine_sched *s);
+/* The tokens one step packs at most (max_batch_tokens as the scheduler settled it). */
+int engine_sched_batch_tokens(const engine_sched *s);
 /* Work that needs the runtime to itself (its pool and model), run on the step thread. */
 typedef int (*engine_between_fn)(void *ctx, engine_runtime *rt, base_err *err);
 /* Runs fn between two steps and waits for it: returns what fn returns (err as fn set it), or
