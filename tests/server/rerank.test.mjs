@@ -1,9 +1,9 @@
 // Reranking (--reranking: /v1/rerank, /rerank, /v1/reranking, /reranking) on the demo model, a
 // causal LM, so through its "yes" and "no" tokens: each document's score must be the sigmoid
-// of logit("yes") - logit("no") after the pair's last token, the pair being the query with the
-// tokenizer's special tokens then the document (llama-server's join), which the test builds
-// itself with @huggingface/tokenizers and scores with `mlxcel logits` (the engine's plain
-// prefill, not the server's path). Then the Jina/Cohere shape (ordering, top_n,
+// of logit("yes") - logit("no") after the pair's last token, the pair being Qwen3-Reranker's
+// judge prompt as its model card builds it (system turn, instruction, query, document, an
+// empty thought), which the test builds itself with @huggingface/tokenizers and scores with
+// `mlxcel logits` (the engine's plain prefill, not the server's path). Then the Jina/Cohere shape (ordering, top_n,
 // return_documents, {"text"} documents, max_tokens_per_doc, usage), TEI's shape (texts,
 // return_text, raw_scores), determinism, the refusals, the route without --reranking (501),
 // LLAMA_ARG_RERANKING, and --rerank on a model whose tokenizer lost "yes" (exit 1 at start-up).
@@ -43,10 +43,18 @@ const QUERY = 'Who is the king of Israel?';
 const DOCS = ['And David the king said unto the people', 'Once upon a time there was a little girl',
   'The stock market fell sharply on Monday', 'Saul was king over Israel'];
 
-// The pair's tokens as llama-server joins them for this tokenizer (BOS, the query, the
-// document: Llama 2's post-processor adds BOS and nothing after a sequence).
-const pair = (query, doc, maxDoc) =>
-  [...tok.encode(query, { add_special_tokens: true }).ids, ...tok.encode(doc, { add_special_tokens: false }).ids.slice(0, maxDoc)];
+// The pair's tokens in Qwen3-Reranker's judge prompt, as its model card builds it: the three
+// parts encoded apart without special tokens; maxDoc keeps that many tokens after
+// "<Document>:", where the card's truncation of the middle part cuts.
+const JUDGE_PREFIX = '<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the ' +
+  'Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n';
+const JUDGE_SUFFIX = '<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n';
+const encode = (text) => tok.encode(text, { add_special_tokens: false }).ids;
+function pair(query, doc, maxDoc) {
+  const head = `<Instruct>: Given a web search query, retrieve relevant passages that answer the query\n<Query>: ${query}\n<Document>:`;
+  const middle = encode(`${head} ${doc}`);
+  return [...encode(JUDGE_PREFIX), ...middle.slice(0, maxDoc === undefined ? middle.length : encode(head).length + maxDoc), ...encode(JUDGE_SUFFIX)];
+}
 
 // logit(yes) - logit(no) after the last token, from `mlxcel logits`.
 function expected(ids, dir) {
