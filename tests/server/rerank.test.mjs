@@ -10,28 +10,20 @@
 // Then a sequence classifier, the qwen3_seqcls_bf16 fixture, through the server against
 // transformers' score.
 import { execFileSync } from 'node:child_process';
-import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
+import { byteTokenizer } from '../node/byte_tokenizer.mjs';
 import { harness } from '../node/harness.mjs';
+import { SRC, BIN, MODEL, load, post } from '../node/setup.mjs';
 
-const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
-const BIN = process.env.MLXCEL_BIN_DIR ?? 'build/bin';
-const MODEL = path.join(SRC, 'models/demo');
-const NODE_MODULES = path.join(SRC, 'tests/node/node_modules');
 
-if (!existsSync(path.join(NODE_MODULES, '@huggingface/tokenizers'))) {
-  console.log('tests/node/node_modules has no @huggingface/tokenizers package: run `npm ci` in tests/node (tools/install-deps.sh does)');
-  process.exit(1);
-}
-const { Tokenizer } = await import(path.join(NODE_MODULES, '@huggingface/tokenizers/dist/tokenizers.mjs'));
+const { Tokenizer } = await load('@huggingface/tokenizers', 'dist/tokenizers.mjs');
 
 const { check, fail, startServer, stopServer, finish } =
   harness({ bin: BIN, label: 'rerank server test', timeoutMs: 110_000 });
 
-const post = (url, route, body) =>
-  fetch(url + route, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
 const sigmoid = (x) => 1 / (1 + Math.exp(-x));
 const logit = (p) => Math.log(p / (1 - p));
 
@@ -155,21 +147,6 @@ function noYesModel(dir) {
   });
   writeFileSync(path.join(model, 'tokenizer.json'), JSON.stringify(t));
   return model;
-}
-
-// GPT-2's byte-level alphabet as a BPE without merges: token id = byte, within the 256 ids
-function byteTokenizer() {
-  const bs = [];
-  for (let b = 33; b <= 126; b++) bs.push(b);
-  for (let b = 161; b <= 172; b++) bs.push(b);
-  for (let b = 174; b <= 255; b++) bs.push(b);
-  const cs = [...bs];
-  for (let b = 0, n = 0; b < 256; b++) if (!bs.includes(b)) { bs.push(b); cs.push(256 + n++); }
-  const vocab = Object.fromEntries(bs.map((b, i) => [String.fromCodePoint(cs[i]), b]));
-  const level = { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: true };
-  return { version: '1.0', truncation: null, padding: null, added_tokens: [], normalizer: null, pre_tokenizer: level,
-    post_processor: null, decoder: level, model: { type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: null,
-      end_of_word_suffix: null, fuse_unk: false, byte_fallback: false, ignore_merges: false, vocab, merges: [] } };
 }
 
 // The qwen3_seqcls_bf16 fixture (a Qwen3ForSequenceClassification) given a byte-level

@@ -6,35 +6,20 @@
 // the demo model never closes). Answers are checked against the chat route on the same
 // conversation at temperature 0, streamed against whole, and a conversation continued by
 // previous_response_id against the same conversation sent whole.
-import { existsSync } from 'node:fs';
 import path from 'node:path';
 
 import { harness } from '../node/harness.mjs';
+import { WEATHER } from '../node/weather_tool.mjs';
+import { SRC, BIN, MODEL, load, post } from '../node/setup.mjs';
 
-const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
-const BIN = process.env.MLXCEL_BIN_DIR ?? 'build/bin';
-const MODEL = path.join(SRC, 'models/demo');
 const TEMPLATE = path.join(SRC, 'tests/server/templates/tools_think.jinja');
-const NODE_MODULES = path.join(SRC, 'tests/node/node_modules');
 
-for (const pkg of ['openai', 'ajv']) {
-  if (!existsSync(path.join(NODE_MODULES, pkg))) {
-    console.log(`tests/node/node_modules has no ${pkg} package: run \`npm ci\` in tests/node (tools/install-deps.sh does)`);
-    process.exit(1);
-  }
-}
-const { default: OpenAI } = await import(path.join(NODE_MODULES, 'openai/index.mjs'));
-const { default: Ajv2020 } = await import(path.join(NODE_MODULES, 'ajv/dist/2020.js'));
+const { default: OpenAI } = await load('openai', 'index.mjs');
+const { default: Ajv2020 } = await load('ajv', 'dist/2020.js');
 
 const { check, fail, startServer, stopServer, finish } =
   harness({ bin: BIN, label: 'responses server test', timeoutMs: 110_000 });
 
-const WEATHER = {
-  type: 'object',
-  properties: { city: { type: 'string', enum: ['Paris', 'Oslo'] }, days: { type: 'integer', minimum: 0, maximum: 7 } },
-  required: ['city', 'days'],
-  additionalProperties: false,
-};
 const validWeather = new Ajv2020({ strict: false }).compile(WEATHER);
 const TOOLS = [{ type: 'function', name: 'get_weather', description: 'Weather for a city.', parameters: WEATHER }];
 // the same tools as the chat API spells them
@@ -43,8 +28,6 @@ const INSTRUCTIONS = 'You are a scribe of the king.';
 const ASK = 'Tell me about the king.';
 const ASK_WEATHER = 'What is the weather in Paris?';
 
-const post = (url, route, body) =>
-  fetch(url + route, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
 const chat = async (url, body) => (await post(url, '/v1/chat/completions', body)).json();
 
 const messageText = (r) => r.output.filter((i) => i.type === 'message')

@@ -5,36 +5,23 @@
 // `grammar` field, and an unclosed thinking by the template (which opens <think>) ended by
 // --reasoning-budget; Qwen3's own template (from the tokenizer package) renders the tools and
 // the call history. Every check looks at what only its feature produces.
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
+import { collectChat } from '../node/chat_stream.mjs';
 import { harness } from '../node/harness.mjs';
+import { WEATHER } from '../node/weather_tool.mjs';
+import { SRC, BIN, MODEL, NODE_MODULES, load, post } from '../node/setup.mjs';
 
-const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
-const BIN = process.env.MLXCEL_BIN_DIR ?? 'build/bin';
-const MODEL = path.join(SRC, 'models/demo');
 const TEMPLATE = path.join(SRC, 'tests/server/templates/tools_think.jinja');
-const NODE_MODULES = path.join(SRC, 'tests/node/node_modules');
 
-for (const pkg of ['openai', 'ajv']) {
-  if (!existsSync(path.join(NODE_MODULES, pkg))) {
-    console.log(`tests/node/node_modules has no ${pkg} package: run \`npm ci\` in tests/node (tools/install-deps.sh does)`);
-    process.exit(1);
-  }
-}
-const { default: OpenAI } = await import(path.join(NODE_MODULES, 'openai/index.mjs'));
-const { default: Ajv2020 } = await import(path.join(NODE_MODULES, 'ajv/dist/2020.js'));
+const { default: OpenAI } = await load('openai', 'index.mjs');
+const { default: Ajv2020 } = await load('ajv', 'dist/2020.js');
 
 const { check, fail, startServer, stopServer, finish } =
   harness({ bin: BIN, label: 'tools server test', timeoutMs: 110_000 });
 
-const WEATHER = {
-  type: 'object',
-  properties: { city: { type: 'string', enum: ['Paris', 'Oslo'] }, days: { type: 'integer', minimum: 0, maximum: 7 } },
-  required: ['city', 'days'],
-  additionalProperties: false,
-};
 const TOOLS = [
   { type: 'function', function: { name: 'get_weather', description: 'Weather for a city.', parameters: WEATHER } },
   { type: 'function', function: { name: 'ping', parameters: { type: 'object', properties: {}, additionalProperties: false } } },
@@ -49,9 +36,6 @@ const TWO_CALLS = 'root ::= "<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"ar
 // Thinking then an answer, forced likewise.
 const THINK = 'root ::= "<think>" [a-z ]{3,12} "</think>" [a-z ]{3,12}\n';
 
-const post = (url, route, body) =>
-  fetch(url + route, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
-
 async function status400(url, route, body, what, needle) {
   const r = await post(url, route, body);
   const text = await r.text();
@@ -59,25 +43,6 @@ async function status400(url, route, body, what, needle) {
 }
 
 // Collects a stream: content, reasoning, and tool calls by index (their ids and argument text).
-async function collect(stream) {
-  const out = { content: '', reasoning: '', calls: [], finish: null, chunks: 0 };
-  for await (const chunk of stream) {
-    const c = chunk.choices[0];
-    if (!c) continue;
-    out.chunks++;
-    out.content += c.delta?.content ?? '';
-    out.reasoning += c.delta?.reasoning_content ?? '';
-    for (const t of c.delta?.tool_calls ?? []) {
-      const call = (out.calls[t.index] ??= { id: null, name: '', arguments: '' });
-      if (t.id) call.id = t.id;
-      call.name += t.function?.name ?? '';
-      call.arguments += t.function?.arguments ?? '';
-    }
-    if (c.finish_reason) out.finish = c.finish_reason;
-  }
-  return out;
-}
-
 function parses(text) {
   try {
     return JSON.parse(text);
@@ -132,7 +97,7 @@ async function requiredCalls(client) {
 }
 
 async function parallelStreamed(client) {
-  const s = await collect(await client.chat.completions.create({ model: 'demo', messages: USER, tools: TOOLS, max_tokens: 250,
+  const s = await collectChat(await client.chat.completions.create({ model: 'demo', messages: USER, tools: TOOLS, max_tokens: 250,
     stream: true, grammar: TWO_CALLS }));
   check(s.finish === 'tool_calls', `parallel: finish_reason ${s.finish}`);
   check(s.calls.length === 2 && s.calls[0]?.name === 'get_weather' && s.calls[1]?.name === 'ping',
@@ -151,7 +116,7 @@ async function reasoning(client) {
   const whole = (await client.chat.completions.create(ask)).choices[0].message;
   check(/^[a-z ]{3,12}$/.test(whole.reasoning_content ?? '') && /^[a-z ]{3,12}$/.test(whole.content ?? ''),
     `reasoning split: ${JSON.stringify(whole)}`);
-  const streamed = await collect(await client.chat.completions.create({ ...ask, stream: true }));
+  const streamed = await collectChat(await client.chat.completions.create({ ...ask, stream: true }));
   check(streamed.reasoning === whole.reasoning_content && streamed.content === whole.content,
     `reasoning streamed as delta.reasoning_content: ${JSON.stringify(streamed)} vs ${JSON.stringify(whole)}`);
 }
@@ -218,7 +183,7 @@ async function main() {
     const m = (await cb.chat.completions.create(ask)).choices[0].message;
     check(m.reasoning_content?.trim().length > 0 && m.content?.trim().length > 0 && !m.content.includes('think>'),
       `budget: thinking ended, the answer follows: ${JSON.stringify(m)}`);
-    const s = await collect(await cb.chat.completions.create({ ...ask, stream: true }));
+    const s = await collectChat(await cb.chat.completions.create({ ...ask, stream: true }));
     check(s.reasoning === m.reasoning_content && s.content === m.content, `budget streamed: ${JSON.stringify(s)}`);
     // a forced call after a prompt that opened <think> is a call, not thinking
     const r = await cb.chat.completions.create({ ...ask, max_tokens: 120, tools: TOOLS,
