@@ -18,8 +18,8 @@ import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } 
 import os from 'node:os';
 import path from 'node:path';
 
-import { collectChat } from '../node/chat_stream.mjs';
 import { harness } from '../node/harness.mjs';
+import { collectChat } from '../node/streams.mjs';
 import { SRC, BIN, MODEL, NODE_MODULES, load, post } from '../node/setup.mjs';
 
 const TEMPLATE = path.join(SRC, 'tests/engine/templates/harmony.jinja');

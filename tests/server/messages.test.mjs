@@ -9,6 +9,7 @@ import { readFileSync } from 'node:fs';
 import path from 'node:path';
 
 import { harness } from '../node/harness.mjs';
+import { collectMessage } from '../node/streams.mjs';
 import { WEATHER } from '../node/weather_tool.mjs';
 import { SRC, BIN, MODEL, load, post } from '../node/setup.mjs';
 
@@ -42,24 +43,6 @@ async function referenceCount(url, body) {
   return { prompt, n: tokenizer.encode(prompt, { add_special_tokens: false }).ids.length };
 }
 
-// A stream through the SDK's helper: the event types in order, the text and thinking deltas,
-// the tool input deltas, and the message the helper accumulated.
-async function collect(stream) {
-  const out = { types: [], text: '', thinking: '', json: '', starts: [], stop: null };
-  for await (const e of stream) {
-    out.types.push(e.type);
-    if (e.type === 'content_block_start') out.starts.push(e.content_block);
-    if (e.type === 'content_block_delta') {
-      if (e.delta.type === 'text_delta') out.text += e.delta.text;
-      if (e.delta.type === 'thinking_delta') out.thinking += e.delta.thinking;
-      if (e.delta.type === 'input_json_delta') out.json += e.delta.partial_json;
-    }
-    if (e.type === 'message_delta') out.stop = e.delta.stop_reason;
-  }
-  out.final = await stream.finalMessage();
-  return out;
-}
-
 async function plain(url, client) {
   const ask = { model: 'demo', max_tokens: 24, temperature: 0, system: SYSTEM, messages: USER };
   const m = await client.messages.create(ask);
@@ -85,7 +68,7 @@ async function plain(url, client) {
   check(blocks.input_tokens === ref.n, `system and content as text blocks: ${blocks.input_tokens} vs ${ref.n}`);
 
   // streamed: the text deltas are the greedy answer, in Anthropic's event order
-  const s = await collect(client.messages.stream(ask));
+  const s = await collectMessage(client.messages.stream(ask));
   check(s.text === m.content[0].text && textOf(s.final) === m.content[0].text, `streamed text: ${JSON.stringify(s.text)} vs ${JSON.stringify(m.content[0].text)}`);
   const order = ['message_start', 'content_block_start', ...s.types.slice(2, -3).map(() => 'content_block_delta'),
     'content_block_stop', 'message_delta', 'message_stop'];
@@ -110,7 +93,7 @@ async function toolRound(url, client) {
   check(/^toolu_\w+$/.test(use?.id ?? '') && use?.name === 'get_weather' && validWeather(use?.input), `tool_use block: ${JSON.stringify(use)}`);
 
   // streamed, with any tool: the call arrives as a tool_use block and its input as JSON deltas
-  const s = await collect(client.messages.stream({ ...ask, tool_choice: { type: 'any' } }));
+  const s = await collectMessage(client.messages.stream({ ...ask, tool_choice: { type: 'any' } }));
   const fin = s.final.content.find((b) => b.type === 'tool_use');
   check(s.starts.some((b) => b.type === 'tool_use' && b.name === 'get_weather' && /^toolu_/.test(b.id)) && s.stop === 'tool_use',
     `streamed tool_use start: ${JSON.stringify(s.starts)} ${s.stop}`);
@@ -148,7 +131,7 @@ async function thinking(client) {
   check(m.content[0]?.type === 'thinking' && m.content[0].thinking.trim().length > 0 && typeof m.content[0].signature === 'string' &&
     m.content[1]?.type === 'text' && m.content[1].text.length > 0 && !m.content[1].text.includes('think>'),
     `thinking block then text: ${JSON.stringify(m.content)}`);
-  const s = await collect(client.messages.stream(ask));
+  const s = await collectMessage(client.messages.stream(ask));
   check(s.thinking === m.content[0]?.thinking && s.text === m.content[1]?.text &&
     JSON.stringify(s.final.content) === JSON.stringify(m.content), `thinking streamed: ${JSON.stringify(s.final.content)}`);
   check(s.starts[0]?.type === 'thinking' && s.starts[1]?.type === 'text', `block starts: ${JSON.stringify(s.starts)}`);

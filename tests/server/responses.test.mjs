@@ -9,6 +9,7 @@
 import path from 'node:path';
 
 import { harness } from '../node/harness.mjs';
+import { collectResponse } from '../node/streams.mjs';
 import { WEATHER } from '../node/weather_tool.mjs';
 import { SRC, BIN, MODEL, load, post } from '../node/setup.mjs';
 
@@ -32,25 +33,6 @@ const chat = async (url, body) => (await post(url, '/v1/chat/completions', body)
 
 const messageText = (r) => r.output.filter((i) => i.type === 'message')
   .flatMap((i) => i.content).filter((p) => p.type === 'output_text').map((p) => p.text).join('');
-
-// The events of a stream: their types, the text, reasoning and argument deltas, the items the
-// output_item events carried, and the last event's response; sequence numbers must count up
-// from 0.
-async function collect(stream) {
-  const out = { types: [], text: '', reasoning: '', args: '', added: [], done: [], argsDone: [], seqOk: true, last: null };
-  for await (const e of stream) {
-    out.seqOk = out.seqOk && e.sequence_number === out.types.length;
-    out.types.push(e.type);
-    if (e.type === 'response.output_text.delta') out.text += e.delta;
-    if (e.type === 'response.reasoning_text.delta') out.reasoning += e.delta;
-    if (e.type === 'response.function_call_arguments.delta') out.args += e.delta;
-    if (e.type === 'response.function_call_arguments.done') out.argsDone.push(e.arguments);
-    if (e.type === 'response.output_item.added') out.added.push(e.item);
-    if (e.type === 'response.output_item.done') out.done.push(e.item);
-    out.last = e;
-  }
-  return out;
-}
 
 async function plain(url, client) {
   const ask = { model: 'demo', instructions: INSTRUCTIONS, input: ASK, max_output_tokens: 24, temperature: 0 };
@@ -78,7 +60,7 @@ async function plain(url, client) {
   check(c.usage?.prompt_tokens === r.usage.input_tokens, `same prompt as chat: ${c.usage?.prompt_tokens} vs ${r.usage.input_tokens}`);
 
   // streamed: the text deltas are the greedy answer, in the Responses event order
-  const s = await collect(await client.responses.create({ ...ask, stream: true }));
+  const s = await collectResponse(await client.responses.create({ ...ask, stream: true }));
   check(s.text === r.output_text && s.seqOk, `streamed text: ${JSON.stringify(s.text)} vs ${JSON.stringify(r.output_text)}`);
   const deltas = s.types.filter((t) => t === 'response.output_text.delta').length;
   const order = ['response.created', 'response.in_progress', 'response.output_item.added', 'response.content_part.added',
@@ -113,7 +95,7 @@ async function toolRound(url, client) {
   check(r.tools?.[0]?.name === 'get_weather' && r.tool_choice?.name === 'get_weather', `tools echoed: ${JSON.stringify(r.tools)} ${JSON.stringify(r.tool_choice)}`);
 
   // streamed with required: the call's item, then its arguments as deltas and done
-  const s = await collect(await client.responses.create({ ...ask, tool_choice: 'required', stream: true }));
+  const s = await collectResponse(await client.responses.create({ ...ask, tool_choice: 'required', stream: true }));
   const fc = s.last?.response?.output?.find((i) => i.type === 'function_call');
   check(s.added[0]?.type === 'function_call' && s.added[0].name === 'get_weather' && s.types.includes('response.function_call_arguments.delta'),
     `streamed call events: ${s.types.join(' ')}`);
@@ -177,7 +159,7 @@ async function reasoning(client) {
   const item = r.output[0];
   check(item?.type === 'reasoning' && /^rs_\w+$/.test(item.id) && item.content?.[0]?.type === 'reasoning_text' &&
     item.content[0].text.trim().length > 0 && r.reasoning?.effort === 'low', `reasoning item: ${JSON.stringify(r)}`);
-  const s = await collect(await client.responses.create({ ...ask, stream: true }));
+  const s = await collectResponse(await client.responses.create({ ...ask, stream: true }));
   check(s.reasoning === item?.content?.[0]?.text && s.types.includes('response.reasoning_text.done') &&
     JSON.stringify(s.last?.response?.output) === JSON.stringify(r.output.map((i) => ({ ...i, id: s.last?.response?.output?.[0]?.id }))),
   `reasoning streamed: ${JSON.stringify(s.last?.response?.output)}`);
@@ -227,7 +209,7 @@ async function stored(url, client, unstored) {
   const r = await client.responses.create(ask);
   const got = await client.responses.retrieve(r.id);
   check(JSON.stringify(got) === JSON.stringify(r), `retrieve gives the response as answered: ${JSON.stringify(got).slice(0, 160)}`);
-  const s = await collect(await client.responses.create({ ...ask, stream: true }));
+  const s = await collectResponse(await client.responses.create({ ...ask, stream: true }));
   const sid = s.last?.response?.id;
   check(JSON.stringify((await (await fetch(`${url}/v1/responses/${sid}`)).json())) === JSON.stringify(s.last?.response),
     'a streamed response is stored as its response.completed event gave it');

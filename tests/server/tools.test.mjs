@@ -9,8 +9,8 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
-import { collectChat } from '../node/chat_stream.mjs';
 import { harness } from '../node/harness.mjs';
+import { collectChat } from '../node/streams.mjs';
 import { WEATHER } from '../node/weather_tool.mjs';
 import { SRC, BIN, MODEL, NODE_MODULES, load, post } from '../node/setup.mjs';
 
