@@ -42,7 +42,6 @@ async function status400(url, route, body, what, needle) {
   check(r.status === 400 && (!needle || text.includes(needle)), `${what}: ${r.status} ${text.slice(0, 200)}`);
 }
 
-// Collects a stream: content, reasoning, and tool calls by index (their ids and argument text).
 function parses(text) {
   try {
     return JSON.parse(text);
