@@ -124,15 +124,24 @@ async function partsAndPrefill(url, client) {
   const parts = [{ role: 'user', content: [{ type: 'text', text: 'Hello' }, { type: 'text', text: 'world' }] }];
   const prompt = (await (await post(url, '/apply-template', { messages: parts })).json()).prompt;
   check(prompt.includes('<|user|>\nHello\nworld\n'), `content parts joined: ${JSON.stringify(prompt)}`);
-  const r = await client.chat.completions.create({ model: 'demo', messages: parts, max_tokens: 4 });
-  check(typeof r.choices[0].message.content === 'string' && r.usage.prompt_tokens > 0, `content parts answered: ${JSON.stringify(r)}`);
+  // the chat route reads the parts as the template joins them: the joined text's greedy answer
+  const r = await client.chat.completions.create({ model: 'demo', messages: parts, max_tokens: 6, temperature: 0 });
+  const joined = await client.chat.completions.create({ model: 'demo', messages: [{ role: 'user', content: 'Hello\nworld' }], max_tokens: 6, temperature: 0 });
+  check(r.choices[0].message.content === joined.choices[0].message.content && r.usage.prompt_tokens === joined.usage.prompt_tokens,
+    `content parts answered as their joined text: ${JSON.stringify(r.choices[0].message)} vs ${JSON.stringify(joined.choices[0].message)}`);
   await status400(url, '/v1/chat/completions', { messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }] },
     'image part', 'text only');
   const prefill = [...USER, { role: 'assistant', content: 'The king said' }];
   const p = (await (await post(url, '/apply-template', { messages: prefill })).json()).prompt;
   check(p.endsWith('<|assistant|>\nThe king said'), `prefill continues the final message: ${JSON.stringify(p)}`);
-  const c = await client.chat.completions.create({ model: 'demo', messages: prefill, max_tokens: 4, temperature: 0 });
-  check(typeof c.choices[0].message.content === 'string' && c.usage.prompt_tokens > 0, `prefill answered: ${JSON.stringify(c)}`);
+  // the chat route continues that prompt: its tokens (the chat route adds no BOS) and their
+  // greedy continuation through the completions route
+  const c = await client.chat.completions.create({ model: 'demo', messages: prefill, max_tokens: 6, temperature: 0 });
+  const ids = (await (await post(url, '/tokenize', { content: p })).json()).tokens;
+  const raw = await client.completions.create({ model: 'demo', prompt: ids, max_tokens: 6, temperature: 0 });
+  check(c.usage.prompt_tokens === ids.length && c.choices[0].message.content === raw.choices[0].text,
+    `prefill: the chat route continues the message (${c.usage.prompt_tokens} tokens, ${JSON.stringify(c.choices[0].message.content)}; ` +
+    `want ${ids.length}, ${JSON.stringify(raw.choices[0].text)})`);
 }
 
 async function refusals(url) {
