@@ -9,8 +9,8 @@
  * <|file_sep|>, StarCoder's <reponame> and <file_sep>), else each extra chunk after a
  * "--- snippet ---" line; the model writes what goes at MID. /infill cuts the parts as
  * llama-server does (server_fim_parts' budget), so that an editor may send whole files: the
- * prefix and suffix to fit one batch, 3:1, the extra context to fill the rest of the context,
- * its end kept (the files nearest the cursor come last). */
+ * prefix and suffix to fit one batch, 3:1 (the prefix's end and the suffix's start: the text
+ * nearest the cursor), the extra context's end to fill what the context leaves. */
 #include "server/server_internal.h"
 #include "server/server_params.h"
 
