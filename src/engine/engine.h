@@ -453,12 +453,14 @@ typedef struct engine_reranker {
 int engine_reranker_open(const model *m, const tok_tokenizer *tok, engine_reranker *out,
                          base_err *err);
 void engine_reranker_close(engine_reranker *r);
-/* The tokens of a pair as llama-server joins them for a rank model: the query with the
- * tokenizer's special tokens (BOS or CLS before, EOS or SEP after, as its post-processor
- * adds them), then the document (its first max_doc tokens when max_doc > 0) and what the
- * post-processor puts after a sequence. *ids: caller frees. */
-int engine_rerank_pair(const tok_tokenizer *tok, const char *query, const char *doc, int max_doc,
-                       int32_t **ids, int *n, base_err *err);
+/* The tokens of a pair for r. With a score head, as llama-server joins them for a rank
+ * model: the query with the tokenizer's special tokens (BOS or CLS before, EOS or SEP after,
+ * as its post-processor adds them), then the document (its first max_doc tokens when
+ * max_doc > 0) and what the post-processor puts after a sequence. With the yes/no logits, in
+ * Qwen3-Reranker's judge prompt (engine_rerank.c), max_doc counting the tokens after
+ * "<Document>:". *ids: caller frees. */
+int engine_rerank_pair(const tok_tokenizer *tok, const engine_reranker *r, const char *query,
+                       const char *doc, int max_doc, int32_t **ids, int *n, base_err *err);
 /* The score of tokens (n, at most the context size), on a sequence of its own in prefill
  * chunks, as engine_embed: rt must be the caller's alone. */
 int engine_rerank(engine_runtime *rt, const engine_reranker *r, const int32_t *tokens, int n,
@@ -608,6 +610,8 @@ int engine_submit(engine_sched *s, const engine_request *r, uint64_t *id, engine
  * CANCELLED (unless it had already finished). Unknown ids are ignored. Any thread. */
 void engine_cancel(engine_sched *s, uint64_t id);
 engine_sched_stats engine_sched_get_stats(engine_sched *s);
+/* The tokens one step packs at most (max_batch_tokens as the scheduler settled it). */
+int engine_sched_batch_tokens(const engine_sched *s);
 /* Work that needs the runtime to itself (its pool and model), run on the step thread. */
 typedef int (*engine_between_fn)(void *ctx, engine_runtime *rt, base_err *err);
 /* Runs fn between two steps and waits for it: returns what fn returns (err as fn set it), or

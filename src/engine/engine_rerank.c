@@ -1,10 +1,23 @@
 /* Reranking: one relevance score for a (query, document) pair, from a sequence classifier's
- * score head or from a causal LM's "yes" and "no" logits, on the last token of the pair as
- * llama-server joins it. */
+ * score head on the pair as llama-server joins it, or from a causal LM's "yes" and "no" logits
+ * after Qwen3-Reranker's judge prompt. */
 #include "engine/engine.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Qwen3-Reranker's prompt, as its model card builds it (and llama.cpp's rerank template for
+ * it): a system turn that asks for "yes" or "no", the pair in a user turn after the default
+ * instruction, and an assistant turn opened past an empty thought, so that the next token is
+ * the verdict. The three parts are encoded apart, without special tokens, as the card does. */
+static const char g_judge_prefix[] =
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
+    "and the Instruct provided. Note that the answer can only be \"yes\" or \"no\"."
+    "<|im_end|>\n<|im_start|>user\n";
+static const char g_judge_suffix[] = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+static const char g_judge_head[] = "<Instruct>: Given a web search query, retrieve relevant "
+                                   "passages that answer the query\n<Query>: %s\n<Document>:";
 
 int engine_reranker_open(const model *m, const tok_tokenizer *tok, engine_reranker *out,
                          base_err *err) {
@@ -36,27 +49,68 @@ void engine_reranker_close(engine_reranker *r) {
     r->head = NULL;
 }
 
-int engine_rerank_pair(const tok_tokenizer *tok, const char *query, const char *doc, int max_doc,
-                       int32_t **ids, int *n, base_err *err) {
-    int32_t *q = NULL, *d = NULL;
-    size_t nq = 0, nd = 0, n_pre, n_suf;
-    const int32_t *pre, *suf;
-    tok_special_ends(tok, &pre, &n_pre, &suf, &n_suf);
-    if (tok_encode(tok, query, strlen(query), true, &q, &nq, err))
-        return base_fail_wrap(err, "the query");
-    if (tok_encode(tok, doc, strlen(doc), false, &d, &nd, err)) {
-        free(q);
-        return base_fail_wrap(err, "the document");
-    }
-    if (max_doc > 0 && nd > (size_t)max_doc) nd = (size_t)max_doc;
-    *n = (int)(nq + nd + n_suf);
-    *ids = base_xmalloc(((size_t)*n + 1) * sizeof **ids);
-    if (nq) memcpy(*ids, q, nq * sizeof *q);
-    if (nd) memcpy(*ids + nq, d, nd * sizeof *d);
-    if (n_suf) memcpy(*ids + nq + nd, suf, n_suf * sizeof *suf);
-    free(q);
-    free(d);
+typedef struct pair_ids {
+    int32_t *v;
+    size_t n;
+} pair_ids;
+
+static int encode(const tok_tokenizer *tok, const char *text, bool special, pair_ids *out,
+                  const char *what, base_err *err) {
+    if (tok_encode(tok, text, strlen(text), special, &out->v, &out->n, err))
+        return base_fail_wrap(err, "%s", what);
     return 0;
+}
+
+/* The pair as llama-server joins it for a classifier: the query with the tokenizer's special
+ * tokens, the document, what the post-processor puts after a sequence. */
+static int classifier_pair(const tok_tokenizer *tok, const char *query, const char *doc,
+                           int max_doc, pair_ids part[3], base_err *err) {
+    const int32_t *pre, *suf;
+    size_t n_pre, n_suf;
+    tok_special_ends(tok, &pre, &n_pre, &suf, &n_suf);
+    if (encode(tok, query, true, &part[0], "the query", err) ||
+        encode(tok, doc, false, &part[1], "the document", err))
+        return -1;
+    if (max_doc > 0 && part[1].n > (size_t)max_doc) part[1].n = (size_t)max_doc;
+    part[2].v = base_xmalloc((n_suf + 1) * sizeof *part[2].v);
+    if (n_suf) memcpy(part[2].v, suf, n_suf * sizeof *suf);
+    part[2].n = n_suf;
+    return 0;
+}
+
+/* Qwen3-Reranker's prompt around the pair. max_doc keeps the first max_doc tokens after
+ * "<Document>:", which is where transformers' truncation of the middle part would cut it. */
+static int judge_pair(const tok_tokenizer *tok, const char *query, const char *doc, int max_doc,
+                      pair_ids part[3], base_err *err) {
+    size_t len = strlen(g_judge_head) + strlen(query) + strlen(doc) + 2;
+    char *middle = base_xmalloc(len);
+    int n_head = snprintf(middle, len, g_judge_head, query);
+    pair_ids head = {0};
+    int rc = encode(tok, g_judge_prefix, false, &part[0], "the judge prompt", err) ||
+             encode(tok, g_judge_suffix, false, &part[2], "the judge prompt", err) ||
+             (max_doc > 0 && encode(tok, middle, false, &head, "the query", err));
+    snprintf(middle + n_head, len - (size_t)n_head, " %s", doc);
+    rc = rc || encode(tok, middle, false, &part[1], "the pair", err);
+    if (rc == 0 && max_doc > 0 && part[1].n > head.n + (size_t)max_doc)
+        part[1].n = head.n + (size_t)max_doc;
+    free(head.v);
+    free(middle);
+    return rc;
+}
+
+int engine_rerank_pair(const tok_tokenizer *tok, const engine_reranker *r, const char *query,
+                       const char *doc, int max_doc, int32_t **ids, int *n, base_err *err) {
+    pair_ids part[3] = {{0}};
+    int rc = r->head ? classifier_pair(tok, query, doc, max_doc, part, err)
+                     : judge_pair(tok, query, doc, max_doc, part, err);
+    if (rc == 0) {
+        *n = (int)(part[0].n + part[1].n + part[2].n);
+        *ids = base_xmalloc(((size_t)*n + 1) * sizeof **ids);
+        for (int k = 0, at = 0; k < 3; at += (int)part[k].n, k++)
+            if (part[k].n) memcpy(*ids + at, part[k].v, part[k].n * sizeof *part[k].v);
+    }
+    for (int k = 0; k < 3; k++) free(part[k].v);
+    return rc;
 }
 
 /* The score from the last token's row: the head's dot product with its hidden state, or the

@@ -1124,6 +1124,10 @@ int64_t engine_sched_erase_cache(engine_sched *s) {
     return n;
 }
 
+int engine_sched_batch_tokens(const engine_sched *s) {
+    return s->o.max_batch_tokens;
+}
+
 int engine_sched_run_between(engine_sched *s, engine_between_fn fn, void *ctx, base_err *err) {
     between j = {.fn = fn, .ctx = ctx};
     pthread_mutex_lock(&s->mu);

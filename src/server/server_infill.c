@@ -7,8 +7,10 @@
  *
  * with REPO and SEP where the tokenizer has them (Qwen2.5-Coder's <|repo_name|> and
  * <|file_sep|>, StarCoder's <reponame> and <file_sep>), else each extra chunk after a
- * "--- snippet ---" line; the model writes what goes at MID. Unlike llama-server nothing is cut
- * to fit a batch: a prompt past the context is refused. */
+ * "--- snippet ---" line; the model writes what goes at MID. /infill cuts the parts as
+ * llama-server does (server_fim_parts' budget), so that an editor may send whole files: the
+ * prefix and suffix to fit one batch, 3:1 (the prefix's end and the suffix's start: the text
+ * nearest the cursor), the extra context's end to fill what the context leaves. */
 #include "server/server_internal.h"
 #include "server/server_params.h"
 
@@ -121,24 +123,42 @@ static int put_extra(ids_buf *b, const engine_prompter *pr, const server_fim *f,
     return 0;
 }
 
+/* Keeps `take` ids of b: its last ones (from_end) or its first. */
+static void keep(ids_buf *b, int take, bool from_end) {
+    if (take < 0) take = 0;
+    if (take >= b->n) return;
+    if (from_end) memmove(b->v, b->v + b->n - take, (size_t)take * sizeof *b->v);
+    b->n = take;
+}
+
 int server_fim_prompt(const engine_prompter *pr, const server_fim *f, const server_fim_parts *in,
                       int32_t **ids, int *n, base_err *err) {
-    ids_buf b = {0};
+    ids_buf b = {0}, extra = {0}, prefix = {0}, suffix = {0};
     const int32_t *pre, *suf;
     size_t n_pre, n_suf;
     tok_special_ends(pr->tok, &pre, &n_pre, &suf, &n_suf);
-    int rc = in->extra ? put_extra(&b, pr, f, in->extra, err) : 0;
+    int rc = (in->extra && put_extra(&extra, pr, f, in->extra, err)) ||
+             put_text(&prefix, pr, in->prefix, in->prefix_key, err) ||
+             put_text(&suffix, pr, in->suffix, in->suffix_key, err);
+    if (rc == 0 && in->n_batch > 0) {
+        int reserve = in->n_predict > 0 ? 2 * in->n_predict : 0;
+        keep(&prefix, 3 * (in->n_batch / 4), true);
+        keep(&suffix, in->n_batch / 4 - (2 + in->n_prompt), false);
+        keep(&extra, in->n_ctx - in->n_batch - reserve, true);
+    }
     if (rc == 0) {
+        put(&b, extra.v, (size_t)extra.n);
         put(&b, pre, n_pre);
         put1(&b, f->ids[0]);
-        rc = put_text(&b, pr, in->prefix, in->prefix_key, err);
-    }
-    if (rc == 0) {
+        put(&b, prefix.v, (size_t)prefix.n);
         put(&b, in->prompt, (size_t)in->n_prompt);
         put1(&b, f->ids[1]);
-        rc = put_text(&b, pr, in->suffix, in->suffix_key, err);
+        put(&b, suffix.v, (size_t)suffix.n);
+        put1(&b, f->ids[2]);
     }
-    put1(&b, f->ids[2]);
+    free(extra.v);
+    free(prefix.v);
+    free(suffix.v);
     if (rc) {
         free(b.v);
         return -1;
@@ -185,7 +205,13 @@ static int infill_prompt(server *s, json_t *v, int32_t **ids, int *n, base_err *
 /* The body /completion reads: the infill fields replaced by the prompt's token ids. */
 static int completion_body(server *s, json_t *body, json_t **out, base_err *err) {
     server_fim f;
-    server_fim_parts in = {.prefix_key = "input_prefix", .suffix_key = "input_suffix"};
+    /* the batch as llama.cpp's context takes it: -b, at most the context */
+    int ctx = s->rt->kv_plan.ctx_size, batch = engine_sched_batch_tokens(s->sched);
+    server_fim_parts in = {.prefix_key = "input_prefix",
+                           .suffix_key = "input_suffix",
+                           .n_batch = batch < ctx ? batch : ctx,
+                           .n_ctx = ctx,
+                           .n_predict = server_options_now(s).n_predict};
     if (json_object_get(body, "suffix"))
         return base_fail(err, "'suffix' is the completions routes' field: /infill takes "
                               "'input_suffix'");

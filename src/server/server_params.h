@@ -95,6 +95,11 @@ typedef struct server_fim_parts {
     const int32_t *prompt;               /* (n_prompt) ids after the prefix (/infill's prompt) */
     int n_prompt;
     json_t *extra; /* input_extra, or NULL */
+    /* /infill cuts its parts to llama-server's budget when n_batch > 0: the prefix's last
+     * 3/4 n_batch tokens, the suffix's first n_batch/4 - 2 - n_prompt, and the end of the
+     * extra context that fits in n_ctx - n_batch - 2 n_predict (n_predict <= 0 reserves
+     * nothing). n_batch <= 0: nothing is cut. */
+    int n_batch, n_ctx, n_predict;
 } server_fim_parts;
 /* The fill-in-the-middle prompt in prefix-suffix-middle order, as server_infill.c draws it.
  * *ids: caller frees. */

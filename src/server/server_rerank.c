@@ -112,7 +112,8 @@ static int parse_docs(server *s, json_t *b, rerank_req *q, base_err *err) {
     for (int i = 0; i < q->n_docs; i++) {
         rerank_doc *d = &q->docs[i];
         if (doc_text(json_array_get(docs, (size_t)i), key, (size_t)i, &d->text, err)) return -1;
-        if (engine_rerank_pair(s->pr->tok, q->query, d->text, q->max_doc, &d->ids, &d->n, err))
+        if (engine_rerank_pair(s->pr->tok, s->reranker, q->query, d->text, q->max_doc, &d->ids,
+                               &d->n, err))
             return base_fail_wrap(err, "'%s[%d]'", key, i);
         if (d->n > ctx)
             return base_fail(err,

@@ -2,18 +2,14 @@
 // (walks over single characters and over the demo tokenizer's tokens) and each must parse as
 // JSON and validate against the schema with ajv (draft 2020-12, ajv-formats in full mode).
 import { execFileSync } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 
-const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
+import { SRC, load } from '../node/setup.mjs';
+
 const GEN = process.env.MLXCEL_GRAM_GEN ?? 'build/tests/gram_gen';
-const NODE_MODULES = path.join(SRC, 'tests/node/node_modules');
-if (!existsSync(path.join(NODE_MODULES, 'ajv'))) {
-  console.log('tests/node/node_modules has no ajv package: run `npm ci` in tests/node (tools/install-deps.sh does)');
-  process.exit(1);
-}
-const { default: Ajv2020 } = await import(path.join(NODE_MODULES, 'ajv/dist/2020.js'));
-const { default: addFormats } = await import(path.join(NODE_MODULES, 'ajv-formats/dist/index.js'));
+const { default: Ajv2020 } = await load('ajv', 'dist/2020.js');
+const { default: addFormats } = await load('ajv-formats', 'dist/index.js');
 
 let passed = 0, failed = 0;
 function check(cond, what) {

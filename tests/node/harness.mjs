@@ -1,6 +1,6 @@
 // Shared by the node tests that drive mlxcel-server (tests/server, tests/soak): pass/fail
 // counting, the servers they spawn on free loopback ports, and a watchdog that kills them all
-// and fails the run when it takes too long.
+// and fails the run when it takes too long; a server run to its exit, for flags that stop it.
 import { spawn } from 'node:child_process';
 import path from 'node:path';
 
@@ -71,6 +71,22 @@ export function harness({ bin, label, timeoutMs }) {
     });
   }
 
+  // Runs mlxcel-server with args to its exit (killed after timeoutMs); resolves with
+  // { code (the exit code, or the signal), log (its stderr) }: for flags that must not start it.
+  function runToExit(args, env = {}, timeoutMs = 20_000) {
+    return new Promise((resolve) => {
+      const child = own(spawn(path.join(bin, 'mlxcel-server'), ['--port', '0', ...args],
+        { env: { ...process.env, ...env }, stdio: ['ignore', 'ignore', 'pipe'] }));
+      let log = '';
+      child.stderr.on('data', (d) => (log += d));
+      const t = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+      child.on('exit', (code, sig) => {
+        clearTimeout(t);
+        resolve({ code: code ?? sig, log });
+      });
+    });
+  }
+
   // Kills what is left, prints "N passed, N failed" (after `prefix`) and exits accordingly.
   function finish(prefix = '') {
     for (const c of children) c.kill('SIGKILL');
@@ -79,5 +95,5 @@ export function harness({ bin, label, timeoutMs }) {
     process.exit(failed ? 1 : 0);
   }
 
-  return { check, fail, own, startServer, stopServer, finish };
+  return { check, fail, own, startServer, stopServer, runToExit, finish };
 }

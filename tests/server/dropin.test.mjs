@@ -1,27 +1,27 @@
-// mlxcel-server as a drop-in for llama-server: started with a real llama-server launch line,
-// driven by the official openai package through completions with n=3, echo and prompt arrays,
-// and models.retrieve; stop_token_ids, min_tokens and n_probs; suffix on a copy of the model
+// mlxcel-server as a drop-in for llama-server: started with a real llama-server launch line
+// (`-m M -c 4096 -np 4 -ngl 99 -fa on -b 2048 -ub 512 --cache-type-k f16 --jinja --metrics`,
+// embeddings on through LLAMA_ARG_EMBEDDINGS as a container sets it, M the demo model whose
+// own chat template writes tool calls), driven by the official openai package through
+// embeddings, the Responses API (text streamed, a tool round, the call streamed), completions
+// with n=3, echo and prompt arrays, and models.retrieve, and by @anthropic-ai/sdk through the
+// Messages API (text streamed, a tool round, the call streamed); stop_token_ids, min_tokens and n_probs; suffix on a copy of the model
 // given FIM tokens; /metrics read with a strict Prometheus text-format parser, its
 // histograms moving under load; then the operations a deployment relies on (several keys from
 // flags and a file, x-api-key, --seed, JSON request log lines, CORS preflight, POST /props, slot
 // erase) and the flag handling (LLAMA_ARG_* values, closest-spelling suggestions, refusals).
-import { spawn } from 'node:child_process';
-import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
 import { harness } from '../node/harness.mjs';
+import { BIN, MODEL, SRC, load } from '../node/setup.mjs';
+import { collectMessage, collectResponse } from '../node/streams.mjs';
+import { WEATHER } from '../node/weather_tool.mjs';
 
-const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
-const BIN = process.env.MLXCEL_BIN_DIR ?? 'build/bin';
-const MODEL = path.join(SRC, 'models/demo');
-const OPENAI = path.join(SRC, 'tests/node/node_modules/openai/index.mjs');
-
-if (!existsSync(OPENAI)) {
-  console.log('tests/node/node_modules has no openai package: run `npm ci` in tests/node (tools/install-deps.sh does)');
-  process.exit(1);
-}
-const { default: OpenAI } = await import(OPENAI);
+const { default: OpenAI } = await load('openai', 'index.mjs');
+const { default: Anthropic } = await load('@anthropic-ai/sdk', 'index.mjs');
+const { default: Ajv2020 } = await load('ajv', 'dist/2020.js');
+const validWeather = new Ajv2020({ strict: false }).compile(WEATHER);
 
 const h = harness({ bin: BIN, label: 'drop-in test', timeoutMs: 110_000 });
 const { check, fail, startServer, stopServer, finish } = h;
@@ -128,14 +128,94 @@ async function scrape(url, key) {
 
 // ---- the launch line and the openai client ----
 
+// The demo model (its folder named demo, the id the clients ask for) with the tools template as
+// its own chat template, as a tool-calling checkpoint ships it.
+function toolsModel(dir) {
+  const model = path.join(dir, 'demo');
+  cpSync(MODEL, model, { recursive: true });
+  const file = path.join(model, 'tokenizer_config.json');
+  const config = JSON.parse(readFileSync(file, 'utf8'));
+  config.chat_template = readFileSync(path.join(SRC, 'tests/server/templates/tools_think.jinja'), 'utf8');
+  writeFileSync(file, JSON.stringify(config));
+  return model;
+}
+
+const norm = (v) => Math.sqrt(v.reduce((a, x) => a + x * x, 0));
+const parsed = (text) => {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return undefined;
+  }
+};
+
+async function embeddingsRoute(client) {
+  const texts = ['The king said unto the people', 'Once upon a time'];
+  const e = await client.embeddings.create({ model: 'demo', input: texts });
+  check(e.data.length === 2 && e.data.every((d, i) => d.index === i && d.embedding.length === 384 && Math.abs(norm(d.embedding) - 1) < 1e-5),
+    `embeddings: two unit vectors of 384 (${e.data.map((d) => `${d.embedding.length}:${norm(d.embedding)}`)})`);
+  const one = await client.embeddings.create({ model: 'demo', input: texts[1], encoding_format: 'float' });
+  check(JSON.stringify(one.data[0].embedding) === JSON.stringify(e.data[1].embedding), 'embeddings: a text alone and in a batch give one vector');
+}
+
+async function responsesRoute(client) {
+  const ask = { model: 'demo', input: 'Tell me about the king.', max_output_tokens: 12, temperature: 0 };
+  const r = await client.responses.create(ask);
+  const st = await collectResponse(await client.responses.create({ ...ask, stream: true }));
+  check(r.output_text.length > 0 && st.text === r.output_text && st.seqOk && st.types.includes('response.output_text.delta') &&
+    st.last?.type === `response.${r.status}` &&
+    st.last.response.output?.[0]?.content?.[0]?.text === r.output_text,
+  `responses: the streamed text is the plain one (${JSON.stringify(st.text)} vs ${JSON.stringify(r.output_text)}, ${st.types.at(-1)})`);
+
+  const tools = [{ type: 'function', name: 'get_weather', description: 'Weather for a city.', parameters: WEATHER }];
+  const call = { model: 'demo', input: 'What is the weather in Paris?', tools, max_output_tokens: 120 };
+  const forced = await client.responses.create({ ...call, tool_choice: { type: 'function', name: 'get_weather' } });
+  const fc = forced.output.find((i) => i.type === 'function_call');
+  check(fc?.name === 'get_weather' && validWeather(parsed(fc.arguments)), `responses: the forced call (${JSON.stringify(forced.output)})`);
+  const result = await client.responses.create({ model: 'demo', tools, previous_response_id: forced.id, max_output_tokens: 8,
+    input: [{ type: 'function_call_output', call_id: fc?.call_id, output: '21 degrees' }] });
+  check(result.output.every((i) => i.type === 'message') && result.usage.input_tokens > forced.usage.input_tokens,
+    `responses: the result turn is answered (${JSON.stringify(result.output)})`);
+  const sc = await collectResponse(await client.responses.create({ ...call, tool_choice: 'required', stream: true }));
+  check(sc.types.includes('response.function_call_arguments.delta') && validWeather(parsed(sc.args)) && sc.last?.type === 'response.completed',
+    `responses: the call streamed (${sc.args}, ${sc.types.at(-1)})`);
+}
+
+async function messagesRoute(url) {
+  const anthropic = new Anthropic({ baseURL: url, apiKey: 'none', maxRetries: 0, timeout: 30_000 });
+  const ask = { model: 'demo', max_tokens: 12, temperature: 0, messages: [{ role: 'user', content: 'Tell me about the king.' }] };
+  const m = await anthropic.messages.create(ask);
+  const text = m.content.map((b) => b.text).join('');
+  const st = await collectMessage(anthropic.messages.stream(ask));
+  check(text.length > 0 && st.text === text && st.types[0] === 'message_start' && st.types.includes('content_block_delta') &&
+    st.types.at(-1) === 'message_stop', `messages: the streamed text is the plain one (${JSON.stringify(st.text)} vs ${JSON.stringify(text)})`);
+
+  const tools = [{ name: 'get_weather', description: 'Weather for a city.', input_schema: WEATHER }];
+  const call = { model: 'demo', max_tokens: 120, tools, messages: [{ role: 'user', content: 'What is the weather in Paris?' }] };
+  const forced = await anthropic.messages.create({ ...call, tool_choice: { type: 'tool', name: 'get_weather' } });
+  const use = forced.content.find((b) => b.type === 'tool_use');
+  check(forced.stop_reason === 'tool_use' && use?.name === 'get_weather' && validWeather(use.input), `messages: the forced call (${JSON.stringify(forced.content)})`);
+  const result = await anthropic.messages.create({ ...call, max_tokens: 8, messages: [...call.messages, { role: 'assistant', content: forced.content },
+    { role: 'user', content: [{ type: 'tool_result', tool_use_id: use?.id, content: '21 degrees' }] }] });
+  check(result.content.every((b) => b.type === 'text') && result.usage.input_tokens > forced.usage.input_tokens,
+    `messages: the result turn is answered (${JSON.stringify(result.content)})`);
+  const sc = await collectMessage(anthropic.messages.stream({ ...call, tool_choice: { type: 'any' } }));
+  check(sc.starts.some((b) => b.type === 'tool_use') && validWeather(parsed(sc.json)) && sc.stop === 'tool_use',
+    `messages: the call streamed (${sc.json}, ${sc.stop})`);
+}
+
 async function launchPart() {
-  const KEY = 'k-launch';
-  const s = await startServer(['-m', MODEL, '-c', '4096', '-np', '4', '-ngl', '99', '-fa', 'on', '-b', '2048',
-    '-ub', '512', '--cache-type-k', 'f16', '--jinja', '--metrics', '--api-key', KEY]);
+  const KEY = 'none';
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'mlxcel-launch-'));
+  const s = await startServer(['-m', toolsModel(dir), '-c', '4096', '-np', '4', '-ngl', '99', '-fa', 'on', '-b', '2048',
+    '-ub', '512', '--cache-type-k', 'f16', '--jinja', '--metrics'], { LLAMA_ARG_EMBEDDINGS: '1' });
   check(/note: -ngl is moot/.test(s.log) && /note: -fa is moot/.test(s.log) && /note: --jinja is moot/.test(s.log),
     'the moot flags are noted');
   check(/context 4096 per sequence x 4 parallel/.test(s.log), `-c and -np are taken (${s.log.trim()})`);
   const client = new OpenAI({ baseURL: `${s.url}/v1`, apiKey: KEY, maxRetries: 0, timeout: 30_000 });
+  await embeddingsRoute(client);
+  await responsesRoute(client);
+  await messagesRoute(s.url);
 
   const m = await client.models.retrieve('demo');
   check(m.id === 'demo' && m.object === 'model', 'models.retrieve gives the model');
@@ -201,6 +281,7 @@ async function launchPart() {
     check(load.get(name)?.type === 'gauge', `${name} is a gauge`);
   check(value(load, 'mlxcel:prefix_cache_hit_ratio') > 0, 'the prefix-cache hit ratio shows the shared prompt');
   await stopServer(s);
+  rmSync(dir, { recursive: true, force: true });
 }
 
 // ---- keys, seed, request log, CORS, props, slots ----
@@ -322,20 +403,6 @@ async function fimPart() {
 
 // ---- flags that must not start the server ----
 
-function runToExit(args, env = {}) {
-  return new Promise((resolve) => {
-    const child = h.own(spawn(path.join(BIN, 'mlxcel-server'), ['--port', '0', ...args],
-      { env: { ...process.env, ...env }, stdio: ['ignore', 'ignore', 'pipe'] }));
-    let log = '';
-    child.stderr.on('data', (d) => (log += d));
-    const t = setTimeout(() => child.kill('SIGKILL'), 20_000);
-    child.on('exit', (code, sig) => {
-      clearTimeout(t);
-      resolve({ code: code ?? sig, log });
-    });
-  });
-}
-
 async function flagsPart() {
   const cases = [
     [['--paralel', '2'], {}, /did you mean '--parallel'/, 'a misspelt flag gets the closest spelling'],
@@ -349,7 +416,7 @@ async function flagsPart() {
     [['--log-format', 'xml'], {}, /--log-format wants text or json/, 'a bad --log-format'],
   ];
   for (const [args, env, re, what] of cases) {
-    const r = await runToExit(['-m', MODEL, '-c', '256', ...args], env);
+    const r = await h.runToExit(['-m', MODEL, '-c', '256', ...args], env);
     check(r.code === 2 && re.test(r.log), `${what}: exit 2 (${r.code}: ${r.log.trim()})`);
   }
   // the command line wins over the environment; a known variable takes effect

@@ -8,32 +8,22 @@
 // must point where the mean logits do (E, 256 x 128, maps 128 dimensions injectively, so that
 // pins the embedding's direction). The same with last-token pooling named by a
 // sentence-transformers Pooling config, against the last position's logits.
-import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { cpSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
+import { byteTokenizer } from '../node/byte_tokenizer.mjs';
 import { harness } from '../node/harness.mjs';
+import { SRC, BIN, MODEL, load, post } from '../node/setup.mjs';
 
-const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
-const BIN = process.env.MLXCEL_BIN_DIR ?? 'build/bin';
-const MODEL = path.join(SRC, 'models/demo');
 const FIXTURE = path.join(SRC, 'tests/fixtures/llama_f32');
-const NODE_MODULES = path.join(SRC, 'tests/node/node_modules');
 
-for (const pkg of ['openai', '@huggingface/tokenizers']) {
-  if (!existsSync(path.join(NODE_MODULES, pkg))) {
-    console.log(`tests/node/node_modules has no ${pkg} package: run \`npm ci\` in tests/node (tools/install-deps.sh does)`);
-    process.exit(1);
-  }
-}
-const { default: OpenAI } = await import(path.join(NODE_MODULES, 'openai/index.mjs'));
-const { Tokenizer } = await import(path.join(NODE_MODULES, '@huggingface/tokenizers/dist/tokenizers.mjs'));
+const { default: OpenAI } = await load('openai', 'index.mjs');
+const { Tokenizer } = await load('@huggingface/tokenizers', 'dist/tokenizers.mjs');
 
 const { check, fail, startServer, stopServer, finish } =
   harness({ bin: BIN, label: 'embeddings server test', timeoutMs: 110_000 });
 
-const post = (url, route, body) =>
-  fetch(url + route, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
 const same = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
 const dot = (a, b) => a.reduce((s, x, i) => s + x * b[i], 0);
 const norm = (a) => Math.sqrt(dot(a, a));
@@ -103,21 +93,6 @@ function npy(file) {
   const shape = header.match(/'shape': \((\d+), (\d+)\)/).slice(1).map(Number);
   if (!header.includes("'<f4'") || header.includes("'fortran_order': True")) throw new Error(`${file}: ${header}`);
   return { shape, data: new Float32Array(buf.buffer.slice(buf.byteOffset + 10 + n)) };
-}
-
-// GPT-2's byte-level alphabet as a BPE without merges: token id = byte, within the 256 ids
-function byteTokenizer() {
-  const bs = [];
-  for (let b = 33; b <= 126; b++) bs.push(b);
-  for (let b = 161; b <= 172; b++) bs.push(b);
-  for (let b = 174; b <= 255; b++) bs.push(b);
-  const cs = [...bs];
-  for (let b = 0, n = 0; b < 256; b++) if (!bs.includes(b)) { bs.push(b); cs.push(256 + n++); }
-  const vocab = Object.fromEntries(bs.map((b, i) => [String.fromCodePoint(cs[i]), b]));
-  const level = { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: true };
-  return { version: '1.0', truncation: null, padding: null, added_tokens: [], normalizer: null, pre_tokenizer: level,
-    post_processor: null, decoder: level, model: { type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: null,
-      end_of_word_suffix: null, fuse_unk: false, byte_fallback: false, ignore_merges: false, vocab, merges: [] } };
 }
 
 // The fixture's embedding of its reference tokens, and E times it (where the logits' mean

@@ -6,27 +6,18 @@
 // prose, so only the grammar can make these answers valid. A bias towards the tokens that close
 // strings, arrays and objects keeps the answers short (they are valid without it, but the
 // model would fill the context with string content first).
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 
 import { harness } from '../node/harness.mjs';
+import { SRC, BIN, MODEL, load } from '../node/setup.mjs';
 
-const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
-const BIN = process.env.MLXCEL_BIN_DIR ?? 'build/bin';
-const MODEL = path.join(SRC, 'models/demo');
-const NODE_MODULES = path.join(SRC, 'tests/node/node_modules');
 const SCHEMAS = path.join(SRC, 'tests/grammar/schemas');
 const KEY = 'test-key-456';
 
-for (const pkg of ['openai', 'ajv', 'ajv-formats']) {
-  if (!existsSync(path.join(NODE_MODULES, pkg))) {
-    console.log(`tests/node/node_modules has no ${pkg} package: run \`npm ci\` in tests/node (tools/install-deps.sh does)`);
-    process.exit(1);
-  }
-}
-const { default: OpenAI } = await import(path.join(NODE_MODULES, 'openai/index.mjs'));
-const { default: Ajv2020 } = await import(path.join(NODE_MODULES, 'ajv/dist/2020.js'));
-const { default: addFormats } = await import(path.join(NODE_MODULES, 'ajv-formats/dist/index.js'));
+const { default: OpenAI } = await load('openai', 'index.mjs');
+const { default: Ajv2020 } = await load('ajv', 'dist/2020.js');
+const { default: addFormats } = await load('ajv-formats', 'dist/index.js');
 
 // Sanitizer builds run several times slower (CMake passes the factor).
 const TIME_SCALE = Number(process.env.MLXCEL_TEST_TIME_SCALE ?? 1);

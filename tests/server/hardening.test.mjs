@@ -3,17 +3,15 @@
 // connection hogs, error messages that are not UTF-8, half-closed clients, cross-site pages,
 // oversized prompts, and requests whose framing is in doubt. Each server runs on a free
 // loopback port; a watchdog bounds the run.
-import { execFileSync, spawn } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
 import { harness } from '../node/harness.mjs';
+import { BIN, MODEL } from '../node/setup.mjs';
 import { rawHttp } from '../node/rawhttp.mjs';
 
-const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
-const BIN = process.env.MLXCEL_BIN_DIR ?? 'build/bin';
-const MODEL = path.join(SRC, 'models/demo');
 // Sanitizer builds are several times slower; this stretches the clients' patience only.
 const TIME_SCALE = Number(process.env.MLXCEL_TEST_TIME_SCALE ?? 1);
 
@@ -37,20 +35,6 @@ function errorBody(r, status) {
 const sseData = (body) => (body ?? '').split('\n').filter((l) => l.startsWith('data: ')).map((l) => l.slice(6));
 
 // Runs mlxcel-server expecting it to exit by itself; resolves with { code, log }.
-function runToExit(args, env = {}) {
-  return new Promise((resolve) => {
-    const child = h.own(spawn(path.join(BIN, 'mlxcel-server'), ['--port', '0', ...args],
-      { env: { ...process.env, ...env }, stdio: ['ignore', 'ignore', 'pipe'] }));
-    let log = '';
-    child.stderr.on('data', (d) => (log += d));
-    const t = setTimeout(() => child.kill('SIGKILL'), 20_000 * TIME_SCALE);
-    child.on('exit', (code, sig) => {
-      clearTimeout(t);
-      resolve({ code: code ?? sig, log });
-    });
-  });
-}
-
 // 1. A model name that is not valid UTF-8 (the folder's name, or --alias): every route
 // answers, the stream included, and the name comes out with U+FFFD for the stray byte.
 async function badNamePart() {
@@ -79,9 +63,9 @@ async function badNamePart() {
 
 // 3. An empty key is refused, not taken for "no key".
 async function emptyKeyPart() {
-  let r = await runToExit(['-m', MODEL, '--api-key', '']);
+  let r = await h.runToExit(['-m', MODEL, '--api-key', ''], {}, 20_000 * TIME_SCALE);
   check(r.code === 2 && /--api-key: the key is empty/.test(r.log), `3: --api-key '' exits 2 with a reason (${r.code}: ${r.log.trim()})`);
-  r = await runToExit(['-m', MODEL], { LLAMA_ARG_API_KEY: '' });
+  r = await h.runToExit(['-m', MODEL], { LLAMA_ARG_API_KEY: '' }, 20_000 * TIME_SCALE);
   check(r.code === 2 && /--api-key: the key is empty/.test(r.log), `3: LLAMA_ARG_API_KEY= exits 2 with a reason (${r.code}: ${r.log.trim()})`);
 }
 

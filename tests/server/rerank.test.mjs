@@ -1,37 +1,29 @@
 // Reranking (--reranking: /v1/rerank, /rerank, /v1/reranking, /reranking) on the demo model, a
 // causal LM, so through its "yes" and "no" tokens: each document's score must be the sigmoid
-// of logit("yes") - logit("no") after the pair's last token, the pair being the query with the
-// tokenizer's special tokens then the document (llama-server's join), which the test builds
-// itself with @huggingface/tokenizers and scores with `mlxcel logits` (the engine's plain
-// prefill, not the server's path). Then the Jina/Cohere shape (ordering, top_n,
+// of logit("yes") - logit("no") after the pair's last token, the pair being Qwen3-Reranker's
+// judge prompt as its model card builds it (system turn, instruction, query, document, an
+// empty thought), which the test builds itself with @huggingface/tokenizers and scores with
+// `mlxcel logits` (the engine's plain prefill, not the server's path). Then the Jina/Cohere shape (ordering, top_n,
 // return_documents, {"text"} documents, max_tokens_per_doc, usage), TEI's shape (texts,
 // return_text, raw_scores), determinism, the refusals, the route without --reranking (501),
 // LLAMA_ARG_RERANKING, and --rerank on a model whose tokenizer lost "yes" (exit 1 at start-up).
 // Then a sequence classifier, the qwen3_seqcls_bf16 fixture, through the server against
 // transformers' score.
 import { execFileSync } from 'node:child_process';
-import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
+import { byteTokenizer } from '../node/byte_tokenizer.mjs';
 import { harness } from '../node/harness.mjs';
+import { SRC, BIN, MODEL, load, post } from '../node/setup.mjs';
 
-const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
-const BIN = process.env.MLXCEL_BIN_DIR ?? 'build/bin';
-const MODEL = path.join(SRC, 'models/demo');
-const NODE_MODULES = path.join(SRC, 'tests/node/node_modules');
 
-if (!existsSync(path.join(NODE_MODULES, '@huggingface/tokenizers'))) {
-  console.log('tests/node/node_modules has no @huggingface/tokenizers package: run `npm ci` in tests/node (tools/install-deps.sh does)');
-  process.exit(1);
-}
-const { Tokenizer } = await import(path.join(NODE_MODULES, '@huggingface/tokenizers/dist/tokenizers.mjs'));
+const { Tokenizer } = await load('@huggingface/tokenizers', 'dist/tokenizers.mjs');
 
 const { check, fail, startServer, stopServer, finish } =
   harness({ bin: BIN, label: 'rerank server test', timeoutMs: 110_000 });
 
-const post = (url, route, body) =>
-  fetch(url + route, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
 const sigmoid = (x) => 1 / (1 + Math.exp(-x));
 const logit = (p) => Math.log(p / (1 - p));
 
@@ -43,10 +35,18 @@ const QUERY = 'Who is the king of Israel?';
 const DOCS = ['And David the king said unto the people', 'Once upon a time there was a little girl',
   'The stock market fell sharply on Monday', 'Saul was king over Israel'];
 
-// The pair's tokens as llama-server joins them for this tokenizer (BOS, the query, the
-// document: Llama 2's post-processor adds BOS and nothing after a sequence).
-const pair = (query, doc, maxDoc) =>
-  [...tok.encode(query, { add_special_tokens: true }).ids, ...tok.encode(doc, { add_special_tokens: false }).ids.slice(0, maxDoc)];
+// The pair's tokens in Qwen3-Reranker's judge prompt, as its model card builds it: the three
+// parts encoded apart without special tokens; maxDoc keeps that many tokens after
+// "<Document>:", where the card's truncation of the middle part cuts.
+const JUDGE_PREFIX = '<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the ' +
+  'Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n';
+const JUDGE_SUFFIX = '<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n';
+const encode = (text) => tok.encode(text, { add_special_tokens: false }).ids;
+function pair(query, doc, maxDoc) {
+  const head = `<Instruct>: Given a web search query, retrieve relevant passages that answer the query\n<Query>: ${query}\n<Document>:`;
+  const middle = encode(`${head} ${doc}`);
+  return [...encode(JUDGE_PREFIX), ...middle.slice(0, maxDoc === undefined ? middle.length : encode(head).length + maxDoc), ...encode(JUDGE_SUFFIX)];
+}
 
 // logit(yes) - logit(no) after the last token, from `mlxcel logits`.
 function expected(ids, dir) {
@@ -147,21 +147,6 @@ function noYesModel(dir) {
   });
   writeFileSync(path.join(model, 'tokenizer.json'), JSON.stringify(t));
   return model;
-}
-
-// GPT-2's byte-level alphabet as a BPE without merges: token id = byte, within the 256 ids
-function byteTokenizer() {
-  const bs = [];
-  for (let b = 33; b <= 126; b++) bs.push(b);
-  for (let b = 161; b <= 172; b++) bs.push(b);
-  for (let b = 174; b <= 255; b++) bs.push(b);
-  const cs = [...bs];
-  for (let b = 0, n = 0; b < 256; b++) if (!bs.includes(b)) { bs.push(b); cs.push(256 + n++); }
-  const vocab = Object.fromEntries(bs.map((b, i) => [String.fromCodePoint(cs[i]), b]));
-  const level = { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: true };
-  return { version: '1.0', truncation: null, padding: null, added_tokens: [], normalizer: null, pre_tokenizer: level,
-    post_processor: null, decoder: level, model: { type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: null,
-      end_of_word_suffix: null, fuse_unk: false, byte_fallback: false, ignore_merges: false, vocab, merges: [] } };
 }
 
 // The qwen3_seqcls_bf16 fixture (a Qwen3ForSequenceClassification) given a byte-level

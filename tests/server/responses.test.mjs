@@ -6,35 +6,21 @@
 // the demo model never closes). Answers are checked against the chat route on the same
 // conversation at temperature 0, streamed against whole, and a conversation continued by
 // previous_response_id against the same conversation sent whole.
-import { existsSync } from 'node:fs';
 import path from 'node:path';
 
 import { harness } from '../node/harness.mjs';
+import { collectResponse } from '../node/streams.mjs';
+import { WEATHER } from '../node/weather_tool.mjs';
+import { SRC, BIN, MODEL, load, post } from '../node/setup.mjs';
 
-const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
-const BIN = process.env.MLXCEL_BIN_DIR ?? 'build/bin';
-const MODEL = path.join(SRC, 'models/demo');
 const TEMPLATE = path.join(SRC, 'tests/server/templates/tools_think.jinja');
-const NODE_MODULES = path.join(SRC, 'tests/node/node_modules');
 
-for (const pkg of ['openai', 'ajv']) {
-  if (!existsSync(path.join(NODE_MODULES, pkg))) {
-    console.log(`tests/node/node_modules has no ${pkg} package: run \`npm ci\` in tests/node (tools/install-deps.sh does)`);
-    process.exit(1);
-  }
-}
-const { default: OpenAI } = await import(path.join(NODE_MODULES, 'openai/index.mjs'));
-const { default: Ajv2020 } = await import(path.join(NODE_MODULES, 'ajv/dist/2020.js'));
+const { default: OpenAI } = await load('openai', 'index.mjs');
+const { default: Ajv2020 } = await load('ajv', 'dist/2020.js');
 
 const { check, fail, startServer, stopServer, finish } =
   harness({ bin: BIN, label: 'responses server test', timeoutMs: 110_000 });
 
-const WEATHER = {
-  type: 'object',
-  properties: { city: { type: 'string', enum: ['Paris', 'Oslo'] }, days: { type: 'integer', minimum: 0, maximum: 7 } },
-  required: ['city', 'days'],
-  additionalProperties: false,
-};
 const validWeather = new Ajv2020({ strict: false }).compile(WEATHER);
 const TOOLS = [{ type: 'function', name: 'get_weather', description: 'Weather for a city.', parameters: WEATHER }];
 // the same tools as the chat API spells them
@@ -43,31 +29,10 @@ const INSTRUCTIONS = 'You are a scribe of the king.';
 const ASK = 'Tell me about the king.';
 const ASK_WEATHER = 'What is the weather in Paris?';
 
-const post = (url, route, body) =>
-  fetch(url + route, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
 const chat = async (url, body) => (await post(url, '/v1/chat/completions', body)).json();
 
 const messageText = (r) => r.output.filter((i) => i.type === 'message')
   .flatMap((i) => i.content).filter((p) => p.type === 'output_text').map((p) => p.text).join('');
-
-// The events of a stream: their types, the text, reasoning and argument deltas, the items the
-// output_item events carried, and the last event's response; sequence numbers must count up
-// from 0.
-async function collect(stream) {
-  const out = { types: [], text: '', reasoning: '', args: '', added: [], done: [], argsDone: [], seqOk: true, last: null };
-  for await (const e of stream) {
-    out.seqOk = out.seqOk && e.sequence_number === out.types.length;
-    out.types.push(e.type);
-    if (e.type === 'response.output_text.delta') out.text += e.delta;
-    if (e.type === 'response.reasoning_text.delta') out.reasoning += e.delta;
-    if (e.type === 'response.function_call_arguments.delta') out.args += e.delta;
-    if (e.type === 'response.function_call_arguments.done') out.argsDone.push(e.arguments);
-    if (e.type === 'response.output_item.added') out.added.push(e.item);
-    if (e.type === 'response.output_item.done') out.done.push(e.item);
-    out.last = e;
-  }
-  return out;
-}
 
 async function plain(url, client) {
   const ask = { model: 'demo', instructions: INSTRUCTIONS, input: ASK, max_output_tokens: 24, temperature: 0 };
@@ -95,7 +60,7 @@ async function plain(url, client) {
   check(c.usage?.prompt_tokens === r.usage.input_tokens, `same prompt as chat: ${c.usage?.prompt_tokens} vs ${r.usage.input_tokens}`);
 
   // streamed: the text deltas are the greedy answer, in the Responses event order
-  const s = await collect(await client.responses.create({ ...ask, stream: true }));
+  const s = await collectResponse(await client.responses.create({ ...ask, stream: true }));
   check(s.text === r.output_text && s.seqOk, `streamed text: ${JSON.stringify(s.text)} vs ${JSON.stringify(r.output_text)}`);
   const deltas = s.types.filter((t) => t === 'response.output_text.delta').length;
   const order = ['response.created', 'response.in_progress', 'response.output_item.added', 'response.content_part.added',
@@ -130,7 +95,7 @@ async function toolRound(url, client) {
   check(r.tools?.[0]?.name === 'get_weather' && r.tool_choice?.name === 'get_weather', `tools echoed: ${JSON.stringify(r.tools)} ${JSON.stringify(r.tool_choice)}`);
 
   // streamed with required: the call's item, then its arguments as deltas and done
-  const s = await collect(await client.responses.create({ ...ask, tool_choice: 'required', stream: true }));
+  const s = await collectResponse(await client.responses.create({ ...ask, tool_choice: 'required', stream: true }));
   const fc = s.last?.response?.output?.find((i) => i.type === 'function_call');
   check(s.added[0]?.type === 'function_call' && s.added[0].name === 'get_weather' && s.types.includes('response.function_call_arguments.delta'),
     `streamed call events: ${s.types.join(' ')}`);
@@ -194,7 +159,7 @@ async function reasoning(client) {
   const item = r.output[0];
   check(item?.type === 'reasoning' && /^rs_\w+$/.test(item.id) && item.content?.[0]?.type === 'reasoning_text' &&
     item.content[0].text.trim().length > 0 && r.reasoning?.effort === 'low', `reasoning item: ${JSON.stringify(r)}`);
-  const s = await collect(await client.responses.create({ ...ask, stream: true }));
+  const s = await collectResponse(await client.responses.create({ ...ask, stream: true }));
   check(s.reasoning === item?.content?.[0]?.text && s.types.includes('response.reasoning_text.done') &&
     JSON.stringify(s.last?.response?.output) === JSON.stringify(r.output.map((i) => ({ ...i, id: s.last?.response?.output?.[0]?.id }))),
   `reasoning streamed: ${JSON.stringify(s.last?.response?.output)}`);
@@ -244,7 +209,7 @@ async function stored(url, client, unstored) {
   const r = await client.responses.create(ask);
   const got = await client.responses.retrieve(r.id);
   check(JSON.stringify(got) === JSON.stringify(r), `retrieve gives the response as answered: ${JSON.stringify(got).slice(0, 160)}`);
-  const s = await collect(await client.responses.create({ ...ask, stream: true }));
+  const s = await collectResponse(await client.responses.create({ ...ask, stream: true }));
   const sid = s.last?.response?.id;
   check(JSON.stringify((await (await fetch(`${url}/v1/responses/${sid}`)).json())) === JSON.stringify(s.last?.response),
     'a streamed response is stored as its response.completed event gave it');

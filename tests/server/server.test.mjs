@@ -4,22 +4,14 @@
 // block still referenced. Each server runs on a free loopback port and is killed at the end;
 // a watchdog bounds the whole run.
 import { spawn } from 'node:child_process';
-import { existsSync } from 'node:fs';
 import path from 'node:path';
 
 import { harness } from '../node/harness.mjs';
+import { BIN, MODEL, load } from '../node/setup.mjs';
 
-const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
-const BIN = process.env.MLXCEL_BIN_DIR ?? 'build/bin';
-const MODEL = path.join(SRC, 'models/demo');
-const OPENAI = path.join(SRC, 'tests/node/node_modules/openai/index.mjs');
 const KEY = 'test-key-123';
 
-if (!existsSync(OPENAI)) {
-  console.log('tests/node/node_modules has no openai package: run `npm ci` in tests/node (tools/install-deps.sh does)');
-  process.exit(1);
-}
-const { default: OpenAI } = await import(OPENAI);
+const { default: OpenAI } = await load('openai', 'index.mjs');
 
 const { check, fail, own, startServer, stopServer, finish } =
   harness({ bin: BIN, label: 'server test', timeoutMs: 100_000 });

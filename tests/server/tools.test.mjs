@@ -5,36 +5,23 @@
 // `grammar` field, and an unclosed thinking by the template (which opens <think>) ended by
 // --reasoning-budget; Qwen3's own template (from the tokenizer package) renders the tools and
 // the call history. Every check looks at what only its feature produces.
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
 import { harness } from '../node/harness.mjs';
+import { collectChat } from '../node/streams.mjs';
+import { WEATHER } from '../node/weather_tool.mjs';
+import { SRC, BIN, MODEL, NODE_MODULES, load, post } from '../node/setup.mjs';
 
-const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
-const BIN = process.env.MLXCEL_BIN_DIR ?? 'build/bin';
-const MODEL = path.join(SRC, 'models/demo');
 const TEMPLATE = path.join(SRC, 'tests/server/templates/tools_think.jinja');
-const NODE_MODULES = path.join(SRC, 'tests/node/node_modules');
 
-for (const pkg of ['openai', 'ajv']) {
-  if (!existsSync(path.join(NODE_MODULES, pkg))) {
-    console.log(`tests/node/node_modules has no ${pkg} package: run \`npm ci\` in tests/node (tools/install-deps.sh does)`);
-    process.exit(1);
-  }
-}
-const { default: OpenAI } = await import(path.join(NODE_MODULES, 'openai/index.mjs'));
-const { default: Ajv2020 } = await import(path.join(NODE_MODULES, 'ajv/dist/2020.js'));
+const { default: OpenAI } = await load('openai', 'index.mjs');
+const { default: Ajv2020 } = await load('ajv', 'dist/2020.js');
 
 const { check, fail, startServer, stopServer, finish } =
   harness({ bin: BIN, label: 'tools server test', timeoutMs: 110_000 });
 
-const WEATHER = {
-  type: 'object',
-  properties: { city: { type: 'string', enum: ['Paris', 'Oslo'] }, days: { type: 'integer', minimum: 0, maximum: 7 } },
-  required: ['city', 'days'],
-  additionalProperties: false,
-};
 const TOOLS = [
   { type: 'function', function: { name: 'get_weather', description: 'Weather for a city.', parameters: WEATHER } },
   { type: 'function', function: { name: 'ping', parameters: { type: 'object', properties: {}, additionalProperties: false } } },
@@ -49,33 +36,10 @@ const TWO_CALLS = 'root ::= "<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"ar
 // Thinking then an answer, forced likewise.
 const THINK = 'root ::= "<think>" [a-z ]{3,12} "</think>" [a-z ]{3,12}\n';
 
-const post = (url, route, body) =>
-  fetch(url + route, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
-
 async function status400(url, route, body, what, needle) {
   const r = await post(url, route, body);
   const text = await r.text();
   check(r.status === 400 && (!needle || text.includes(needle)), `${what}: ${r.status} ${text.slice(0, 200)}`);
-}
-
-// Collects a stream: content, reasoning, and tool calls by index (their ids and argument text).
-async function collect(stream) {
-  const out = { content: '', reasoning: '', calls: [], finish: null, chunks: 0 };
-  for await (const chunk of stream) {
-    const c = chunk.choices[0];
-    if (!c) continue;
-    out.chunks++;
-    out.content += c.delta?.content ?? '';
-    out.reasoning += c.delta?.reasoning_content ?? '';
-    for (const t of c.delta?.tool_calls ?? []) {
-      const call = (out.calls[t.index] ??= { id: null, name: '', arguments: '' });
-      if (t.id) call.id = t.id;
-      call.name += t.function?.name ?? '';
-      call.arguments += t.function?.arguments ?? '';
-    }
-    if (c.finish_reason) out.finish = c.finish_reason;
-  }
-  return out;
 }
 
 function parses(text) {
@@ -132,7 +96,7 @@ async function requiredCalls(client) {
 }
 
 async function parallelStreamed(client) {
-  const s = await collect(await client.chat.completions.create({ model: 'demo', messages: USER, tools: TOOLS, max_tokens: 250,
+  const s = await collectChat(await client.chat.completions.create({ model: 'demo', messages: USER, tools: TOOLS, max_tokens: 250,
     stream: true, grammar: TWO_CALLS }));
   check(s.finish === 'tool_calls', `parallel: finish_reason ${s.finish}`);
   check(s.calls.length === 2 && s.calls[0]?.name === 'get_weather' && s.calls[1]?.name === 'ping',
@@ -151,7 +115,7 @@ async function reasoning(client) {
   const whole = (await client.chat.completions.create(ask)).choices[0].message;
   check(/^[a-z ]{3,12}$/.test(whole.reasoning_content ?? '') && /^[a-z ]{3,12}$/.test(whole.content ?? ''),
     `reasoning split: ${JSON.stringify(whole)}`);
-  const streamed = await collect(await client.chat.completions.create({ ...ask, stream: true }));
+  const streamed = await collectChat(await client.chat.completions.create({ ...ask, stream: true }));
   check(streamed.reasoning === whole.reasoning_content && streamed.content === whole.content,
     `reasoning streamed as delta.reasoning_content: ${JSON.stringify(streamed)} vs ${JSON.stringify(whole)}`);
 }
@@ -160,15 +124,24 @@ async function partsAndPrefill(url, client) {
   const parts = [{ role: 'user', content: [{ type: 'text', text: 'Hello' }, { type: 'text', text: 'world' }] }];
   const prompt = (await (await post(url, '/apply-template', { messages: parts })).json()).prompt;
   check(prompt.includes('<|user|>\nHello\nworld\n'), `content parts joined: ${JSON.stringify(prompt)}`);
-  const r = await client.chat.completions.create({ model: 'demo', messages: parts, max_tokens: 4 });
-  check(typeof r.choices[0].message.content === 'string' && r.usage.prompt_tokens > 0, `content parts answered: ${JSON.stringify(r)}`);
+  // the chat route reads the parts as the template joins them: the joined text's greedy answer
+  const r = await client.chat.completions.create({ model: 'demo', messages: parts, max_tokens: 6, temperature: 0 });
+  const joined = await client.chat.completions.create({ model: 'demo', messages: [{ role: 'user', content: 'Hello\nworld' }], max_tokens: 6, temperature: 0 });
+  check(r.choices[0].message.content === joined.choices[0].message.content && r.usage.prompt_tokens === joined.usage.prompt_tokens,
+    `content parts answered as their joined text: ${JSON.stringify(r.choices[0].message)} vs ${JSON.stringify(joined.choices[0].message)}`);
   await status400(url, '/v1/chat/completions', { messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }] },
     'image part', 'text only');
   const prefill = [...USER, { role: 'assistant', content: 'The king said' }];
   const p = (await (await post(url, '/apply-template', { messages: prefill })).json()).prompt;
   check(p.endsWith('<|assistant|>\nThe king said'), `prefill continues the final message: ${JSON.stringify(p)}`);
-  const c = await client.chat.completions.create({ model: 'demo', messages: prefill, max_tokens: 4, temperature: 0 });
-  check(typeof c.choices[0].message.content === 'string' && c.usage.prompt_tokens > 0, `prefill answered: ${JSON.stringify(c)}`);
+  // the chat route continues that prompt: its tokens (the chat route adds no BOS) and their
+  // greedy continuation through the completions route
+  const c = await client.chat.completions.create({ model: 'demo', messages: prefill, max_tokens: 6, temperature: 0 });
+  const ids = (await (await post(url, '/tokenize', { content: p })).json()).tokens;
+  const raw = await client.completions.create({ model: 'demo', prompt: ids, max_tokens: 6, temperature: 0 });
+  check(c.usage.prompt_tokens === ids.length && c.choices[0].message.content === raw.choices[0].text,
+    `prefill: the chat route continues the message (${c.usage.prompt_tokens} tokens, ${JSON.stringify(c.choices[0].message.content)}; ` +
+    `want ${ids.length}, ${JSON.stringify(raw.choices[0].text)})`);
 }
 
 async function refusals(url) {
@@ -218,7 +191,7 @@ async function main() {
     const m = (await cb.chat.completions.create(ask)).choices[0].message;
     check(m.reasoning_content?.trim().length > 0 && m.content?.trim().length > 0 && !m.content.includes('think>'),
       `budget: thinking ended, the answer follows: ${JSON.stringify(m)}`);
-    const s = await collect(await cb.chat.completions.create({ ...ask, stream: true }));
+    const s = await collectChat(await cb.chat.completions.create({ ...ask, stream: true }));
     check(s.reasoning === m.reasoning_content && s.content === m.content, `budget streamed: ${JSON.stringify(s)}`);
     // a forced call after a prompt that opened <think> is a call, not thinking
     const r = await cb.chat.completions.create({ ...ask, max_tokens: 120, tools: TOOLS,

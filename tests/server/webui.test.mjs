@@ -11,10 +11,8 @@ import os from 'node:os';
 import path from 'node:path';
 
 import { harness } from '../node/harness.mjs';
+import { BIN, MODEL } from '../node/setup.mjs';
 
-const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
-const BIN = process.env.MLXCEL_BIN_DIR ?? 'build/bin';
-const MODEL = path.join(SRC, 'models/demo');
 const SCREENSHOT = path.resolve('webui_chat.png');
 const KEY = 'page-key';
 const MESSAGE = 'Tell me about the king';

@@ -19,14 +19,11 @@
 // Randomness is seeded: MLXCEL_SOAK_SEED=N replays a run's choices (timing still varies).
 // MLXCEL_SOAK_REQUESTS sets the number of requests (default 400).
 import { readFileSync } from 'node:fs';
-import path from 'node:path';
 
 import { harness } from '../node/harness.mjs';
 import { rawHttp } from '../node/rawhttp.mjs';
+import { BIN, MODEL } from '../node/setup.mjs';
 
-const SRC = process.env.MLXCEL_SOURCE_DIR ?? '.';
-const BIN = process.env.MLXCEL_BIN_DIR ?? 'build/bin';
-const MODEL = path.join(SRC, 'models/demo');
 const KEY = 'soak-key-0123456789';
 const SEED = Number(process.env.MLXCEL_SOAK_SEED ?? Math.floor(Math.random() * 2 ** 32));
 const N_REQUESTS = Number(process.env.MLXCEL_SOAK_REQUESTS ?? 400);
