@@ -6,8 +6,7 @@
 
 #include <immintrin.h>
 
-#define IA5_DP512(acc, a, b) _mm512_add_epi32((acc), _mm512_madd_epi16((a), (b)))
-#define IA5_DP256(acc, a, b) _mm256_add_epi32((acc), _mm256_madd_epi16((a), (b)))
-#define IA5_TABLE            cpu_ikernels_avx512
+#define IA5_DP(acc, a, b) _mm512_add_epi32((acc), _mm512_madd_epi16((a), (b)))
+#define IA5_TABLE         cpu_ikernels_avx512
 #include "backend/cpu/cpu_idot_avx512.h"
 #endif

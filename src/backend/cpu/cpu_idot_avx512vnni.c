@@ -6,8 +6,7 @@
 
 #include <immintrin.h>
 
-#define IA5_DP512(acc, a, b) _mm512_dpwssd_epi32((acc), (a), (b))
-#define IA5_DP256(acc, a, b) _mm256_dpwssd_epi32((acc), (a), (b))
-#define IA5_TABLE            cpu_ikernels_avx512vnni
+#define IA5_DP(acc, a, b) _mm512_dpwssd_epi32((acc), (a), (b))
+#define IA5_TABLE         cpu_ikernels_avx512vnni
 #include "backend/cpu/cpu_idot_avx512.h"
 #endif
