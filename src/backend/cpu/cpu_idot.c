@@ -9,6 +9,8 @@
 
 #include <math.h>
 
+#include "backend/cpu/cpu_idot_row.h"
+
 void cpu_quant_x(const float *x, int64_t in, int g, int16_t *codes, float *d, float *sums) {
     for (int64_t g0 = 0; g0 < in; g0 += g) {
         float amax = 0.0f, sum = 0.0f;
@@ -61,4 +63,5 @@ static void port_tile8(const cpu_tile_args *a) {
     port_tile(8, a);
 }
 
-const cpu_ikernels cpu_ikernels_portable = {.tile4 = port_tile4, .tile8 = port_tile8};
+const cpu_ikernels cpu_ikernels_portable = {
+    .tile4 = port_tile4, .tile8 = port_tile8, .row = cpu_idot_row_own};

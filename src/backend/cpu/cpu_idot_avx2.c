@@ -8,7 +8,10 @@
 #include "backend/cpu/cpu_internal.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
+
+#include "backend/cpu/cpu_idot_row.h"
 
 /* Ahead of the weights: cpu_idot_avx512.h says why. */
 #define CPU_PREFETCH 2048
@@ -89,5 +92,6 @@ static void ia2_tile8(const cpu_tile_args *a) {
     ia2_tile(8, a);
 }
 
-const cpu_ikernels cpu_ikernels_avx2 = {.tile4 = ia2_tile4, .tile8 = ia2_tile8};
+const cpu_ikernels cpu_ikernels_avx2 = {
+    .tile4 = ia2_tile4, .tile8 = ia2_tile8, .row = cpu_idot_row_own};
 #endif

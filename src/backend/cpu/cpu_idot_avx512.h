@@ -10,7 +10,10 @@
  *
  * The includer defines IA5_DP(acc, a, b) and IA5_TABLE (the name of the cpu_ikernels table),
  * and includes cpu_internal.h and immintrin.h first. */
+#include <math.h>
 #include <string.h>
+
+#include "backend/cpu/cpu_idot_row.h"
 
 /* The dots are compute-bound on one core, so the hardware prefetcher alone leaves the memory
  * idle between bursts; asking for the line CPU_PREFETCH bytes ahead overlaps the two. */
@@ -94,4 +97,4 @@ static void ia5_tile8(const cpu_tile_args *a) {
     ia5_tile(8, a);
 }
 
-const cpu_ikernels IA5_TABLE = {.tile4 = ia5_tile4, .tile8 = ia5_tile8};
+const cpu_ikernels IA5_TABLE = {.tile4 = ia5_tile4, .tile8 = ia5_tile8, .row = cpu_idot_row_own};

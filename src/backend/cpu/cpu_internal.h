@@ -93,6 +93,12 @@ typedef struct cpu_tile_args {
 typedef struct cpu_ikernels {
     void (*tile4)(const cpu_tile_args *a);
     void (*tile8)(const cpu_tile_args *a);
+    /* One weight row in the linear's own layout (4-bit: value 2i in the low nibble of byte i,
+     * 2i + 1 in the high one) against one row of x's codes, groups in order, the chain above
+     * carried in *acc; s and b are the row's scales and biases as f32. The bits the tiles give
+     * that row: a few rows of x take this instead of packing a tile. */
+    void (*row)(int bits, const uint8_t *w, const float *s, const float *b, const int16_t *codes,
+                const float *d, const float *sums, int64_t n_groups, int g, float *acc);
 } cpu_ikernels;
 
 extern const cpu_ikernels cpu_ikernels_portable;

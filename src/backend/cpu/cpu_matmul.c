@@ -18,12 +18,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CPU_TILE_ROWS   16  /* output rows per task on the GEMM path */
-#define CPU_TILE_K      512 /* columns per tile: a multiple of every group size */
-#define CPU_GEMV_ROWS   16  /* output rows per task on the fused path */
-#define CPU_GEMV_MAX_N  1   /* rows of x up to which the fused path is faster (measured) */
-#define CPU_GROUP_CHUNK 64  /* groups whose scales are converted at a time */
-#define CPU_IDOT_XBLOCK 32  /* rows of x an integer-dot task runs per pass over its tile */
+#define CPU_TILE_ROWS    16  /* output rows per task on the GEMM path */
+#define CPU_TILE_K       512 /* columns per tile: a multiple of every group size */
+#define CPU_GEMV_ROWS    16  /* output rows per task on the fused path */
+#define CPU_GEMV_MAX_N   1   /* rows of x up to which the fused path is faster (measured) */
+#define CPU_GROUP_CHUNK  64  /* groups whose scales are converted at a time */
+#define CPU_IDOT_XBLOCK  32  /* rows of x an integer-dot task runs per pass over its tile */
+#define CPU_IDOT_OWN_MAX 4   /* rows of x below which a linear not repacked is read row by row */
 
 static bool cpu_float_dtype(base_dtype dt) {
     return dt == BASE_DTYPE_F32 || dt == BASE_DTYPE_F16 || dt == BASE_DTYPE_BF16;
@@ -298,7 +299,28 @@ static void mm_idot_block(const mm_ctx *c, int64_t t, int64_t r0, int nr, float 
     }
 }
 
-/* Task t is tile t: blocks of CPU_IDOT_XBLOCK rows of x, each a pass over the tile. */
+/* Row o of a linear not repacked against the few rows of x that c has, straight from its own
+ * layout. */
+static void mm_idot_own_row(const mm_ctx *c, int64_t o, float *acc) {
+    const be_linear *w = c->w;
+    int g = w->group_size;
+    int64_t n_groups = w->in / g;
+    const uint8_t *row = (const uint8_t *)w->weight + (size_t)o * mm_row_bytes(w);
+    float s[CPU_GROUP_CHUNK], b[CPU_GROUP_CHUNK];
+    for (int64_t r = 0; r < c->n; r++) acc[r] = 0.0f;
+    for (int64_t g0 = 0; g0 < n_groups; g0 += CPU_GROUP_CHUNK) {
+        int64_t ng = n_groups - g0 < CPU_GROUP_CHUNK ? n_groups - g0 : CPU_GROUP_CHUNK;
+        mm_scales(c->k, w, o, g0, ng, s, b);
+        const uint8_t *wp = row + (size_t)(g0 * g) * (size_t)w->bits / 8;
+        for (int64_t r = 0; r < c->n; r++)
+            c->ik->row(w->bits, wp, s, b, c->xc + r * w->in + g0 * g, c->xd + r * n_groups + g0,
+                       c->xsum + r * n_groups + g0, ng, g, acc + r);
+    }
+}
+
+/* Task t is tile t: blocks of CPU_IDOT_XBLOCK rows of x, each a pass over the tile; or, for a
+ * linear not repacked and fewer than CPU_IDOT_OWN_MAX rows of x, the tile's rows one by one
+ * (packing a tile costs more than a pass or two over the rows). */
 static void mm_idot_task(void *vctx, int64_t t) {
     const mm_ctx *c = vctx;
     const be_linear *w = c->w;
@@ -306,6 +328,14 @@ static void mm_idot_task(void *vctx, int64_t t) {
     int m = w->out - o < CPU_PACK_ROWS ? (int)(w->out - o) : CPU_PACK_ROWS;
     float bias[CPU_PACK_ROWS];
     for (int j = 0; j < m; j++) bias[j] = mm_bias(w, o + j);
+    if (!w->packed && c->n < CPU_IDOT_OWN_MAX) {
+        float acc[CPU_IDOT_OWN_MAX];
+        for (int j = 0; j < m; j++) {
+            mm_idot_own_row(c, o + j, acc);
+            for (int64_t r = 0; r < c->n; r++) c->y[r * w->out + o + j] = acc[r] + bias[j];
+        }
+        return;
+    }
     _Alignas(64) float acc[CPU_IDOT_XBLOCK * CPU_PACK_ROWS];
     for (int64_t r0 = 0; r0 < c->n; r0 += CPU_IDOT_XBLOCK) {
         int nr = c->n - r0 < CPU_IDOT_XBLOCK ? (int)(c->n - r0) : CPU_IDOT_XBLOCK;
