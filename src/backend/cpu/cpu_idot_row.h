@@ -2,6 +2,7 @@
  * written once in plain loops that each instruction set's file compiles (and vectorizes) with
  * its own flags; fmaf becomes that set's fused multiply-add, or the C library's, which rounds
  * the same. The includer includes cpu_internal.h and math.h first. */
+
 /* Exact int32 dots of one group in the linear's own layout; plain loops that the compiler
  * vectorizes. */
 static inline int32_t own_dot4(const uint8_t *w, const int16_t *c, int g) {
