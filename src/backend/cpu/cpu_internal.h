@@ -4,9 +4,11 @@
 
 #include "backend/backend.h"
 
-/* Instruction sets with their own kernels; MLXCEL_CPU_ISA=portable|avx2|avx512|avx512vnni
- * forces one. avx512vnni is avx512 with vpdpwssd for the integer dots. */
-typedef enum { CPU_ISA_PORTABLE = 0, CPU_ISA_AVX2, CPU_ISA_AVX512, CPU_ISA_AVX512VNNI } cpu_isa;
+/* Instruction sets with their own kernels; MLXCEL_CPU_ISA=portable|avx2|avx512 forces one.
+ * The integer dots of quantized matmuls have portable and AVX2 kernels only: AVX-512 CPUs run
+ * the AVX2 ones (the 16-row-tile kernels for AVX-512 and VNNI were written where no CPU could
+ * run them, so they are not shipped untested). */
+typedef enum { CPU_ISA_PORTABLE = 0, CPU_ISA_AVX2, CPU_ISA_AVX512 } cpu_isa;
 
 /* The f32 inner loops of matmul for one instruction set (4- and 8-bit weights take the
  * integer dots below). Quantized rows are read from byte pointers that start on a group
@@ -47,60 +49,70 @@ void cpu_deq_bits(int bits, const uint8_t *w, const float *s, const float *b, in
  * logits 8e-2 off transformers' (bench/RESULTS.md), 15 bits keep them within 1e-3, and
  * vpdpwssd / vpmaddwd take int16 pairs at the rate vpdpbusd takes two int8 codes.
  *
- * A row's result depends only on that row and the weight, never on how many rows share the
- * call: the server's same-seed guarantee needs decode and prefill to agree to the bit. */
-#define CPU_IDOT_ROWS  4 /* rows of x that one idot call may take together */
-#define CPU_IDOT_WROWS 4 /* weight rows that one idot call may take: a packed tile's */
-#define CPU_XQ_MAX     32767
+ * The kernels read weights as tiles of CPU_PACK_ROWS rows (cpu_pack.c) and give output (j, r)
+ * of a tile as one f32 chain over the groups in order: acc = fma(float(t_g), s_g * d_g, acc),
+ * then acc = fma(b_g, sum(x_g), acc), with t_g the group's exact int32 dot. Every instruction
+ * set computes exactly that, so a row's bits depend on neither its batch nor the thread count
+ * nor the instruction set: the server's same-seed guarantee needs decode and prefill to agree
+ * to the bit. */
+#define CPU_XQ_MAX 32767
 
-/* One idot call: nw weight rows against nr rows of x over n_groups groups of g values. A
- * linear's own layout has rows ldw = in * bits / 8 bytes apart and groups ldg = g * bits / 8;
- * a packed tile (cpu_pack.c) has its rows' groups side by side: ldw = g * bits / 8 and
- * ldg = CPU_PACK_ROWS * ldw, so one contiguous stream feeds every row of the tile. */
-typedef struct cpu_idot_args {
-    const uint8_t *w; /* (nw) rows of codes, ldw bytes apart, their groups ldg apart */
-    int64_t ldw;
-    int64_t ldg;
-    const float *s; /* (nw, n_groups) the weight rows' scales, lds apart */
-    int64_t lds;
-    const int16_t *codes; /* (nr) rows of x's codes, ldc apart */
-    int64_t ldc;
-    const float *d; /* (nr, n_groups) the codes' scales, ldd apart */
-    int64_t ldd;
+/* Quantizes one row of x (in values, natural order) for the integer dots: codes (in), their
+ * scales d and x's sums (in / g). */
+void cpu_quant_x(const float *x, int64_t in, int g, int16_t *codes, float *d, float *sums);
+
+/* Weight tiles: CPU_PACK_ROWS rows whose codes are interleaved in units of 32 bytes, each unit
+ * holding, for every row j of the tile, 2 bytes at 2j: the row's next 2 values (8-bit), or its
+ * next 4 values v0..v3 as the bytes v0 | v2 << 4 and v1 | v3 << 4 (4-bit). Widened to int16,
+ * a unit is one 512-bit vector whose 32-bit lane j pairs two of row j's values (4-bit: the low
+ * nibbles give v0, v1 and the high ones v2, v3), which meets a broadcast pair of x's codes in
+ * one vpdpwssd: 16 rows' dots in 16 lanes, so a group's dot needs no horizontal sum. A group
+ * of g values is g / 2 (8-bit) or g / 4 (4-bit) units. Beside the codes, each group has its 16
+ * rows' scales then their 16 biases, as f32. Rows past the weight are zero codes with zero
+ * scales and biases. */
+#define CPU_PACK_ROWS 16
+#define CPU_PACK_UNIT 32 /* bytes of a unit */
+
+/* Tile rows [o, o + CPU_PACK_ROWS) of a 4- or 8-bit affine w in its own layout, groups [g0, g0 +
+ * ng), into codes (ng * g * CPU_PACK_ROWS * bits / 8 bytes) and sb (ng * 2 * CPU_PACK_ROWS). */
+void cpu_pack_tile(const cpu_kernels *k, const be_linear *w, int64_t o, int64_t g0, int64_t ng,
+                   uint8_t *codes, float *sb);
+
+/* One tile against nr rows of x over n_groups groups of g values. */
+typedef struct cpu_tile_args {
+    const uint8_t *w;      /* the tile's codes from the first group on */
+    const float *sb;       /* (n_groups, 2, CPU_PACK_ROWS) the groups' scales and biases */
+    const int16_t *codes;  /* (nr) rows of x's codes from the first group's first value */
+    const float *d, *sums; /* (nr) rows of the codes' scales and x's sums from the first group */
+    int64_t ldc;           /* codes between rows of x */
+    int64_t ldd;           /* d and sums between rows of x */
     int64_t n_groups;
     int g;
-    int nw; /* 1 to CPU_IDOT_WROWS */
-    int nr; /* 1 or CPU_IDOT_ROWS */
-} cpu_idot_args;
+    int nr;
+    float *acc; /* (nr, CPU_PACK_ROWS) the chains above, carried in and out */
+} cpu_tile_args;
 
 typedef struct cpu_ikernels {
-    /* codes (in), d and sums (in / g) of one row of x for `bits`-wide weights in groups of g;
-     * the codes in the order idot reads the weights' values. */
-    void (*quant_x)(const float *x, int64_t in, int bits, int g, int16_t *codes, float *d,
-                    float *sums);
-    /* out[j * CPU_IDOT_ROWS + r] = sum_gi s[j][gi] d[r][gi] (q_j,gi . c_r,gi) for j < nw,
-     * r < nr; neither nw nor nr changes a result. */
-    void (*idot4)(const cpu_idot_args *a, float *out);
-    void (*idot8)(const cpu_idot_args *a, float *out);
+    void (*tile4)(const cpu_tile_args *a);
+    void (*tile8)(const cpu_tile_args *a);
+    /* One weight row in the linear's own layout (4-bit: value 2i in the low nibble of byte i,
+     * 2i + 1 in the high one) against one row of x's codes, groups in order, the chain above
+     * carried in *acc; s and b are the row's scales and biases as f32. The bits the tiles give
+     * that row: a few rows of x take this instead of packing a tile. */
+    void (*row)(int bits, const uint8_t *w, const float *s, const float *b, const int16_t *codes,
+                const float *d, const float *sums, int64_t n_groups, int g, float *acc);
 } cpu_ikernels;
 
 extern const cpu_ikernels cpu_ikernels_portable;
 #if defined(__x86_64__) || defined(__i386__)
 extern const cpu_ikernels cpu_ikernels_avx2;
-extern const cpu_ikernels cpu_ikernels_avx512;
-extern const cpu_ikernels cpu_ikernels_avx512vnni;
 #endif
 
-/* Weights repacked at load for the integer dots: tiles of CPU_PACK_ROWS weight rows, the last
- * padded with zero rows. Tile t holds rows [t * CPU_PACK_ROWS, (t + 1) * CPU_PACK_ROWS): its
- * codes (cpu_pack_codes), group by group the rows' codes of that group side by side (row j's
- * group gi at (gi * CPU_PACK_ROWS + j) * g * bits / 8), and its scales (cpu_pack_scales), the
- * rows' scales as f32, (CPU_PACK_ROWS, in / g), then their biases likewise. Every tile's codes
- * come first, back to back, and every tile's scales after them: with each tile's scales in
- * front of its codes the stream had a gap every few KiB, and decode from DRAM ran at half the
- * speed (bench/RESULTS.md). The values are those of the linear's own layout (scales widened
- * exactly), so both layouts give the same bits. */
-#define CPU_PACK_ROWS CPU_IDOT_WROWS
+/* Weights repacked at load: every tile's codes back to back, then every tile's scales and
+ * biases (with each tile's scales in front of its codes the stream had a gap every few KiB,
+ * and decode from DRAM ran at half the speed: bench/RESULTS.md). A linear not repacked takes
+ * the same kernels through tiles packed a chunk at a time per call, so both give the same
+ * bits. */
 
 /* Whether pack_linear repacks w: the affine 4- and 8-bit weights, which take the integer
  * dots. */
@@ -111,12 +123,6 @@ const float *cpu_pack_scales(const be_linear *w, int64_t t);
 /* be_ops.pack_linear: w->packed gets a buffer in the layout above (freed with free), or stays
  * NULL where w is not repacked or memory is short. */
 int cpu_pack_linear(be_backend *be, be_linear *w, base_err *err);
-
-/* Quantizes one row of x for the integer dots; codes are stored in natural order, or, with
- * span > 0, each span of values as its even-indexed values then its odd ones (the order in
- * which a SIMD kernel unpacks the low and high nibbles of span / 2 bytes). */
-void cpu_quant_x_span(const float *x, int64_t in, int g, int span, int16_t *codes, float *d,
-                      float *sums);
 
 typedef struct cpu_impl {
     base_pool *pool;          /* owned */
@@ -137,7 +143,7 @@ static inline const cpu_ikernels *cpu_ikrn(be_backend *be) {
     return ((cpu_impl *)be->impl)->ikrn;
 }
 
-/* "portable", "avx2", "avx512" or "avx512vnni": the kernels this backend runs. */
+/* "portable", "avx2" or "avx512": the kernels this backend runs. */
 const char *cpu_isa_name(const be_backend *be);
 /* Whether this CPU (and its OS) can run the kernels of `isa`. */
 bool cpu_isa_supported(cpu_isa isa);

@@ -18,12 +18,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CPU_TILE_ROWS   16  /* output rows per task on the GEMM path */
-#define CPU_TILE_K      512 /* columns per tile: a multiple of every group size */
-#define CPU_GEMV_ROWS   16  /* output rows per task on the fused path */
-#define CPU_GEMV_MAX_N  1   /* rows of x up to which the fused path is faster (measured) */
-#define CPU_GROUP_CHUNK 64  /* groups whose scales are converted at a time */
-#define CPU_IDOT_XBLOCK 16  /* rows of x an integer-dot task runs per pass over its weight rows */
+#define CPU_TILE_ROWS    16  /* output rows per task on the GEMM path */
+#define CPU_TILE_K       512 /* columns per tile: a multiple of every group size */
+#define CPU_GEMV_ROWS    16  /* output rows per task on the fused path */
+#define CPU_GEMV_MAX_N   1   /* rows of x up to which the fused path is faster (measured) */
+#define CPU_GROUP_CHUNK  64  /* groups whose scales are converted at a time */
+#define CPU_IDOT_XBLOCK  32  /* rows of x an integer-dot task runs per pass over its tile */
+#define CPU_IDOT_OWN_MAX 4   /* rows of x below which a linear not repacked is read row by row */
 
 static bool cpu_float_dtype(base_dtype dt) {
     return dt == BASE_DTYPE_F32 || dt == BASE_DTYPE_F16 || dt == BASE_DTYPE_BF16;
@@ -255,85 +256,93 @@ static bool mm_uses_idot(const be_linear *w) {
     return (w->bits == 4 || w->bits == 8) && w->quant != BE_QUANT_MXFP4;
 }
 
-/* Where one chunk of groups [g0, g0 + ng) of weight rows [o, o + nw) lies for the integer
- * dots: a's codes, strides and scales, and each row's biases in b[j]. A packed tile holds them
- * as they are; the linear's own layout has its scales converted into s and sb. */
-static void mm_idot_weights(const mm_ctx *c, int64_t o, int nw, int64_t g0, int64_t ng,
-                            cpu_idot_args *a, float (*s)[CPU_GROUP_CHUNK],
-                            float (*sb)[CPU_GROUP_CHUNK], const float **b) {
-    const be_linear *w = c->w;
-    int64_t n_groups = w->in / w->group_size, gbytes = w->group_size * w->bits / 8;
-    if (w->packed) {
-        const uint8_t *codes = cpu_pack_codes(w, o / CPU_PACK_ROWS);
-        const float *ts = cpu_pack_scales(w, o / CPU_PACK_ROWS);
-        a->w = codes + g0 * CPU_PACK_ROWS * gbytes;
-        a->ldw = gbytes;
-        a->ldg = CPU_PACK_ROWS * gbytes;
-        a->s = ts + g0;
-        a->lds = n_groups;
-        for (int j = 0; j < nw; j++) b[j] = ts + (CPU_PACK_ROWS + j) * n_groups + g0;
-        return;
-    }
-    for (int j = 0; j < nw; j++) {
-        mm_scales(c->k, w, o + j, g0, ng, s[j], sb[j]);
-        b[j] = sb[j];
-    }
-    a->w = (const uint8_t *)w->weight + (size_t)o * mm_row_bytes(w) + (size_t)(g0 * gbytes);
-    a->ldw = (int64_t)mm_row_bytes(w);
-    a->ldg = gbytes;
-    a->s = s[0];
-    a->lds = CPU_GROUP_CHUNK;
-}
+/* Values of a linear not repacked that one task packs at a time (32 KiB of 8-bit codes). */
+#define CPU_PACK_CHUNK_K 2048
 
-/* A task's weight rows start a packed tile, and each idot call takes rows of one tile. */
-_Static_assert(CPU_GEMV_ROWS % CPU_PACK_ROWS == 0, "tasks must start on a packed tile");
-
-/* y[r][o] for weight rows [o, o + nw) (o a multiple of CPU_PACK_ROWS, nw at most it) and
- * rows [r0, r0 + nr) of x (nr at most CPU_IDOT_XBLOCK), by the integer dots. Rows of x go
- * CPU_IDOT_ROWS at a time and the rest one by one, which idot promises gives the same bits, as
- * nw and the layout do. */
-static void mm_idot_rows(const mm_ctx *c, int64_t o, int nw, int64_t r0, int64_t nr) {
+/* Tile t against rows [r0, r0 + nr) of x into acc (nr, CPU_PACK_ROWS): the packed tile in one
+ * call, or, when w was not repacked, its groups packed a chunk at a time, the chains carried
+ * across the chunks (the same bits as the packed copy's). */
+static void mm_idot_block(const mm_ctx *c, int64_t t, int64_t r0, int nr, float *acc) {
     const be_linear *w = c->w;
     int g = w->group_size;
     int64_t n_groups = w->in / g;
-    float acc[CPU_IDOT_WROWS][CPU_IDOT_XBLOCK] = {{0}}, part[CPU_IDOT_WROWS * CPU_IDOT_ROWS];
-    float s[CPU_IDOT_WROWS][CPU_GROUP_CHUNK], sb[CPU_IDOT_WROWS][CPU_GROUP_CHUNK];
-    const float *b[CPU_IDOT_WROWS];
-    void (*idot)(const cpu_idot_args *, float *) = w->bits == 4 ? c->ik->idot4 : c->ik->idot8;
-    for (int64_t g0 = 0; g0 < n_groups; g0 += CPU_GROUP_CHUNK) {
-        int64_t ng = n_groups - g0 < CPU_GROUP_CHUNK ? n_groups - g0 : CPU_GROUP_CHUNK;
-        cpu_idot_args a = {.ldc = w->in, .ldd = n_groups, .n_groups = ng, .g = g, .nw = nw};
-        mm_idot_weights(c, o, nw, g0, ng, &a, s, sb, b);
-        for (int64_t r = 0; r < nr; r += a.nr) {
-            a.nr = nr - r >= CPU_IDOT_ROWS ? CPU_IDOT_ROWS : 1;
-            a.codes = c->xc + (r0 + r) * w->in + g0 * g;
-            a.d = c->xd + (r0 + r) * n_groups + g0;
-            idot(&a, part);
-            for (int j = 0; j < nw; j++) {
-                for (int i = 0; i < a.nr; i++) {
-                    const float *xs = c->xsum + (r0 + r + i) * n_groups + g0;
-                    acc[j][r + i] += part[j * CPU_IDOT_ROWS + i] + c->k->dot_f32(b[j], xs, ng);
-                }
-            }
-        }
+    void (*tile)(const cpu_tile_args *) = w->bits == 4 ? c->ik->tile4 : c->ik->tile8;
+    cpu_tile_args a = {.codes = c->xc + r0 * w->in,
+                       .d = c->xd + r0 * n_groups,
+                       .sums = c->xsum + r0 * n_groups,
+                       .ldc = w->in,
+                       .ldd = n_groups,
+                       .g = g,
+                       .nr = nr,
+                       .acc = acc};
+    memset(acc, 0, (size_t)nr * CPU_PACK_ROWS * sizeof(float));
+    if (w->packed) {
+        a.w = cpu_pack_codes(w, t);
+        a.sb = cpu_pack_scales(w, t);
+        a.n_groups = n_groups;
+        tile(&a);
+        return;
     }
-    for (int j = 0; j < nw; j++) {
-        float bias = mm_bias(w, o + j);
-        for (int64_t r = 0; r < nr; r++) c->y[(r0 + r) * w->out + o + j] = acc[j][r] + bias;
+    _Alignas(64) uint8_t codes[CPU_PACK_ROWS * CPU_PACK_CHUNK_K];
+    _Alignas(64) float sb[2 * CPU_PACK_ROWS * (CPU_PACK_CHUNK_K / 32)];
+    int64_t chunk = CPU_PACK_CHUNK_K / g;
+    for (int64_t g0 = 0; g0 < n_groups; g0 += chunk) {
+        int64_t ng = n_groups - g0 < chunk ? n_groups - g0 : chunk;
+        cpu_pack_tile(c->k, w, t * CPU_PACK_ROWS, g0, ng, codes, sb);
+        a.w = codes;
+        a.sb = sb;
+        a.n_groups = ng;
+        a.codes = c->xc + r0 * w->in + g0 * g;
+        a.d = c->xd + r0 * n_groups + g0;
+        a.sums = c->xsum + r0 * n_groups + g0;
+        tile(&a);
     }
 }
 
-/* Blocks of x rows outside, weight rows inside: a block's codes stay in the cache while
- * every weight row of the task passes over them. */
+/* Row o of a linear not repacked against the few rows of x that c has, straight from its own
+ * layout. */
+static void mm_idot_own_row(const mm_ctx *c, int64_t o, float *acc) {
+    const be_linear *w = c->w;
+    int g = w->group_size;
+    int64_t n_groups = w->in / g;
+    const uint8_t *row = (const uint8_t *)w->weight + (size_t)o * mm_row_bytes(w);
+    float s[CPU_GROUP_CHUNK], b[CPU_GROUP_CHUNK];
+    for (int64_t r = 0; r < c->n; r++) acc[r] = 0.0f;
+    for (int64_t g0 = 0; g0 < n_groups; g0 += CPU_GROUP_CHUNK) {
+        int64_t ng = n_groups - g0 < CPU_GROUP_CHUNK ? n_groups - g0 : CPU_GROUP_CHUNK;
+        mm_scales(c->k, w, o, g0, ng, s, b);
+        const uint8_t *wp = row + (size_t)(g0 * g) * (size_t)w->bits / 8;
+        for (int64_t r = 0; r < c->n; r++)
+            c->ik->row(w->bits, wp, s, b, c->xc + r * w->in + g0 * g, c->xd + r * n_groups + g0,
+                       c->xsum + r * n_groups + g0, ng, g, acc + r);
+    }
+}
+
+/* Task t is tile t: blocks of CPU_IDOT_XBLOCK rows of x, each a pass over the tile; or, for a
+ * linear not repacked and fewer than CPU_IDOT_OWN_MAX rows of x, the tile's rows one by one
+ * (packing a tile costs more than a pass or two over the rows). */
 static void mm_idot_task(void *vctx, int64_t t) {
     const mm_ctx *c = vctx;
-    int64_t o1 = (t + 1) * CPU_GEMV_ROWS < c->w->out ? (t + 1) * CPU_GEMV_ROWS : c->w->out;
-    for (int64_t r0 = 0; r0 < c->n; r0 += CPU_IDOT_XBLOCK) {
-        int64_t nr = c->n - r0 < CPU_IDOT_XBLOCK ? c->n - r0 : CPU_IDOT_XBLOCK;
-        for (int64_t o = t * CPU_GEMV_ROWS; o < o1; o += CPU_IDOT_WROWS) {
-            int nw = o1 - o < CPU_IDOT_WROWS ? (int)(o1 - o) : CPU_IDOT_WROWS;
-            mm_idot_rows(c, o, nw, r0, nr);
+    const be_linear *w = c->w;
+    int64_t o = t * CPU_PACK_ROWS;
+    int m = w->out - o < CPU_PACK_ROWS ? (int)(w->out - o) : CPU_PACK_ROWS;
+    float bias[CPU_PACK_ROWS];
+    for (int j = 0; j < m; j++) bias[j] = mm_bias(w, o + j);
+    if (!w->packed && c->n < CPU_IDOT_OWN_MAX) {
+        float acc[CPU_IDOT_OWN_MAX];
+        for (int j = 0; j < m; j++) {
+            mm_idot_own_row(c, o + j, acc);
+            for (int64_t r = 0; r < c->n; r++) c->y[r * w->out + o + j] = acc[r] + bias[j];
         }
+        return;
+    }
+    _Alignas(64) float acc[CPU_IDOT_XBLOCK * CPU_PACK_ROWS];
+    for (int64_t r0 = 0; r0 < c->n; r0 += CPU_IDOT_XBLOCK) {
+        int nr = c->n - r0 < CPU_IDOT_XBLOCK ? (int)(c->n - r0) : CPU_IDOT_XBLOCK;
+        mm_idot_block(c, t, r0, nr, acc);
+        for (int r = 0; r < nr; r++)
+            for (int j = 0; j < m; j++)
+                c->y[(r0 + r) * w->out + o + j] = acc[r * CPU_PACK_ROWS + j] + bias[j];
     }
 }
 
@@ -341,8 +350,8 @@ static void mm_quant_task(void *vctx, int64_t r) {
     const mm_ctx *c = vctx;
     const be_linear *w = c->w;
     int64_t n_groups = w->in / w->group_size;
-    c->ik->quant_x(c->x + r * w->in, w->in, w->bits, w->group_size, (int16_t *)c->xc + r * w->in,
-                   (float *)c->xd + r * n_groups, (float *)c->xsum + r * n_groups);
+    cpu_quant_x(c->x + r * w->in, w->in, w->group_size, (int16_t *)c->xc + r * w->in,
+                (float *)c->xd + r * n_groups, (float *)c->xsum + r * n_groups);
 }
 
 /* x quantized for the integer dots, then the dots; one buffer for codes, scales and sums. */
@@ -357,7 +366,7 @@ static int mm_idot(be_backend *be, mm_ctx *c, base_err *err) {
     c->xsum = c->xd + n * n_groups;
     c->xc = (const int16_t *)(buf + f32s);
     base_pool_for(cpu_pool(be), c->n, mm_quant_task, c);
-    base_pool_for(cpu_pool(be), (w->out + CPU_GEMV_ROWS - 1) / CPU_GEMV_ROWS, mm_idot_task, c);
+    base_pool_for(cpu_pool(be), (w->out + CPU_PACK_ROWS - 1) / CPU_PACK_ROWS, mm_idot_task, c);
     free(buf);
     return 0;
 }

@@ -1,14 +1,14 @@
-/* Weights repacked at load for the integer dots (the layout is in cpu_internal.h).
+/* Weights repacked into the integer dots' tiles (the layout is in cpu_internal.h), at load for
+ * the whole linear, or a chunk at a time by a matmul on a linear that was not repacked.
  *
- * In the linear's own layout a decode call runs one weight row a pass, converts its scales a
- * chunk at a time and keeps one accumulator chain busy. In a tile the rows' groups lie side by
- * side, so one pass feeds four rows that share each load of x's codes, and the scales and
- * biases are f32 already. The copy costs (bits / 8 + 8 / g) bytes a weight against the
- * original's (bits / 8 + 2 * scale size / g). */
+ * The copy costs (bits / 8 + 8 / g) bytes a weight against the original's (bits / 8 + 2 *
+ * scale size / g). */
 #include "backend/cpu/cpu_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+#define PACK_CHUNK 64 /* groups whose scales are widened at a time */
 
 bool cpu_packs(const be_linear *w) {
     return (w->bits == 4 || w->bits == 8) && w->quant != BE_QUANT_MXFP4;
@@ -35,48 +35,63 @@ const float *cpu_pack_scales(const be_linear *w, int64_t t) {
     return (const float *)end + (size_t)t * pack_scales_count(w);
 }
 
+/* Row o's scales or biases (its own layout, dtype w->dtype), groups [g0, g0 + ng), widened
+ * into dst. */
+static void pack_widen(const cpu_kernels *k, const be_linear *w, const void *src, int64_t o,
+                       int64_t g0, int64_t ng, float *dst) {
+    size_t first = (size_t)(o * (w->in / w->group_size) + g0);
+    if (w->dtype == BASE_DTYPE_F32) {
+        memcpy(dst, (const float *)src + first, (size_t)ng * sizeof(float));
+    } else if (w->dtype == BASE_DTYPE_F16) {
+        k->cvt_f16((const uint16_t *)src + first, dst, ng);
+    } else {
+        k->cvt_bf16((const uint16_t *)src + first, dst, ng);
+    }
+}
+
+void cpu_pack_tile(const cpu_kernels *k, const be_linear *w, int64_t o, int64_t g0, int64_t ng,
+                   uint8_t *codes, float *sb) {
+    int g = w->group_size;
+    size_t row_bytes = (size_t)w->in * (size_t)w->bits / 8;
+    /* a unit takes 2 bytes of each row, at both widths */
+    int64_t units = ng * g * w->bits / 16;
+    memset(codes, 0, (size_t)units * CPU_PACK_UNIT);
+    memset(sb, 0, (size_t)(ng * 2 * CPU_PACK_ROWS) * sizeof(float));
+    for (int j = 0; j < CPU_PACK_ROWS && o + j < w->out; j++) {
+        const uint8_t *src = (const uint8_t *)w->weight + (size_t)(o + j) * row_bytes +
+                             (size_t)(g0 * g * w->bits / 8);
+        for (int64_t u = 0; u < units; u++) {
+            uint8_t a = src[2 * u], b = src[2 * u + 1], *dst = codes + u * CPU_PACK_UNIT + 2 * j;
+            if (w->bits == 8) {
+                dst[0] = a;
+                dst[1] = b;
+            } else { /* a = v0 | v1 << 4, b = v2 | v3 << 4 */
+                dst[0] = (uint8_t)((a & 15u) | (b & 15u) << 4);
+                dst[1] = (uint8_t)((a >> 4) | (b & 0xf0u));
+            }
+        }
+        float wide[PACK_CHUNK];
+        for (int64_t c0 = 0; c0 < ng; c0 += PACK_CHUNK) {
+            int64_t nc = ng - c0 < PACK_CHUNK ? ng - c0 : PACK_CHUNK;
+            for (int part = 0; part < 2; part++) {
+                pack_widen(k, w, part ? w->biases : w->scales, o + j, g0 + c0, nc, wide);
+                for (int64_t i = 0; i < nc; i++)
+                    sb[((c0 + i) * 2 + part) * CPU_PACK_ROWS + j] = wide[i];
+            }
+        }
+    }
+}
+
 typedef struct pack_ctx {
     const cpu_kernels *k;
     const be_linear *w;   /* the original */
     const be_linear *dst; /* w with packed set, not yet filled */
 } pack_ctx;
 
-/* Row o's scales or biases (its own layout, dtype w->dtype) widened into dst (n_groups). */
-static void pack_widen(const pack_ctx *c, const void *src, int64_t o, float *dst) {
-    const be_linear *w = c->w;
-    int64_t n_groups = w->in / w->group_size;
-    size_t first = (size_t)(o * n_groups);
-    if (w->dtype == BASE_DTYPE_F32) {
-        memcpy(dst, (const float *)src + first, (size_t)n_groups * sizeof(float));
-    } else if (w->dtype == BASE_DTYPE_F16) {
-        c->k->cvt_f16((const uint16_t *)src + first, dst, n_groups);
-    } else {
-        c->k->cvt_bf16((const uint16_t *)src + first, dst, n_groups);
-    }
-}
-
-/* Tile t; rows past w->out are zero codes with zero scales and biases. */
-static void pack_tile(void *vctx, int64_t t) {
+static void pack_task(void *vctx, int64_t t) {
     const pack_ctx *c = vctx;
-    const be_linear *w = c->w;
-    int64_t n_groups = w->in / w->group_size;
-    size_t gbytes = (size_t)w->group_size * (size_t)w->bits / 8;
-    size_t row_bytes = (size_t)n_groups * gbytes;
-    uint8_t *codes = (uint8_t *)cpu_pack_codes(c->dst, t);
-    float *scales = (float *)cpu_pack_scales(c->dst, t);
-    float *biases = scales + CPU_PACK_ROWS * n_groups;
-    memset(codes, 0, pack_codes_bytes(w));
-    memset(scales, 0, pack_scales_count(w) * sizeof(float));
-    for (int j = 0; j < CPU_PACK_ROWS; j++) {
-        int64_t o = t * CPU_PACK_ROWS + j;
-        if (o >= w->out) break;
-        const uint8_t *row = (const uint8_t *)w->weight + (size_t)o * row_bytes;
-        for (int64_t gi = 0; gi < n_groups; gi++)
-            memcpy(codes + ((size_t)gi * CPU_PACK_ROWS + (size_t)j) * gbytes, row + gi * gbytes,
-                   gbytes);
-        pack_widen(c, w->scales, o, scales + j * n_groups);
-        pack_widen(c, w->biases, o, biases + j * n_groups);
-    }
+    cpu_pack_tile(c->k, c->w, t * CPU_PACK_ROWS, 0, c->w->in / c->w->group_size,
+                  (uint8_t *)cpu_pack_codes(c->dst, t), (float *)cpu_pack_scales(c->dst, t));
 }
 
 int cpu_pack_linear(be_backend *be, be_linear *w, base_err *err) {
@@ -86,11 +101,11 @@ int cpu_pack_linear(be_backend *be, be_linear *w, base_err *err) {
     int64_t tiles = pack_tiles(w);
     size_t bytes = (size_t)tiles * (pack_codes_bytes(w) + pack_scales_count(w) * sizeof(float));
     void *dst = malloc(bytes);
-    if (!dst) return 0; /* the matmuls read w as it is */
+    if (!dst) return 0; /* the matmuls pack w a chunk at a time */
     be_linear p = *w;
     p.packed = dst;
     pack_ctx c = {.k = cpu_krn(be), .w = w, .dst = &p};
-    base_pool_for(cpu_pool(be), tiles, pack_tile, &c);
+    base_pool_for(cpu_pool(be), tiles, pack_task, &c);
     w->packed = dst;
     return 0;
 }
