@@ -308,6 +308,14 @@ static cnode *parse_subscript(parser *P, cnode *obj, int line) {
     return n;
 }
 
+/* A call of callee at the `(` of its arguments. */
+static cnode *call_node(parser *P, cnode *callee, int line) {
+    cnode *m = node(P, N_CALL, line);
+    if (!m) return NULL;
+    m->a = callee;
+    return parse_call_args(P, m) ? NULL : m;
+}
+
 static cnode *parse_postfix(parser *P, cnode *n) {
     for (;;) {
         int line = cur(P)->line;
@@ -332,11 +340,7 @@ static cnode *parse_postfix(parser *P, cnode *n) {
         } else if (skip_op(P, '[')) {
             if (!(n = parse_subscript(P, n, line))) return NULL;
         } else if (is_op(P, '(')) {
-            cnode *m = node(P, N_CALL, line);
-            if (!m) return NULL;
-            m->a = n;
-            if (parse_call_args(P, m)) return NULL;
-            n = m;
+            if (!(n = call_node(P, n, line))) return NULL;
         } else {
             return n;
         }
@@ -392,11 +396,7 @@ static cnode *parse_filter_expr(parser *P, cnode *n) {
             }
             n = m;
         } else if (is_op(P, '(')) {
-            cnode *m = node(P, N_CALL, line);
-            if (!m) return NULL;
-            m->a = n;
-            if (parse_call_args(P, m)) return NULL;
-            n = m;
+            if (!(n = call_node(P, n, line))) return NULL;
         } else {
             return n;
         }
