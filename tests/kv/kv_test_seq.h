@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 static inline bool pool_ok(const kv_pool *pool, const char *after) {
     base_err err;
@@ -92,6 +93,37 @@ static inline bool seq_content_ok(kv_pool *pool, kv_seq *seq, const int32_t *exp
     }
     kv_batch_free(&b);
     return ok;
+}
+
+enum { KV_TEST_MAX_LEN = 96 };
+
+/* A sequence of a random run and the tokens it holds. */
+typedef struct live_seq {
+    kv_seq *seq;
+    int32_t toks[KV_TEST_MAX_LEN];
+    int len;
+} live_seq;
+
+static inline void live_fork(kv_pool *pool, live_seq *to, const live_seq *from) {
+    to->seq = kv_seq_fork(pool, from->seq);
+    memcpy(to->toks, from->toks, sizeof to->toks);
+    to->len = from->len;
+}
+
+/* After each operation of a random run (mask: its hash mask, op: its index): commits the live
+ * sequences when commit says so, then checks the pool's accounting and that every sequence's
+ * K/V is still what was written. False ends the run. */
+static inline bool live_check(kv_pool *pool, const live_seq *live, int n_live, bool commit,
+                              uint64_t mask, int op) {
+    if (commit) {
+        for (int i = 0; i < n_live; i++) kv_seq_commit(pool, live[i].seq);
+    }
+    if (!pool_ok(pool, "an operation")) return false;
+    bool content = true;
+    for (int i = 0; i < n_live; i++)
+        content &= seq_content_ok(pool, live[i].seq, live[i].toks, live[i].len);
+    CHECK_MSG(content, "mask %llx, op %d: a sequence's K/V changed", (unsigned long long)mask, op);
+    return content;
 }
 
 #endif

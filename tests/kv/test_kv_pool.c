@@ -12,13 +12,7 @@ static uint32_t rnd(void) {
     return (uint32_t)(test_rand_u64(&rng_state) >> 32);
 }
 
-enum { MAX_SEQS = 12, MAX_LEN = 96 };
-
-typedef struct live_seq {
-    kv_seq *seq;
-    int32_t toks[MAX_LEN];
-    int len;
-} live_seq;
+enum { MAX_SEQS = 12 };
 
 /* A few shared stems so that prefixes repeat and adoption happens often. */
 static void random_tokens(int32_t *out, int n) {
@@ -59,7 +53,7 @@ static void property_run(uint64_t mask, int ops) {
             }
         } else if (kind == 1 || kind == 2) {
             int n = 1 + (int)(rnd() % 10);
-            if (s->len + n > MAX_LEN) continue;
+            if (s->len + n > KV_TEST_MAX_LEN) continue;
             random_tokens(s->toks + s->len, n);
             kv_pool_stats before = kv_pool_get_stats(pool);
             bool shared_tail = s->len % g.block_size != 0;
@@ -75,10 +69,7 @@ static void property_run(uint64_t mask, int ops) {
             }
         } else if (kind == 3) {
             if (n_live == MAX_SEQS) continue;
-            live_seq *f = &live[n_live++];
-            f->seq = kv_seq_fork(pool, s->seq);
-            memcpy(f->toks, s->toks, sizeof f->toks);
-            f->len = s->len;
+            live_fork(pool, &live[n_live++], s);
         } else if (kind == 4) {
             s->len = s->len ? (int)(rnd() % (uint32_t)s->len) : 0;
             CHECK(kv_seq_truncate(pool, s->seq, s->len, &err) == 0);
@@ -86,16 +77,7 @@ static void property_run(uint64_t mask, int ops) {
             kv_seq_free(pool, s->seq);
             *s = live[--n_live];
         }
-        if (rnd() % 4) {
-            for (int i = 0; i < n_live; i++) kv_seq_commit(pool, live[i].seq);
-        }
-        if (!pool_ok(pool, "an operation")) break;
-        bool content = true;
-        for (int i = 0; i < n_live; i++)
-            content &= seq_content_ok(pool, live[i].seq, live[i].toks, live[i].len);
-        CHECK_MSG(content, "mask %llx, op %d: a sequence's K/V changed", (unsigned long long)mask,
-                  op);
-        if (!content) break;
+        if (!live_check(pool, live, n_live, rnd() % 4 != 0, mask, op)) break;
     }
     /* the run must have exercised adoption, copy-on-write and a full pool */
     CHECK_MSG(adopted > 0 && cows > 0 && failures > 0, "adopted %lld, cows %lld, failures %lld",

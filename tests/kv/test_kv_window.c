@@ -30,13 +30,7 @@ static bool stats_equal(const kv_pool *pool, const kv_pool_stats *g, const kv_po
     return memcmp(g, &g2, sizeof g2) == 0 && memcmp(l, &l2, sizeof l2) == 0;
 }
 
-enum { MAX_SEQS = 10, MAX_LEN = 96, WINDOW = 6, BS = 4 };
-
-typedef struct live_seq {
-    kv_seq *seq;
-    int32_t toks[MAX_LEN];
-    int len;
-} live_seq;
+enum { MAX_SEQS = 10, WINDOW = 6, BS = 4 };
 
 /* A few shared stems, rarely disturbed, so that long prefixes repeat and adoption reaches past
  * the window often. */
@@ -86,7 +80,7 @@ static void property_run(const bool *layer_local, int n_layers, uint64_t mask, i
             }
         } else if (kind == 1 || kind == 2) {
             int n = 1 + (int)(rnd() % 10);
-            if (s->len + n > MAX_LEN) continue;
+            if (s->len + n > KV_TEST_MAX_LEN) continue;
             random_tokens(s->toks + s->len, n);
             bool shared_tail = s->len % BS != 0;
             if (append_written(be, pool, s->seq, s->toks, s->len, n, &err) == 0) {
@@ -99,10 +93,7 @@ static void property_run(const bool *layer_local, int n_layers, uint64_t mask, i
             }
         } else if (kind == 3) {
             if (n_live == MAX_SEQS) continue;
-            live_seq *f = &live[n_live++];
-            f->seq = kv_seq_fork(pool, s->seq);
-            memcpy(f->toks, s->toks, sizeof f->toks);
-            f->len = s->len;
+            live_fork(pool, &live[n_live++], s);
         } else if (kind == 4) {
             /* mostly short steps back, as a rejected continuation would take */
             int back = rnd() % 2 ? 1 + (int)(rnd() % 3) : (int)(rnd() % (uint32_t)(s->len + 1));
@@ -124,16 +115,7 @@ static void property_run(const bool *layer_local, int n_layers, uint64_t mask, i
             kv_seq_free(pool, s->seq);
             *s = live[--n_live];
         }
-        if (rnd() % 4) {
-            for (int i = 0; i < n_live; i++) kv_seq_commit(pool, live[i].seq);
-        }
-        if (!pool_ok(pool, "an operation")) break;
-        bool content = true;
-        for (int i = 0; i < n_live; i++)
-            content &= seq_content_ok(pool, live[i].seq, live[i].toks, live[i].len);
-        CHECK_MSG(content, "mask %llx, op %d: a sequence's K/V changed", (unsigned long long)mask,
-                  op);
-        if (!content) break;
+        if (!live_check(pool, live, n_live, rnd() % 4 != 0, mask, op)) break;
     }
     printf("  %d layers, mask %llx: adoptions past the window %lld, copy-on-write appends %lld, "
            "failed appends %lld, truncations %lld done and %lld refused\n",
