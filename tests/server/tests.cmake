@@ -126,6 +126,6 @@ if(MLXCEL_NODE)
            COMMAND ${MLXCEL_NODE} ${CMAKE_SOURCE_DIR}/tests/server/harmony.test.mjs
            WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
   set_tests_properties(server/harmony_node PROPERTIES
-                       ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
+                       ENVIRONMENT "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin;MLXCEL_TEST_TIME_SCALE=${MLXCEL_TEST_TIME_SCALE}"
                        TIMEOUT ${MLXCEL_TOOLS_TIMEOUT})
 endif()
