@@ -3,6 +3,8 @@
 #ifndef MLXCEL_TEST_H
 #define MLXCEL_TEST_H
 
+#include "test_rand.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -31,14 +33,6 @@ static int test_passed, test_failed;
             fputc('\n', stderr);                                                                   \
         }                                                                                          \
     } while (0)
-
-/* xorshift64 over the caller's state (seeded non-zero): reproducible test data. */
-static inline uint32_t test_rand_u32(uint64_t *state) {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    return (uint32_t)(*state >> 16);
-}
 
 /* ||a - b|| / ||b|| over n floats (b all zero: ||a||). */
 static inline double test_rel_err(const float *a, const float *b, size_t n) {

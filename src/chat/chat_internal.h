@@ -115,7 +115,9 @@ int chat_buf_printf(chat_buf *b, const char *fmt, ...) __attribute__((format(pri
 /* Value helpers (chat_value.c). Those that allocate return NULL / -1 when the arena is
  * exhausted; the caller reports the memory limit. */
 cv_str *chat_str_new(chat_arena *a, const char *p, size_t len); /* copies */
-cv chat_str_value(chat_arena *a, const char *p, size_t len);    /* CV_UNDEF on no memory */
+/* A string of len bytes (NUL-terminated) that the caller fills through *bytes. */
+cv_str *chat_str_alloc(chat_arena *a, size_t len, char **bytes);
+cv chat_str_value(chat_arena *a, const char *p, size_t len); /* CV_UNDEF on no memory */
 cv_list *chat_list_new(chat_arena *a, size_t n);
 cv_dict *chat_dict_new(chat_arena *a, size_t cap);
 /* Sets key to val (replacing an equal key in place). */

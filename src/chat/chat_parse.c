@@ -308,6 +308,14 @@ static cnode *parse_subscript(parser *P, cnode *obj, int line) {
     return n;
 }
 
+/* A call of callee at the `(` of its arguments. */
+static cnode *call_node(parser *P, cnode *callee, int line) {
+    cnode *m = node(P, N_CALL, line);
+    if (!m) return NULL;
+    m->a = callee;
+    return parse_call_args(P, m) ? NULL : m;
+}
+
 static cnode *parse_postfix(parser *P, cnode *n) {
     for (;;) {
         int line = cur(P)->line;
@@ -332,15 +340,28 @@ static cnode *parse_postfix(parser *P, cnode *n) {
         } else if (skip_op(P, '[')) {
             if (!(n = parse_subscript(P, n, line))) return NULL;
         } else if (is_op(P, '(')) {
-            cnode *m = node(P, N_CALL, line);
-            if (!m) return NULL;
-            m->a = n;
-            if (parse_call_args(P, m)) return NULL;
-            n = m;
+            if (!(n = call_node(P, n, line))) return NULL;
         } else {
             return n;
         }
     }
+}
+
+/* A filter or test node applied to a, named by the current token and found by lookup; expected
+ * and unknown (a format of the name) word the errors. */
+static cnode *named_node(parser *P, cnode_kind kind, int line, const char *expected,
+                         const char *unknown, int (*lookup)(const char *), cnode *a) {
+    const ctok *k = cur(P);
+    if (k->t != T_NAME) return unexpected(P, expected), NULL;
+    int id = lookup(k->s);
+    if (id < 0) return fail_at(P, k, unknown, k->s), NULL;
+    P->i++;
+    cnode *m = node(P, kind, line);
+    if (!m) return NULL;
+    m->id = id;
+    m->name = k->s;
+    m->a = a;
+    return m;
 }
 
 /* `x | name(args)` and `x is [not] name arg` chains. */
@@ -348,31 +369,17 @@ static cnode *parse_filter_expr(parser *P, cnode *n) {
     for (;;) {
         int line = cur(P)->line;
         if (skip_op(P, '|')) {
-            const ctok *k = cur(P);
-            if (k->t != T_NAME) return unexpected(P, "a filter name"), NULL;
-            int id = chat_filter_id(k->s);
-            if (id < 0) return fail_at(P, k, "no filter named '%s'", k->s), NULL;
-            P->i++;
-            cnode *m = node(P, N_FILTER, line);
+            cnode *m = named_node(P, N_FILTER, line, "a filter name", "no filter named '%s'",
+                                  chat_filter_id, n);
             if (!m) return NULL;
-            m->id = id;
-            m->name = k->s;
-            m->a = n;
             if (is_op(P, '(') && parse_call_args(P, m)) return NULL;
             n = m;
         } else if (skip_name(P, "is")) {
             bool negate = skip_name(P, "not");
-            const ctok *k = cur(P);
-            if (k->t != T_NAME) return unexpected(P, "a test name"), NULL;
-            int id = chat_test_id(k->s);
-            if (id < 0) return fail_at(P, k, "no test named '%s'", k->s), NULL;
-            P->i++;
-            cnode *m = node(P, N_TEST, line);
+            cnode *m =
+                named_node(P, N_TEST, line, "a test name", "no test named '%s'", chat_test_id, n);
             if (!m) return NULL;
-            m->id = id;
-            m->name = k->s;
             m->negate = negate;
-            m->a = n;
             const ctok *nx = cur(P);
             if (is_op(P, '(')) {
                 if (parse_call_args(P, m)) return NULL;
@@ -389,11 +396,7 @@ static cnode *parse_filter_expr(parser *P, cnode *n) {
             }
             n = m;
         } else if (is_op(P, '(')) {
-            cnode *m = node(P, N_CALL, line);
-            if (!m) return NULL;
-            m->a = n;
-            if (parse_call_args(P, m)) return NULL;
-            n = m;
+            if (!(n = call_node(P, n, line))) return NULL;
         } else {
             return n;
         }

@@ -315,14 +315,11 @@ static int eval_args(chat_render *R, chat_scope *S, const cnode *n, chat_args *A
 
 static int concat_strings(chat_render *R, int line, const cv_str *a, const cv_str *b, cv *out) {
     size_t n = a->len + b->len;
-    cv_str *s = chat_alloc(&R->a, sizeof *s + n + 1);
+    char *d;
+    cv_str *s = chat_str_alloc(&R->a, n, &d);
     if (!s) return chat_oom(R, line);
-    char *d = (char *)(s + 1);
     memcpy(d, a->p, a->len);
     memcpy(d + a->len, b->p, b->len);
-    d[n] = 0;
-    s->p = d;
-    s->len = n;
     out->t = CV_STR;
     out->s = s;
     return 0;
@@ -334,14 +331,11 @@ static int repeat(chat_render *R, int line, cv seq, int64_t times, cv *out) {
     if (unit && (uint64_t)times > CHAT_MAX_MEMORY / unit) return chat_oom(R, line);
     if (seq.t == CV_STR) {
         size_t n = seq.s->len * (size_t)times;
-        cv_str *s = chat_alloc(&R->a, sizeof *s + n + 1);
+        char *d;
+        cv_str *s = chat_str_alloc(&R->a, n, &d);
         if (!s) return chat_oom(R, line);
-        char *d = (char *)(s + 1);
         for (int64_t k = 0; k < times; k++)
             memcpy(d + (size_t)k * seq.s->len, seq.s->p, seq.s->len);
-        d[n] = 0;
-        s->p = d;
-        s->len = n;
         out->t = CV_STR;
         out->s = s;
         return 0;

@@ -124,14 +124,21 @@ bool chat_is_space(int32_t c) {
 
 /* ---- construction ---- */
 
-cv_str *chat_str_new(chat_arena *a, const char *p, size_t len) {
+cv_str *chat_str_alloc(chat_arena *a, size_t len, char **bytes) {
     cv_str *s = chat_alloc(a, sizeof *s + len + 1);
     if (!s) return NULL;
     char *d = (char *)(s + 1);
-    if (len) memcpy(d, p, len);
     d[len] = 0;
     s->p = d;
     s->len = len;
+    *bytes = d;
+    return s;
+}
+
+cv_str *chat_str_new(chat_arena *a, const char *p, size_t len) {
+    char *d;
+    cv_str *s = chat_str_alloc(a, len, &d);
+    if (s && len) memcpy(d, p, len);
     return s;
 }
 

@@ -42,10 +42,15 @@ int cli_cmd_arch(int argc, char **argv) {
     printf("families (config.json model_type):\n");
     for (int i = 0; i < n; i++) printf("  %-12s %s\n", archs[i]->model_type, archs[i]->summary);
     printf("weights:  dense F32, F16, BF16; MLX affine-quantized, bits 2, 3, 4, 5, 6, 8 with "
-           "group sizes 32, 64, 128 (per-module overrides); MXFP4 (CPU)\n");
+           "group sizes 32, 64, 128 (per-module overrides); MXFP4 (on CUDA in stacked experts "
+           "only)\n");
     printf("rope:     default, linear, dynamic, llama3, yarn, longrope; partial rotary\n");
-    printf("attention: sliding windows (all layers or per layer), logit soft-capping; every "
-           "layer keeps its whole context in the KV cache\n");
+    printf("attention: sliding windows (all layers or per layer; a local layer keeps only its "
+           "window in the KV cache), attention sinks, score and logit soft-capping\n");
+    printf("cuda:     attention head_dim 32, 64, 128 or 256; the tensor-core prefill and the "
+           "small-batch decode kernels take head_dim 64 and 128 without soft-cap, window or "
+           "sinks, other layers the generic kernel (a window or sinks: decode not split over "
+           "the context)\n");
     return CLI_OK;
 }
 

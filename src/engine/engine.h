@@ -269,6 +269,13 @@ typedef struct engine_tool_call {
     char *arguments; /* owned: compact JSON text of an object */
 } engine_tool_call;
 
+/* Appends a call to name (name_len bytes) whose arguments, args, must be an object: the one
+ * place a parsed call is stored, whichever format it came in. */
+void engine_tool_calls_add(engine_tool_call **calls, int *n_calls, const char *name,
+                           size_t name_len, const json_t *args);
+/* Frees the calls and the array. */
+void engine_tool_calls_free(engine_tool_call *calls, int n_calls);
+
 typedef struct engine_tool_scan {
     size_t content_len;      /* text[0, content_len) is content */
     size_t rest_start;       /* and so is text[rest_start, len) (final scans only; else len) */

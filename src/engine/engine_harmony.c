@@ -129,14 +129,7 @@ static bool add_call(engine_harmony_split *out, const char *name, size_t name_le
                      size_t n) {
     json_t *args = json_loadb(body, n, 0, NULL);
     bool ok = json_is_object(args);
-    if (ok) {
-        out->calls = base_xrealloc(out->calls, (size_t)(out->n_calls + 1) * sizeof *out->calls);
-        engine_tool_call *c = &out->calls[out->n_calls++];
-        c->name = base_xmalloc(name_len + 1);
-        memcpy(c->name, name, name_len);
-        c->name[name_len] = 0;
-        c->arguments = json_dumps(args, JSON_COMPACT);
-    }
+    if (ok) engine_tool_calls_add(&out->calls, &out->n_calls, name, name_len, args);
     json_decref(args);
     return ok;
 }
@@ -207,11 +200,7 @@ void engine_harmony_split_text(const char *text, size_t len, bool final, bool re
 }
 
 void engine_harmony_split_free(engine_harmony_split *h) {
-    for (int i = 0; i < h->n_calls; i++) {
-        free(h->calls[i].name);
-        free(h->calls[i].arguments);
-    }
-    free(h->calls);
+    engine_tool_calls_free(h->calls, h->n_calls);
     free(h->reasoning);
     free(h->content);
     memset(h, 0, sizeof *h);

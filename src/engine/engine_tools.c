@@ -76,13 +76,26 @@ static const char *find(const char *s, size_t n, const char *lit) {
     return memmem(s, n, lit, strlen(lit));
 }
 
-static void add_call(engine_tool_scan *out, const char *name, size_t name_len, const json_t *args) {
-    out->calls = base_xrealloc(out->calls, (size_t)(out->n_calls + 1) * sizeof *out->calls);
-    engine_tool_call *c = &out->calls[out->n_calls++];
+void engine_tool_calls_add(engine_tool_call **calls, int *n_calls, const char *name,
+                           size_t name_len, const json_t *args) {
+    *calls = base_xrealloc(*calls, (size_t)(*n_calls + 1) * sizeof **calls);
+    engine_tool_call *c = &(*calls)[(*n_calls)++];
     c->name = base_xmalloc(name_len + 1);
     memcpy(c->name, name, name_len);
     c->name[name_len] = 0;
     c->arguments = json_dumps(args, JSON_COMPACT);
+}
+
+void engine_tool_calls_free(engine_tool_call *calls, int n_calls) {
+    for (int i = 0; i < n_calls; i++) {
+        free(calls[i].name);
+        free(calls[i].arguments);
+    }
+    free(calls);
+}
+
+static void add_call(engine_tool_scan *out, const char *name, size_t name_len, const json_t *args) {
+    engine_tool_calls_add(&out->calls, &out->n_calls, name, name_len, args);
 }
 
 /* One JSON value at s: STEP_CALLS with *v and *used, STEP_MORE when the text ends inside it,
@@ -354,10 +367,6 @@ void engine_tools_scan(engine_tool_format f, const char *text, size_t len, bool 
 }
 
 void engine_tool_scan_free(engine_tool_scan *s) {
-    for (int i = 0; i < s->n_calls; i++) {
-        free(s->calls[i].name);
-        free(s->calls[i].arguments);
-    }
-    free(s->calls);
+    engine_tool_calls_free(s->calls, s->n_calls);
     memset(s, 0, sizeof *s);
 }

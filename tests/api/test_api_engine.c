@@ -1,7 +1,7 @@
 /* libmlxcel against the engine it wraps: greedy text through the public API equals
  * engine_generate's tokens, decoded, for the same prompt on the demo model. (The engine side
  * needs the internal headers; test_api.c checks the rest through include/mlxcel.h alone.) */
-#include "engine/engine.h"
+#include "engine/engine_test_runtime.h"
 #include "mlxcel.h"
 #include "test.h"
 
@@ -12,12 +12,7 @@
 
 /* engine_generate's greedy text for PROMPT; caller frees. */
 static char *engine_text(const char *dir) {
-    engine_options o;
-    engine_options_defaults(&o);
-    o.device = "cpu";
-    o.n_threads = 2;
-    o.ctx_size = 256;
-    o.n_parallel = 1;
+    engine_options o = test_cpu_options(256, 1, 0);
     base_err err = {{0}};
     engine_runtime *rt = NULL;
     engine_prompter *pr = NULL;

@@ -12,10 +12,7 @@
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
 static inline uint32_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 32);
+    return (uint32_t)(test_rand_u64(&rng_state) >> 32);
 }
 
 /* inclusive */

@@ -11,10 +11,7 @@
 static uint64_t tu_state = 0x9e3779b97f4a7c15ull;
 
 static inline uint64_t tu_next(void) {
-    tu_state ^= tu_state << 13;
-    tu_state ^= tu_state >> 7;
-    tu_state ^= tu_state << 17;
-    return tu_state;
+    return test_rand_u64(&tu_state);
 }
 
 /* Uniform in [lo, hi), never exactly zero. */

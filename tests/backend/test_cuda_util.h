@@ -23,10 +23,7 @@ static inline be_backend *tc_backend(void) {
 static uint64_t tc_rng_state = 0x9e3779b97f4a7c15ull;
 
 static inline uint32_t tc_u32(void) {
-    tc_rng_state ^= tc_rng_state << 13;
-    tc_rng_state ^= tc_rng_state >> 7;
-    tc_rng_state ^= tc_rng_state << 17;
-    return (uint32_t)(tc_rng_state >> 16);
+    return test_rand_u32(&tc_rng_state);
 }
 
 /* Uniform in [-1, 1). */

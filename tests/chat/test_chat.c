@@ -2,6 +2,7 @@
  * hand from how Python Jinja (with transformers' trim_blocks and lstrip_blocks) renders it. */
 #include "chat/chat.h"
 #include "test.h"
+#include "test_file.h"
 
 #include <pthread.h>
 #include <string.h>
@@ -531,22 +532,15 @@ static void test_threads(void) {
     chat_template_free(t);
 }
 
-static void write_file(const char *dir, const char *name, const char *text) {
-    char *path = base_path_join(dir, name);
-    FILE *f = fopen(path, "wb");
-    fputs(text, f);
-    fclose(f);
-    free(path);
-}
-
 static void test_config(void) {
     char dir[] = "/tmp/mlxcel-chat-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
-    write_file(dir, "tokenizer_config.json",
-               "{\"bos_token\": {\"content\": \"<s>\", \"lstrip\": false}, \"eos_token\": \"</s>\","
-               " \"unk_token\": null, \"model_max_length\": 1000000000000000019884624838656,"
-               " \"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"},"
-               " {\"name\": \"default\", \"template\": \"{{ bos_token }}D\"}]}");
+    test_write_file(
+        dir, "tokenizer_config.json",
+        "{\"bos_token\": {\"content\": \"<s>\", \"lstrip\": false}, \"eos_token\": \"</s>\","
+        " \"unk_token\": null, \"model_max_length\": 1000000000000000019884624838656,"
+        " \"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"},"
+        " {\"name\": \"default\", \"template\": \"{{ bos_token }}D\"}]}");
     char *source;
     json_t *special;
     base_err err;
@@ -558,16 +552,16 @@ static void test_config(void) {
     free(source);
     json_decref(special);
 
-    write_file(dir, "tokenizer_config.json", "{\"eos_token\": \"<e>\"}");
+    test_write_file(dir, "tokenizer_config.json", "{\"eos_token\": \"<e>\"}");
     CHECK(chat_config_load(dir, &source, &special, &err) == 0 && source == NULL);
     json_decref(special);
-    write_file(dir, "chat_template.jinja", "J{{ eos_token }}");
+    test_write_file(dir, "chat_template.jinja", "J{{ eos_token }}");
     CHECK(chat_config_load(dir, &source, &special, &err) == 0);
     CHECK(source && strcmp(source, "J{{ eos_token }}") == 0);
     free(source);
     json_decref(special);
 
-    write_file(dir, "tokenizer_config.json", "{\"chat_template\": 5}");
+    test_write_file(dir, "tokenizer_config.json", "{\"chat_template\": 5}");
     CHECK(chat_config_load(dir, &source, &special, &err) != 0 &&
           strstr(err.msg, "tokenizer_config.json"));
     char cmd[256];

@@ -1,6 +1,7 @@
 /* `mlxcel template`: the variables it passes, exact output bytes, and exit statuses. */
 #include "base/base.h"
 #include "test.h"
+#include "test_file.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -9,14 +10,6 @@
 #include <unistd.h>
 
 static char g_dir[64];
-
-static void write_file(const char *name, const char *text) {
-    char *path = base_path_join(g_dir, name);
-    FILE *f = fopen(path, "wb");
-    fputs(text, f);
-    fclose(f);
-    free(path);
-}
 
 /* Runs `mlxcel template <args> <redirect>` in g_dir; returns the exit status, what the
  * redirection leaves on stdout in out. */
@@ -53,7 +46,7 @@ static void test_deep_template(void) {
     for (int i = 0; i < 20000; i++) p = stpcpy(p, "{% if 1 %}");
     for (int i = 0; i < 20000; i++) p = stpcpy(p, "{% endif %}");
     strcpy(p, "\"}");
-    write_file("deep/tokenizer_config.json", cfg);
+    test_write_file(g_dir, "deep/tokenizer_config.json", cfg);
     free(cfg);
     char err[4096];
     CHECK(run_stderr("-m deep --messages chat.json", err, sizeof err) == 1);
@@ -75,19 +68,20 @@ int main(void) {
         snprintf(abs_bin, sizeof abs_bin, "%s/%s", cwd, bin);
         setenv("MLXCEL_BIN_DIR", abs_bin, 1);
     }
-    write_file(
-        "tokenizer_config.json",
+    test_write_file(
+        g_dir, "tokenizer_config.json",
         "{\"bos_token\": {\"content\": \"<s>\"}, \"eos_token\": \"</s>\", \"pad_token\": "
         "null, \"chat_template\": \"{{ bos_token }}{% for m in messages %}[{{ m.role }}:"
         "{{ m.content }}]{% endfor %}{% if tools is none %}T0{% endif %}{% for t in tools or [] "
         "%}T{{ t.name }}{% endfor %}{% if pad_token is defined %}P{% endif %}"
         "{% if add_generation_prompt %}>{% endif %}{{ extra }}\\n\"}");
-    write_file("tokenizer.json", "{}");
-    write_file("chat.json", "[{\"role\": \"user\", \"content\": \"hi\"}]");
-    write_file("obj.json", "{\"messages\": [{\"role\": \"user\", \"content\": \"é\"}], "
-                           "\"tools\": [{\"name\": \"f\"}], \"extra\": \"X\"}");
-    write_file("other.jinja", "{{ eos_token }}{{ messages | length }}");
-    write_file("bad.json", "{\"messages\": 3}");
+    test_write_file(g_dir, "tokenizer.json", "{}");
+    test_write_file(g_dir, "chat.json", "[{\"role\": \"user\", \"content\": \"hi\"}]");
+    test_write_file(g_dir, "obj.json",
+                    "{\"messages\": [{\"role\": \"user\", \"content\": \"é\"}], "
+                    "\"tools\": [{\"name\": \"f\"}], \"extra\": \"X\"}");
+    test_write_file(g_dir, "other.jinja", "{{ eos_token }}{{ messages | length }}");
+    test_write_file(g_dir, "bad.json", "{\"messages\": 3}");
 
     char out[4096];
     /* The template ends in "\n"; the single trailing newline is dropped as Jinja does, and
@@ -116,7 +110,7 @@ int main(void) {
     CHECK(run("-m . --messages chat.json --chat-template-file missing.jinja", out, sizeof out) ==
           1);
     test_deep_template();
-    write_file("broken.jinja", "{% if %}");
+    test_write_file(g_dir, "broken.jinja", "{% if %}");
     CHECK(run("-m . --messages chat.json --chat-template-file broken.jinja", out, sizeof out) == 1);
 
     char cmd[128];

@@ -13,3 +13,7 @@ set_tests_properties(cli/demo_story PROPERTIES ENVIRONMENT
 add_test(NAME cli/bench_plot COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/bench_plot.sh)
 set_tests_properties(cli/bench_plot PROPERTIES ENVIRONMENT
                      "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin")
+# mlxcel arch: every family with its summary, each named in the README's list.
+add_test(NAME cli/arch_list COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/arch_list.sh)
+set_tests_properties(cli/arch_list PROPERTIES ENVIRONMENT
+                     "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin")

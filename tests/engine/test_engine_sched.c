@@ -3,73 +3,13 @@
  * blocks at once, admission is first come first served and every running sequence advances
  * every step, the queue limit, prompts longer than the context, per-request seeds; and the
  * preemption run again on a model whose local layers keep only their window. */
-#include "engine/engine.h"
+#include "engine/engine_test_collector.h"
+#include "engine/engine_test_runtime.h"
 #include "test.h"
 
-#include <pthread.h>
 #include <string.h>
 
-#define MAX_GEN 64
-
-typedef struct collector {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int32_t tokens[MAX_GEN];
-    int n_tokens;
-    engine_finish finish;
-    int n_final;  /* must end at exactly 1 */
-    int order;    /* global index of the first token event, for admission order */
-    int n_events; /* token events */
-} collector;
-
-static int g_order;
-
-static void on_event(void *ctx, const engine_event *ev) {
-    collector *c = ctx;
-    pthread_mutex_lock(&c->mu);
-    if (ev->token >= 0) {
-        if (c->n_tokens == 0) c->order = __atomic_add_fetch(&g_order, 1, __ATOMIC_SEQ_CST);
-        if (c->n_tokens < MAX_GEN) c->tokens[c->n_tokens++] = ev->token;
-        c->n_events++;
-    }
-    if (ev->finish != ENGINE_FINISH_NONE) {
-        c->finish = ev->finish;
-        c->n_final++;
-        pthread_cond_broadcast(&c->cv);
-    }
-    pthread_mutex_unlock(&c->mu);
-}
-
-static void collector_init(collector *c) {
-    memset(c, 0, sizeof *c);
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
-}
-
-static void collector_wait(collector *c) {
-    pthread_mutex_lock(&c->mu);
-    while (c->n_final == 0) pthread_cond_wait(&c->cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
-}
-
 static char g_model[4096];
-
-static engine_runtime *open_rt(int n_parallel, int ctx, int block_size) {
-    engine_options o;
-    engine_options_defaults(&o);
-    o.device = "cpu";
-    o.n_threads = 2;
-    o.ctx_size = ctx;
-    o.n_parallel = n_parallel;
-    o.kv_block_size = block_size;
-    engine_runtime *rt = NULL;
-    base_err err;
-    if (engine_runtime_open(g_model, &o, &rt, &err)) {
-        fprintf(stderr, "runtime: %s\n", err.msg);
-        exit(1);
-    }
-    return rt;
-}
 
 static void make_prompt(int32_t *p, int n, int salt, int vocab) {
     for (int i = 0; i < n; i++) p[i] = (int32_t)((i * 7 + salt * 13 + 3) % vocab);
@@ -80,7 +20,7 @@ static engine_request greedy_req(const int32_t *prompt, int n, int max_tokens, c
     engine_sampling_defaults(&r.sampling);
     r.sampling.temperature = 0;
     r.ignore_eos = true;
-    r.on_event = on_event;
+    r.on_event = collect_event;
     r.ctx = c;
     return r;
 }
@@ -125,7 +65,7 @@ static void check_pool_idle(engine_runtime *rt, engine_sched *s) {
 static void test_preemption(void) {
     enum { N = 3, PROMPT = 20, GEN = 40 };
     /* the pool holds one sequence of 64 tokens (5 blocks of 16): three need 12 */
-    engine_runtime *rt = open_rt(1, 64, 16);
+    engine_runtime *rt = test_open_runtime(g_model, 64, 1, 16);
     int vocab = model_config(rt->model)->vocab_size;
     int32_t prompts[N][PROMPT], ref[N][GEN];
     for (int i = 0; i < N; i++) {
@@ -160,7 +100,7 @@ static void test_preemption(void) {
 
 /* A running request is cancelled between steps: its blocks are back before the next step. */
 static void test_cancel(void) {
-    engine_runtime *rt = open_rt(2, 128, 16);
+    engine_runtime *rt = test_open_runtime(g_model, 128, 2, 16);
     int vocab = model_config(rt->model)->vocab_size;
     int32_t prompt[40];
     make_prompt(prompt, 40, 5, vocab);
@@ -203,7 +143,7 @@ static void test_cancel(void) {
 /* Four requests, two slots: the first two run together, each advancing one token per step;
  * the other two start in submission order once slots free up. */
 static void test_fairness(void) {
-    engine_runtime *rt = open_rt(2, 128, 16);
+    engine_runtime *rt = test_open_runtime(g_model, 128, 2, 16);
     int vocab = model_config(rt->model)->vocab_size;
     enum { N = 4 };
     int32_t prompts[N][12];
@@ -214,7 +154,7 @@ static void test_fairness(void) {
     CHECK(engine_sched_start(rt, &so, &s, &err) == 0);
     engine_sched_set_step_limit(s, 0);
     collector c[N];
-    g_order = 0;
+    collect_order = 0;
     for (int i = 0; i < N; i++) {
         make_prompt(prompts[i], 12, 20 + i, vocab);
         collector_init(&c[i]);
@@ -241,7 +181,7 @@ static void test_fairness(void) {
 /* Rejections: an over-long prompt is the client's fault, a full queue is "busy". A request
  * stopped with the scheduler still gets its final event. */
 static void test_limits(void) {
-    engine_runtime *rt = open_rt(1, 32, 16);
+    engine_runtime *rt = test_open_runtime(g_model, 32, 1, 16);
     int32_t prompt[40];
     make_prompt(prompt, 40, 1, model_config(rt->model)->vocab_size);
     engine_sched_options so = {.n_parallel = 1, .max_queue = 1};
@@ -276,7 +216,7 @@ static void test_limits(void) {
 /* The same seed gives the same sampled tokens, whether run alone or next to another
  * request; another seed gives other tokens. */
 static void test_seeds(void) {
-    engine_runtime *rt = open_rt(3, 128, 16);
+    engine_runtime *rt = test_open_runtime(g_model, 128, 3, 16);
     int32_t prompt[10];
     make_prompt(prompt, 10, 9, model_config(rt->model)->vocab_size);
     engine_sched_options so = {.n_parallel = 3};

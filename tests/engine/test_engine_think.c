@@ -3,41 +3,18 @@
  * thinking or from the model's own open ids, the tokens before them are the free run's, a
  * request that never thinks is untouched; beside a grammar the close goes through it, and a
  * grammar that does not allow it ends the request with an error that says so. */
-#include "engine/engine.h"
+#include "engine/engine_test_collector.h"
+#include "engine/engine_test_runtime.h"
 #include "test.h"
 
-#include <pthread.h>
 #include <string.h>
-
-#define MAX_GEN 16
-
-typedef struct collector {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int32_t tokens[MAX_GEN];
-    int n_tokens, n_final;
-    engine_finish finish;
-    char error[512];
-} collector;
-
-static void on_event(void *ctx, const engine_event *ev) {
-    collector *c = ctx;
-    pthread_mutex_lock(&c->mu);
-    if (ev->token >= 0 && c->n_tokens < MAX_GEN) c->tokens[c->n_tokens++] = ev->token;
-    if (ev->finish != ENGINE_FINISH_NONE) c->n_final++, c->finish = ev->finish;
-    if (ev->error) snprintf(c->error, sizeof c->error, "%s", ev->error);
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-}
 
 static const int32_t g_prompt[] = {1, 450, 9939, 28705};
 static const int32_t g_close[] = {100, 200, 300};
 
 /* Runs one greedy request of at most 10 tokens with the budget fields of `think` into c. */
 static void run_some(engine_sched *s, const engine_request *think, collector *c) {
-    memset(c, 0, sizeof *c);
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
+    collector_init(c);
     engine_request r = *think;
     r.prompt = g_prompt;
     r.n_prompt = 4;
@@ -45,15 +22,13 @@ static void run_some(engine_sched *s, const engine_request *think, collector *c)
     engine_sampling_defaults(&r.sampling);
     r.sampling.temperature = 0;
     r.ignore_eos = true;
-    r.on_event = on_event;
+    r.on_event = collect_event;
     r.ctx = c;
     uint64_t id;
     engine_reject why;
     base_err err;
     CHECK_MSG(engine_submit(s, &r, &id, &why, &err) == 0, "%s", err.msg);
-    pthread_mutex_lock(&c->mu);
-    while (!c->n_final) pthread_cond_wait(&c->cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
+    collector_wait(c);
 }
 
 /* The same, all 10 generated. */
@@ -71,17 +46,11 @@ int main(void) {
     snprintf(dir, sizeof dir, "%s/models/demo", test_source_dir());
     base_err err;
     tok_tokenizer *tok = NULL;
-    engine_runtime *rt = NULL;
-    engine_options o;
-    engine_options_defaults(&o);
-    o.device = "cpu";
-    o.n_threads = 2;
-    o.ctx_size = 64;
-    o.n_parallel = 1;
-    if (tok_load(dir, 0, &tok, &err) || engine_runtime_open(dir, &o, &rt, &err)) {
+    if (tok_load(dir, 0, &tok, &err)) {
         fprintf(stderr, "demo model: %s\n", err.msg);
         return 1;
     }
+    engine_runtime *rt = test_open_runtime(dir, 64, 1, 0);
     engine_sched_options so = {.n_parallel = 1, .ctx_size = 64, .tok = tok};
     engine_sched *s = NULL;
     if (engine_sched_start(rt, &so, &s, &err)) {
@@ -145,7 +114,7 @@ int main(void) {
                           .think_close = g_close,
                           .n_think_close = 3,
                           .n_think_end = 4,
-                          .on_event = on_event,
+                          .on_event = collect_event,
                           .ctx = &c};
     engine_sampling_defaults(&bad.sampling);
     uint64_t id;

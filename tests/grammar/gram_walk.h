@@ -6,17 +6,10 @@
 #define MLXCEL_GRAM_WALK_H
 
 #include "grammar/grammar.h"
+#include "test_rand.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-/* xorshift64 (seeded non-zero): reproducible walks. */
-static inline uint32_t walk_rand(uint64_t *state) {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    return (uint32_t)(*state >> 16);
-}
 
 typedef struct walk_ctx {
     gram_vocab *v;
@@ -97,11 +90,11 @@ static inline int walk_sentence(walk_ctx *w, gram_matcher *m, size_t budget, cha
         for (int t = 0; t < vocab; t++)
             if (w->mask[t / 32] >> (t % 32) & 1) w->allowed[n++] = t;
         bool can_end = gram_state_can_end(s);
-        if (n == 0 || (can_end && (len > budget || walk_rand(&w->rng) % 4 == 0))) {
+        if (n == 0 || (can_end && (len > budget || test_rand_u32(&w->rng) % 4 == 0))) {
             if (!can_end) rc = base_fail(err, "walk stuck after %zu bytes: no token allowed", len);
             break;
         }
-        int32_t pick = w->allowed[walk_rand(&w->rng) % (uint32_t)n];
+        int32_t pick = w->allowed[test_rand_u32(&w->rng) % (uint32_t)n];
         if (len > budget) {
             size_t best = SIZE_MAX;
             for (int i = 0; i < n; i++) {
@@ -112,7 +105,7 @@ static inline int walk_sentence(walk_ctx *w, gram_matcher *m, size_t budget, cha
                     break;
                 }
                 size_t r = gram_state_min_remaining(c);
-                if (r < best || (r == best && walk_rand(&w->rng) % 2)) {
+                if (r < best || (r == best && test_rand_u32(&w->rng) % 2)) {
                     best = r;
                     pick = w->allowed[i];
                 }

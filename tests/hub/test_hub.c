@@ -3,6 +3,7 @@
  * cache, offline error) and removal. */
 #include "hub/hub.h"
 #include "test.h"
+#include "test_file.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -115,16 +116,6 @@ static void test_options(void) {
           strcmp(o.endpoint, "https://huggingface.co") == 0);
 }
 
-static void write_file(const char *dir, const char *name, const char *text) {
-    char *p = base_path_join(dir, name);
-    FILE *f = fopen(p, "w");
-    if (f) {
-        fputs(text, f);
-        fclose(f);
-    }
-    free(p);
-}
-
 static void mkdirs(const char *path) {
     char cmd[HUB_PATH_MAX + 16];
     snprintf(cmd, sizeof cmd, "mkdir -p '%s'", path);
@@ -154,16 +145,16 @@ static void test_resolve(const char *root) {
     char refs[HUB_PATH_MAX];
     snprintf(refs, sizeof refs, "%s/hf/models--acme--m/refs", root);
     mkdirs(refs);
-    write_file(refs, "main", "c0ffee\n");
-    write_file(path, "config.json", "{}");
+    test_write_file(refs, "main", "c0ffee\n");
+    test_write_file(path, "config.json", "{}");
     CHECK(hub_resolve("acme/m", &o, &dir, &err) == -1);
-    write_file(
+    test_write_file(
         path, "model.safetensors.index.json",
         "{\"weight_map\": {\"a\": \"model-1.safetensors\", \"b\": \"model-2.safetensors\"}}");
-    write_file(path, "model-1.safetensors", "x");
+    test_write_file(path, "model-1.safetensors", "x");
     CHECK_MSG(hub_resolve("acme/m", &o, &dir, &err) == -1,
               "a snapshot missing a shard its index names must not be used");
-    write_file(path, "model-2.safetensors", "x");
+    test_write_file(path, "model-2.safetensors", "x");
     CHECK(hub_resolve("acme/m", &o, &dir, &err) == 0 && strcmp(dir, path) == 0);
     free(dir);
 
@@ -171,10 +162,10 @@ static void test_resolve(const char *root) {
     char store_dir[HUB_PATH_MAX];
     snprintf(store_dir, sizeof store_dir, "%s/store/models/acme/m", root);
     mkdirs(store_dir);
-    write_file(store_dir, "config.json", "{}");
+    test_write_file(store_dir, "config.json", "{}");
     CHECK(hub_resolve("acme/m", &o, &dir, &err) == 0 && strcmp(dir, path) == 0);
     free(dir);
-    write_file(store_dir, HUB_COMPLETE_MARKER, "acme/m main\n");
+    test_write_file(store_dir, HUB_COMPLETE_MARKER, "acme/m main\n");
     CHECK(hub_resolve("acme/m", &o, &dir, &err) == 0 && strcmp(dir, store_dir) == 0);
     free(dir);
 
@@ -193,7 +184,7 @@ static void test_resolve(const char *root) {
     char outside[HUB_PATH_MAX], link[HUB_PATH_MAX + 16];
     snprintf(outside, sizeof outside, "%s/outside", root);
     mkdirs(outside);
-    write_file(outside, "keep", "k");
+    test_write_file(outside, "keep", "k");
     snprintf(link, sizeof link, "%s/escape", store_dir);
     CHECK(symlink(outside, link) == 0);
     CHECK(hub_remove("acme/m", &o, &err) == 0);

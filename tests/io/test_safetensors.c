@@ -1,6 +1,7 @@
 /* Safetensors: round trips through the writer, then one broken file per loader rule, each
  * checked for a failure whose message names the file and the tensor. */
 #include "io/io_test_util.h"
+#include "test_file.h"
 
 #include <fcntl.h>
 #include <jansson.h>
@@ -251,12 +252,6 @@ static void write_shard(const char *dir, const char *name, const char *const *na
     free(p);
 }
 
-static void write_text(const char *dir, const char *name, const char *text) {
-    char *p = base_path_join(dir, name);
-    iot_write_bytes(p, text, strlen(text));
-    free(p);
-}
-
 static char *fresh_subdir(const char *name) {
     char *d = path_in(name);
     mkdir(d, 0755);
@@ -286,7 +281,7 @@ static void test_sharded(void) {
     char *d = fresh_subdir("sharded");
     write_shard(d, "model-00001-of-00002.safetensors", g_s1, 0);
     write_shard(d, "model-00002-of-00002.safetensors", g_s2, 100);
-    write_text(d, "model.safetensors.index.json", g_index);
+    test_write_file(d, "model.safetensors.index.json", g_index);
     io_checkpoint *ck;
     base_err err = {{0}};
     CHECK_MSG(io_checkpoint_open_dir(d, &ck, &err) == 0, "%s", err.msg);
@@ -309,7 +304,7 @@ static void test_sharded(void) {
 static void test_sharded_broken(void) {
     char *d = fresh_subdir("missing_shard");
     write_shard(d, "model-00001-of-00002.safetensors", g_s1, 0);
-    write_text(d, "model.safetensors.index.json", g_index);
+    test_write_file(d, "model.safetensors.index.json", g_index);
     expect_dir_fail(d, "model-00002-of-00002.safetensors", "not found", __LINE__);
     free(d);
 
@@ -317,7 +312,7 @@ static void test_sharded_broken(void) {
     const char *const only_a[] = {"a.w", NULL};
     write_shard(d, "model-00001-of-00002.safetensors", only_a, 0);
     write_shard(d, "model-00002-of-00002.safetensors", g_s2, 0);
-    write_text(d, "model.safetensors.index.json", g_index);
+    test_write_file(d, "model.safetensors.index.json", g_index);
     expect_dir_fail(d, "'b.w'", "model-00001-of-00002.safetensors", __LINE__);
     free(d);
 
@@ -325,7 +320,7 @@ static void test_sharded_broken(void) {
     const char *const b_c[] = {"b.w", "c.w", NULL};
     write_shard(d, "model-00001-of-00002.safetensors", only_a, 0);
     write_shard(d, "model-00002-of-00002.safetensors", b_c, 0);
-    write_text(d, "model.safetensors.index.json", g_index);
+    test_write_file(d, "model.safetensors.index.json", g_index);
     expect_dir_fail(d, "'b.w'", "does not hold it", __LINE__);
     free(d);
 
@@ -333,21 +328,21 @@ static void test_sharded_broken(void) {
     const char *const a_c[] = {"a.w", "c.w", NULL};
     write_shard(d, "model-00001-of-00002.safetensors", g_s1, 0);
     write_shard(d, "model-00002-of-00002.safetensors", a_c, 0);
-    write_text(d, "model.safetensors.index.json", g_index);
+    test_write_file(d, "model.safetensors.index.json", g_index);
     expect_dir_fail(d, "'a.w'", "two shards", __LINE__);
     free(d);
 
     d = fresh_subdir("dotdot");
     write_shard(d, "model-00001-of-00002.safetensors", g_s1, 0);
-    write_text(d, "model.safetensors.index.json",
-               "{\"weight_map\":{\"a.w\":\"../model-00001-of-00002.safetensors\"}}");
+    test_write_file(d, "model.safetensors.index.json",
+                    "{\"weight_map\":{\"a.w\":\"../model-00001-of-00002.safetensors\"}}");
     expect_dir_fail(d, "'a.w'", "plain file name", __LINE__);
-    write_text(d, "model.safetensors.index.json",
-               "{\"weight_map\":{\"a.w\":\"sub/model-00001-of-00002.safetensors\"}}");
+    test_write_file(d, "model.safetensors.index.json",
+                    "{\"weight_map\":{\"a.w\":\"sub/model-00001-of-00002.safetensors\"}}");
     expect_dir_fail(d, "sub/model", "plain file name", __LINE__);
-    write_text(d, "model.safetensors.index.json", "{\"weight_map\":{}}");
+    test_write_file(d, "model.safetensors.index.json", "{\"weight_map\":{}}");
     expect_dir_fail(d, "weight_map", "model.safetensors.index.json", __LINE__);
-    write_text(d, "model.safetensors.index.json", "{\"weight_map\":");
+    test_write_file(d, "model.safetensors.index.json", "{\"weight_map\":");
     expect_dir_fail(d, "model.safetensors.index.json", NULL, __LINE__);
     free(d);
 
@@ -356,7 +351,7 @@ static void test_sharded_broken(void) {
     write_shard(d, "model-00001-of-00002.safetensors", g_s1, 0);
     char *p = base_path_join(d, "model-00002-of-00002.safetensors");
     iot_write_st(p, "{\"c.w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8);
-    write_text(d, "model.safetensors.index.json", g_index);
+    test_write_file(d, "model.safetensors.index.json", g_index);
     expect_dir_fail(d, p, "'c.w'", __LINE__);
     free(p);
     free(d);
@@ -379,8 +374,8 @@ static void test_unindexed_dirs(void) {
     /* written out of name order, since some filesystems list in creation order */
     write_shard(d, "a.safetensors", g_s2, 0);
     write_shard(d, "z.safetensors", g_s1, 0);
-    write_text(d, "readme.txt", "not a shard");
-    write_text(d, "._a.safetensors", "resource fork, not a shard");
+    test_write_file(d, "readme.txt", "not a shard");
+    test_write_file(d, "._a.safetensors", "resource fork, not a shard");
     CHECK_MSG(io_checkpoint_open_dir(d, &ck, &err) == 0, "%s", err.msg);
     if (ck) {
         CHECK(io_checkpoint_count(ck) == 3);

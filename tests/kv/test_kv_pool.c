@@ -4,94 +4,15 @@
  * contract, LRU eviction order, all-or-nothing appends and the CSR batch. */
 #include "test.h"
 #include "kv/kv_test_backend.h"
-#include "attn/attn.h"
-#include "kv/kv.h"
+#include "kv/kv_test_seq.h"
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 
 static uint32_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 32);
+    return (uint32_t)(test_rand_u64(&rng_state) >> 32);
 }
 
-static bool pool_ok(const kv_pool *pool, const char *after) {
-    base_err err;
-    int rc = kv_pool_check(pool, &err);
-    CHECK_MSG(rc == 0, "after %s: %s", after, err.msg);
-    return rc == 0;
-}
-
-/* K/V of the token at pos: a function of every token up to it, as in a real model, so that
- * recomputing a prefix gives the same bits as adopting it and a block adopted under another
- * prefix shows. Layer l adds 10 l so that each layer's copy is checked. */
-static float kv_value(const int32_t *toks, int pos, int j, int layer, int side) {
-    uint64_t h = base_hash64(BASE_HASH_SEED, toks, (size_t)(pos + 1) * sizeof(int32_t));
-    return (float)(h % 1000) + 0.001f * (float)(pos % 997) + 0.0001f * (float)j + 10.0f * layer +
-           100.0f * side;
-}
-
-/* Appends toks[start, start + n) to seq (which holds toks[0, start)) and writes their K/V in
- * every layer. */
-static int append_written(be_backend *be, kv_pool *pool, kv_seq *seq, const int32_t *all, int start,
-                          int n, base_err *err) {
-    const int32_t *toks = all + start;
-    if (kv_seq_append(pool, seq, toks, n, err)) return -1;
-    kv_batch b;
-    if (kv_batch_build(pool, &seq, &n, 1, &b, err)) return -1;
-    const kv_geometry *g = kv_pool_geometry(pool);
-    int row = g->n_kv_heads * g->head_dim;
-    float *k = malloc((size_t)n * row * sizeof(float)),
-          *v = malloc((size_t)n * row * sizeof(float));
-    int rc = 0;
-    for (int l = 0; l < g->n_layers && rc == 0; l++) {
-        for (int i = 0; i < n; i++) {
-            for (int j = 0; j < row; j++) {
-                k[(size_t)i * row + j] = kv_value(all, b.view.positions[i], j, l, 0);
-                v[(size_t)i * row + j] = kv_value(all, b.view.positions[i], j, l, 1);
-            }
-        }
-        be_tensor kt = {k, BASE_DTYPE_F32, n, row}, vt = {v, BASE_DTYPE_F32, n, row};
-        rc = be->ops->kv_append(be, kv_pool_layer(pool, l), &kt, &vt, &b.view, err);
-    }
-    free(k);
-    free(v);
-    kv_batch_free(&b);
-    return rc;
-}
-
-/* Reads the sequence back through its page table and compares with the expected tokens. */
-static bool seq_content_ok(kv_pool *pool, kv_seq *seq, const int32_t *expect, int n) {
-    if (kv_seq_len(seq) != n) return false;
-    kv_batch b;
-    int zero = 0;
-    base_err err;
-    if (kv_batch_build(pool, &seq, &zero, 1, &b, &err)) return false;
-    const kv_geometry *g = kv_pool_geometry(pool);
-    bool ok = true;
-    for (int l = 0; l < g->n_layers; l++) {
-        const be_kv_layer *L = kv_pool_layer(pool, l);
-        for (int t = 0; t < n && ok; t++) {
-            int32_t page = b.view.page_indices[t / g->block_size];
-            int head = g->n_kv_heads - 1, j = head * g->head_dim + 1;
-            uint64_t off = kv_elem_offset(page, t % g->block_size, head, g->block_size,
-                                          g->n_kv_heads, g->head_dim);
-            ok = ((float *)L->k)[off + 1] == kv_value(expect, t, j, l, 0) &&
-                 ((float *)L->v)[off + 1] == kv_value(expect, t, j, l, 1);
-        }
-    }
-    kv_batch_free(&b);
-    return ok;
-}
-
-enum { MAX_SEQS = 12, MAX_LEN = 96 };
-
-typedef struct live_seq {
-    kv_seq *seq;
-    int32_t toks[MAX_LEN];
-    int len;
-} live_seq;
+enum { MAX_SEQS = 12 };
 
 /* A few shared stems so that prefixes repeat and adoption happens often. */
 static void random_tokens(int32_t *out, int n) {
@@ -132,7 +53,7 @@ static void property_run(uint64_t mask, int ops) {
             }
         } else if (kind == 1 || kind == 2) {
             int n = 1 + (int)(rnd() % 10);
-            if (s->len + n > MAX_LEN) continue;
+            if (s->len + n > KV_TEST_MAX_LEN) continue;
             random_tokens(s->toks + s->len, n);
             kv_pool_stats before = kv_pool_get_stats(pool);
             bool shared_tail = s->len % g.block_size != 0;
@@ -148,10 +69,7 @@ static void property_run(uint64_t mask, int ops) {
             }
         } else if (kind == 3) {
             if (n_live == MAX_SEQS) continue;
-            live_seq *f = &live[n_live++];
-            f->seq = kv_seq_fork(pool, s->seq);
-            memcpy(f->toks, s->toks, sizeof f->toks);
-            f->len = s->len;
+            live_fork(pool, &live[n_live++], s);
         } else if (kind == 4) {
             s->len = s->len ? (int)(rnd() % (uint32_t)s->len) : 0;
             CHECK(kv_seq_truncate(pool, s->seq, s->len, &err) == 0);
@@ -159,16 +77,7 @@ static void property_run(uint64_t mask, int ops) {
             kv_seq_free(pool, s->seq);
             *s = live[--n_live];
         }
-        if (rnd() % 4) {
-            for (int i = 0; i < n_live; i++) kv_seq_commit(pool, live[i].seq);
-        }
-        if (!pool_ok(pool, "an operation")) break;
-        bool content = true;
-        for (int i = 0; i < n_live; i++)
-            content &= seq_content_ok(pool, live[i].seq, live[i].toks, live[i].len);
-        CHECK_MSG(content, "mask %llx, op %d: a sequence's K/V changed", (unsigned long long)mask,
-                  op);
-        if (!content) break;
+        if (!live_check(pool, live, n_live, rnd() % 4 != 0, mask, op)) break;
     }
     /* the run must have exercised adoption, copy-on-write and a full pool */
     CHECK_MSG(adopted > 0 && cows > 0 && failures > 0, "adopted %lld, cows %lld, failures %lld",

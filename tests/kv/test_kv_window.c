@@ -6,62 +6,12 @@
  * model whose global group has no slabs. */
 #include "test.h"
 #include "kv/kv_test_backend.h"
-#include "attn/attn.h"
-#include "kv/kv.h"
+#include "kv/kv_test_seq.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
 static uint32_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 32);
-}
-
-static bool pool_ok(const kv_pool *pool, const char *after) {
-    base_err err;
-    int rc = kv_pool_check(pool, &err);
-    CHECK_MSG(rc == 0, "after %s: %s", after, err.msg);
-    return rc == 0;
-}
-
-/* K/V of the token at pos: a function of every token up to it, as in a real model. */
-static float kv_value(const int32_t *toks, int pos, int j, int layer, int side) {
-    uint64_t h = base_hash64(BASE_HASH_SEED, toks, (size_t)(pos + 1) * sizeof(int32_t));
-    return (float)(h % 1000) + 0.001f * (float)(pos % 997) + 0.0001f * (float)j + 10.0f * layer +
-           100.0f * side;
-}
-
-static const be_paged_batch *view_of(const kv_pool *pool, const kv_batch *b, int layer) {
-    return kv_pool_layer_local(pool, layer) ? &b->local : &b->view;
-}
-
-/* Appends toks[start, start + n) to seq and writes their K/V in every layer through its
- * group's view. */
-static int append_written(be_backend *be, kv_pool *pool, kv_seq *seq, const int32_t *all, int start,
-                          int n, base_err *err) {
-    if (kv_seq_append(pool, seq, all + start, n, err)) return -1;
-    kv_batch b;
-    if (kv_batch_build(pool, &seq, &n, 1, &b, err)) return -1;
-    const kv_geometry *g = kv_pool_geometry(pool);
-    int row = g->n_kv_heads * g->head_dim;
-    float *k = malloc((size_t)n * row * sizeof(float)),
-          *v = malloc((size_t)n * row * sizeof(float));
-    int rc = 0;
-    for (int l = 0; l < g->n_layers && rc == 0; l++) {
-        for (int i = 0; i < n; i++) {
-            for (int j = 0; j < row; j++) {
-                k[(size_t)i * row + j] = kv_value(all, b.view.positions[i], j, l, 0);
-                v[(size_t)i * row + j] = kv_value(all, b.view.positions[i], j, l, 1);
-            }
-        }
-        be_tensor kt = {k, BASE_DTYPE_F32, n, row}, vt = {v, BASE_DTYPE_F32, n, row};
-        rc = be->ops->kv_append(be, kv_pool_layer(pool, l), &kt, &vt, view_of(pool, &b, l), err);
-    }
-    free(k);
-    free(v);
-    kv_batch_free(&b);
-    return rc;
+    return (uint32_t)(test_rand_u64(&rng_state) >> 32);
 }
 
 /* The first position a sequence's local view holds (-1 on a failed build). */
@@ -75,49 +25,12 @@ static int local_start(kv_pool *pool, kv_seq *seq) {
     return start;
 }
 
-/* Reads the sequence back through each layer's view: every token a view holds (the local one
- * from its first kept block) must be the one written, and the local view must hold the next
- * token's window. */
-static bool seq_content_ok(kv_pool *pool, kv_seq *seq, const int32_t *expect, int n) {
-    if (kv_seq_len(seq) != n) return false;
-    kv_batch b;
-    int zero = 0;
-    base_err err;
-    if (kv_batch_build(pool, &seq, &zero, 1, &b, &err)) return false;
-    const kv_geometry *g = kv_pool_geometry(pool);
-    int bs = g->block_size;
-    bool ok = true;
-    for (int l = 0; l < g->n_layers && ok; l++) {
-        const be_kv_layer *L = kv_pool_layer(pool, l);
-        const be_paged_batch *v = view_of(pool, &b, l);
-        int start = n - v->kv_len[0];
-        int lo = n - g->window + 1;
-        ok = start % bs == 0 && start <= (lo > 0 ? lo / bs * bs : 0);
-        if (!ok) fprintf(stderr, "layer %d holds from %d of %d tokens\n", l, start, n);
-        for (int t = start; t < n && ok; t++) {
-            int32_t page = v->page_indices[(t - start) / bs];
-            int head = g->n_kv_heads - 1, j = head * g->head_dim + 1;
-            uint64_t off = kv_elem_offset(page, t % bs, head, bs, g->n_kv_heads, g->head_dim);
-            ok = ((float *)L->k)[off + 1] == kv_value(expect, t, j, l, 0) &&
-                 ((float *)L->v)[off + 1] == kv_value(expect, t, j, l, 1);
-        }
-    }
-    kv_batch_free(&b);
-    return ok;
-}
-
 static bool stats_equal(const kv_pool *pool, const kv_pool_stats *g, const kv_pool_stats *l) {
     kv_pool_stats g2 = kv_pool_get_stats(pool), l2 = kv_pool_get_local_stats(pool);
     return memcmp(g, &g2, sizeof g2) == 0 && memcmp(l, &l2, sizeof l2) == 0;
 }
 
-enum { MAX_SEQS = 10, MAX_LEN = 96, WINDOW = 6, BS = 4 };
-
-typedef struct live_seq {
-    kv_seq *seq;
-    int32_t toks[MAX_LEN];
-    int len;
-} live_seq;
+enum { MAX_SEQS = 10, WINDOW = 6, BS = 4 };
 
 /* A few shared stems, rarely disturbed, so that long prefixes repeat and adoption reaches past
  * the window often. */
@@ -167,7 +80,7 @@ static void property_run(const bool *layer_local, int n_layers, uint64_t mask, i
             }
         } else if (kind == 1 || kind == 2) {
             int n = 1 + (int)(rnd() % 10);
-            if (s->len + n > MAX_LEN) continue;
+            if (s->len + n > KV_TEST_MAX_LEN) continue;
             random_tokens(s->toks + s->len, n);
             bool shared_tail = s->len % BS != 0;
             if (append_written(be, pool, s->seq, s->toks, s->len, n, &err) == 0) {
@@ -180,10 +93,7 @@ static void property_run(const bool *layer_local, int n_layers, uint64_t mask, i
             }
         } else if (kind == 3) {
             if (n_live == MAX_SEQS) continue;
-            live_seq *f = &live[n_live++];
-            f->seq = kv_seq_fork(pool, s->seq);
-            memcpy(f->toks, s->toks, sizeof f->toks);
-            f->len = s->len;
+            live_fork(pool, &live[n_live++], s);
         } else if (kind == 4) {
             /* mostly short steps back, as a rejected continuation would take */
             int back = rnd() % 2 ? 1 + (int)(rnd() % 3) : (int)(rnd() % (uint32_t)(s->len + 1));
@@ -205,16 +115,7 @@ static void property_run(const bool *layer_local, int n_layers, uint64_t mask, i
             kv_seq_free(pool, s->seq);
             *s = live[--n_live];
         }
-        if (rnd() % 4) {
-            for (int i = 0; i < n_live; i++) kv_seq_commit(pool, live[i].seq);
-        }
-        if (!pool_ok(pool, "an operation")) break;
-        bool content = true;
-        for (int i = 0; i < n_live; i++)
-            content &= seq_content_ok(pool, live[i].seq, live[i].toks, live[i].len);
-        CHECK_MSG(content, "mask %llx, op %d: a sequence's K/V changed", (unsigned long long)mask,
-                  op);
-        if (!content) break;
+        if (!live_check(pool, live, n_live, rnd() % 4 != 0, mask, op)) break;
     }
     printf("  %d layers, mask %llx: adoptions past the window %lld, copy-on-write appends %lld, "
            "failed appends %lld, truncations %lld done and %lld refused\n",

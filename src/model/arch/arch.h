@@ -61,6 +61,9 @@ int model_config_parse(const char *json_text, const char *origin, io_model_confi
 /* Every layer local (Mistral and Phi-3's sliding_window over all layers) when the config has a
  * window, none otherwise. */
 int arch_window_all(const io_cfg_at *at, io_model_config *cfg);
+/* Qwen's use_sliding_window refused: its window covers only the layers past max_window_layers;
+ * no released checkpoint turns it on, and refusing beats attending over the wrong span. */
+int arch_window_refused(const io_cfg_at *at);
 /* Local layers from layer_types when given, else every layer but each `period`-th (layer i is
  * global when (i + 1) % period == 0), as Gemma's configs mean it. */
 int arch_window_pattern(const io_cfg_at *at, io_model_config *cfg, int period);

@@ -11,7 +11,8 @@ const model_arch arch_llama = {
 
 const model_arch arch_mistral = {
     .model_type = "mistral",
-    .summary = "Mistral 7B and Ministral: sliding_window over every layer",
+    .summary = "Mistral 7B and Ministral: sliding_window over every layer; on CUDA a window "
+               "takes the generic attention kernel",
     .configure = arch_window_all,
     .names = {ARCH_LLAMA_NAMES},
 };

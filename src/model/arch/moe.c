@@ -27,12 +27,10 @@ static int read_dense_layers(const io_cfg_at *at, io_model_config *cfg) {
 }
 
 static int qwen3_moe_configure(const io_cfg_at *at, io_model_config *cfg) {
-    bool windowed;
     if (arch_moe(at, cfg, "num_experts", "num_experts_per_tok", "moe_intermediate_size") ||
-        io_cfg_bool(at, "norm_topk_prob", false, &cfg->moe_norm_topk) ||
-        io_cfg_bool(at, "use_sliding_window", false, &windowed) || read_dense_layers(at, cfg))
+        io_cfg_bool(at, "norm_topk_prob", false, &cfg->moe_norm_topk) || arch_window_refused(at) ||
+        read_dense_layers(at, cfg))
         return -1;
-    if (windowed) return io_cfg_fail(at, "use_sliding_window", "true is not supported");
     cfg->qk_norm = IO_QK_NORM_HEAD;
     return 0;
 }
@@ -46,14 +44,15 @@ static int mixtral_configure(const io_cfg_at *at, io_model_config *cfg) {
 const model_arch arch_qwen3_moe = {
     .model_type = "qwen3_moe",
     .summary = "Qwen3-MoE (30B-A3B, Coder): experts stacked as mlx-lm writes them, dense layers "
-               "by mlp_only_layers",
+               "by decoder_sparse_step and mlp_only_layers; use_sliding_window refused",
     .configure = qwen3_moe_configure,
     .names = {ARCH_LLAMA_NAMES, .router = "mlp.gate", .experts = "mlp.switch_mlp"},
 };
 
 const model_arch arch_mixtral = {
     .model_type = "mixtral",
-    .summary = "Mixtral: experts stacked as mlx-lm writes them",
+    .summary = "Mixtral: experts stacked as mlx-lm writes them, sliding_window over every "
+               "layer; on CUDA a window takes the generic attention kernel",
     .configure = mixtral_configure,
     .names = {ARCH_LLAMA_NAMES, .router = "block_sparse_moe.gate",
               .experts = "block_sparse_moe.switch_mlp"},
@@ -79,7 +78,8 @@ static int gpt_oss_configure(const io_cfg_at *at, io_model_config *cfg) {
 const model_arch arch_gpt_oss = {
     .model_type = "gpt_oss",
     .summary = "GPT-OSS (20b, 120b): attention sinks, MXFP4 experts (mlx-community's "
-               "MXFP4-Q8), biases, clamped SwiGLU",
+               "MXFP4-Q8), biases, clamped SwiGLU (swiglu_limit 7 only), local layers every "
+               "other layer; on CUDA the sinks and windows take the generic attention kernel",
     .configure = gpt_oss_configure,
     .names = {ARCH_LLAMA_NAMES, .router = "mlp.router", .experts = "mlp.experts"},
 };

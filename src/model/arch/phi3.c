@@ -15,7 +15,9 @@ static int phi3_configure(const io_cfg_at *at, io_model_config *cfg) {
 
 const model_arch arch_phi3 = {
     .model_type = "phi3",
-    .summary = "Phi-3, Phi-3.5-mini, Phi-4-mini: fused qkv and gate_up, longrope, partial rotary",
+    .summary = "Phi-3, Phi-3.5-mini, Phi-4-mini: fused qkv and gate_up, longrope, partial "
+               "rotary, sliding_window over every layer; on CUDA head_dim 96 (Phi-3-mini, "
+               "Phi-3.5-mini) is refused and a window takes the generic attention kernel",
     .configure = phi3_configure,
     .names = {ARCH_LLAMA_NAMES, .qkv = "self_attn.qkv_proj", .gate_up = "mlp.gate_up_proj"},
 };
