@@ -27,6 +27,7 @@
  * kernel dp4a alone reached 67% on lm_head, held back by the instructions of its loads and
  * reduction. The small matrices are bound by latency: one short wave per SM. */
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_packed.h"
 
 #include <type_traits>
 
@@ -152,14 +153,6 @@ __device__ __forceinline__ float unit_dot(uint4 q, const uint32_t (&d)[3 * 32 / 
     return fmaf((float)a2, 65536.0f, (float)(a1 * 256 + a0));
 }
 
-__device__ __forceinline__ uint4 gemv1_ld16(const uint4 *p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
 /* A scale or bias as its raw bits: 32 of an F32, 16 of an F16 or BF16. */
 template <typename S> __device__ __forceinline__ uint32_t gemv1_ldscale(const S *p) {
     if (sizeof(S) == 4) {
@@ -265,7 +258,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
             const int g = u >> job.gshift;
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                B.q[r][c] = gemv1_ld16(lw[r] + u);
+                B.q[r][c] = gmma_ld_nc((const uint8_t *)(lw[r] + u));
                 B.s[r][c] = gemv1_ldscale(ls[r] + g);
                 B.b[r][c] = gemv1_ldscale(lb[r] + g);
             }

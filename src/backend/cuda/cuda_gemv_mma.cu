@@ -313,17 +313,9 @@ __global__ void __launch_bounds__(GMMA_WARPS * 32, 2) gmma_kernel(const gmma_job
             for (int i = 0; i < 4; i++) ch[nt][i] = 0.0f;
 #pragma unroll
         for (int wd = 0; wd < 2; wd++) {
-            const uint32_t w0 = wd ? sg.w.y : sg.w.x; /* row g */
-            const uint32_t w1 = wd ? sg.w.w : sg.w.z; /* row g + 8 */
             constexpr int PAIRS = BITS == 4 ? 4 : 2;
             uint32_t h0[PAIRS], h1[PAIRS];
-            if (BITS == 4) {
-                gmma_dq4(w0, h0);
-                gmma_dq4(w1, h1);
-            } else {
-                gmma_dq8(w0, h0);
-                gmma_dq8(w1, h1);
-            }
+            gmma_dq_rows<BITS>(sg.w, wd, h0, h1);
 #pragma unroll
             for (int j = 0; j < PAIRS / 2; j++) {
                 const uint32_t a[4] = {h0[2 * j], h1[2 * j], h0[2 * j + 1], h1[2 * j + 1]};
@@ -631,20 +623,8 @@ int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws
     if (x->rows > most)
         return cuda_gemv_in_slices(be, x, ws, ys, n, glu, fz, most, cuda_gemv_mma, err);
     gmma_job job = {};
-    if (fz) job.fz = *fz;
+    if (gmma_job_init(&job, x, ws, ys, n, glu, fz) == 0) return 0;
     job.sdt = w->dtype;
-    job.in = w->in;
-    job.groups = w->in / w->group_size;
-    job.gshift = w->group_size == 32 ? 5 : (w->group_size == 64 ? 6 : 7);
-    job.sectors = w->in * w->bits / 256;
-    job.nx = (int)x->rows;
-    job.rows = cuda_gemv_mats(job.m, ws, ys, n, glu);
-    if (job.rows == 0) return 0;
-    for (int i = 0; i < n; i++) {
-        job.pk[i] = (const uint8_t *)ws[i]->packed;
-        job.mt[i] = gmma_geometry(ws[i]).tiles;
-        job.tiles += job.mt[i];
-    }
     job.x = (const float *)x->data;
     return glu ? gmma_dispatch<true>(be, job, w->bits, w->group_size, err)
                : gmma_dispatch<false>(be, job, w->bits, w->group_size, err);

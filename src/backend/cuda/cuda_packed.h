@@ -103,6 +103,43 @@ __device__ __forceinline__ void gmma_dq8(uint32_t w, uint32_t *h) {
     h[1] = gmma_hsub(((w >> 8) & 0x00FF00FFu) | magic, magic);
 }
 
+/* Word wd (0 or 1) of a lane's 16 bytes of a packed sector, for row g (h0) and row g + 8
+ * (h1), as the F16 pairs of gmma_dq4 (4 a row) or gmma_dq8 (2 a row). */
+template <int BITS>
+__device__ __forceinline__ void gmma_dq_rows(const uint4 &w, int wd, uint32_t *h0, uint32_t *h1) {
+    const uint32_t w0 = wd ? w.y : w.x, w1 = wd ? w.w : w.z;
+    if (BITS == 4) {
+        gmma_dq4(w0, h0);
+        gmma_dq4(w1, h1);
+    } else {
+        gmma_dq8(w0, h0);
+        gmma_dq8(w1, h1);
+    }
+}
+
+/* The fields both kernels' jobs share, from cuda_gemv1's arguments: the matrices, their packed
+ * copies and m-tiles, the geometry of their (one) weight shape, x's rows and what fz folds in.
+ * Returns the output rows the job walks (cuda_gemv_mats'), 0 for nothing to do. */
+template <typename J>
+static inline int64_t gmma_job_init(J *job, const be_tensor *x, const be_linear *const *ws,
+                                    be_tensor *const *ys, int n, bool glu,
+                                    const cuda_gemv_fuse *fz) {
+    const be_linear *w = ws[0];
+    if (fz) job->fz = *fz;
+    job->in = w->in;
+    job->groups = w->in / w->group_size;
+    job->gshift = w->group_size == 32 ? 5 : (w->group_size == 64 ? 6 : 7);
+    job->sectors = w->in * w->bits / 256;
+    job->nx = (int)x->rows;
+    job->rows = cuda_gemv_mats(job->m, ws, ys, n, glu);
+    for (int i = 0; i < n; i++) {
+        job->pk[i] = (const uint8_t *)ws[i]->packed;
+        job->mt[i] = gmma_geometry(ws[i]).tiles;
+        job->tiles += job->mt[i];
+    }
+    return job->nx > 0 ? job->rows : 0;
+}
+
 /* m-tile `tile` of a job of up to three matrices (j.mt[i] m-tiles each, in turn; with GLU gate
  * and up alternating): its matrix, and its tile there in *lt. */
 template <bool GLU, typename J>

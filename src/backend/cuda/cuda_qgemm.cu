@@ -309,17 +309,9 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 1) qg_kernel(const qg_job job) 
                                          16);
 #pragma unroll
             for (int a = 0; a < QG_MT; a++) {
-                const uint32_t w0 = wd ? wa[a].y : wa[a].x; /* row g */
-                const uint32_t w1 = wd ? wa[a].w : wa[a].z; /* row g + 8 */
                 constexpr int PAIRS = BITS == 4 ? 4 : 2;
                 uint32_t h0[PAIRS], h1[PAIRS];
-                if (BITS == 4) {
-                    gmma_dq4(w0, h0);
-                    gmma_dq4(w1, h1);
-                } else {
-                    gmma_dq8(w0, h0);
-                    gmma_dq8(w1, h1);
-                }
+                gmma_dq_rows<BITS>(wa[a], wd, h0, h1);
 #pragma unroll
                 for (int p = 0; p < PAIRS; p++) {
                     h0[p] = gmma_hfma(h0[p], sc[a][0], bi[a][0]);
@@ -535,19 +527,7 @@ int cuda_qgemm(be_backend *be, const be_tensor *x, const be_linear *const *ws, b
                int n, bool glu, const cuda_gemv_fuse *fz, base_err *err) {
     const be_linear *w = ws[0];
     qg_job job = {};
-    if (fz) job.fz = *fz;
-    job.in = w->in;
-    job.groups = w->in / w->group_size;
-    job.gshift = w->group_size == 32 ? 5 : (w->group_size == 64 ? 6 : 7);
-    job.sectors = w->in * w->bits / 256;
-    job.nx = (int)x->rows;
-    job.rows = cuda_gemv_mats(job.m, ws, ys, n, glu);
-    if (job.rows == 0 || job.nx == 0) return 0;
-    for (int i = 0; i < n; i++) {
-        job.pk[i] = (const uint8_t *)ws[i]->packed;
-        job.mt[i] = gmma_geometry(ws[i]).tiles;
-        job.tiles += job.mt[i];
-    }
+    if (gmma_job_init(&job, x, ws, ys, n, glu, fz) == 0) return 0;
     return glu ? qg_dispatch<true>(be, job, x, w->bits, w->dtype, err)
                : qg_dispatch<false>(be, job, x, w->bits, w->dtype, err);
 }
