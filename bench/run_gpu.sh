@@ -5,7 +5,8 @@
 # through torch.matmul), then the benchmarks, each next to its ceiling and, where one exists,
 # its peer measured in the same run:
 #   a. paged decode attention (bench_attention) against cuDNN/flash SDPA (tools/reference/sdpa_peer.py);
-#   b. the decode GEMV per 8B matrix (bench_cuda_gemv) against the copy bandwidth;
+#   b. the decode GEMV and the quantized GEMM per 8B matrix (bench_cuda_gemv), 1 to 512 rows,
+#      against the copy bandwidth and the dequantize + cuBLAS path;
 #   c. causal prefill attention (bench_prefill_attention) against SDPA (sdpa_prefill_peer.py);
 #   d. a random Llama-3.1-8B-shaped MLX 4-bit model (bench/make_llama8b_q4.py): decode at 1, 8, 16, 32,
 #      64, 128 and 256 sequences (batch 1 also with recorded steps off), 2048-token prefill;
@@ -112,8 +113,11 @@ log "a. paged decode attention against SDPA"
 OUT=$OUT/attention BENCH=$B/bench/bench_attention BENCH_S=90 PEER_S=90 \
     bench/run_attention.sh "$REPS" 2>&1 | tail -30 | say
 
-log "b. decode GEMV"
-timeout 60 "$B/bench/bench_cuda_gemv" 7 2>&1 | say
+log "b. decode GEMV and the quantized GEMM"
+# The integer-dot GEMV ("rows") passes over W twice a row pair: timed to 32 rows only; the
+# tensor-core GEMV, the cuBLAS path and the product's choice at every row count.
+timeout 60 "$B/bench/bench_cuda_gemv" 7 all 0 rows 1,2,4,8,16,32 2>&1 | say
+timeout 120 "$B/bench/bench_cuda_gemv" 7 all 0 mma,cublas,auto 2>&1 | say
 
 log "c. prefill attention against SDPA"
 timeout 60 "$B/bench/bench_prefill_attention" 10 2>&1 | tail -6 | say
@@ -172,5 +176,7 @@ prof() { # what, ncu kernel regex, launches to skip, command...
 prof "the 1-row GEMV on lm_head (4-bit)" gemv1_kernel 2 "$B/bench/bench_cuda_gemv" 3 lm_head 4 rows
 prof "the tensor-core GEMV at 8 rows on gate+up (4-bit)" gmma_kernel 100 \
     "$B/bench/bench_cuda_gemv" 3 gate+up 4 mma
+prof "the quantized GEMM at 64 rows on gate+up (4-bit)" qg_kernel 1 \
+    "$B/bench/bench_cuda_gemv" 3 gate+up 4 auto 64
 prof "decode attention v2 at 64x4096" paged_decode_mma 1 "$B/bench/bench_attention" 3 64x4096
 log "done in $(($(date +%s) - t0)) s"
