@@ -3,10 +3,11 @@
  * and biases) for 1 to 256 rows of F32 x (powers of two), 4 and 8 bits, group 64, BF16 scales, and
  * the fraction of the device-to-device copy bandwidth measured in the same run (a 1 GiB
  * cudaMemcpy, read + write counted). Q/K/V and gate/up run through their fused ops. Each case
- * runs through the ops four times: with the decode GEMV forced to each of its two kernels at
- * every row count, "rows" (integer dot products, one or two rows a pass over W) and "mma"
- * (tensor cores, 32 rows a pass); as "cublas", the path before the quantized GEMM (the GEMVs
- * below CUDA_GEMM_MIN_ROWS rows, W dequantized to BF16 for cuBLAS from there); and as "auto",
+ * runs through the ops four times: with the decode GEMV forced to each of its two kernels,
+ * "rows" (integer dot products, one or two rows a pass over W) and "mma" (tensor cores, 32 rows
+ * a pass), both of which give way to cuBLAS from CUDA_GEMM_MIN_ROWS rows; as "cublas", the path
+ * before the quantized GEMM (the GEMVs below CUDA_GEMM_MIN_ROWS rows, W dequantized to BF16 for
+ * cuBLAS from there); and as "auto",
  * what the backend picks (the quantized GEMM from CUDA_QGEMM_MIN_ROWS rows). "err" is the
  * normalized difference of a kernel's outputs from the first one's.
  *

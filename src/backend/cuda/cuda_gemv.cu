@@ -409,8 +409,8 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
 }
 
 bool cuda_gemv1_fits(const cuda_backend *c, const be_tensor *x, const be_linear *w) {
-    if (x->rows >= CUDA_QGEMM_MIN_ROWS && c->gemv_kernel != CUDA_GEMV_CUBLAS &&
-        cuda_qgemm_fits(x, w))
+    /* A forced kernel keeps the rules below (F32 x only, the GEMM path from 64 rows). */
+    if (x->rows >= CUDA_QGEMM_MIN_ROWS && c->gemv_kernel == CUDA_GEMV_AUTO && cuda_qgemm_fits(x, w))
         return true;
     /* Past CUDA_GEMV_PAIR_ROWS rows only the tensor-core kernel serves them, in slices of
      * CUDA_GEMV_MAX_ROWS rows (a last slice of one or two rows on this one), until the GEMM

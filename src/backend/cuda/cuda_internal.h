@@ -507,8 +507,9 @@ __device__ __forceinline__ void cuda_gemv_store(const J &j, int mi, int64_t xr, 
 #define CUDA_GEMV_PAIR_ROWS 16
 
 /* Which kernel cuda_gemv1 runs (cuda_backend.gemv_kernel): chosen by rows, or forced for
- * benchmarks: the one-row GEMV, the tensor-core GEMV (both in passes over W at every row
- * count), or no quantized GEMM (from CUDA_GEMM_MIN_ROWS the dequantization and cuBLAS). */
+ * benchmarks: the one-row GEMV or the tensor-core GEMV (in passes over W below
+ * CUDA_GEMM_MIN_ROWS rows, the dequantization and cuBLAS from there), or the same without
+ * either forced: no quantized GEMM. */
 enum { CUDA_GEMV_AUTO, CUDA_GEMV_ROWS, CUDA_GEMV_MMA, CUDA_GEMV_CUBLAS };
 /* Rows of x from which CUDA_GEMV_AUTO takes the tensor-core kernel: on the H200 the one-row
  * kernel is faster at 1 and 2 rows, 4 and 8 bits alike (bench/bench_cuda_gemv.cu). */
