@@ -3,12 +3,12 @@
  * and biases) for 1 to 256 rows of F32 x (powers of two), 4 and 8 bits, group 64, BF16 scales, and
  * the fraction of the device-to-device copy bandwidth measured in the same run (a 1 GiB
  * cudaMemcpy, read + write counted). Q/K/V and gate/up run through their fused ops. Each case
- * runs through the ops four times: with the decode GEMV forced to each of its two kernels,
- * "rows" (integer dot products, one or two rows a pass over W) and "mma" (tensor cores, 32 rows
- * a pass), both of which give way to cuBLAS from CUDA_GEMM_MIN_ROWS rows; as "cublas", the path
- * before the quantized GEMM (the GEMVs below CUDA_GEMM_MIN_ROWS rows, W dequantized to BF16 for
- * cuBLAS from there); and as "auto",
- * what the backend picks (the quantized GEMM from CUDA_QGEMM_MIN_ROWS rows). "err" is the
+ * runs through the ops once for each kernel: with the decode GEMV forced to each of its two
+ * kernels, "rows" (integer dot products, one or two rows a pass over W) and "mma" (tensor cores, 32
+ * rows a pass), both of which give way to cuBLAS from CUDA_GEMM_MIN_ROWS rows; as "cublas", the
+ * path before the quantized GEMM (the GEMVs below CUDA_GEMM_MIN_ROWS rows, W dequantized to BF16
+ * for cuBLAS from there); as "auto", what the backend picks (the quantized GEMM from
+ * CUDA_QGEMM_MIN_ROWS rows); and as "gemm", the quantized GEMM at every row count. "err" is the
  * normalized difference of a kernel's outputs from the first one's.
  *
  * Each shape's weights are copied until the copies pass 512 MB (eight times the H200's L2) and
@@ -256,9 +256,10 @@ int main(int argc, char **argv) {
         {"lm_head", PLAIN, {128256}, 4096},
     };
     const int bits_list[] = {4, 8}, rows_list[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
-    const char *kernels[] = {"rows", "mma", "cublas", "auto"};
-    const int kernel_ids[] = {CUDA_GEMV_ROWS, CUDA_GEMV_MMA, CUDA_GEMV_CUBLAS, CUDA_GEMV_AUTO};
-    const int n_kernels = 4;
+    const char *kernels[] = {"rows", "mma", "cublas", "auto", "gemm"};
+    const int kernel_ids[] = {CUDA_GEMV_ROWS, CUDA_GEMV_MMA, CUDA_GEMV_CUBLAS, CUDA_GEMV_AUTO,
+                              CUDA_GEMV_QGEMM};
+    const int n_kernels = 5;
     /* An item runs when no list is given or it is in the comma-separated list. */
     auto listed = [](const char *only_list, const char *k) {
         if (!only_list) return true;

@@ -410,8 +410,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
 
 bool cuda_gemv1_fits(const cuda_backend *c, const be_tensor *x, const be_linear *w) {
     /* A forced kernel keeps the rules below (F32 x only, the GEMM path from 64 rows). */
-    if (x->rows >= CUDA_QGEMM_MIN_ROWS && c->gemv_kernel == CUDA_GEMV_AUTO && cuda_qgemm_fits(x, w))
-        return true;
+    if (cuda_qgemm_takes(c, x->rows) && cuda_qgemm_fits(x, w)) return true;
     /* Past CUDA_GEMV_PAIR_ROWS rows only the tensor-core kernel serves them, in slices of
      * CUDA_GEMV_MAX_ROWS rows (a last slice of one or two rows on this one), until the GEMM
      * path starts. */
@@ -515,7 +514,7 @@ int cuda_gemv_in_slices(be_backend *be, const be_tensor *x, const be_linear *con
 int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, be_tensor *const *ys,
                int n, bool glu, const cuda_gemv_fuse *fz, base_err *err) {
     const int pick = cuda_impl(be)->gemv_kernel;
-    bool gemm = x->rows >= CUDA_QGEMM_MIN_ROWS && pick == CUDA_GEMV_AUTO;
+    bool gemm = cuda_qgemm_takes(cuda_impl(be), x->rows);
     for (int i = 0; i < n; i++) gemm = gemm && cuda_qgemm_fits(x, ws[i]);
     if (gemm) return cuda_qgemm(be, x, ws, ys, n, glu, fz, err);
     if (x->rows > CUDA_GEMV_MAX_ROWS)

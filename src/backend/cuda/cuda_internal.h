@@ -508,9 +508,9 @@ __device__ __forceinline__ void cuda_gemv_store(const J &j, int mi, int64_t xr, 
 
 /* Which kernel cuda_gemv1 runs (cuda_backend.gemv_kernel): chosen by rows, or forced for
  * benchmarks: the one-row GEMV or the tensor-core GEMV (in passes over W below
- * CUDA_GEMM_MIN_ROWS rows, the dequantization and cuBLAS from there), or the same without
- * either forced: no quantized GEMM. */
-enum { CUDA_GEMV_AUTO, CUDA_GEMV_ROWS, CUDA_GEMV_MMA, CUDA_GEMV_CUBLAS };
+ * CUDA_GEMM_MIN_ROWS rows, the dequantization and cuBLAS from there), the same without
+ * either forced (no quantized GEMM), or the quantized GEMM at every row count it fits. */
+enum { CUDA_GEMV_AUTO, CUDA_GEMV_ROWS, CUDA_GEMV_MMA, CUDA_GEMV_CUBLAS, CUDA_GEMV_QGEMM };
 /* Rows of x from which CUDA_GEMV_AUTO takes the tensor-core kernel: on the H200 the one-row
  * kernel is faster at 1 and 2 rows, 4 and 8 bits alike (bench/bench_cuda_gemv.cu). */
 #define CUDA_GEMV_MMA_ROWS 3
@@ -527,9 +527,16 @@ int cuda_gemv_mma(be_backend *be, const be_tensor *x, const be_linear *const *ws
  * to where cuBLAS on the dequantized W overtakes it (bench/bench_cuda_gemv.cu). */
 #define CUDA_QGEMM_MIN_ROWS 33
 #define CUDA_QGEMM_MAX_ROWS 128
-/* Whether the quantized GEMM serves x [n, in] against w (its packed copy, 4 bits in groups of
- * 64 or 128 or 8 bits); cuda_qgemm then takes cuda_gemv1's arguments, every ws[i] fitting and
- * of one geometry. */
+/* Whether cuda_gemv1 gives `rows` rows of x to the quantized GEMM: CUDA_QGEMM_MIN_ROWS to
+ * CUDA_QGEMM_MAX_ROWS, or any number when it is forced. */
+static inline bool cuda_qgemm_takes(const cuda_backend *c, int64_t rows) {
+    if (c->gemv_kernel == CUDA_GEMV_QGEMM) return rows >= 1;
+    return c->gemv_kernel == CUDA_GEMV_AUTO && rows >= CUDA_QGEMM_MIN_ROWS &&
+           rows <= CUDA_QGEMM_MAX_ROWS;
+}
+/* Whether the quantized GEMM can serve x [n, in] against w (its packed copy, 4 bits in groups of
+ * 64 or 128 or 8 bits), at any n; cuda_qgemm then takes cuda_gemv1's arguments, every ws[i]
+ * fitting and of one geometry. */
 bool cuda_qgemm_fits(const be_tensor *x, const be_linear *w);
 int cuda_qgemm(be_backend *be, const be_tensor *x, const be_linear *const *ws, be_tensor *const *ys,
                int n, bool glu, const cuda_gemv_fuse *fz, base_err *err);

@@ -166,10 +166,24 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
             for (int p = 0; p < WV / 2; p++)
                 hw[wd * WV / 2 + p] = cuda_pack2<__half>(xv[wd * WV + p], xv[wd * WV + p + WV / 2]);
+#if defined(CUDA_HAVE_WGMMA)
+        /* The wgmma's B: for each k-step q of the sector (registers 2q and 2q + 1, the mma's
+         * b0 and b1), the 16 x 64 tile of the CTA's rows of x K-major in core matrices of 8
+         * rows x 8 values: (n-tile, half) at 256 n-tile + 128 half bytes, row g at 16 g, the
+         * lane's pair at 4 t (qg_xstage). */
+        uint32_t *dst = (uint32_t *)xh + (s * (ntx / QG_NT) + nt / QG_NT) * (XU / 2) * QG_NT * 64 +
+                        (nt % QG_NT) * 64 + lg * 4 + lt;
+#pragma unroll
+        for (int q = 0; q < XU / 2; q++) {
+            dst[q * QG_NT * 64] = hw[2 * q];
+            dst[q * QG_NT * 64 + 32] = hw[2 * q + 1];
+        }
+#else
         uint4 *dst = xh + ((s * ntx + nt) * PARTS) * 32 + ln;
 #pragma unroll
         for (int p = 0; p < PARTS; p++)
             dst[p * 32] = make_uint4(hw[4 * p], hw[4 * p + 1], hw[4 * p + 2], hw[4 * p + 3]);
+#endif
     }
 }
 
@@ -260,10 +274,12 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 1) qg_kernel(const qg_job job) 
         }
     };
 
+    /* Stages loaded ahead of the one the warps read. */
+    constexpr int LA = QG_STAGES - 1;
     /* The weights depend on no kernel, x's fragments on the prep before: wait in between. */
     cuda_pdl_wait();
 #pragma unroll
-    for (int i = 0; i < QG_STAGES - 1; i++) {
+    for (int i = 0; i < LA; i++) {
         if (i < ns) load(i, s0 + i);
         cuda_cp_async_commit();
     }
@@ -276,11 +292,87 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 1) qg_kernel(const qg_job job) 
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[a][b][i] = 0.0f;
 
+#if defined(CUDA_HAVE_WGMMA)
+    /* Each warp dequantizes its two m-tiles' A fragments for the sector's k-steps and issues
+     * the wgmmas, which run while the other warpgroup dequantizes: warp w of a warpgroup is
+     * rows 16 w to 16 w + 15 of each 64-row wgmma, so a wgmma covers m-tile a of the group's
+     * four warps and all 64 rows of x. A warp waits for its wgmmas before it writes the A
+     * registers again (writing a second register set while they run made ptxas serialize
+     * them). */
+    static_assert(QG_NT == 8 && QG_WN == 1, "the wgmma is m64n64: 8 n-tiles, one warp along n");
+    constexpr int KS = gmma_vpl<BITS>() / 4; /* k-steps of 16 a sector */
+    /* The zeroed accumulators stay in place for the wgmmas: a write of them the compiler moved
+     * into the loop would serialize the wgmmas. */
+#pragma unroll
+    for (int a = 0; a < QG_MT; a++)
+#pragma unroll
+        for (int b = 0; b < NT; b++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) cuda_wgmma_hold(acc[a][b][i]);
     for (int i = 0; i < ns; i++) {
-        cuda_cp_async_wait<QG_STAGES - 2>();
+        /* Stage i - 1's wgmmas done in every warp (the barrier): its buffer is free. */
+        cuda_wgmma_wait<0>();
+        cuda_cp_async_wait<LA - 1>();
+        /* This thread's copies of stage i, written in the generic proxy, are read by the
+         * wgmmas in the async proxy. */
+        cuda_fence_proxy_async();
+        __syncthreads();
+        if (i + LA < ns) load((i + LA) % QG_STAGES, s0 + i + LA);
+        cuda_cp_async_commit();
+        const uint8_t *st = (const uint8_t *)qg_smem + (size_t)(i % QG_STAGES) * STB;
+        uint32_t af[QG_MT][KS][4];
+#pragma unroll
+        for (int a = 0; a < QG_MT; a++) {
+            const int tt = wm * QG_MT + a;
+            const uint4 wa = *(const uint4 *)(st + tt * GMMA_SECTOR_BYTES + lane * 16);
+            const SBT *sp = (const SBT *)(st + WB + XB) + tt * 16 + g;
+            uint32_t sc[2], bi[2];
+#pragma unroll
+            for (int rh = 0; rh < 2; rh++) {
+                const float2 f = gmma_sb<S>(sp[8 * rh]);
+                const __half2 hs = __float2half2_rn(f.x), hb = __float2half2_rn(f.y);
+                sc[rh] = *(const uint32_t *)&hs;
+                bi[rh] = *(const uint32_t *)&hb;
+            }
+#pragma unroll
+            for (int wd = 0; wd < 2; wd++) {
+                constexpr int PAIRS = BITS == 4 ? 4 : 2;
+                uint32_t h0[PAIRS], h1[PAIRS];
+                gmma_dq_rows<BITS>(wa, wd, h0, h1);
+#pragma unroll
+                for (int p = 0; p < PAIRS; p++) {
+                    h0[p] = gmma_hfma(h0[p], sc[0], bi[0]);
+                    h1[p] = gmma_hfma(h1[p], sc[1], bi[1]);
+                }
+#pragma unroll
+                for (int j = 0; j < PAIRS / 2; j++) {
+                    uint32_t *f = af[a][BITS == 4 ? 2 * wd + j : wd];
+                    f[0] = h0[2 * j], f[1] = h1[2 * j], f[2] = h0[2 * j + 1], f[3] = h1[2 * j + 1];
+                }
+            }
+        }
+        cuda_wgmma_fence();
+#pragma unroll
+        for (int a = 0; a < QG_MT; a++)
+#pragma unroll
+            for (int q = 0; q < KS; q++)
+                cuda_wgmma_m64n64k16(&acc[a][0][0], af[a][q],
+                                     cuda_wgmma_desc(st + WB + q * QG_NT * 256, 128, 256));
+        cuda_wgmma_commit();
+    }
+    cuda_wgmma_wait<0>();
+#pragma unroll
+    for (int a = 0; a < QG_MT; a++)
+#pragma unroll
+        for (int b = 0; b < NT; b++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) cuda_wgmma_hold(acc[a][b][i]);
+#else
+    for (int i = 0; i < ns; i++) {
+        cuda_cp_async_wait<LA - 1>();
         __syncthreads();
         /* The buffer read at i - 1 is free once every warp has passed the barrier. */
-        if (i + QG_STAGES - 1 < ns) load((i + QG_STAGES - 1) % QG_STAGES, s0 + i + QG_STAGES - 1);
+        if (i + LA < ns) load((i + LA) % QG_STAGES, s0 + i + LA);
         cuda_cp_async_commit();
         const uint8_t *st = (const uint8_t *)qg_smem + (size_t)(i % QG_STAGES) * STB;
         uint4 wa[QG_MT];
@@ -331,6 +423,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 1) qg_kernel(const qg_job job) 
             }
         }
     }
+#endif
     cuda_cp_async_wait<0>();
     cuda_pdl_trigger();
 
@@ -440,9 +533,9 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 1) qg_kernel(const qg_job job) 
 }
 
 bool cuda_qgemm_fits(const be_tensor *x, const be_linear *w) {
-    return x->rows >= 1 && x->rows <= CUDA_QGEMM_MAX_ROWS && cuda_float_dtype(x->dtype) &&
-           w->packed != NULL && !(w->bits == 4 && w->group_size == 32) &&
-           ((uintptr_t)x->data & 15) == 0 && (!w->bias || cuda_float_dtype(w->bias_dtype));
+    return x->rows >= 1 && cuda_float_dtype(x->dtype) && w->packed != NULL &&
+           !(w->bits == 4 && w->group_size == 32) && ((uintptr_t)x->data & 15) == 0 &&
+           (!w->bias || cuda_float_dtype(w->bias_dtype));
 }
 
 /* The scratch: the split tiles' counters, each row's 2^-e, the prepared x, the partials. */
