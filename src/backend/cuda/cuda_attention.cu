@@ -1306,7 +1306,7 @@ static bool v2_usable(const be_decode_plan *plan, const be_paged_batch *batch, i
 }
 
 int cuda_attention_check(const be_tensor *q, const be_kv_layer *layer, const be_paged_batch *batch,
-                         int n_heads, const be_tensor *out, base_err *err) {
+                         int n_heads, be_attn attn, const be_tensor *out, base_err *err) {
     const int hd = layer->head_dim, nkv = layer->n_kv_heads;
     if (hd != 32 && hd != 64 && hd != 128 && hd != 256)
         return base_fail(err, "cuda: attention: head_dim %d (32, 64, 128 or 256)", hd);
@@ -1323,16 +1323,16 @@ int cuda_attention_check(const be_tensor *q, const be_kv_layer *layer, const be_
                          "of %d heads x %d",
                          (long long)q->rows, (long long)q->cols, (long long)out->rows,
                          (long long)out->cols, batch->n_tokens, n_heads, hd);
+    if (!(attn.softcap >= 0.0f) || attn.window < 0)
+        return base_fail(err, "cuda: attention: soft-cap %g, window %d", (double)attn.softcap,
+                         attn.window);
     return 0;
 }
 
 int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
                    const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
                    be_attn attn, be_tensor *out, base_err *err) {
-    if (cuda_attention_check(q, layer, batch, n_heads, out, err)) return -1;
-    if (!(attn.softcap >= 0.0f) || attn.window < 0)
-        return base_fail(err, "cuda: attention: soft-cap %g, window %d", (double)attn.softcap,
-                         attn.window);
+    if (cuda_attention_check(q, layer, batch, n_heads, attn, out, err)) return -1;
     const int hd = layer->head_dim, nkv = layer->n_kv_heads;
     if (batch->n_tokens == 0 || batch->n_seqs == 0) return 0;
     if (cuda_attention_wide_fits(be, layer, batch, n_heads, attn))

@@ -444,7 +444,7 @@ int cuda_rope_kv_attention(be_backend *be, be_tensor *q, be_tensor *k, const be_
                            const be_decode_plan *plan, int n_heads, be_attn attn, be_tensor *out,
                            base_err *err) {
     if (cuda_rope_kv_check(q, k, v, positions, inv_freq, layer, batch, err) ||
-        cuda_attention_check(q, layer, batch, n_heads, out, err))
+        cuda_attention_check(q, layer, batch, n_heads, attn, out, err))
         return -1;
     if (!batch->slots || batch->n_tokens == 0 ||
         !cuda_attention_wide_fits(be, layer, batch, n_heads, attn)) {

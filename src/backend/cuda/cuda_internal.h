@@ -348,9 +348,10 @@ int cuda_kv_append(be_backend *be, const be_kv_layer *layer, const be_tensor *k,
 int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
                    const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
                    be_attn attn, be_tensor *out, base_err *err);
-/* The arguments' checks of cuda_attention (head_dim, heads, pool dtype, q and out shapes). */
+/* The arguments' checks of cuda_attention (head_dim, heads, pool dtype, q and out shapes, a
+ * soft-cap and window that are not negative). */
 int cuda_attention_check(const be_tensor *q, const be_kv_layer *layer, const be_paged_batch *batch,
-                         int n_heads, const be_tensor *out, base_err *err);
+                         int n_heads, be_attn attn, const be_tensor *out, base_err *err);
 /* Decode attention for tiny grids (cuda_attention_wide.cu): every row a decode row, each (row,
  * kv head) split into spans over the SMs and merged by the last CTA of its spans, with attn's
  * scale, soft-cap, window and sinks. _fits says whether it serves the batch (head_dim 64, 128
