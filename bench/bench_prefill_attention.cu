@@ -100,8 +100,8 @@ int main(int argc, char **argv) {
         printf("%-10s", name);
         for (int v = 0; v < CUDA_PREFILL_VARIANTS; v++) {
             const float ms = bench_time_ms(st, reps, [&] {
-                if (cuda_attention_prefill_variant(be, &q, &layer, &db, NQ, scale, &out[v], v,
-                                                   &err))
+                if (cuda_attention_prefill_variant(be, &q, &layer, &db, NQ, be_attn_plain(scale),
+                                                   &out[v], v, &err))
                     bench_die("attention", err.msg);
             });
             tf[v] = flop / (ms * 1e-3) / 1e12;

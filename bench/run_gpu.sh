@@ -8,8 +8,10 @@
 #   b. the decode GEMV and the quantized GEMM per 8B matrix (bench_cuda_gemv), 1 to 512 rows,
 #      against the copy bandwidth and the dequantize + cuBLAS path;
 #   c. causal prefill attention (bench_prefill_attention) against SDPA (sdpa_prefill_peer.py);
-#   d. a random Llama-3.1-8B-shaped MLX 4-bit model (bench/make_llama8b_q4.py): decode at 1, 8, 16, 32,
-#      64, 128 and 256 sequences (batch 1 also with recorded steps off), 2048-token prefill;
+#   d. a random Llama-3.1-8B-shaped MLX 4-bit model (bench/make_random_q4.py): decode at 1, 8, 16, 32,
+#      64, 128 and 256 sequences (batch 1 also with recorded steps off), 2048-token prefill; the
+#      Gemma-3-4B and Phi-4-mini shapes decoded at the same batches, each one's share of the
+#      copy bandwidth beside the 8B's;
 #   e. the scheduler the server uses (bench_server), 1 to 64 clients;
 # then the profiles behind the figures: one decode step kernel by kernel (bench/decode_profile.sh)
 # and ncu of the 1-row GEMV, the tensor-core GEMV and decode attention.
@@ -18,13 +20,16 @@
 #   bench/run_gpu.sh
 # Environment: MLXCEL_DEPS_PREFIX (libraries unpacked by tools/device-deps.sh, for machines
 # without the -dev packages), MODEL (where the 8B model is written, default /tmp/llama8b-q4),
-# BUILD_DIR (default build-gpu), REPS (attention repetitions, default 20), MLXCEL_COMMIT (the
+# MODEL_GEMMA and MODEL_PHI (the Gemma-3-4B and Phi-4-mini shapes, default /tmp/gemma3-4b-q4 and
+# /tmp/phi4-mini-q4), BUILD_DIR (default build-gpu), REPS (attention repetitions, default 20), MLXCEL_COMMIT (the
 # commit to print, when the tree's .git is not its own).
 set -u
 cd "$(dirname "$0")/.."
 SRC=$PWD
 OUT=${OUT:-$SRC/bench-out}
 MODEL=${MODEL:-/tmp/llama8b-q4}
+MODEL_GEMMA=${MODEL_GEMMA:-/tmp/gemma3-4b-q4}
+MODEL_PHI=${MODEL_PHI:-/tmp/phi4-mini-q4}
 B=${BUILD_DIR:-$SRC/build-gpu}
 REPS=${REPS:-20}
 DEPS=${MLXCEL_DEPS_PREFIX:-}
@@ -64,15 +69,21 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem \
 TESTS="$(cd tests && ls backend/test_cuda_*.c model/test_*_cuda.c | xargs -n1 basename | sed 's/\.c$//' | tr '\n' ' ')"
 BENCHES="bench_server bench_attention bench_cuda_gemv bench_prefill_attention"
 t0=$(date +%s)
-if [ ! -f "$MODEL/model.safetensors" ]; then
-    (PYTHONUNBUFFERED=1 python3 bench/make_llama8b_q4.py "$MODEL" > "$OUT/make_model.log" 2>&1) &
-    model_pid=$!
-fi
+# The models that are not there yet, one after another on the GPU while the build runs.
+make_models() {
+    local m
+    for m in "llama-3.1-8b $MODEL" "gemma-3-4b $MODEL_GEMMA" "phi-4-mini $MODEL_PHI"; do
+        set -- $m
+        [ -f "$2/model.safetensors" ] || python3 bench/make_random_q4.py "$2" --shape "$1" || return 1
+    done
+}
+(PYTHONUNBUFFERED=1 make_models > "$OUT/make_model.log" 2>&1) &
+model_pid=$!
 { cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release ${DEPS:+-DMLXCEL_DEPS_PREFIX=$DEPS} &&
     cmake --build "$B" -j "$(nproc)" --target mlxcel $TESTS $BENCHES; } > "$OUT/build.log" 2>&1 ||
     { tail -40 "$OUT/build.log"; exit 1; }
 log "built in $(($(date +%s) - t0)) s"
-[ -n "${model_pid:-}" ] && { wait "$model_pid" || { tail -5 "$OUT/make_model.log"; exit 1; }; }
+wait "$model_pid" || { tail -5 "$OUT/make_model.log"; exit 1; }
 MLX=$B/bin/mlxcel
 
 for t in $TESTS; do
@@ -130,6 +141,33 @@ log "d. batch 1 from an empty cache (llama-bench's tg128), and with recorded ste
 timeout 60 "$MLX" bench -m "$MODEL" -p 0 -n 128 -b 1 -r 2 --device cuda 2>&1 | grep tg128 | say
 MLXCEL_DECODE_GRAPHS=0 timeout 60 "$MLX" bench -m "$MODEL" -p 0 -n 128 -d 512 -b 1 -r 2 \
     --device cuda 2>&1 | grep tg128 | say
+log "d. the Gemma-3-4B and Phi-4-mini shapes: decode at the 8B's batches, share of copy bandwidth"
+for m in "gemma3-4b $MODEL_GEMMA" "phi4-mini $MODEL_PHI"; do
+    set -- $m
+    timeout 200 "$MLX" bench -m "$2" -p 512 -n 128 -d 512 -b 1,8,16,32,64,128,256 -r 2 \
+        --device cuda > "$OUT/bench_decode_$1.txt" 2>&1 || tail -3 "$OUT/bench_decode_$1.txt" | say
+done
+python3 - "$OUT" <<'EOF' | tee "$OUT/families_decode.txt" | say
+import re, sys
+out = sys.argv[1]
+row = re.compile(r"\|\s*(tg\d+(?:@d\d+)?)\s*\|\s*(\d+)\s*\|\s*([\d.]+)\s*\|\s*([\d.]+)\s*\|\s*([\d.]+)%")
+names = [("llama-3.1-8b", "bench_decode.txt"), ("gemma-3-4b", "bench_decode_gemma3-4b.txt"),
+         ("phi-4-mini", "bench_decode_phi4-mini.txt")]
+runs = {}
+for name, f in names:
+    try:
+        text = open(f"{out}/{f}").read()
+    except OSError:
+        text = ""
+    runs[name] = {(m[1], int(m[2])): (float(m[3]), float(m[5])) for m in row.finditer(text)}
+keys = sorted(set().union(*runs.values()))
+print("| test | batch | " + " | ".join(f"{n} tok/s | share" for n, _ in names) + " |")
+print("|---|---|" + "---|---|" * len(names))
+for k in keys:
+    cells = [runs[n].get(k) for n, _ in names]
+    print(f"| {k[0]} | {k[1]} | " + " | ".join(
+        f"{c[0]:.0f} | {c[1]:.1f}%" if c else "- | -" for c in cells) + " |")
+EOF
 log "d. the 8B model: prefill"
 timeout 100 "$MLX" bench -m "$MODEL" -p 2048 -n 0 -r 3 --device cuda 2>&1 |
     tee "$OUT/bench_prefill.txt" | say

@@ -2,23 +2,29 @@
  * reference on random geometries: GQA groups 1 to 16, head_dim 32/64/128/256, f16 and bf16 pools,
  * scattered pages, lengths that are not multiples of the block size, a first-page offset, and
  * mixed prefill + decode batches. Pool slots no live token occupies hold NaN, so reading one
- * shows. Decode rows at head_dim 64/128, blocks of 16/32/48/64 and groups up to 16 run on the
- * tensor cores, in single terms for 16-bit activations and split terms for F32 (whose bound is
- * F32's), unless the decode grid has at most 16 CTAs (a few rows of few kv heads); the other
- * cases keep the F32 kernel. A long row among four others at every block size gives a CTA's
- * warps far more tiles than one window of the page table holds (v1 takes the tensor cores from
- * 4 kv heads on). v2 plans run from one chunk to hundreds (about 40 among them), their merge
+ * shows. Decode rows at head_dim 64/128 (groups up to 16) and 256 (groups up to 8), blocks of
+ * 16/32/48/64 run on the tensor cores, in single terms for 16-bit activations and split terms
+ * for F32 (whose bound is F32's), unless the decode grid has at most 16 CTAs (a few rows of few
+ * kv heads); the other cases keep the F32 kernel, as do prompt rows at head_dim 32 (the others
+ * take the tensor-core prefill kernel). A long row among four others at every block size gives a
+ * CTA's warps far more tiles than one window of the page table holds (v1 takes the tensor cores
+ * from 4 kv heads on). v2 plans run from one chunk to hundreds (about 40 among them), their merge
  * kernel taking one chunk's weights or many blocks of them. Every plan runs twice on the same
  * workspace, and the second output must equal the first bit for bit: whatever the kernels
  * leave behind for the next launch (the wide decode kernel's counters) shows there, and so
  * does a merge that depends on which CTA finished last. Batches of decode rows
- * only, whose rows times kv heads are 16 or fewer, at head_dim 64/128, take the wide decode kernel
- * whatever the plan (every decode_only, offsets and the one- and two-row batches below): rows of
- * one token to over 2000, spans that do not divide the row, spans past a short row's end,
+ * only, whose rows times kv heads are 16 or fewer, at head_dim 64/128/256, take the wide decode
+ * kernel whatever the plan (every decode_only, offsets and the one- and two-row batches below):
+ * rows of one token to over 2000, spans that do not divide the row, spans past a short row's end,
  * first-page offsets. rope_kv_attention, which folds RoPE and the append into that kernel, against
  * rope_kv_append then attention on the same batches. Attention with a logit soft-cap, a
- * sliding window or sinks, on the F32 kernel, against the reference and the CPU backend.
- * Skipped when no CUDA device is present. */
+ * sliding window or sinks against the reference and the CPU backend, on the kernel each batch
+ * takes as above: the wide decode kernel (decode_only, two_rows, and long_row's few kv heads
+ * once a window shortens its rows), the tensor cores (mixed's and long_row's decode rows at
+ * head_dim 64 to 256; mixed's prompt rows on the prefill kernel) and the F32 kernel (head_dim
+ * 32, blocks of 8). A kernel that dropped the cap, the window or the sinks would differ from
+ * both by far more than the tolerance (a cap of 2 bends every score; a window of 1 to 300
+ * keys leaves keys out of rows of up to 8400). Skipped when no CUDA device is present. */
 #include "test_cuda_util.h"
 
 #include "attn/attn.h"
@@ -173,11 +179,10 @@ static void run_case_sinks(be_backend *be, const tc_att_case *c, const tc_seq *s
         CHECK_MSG(be->ops->sync(be, &err) == 0, "%s", err.msg);
         double e = tc_err(be, &to, ref);
         double tol = c->act_dt == BASE_DTYPE_F32 ? 1e-5 : tc_tol(c->act_dt);
-        /* Prompt rows at head_dim 64 and 128 run on the tensor cores with q and the softmax
+        /* Prompt rows at head_dim 64 to 256 run on the tensor cores with q and the softmax
          * weights rounded to the pool dtype (test_cuda_prefill bounds that path element by
          * element); the other rows compute in F32. */
-        if (plain && b.max_q > 1 && (D == 64 || D == 128) && tc_tol(c->pool_dt) > tol)
-            tol = tc_tol(c->pool_dt);
+        if (b.max_q > 1 && D >= 64 && tc_tol(c->pool_dt) > tol) tol = tc_tol(c->pool_dt);
         CHECK_MSG(e < tol,
                   "attention G%d kv%d d%d bs%d pool %s act %s plan %d ppc %d cap %g window %d "
                   "sinks %d: err %g (seqs %d)",
@@ -314,6 +319,8 @@ int main(void) {
         /* the Llama-3.1-8B decode shape */
         {4, 8, 128, 32, BASE_DTYPE_F16, BASE_DTYPE_F32},
         {4, 8, 128, 32, BASE_DTYPE_BF16, BASE_DTYPE_F32},
+        /* Gemma 3 4B: 8 heads over 4, head_dim 256 */
+        {2, 4, 256, 32, BASE_DTYPE_BF16, BASE_DTYPE_F32},
     };
     /* decode rows of assorted lengths, one with a first-page offset, a fresh prompt and a
      * chunked-prefill continuation */
@@ -347,14 +354,14 @@ int main(void) {
         run_rope_case(be, &cases[i], two_rows, 2, 0.0f, 0);
         run_rope_case(be, &cases[i], tiny_row, 1, 0.0f, 0);
     }
-    /* Soft-capped and windowed attention (the F32 kernel, whatever the shape): head_dim 32 to
-     * 256, blocks of 8 to 64, 16-bit and F32 activations, on prefill and decode rows with
-     * first-page offsets. Windows of one key (a row sees itself alone), inside one page,
-     * across pages, past some rows and not others (mixed: rows of 1 to 250 keys; long_row: 1 to
-     * 8400), and past every row; the cap with and without a window. */
+    /* Soft-capped and windowed attention on every kernel: head_dim 32 to 256, blocks of 8 to
+     * 64, 16-bit and F32 activations, on prefill and decode rows with first-page offsets. Windows
+     * of one key (a row sees itself alone), inside one page, across pages, past some rows and not
+     * others (mixed: rows of 1 to 250 keys; long_row: 1 to 8400), and past every row; the cap with
+     * and without a window. */
     base_err err = {{0}};
     CHECK_MSG(be_cpu_create(2, &cpu, &err) == 0, "%s", err.msg);
-    const size_t gemma_cases[] = {0, 1, 2, 4, 6, 7, 10, 13, 14};
+    const size_t gemma_cases[] = {0, 1, 2, 4, 6, 7, 10, 13, 14, 16};
     const struct {
         float softcap;
         int window;
@@ -374,7 +381,7 @@ int main(void) {
         run_rope_case(be, c, two_rows, 2, 0.0f, 50);
         run_rope_case(be, c, one_row, 1, 2.0f, 0);
     }
-    /* Sinks (GPT-OSS), alone and with a window, on the F32 kernel under every plan: the v2
+    /* Sinks (GPT-OSS), alone and with a window, on every kernel under every plan: the v2
      * plans' rows take one chunk. */
     for (size_t g = 0; g < sizeof gemma_cases / sizeof gemma_cases[0]; g++) {
         const tc_att_case *c = &cases[gemma_cases[g]];

@@ -72,6 +72,41 @@ static const char g_qwen3[] =
     "\"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\", \"use_cache\": true, "
     "\"use_sliding_window\": false, \"vocab_size\": 151936}";
 
+/* Phi-4-mini-instruct's config, its 48 long and short factors all written as 1 (%s twice): a
+ * sliding_window past max_position_embeddings. */
+static const char g_phi4_mini[] =
+    "{\"architectures\": [\"Phi3ForCausalLM\"], \"attention_bias\": false, "
+    "\"bos_token_id\": 199999, \"eos_token_id\": 199999, \"full_attn_mod\": 1, "
+    "\"hidden_act\": \"silu\", \"hidden_size\": 3072, \"intermediate_size\": 8192, "
+    "\"interpolate_factor\": 1, \"lm_head_bias\": false, \"max_position_embeddings\": 131072, "
+    "\"mlp_bias\": false, \"model_type\": \"phi3\", \"num_attention_heads\": 24, "
+    "\"num_hidden_layers\": 32, \"num_key_value_heads\": 8, "
+    "\"original_max_position_embeddings\": 4096, \"pad_token_id\": 199999, "
+    "\"partial_rotary_factor\": 0.75, \"rms_norm_eps\": 1e-05, \"rope_scaling\": "
+    "{\"long_factor\": [%s], \"short_factor\": [%s], \"type\": \"longrope\"}, "
+    "\"rope_theta\": 10000.0, \"sliding_window\": 262144, \"tie_word_embeddings\": true, "
+    "\"torch_dtype\": \"bfloat16\", \"use_cache\": true, \"vocab_size\": 200064}";
+
+static void test_phi_window(void) {
+    char ones[48 * 3] = "1", json[sizeof g_phi4_mini + 2 * sizeof ones];
+    for (int i = 1; i < 48; i++) strcat(ones, ", 1");
+    snprintf(json, sizeof json, g_phi4_mini, ones, ones);
+    /* A window as long as the context or longer is none: no layer is local (it would take
+     * the attention kernels that serve windows for nothing). */
+    io_model_config c;
+    CHECK_MSG(parse(json, &c) == 0, "%s", g_err.msg);
+    CHECK(strcmp(c.model_type, "phi3") == 0 && c.head_dim == 128 && c.tie_word_embeddings);
+    CHECK(c.rope_scaling.type == IO_ROPE_LONGROPE && c.rotary_dim == 96);
+    CHECK(c.sliding_window == 0 && c.layer_local == NULL);
+    io_config_free(&c);
+    CHECK(parse("{\"model_type\": \"phi3\", " BASE_FIELDS ", \"sliding_window\": 256}", &c) == 0);
+    CHECK(c.sliding_window == 0 && c.layer_local == NULL);
+    io_config_free(&c);
+    CHECK(parse("{\"model_type\": \"phi3\", " BASE_FIELDS ", \"sliding_window\": 255}", &c) == 0);
+    CHECK(c.sliding_window == 255 && c.layer_local && c.layer_local[0] && c.layer_local[1]);
+    io_config_free(&c);
+}
+
 static void test_families(void) {
     io_model_config c;
     CHECK_MSG(parse(g_llama32, &c) == 0, "%s", g_err.msg);
@@ -427,6 +462,7 @@ static void test_corruption(void) {
 
 int main(void) {
     test_families();
+    test_phi_window();
     test_defaults();
     test_rope();
     test_quantization();

@@ -3,10 +3,11 @@
  *
  * Batches of decode rows only whose rows times kv heads are few (batch 1 and 2 of the 8B shape)
  * run on the wide decode kernel (cuda_attention_wide.cu) whatever the plan, where it fits. Other
- * decode rows (q_len == 1) at head_dim 64 or 128, groups of up to 16 query heads and blocks of
- * a multiple of 16 tokens run on the tensor cores (paged_decode_mma_kernel, described there),
- * unless their grid is tiny (ATT_F32_DECODE_CTAS). Everything else runs on
- * paged_attention_kernel, in F32:
+ * decode rows (q_len == 1) at head_dim 64, 128 or 256, groups of up to 16 query heads (8 at 256)
+ * and blocks of a multiple of 16 tokens run on the tensor cores (paged_decode_mma_kernel,
+ * described there), unless their grid is tiny (ATT_F32_DECODE_CTAS). Prefill rows run on the
+ * tensor-core prefill kernel (cuda_attention_prefill.cu) where it fits. Everything else runs
+ * on paged_attention_kernel, in F32:
  *
  * Design: one CTA per (token row, kv head, chunk) serves the whole GQA group of that kv head
  * (up to ATT_MAX_GROUP query heads; larger groups split into sub-groups), so each K/V byte is
@@ -26,11 +27,12 @@
  * workspace (layout in attn.h) and a merge kernel combines them, whichever kernel wrote them.
  * Prefill rows are v1 rows with a causal limit.
  *
- * Attention with a logit soft-cap, a sliding window or sinks (be_attn) runs on
- * paged_attention_kernel alone, decode and prefill rows alike: it caps each score as it is
- * stored, a window's rows (one chunk each) start at the page of their first visible key with
- * the keys before it outside the page's live range, and a head's sink joins its denominator as
- * the output is normalized (one chunk each too). */
+ * Every kernel applies be_attn's logit soft-cap, sliding window and sinks: each caps a score
+ * before any mask, a window's decode rows (one chunk each) start at their first visible key,
+ * and a head's sink joins its denominator as the output is normalized (one chunk each too,
+ * since the chunks' merge does not add it). In paged_attention_kernel a window's rows start
+ * at the page of their first visible key, with the keys before it outside the page's live
+ * range. */
 #include "backend/cuda/cuda_mma.h"
 
 extern "C" {
@@ -69,13 +71,12 @@ typedef struct att_params {
     float *partial; /* (n_decode, max_chunks, n_heads, head_dim) */
     float *lse;     /* (n_decode, max_chunks, n_heads) */
     float scale_log2;
-    /* paged_attention_kernel only (the other kernels serve plain attention): the soft-cap in
-     * the log2 domain, cap * log2 e (0 none), and the window (0 none): a row that sees n_vis
-     * keys sees only the last `window` of them. */
+    /* The soft-cap in the log2 domain, cap * log2 e (0 none), and the window (0 none): a row
+     * that sees n_vis keys sees only the last `window` of them. */
     float softcap_log2;
     int window;
-    /* paged_attention_kernel only: one logit per query head (F32, natural log) in each head's
-     * softmax denominator alone, or NULL; such rows take one chunk */
+    /* One logit per query head (F32, natural log) in each head's softmax denominator alone,
+     * or NULL; such rows take one chunk */
     const float *sinks;
     int stages; /* shared-memory pages in flight + 1, ATT_MIN_STAGES..ATT_MAX_STAGES */
 } att_params;
@@ -577,10 +578,12 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
         if (!chunk_pages(p, s, n_vis, chunk, &fpo, &p_begin, &p_end)) continue;
         const int32_t *pages = p.page_indices + p.page_indptr[s];
         const int drow = p.split ? decode_rank(p, s) : 0;
-        /* Slot u of the sequence is live here when fpo <= u < hi; the chunk's tiles start at
-         * u0 (16-aligned, so that each box lies within one page). */
+        /* Slot u of the sequence is live here when u_lo <= u < hi, lo past the keys a window
+         * leaves out; the chunk's tiles start at u0 (16-aligned, so that each box lies within
+         * one page). */
+        const int u_lo = fpo + (p.window > 0 && n_vis > p.window ? n_vis - p.window : 0);
         const int hi = fpo + n_vis < p_end * bs ? fpo + n_vis : p_end * bs;
-        const int u0 = p_begin == 0 ? fpo / ATT_TC_BOX * ATT_TC_BOX : p_begin * bs;
+        const int u0 = max(p_begin * bs, u_lo / ATT_TC_BOX * ATT_TC_BOX);
         const int n_tiles = (hi - u0 + ATT_TC_TILE - 1) / ATT_TC_TILE;
         const int n_my = n_tiles > warp ? (n_tiles - warp + ATT_TC_WARPS - 1) / ATT_TC_WARPS : 0;
 
@@ -690,7 +693,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
 
             /* Online softmax per head column: a thread's 4 tokens, then the 8 lanes (g) that
              * share its heads, through shuffles; the sum stays per thread until the end. */
-            const bool whole = ut >= fpo && ut + ATT_TC_TILE <= hi;
+            const bool whole = ut >= u_lo && ut + ATT_TC_TILE <= hi;
             float alpha[NT][2];
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
@@ -700,9 +703,10 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int u = ut + mt * ATT_TC_BOX + g + (e >> 1) * 8;
-                        const float v = whole || (u >= fpo && u < hi)
-                                            ? (sc[mt][nt][e] + sx[mt][nt][e]) * p.scale_log2
-                                            : -INFINITY;
+                        float v = (sc[mt][nt][e] + sx[mt][nt][e]) * p.scale_log2;
+                        /* cap * tanh(s / cap) in the log2 domain, where both carry log2 e */
+                        if (p.softcap_log2 > 0.0f) v = p.softcap_log2 * tanhf(v / p.softcap_log2);
+                        if (!whole && (u < u_lo || u >= hi)) v = -INFINITY;
                         sc[mt][nt][e] = v;
                         tmx[e & 1] = fmaxf(tmx[e & 1], v);
                     }
@@ -761,7 +765,7 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
             if (!whole) {
                 /* lane t zeroes token t's V row when that slot is not live here */
                 const int u = ut + lane;
-                if (u < fpo || u >= hi) {
+                if (u < u_lo || u >= hi) {
                     unsigned char *r0 = vt + (lane >> 4) * BOXB + (lane & 15) * 128;
 #pragma unroll
                     for (int h = 0; h < D / 64; h++)
@@ -831,6 +835,16 @@ __global__ void __launch_bounds__(ATT_TC_WARPS * 32, ATT_TC_CTAS)
                 fs[nt][r] = mx[nt][r] == -INFINITY ? 0.0f : exp2f(mx[nt][r] - mmax[nt][r]);
                 fo[nt][r] = mo == -INFINITY ? 0.0f : exp2f(mo - mmax[nt][r]);
                 den[nt][r] = fs[nt][r] * l[nt][r] + fo[nt][r] * lo;
+                const int h = nt * 8 + c4 * 2 + r;
+                if (p.sinks && h < p.group) {
+                    /* the sink's logit joins the denominator, against the larger max */
+                    const float sk = p.sinks[head0 + h] * CUDA_LOG2E;
+                    const float m2 = fmaxf(mmax[nt][r], sk);
+                    const float f = mmax[nt][r] == -INFINITY ? 0.0f : exp2f(mmax[nt][r] - m2);
+                    fs[nt][r] *= f, fo[nt][r] *= f;
+                    den[nt][r] = den[nt][r] * f + exp2f(sk - m2);
+                    mmax[nt][r] = m2;
+                }
             }
         float res[KH][NT][4];
 #pragma unroll
@@ -1181,13 +1195,14 @@ static int dispatch_mma_split(const att_params &p, bool exact, const CUtensorMap
     return launch_decode_mma<D, 1, KT, NT>(p, km, vm, grid, smem, c, err);
 }
 
-/* The tensor-core decode kernel takes plain attention at head_dim 64 or 128, groups of up to 16
- * and blocks of a multiple of 16 tokens; every other decode shape, and any soft-cap or window,
- * runs on paged_attention_kernel. */
+/* The tensor-core decode kernel takes head_dim 64 or 128 with groups of up to 16, head_dim 256
+ * with groups of up to 8 (a second n-tile's q fragments and O^T accumulators would not fit in
+ * the registers), and blocks of a multiple of 16 tokens; every other decode shape runs on
+ * paged_attention_kernel. */
 static bool mma_decode_fits(const att_params &p, const be_kv_layer *layer) {
-    return p.decode && p.softcap_log2 == 0.0f && p.window == 0 && !p.sinks &&
-           (layer->head_dim == 64 || layer->head_dim == 128) && p.group <= ATT_TC_ROWS &&
-           layer->block_size % ATT_TC_BOX == 0;
+    const int hd = layer->head_dim;
+    return p.decode && (hd == 64 || hd == 128 || hd == 256) &&
+           p.group <= (hd == 256 ? 8 : ATT_TC_ROWS) && layer->block_size % ATT_TC_BOX == 0;
 }
 
 /* Decode rows on the tensor cores, each warp att_stages tiles of 32 tokens deep. An F32
@@ -1206,6 +1221,10 @@ static int run_decode_mma(const att_params &p0, const be_kv_layer *layer, int ch
     dim3 grid((unsigned)p.n_kv_heads, (unsigned)chunks,
               (unsigned)(p.n_tokens < ATT_GRID_MAX ? p.n_tokens : ATT_GRID_MAX));
     const bool f16 = layer->dtype == BASE_DTYPE_F16, wide = nt == 2;
+    if (D == 256)
+        return f16 ? dispatch_mma_split<256, __half, 1>(p, exact, km, vm, grid, smem, c, err)
+                   : dispatch_mma_split<256, __nv_bfloat16, 1>(p, exact, km, vm, grid, smem, c,
+                                                               err);
     if (D == 64) {
         if (wide)
             return f16 ? dispatch_mma_split<64, __half, 2>(p, exact, km, vm, grid, smem, c, err)
@@ -1287,7 +1306,7 @@ static bool v2_usable(const be_decode_plan *plan, const be_paged_batch *batch, i
 }
 
 int cuda_attention_check(const be_tensor *q, const be_kv_layer *layer, const be_paged_batch *batch,
-                         int n_heads, const be_tensor *out, base_err *err) {
+                         int n_heads, be_attn attn, const be_tensor *out, base_err *err) {
     const int hd = layer->head_dim, nkv = layer->n_kv_heads;
     if (hd != 32 && hd != 64 && hd != 128 && hd != 256)
         return base_fail(err, "cuda: attention: head_dim %d (32, 64, 128 or 256)", hd);
@@ -1304,22 +1323,20 @@ int cuda_attention_check(const be_tensor *q, const be_kv_layer *layer, const be_
                          "of %d heads x %d",
                          (long long)q->rows, (long long)q->cols, (long long)out->rows,
                          (long long)out->cols, batch->n_tokens, n_heads, hd);
+    if (!(attn.softcap >= 0.0f) || attn.window < 0)
+        return base_fail(err, "cuda: attention: soft-cap %g, window %d", (double)attn.softcap,
+                         attn.window);
     return 0;
 }
 
 int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
                    const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
                    be_attn attn, be_tensor *out, base_err *err) {
-    if (cuda_attention_check(q, layer, batch, n_heads, out, err)) return -1;
-    if (!(attn.softcap >= 0.0f) || attn.window < 0)
-        return base_fail(err, "cuda: attention: soft-cap %g, window %d", (double)attn.softcap,
-                         attn.window);
+    if (cuda_attention_check(q, layer, batch, n_heads, attn, out, err)) return -1;
     const int hd = layer->head_dim, nkv = layer->n_kv_heads;
-    const float scale = attn.scale;
-    const bool plain = cuda_attn_plain(attn);
     if (batch->n_tokens == 0 || batch->n_seqs == 0) return 0;
-    if (plain && cuda_attention_wide_fits(be, layer, batch, n_heads))
-        return cuda_attention_wide(be, q, layer, batch, n_heads, scale, out, err);
+    if (cuda_attention_wide_fits(be, layer, batch, n_heads, attn))
+        return cuda_attention_wide(be, q, layer, batch, n_heads, attn, out, err);
     const int group = n_heads / nkv;
     int gb = ATT_MAX_GROUP;
     while (group % gb) gb >>= 1;
@@ -1353,15 +1370,15 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
     p.n_tokens = batch->n_tokens;
     p.all_decode = batch->max_q_len == 1;
     p.pages_per_chunk = INT_MAX;
-    p.scale_log2 = scale * CUDA_LOG2E;
+    p.scale_log2 = attn.scale * CUDA_LOG2E;
     p.softcap_log2 = attn.softcap * CUDA_LOG2E;
     p.window = attn.window;
     p.sinks = attn.sinks;
     p.stages = stages;
     cuda_backend *c = cuda_impl(be);
 
-    if (plain && batch->max_q_len > 1 && cuda_prefill_supported(layer, batch)) {
-        if (cuda_attention_prefill(be, q, layer, batch, n_heads, scale, out, err)) return -1;
+    if (batch->max_q_len > 1 && cuda_attention_prefill_fits(layer, batch)) {
+        if (cuda_attention_prefill(be, q, layer, batch, n_heads, attn, out, err)) return -1;
     } else if (batch->max_q_len > 1) {
         p.decode = 0;
         if (run_pass(p, layer, 1, c, err)) return -1;

@@ -15,7 +15,18 @@
  * pool slots there may hold anything, and 0 * NaN would poison the rows that mask them.
  * GQA maps each query head to its kv head; the heads of a group are adjacent in the grid, so
  * their K/V reads meet in L2. Tiles are launched last-first: the tiles at the end of a
- * sequence see the most keys. */
+ * sequence see the most keys.
+ *
+ * be_attn in the score loop: the soft-cap (cap * tanh(s / cap), in the log2 domain where s
+ * and cap both carry log2 e) is applied to the S accumulators before any mask; a window
+ * starts the tile loop at the tile of the first row's first visible key and masks the keys
+ * before each row's window on the tiles that reach below the last row's; a head's sink joins
+ * its denominator as the output is normalized. A row's first tiles may then be all masked,
+ * so the running max is taken as 0 while it is -inf (exp2(-inf - -inf) would be NaN).
+ *
+ * Head_dim 256: the Q tile's fragments (64 registers of a thread) would crowd out the O
+ * accumulators (128), so Q stays in shared memory past the K/V buffers and each k-step
+ * reloads its fragment with ldmatrix (QS); up to 128 they live in registers. */
 #include "backend/cuda/cuda_mma.h"
 
 #define PF_BN      64 /* keys per shared-memory tile */
@@ -34,6 +45,9 @@ typedef struct pf_params {
     int block_shift; /* log2(block_size) when it is a power of two, else -1 */
     const int32_t *q_indptr, *kv_len, *page_indptr, *page_indices, *first_page_offset;
     float scale_log2;
+    float softcap_log2; /* cap * log2 e; 0 = none */
+    int window;         /* 0 = the whole causal span */
+    const float *sinks; /* (n_heads) natural-log logits, or NULL */
 } pf_params;
 
 /* 2^x by the SFU: relative error about 2^-22, within what the tests' bound allows; 2^-inf is
@@ -49,14 +63,21 @@ template <int D> __device__ __forceinline__ int pf_swz(int r, int c) {
     return r * D + ((c ^ (r & 7)) << 3);
 }
 
+/* Whether the Q tile stays in shared memory rather than in registers (head_dim 256). */
+template <int D> __host__ __device__ constexpr bool pf_q_shared() {
+    return D > 128;
+}
+
 template <int D, int NW, int MINB, typename KT>
 __global__ void __launch_bounds__(NW * 32, MINB) prefill_attention_kernel(pf_params p) {
     constexpr int BM = NW * 16, CH = D / 8, NT = NW * 32, KS = D / 16, NB = PF_BN / 8;
+    constexpr bool QS = pf_q_shared<D>();
     extern __shared__ __align__(16) unsigned char smem[];
-    static_assert(BM <= 2 * PF_BN, "the Q tile overlays one K/V buffer");
-    /* Two buffers of (K (PF_BN, D), V (PF_BN, D)); the Q tile (BM, D) borrows buffer 1 until
-     * its fragments are in registers, before tile 1 is issued there. */
-    KT *k_s = (KT *)smem, *v_s = k_s + PF_BN * D, *q_s = k_s + 2 * PF_BN * D;
+    static_assert(QS || BM <= 2 * PF_BN, "the Q tile overlays one K/V buffer");
+    /* Two buffers of (K (PF_BN, D), V (PF_BN, D)); the Q tile (BM, D) follows them (QS) or
+     * borrows buffer 1 until its fragments are in registers, before the loop's second tile is
+     * issued there. */
+    KT *k_s = (KT *)smem, *v_s = k_s + PF_BN * D, *q_s = k_s + (QS ? 4 : 2) * PF_BN * D;
     const int h = blockIdx.x, s = blockIdx.z, tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
     const int q0 = p.q_indptr[s], q_len = p.q_indptr[s + 1] - q0;
@@ -66,6 +87,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_attention_kernel(pf_par
     const int m0 = tile * BM, kv_len = p.kv_len[s], past = kv_len - q_len;
     const int kv_end = min(kv_len, past + m0 + BM); /* keys any row of the tile sees */
     const int n_kv = (kv_end + PF_BN - 1) / PF_BN;
+    /* The first tile holding a key the tile's first row sees (its window's start). */
+    const int w_lo = p.window > 0 ? past + m0 - p.window + 1 : 0;
+    const int n_first = w_lo > 0 ? w_lo / PF_BN : 0;
     const int fpo = p.first_page_offset ? p.first_page_offset[s] : 0, bs = p.block_size;
     const int shift = p.block_shift;
     const int32_t *pages = p.page_indices + p.page_indptr[s];
@@ -93,7 +117,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_attention_kernel(pf_par
         }
         cuda_cp_async_commit();
     };
-    issue(0, 0);
+    issue(0, n_first);
 
     /* Q: 8 dims per thread and pass, rows past q_len as zeros. */
     for (int c = tid; c < BM * CH; c += NT) {
@@ -119,12 +143,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_attention_kernel(pf_par
         *(uint4 *)(q_s + pf_swz<D>(r, cc)) = w;
     }
     __syncthreads();
-    uint32_t qa[KS][4];
-    {
-        const int r = warp * 16 + (lane & 15);
+    const int q_row = warp * 16 + (lane & 15);
+    uint32_t qa[QS ? 1 : KS][4];
+    if constexpr (!QS) {
 #pragma unroll
         for (int ks = 0; ks < KS; ks++)
-            cuda_ldmatrix_x4(qa[ks], q_s + pf_swz<D>(r, ks * 2 + (lane >> 4)));
+            cuda_ldmatrix_x4(qa[ks], q_s + pf_swz<D>(q_row, ks * 2 + (lane >> 4)));
     }
 
     float o[D / 8][4];
@@ -136,34 +160,50 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_attention_kernel(pf_par
     const int row_a = m0 + warp * 16 + g;
     const int lim[2] = {min(past + row_a, kv_len - 1), min(past + row_a + 8, kv_len - 1)};
     const int first_masked = past + m0 + 1; /* the first row sees keys [0, first_masked) */
+    /* First visible key of the two rows, and the last row's: tiles below it need the window's
+     * mask. */
+    const int lo[2] = {p.window > 0 ? past + row_a - p.window + 1 : 0,
+                       p.window > 0 ? past + row_a + 8 - p.window + 1 : 0};
+    const int w_masked = p.window > 0 ? past + m0 + BM - p.window : 0;
 
-    for (int n = 0; n < n_kv; n++) {
+    for (int n = n_first; n < n_kv; n++) {
+        const int buf = (n - n_first) & 1;
         cuda_cp_async_wait<0>();
         __syncthreads();
-        if (n + 1 < n_kv) issue((n + 1) & 1, n + 1);
-        const KT *kt = k_s + (n & 1) * 2 * PF_BN * D, *vt = v_s + (n & 1) * 2 * PF_BN * D;
+        if (n + 1 < n_kv) issue(buf ^ 1, n + 1);
+        const KT *kt = k_s + buf * 2 * PF_BN * D, *vt = v_s + buf * 2 * PF_BN * D;
 
         float sc[NB][4];
 #pragma unroll
         for (int i = 0; i < NB; i++) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
 #pragma unroll
-        for (int ks = 0; ks < KS; ks++)
+        for (int ks = 0; ks < KS; ks++) {
+            const uint32_t *a = qa[QS ? 0 : ks];
+            if constexpr (QS) cuda_ldmatrix_x4(qa[0], q_s + pf_swz<D>(q_row, ks * 2 + (lane >> 4)));
 #pragma unroll
             for (int pb = 0; pb < NB / 2; pb++) {
                 uint32_t b[4];
                 const int t = pb * 16 + (lane & 7) + ((lane >> 4) << 3);
                 cuda_ldmatrix_x4(b, kt + pf_swz<D>(t, ks * 2 + ((lane >> 3) & 1)));
-                cuda_mma16816<KT>(sc[2 * pb], qa[ks], b[0], b[1]);
-                cuda_mma16816<KT>(sc[2 * pb + 1], qa[ks], b[2], b[3]);
+                cuda_mma16816<KT>(sc[2 * pb], a, b[0], b[1]);
+                cuda_mma16816<KT>(sc[2 * pb + 1], a, b[2], b[3]);
             }
+        }
+        if (p.softcap_log2 > 0.0f) {
+#pragma unroll
+            for (int i = 0; i < NB; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    sc[i][e] = p.softcap_log2 * tanhf(sc[i][e] / p.softcap_log2);
+        }
 
-        if ((n + 1) * PF_BN > first_masked) {
+        if ((n + 1) * PF_BN > first_masked || n * PF_BN < w_masked) {
 #pragma unroll
             for (int i = 0; i < NB; i++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int j = n * PF_BN + i * 8 + tig * 2 + (e & 1);
-                    if (j > lim[e >> 1]) sc[i][e] = -INFINITY;
+                    if (j > lim[e >> 1] || j < lo[e >> 1]) sc[i][e] = -INFINITY;
                 }
         }
 
@@ -175,13 +215,14 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_attention_kernel(pf_par
             for (int i = 0; i < NB; i++) mx = fmaxf(mx, fmaxf(sc[i][2 * r], sc[i][2 * r + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            alpha[r] = pf_exp2(m_run[r] - mx);
+            const float base = mx == -INFINITY ? 0.0f : mx;
+            alpha[r] = pf_exp2(m_run[r] - base);
             m_run[r] = mx;
             float sum = 0.0f;
 #pragma unroll
             for (int i = 0; i < NB; i++) {
-                sc[i][2 * r] = pf_exp2(sc[i][2 * r] - mx);
-                sc[i][2 * r + 1] = pf_exp2(sc[i][2 * r + 1] - mx);
+                sc[i][2 * r] = pf_exp2(sc[i][2 * r] - base);
+                sc[i][2 * r + 1] = pf_exp2(sc[i][2 * r + 1] - base);
                 sum += sc[i][2 * r] + sc[i][2 * r + 1];
             }
             l_run[r] = l_run[r] * alpha[r] + sum;
@@ -217,7 +258,13 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_attention_kernel(pf_par
         l += __shfl_xor_sync(0xffffffffu, l, 2);
         const int row = row_a + 8 * r;
         if (row >= q_len) continue;
-        const float inv = 1.0f / l;
+        float inv = 1.0f / l;
+        if (p.sinks) {
+            /* Against the larger of the running max and the sink, so neither overflows. */
+            const float sk = p.sinks[h] * CUDA_LOG2E, m = fmaxf(m_run[r], sk);
+            const float f = pf_exp2(m_run[r] - m);
+            inv = f / (l * f + pf_exp2(sk - m));
+        }
         const size_t base = (size_t)(q0 + row) * p.n_heads * D + (size_t)h * D + tig * 2;
 #pragma unroll
         for (int i = 0; i < D / 8; i++) {
@@ -235,8 +282,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_attention_kernel(pf_par
 template <int D, int NW, int MINB, typename KT>
 static int pf_launch(const pf_params &p, const be_paged_batch *batch, cudaStream_t st,
                      base_err *err) {
-    const size_t smem = (size_t)4 * PF_BN * D * sizeof(KT);
     const int bm = NW * 16;
+    const size_t smem = ((size_t)4 * PF_BN + (pf_q_shared<D>() ? bm : 0)) * D * sizeof(KT);
     dim3 grid((unsigned)p.n_heads, (unsigned)((batch->max_q_len + bm - 1) / bm),
               (unsigned)batch->n_seqs);
     return cuda_launch_smem(prefill_attention_kernel<D, NW, MINB, KT>, grid, NW * 32, smem, st, p,
@@ -253,14 +300,14 @@ static int pf_dispatch_variant(const pf_params &p, const be_paged_batch *batch, 
     return pf_launch<D, 4, 2, KT>(p, batch, st, err);
 }
 
-bool cuda_prefill_supported(const be_kv_layer *layer, const be_paged_batch *batch) {
-    return (layer->head_dim == 64 || layer->head_dim == 128) &&
+bool cuda_attention_prefill_fits(const be_kv_layer *layer, const be_paged_batch *batch) {
+    return (layer->head_dim == 64 || layer->head_dim == 128 || layer->head_dim == 256) &&
            (layer->dtype == BASE_DTYPE_F16 || layer->dtype == BASE_DTYPE_BF16) &&
            batch->n_seqs <= PF_GRID_YZ && (batch->max_q_len + 63) / 64 <= PF_GRID_YZ;
 }
 
 int cuda_attention_prefill_variant(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
-                                   const be_paged_batch *batch, int n_heads, float scale,
+                                   const be_paged_batch *batch, int n_heads, be_attn attn,
                                    be_tensor *out, int variant, base_err *err) {
     pf_params p = {};
     p.q = q->data;
@@ -281,21 +328,27 @@ int cuda_attention_prefill_variant(be_backend *be, const be_tensor *q, const be_
     p.page_indptr = batch->page_indptr;
     p.page_indices = batch->page_indices;
     p.first_page_offset = batch->first_page_offset;
-    p.scale_log2 = scale * CUDA_LOG2E;
-    cuda_backend *cb = cuda_impl(be);
-    if (layer->head_dim == 64) {
-        if (layer->dtype == BASE_DTYPE_F16)
-            return pf_dispatch_variant<64, __half>(p, batch, variant, cb->stream, err);
-        return pf_dispatch_variant<64, __nv_bfloat16>(p, batch, variant, cb->stream, err);
+    p.scale_log2 = attn.scale * CUDA_LOG2E;
+    p.softcap_log2 = attn.softcap * CUDA_LOG2E;
+    p.window = attn.window;
+    p.sinks = attn.sinks;
+    cudaStream_t st = cuda_impl(be)->stream;
+    const bool f16 = layer->dtype == BASE_DTYPE_F16;
+    switch (layer->head_dim) {
+    case 64:
+        return f16 ? pf_dispatch_variant<64, __half>(p, batch, variant, st, err)
+                   : pf_dispatch_variant<64, __nv_bfloat16>(p, batch, variant, st, err);
+    case 128:
+        return f16 ? pf_dispatch_variant<128, __half>(p, batch, variant, st, err)
+                   : pf_dispatch_variant<128, __nv_bfloat16>(p, batch, variant, st, err);
+    default:
+        return f16 ? pf_dispatch_variant<256, __half>(p, batch, variant, st, err)
+                   : pf_dispatch_variant<256, __nv_bfloat16>(p, batch, variant, st, err);
     }
-    if (layer->dtype == BASE_DTYPE_F16)
-        return pf_dispatch_variant<128, __half>(p, batch, variant, cb->stream, err);
-    return pf_dispatch_variant<128, __nv_bfloat16>(p, batch, variant, cb->stream, err);
 }
 
 int cuda_attention_prefill(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
-                           const be_paged_batch *batch, int n_heads, float scale, be_tensor *out,
+                           const be_paged_batch *batch, int n_heads, be_attn attn, be_tensor *out,
                            base_err *err) {
-    return cuda_attention_prefill_variant(be, q, layer, batch, n_heads, scale, out, PF_VARIANT,
-                                          err);
+    return cuda_attention_prefill_variant(be, q, layer, batch, n_heads, attn, out, PF_VARIANT, err);
 }

@@ -22,6 +22,10 @@
  * Pool offsets are 64-bit from the first multiply. Slots outside a row's tokens are never read,
  * so garbage (NaN) there cannot reach the output.
  *
+ * be_attn: a window makes the row's tokens its last `window` ones (the spans cut those alone),
+ * the soft-cap is applied to each score as it is stored, and a head's sink joins the
+ * denominator of the spans' merge.
+ *
  * Measured on the H200 in the decode step, batch 1 of the Llama-3.1-8B shape (tg128@dD tok/s;
  * figures compare within one run only, as runs land on different GPUs): d512, the F32 kernel on
  * 8 CTAs 357.7, this kernel after rope_kv_append 447.4 to 455.7, with RoPE and the append folded
@@ -60,6 +64,9 @@ typedef struct wd_params {
     int chunks;                       /* spans per (row, kv head), gridDim.y */
     int max_tokens;                   /* tokens a CTA's shared memory holds */
     float scale_log2;
+    float softcap_log2; /* cap * log2 e; 0 = none */
+    int window;         /* 0 = the whole causal span */
+    const float *sinks; /* (n_heads) natural-log logits, or NULL */
     /* With RoPE folded in (the ROPE kernels): q, k and v as the projections left them, the
      * rows' positions, the table, and the slots the new tokens go to. */
     const void *k_new; /* (n_seqs, n_kv_heads * D) */
@@ -110,8 +117,10 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
     float *ms = ps + G * TM;                    /* (G) the span's max */
     float *ls = ms + G;                         /* (G) the span's sum */
     const int kvh = blockIdx.x, chunk = blockIdx.y, s = blockIdx.z;
-    const int n = p.kv_len[s];
-    const int fpo = p.first_page_offset ? p.first_page_offset[s] : 0;
+    /* The row's tokens: its last `window` when a window cuts it, from slot fpo. */
+    const int n_all = p.kv_len[s];
+    const int n = p.window > 0 && n_all > p.window ? p.window : n_all;
+    const int fpo = (p.first_page_offset ? p.first_page_offset[s] : 0) + n_all - n;
     const int T = wd_span(p, n), t0 = chunk * T;
     const int nt = t0 < n ? (n - t0 < T ? n - t0 : T) : 0;
     const int32_t *pages = p.page_indices + p.page_indptr[s];
@@ -207,7 +216,10 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
                 a0 = fmaf(y.x, k2.x, a0), a1 = fmaf(y.y, k2.y, a1);
                 a0 = fmaf(y.z, k3.x, a0), a1 = fmaf(y.w, k3.y, a1);
             }
-            ps[h * TM + t] = a0 + a1;
+            /* cap * tanh(s / cap) in the log2 domain: there s and cap both carry log2 e. */
+            const float sc = a0 + a1;
+            ps[h * TM + t] =
+                p.softcap_log2 > 0.0f ? p.softcap_log2 * tanhf(sc / p.softcap_log2) : sc;
         }
         __syncthreads();
 
@@ -273,9 +285,11 @@ __global__ void __launch_bounds__(WD_THREADS) wide_decode_kernel(wd_params p) {
     }
     __syncthreads();
     if (tid < G) {
-        float mx = -INFINITY;
+        /* A sink is one more logit in the denominator alone. */
+        const float sk = p.sinks ? p.sinks[kvh * G + tid] * CUDA_LOG2E : -INFINITY;
+        float mx = sk;
         for (int c = 0; c < live; c++) mx = fmaxf(mx, w_s[c * G + tid]);
-        float den = 0.0f;
+        float den = p.sinks ? exp2f(sk - mx) : 0.0f;
         for (int c = 0; c < live; c++) {
             const float f = exp2f(w_s[c * G + tid] - mx);
             w_s[c * G + tid] = f;
@@ -315,15 +329,19 @@ static size_t wd_smem(int head_dim, int group, int max_tokens) {
                sizeof(float);
 }
 
+/* The most tokens a row attends over. */
+static int wd_row_tokens(const be_paged_batch *batch, be_attn attn) {
+    return attn.window > 0 && batch->max_kv_len > attn.window ? attn.window : batch->max_kv_len;
+}
+
 bool cuda_attention_wide_fits(be_backend *be, const be_kv_layer *layer, const be_paged_batch *batch,
-                              int n_heads) {
-    const int nkv = layer->n_kv_heads, items = batch->n_seqs * nkv;
+                              int n_heads, be_attn attn) {
+    const int nkv = layer->n_kv_heads, items = batch->n_seqs * nkv, hd = layer->head_dim;
     if (batch->max_q_len != 1 || batch->n_tokens != batch->n_seqs || items > WD_MAX_ITEMS)
         return false;
-    if ((layer->head_dim != 64 && layer->head_dim != 128) || n_heads / nkv > WD_MAX_GROUP)
-        return false;
+    if ((hd != 64 && hd != 128 && hd != 256) || n_heads / nkv > WD_MAX_GROUP) return false;
     const int chunks = wd_chunks(cuda_impl(be), items);
-    return wd_smem(layer->head_dim, n_heads / nkv, wd_max_tokens(batch->max_kv_len, chunks)) <=
+    return wd_smem(hd, n_heads / nkv, wd_max_tokens(wd_row_tokens(batch, attn), chunks)) <=
            WD_SMEM_MAX;
 }
 
@@ -350,17 +368,23 @@ static int wd_launch(cuda_backend *c, const wd_params &p, int n_seqs, size_t sme
 template <bool ROPE>
 static int wd_dispatch(cuda_backend *c, const wd_params &p, int head_dim, base_dtype pool_dt,
                        int n_seqs, size_t smem, base_err *err) {
-    if (head_dim == 64)
-        return pool_dt == BASE_DTYPE_F16
-                   ? wd_launch<64, __half, ROPE>(c, p, n_seqs, smem, err)
+    const bool f16 = pool_dt == BASE_DTYPE_F16;
+    switch (head_dim) {
+    case 64:
+        return f16 ? wd_launch<64, __half, ROPE>(c, p, n_seqs, smem, err)
                    : wd_launch<64, __nv_bfloat16, ROPE>(c, p, n_seqs, smem, err);
-    return pool_dt == BASE_DTYPE_F16 ? wd_launch<128, __half, ROPE>(c, p, n_seqs, smem, err)
-                                     : wd_launch<128, __nv_bfloat16, ROPE>(c, p, n_seqs, smem, err);
+    case 128:
+        return f16 ? wd_launch<128, __half, ROPE>(c, p, n_seqs, smem, err)
+                   : wd_launch<128, __nv_bfloat16, ROPE>(c, p, n_seqs, smem, err);
+    default:
+        return f16 ? wd_launch<256, __half, ROPE>(c, p, n_seqs, smem, err)
+                   : wd_launch<256, __nv_bfloat16, ROPE>(c, p, n_seqs, smem, err);
+    }
 }
 
 /* The launch's parameters but the RoPE inputs, and its scratch. */
 static int wd_setup(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
-                    const be_paged_batch *batch, int n_heads, float scale, be_tensor *out,
+                    const be_paged_batch *batch, int n_heads, be_attn attn, be_tensor *out,
                     wd_params *p, base_err *err) {
     cuda_backend *c = cuda_impl(be);
     const int nkv = layer->n_kv_heads, D = layer->head_dim, ns = batch->n_seqs;
@@ -380,8 +404,11 @@ static int wd_setup(be_backend *be, const be_tensor *q, const be_kv_layer *layer
     p->page_indices = batch->page_indices;
     p->first_page_offset = batch->first_page_offset;
     p->chunks = wd_chunks(c, ns * nkv);
-    p->max_tokens = wd_max_tokens(batch->max_kv_len, p->chunks);
-    p->scale_log2 = scale * CUDA_LOG2E;
+    p->max_tokens = wd_max_tokens(wd_row_tokens(batch, attn), p->chunks);
+    p->scale_log2 = attn.scale * CUDA_LOG2E;
+    p->softcap_log2 = attn.softcap * CUDA_LOG2E;
+    p->window = attn.window;
+    p->sinks = attn.sinks;
 
     const size_t counters = (WD_MAX_ITEMS * sizeof(unsigned) + 255) & ~(size_t)255;
     const size_t cells = (size_t)ns * p->chunks * n_heads;
@@ -403,10 +430,10 @@ static int wd_setup(be_backend *be, const be_tensor *q, const be_kv_layer *layer
 }
 
 int cuda_attention_wide(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
-                        const be_paged_batch *batch, int n_heads, float scale, be_tensor *out,
+                        const be_paged_batch *batch, int n_heads, be_attn attn, be_tensor *out,
                         base_err *err) {
     wd_params p;
-    if (wd_setup(be, q, layer, batch, n_heads, scale, out, &p, err)) return -1;
+    if (wd_setup(be, q, layer, batch, n_heads, attn, out, &p, err)) return -1;
     return wd_dispatch<false>(cuda_impl(be), p, layer->head_dim, layer->dtype, batch->n_seqs,
                               wd_smem(layer->head_dim, p.group, p.max_tokens), err);
 }
@@ -417,16 +444,16 @@ int cuda_rope_kv_attention(be_backend *be, be_tensor *q, be_tensor *k, const be_
                            const be_decode_plan *plan, int n_heads, be_attn attn, be_tensor *out,
                            base_err *err) {
     if (cuda_rope_kv_check(q, k, v, positions, inv_freq, layer, batch, err) ||
-        cuda_attention_check(q, layer, batch, n_heads, out, err))
+        cuda_attention_check(q, layer, batch, n_heads, attn, out, err))
         return -1;
-    if (!batch->slots || batch->n_tokens == 0 || !cuda_attn_plain(attn) ||
-        !cuda_attention_wide_fits(be, layer, batch, n_heads)) {
+    if (!batch->slots || batch->n_tokens == 0 ||
+        !cuda_attention_wide_fits(be, layer, batch, n_heads, attn)) {
         if (cuda_rope_kv_append(be, q, k, v, positions, inv_freq, mscale, layer, batch, err))
             return -1;
         return cuda_attention(be, q, layer, batch, plan, n_heads, attn, out, err);
     }
     wd_params p;
-    if (wd_setup(be, q, layer, batch, n_heads, attn.scale, out, &p, err)) return -1;
+    if (wd_setup(be, q, layer, batch, n_heads, attn, out, &p, err)) return -1;
     p.k_new = k->data;
     p.k_dt = k->dtype;
     p.v_new = v->data;

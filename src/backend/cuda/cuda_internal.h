@@ -348,45 +348,37 @@ int cuda_kv_append(be_backend *be, const be_kv_layer *layer, const be_tensor *k,
 int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
                    const be_paged_batch *batch, const be_decode_plan *plan, int n_heads,
                    be_attn attn, be_tensor *out, base_err *err);
-/* Whether attn is plain causal attention (no soft-cap, no window): only such attention takes
- * the wide decode, tensor-core decode and prefill kernels; the rest runs on the F32 paged
- * kernel, which applies the cap and the window. */
-static inline bool cuda_attn_plain(be_attn attn) {
-    return attn.softcap == 0.0f && attn.window == 0 && !attn.sinks;
-}
-/* The arguments' checks of cuda_attention (head_dim, heads, pool dtype, q and out shapes). */
+/* The arguments' checks of cuda_attention (head_dim, heads, pool dtype, q and out shapes, a
+ * soft-cap and window that are not negative). */
 int cuda_attention_check(const be_tensor *q, const be_kv_layer *layer, const be_paged_batch *batch,
-                         int n_heads, const be_tensor *out, base_err *err);
+                         int n_heads, be_attn attn, const be_tensor *out, base_err *err);
 /* Decode attention for tiny grids (cuda_attention_wide.cu): every row a decode row, each (row,
- * kv head) split into spans over the SMs and merged by the last CTA of its spans. _fits says
- * whether it serves the batch (head_dim 64 or 128, few rows of few kv heads, short enough rows
- * for its shared memory); arguments as cuda_attention's, already validated by it. */
+ * kv head) split into spans over the SMs and merged by the last CTA of its spans, with attn's
+ * scale, soft-cap, window and sinks. _fits says whether it serves the batch (head_dim 64, 128
+ * or 256, few rows of few kv heads, rows, or their windows, short enough for its shared
+ * memory); arguments as cuda_attention's, already validated by it. */
 bool cuda_attention_wide_fits(be_backend *be, const be_kv_layer *layer, const be_paged_batch *batch,
-                              int n_heads);
+                              int n_heads, be_attn attn);
 int cuda_attention_wide(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
-                        const be_paged_batch *batch, int n_heads, float scale, be_tensor *out,
+                        const be_paged_batch *batch, int n_heads, be_attn attn, be_tensor *out,
                         base_err *err);
 /* The rope_kv_attention op: RoPE of q and k, k and v's append and the attention in the wide
- * decode kernel where it serves the batch and attn is plain (q and k left as they were), else
- * rope_kv_append then cuda_attention. */
-int cuda_rope_kv_attention(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
-                           const be_tensor *positions, const be_tensor *inv_freq, float mscale,
-                           const be_kv_layer *layer, const be_paged_batch *batch,
-                           const be_decode_plan *plan, int n_heads, be_attn attn, be_tensor *out,
-                           base_err *err);
+ * decode kernel where it serves the batch (q and k left as they were), else rope_kv_append
+ * then cuda_attention. */
 /* Tensor-core prefill attention (cuda_attention_prefill.cu): the rows of sequences with
- * q_len > 1, causal, through the pages; decode rows are left untouched. Serves what
- * cuda_prefill_supported accepts (head_dim 64 or 128, F16 or BF16 pools, any block size and
- * first-page offset); arguments as cuda_attention's, already validated by it. */
-bool cuda_prefill_supported(const be_kv_layer *layer, const be_paged_batch *batch);
+ * q_len > 1, causal, through the pages, with attn's scale, soft-cap, window and sinks; decode
+ * rows are left untouched. Serves what cuda_attention_prefill_fits accepts (head_dim 64, 128
+ * or 256, F16 or BF16 pools, any block size and first-page offset); arguments as
+ * cuda_attention's, already validated by it. */
+bool cuda_attention_prefill_fits(const be_kv_layer *layer, const be_paged_batch *batch);
 int cuda_attention_prefill(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
-                           const be_paged_batch *batch, int n_heads, float scale, be_tensor *out,
+                           const be_paged_batch *batch, int n_heads, be_attn attn, be_tensor *out,
                            base_err *err);
 /* The same in launch shape `variant` (CUDA_PREFILL_VARIANTS of them: 4 warps at 2 or 3 CTAs
  * per SM, 8 warps), for benchmarks. */
 #define CUDA_PREFILL_VARIANTS 3
 int cuda_attention_prefill_variant(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
-                                   const be_paged_batch *batch, int n_heads, float scale,
+                                   const be_paged_batch *batch, int n_heads, be_attn attn,
                                    be_tensor *out, int variant, base_err *err);
 int cuda_argmax(be_backend *be, const be_tensor *logits, be_tensor *ids, base_err *err);
 int cuda_topk_candidates(be_backend *be, const be_tensor *logits, const be_topk_row *reqs,

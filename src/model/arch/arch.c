@@ -92,6 +92,10 @@ int model_config_load(const char *dir, io_model_config *cfg, const model_arch **
 int arch_window_all(const io_cfg_at *at, io_model_config *cfg) {
     if (io_cfg_int(at, "sliding_window", 0, &cfg->sliding_window)) return -1;
     if (cfg->sliding_window < 0) return io_cfg_fail(at, "sliding_window", "must not be negative");
+    /* A window that spans the whole trained context (Phi-3.5-mini and Phi-4-mini write 262144
+     * beside 131072 positions) masks nothing there: it is no window, and marking the layers
+     * local would only keep them off the attention kernels that take no window. */
+    if (cfg->sliding_window >= cfg->max_position_embeddings) cfg->sliding_window = 0;
     if (cfg->sliding_window == 0) return 0;
     int n = cfg->num_hidden_layers;
     cfg->layer_local = base_xcalloc((size_t)n, sizeof *cfg->layer_local);

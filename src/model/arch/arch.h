@@ -59,7 +59,7 @@ int model_config_parse(const char *json_text, const char *origin, io_model_confi
 
 /* Helpers for descriptors. */
 /* Every layer local (Mistral and Phi-3's sliding_window over all layers) when the config has a
- * window, none otherwise. */
+ * window shorter than max_position_embeddings, none otherwise (sliding_window then reads 0). */
 int arch_window_all(const io_cfg_at *at, io_model_config *cfg);
 /* Qwen's use_sliding_window refused: its window covers only the layers past max_window_layers;
  * no released checkpoint turns it on, and refusing beats attending over the wrong span. */

@@ -62,8 +62,8 @@ static int gemma3_configure(const io_cfg_at *at, io_model_config *cfg) {
 const model_arch arch_gemma2 = {
     .model_type = "gemma2",
     .summary = "Gemma 2: soft-capped scores and logits, local layers every other layer, "
-               "GELU-tanh only; on CUDA head_dim 256, the soft-cap and the windows take the "
-               "generic attention kernel",
+               "GELU-tanh only; on CUDA a decode row of a local layer is not split over the "
+               "context",
     .defaults = "{\"head_dim\": 256, \"hidden_activation\": \"gelu_pytorch_tanh\", "
                 "\"query_pre_attn_scalar\": 256, \"attn_logit_softcapping\": 50.0, "
                 "\"final_logit_softcapping\": 30.0, \"sliding_window\": 4096, "
@@ -87,8 +87,8 @@ const model_arch arch_gemma2 = {
 const model_arch arch_gemma3_text = {
     .model_type = "gemma3_text",
     .summary = "Gemma 3 text (1B and the text half of larger ones): per-head q/k norm, local "
-               "layers five of six with their own RoPE base, GELU-tanh only; on CUDA head_dim "
-               "256 and the windows take the generic attention kernel",
+               "layers five of six with their own RoPE base, GELU-tanh only; on CUDA a decode "
+               "row of a local layer is not split over the context",
     .defaults = GEMMA3_DEFAULTS,
     .configure = gemma3_configure,
     .names = GEMMA_NAMES("model."),

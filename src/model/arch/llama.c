@@ -11,8 +11,9 @@ const model_arch arch_llama = {
 
 const model_arch arch_mistral = {
     .model_type = "mistral",
-    .summary = "Mistral 7B and Ministral: sliding_window over every layer; on CUDA a window "
-               "takes the generic attention kernel",
+    .summary = "Mistral 7B and Ministral: sliding_window over every layer (none when it spans "
+               "max_position_embeddings); on CUDA a windowed decode row is not split over "
+               "the context",
     .configure = arch_window_all,
     .names = {ARCH_LLAMA_NAMES},
 };

@@ -52,7 +52,8 @@ const model_arch arch_qwen3_moe = {
 const model_arch arch_mixtral = {
     .model_type = "mixtral",
     .summary = "Mixtral: experts stacked as mlx-lm writes them, sliding_window over every "
-               "layer; on CUDA a window takes the generic attention kernel",
+               "layer (none when it spans max_position_embeddings); on CUDA a windowed decode "
+               "row is not split over the context",
     .configure = mixtral_configure,
     .names = {ARCH_LLAMA_NAMES, .router = "block_sparse_moe.gate",
               .experts = "block_sparse_moe.switch_mlp"},
@@ -79,7 +80,8 @@ const model_arch arch_gpt_oss = {
     .model_type = "gpt_oss",
     .summary = "GPT-OSS (20b, 120b): attention sinks, MXFP4 experts (mlx-community's "
                "MXFP4-Q8), biases, clamped SwiGLU (swiglu_limit 7 only), local layers every "
-               "other layer; on CUDA the sinks and windows take the generic attention kernel",
+               "other layer; on CUDA a decode row with sinks or a window is not split over the "
+               "context",
     .configure = gpt_oss_configure,
     .names = {ARCH_LLAMA_NAMES, .router = "mlp.router", .experts = "mlp.experts"},
 };

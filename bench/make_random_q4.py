@@ -1,11 +1,16 @@
-"""A random-weight Llama-3.1-8B-shaped checkpoint in MLX's affine-quantized layout, made on the
-GPU with PyTorch, for the GPU benchmarks (bench/run_gpu.sh). Every linear layer, the embedding
-table and the output head are quantized with MLX's rule (float32 arithmetic; the larger-
-magnitude end of each group is the bias and is hit exactly), codes packed as each row's
-little-endian bit stream, scales and biases stored in bfloat16; norms are bfloat16 ones.
-Tensors are generated and written one at a time, so host memory stays at one tensor.
+"""A random-weight checkpoint of a real model's shape (tools/make_random_model.py SHAPES: the
+Llama-3.1-8B shape by default, Gemma-3-4B, Phi-4-mini, ...) in MLX's affine-quantized layout,
+made on the GPU with PyTorch, for the GPU benchmarks (bench/run_gpu.sh). The tensor table and
+config.json are the shape's family's (make_random_model.tensors and .config). Every linear
+layer (a fused one as one tensor), the embedding table and the output head are quantized with
+MLX's rule (float32 arithmetic; the larger-magnitude end of each group is the bias and is hit
+exactly), codes packed as each row's little-endian bit stream, scales and biases stored in
+bfloat16; norms are bfloat16 constants. Tensors are generated and written one at a time, so
+host memory stays at one tensor. --dry-run prints the tensor table and the config and writes
+nothing (no GPU or PyTorch needed).
 
-    python3 bench/make_llama8b_q4.py OUT_DIR [--bits 4] [--group-size 64]
+    python3 bench/make_random_q4.py OUT_DIR [--shape llama-3.1-8b] [--bits 4] [--group-size 64]
+    python3 bench/make_random_q4.py OUT_DIR --shape gemma-3-4b --dry-run
 """
 
 import argparse
@@ -15,13 +20,17 @@ import struct
 import sys
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ImportError:  # --dry-run needs none of it
+    torch = None
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 sys.path.insert(0, os.path.join(HERE, "..", "tools", "reference"))
 from make_fixtures import mlx_affine_quantize, pack_codes  # noqa: E402
-from make_random_model import SHAPES  # noqa: E402
+from make_random_model import SHAPES, config, tensors  # noqa: E402
 
 
 def quantize(w, bits, group_size):
@@ -55,10 +64,10 @@ def pack(q, bits):
     return words.to(torch.int64).cpu().numpy().astype(np.uint32)
 
 
-def self_check(bits, group_size):
+def self_check(bits, group_size, dev):
     """Compares the torch quantizer and packer with the numpy ones the fixtures (checked
     against transformers) were made with; prints the mismatches, which must be none."""
-    w = torch.randn(96, 4 * group_size, device="cuda") * 0.02
+    w = torch.randn(96, 4 * group_size, device=dev) * 0.02
     q, sc, bi = quantize(w, bits, group_size)
     rq, rsc, rbi = mlx_affine_quantize(w.cpu().numpy(), bits, group_size)
     bad_q = int((q.cpu().numpy() != rq.astype(np.int64)).sum())
@@ -71,19 +80,24 @@ def bf16_numpy(x):
     return x.to(torch.bfloat16).view(torch.int16).cpu().numpy().view(np.uint16)
 
 
-def plan(s, bits, group_size):
-    """(name, dtype tag, shape, maker) for every tensor; makers run on the GPU when called."""
-    h, hd = s["hidden"], s["head_dim"]
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(0)
+def plan(s, bits, group_size, dev):
+    """(name, dtype tag, shape, maker) for every tensor of shape s; makers run on device dev
+    when called (the dry run never calls them)."""
+    gens = []  # one generator, made by the first maker that runs
     entries = []
+
+    def generator():
+        if not gens:
+            gens.append(torch.Generator(device=dev))
+            gens[0].manual_seed(0)
+        return gens[0]
 
     def linear(prefix, rows, cols):
         cache = {}
 
         def make(part):
             if not cache:
-                w = torch.randn(rows, cols, device="cuda", generator=gen) * 0.02
+                w = torch.randn(rows, cols, device=dev, generator=generator()) * 0.02
                 q, sc, bi = quantize(w, bits, group_size)
                 cache["weight"] = pack(q, bits)
                 cache["scales"] = bf16_numpy(sc)
@@ -97,24 +111,18 @@ def plan(s, bits, group_size):
         entries.append((prefix + ".biases", "BF16", (rows, cols // group_size),
                         lambda: make("biases")))
 
-    def ones(name, n):
-        entries.append((name, "BF16", (n,), lambda: bf16_numpy(torch.ones(n, device="cuda"))))
+    def const(name, n, fill):
+        entries.append((name, "BF16", (n,),
+                        lambda: bf16_numpy(torch.full((n,), fill, device=dev))))
 
-    linear("model.embed_tokens", s["vocab"], h)
-    ones("model.norm.weight", h)
-    if not s["tied"]:
-        linear("lm_head", s["vocab"], h)
-    for i in range(s["layers"]):
-        p = f"model.layers.{i}."
-        linear(p + "self_attn.q_proj", s["heads"] * hd, h)
-        linear(p + "self_attn.k_proj", s["kv_heads"] * hd, h)
-        linear(p + "self_attn.v_proj", s["kv_heads"] * hd, h)
-        linear(p + "self_attn.o_proj", h, s["heads"] * hd)
-        linear(p + "mlp.gate_proj", s["inter"], h)
-        linear(p + "mlp.up_proj", s["inter"], h)
-        linear(p + "mlp.down_proj", h, s["inter"])
-        ones(p + "input_layernorm.weight", h)
-        ones(p + "post_attention_layernorm.weight", h)
+    for name, shape, fill in tensors(s):
+        if fill is None:
+            if shape[1] % group_size:
+                sys.exit(f"{name}: {shape[1]} columns are not a multiple of the group size "
+                         f"{group_size}")
+            linear(name, *shape)
+        else:
+            const(name, shape[0], fill)
     return entries
 
 
@@ -146,26 +154,34 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--shape", default="llama-3.1-8b", choices=sorted(SHAPES))
-    ap.add_argument("--bits", type=int, default=4)
-    ap.add_argument("--group-size", type=int, default=64)
+    ap.add_argument("--bits", type=int, default=4, choices=(2, 3, 4, 5, 6, 8))
+    ap.add_argument("--group-size", type=int, default=64, choices=(32, 64, 128))
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print the tensor table and config.json, write nothing")
+    ap.add_argument("--device", default="cuda",
+                    help="where torch makes the tensors (cpu checks the script on a tiny shape)")
     a = ap.parse_args()
     s = SHAPES[a.shape]
-    self_check(a.bits, a.group_size)
+    cfg = dict(config(s), quantization={"group_size": a.group_size, "bits": a.bits})
+    entries = plan(s, a.bits, a.group_size, a.device)
+    if a.dry_run:
+        total = 0
+        for name, tag, shape, _ in entries:
+            n = int(np.prod(shape)) * ITEMSIZE[tag]
+            total += n
+            print(f"{name:48s} {tag:5s} {str(list(shape)):16s} {n:>12d}")
+        print(f"{len(entries)} tensors, {total / 1e9:.2f} GB")
+        print(json.dumps(cfg, indent=2))
+        return
+    if torch is None:
+        sys.exit("make_random_q4.py: PyTorch is needed to make the tensors (--dry-run needs none)")
+    self_check(a.bits, a.group_size, a.device)
     os.makedirs(a.out, exist_ok=True)
-    n = write(os.path.join(a.out, "model.safetensors"), plan(s, a.bits, a.group_size))
-    cfg = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": s["hidden"],
-        "intermediate_size": s["inter"], "num_hidden_layers": s["layers"],
-        "num_attention_heads": s["heads"], "num_key_value_heads": s["kv_heads"],
-        "head_dim": s["head_dim"], "vocab_size": s["vocab"], "max_position_embeddings": 131072,
-        "rms_norm_eps": 1e-5, "rope_theta": s["theta"], "rope_scaling": s["rope_scaling"],
-        "tie_word_embeddings": s["tied"], "bos_token_id": 128000,
-        "eos_token_id": [128001, 128008, 128009], "torch_dtype": "bfloat16",
-        "quantization": {"group_size": a.group_size, "bits": a.bits},
-    }
+    n = write(os.path.join(a.out, "model.safetensors"), entries)
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
-    print(f"wrote {a.out}: {n / 1e9:.2f} GB of tensors, {a.bits}-bit group {a.group_size}")
+    print(f"wrote {a.out} ({a.shape}): {n / 1e9:.2f} GB of tensors, {a.bits}-bit group "
+          f"{a.group_size}")
 
 
 if __name__ == "__main__":
