@@ -365,6 +365,11 @@ int cuda_attention_wide(be_backend *be, const be_tensor *q, const be_kv_layer *l
 /* The rope_kv_attention op: RoPE of q and k, k and v's append and the attention in the wide
  * decode kernel where it serves the batch (q and k left as they were), else rope_kv_append
  * then cuda_attention. */
+int cuda_rope_kv_attention(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
+                           const be_tensor *positions, const be_tensor *inv_freq, float mscale,
+                           const be_kv_layer *layer, const be_paged_batch *batch,
+                           const be_decode_plan *plan, int n_heads, be_attn attn, be_tensor *out,
+                           base_err *err);
 /* Tensor-core prefill attention (cuda_attention_prefill.cu): the rows of sequences with
  * q_len > 1, causal, through the pages, with attn's scale, soft-cap, window and sinks; decode
  * rows are left untouched. Serves what cuda_attention_prefill_fits accepts (head_dim 64, 128
