@@ -210,6 +210,11 @@ typedef struct be_moe {
     int n_experts, top_k, inter;
     bool norm_topk; /* the chosen experts' weights renormalized to sum 1 */
     be_act act;
+    /* A rank's share under tensor parallelism: gate, up and down hold experts [expert0,
+     * expert0 + n_local) only; the router still scores all n_experts and picks among all, and
+     * y sums the chosen experts this rank holds (the ranks' y add up to the whole). n_local 0:
+     * every expert, here. */
+    int expert0, n_local;
 } be_moe;
 
 typedef struct be_backend be_backend;

@@ -94,6 +94,18 @@ typedef struct model_shard {
 int model_shard_plan(const io_model_config *cfg, int n_ranks, int rank, model_shard *out,
                      base_err *err);
 
+/* As model_load, for rank `rank` of n_ranks (model_shard_plan says its part): only that part
+ * of every layer is mapped into `be` (the embedding table whole), and the forward pass runs
+ * the rank's heads, columns and experts, summing and gathering with the other ranks through
+ * `comm` (rank `rank` of n_ranks; not owned, NULL with one rank). Every rank's forward is
+ * called with the same batch and tokens, each with a pool of its KV heads (geometry
+ * model_kv_heads) laid out by the one block table; each gets the whole logits. model_load is
+ * this with one rank. */
+int model_load_shard(const char *dir, be_backend *be, int n_ranks, int rank, be_comm *comm,
+                     model_progress_fn progress, void *progress_ctx, model **out, base_err *err);
+/* The KV heads this model's pool holds: its rank's (all of them with one rank). */
+int model_kv_heads(const model *m);
+
 /* Writes out_dir (an existing directory) as the MLX affine-quantized copy of the dense
  * checkpoint in in_dir: bits 2, 3, 4, 5, 6 or 8, group size 32, 64 or 128. */
 int model_quantize(const char *in_dir, const char *out_dir, int bits, int group_size,

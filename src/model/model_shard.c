@@ -3,6 +3,8 @@
 #include "model/model_internal.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* Whether n splits over n_ranks; the error names what. */
 static int even(int64_t n, int n_ranks, const char *what, base_err *err) {
@@ -89,4 +91,141 @@ int model_shard_plan(const io_model_config *c, int n, int rank, model_shard *out
                          .expert0 = c->n_experts ? rank * (c->n_experts / n) : 0,
                          .n_experts = c->n_experts / n};
     return 0;
+}
+
+/* ---- mapping a rank's part (model_internal.h's model_shard_map) ---- */
+
+static size_t weight_row_bytes(const be_linear *w, int64_t cols) {
+    return w->bits ? (size_t)cols * (size_t)w->bits / 8 : (size_t)cols * base_dtype_size(w->dtype);
+}
+
+static size_t scale_row_bytes(const be_linear *w, int64_t cols) {
+    return (size_t)(cols / w->group_size) * base_dtype_size(w->dtype);
+}
+
+/* Maps host bytes into the backend, *dev replacing them. `copy` is a host buffer of the
+ * model's making: freed once the backend has its own copy, kept while the backend reads it in
+ * place. */
+static int map_part(model *m, const void *host, size_t bytes, void *copy, const void **dev,
+                    base_err *err) {
+    if (m->be->ops->map_weights(m->be, host, bytes, dev, err)) {
+        free(copy);
+        return -1;
+    }
+    if (*dev != host) {
+        model_own_buffer(m, *dev);
+        free(copy);
+    } else if (copy) {
+        m->host_parts =
+            base_xrealloc(m->host_parts, (size_t)(m->n_host_parts + 1) * sizeof(void *));
+        m->host_parts[m->n_host_parts++] = copy;
+    }
+    return 0;
+}
+
+/* Maps every tensor of a linear layer whose pointers are host memory. */
+static int map_linear(model *m, be_linear *w, base_err *err) {
+    if (!w->weight) return 0;
+    size_t out = (size_t)w->out;
+    if (map_part(m, w->weight, out * weight_row_bytes(w, w->in), NULL, &w->weight, err)) return -1;
+    if (w->bits && map_part(m, w->scales, out * scale_row_bytes(w, w->in), NULL, &w->scales, err))
+        return -1;
+    if (w->bits && w->biases &&
+        map_part(m, w->biases, out * scale_row_bytes(w, w->in), NULL, &w->biases, err))
+        return -1;
+    if (w->bias && map_part(m, w->bias, out * base_dtype_size(w->bias_dtype), NULL, &w->bias, err))
+        return -1;
+    return 0;
+}
+
+/* Column-parallel: rows [r0, r0 + n) of w, mapped. */
+static int map_rows(model *m, be_linear *w, int64_t r0, int64_t n, base_err *err) {
+    if (!w->weight) return 0;
+    *w = be_linear_rows(w, r0, n);
+    return map_linear(m, w, err);
+}
+
+/* Columns [k0, k0 + k) of every row of a [rows, row_bytes] host array of `unit` bytes per
+ * column, copied and mapped. */
+static int map_cols(model *m, const void *host, int64_t rows, size_t row_bytes, size_t k0_bytes,
+                    size_t k_bytes, const void **dev, base_err *err) {
+    char *copy = base_xmalloc((size_t)rows * k_bytes);
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(copy + (size_t)r * k_bytes, (const char *)host + (size_t)r * row_bytes + k0_bytes,
+               k_bytes);
+    return map_part(m, copy, (size_t)rows * k_bytes, copy, dev, err);
+}
+
+/* Row-parallel: input columns [k0, k0 + k) of w (whole groups), mapped; the additive bias
+ * goes to one rank only, since the ranks' outputs are summed. */
+static int map_in_cols(model *m, be_linear *w, int64_t k0, int64_t k, bool keep_bias,
+                       base_err *err) {
+    if (!w->weight) return 0;
+    int64_t in = w->in;
+    if (map_cols(m, w->weight, w->out, weight_row_bytes(w, in), weight_row_bytes(w, k0),
+                 weight_row_bytes(w, k), &w->weight, err))
+        return -1;
+    if (w->bits && map_cols(m, w->scales, w->out, scale_row_bytes(w, in), scale_row_bytes(w, k0),
+                            scale_row_bytes(w, k), &w->scales, err))
+        return -1;
+    if (w->bits && w->biases &&
+        map_cols(m, w->biases, w->out, scale_row_bytes(w, in), scale_row_bytes(w, k0),
+                 scale_row_bytes(w, k), &w->biases, err))
+        return -1;
+    w->in = k;
+    if (!keep_bias) w->bias = NULL;
+    if (w->bias &&
+        map_part(m, w->bias, (size_t)w->out * base_dtype_size(w->bias_dtype), NULL, &w->bias, err))
+        return -1;
+    return 0;
+}
+
+static int map_layer(model *m, model_layer *L, base_err *err) {
+    const io_model_config *c = &m->cfg;
+    const model_shard *s = &m->shard;
+    int64_t hd = c->head_dim, hidden = c->hidden_size;
+    if (map_rows(m, &L->q, s->head0 * hd, s->n_heads * hd, err) ||
+        map_rows(m, &L->k, s->kv_head0 * hd, s->n_kv_heads * hd, err) ||
+        map_rows(m, &L->v, s->kv_head0 * hd, s->n_kv_heads * hd, err) ||
+        map_in_cols(m, &L->o, s->head0 * hd, s->n_heads * hd, s->rank == 0, err))
+        return -1;
+    if (L->sinks.data) {
+        L->sinks.data = (float *)L->sinks.data + s->head0;
+        L->sinks.cols = s->n_heads;
+        L->attn.sinks = L->sinks.data;
+    }
+    if (L->moe) {
+        int64_t I = L->experts.inter, e0 = s->expert0, ne = s->n_experts;
+        if (map_linear(m, &L->router, err) || map_rows(m, &L->egate, e0 * I, ne * I, err) ||
+            map_rows(m, &L->eup, e0 * I, ne * I, err) ||
+            map_rows(m, &L->edown, e0 * hidden, ne * hidden, err))
+            return -1;
+        L->experts.expert0 = (int)e0;
+        L->experts.n_local = (int)ne;
+    } else if (map_rows(m, &L->gate, s->inter0, s->inter, err) ||
+               map_rows(m, &L->up, s->inter0, s->inter, err) ||
+               map_in_cols(m, &L->down, s->inter0, s->inter, s->rank == 0, err)) {
+        return -1;
+    }
+    be_linear *lins[] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
+    for (size_t i = 0; i < sizeof lins / sizeof lins[0]; i++)
+        if (model_pack_linear(m, lins[i], err)) return -1;
+    return 0;
+}
+
+int model_shard_map(model *m, base_err *err) {
+    m->sharded_bind = false;
+    /* the embedding stays whole on every rank: a lookup by vocabulary shard would need its
+     * own all-reduce before the first layer */
+    if (map_linear(m, &m->embed, err) ||
+        map_rows(m, &m->lm_head, m->shard.vocab0, m->shard.vocab, err) ||
+        model_pack_linear(m, &m->lm_head, err))
+        return -1;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+        if (map_layer(m, &m->layers[l], err)) return -1;
+    return 0;
+}
+
+int model_kv_heads(const model *m) {
+    return m->shard.n_kv_heads;
 }
