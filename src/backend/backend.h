@@ -253,6 +253,10 @@ typedef struct be_ops {
      * matmuls then read w as it is, slower where they would have taken the copy). */
     int (*pack_linear)(be_backend *be, be_linear *w, base_err *err);
     int (*sync)(be_backend *be, base_err *err);
+    /* Optional (NULL: any thread may call the ops as it is). Makes this backend's device the
+     * calling thread's, for a process that runs several backends, one thread each (the ranks
+     * of a tensor-parallel model): CUDA keeps the current device per thread. */
+    int (*bind_thread)(be_backend *be, base_err *err);
     /* Free and total bytes of the memory this backend computes in. */
     int (*memory_info)(be_backend *be, uint64_t *free_bytes, uint64_t *total_bytes);
 

@@ -43,6 +43,18 @@ bool cli_take_runtime(cli_parser *p, cli_runtime_flags *f) {
         return true;
     }
     if (cli_take(p, NULL, "--kv-cache-budget", &f->opts.kv_budget)) return true;
+    if (cli_take(p, NULL, "--kv-dtype", &s)) {
+        if (!s) return true;
+        if (strcmp(s, "f16") == 0)
+            f->opts.kv_dtype = BASE_DTYPE_F16;
+        else if (strcmp(s, "bf16") == 0)
+            f->opts.kv_dtype = BASE_DTYPE_BF16;
+        else if (strcmp(s, "f32") == 0)
+            f->opts.kv_dtype = BASE_DTYPE_F32;
+        else
+            cli_usage(p, "%s: --kv-dtype wants f16, bf16 or f32, got '%s'", p->command, s);
+        return true;
+    }
     if (cli_take_int(p, "-tp", "--tensor-parallel", 1, 64, &v)) {
         f->opts.tensor_parallel = (int)v;
         return true;
