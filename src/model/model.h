@@ -95,7 +95,7 @@ int model_shard_plan(const io_model_config *cfg, int n_ranks, int rank, model_sh
                      base_err *err);
 
 /* As model_load, for rank `rank` of n_ranks (model_shard_plan says its part): only that part
- * of every layer is mapped into `be` (the embedding table whole), and the forward pass runs
+ * of every layer is mapped into `be`, and the forward pass runs
  * the rank's heads, columns and experts, summing and gathering with the other ranks through
  * `comm` (rank `rank` of n_ranks; not owned, NULL with one rank). Every rank's forward is
  * called with the same batch and tokens, each with a pool of its KV heads (geometry

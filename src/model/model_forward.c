@@ -15,7 +15,8 @@
  * Under tensor parallelism (model_load_shard) every rank runs this over its heads, columns and
  * experts (m->shard; the whole model with one rank): the outputs of Wo, Wdown and the experts
  * are the rank's partial sums, all-reduced before the residual add (so never folded into the
- * matmul), and the logits its vocabulary columns, gathered from every rank. */
+ * matmul), and the logits its vocabulary columns, gathered from every rank; the embedding is
+ * its vocabulary rows' share of x (a zero row for the others'), all-reduced likewise. */
 #include "model/model_internal.h"
 
 #include <math.h>
@@ -457,6 +458,7 @@ int model_forward_body(model *m, const model_step *st, base_err *err) {
     be_tensor x = act_tensor(m, m->s.x, n, c->hidden_size);
     bool tail = logits_of_every_row(st);
     TRY(be->ops->embedding(be, &m->embed, &ids, &x, err));
+    if (m->comm) TRY(m->comm->ops->all_reduce_sum(m->comm, be, &x, err));
     if (c->embed_scale != 1.0f) TRY(be->ops->scale(be, &x, c->embed_scale, &x, err));
     for (int l = 0; l < c->num_hidden_layers; l++) {
         bool local = kv_pool_layer_local(st->pool, l);
@@ -501,7 +503,12 @@ static int forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t
     be_paged_batch db, dl;
     memset(&dl, 0, sizeof dl);
     TRY(upload_batch(m, pool, batch, &db, &dl, err));
-    TRY(be->ops->upload(be, m->s.ids, tokens, (size_t)n * sizeof(int32_t), err));
+    int32_t *shard_ids = m->comm ? base_xmalloc((size_t)n * sizeof *shard_ids) : NULL;
+    if (shard_ids) model_shard_ids(m, tokens, n, shard_ids);
+    int up = be->ops->upload(be, m->s.ids, shard_ids ? shard_ids : tokens,
+                             (size_t)n * sizeof(int32_t), err);
+    free(shard_ids);
+    TRY(up);
     be_decode_plan plan;
     model_step st = {pool,  hb,       &db,   kv_pool_has_local(pool) ? &dl : NULL,
                      &plan, out_rows, n_out, hidden};

@@ -128,6 +128,9 @@ int model_pack_linear(model *m, be_linear *lin, base_err *err);
 /* Maps the rank's part of every linear layer a sharded bind left in host memory, per
  * m->shard (model_shard.c). */
 int model_shard_map(model *m, base_err *err);
+/* A sharded model's embedding ids for tokens (n of them): a token of this rank's vocabulary
+ * rows its row there, any other the zero row after them. */
+void model_shard_ids(const model *m, const int32_t *tokens, int n, int32_t *ids);
 
 /* RoPE inverse frequencies (rotary_dim / 2 floats) and the cos/sin scale for the configured
  * scaling, of the local layers' table when `local`; seq_len matters only where the table

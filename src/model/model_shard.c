@@ -213,12 +213,40 @@ static int map_layer(model *m, model_layer *L, base_err *err) {
     return 0;
 }
 
+/* The rank's rows of the embedding table, and a row of zeros after them where the ids of the
+ * other ranks' rows are sent (model_shard_ids): each rank's lookup is its share of x, and the
+ * all-reduce after it the whole. A quantized zero row is zero codes, scales and biases. */
+static int map_embed(model *m, base_err *err) {
+    int64_t n = m->shard.vocab;
+    be_linear v = be_linear_rows(&m->embed, m->shard.vocab0, n);
+    size_t srow = v.bits ? scale_row_bytes(&v, v.in) : 0;
+    struct {
+        const void *src;
+        size_t row;
+        const void **dst;
+    } parts[] = {{v.weight, weight_row_bytes(&v, v.in), &v.weight},
+                 {v.scales, srow, &v.scales},
+                 {v.biases, srow, &v.biases}};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        if (!parts[i].src || !parts[i].row) continue;
+        char *copy = base_xcalloc((size_t)n + 1, parts[i].row);
+        memcpy(copy, parts[i].src, (size_t)n * parts[i].row);
+        if (map_part(m, copy, ((size_t)n + 1) * parts[i].row, copy, parts[i].dst, err)) return -1;
+    }
+    v.out = n + 1;
+    m->embed = v;
+    return 0;
+}
+
+void model_shard_ids(const model *m, const int32_t *tokens, int n, int32_t *ids) {
+    int64_t v0 = m->shard.vocab0, nv = m->shard.vocab;
+    for (int i = 0; i < n; i++)
+        ids[i] = tokens[i] >= v0 && tokens[i] < v0 + nv ? (int32_t)(tokens[i] - v0) : (int32_t)nv;
+}
+
 int model_shard_map(model *m, base_err *err) {
     m->sharded_bind = false;
-    /* the embedding stays whole on every rank: a lookup by vocabulary shard would need its
-     * own all-reduce before the first layer */
-    if (map_linear(m, &m->embed, err) ||
-        map_rows(m, &m->lm_head, m->shard.vocab0, m->shard.vocab, err) ||
+    if (map_embed(m, err) || map_rows(m, &m->lm_head, m->shard.vocab0, m->shard.vocab, err) ||
         model_pack_linear(m, &m->lm_head, err))
         return -1;
     for (int l = 0; l < m->cfg.num_hidden_layers; l++)
