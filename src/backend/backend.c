@@ -64,4 +64,16 @@ int be_cuda_create(int device, be_backend **out, base_err *err) {
     *out = NULL;
     return base_fail(err, "cuda device %d: mlxcel was built without CUDA", device);
 }
+
+int be_cuda_device_count(void) {
+    return 0;
+}
+
+int be_comm_nccl_create(be_nccl *nccl, be_backend *const *bes, int n_ranks, be_comm **comms,
+                        base_err *err) {
+    (void)nccl;
+    (void)bes;
+    (void)comms;
+    return base_fail(err, "nccl: %d ranks: mlxcel was built without CUDA", n_ranks);
+}
 #endif

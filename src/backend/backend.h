@@ -210,6 +210,11 @@ typedef struct be_moe {
     int n_experts, top_k, inter;
     bool norm_topk; /* the chosen experts' weights renormalized to sum 1 */
     be_act act;
+    /* A rank's share under tensor parallelism: gate, up and down hold experts [expert0,
+     * expert0 + n_local) only; the router still scores all n_experts and picks among all, and
+     * y sums the chosen experts this rank holds (the ranks' y add up to the whole). n_local 0:
+     * every expert, here. */
+    int expert0, n_local;
 } be_moe;
 
 typedef struct be_backend be_backend;
@@ -248,6 +253,10 @@ typedef struct be_ops {
      * matmuls then read w as it is, slower where they would have taken the copy). */
     int (*pack_linear)(be_backend *be, be_linear *w, base_err *err);
     int (*sync)(be_backend *be, base_err *err);
+    /* Optional (NULL: any thread may call the ops as it is). Makes this backend's device the
+     * calling thread's, for a process that runs several backends, one thread each (the ranks
+     * of a tensor-parallel model): CUDA keeps the current device per thread. */
+    int (*bind_thread)(be_backend *be, base_err *err);
     /* Free and total bytes of the memory this backend computes in. */
     int (*memory_info)(be_backend *be, uint64_t *free_bytes, uint64_t *total_bytes);
 
@@ -365,6 +374,54 @@ struct be_backend {
                                  bound activation memory */
     void *impl;
 };
+
+/* ---- collectives among the ranks of one model (tensor parallelism) ----
+ * Each rank runs the forward pass on its own backend over its shard of the weights; after a
+ * row-parallel matmul the ranks' partial outputs are summed, and the output head's columns
+ * (the vocabulary) gathered. Every rank calls each collective in the same order with tensors
+ * of the same shape; a call returns once this rank's result is in place (queued on its
+ * backend, for a device's). */
+typedef struct be_comm be_comm;
+
+typedef struct be_comm_ops {
+    /* x = the sum over the ranks of each rank's x, in place (the rank order fixed: every rank
+     * gets the same bits). */
+    int (*all_reduce_sum)(be_comm *c, be_backend *be, be_tensor *x, base_err *err);
+    /* full [rows, n_ranks * part->cols] = the ranks' part [rows, cols] side by side in rank
+     * order; full may not alias part. */
+    int (*all_gather_cols)(be_comm *c, be_backend *be, const be_tensor *part, be_tensor *full,
+                           base_err *err);
+    void (*destroy)(be_comm *c);
+} be_comm_ops;
+
+struct be_comm {
+    const be_comm_ops *ops;
+    int rank, n_ranks;
+    void *impl;
+};
+
+/* n_ranks communicators of one process (comms[r] for the thread running rank r), exchanging
+ * through host memory with each backend's download and upload: any backend, no device link;
+ * for tests and for the CPU. Each is freed with its ops->destroy, the shared state with the
+ * last. */
+int be_comm_local_create(int n_ranks, be_comm **comms, base_err *err);
+
+/* NCCL, loaded at run time (libnccl.so.2, found by the dynamic loader: LD_LIBRARY_PATH may name
+ * PyTorch's site-packages/nvidia/nccl/lib), so that a build without it is unchanged. */
+typedef struct be_nccl be_nccl;
+/* Loads the library and its entry points; an error says which is missing. */
+int be_nccl_open(be_nccl **out, base_err *err);
+void be_nccl_close(be_nccl *nccl);
+/* The library's version as NCCL numbers it (2.21.5 = 22105). */
+int be_nccl_version(const be_nccl *nccl);
+/* One communicator per CUDA backend in bes (one GPU each, rank r = bes[r]), made together
+ * (the ranks of one process), NVLink multicast off; their collectives run on each backend's
+ * stream, so a recorded step records them too. Fails without CUDA. */
+int be_comm_nccl_create(be_nccl *nccl, be_backend *const *bes, int n_ranks, be_comm **comms,
+                        base_err *err);
+
+/* CUDA devices visible to this process: 0 without a GPU or without CUDA in the build. */
+int be_cuda_device_count(void);
 
 /* The CPU backend; n_threads <= 0 means the core count. */
 int be_cpu_create(int n_threads, be_backend **out, base_err *err);

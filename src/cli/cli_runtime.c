@@ -55,6 +55,22 @@ bool cli_take_runtime(cli_parser *p, cli_runtime_flags *f) {
             cli_usage(p, "%s: --kv-dtype wants f16, bf16 or f32, got '%s'", p->command, s);
         return true;
     }
+    if (cli_take_int(p, "-tp", "--tensor-parallel", 1, 64, &v)) {
+        f->opts.tensor_parallel = (int)v;
+        return true;
+    }
+    /* llama.cpp's ways of spreading a model over GPUs: its layer split has no counterpart here,
+     * and following a row split's proportions silently would be a different run */
+    const char *llama = cli_take(p, "-sm", "--split-mode", &s)     ? "--split-mode"
+                        : cli_take(p, "-ts", "--tensor-split", &s) ? "--tensor-split"
+                                                                   : NULL;
+    if (llama) {
+        cli_usage(p,
+                  "%s: %s is llama.cpp's; mlxcel spreads a model over GPUs with -tp N "
+                  "(--tensor-parallel N), an even split of every layer",
+                  p->command, llama);
+        return true;
+    }
     return false;
 }
 
@@ -69,7 +85,8 @@ const char *cli_runtime_help(void) {
            "      --kv-block-size N    tokens per KV block (default 32)\n"
            "      --kv-dtype T         f16, bf16 or f32 KV cache (default: f32 on the CPU, f16 "
            "on CUDA)\n"
-           "      --kv-cache-budget B  bytes for the KV pool, or auto\n";
+           "      --kv-cache-budget B  bytes for the KV pool, or auto\n"
+           "  -tp, --tensor-parallel N ranks (GPUs) to spread the model over (default 1)\n";
 }
 
 int cli_runtime_resolve(cli_runtime_flags *f, base_err *err) {

@@ -141,6 +141,8 @@ typedef struct engine_options {
     int prefill_chunk;         /* prompt tokens of one sequence per step that the scheduler
                                   will run, when above the backend's (engine_prefill_chunk): the
                                   local layers' KV is sized for the larger; <= 0: the backend's */
+    int tensor_parallel;       /* ranks one model is spread over (one GPU each); 1 = one device
+                                  (engine_check_tensor_parallel says what more needs) */
     model_progress_fn on_load; /* NULL, or told as the model loads */
     void *on_load_ctx;
 } engine_options;
@@ -186,6 +188,11 @@ typedef struct engine_runtime {
 
 /* The backend opts->device names: "cpu", "cuda", or "auto" (CUDA when a GPU is usable). */
 int engine_backend_open(const engine_options *opts, be_backend **be, base_err *err);
+
+/* Whether opts->tensor_parallel can run on `be` with this build: 1 always; more (issue 25)
+ * needs the CUDA backend, as many visible GPUs and NCCL, and the engine does not run a sharded
+ * step yet, so every N > 1 is refused, the message naming the first thing missing. */
+int engine_check_tensor_parallel(const engine_options *opts, const be_backend *be, base_err *err);
 
 /* Creates the backend, loads the model, sizes (engine_plan_kv) and allocates the KV pool. */
 int engine_runtime_open(const char *model_dir, const engine_options *opts, engine_runtime **out,

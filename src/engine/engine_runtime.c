@@ -17,7 +17,8 @@ void engine_options_defaults(engine_options *o) {
                           .kv_block_size = KV_DEFAULT_BLOCK_SIZE,
                           .kv_dtype = BASE_DTYPE_COUNT,
                           .kv_budget = NULL,
-                          .prefill_chunk = 0};
+                          .prefill_chunk = 0,
+                          .tensor_parallel = 1};
 }
 
 int engine_backend_open(const engine_options *o, be_backend **be, base_err *err) {
@@ -31,10 +32,32 @@ int engine_backend_open(const engine_options *o, be_backend **be, base_err *err)
     return be_cpu_create(o->n_threads, be, err);
 }
 
+int engine_check_tensor_parallel(const engine_options *o, const be_backend *be, base_err *err) {
+    int n = o->tensor_parallel;
+    if (n < 1) return base_fail(err, "--tensor-parallel: wants 1 or more ranks, got %d", n);
+    if (n == 1) return 0;
+    if (strcmp(be->name, "cuda") != 0)
+        return base_fail(err,
+                         "--tensor-parallel %d: the %s backend runs one rank; tensor parallelism "
+                         "spreads a model over CUDA GPUs",
+                         n, be->name);
+    int devices = be_cuda_device_count();
+    if (devices < n)
+        return base_fail(err, "--tensor-parallel %d: %d CUDA device%s visible", n, devices,
+                         devices == 1 ? "" : "s");
+    be_nccl *nccl;
+    if (be_nccl_open(&nccl, err)) return -1;
+    be_nccl_close(nccl);
+    return base_fail(err,
+                     "--tensor-parallel %d: the sharded step is not wired into the engine yet "
+                     "(issue 25); run with -tp 1",
+                     n);
+}
+
 int engine_runtime_open(const char *model_dir, const engine_options *o, engine_runtime **out,
                         base_err *err) {
     engine_runtime *rt = base_xcalloc(1, sizeof *rt);
-    if (engine_backend_open(o, &rt->be, err) ||
+    if (engine_backend_open(o, &rt->be, err) || engine_check_tensor_parallel(o, rt->be, err) ||
         model_load(model_dir, rt->be, o->on_load, o->on_load_ctx, &rt->model, err) ||
         engine_plan_kv(model_config(rt->model), model_weight_bytes(rt->model), rt->be, o,
                        &rt->kv_plan, err)) {

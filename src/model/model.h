@@ -68,6 +68,44 @@ be_tensor model_logits(const model *m, int n_out);
  * recording, the first included). For tests and reports. */
 void model_graph_counts(const model *m, uint64_t *recorded, uint64_t *replayed);
 
+/* ---- tensor parallelism (issue 25): what each of n ranks holds ----
+ * Megatron's split of every layer: q, k, v and gate, up column-parallel (each rank computes
+ * some heads, some intermediate columns, from the whole hidden state), o and down
+ * row-parallel (each rank multiplies its heads' or columns' part and the ranks' partial sums
+ * are added by an all-reduce), the embedding and the output head by vocabulary rows, a
+ * mixture's experts whole, a share to each rank. A rank's k and v rows are whole KV heads and
+ * are its slab of the paged pool; with more ranks than KV heads each head is held by the
+ * ranks whose query heads read it (replicated). Row-parallel splits fall on quantization
+ * group boundaries, so that each rank's part of a quantized weight is whole groups. */
+typedef struct model_shard {
+    int rank, n_ranks;
+    int head0, n_heads;       /* query heads: rows of q, columns of o, attention sinks */
+    int kv_head0, n_kv_heads; /* KV heads: rows of k and v, the rank's slab of the pool */
+    int64_t inter0, inter;    /* dense MLP columns: rows of gate and up, columns of down */
+    int64_t vocab0, vocab;    /* rows of the embedding table and of the output head */
+    int expert0, n_experts;   /* a mixture's experts, whole (0 and 0 for a dense model) */
+} model_shard;
+
+/* Rank `rank`'s part of the model cfg describes (a config from model_config_load) over n_ranks.
+ * What does not split evenly is an error naming the field and the count: query heads, KV
+ * heads (n_ranks must divide them or be a multiple of them), the intermediate size, the
+ * vocabulary, the experts, and a row-parallel split that would cut a quantization group
+ * (o_proj's and down_proj's group size, per layer). n_ranks 1 is the whole model. */
+int model_shard_plan(const io_model_config *cfg, int n_ranks, int rank, model_shard *out,
+                     base_err *err);
+
+/* As model_load, for rank `rank` of n_ranks (model_shard_plan says its part): only that part
+ * of every layer is mapped into `be`, and the forward pass runs
+ * the rank's heads, columns and experts, summing and gathering with the other ranks through
+ * `comm` (rank `rank` of n_ranks; not owned, NULL with one rank). Every rank's forward is
+ * called with the same batch and tokens, each with a pool of its KV heads (geometry
+ * model_kv_heads) laid out by the one block table; each gets the whole logits. model_load is
+ * this with one rank. */
+int model_load_shard(const char *dir, be_backend *be, int n_ranks, int rank, be_comm *comm,
+                     model_progress_fn progress, void *progress_ctx, model **out, base_err *err);
+/* The KV heads this model's pool holds: its rank's (all of them with one rank). */
+int model_kv_heads(const model *m);
+
 /* Writes out_dir (an existing directory) as the MLX affine-quantized copy of the dense
  * checkpoint in in_dir: bits 2, 3, 4, 5, 6 or 8, group size 32, 64 or 128. */
 int model_quantize(const char *in_dir, const char *out_dir, int bits, int group_size,

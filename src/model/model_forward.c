@@ -11,7 +11,12 @@
  * A backend with matmul_add folds each norm before a block into the matmuls after it, and
  * each residual add into the matmul before it where the block's output goes to the residual
  * as it is (Llama-like families): q,k,v = rmsnorm(x) W..; x += a Wo; x += (act(rmsnorm(x)
- * Wgate) * (rmsnorm(x) Wup)) Wdown, with no h in between. */
+ * Wgate) * (rmsnorm(x) Wup)) Wdown, with no h in between.
+ * Under tensor parallelism (model_load_shard) every rank runs this over its heads, columns and
+ * experts (m->shard; the whole model with one rank): the outputs of Wo, Wdown and the experts
+ * are the rank's partial sums, all-reduced before the residual add (so never folded into the
+ * matmul), and the logits its vocabulary columns, gathered from every rank; the embedding is
+ * its vocabulary rows' share of x (a zero row for the others'), all-reduced likewise. */
 #include "model/model_internal.h"
 
 #include <math.h>
@@ -45,16 +50,16 @@ static int scratch_reserve(model *m, int n, int n_out, base_err *err) {
     size_t act = base_dtype_size(be->act_dtype);
     if (n > s->cap_tokens) {
         size_t rows = (size_t)n;
-        size_t qdim = (size_t)c->num_attention_heads * c->head_dim;
-        size_t kvdim = (size_t)c->num_key_value_heads * c->head_dim;
+        size_t qdim = (size_t)m->shard.n_heads * c->head_dim;
+        size_t kvdim = (size_t)m->shard.n_kv_heads * c->head_dim;
         TRY(grow(m, &s->x, rows * c->hidden_size * act, err));
         TRY(grow(m, &s->h, rows * c->hidden_size * act, err));
         TRY(grow(m, &s->q, rows * qdim * act, err));
         TRY(grow(m, &s->k, rows * kvdim * act, err));
         TRY(grow(m, &s->v, rows * kvdim * act, err));
         TRY(grow(m, &s->att, rows * qdim * act, err));
-        TRY(grow(m, &s->gate, rows * c->intermediate_size * act, err));
-        TRY(grow(m, &s->up, rows * c->intermediate_size * act, err));
+        TRY(grow(m, &s->gate, rows * (size_t)m->shard.inter * act, err));
+        TRY(grow(m, &s->up, rows * (size_t)m->shard.inter * act, err));
         if (c->n_experts > 0) TRY(grow(m, &s->moe_out, rows * c->hidden_size * act, err));
         TRY(grow(m, &s->ids, rows * sizeof(int32_t), err));
         s->cap_tokens = n;
@@ -62,6 +67,9 @@ static int scratch_reserve(model *m, int n, int n_out, base_err *err) {
     if (n_out > s->cap_out) {
         TRY(grow(m, &s->out_x, (size_t)n_out * c->hidden_size * act, err));
         TRY(grow(m, &s->logits, (size_t)n_out * c->vocab_size * sizeof(float), err));
+        if (m->comm)
+            TRY(grow(m, &s->logits_part, (size_t)n_out * (size_t)m->shard.vocab * sizeof(float),
+                     err));
         s->cap_out = n_out;
     }
     return 0;
@@ -159,7 +167,7 @@ static int apply_rope(model *m, const model_layer *L, const be_paged_batch *hb,
                       const be_paged_batch *db, be_tensor *q, be_tensor *k, base_err *err) {
     const io_model_config *c = &m->cfg;
     be_backend *be = m->be;
-    int H = c->num_attention_heads, KV = c->num_key_value_heads, hd = c->head_dim;
+    int H = m->shard.n_heads, KV = m->shard.n_kv_heads, hd = c->head_dim;
     if (layer_rope_static(m, L)) {
         float mscale;
         const be_tensor *freqs = layer_freqs(m, L, &mscale);
@@ -267,8 +275,8 @@ static int norm_qk(model *m, const model_layer *L, be_tensor *q, be_tensor *k, b
     const io_model_config *c = &m->cfg;
     if (c->qk_norm == IO_QK_NORM_NONE) return 0;
     bool head = c->qk_norm == IO_QK_NORM_HEAD;
-    TRY(norm_per_head(m, q, head ? c->num_attention_heads : 1, &L->q_norm, err));
-    return norm_per_head(m, k, head ? c->num_key_value_heads : 1, &L->k_norm, err);
+    TRY(norm_per_head(m, q, head ? m->shard.n_heads : 1, &L->q_norm, err));
+    return norm_per_head(m, k, head ? m->shard.n_kv_heads : 1, &L->k_norm, err);
 }
 
 /* What one layer's attention reads: the step's batch (host and backend copies: RoPE's
@@ -289,7 +297,7 @@ static int rope_attend(model *m, const model_layer *L, const kv_layer_views *kv,
     const io_model_config *c = &m->cfg;
     const be_ops *op = m->be->ops;
     be_backend *be = m->be;
-    int H = c->num_attention_heads;
+    int H = m->shard.n_heads;
     float mscale;
     const be_tensor *freqs = layer_freqs(m, L, &mscale);
     const bool fusable = layer_rope_static(m, L) && c->rotary_dim == c->head_dim;
@@ -317,7 +325,7 @@ static int attention_block(model *m, const model_layer *L, const kv_layer_views 
     const be_ops *op = m->be->ops;
     be_backend *be = m->be;
     model_scratch *s = &m->s;
-    int n = hb->n_tokens, H = c->num_attention_heads, KV = c->num_key_value_heads;
+    int n = hb->n_tokens, H = m->shard.n_heads, KV = m->shard.n_kv_heads;
     int hd = c->head_dim;
     be_tensor x = act_tensor(m, s->x, n, c->hidden_size),
               h = act_tensor(m, s->h, n, c->hidden_size);
@@ -333,9 +341,10 @@ static int attention_block(model *m, const model_layer *L, const kv_layer_views 
     TRY(project_qkv(m, L, fold || !pre ? &x : &h, fold && pre ? &norm : NULL, ys, err));
     TRY(norm_qk(m, L, &q, &k, err));
     TRY(rope_attend(m, L, kv, plan, &q, &k, &v, &att, err));
-    if (fold && plain_output(m, &L->post_attn_norm))
+    if (fold && !m->comm && plain_output(m, &L->post_attn_norm))
         return op->matmul_add(be, &att, &L->o, &x, err);
     TRY(op->matmul(be, &att, &L->o, &h, err));
+    if (m->comm) TRY(m->comm->ops->all_reduce_sum(m->comm, be, &h, err));
     TRY(block_output(m, &L->post_attn_norm, &h, err));
     if (fold) return op->add(be, &x, &h, &x, err);
     return residual(m, opt_norm(&L->mlp_norm), &x, &h, &h, err);
@@ -352,8 +361,8 @@ static int mlp_block(model *m, const model_layer *L, int n, bool tail, base_err 
     model_scratch *s = &m->s;
     be_tensor x = act_tensor(m, s->x, n, c->hidden_size),
               h = act_tensor(m, s->h, n, c->hidden_size);
-    be_tensor gate = act_tensor(m, s->gate, n, c->intermediate_size);
-    be_tensor up = act_tensor(m, s->up, n, c->intermediate_size);
+    be_tensor gate = act_tensor(m, s->gate, n, m->shard.inter);
+    be_tensor up = act_tensor(m, s->up, n, m->shard.inter);
     be_tensor ox = act_tensor(m, m->s.out_x, n, c->hidden_size);
     const bool last = L + 1 == m->layers + c->num_hidden_layers;
     const bool fold = folded(m);
@@ -368,10 +377,11 @@ static int mlp_block(model *m, const model_layer *L, int n, bool tail, base_err 
         TRY(op->moe(be, in, in_norm, &L->experts, &d, err));
     } else {
         TRY(project_glu(m, L, in, in_norm, &gate, &up, err));
-        added = fold && plain_output(m, &L->post_mlp_norm);
+        added = fold && !m->comm && plain_output(m, &L->post_mlp_norm);
         TRY(added ? op->matmul_add(be, &gate, &L->down, &x, err)
                   : op->matmul(be, &gate, &L->down, &d, err));
     }
+    if (m->comm) TRY(m->comm->ops->all_reduce_sum(m->comm, be, &d, err));
     if (!added) TRY(block_output(m, &L->post_mlp_norm, &d, err));
     if (fold) {
         if (!added) TRY(op->add(be, &x, &d, &x, err));
@@ -411,13 +421,13 @@ static int check_step(const model *m, const kv_pool *pool, const kv_batch *batch
                       const int32_t *tokens, const int32_t *out_rows, int n_out, base_err *err) {
     const be_paged_batch *hb = &batch->view;
     const kv_geometry *g = kv_pool_geometry(pool);
-    if (g->n_layers != m->cfg.num_hidden_layers || g->n_kv_heads != m->cfg.num_key_value_heads ||
+    if (g->n_layers != m->cfg.num_hidden_layers || g->n_kv_heads != m->shard.n_kv_heads ||
         g->head_dim != m->cfg.head_dim)
         return base_fail(err,
                          "KV pool geometry (%d layers, %d kv heads, head_dim %d) does not "
                          "match the model (%d, %d, %d)",
                          g->n_layers, g->n_kv_heads, g->head_dim, m->cfg.num_hidden_layers,
-                         m->cfg.num_key_value_heads, m->cfg.head_dim);
+                         m->shard.n_kv_heads, m->cfg.head_dim);
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
         const model_layer *L = &m->layers[l];
         /* a local group keeps only its window: a layer seeing further would read released
@@ -448,6 +458,7 @@ int model_forward_body(model *m, const model_step *st, base_err *err) {
     be_tensor x = act_tensor(m, m->s.x, n, c->hidden_size);
     bool tail = logits_of_every_row(st);
     TRY(be->ops->embedding(be, &m->embed, &ids, &x, err));
+    if (m->comm) TRY(m->comm->ops->all_reduce_sum(m->comm, be, &x, err));
     if (c->embed_scale != 1.0f) TRY(be->ops->scale(be, &x, c->embed_scale, &x, err));
     for (int l = 0; l < c->num_hidden_layers; l++) {
         bool local = kv_pool_layer_local(st->pool, l);
@@ -464,7 +475,13 @@ int model_forward_body(model *m, const model_step *st, base_err *err) {
         TRY(be->ops->rmsnorm(be, &ox, &m->final_norm, c->rms_norm_eps, &ox, err));
     }
     if (st->hidden) return 0;
-    TRY(be->ops->matmul(be, &ox, &m->lm_head, &lg, err));
+    if (m->comm) {
+        be_tensor part = {m->s.logits_part, BASE_DTYPE_F32, st->n_out, m->shard.vocab};
+        TRY(be->ops->matmul(be, &ox, &m->lm_head, &part, err));
+        TRY(m->comm->ops->all_gather_cols(m->comm, be, &part, &lg, err));
+    } else {
+        TRY(be->ops->matmul(be, &ox, &m->lm_head, &lg, err));
+    }
     if (c->logits_scale != 1.0f) TRY(be->ops->scale(be, &lg, c->logits_scale, &lg, err));
     if (c->final_softcap > 0) TRY(be->ops->softcap(be, &lg, c->final_softcap, &lg, err));
     return 0;
@@ -486,7 +503,12 @@ static int forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t
     be_paged_batch db, dl;
     memset(&dl, 0, sizeof dl);
     TRY(upload_batch(m, pool, batch, &db, &dl, err));
-    TRY(be->ops->upload(be, m->s.ids, tokens, (size_t)n * sizeof(int32_t), err));
+    int32_t *shard_ids = m->comm ? base_xmalloc((size_t)n * sizeof *shard_ids) : NULL;
+    if (shard_ids) model_shard_ids(m, tokens, n, shard_ids);
+    int up = be->ops->upload(be, m->s.ids, shard_ids ? shard_ids : tokens,
+                             (size_t)n * sizeof(int32_t), err);
+    free(shard_ids);
+    TRY(up);
     be_decode_plan plan;
     model_step st = {pool,  hb,       &db,   kv_pool_has_local(pool) ? &dl : NULL,
                      &plan, out_rows, n_out, hidden};
@@ -537,14 +559,16 @@ void model_free(model *m) {
     if (!m) return;
     be_backend *be = m->be;
     model_scratch *s = &m->s;
-    void *bufs[] = {s->x,      s->h,    s->q,        s->k,         s->v,
-                    s->att,    s->gate, s->up,       s->ids,       s->out_x,
-                    s->logits, s->meta, s->inv_freq, m->workspace, s->moe_out};
+    void *bufs[] = {s->x,        s->h,         s->q,       s->k,          s->v,      s->att,
+                    s->gate,     s->up,        s->ids,     s->out_x,      s->logits, s->meta,
+                    s->inv_freq, m->workspace, s->moe_out, s->logits_part};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
     model_graphs_free(m);
     for (int i = 0; i < m->n_mapped; i++) be->ops->free(be, (void *)m->mapped[i]);
     free(m->mapped);
+    for (int i = 0; i < m->n_host_parts; i++) free(m->host_parts[i]);
+    free(m->host_parts);
     free(s->meta_host);
     free(m->layers);
     io_checkpoint_close(m->ck);

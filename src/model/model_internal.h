@@ -36,9 +36,10 @@ typedef struct model_scratch {
     void *ids;                                 /* (cap_tokens) I32 */
     void *out_x;                               /* (cap_out, hidden) */
     void *logits;                              /* (cap_out, vocab) F32 */
-    void *meta;                                /* the step's batch arrays in backend memory */
-    unsigned char *meta_host;                  /* (cap_meta) staging for one upload */
-    void *inv_freq;                            /* (n_seqs, head_dim / 2) F32, dynamic RoPE only */
+    void *logits_part; /* (cap_out, shard.vocab) F32: this rank's columns, with more than one */
+    void *meta;        /* the step's batch arrays in backend memory */
+    unsigned char *meta_host; /* (cap_meta) staging for one upload */
+    void *inv_freq;           /* (n_seqs, head_dim / 2) F32, dynamic RoPE only */
     int cap_inv_freq_seqs;
     uint64_t generation; /* bumped whenever a buffer above or the workspace is replaced */
 } model_scratch;
@@ -98,6 +99,13 @@ struct model {
     model_scratch s;
     void *workspace; /* decode v2 partials, backend memory */
     uint64_t workspace_bytes;
+    model_shard shard; /* this rank's part (model_shard_plan); with one rank, the whole model */
+    be_comm *comm;     /* the ranks' collectives, not owned; NULL with one rank */
+    bool sharded_bind; /* binding a sharded model: linears stay host memory (model_shard_map) */
+    bool in_linear;    /* binding a linear layer's tensors */
+    void **host_parts; /* (n_host_parts) rank parts copied on the host that the backend maps in
+                          place (the CPU's): they live as long as the model */
+    int n_host_parts;
     model_graph_entry graphs[MODEL_GRAPH_CACHE];
     uint64_t graph_clock;
     uint64_t graphs_recorded, graphs_replayed;
@@ -112,6 +120,17 @@ static inline be_act model_act(io_act act) {
 
 /* Binds every weight of the architecture (model_load.c). */
 int model_bind_weights(model *m, base_err *err);
+/* Records a backend buffer the model owns (freed with it). */
+void model_own_buffer(model *m, const void *dev);
+/* The backend's packed copy of a quantized linear layer, owned by the model (none while a
+ * sharded model binds). */
+int model_pack_linear(model *m, be_linear *lin, base_err *err);
+/* Maps the rank's part of every linear layer a sharded bind left in host memory, per
+ * m->shard (model_shard.c). */
+int model_shard_map(model *m, base_err *err);
+/* A sharded model's embedding ids for tokens (n of them): a token of this rank's vocabulary
+ * rows its row there, any other the zero row after them. */
+void model_shard_ids(const model *m, const int32_t *tokens, int n, int32_t *ids);
 
 /* RoPE inverse frequencies (rotary_dim / 2 floats) and the cos/sin scale for the configured
  * scaling, of the local layers' table when `local`; seq_len matters only where the table

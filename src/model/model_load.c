@@ -8,13 +8,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void own_buffer(model *m, const void *dev);
-
 static int map_tensor(model *m, const io_tensor *t, const void **dev, base_err *err) {
     m->bytes_bound += t->nbytes;
+    /* a sharded linear keeps the host bytes: model_shard_map maps the rank's part of them */
+    if (m->sharded_bind && m->in_linear) {
+        *dev = t->data;
+        return 0;
+    }
     if (m->be->ops->map_weights(m->be, t->data, t->nbytes, dev, err))
         return base_fail_wrap(err, "%s: tensor %s", t->file, t->name);
-    if (*dev != t->data) own_buffer(m, *dev);
+    if (*dev != t->data) model_own_buffer(m, *dev);
     return 0;
 }
 
@@ -63,8 +66,7 @@ static int find_float(model *m, const char *name, int64_t d0, int64_t d1, const 
     return 0;
 }
 
-/* Records a backend buffer the model owns (freed with it). */
-static void own_buffer(model *m, const void *dev) {
+void model_own_buffer(model *m, const void *dev) {
     if (m->n_mapped == m->cap_mapped) {
         m->cap_mapped = m->cap_mapped ? m->cap_mapped * 2 : 64;
         m->mapped = base_xrealloc(m->mapped, (size_t)m->cap_mapped * sizeof *m->mapped);
@@ -78,7 +80,7 @@ static int upload_f32(model *m, const float *host, int64_t n, be_tensor *out, ba
     void *dev;
     size_t bytes = (size_t)n * sizeof(float);
     if (be->ops->alloc(be, bytes, &dev, err)) return -1;
-    own_buffer(m, dev);
+    model_own_buffer(m, dev);
     if (be->ops->upload(be, dev, host, bytes, err)) return -1;
     *out = (be_tensor){.data = dev, .dtype = BASE_DTYPE_F32, .rows = 1, .cols = n};
     return 0;
@@ -188,9 +190,21 @@ static int bind_quantized(model *m, const char *module, const io_tensor *w, io_q
     return 0;
 }
 
-/* Binds module.weight [out, in] (dense or quantized), and module.bias [out] when has_bias. */
+static int bind_linear_whole(model *m, const char *module, int64_t out, int64_t in, bool has_bias,
+                             be_linear *lin, base_err *err);
+
+/* Binds module.weight [out, in] (dense or quantized), and module.bias [out] when has_bias; in
+ * a sharded model its pointers are host memory until model_shard_map. */
 static int bind_linear(model *m, const char *module, int64_t out, int64_t in, bool has_bias,
                        be_linear *lin, base_err *err) {
+    m->in_linear = true;
+    int rc = bind_linear_whole(m, module, out, in, has_bias, lin, err);
+    m->in_linear = false;
+    return rc;
+}
+
+static int bind_linear_whole(model *m, const char *module, int64_t out, int64_t in, bool has_bias,
+                             be_linear *lin, base_err *err) {
     char name[256];
     memset(lin, 0, sizeof *lin);
     lin->out = out;
@@ -326,10 +340,11 @@ static int bind_moe(model *m, const char *p, model_layer *L, base_err *err) {
 }
 
 /* The backend's own copy of a linear layer for its batched kernels, freed with the model. */
-static int pack_linear(model *m, be_linear *lin, base_err *err) {
-    if (!m->be->ops->pack_linear || lin->bits == 0) return 0;
+int model_pack_linear(model *m, be_linear *lin, base_err *err) {
+    /* a sharded model packs each rank's part once it is mapped (model_shard_map) */
+    if (m->sharded_bind || !m->be->ops->pack_linear || lin->bits == 0) return 0;
     if (m->be->ops->pack_linear(m->be, lin, err)) return -1;
-    if (lin->packed) own_buffer(m, lin->packed);
+    if (lin->packed) model_own_buffer(m, lin->packed);
     return 0;
 }
 
@@ -349,7 +364,7 @@ static int bind_layer(model *m, int l, base_err *err) {
         return -1;
     be_linear *lins[] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
     for (size_t i = 0; i < sizeof lins / sizeof lins[0]; i++)
-        if (pack_linear(m, lins[i], err)) return -1;
+        if (model_pack_linear(m, lins[i], err)) return -1;
     L->local = c->layer_local && c->layer_local[l];
     L->attn = be_attn_plain(c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)c->head_dim));
     L->attn.softcap = c->attn_softcap;
@@ -379,7 +394,7 @@ int model_bind_weights(model *m, base_err *err) {
         snprintf(name, sizeof name, "%.*slm_head", (int)keep, prefix);
         if (bind_linear(m, name, c->vocab_size, c->hidden_size, false, &m->lm_head, err)) return -1;
     }
-    if (pack_linear(m, &m->lm_head, err)) return -1;
+    if (model_pack_linear(m, &m->lm_head, err)) return -1;
     m->layers = base_xcalloc((size_t)c->num_hidden_layers, sizeof *m->layers);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         if (bind_layer(m, l, err)) return -1;
@@ -448,6 +463,11 @@ static int rope_table(model *m, bool local, be_tensor *out, float *mscale, base_
 
 int model_load(const char *dir, be_backend *be, model_progress_fn progress, void *progress_ctx,
                model **out, base_err *err) {
+    return model_load_shard(dir, be, 1, 0, NULL, progress, progress_ctx, out, err);
+}
+
+int model_load_shard(const char *dir, be_backend *be, int n_ranks, int rank, be_comm *comm,
+                     model_progress_fn progress, void *progress_ctx, model **out, base_err *err) {
     model *m = base_xcalloc(1, sizeof *m);
     m->be = be;
     m->progress = progress;
@@ -456,6 +476,17 @@ int model_load(const char *dir, be_backend *be, model_progress_fn progress, void
         free(m);
         return -1;
     }
+    if (model_shard_plan(&m->cfg, n_ranks, rank, &m->shard, err)) {
+        model_free(m);
+        return -1;
+    }
+    if (n_ranks > 1 && (!comm || comm->n_ranks != n_ranks || comm->rank != rank)) {
+        base_fail(err, "rank %d of %d: no communicator of that rank", rank, n_ranks);
+        model_free(m);
+        return -1;
+    }
+    m->comm = n_ranks > 1 ? comm : NULL;
+    m->sharded_bind = n_ranks > 1;
     if (m->cfg.n_experts > 0 && !be->ops->moe) {
         base_fail(err,
                   "%s: %s is a mixture of experts, which the %s backend does not run yet "
@@ -465,6 +496,7 @@ int model_load(const char *dir, be_backend *be, model_progress_fn progress, void
         return -1;
     }
     if (io_checkpoint_open_dir(dir, &m->ck, err) || model_bind_weights(m, err) ||
+        (n_ranks > 1 && model_shard_map(m, err)) ||
         rope_table(m, false, &m->inv_freq, &m->rope_mscale, err) ||
         (m->cfg.rope_local_theta > 0 &&
          rope_table(m, true, &m->inv_freq_local, &m->rope_local_mscale, err))) {

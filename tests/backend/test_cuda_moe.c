@@ -144,7 +144,9 @@ static void make_layer(be_backend *be, layer *ly, fmt f, bool router_bias, bool 
                         TOP_K,
                         INTER,
                         norm_topk,
-                        act};
+                        act,
+                        0,
+                        0};
     ly->dev = ly->host;
     ly->dev.router = &ly->router.dev;
     ly->dev.gate = &ly->gate.dev;

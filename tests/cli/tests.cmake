@@ -17,3 +17,8 @@ set_tests_properties(cli/bench_plot PROPERTIES ENVIRONMENT
 add_test(NAME cli/arch_list COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/arch_list.sh)
 set_tests_properties(cli/arch_list PROPERTIES ENVIRONMENT
                      "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin")
+# -tp / --tensor-parallel: 1 unchanged, 0 a usage error, more refused here; llama.cpp's
+# --split-mode and --tensor-split refused with a pointer to -tp.
+add_test(NAME cli/tensor_parallel COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/tensor_parallel.sh)
+set_tests_properties(cli/tensor_parallel PROPERTIES ENVIRONMENT
+                     "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin")

@@ -35,14 +35,18 @@ static int check_moe(const be_tensor *x, const be_moe *moe, const be_tensor *y, 
         return base_fail(err, "moe: top %d of %d experts of %d rows", moe->top_k, moe->n_experts,
                          moe->inter);
     const be_linear *r = moe->router, *g = moe->gate, *u = moe->up, *d = moe->down;
-    int64_t E = moe->n_experts, I = moe->inter;
-    if (r->out != E || r->in != x->cols || g->out != E * I || u->out != E * I || g->in != x->cols ||
-        u->in != x->cols || d->in != I || d->out != E * y->cols || y->rows != x->rows)
+    int64_t E = moe->n_experts, I = moe->inter, held = moe->n_local ? moe->n_local : E;
+    if (moe->n_local < 0 || moe->expert0 < 0 || moe->expert0 + held > E)
+        return base_fail(err, "moe: experts [%d, +%lld) of %lld", moe->expert0, (long long)held,
+                         (long long)E);
+    if (r->out != E || r->in != x->cols || g->out != held * I || u->out != held * I ||
+        g->in != x->cols || u->in != x->cols || d->in != I || d->out != held * y->cols ||
+        y->rows != x->rows)
         return base_fail(err,
                          "moe: router [%lld, %lld], gate [%lld, %lld], down [%lld, %lld] do not "
                          "fit %lld experts of %lld for x [%lld, %lld] and y [%lld, %lld]",
                          (long long)r->out, (long long)r->in, (long long)g->out, (long long)g->in,
-                         (long long)d->out, (long long)d->in, (long long)E, (long long)I,
+                         (long long)d->out, (long long)d->in, (long long)held, (long long)I,
                          (long long)x->rows, (long long)x->cols, (long long)y->rows,
                          (long long)y->cols);
     if (x->data == y->data) return base_fail(err, "moe: y may not alias x");
@@ -57,6 +61,7 @@ int cpu_moe(be_backend *be, const be_tensor *x, const be_norm *norm, const be_mo
         return -1;
     const int64_t n = x->rows, in = x->cols, out = y->cols, I = moe->inter;
     const int E = moe->n_experts, K = moe->top_k;
+    const int e0 = moe->expert0, e1 = e0 + (moe->n_local ? moe->n_local : E);
     float *logits = malloc((size_t)n * E * sizeof(float));
     int32_t *ids = malloc((size_t)n * K * sizeof(int32_t));
     float *w = malloc((size_t)n * K * sizeof(float));
@@ -76,7 +81,7 @@ int cpu_moe(be_backend *be, const be_tensor *x, const be_norm *norm, const be_mo
     memset(y->data, 0, (size_t)n * out * sizeof(float));
     const float *xf = x->data;
     float *yf = y->data;
-    for (int e = 0; e < E && rc == 0; e++) {
+    for (int e = e0; e < e1 && rc == 0; e++) {
         int64_t m = 0;
         for (int64_t r = 0; r < n; r++)
             for (int k = 0; k < K; k++)
@@ -87,8 +92,9 @@ int cpu_moe(be_backend *be, const be_tensor *x, const be_norm *norm, const be_mo
                     m++;
                 }
         if (m == 0) continue;
-        be_linear ge = be_linear_rows(moe->gate, e * I, I), ue = be_linear_rows(moe->up, e * I, I);
-        be_linear de = be_linear_rows(moe->down, e * out, out);
+        int64_t h = e - e0; /* its place among the experts held */
+        be_linear ge = be_linear_rows(moe->gate, h * I, I), ue = be_linear_rows(moe->up, h * I, I);
+        be_linear de = be_linear_rows(moe->down, h * out, out);
         be_tensor xt = {xs, BASE_DTYPE_F32, m, in}, gt = {gs, BASE_DTYPE_F32, m, I};
         be_tensor ut = {us, BASE_DTYPE_F32, m, I}, dt = {ds, BASE_DTYPE_F32, m, out};
         rc = be->ops->matmul(be, &xt, &ge, &gt, err);

@@ -120,6 +120,11 @@ static int cuda_sync(be_backend *be, base_err *err) {
     return e == cudaSuccess ? 0 : cuda_fail(err, "sync", e);
 }
 
+static int cuda_bind_thread(be_backend *be, base_err *err) {
+    cudaError_t e = cudaSetDevice(cuda_impl(be)->device);
+    return e == cudaSuccess ? 0 : cuda_fail(err, "selecting the device for this thread", e);
+}
+
 static int cuda_memory_info(be_backend *, uint64_t *free_bytes, uint64_t *total_bytes) {
     size_t f = 0, t = 0;
     if (cudaMemGetInfo(&f, &t) != cudaSuccess) return -1;
@@ -141,6 +146,7 @@ static const be_ops cuda_ops = {
     .map_weights = cuda_map_weights,
     .pack_linear = cuda_pack_linear,
     .sync = cuda_sync,
+    .bind_thread = cuda_bind_thread,
     .memory_info = cuda_memory_info,
     .embedding = cuda_embedding,
     .matmul = cuda_matmul,

@@ -355,6 +355,11 @@ static int check_moe(const be_tensor *x, const be_moe *moe, const be_tensor *y, 
                          moe->top_k, moe->n_experts, MOE_MAX_EXPERTS, moe->inter);
     if (moe->act != BE_ACT_SILU && moe->act != BE_ACT_GELU_TANH && moe->act != BE_ACT_SWIGLU_OAI)
         return base_fail(err, "cuda: moe: unknown activation %d", (int)moe->act);
+    /* the routing kernels index the stacked experts by expert id: a rank's share is not
+     * served here yet (issue 25) */
+    if (moe->n_local != 0 && moe->n_local != moe->n_experts)
+        return base_fail(err, "cuda: moe: a share of %d of %d experts is not served yet",
+                         moe->n_local, moe->n_experts);
     if (check_mat(moe->router, "router", err) || check_mat(moe->gate, "experts' gate", err) ||
         check_mat(moe->up, "experts' up", err) || check_mat(moe->down, "experts' down", err))
         return -1;
