@@ -68,9 +68,10 @@ be_tensor model_logits(const model *m, int n_out);
  * recording, the first included). For tests and reports. */
 void model_graph_counts(const model *m, uint64_t *recorded, uint64_t *replayed);
 
-/* Writes out_dir (an existing directory) as the MLX affine-quantized copy of the dense
- * checkpoint in in_dir: bits 2, 3, 4, 5, 6 or 8, group size 32, 64 or 128. */
-int model_quantize(const char *in_dir, const char *out_dir, int bits, int group_size,
-                   base_err *err);
+/* Writes out_dir (an existing directory) as the MLX-quantized copy of the dense checkpoint in
+ * in_dir, as mlx-lm's convert writes it: spec affine (bits 2, 3, 4, 5, 6 or 8, group size 32,
+ * 64 or 128) or mxfp4 (bits 4, group size 32); a MoE family's routers at 8 bits affine, group
+ * 64, as per-module entries of config.json's quantization. */
+int model_quantize(const char *in_dir, const char *out_dir, io_quant_spec spec, base_err *err);
 
 #endif
