@@ -176,6 +176,16 @@ static io_quant_spec weight_spec(const io_tensor *t, const model_names *names, i
     return dense;
 }
 
+/* A MoE family's experts other than stacked as mlx-lm writes them (<experts>.gate_proj.weight
+ * [experts, out, in] and its bias): Hugging Face's per-expert experts.N.*, or GPT-OSS's fused
+ * gate_up_proj. The runtime reads only the stacked layout, and quantizing these as mlx-lm
+ * would needs its sanitize step first. */
+static bool unstacked_expert(const io_tensor *t, const model_names *names) {
+    if (!names->experts || !strstr(t->name, "experts")) return false;
+    if (!strstr(t->name, names->experts)) return true;
+    return !ends_with(t->name, "_proj.weight") && !ends_with(t->name, "_proj.bias");
+}
+
 /* config.json with `quantization` (and its Hugging Face copy `quantization_config`): the
  * default spec, then one entry per router (8 bits affine, group 64, as mlx-lm writes a
  * quant_predicate's answer: no mode key, which mlx-lm reads as affine). */
@@ -299,12 +309,21 @@ int model_quantize(const char *in_dir, const char *out_dir, io_quant_spec spec, 
     io_checkpoint *ck;
     if (io_checkpoint_open_dir(in_dir, &ck, err)) return -1;
     size_t n = io_checkpoint_count(ck);
+    int rc = 0;
     quant_set s = {.outs = base_xcalloc(n * 3, sizeof *s.outs),
                    .owned = base_xcalloc(n * 3, sizeof *s.owned),
                    .names = base_xcalloc(n * 3, sizeof *s.names),
                    .routers = base_xcalloc(n, sizeof *s.routers)};
     for (size_t i = 0; i < n; i++) {
         const io_tensor *t = io_checkpoint_at(ck, i);
+        if (unstacked_expert(t, &arch->names)) {
+            rc = base_fail(err,
+                           "%s: tensor %s: experts in a per-expert or fused layout; quantize "
+                           "takes them stacked as mlx-lm writes them (%s.gate_proj.weight "
+                           "[experts, out, in])",
+                           t->file, t->name, arch->names.experts);
+            break;
+        }
         bool router;
         io_quant_spec ts = weight_spec(t, &arch->names, spec, &router);
         if (ts.bits == 0) {
@@ -320,10 +339,12 @@ int model_quantize(const char *in_dir, const char *out_dir, io_quant_spec spec, 
         }
         add_quantized(&s, t, ts);
     }
-    char *path = base_path_join(out_dir, "model.safetensors");
-    const char *meta[] = {"format", "mlx"};
-    int rc = io_safetensors_write(path, s.outs, s.n_out, meta, 1, err);
-    free(path);
+    if (rc == 0) {
+        char *path = base_path_join(out_dir, "model.safetensors");
+        const char *meta[] = {"format", "mlx"};
+        rc = io_safetensors_write(path, s.outs, s.n_out, meta, 1, err);
+        free(path);
+    }
     io_checkpoint_close(ck);
     static const char *const extra[] = {"tokenizer.json",          "tokenizer_config.json",
                                         "special_tokens_map.json", "generation_config.json",

@@ -126,6 +126,29 @@ static void check_round_trip(const char *tmp, const char *name) {
     fixture_ref_free(&ref);
 }
 
+/* A MoE checkpoint whose experts are not stacked (Hugging Face's per-expert tensors, GPT-OSS's
+ * fused gate_up_proj) is refused, naming the tensor: quantizing it leaf by leaf would write
+ * something neither mlx-lm nor the runtime reads. fixture's config.json, one such tensor. */
+static void check_unstacked_refused(const char *tmp, const char *fixture, const char *tensor) {
+    char dir[1200], out[1300], cmd[2600];
+    snprintf(dir, sizeof dir, "%s/unstacked_%s", tmp, fixture);
+    snprintf(out, sizeof out, "%s/out", dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/tests/fixtures/%s/config.json %s/", out,
+             test_source_dir(), fixture, dir);
+    CHECK(system(cmd) == 0);
+    static const uint16_t w[4 * 64] = {0};
+    io_tensor_out t = {tensor, BASE_DTYPE_BF16, 3, {1, 4, 64}, w};
+    char path[1400];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    base_err err;
+    CHECK_MSG(io_safetensors_write(path, &t, 1, NULL, 0, &err) == 0, "%s", err.msg);
+    int rc = model_quantize(dir, out, (io_quant_spec){4, 64, IO_QUANT_AFFINE}, &err);
+    CHECK_MSG(rc == -1 && strstr(err.msg, tensor) && strstr(err.msg, "stacked"), "%s: %s", fixture,
+              rc ? err.msg : "accepted");
+    snprintf(path, sizeof path, "%s/model.safetensors", out);
+    CHECK(!base_file_exists(path));
+}
+
 int main(void) {
     static const struct {
         const char *src, *fixture;
@@ -177,6 +200,9 @@ int main(void) {
           strstr(err.msg, "--group-size") && strstr(err.msg, "mxfp4"));
     CHECK(model_quantize(src, "/nonexistent/dir", q4, &err) == -1 &&
           strstr(err.msg, "/nonexistent/dir"));
+    check_unstacked_refused(tmpl, "qwen3_moe_bf16",
+                            "model.layers.0.mlp.experts.0.gate_proj.weight");
+    check_unstacked_refused(tmpl, "gpt_oss_bf16", "model.layers.0.mlp.experts.gate_up_proj");
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpl);
     CHECK(system(cmd) == 0);
