@@ -19,12 +19,20 @@ in=$src/tests/fixtures/gpt_oss_bf16
 refused() {
     local args=() words=() seen=0
     for a in "$@"; do
-        if [ "$a" = -- ]; then seen=1; elif [ $seen -eq 0 ]; then args+=("$a"); else words+=("$a"); fi
+        if [ "$a" = -- ]; then
+            seen=1
+        elif [ $seen -eq 0 ]; then
+            args+=("$a")
+        else
+            words+=("$a")
+        fi
     done
     "$bin/mlxcel" quantize -m "$in" -o "$tmp/refused" "${args[@]}" 2>"$tmp/err"
     local rc=$?
     check "${args[*]}: exit status 2 (got $rc)" test "$rc" -eq 2
-    for w in "${words[@]}"; do check "${args[*]}: the message names $w" grep -q -- "$w" "$tmp/err"; done
+    for w in "${words[@]}"; do
+        check "${args[*]}: the message names $w" grep -q -- "$w" "$tmp/err"
+    done
 }
 refused --mode nvfp4 -- nvfp4 "not implemented"
 refused --mode mxfp8 -- mxfp8 "not implemented"
@@ -38,7 +46,8 @@ check "--mode mxfp4 exits 0" test $? -eq 0
 cfg=$tmp/mx/config.json
 # "quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4", "<router>": {...}, ...}
 q=$(tr -d ' \n' <"$cfg")
-check "config.json: mxfp4 by default" grep -q '"quantization":{"group_size":32,"bits":4,"mode":"mxfp4"' <<<"$q"
+check "config.json: mxfp4 by default" \
+    grep -q '"quantization":{"group_size":32,"bits":4,"mode":"mxfp4"' <<<"$q"
 check "config.json: the routers at 8 bits, no mode" \
     grep -q '"model.layers.1.mlp.router":{"group_size":64,"bits":8}' <<<"$q"
 check "config.json: the Hugging Face copy" grep -q '"quantization_config":{"group_size":32' <<<"$q"
