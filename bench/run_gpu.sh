@@ -218,3 +218,22 @@ prof "the quantized GEMM at 64 rows on gate+up (4-bit)" qg_kernel 1 \
     "$B/bench/bench_cuda_gemv" 3 gate+up 4 auto 64
 prof "decode attention v2 at 64x4096" paged_decode_mma 1 "$B/bench/bench_attention" 3 64x4096
 log "done in $(($(date +%s) - t0)) s"
+
+# f. Mixtures of experts: random Qwen3-30B-A3B-shaped (4-bit group 64, 8-bit routers) and
+# gpt-oss-20b-shaped (MXFP4 experts, 8-bit rest) checkpoints made by bench/make_moe_q4.py
+# (into MOE_DIR, default /tmp; 17.2 and 12.1 GB, kept for the next run), each benchmarked
+# with a 2048-token prefill and 64 decode steps at 1, 8 and 64 sequences.
+MOE_DIR=${MOE_DIR:-/tmp}
+for shape in qwen3-30b-a3b gpt-oss-20b; do
+    moe=$MOE_DIR/$shape-q4
+    if [ ! -f "$moe/model.safetensors" ]; then
+        log "f. making the $shape model"
+        PYTHONUNBUFFERED=1 timeout 900 python3 bench/make_moe_q4.py "$moe" --shape "$shape" \
+            > "$OUT/make_$shape.log" 2>&1 || { tail -5 "$OUT/make_$shape.log" | say; continue; }
+        tail -2 "$OUT/make_$shape.log" | say
+    fi
+    log "f. $shape: prefill 2048, then 64 decode steps at 1, 8 and 64 sequences"
+    timeout 600 "$MLX" bench -m "$moe" -p 2048 -n 64 -b 1,8,64 -r 1 --device cuda 2>&1 |
+        tee "$OUT/bench_$shape.txt" | say
+done
+log "f. done in $(($(date +%s) - t0)) s"

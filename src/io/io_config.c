@@ -265,7 +265,9 @@ static void push_override(io_model_config *cfg, const char *module, io_quant_spe
 
 /* mlx-lm writes `quantization`; HF-side copies carry `quantization_config`. Keys other than
  * the defaults are per-module entries: an object overrides bits/group_size, false leaves the
- * module dense, and any other value is a setting we have no use for. */
+ * module dense, and any other value is a setting we have no use for. An entry without a mode
+ * is affine whatever the default's mode: mlx-lm passes the entry to the module's
+ * to_quantized, whose mode defaults to affine (an MXFP4 model's 8-bit routers). */
 static int parse_quant(const cfg_at *root_at, json_t *root, io_model_config *cfg) {
     const char *name = "quantization";
     json_t *q = field(root, name);
@@ -296,7 +298,7 @@ static int parse_quant(const cfg_at *root_at, json_t *root, io_model_config *cfg
             snprintf(sub, sizeof sub, "%s%s.", prefix, key);
             cfg_at mat = {at.origin, sub, at.err};
             io_quant_spec s = {0, 0, IO_QUANT_AFFINE};
-            if (parse_mode(&mat, v, cfg->quant.mode, &s.mode) != 0 ||
+            if (parse_mode(&mat, v, IO_QUANT_AFFINE, &s.mode) != 0 ||
                 get_int(&mat, v, "bits", false, cfg->quant.bits, &s.bits) != 0 ||
                 get_int(&mat, v, "group_size", false, cfg->quant.group_size, &s.group_size) != 0 ||
                 check_spec(&mat, &s) != 0)

@@ -106,9 +106,10 @@ int model_load_shard(const char *dir, be_backend *be, int n_ranks, int rank, be_
 /* The KV heads this model's pool holds: its rank's (all of them with one rank). */
 int model_kv_heads(const model *m);
 
-/* Writes out_dir (an existing directory) as the MLX affine-quantized copy of the dense
- * checkpoint in in_dir: bits 2, 3, 4, 5, 6 or 8, group size 32, 64 or 128. */
-int model_quantize(const char *in_dir, const char *out_dir, int bits, int group_size,
-                   base_err *err);
+/* Writes out_dir (an existing directory) as the MLX-quantized copy of the dense checkpoint in
+ * in_dir, as mlx-lm's convert writes it: spec affine (bits 2, 3, 4, 5, 6 or 8, group size 32,
+ * 64 or 128) or mxfp4 (bits 4, group size 32); a MoE family's routers at 8 bits affine, group
+ * 64, as per-module entries of config.json's quantization. */
+int model_quantize(const char *in_dir, const char *out_dir, io_quant_spec spec, base_err *err);
 
 #endif

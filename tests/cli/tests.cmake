@@ -22,3 +22,7 @@ set_tests_properties(cli/arch_list PROPERTIES ENVIRONMENT
 add_test(NAME cli/tensor_parallel COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/tensor_parallel.sh)
 set_tests_properties(cli/tensor_parallel PROPERTIES ENVIRONMENT
                      "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin")
+# quantize --mode: mxfp4's config.json as mlx-lm writes it, and the refused modes and flags.
+add_test(NAME cli/quantize_modes COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/quantize_modes.sh)
+set_tests_properties(cli/quantize_modes PROPERTIES ENVIRONMENT
+                     "MLXCEL_SOURCE_DIR=${CMAKE_SOURCE_DIR};MLXCEL_BIN_DIR=${CMAKE_BINARY_DIR}/bin")

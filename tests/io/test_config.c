@@ -312,6 +312,18 @@ static void test_quantization(void) {
               "%s", g_err.msg);
     CHECK(c.quant.mode == IO_QUANT_MXFP4);
     io_config_free(&c);
+    /* what mlx-lm's convert --q-mode mxfp4 writes for GPT-OSS: an entry without a mode (the
+     * 8-bit router) is affine, not the default's mxfp4 */
+    CHECK_MSG(parse(LLAMA(", \"quantization\": {\"group_size\": 32, \"bits\": 4, \"mode\": "
+                          "\"mxfp4\", \"model.layers.0.mlp.router\": {\"group_size\": 64, "
+                          "\"bits\": 8}}"),
+                    &c) == 0,
+              "%s", g_err.msg);
+    q = io_config_quant_for(&c, "model.layers.0.mlp.router");
+    CHECK(q.bits == 8 && q.group_size == 64 && q.mode == IO_QUANT_AFFINE);
+    q = io_config_quant_for(&c, "model.layers.0.self_attn.q_proj");
+    CHECK(q.bits == 4 && q.group_size == 32 && q.mode == IO_QUANT_MXFP4);
+    io_config_free(&c);
 
     /* an override's missing field falls back to the default spec */
     CHECK(parse(LLAMA(", \"quantization\": {\"group_size\": 128, \"bits\": 8, \"lm_head\": "

@@ -153,17 +153,20 @@ MODELS = {
 
 
 def _router8(cfg, quant):
-    """mlx-lm quantizes the routers at 8 bits, written as one override per layer."""
+    """mlx-lm quantizes the routers at 8 bits, written as one override per layer. quant is
+    (bits, group_size) for affine, or (4, 32, "mxfp4"): what mlx-lm's convert --q-mode mxfp4
+    writes, everything MXFP4 but the routers, whose entries carry no mode (affine to mlx-lm)."""
     over = {}
+    mode = quant[2] if len(quant) > 2 else "affine"
     for layer in range(cfg["num_hidden_layers"]):
         if is_moe_layer(cfg, layer):
             m = f"model.layers.{layer}.{moe_prefix(cfg)}"
             over[m + router_name(cfg)] = {"bits": 8, "group_size": 64}
-            if cfg["model_type"] == "gpt_oss":
+            if cfg["model_type"] == "gpt_oss" and mode == "affine":
                 # mlx-community's MXFP4-Q8: the experts in MXFP4, everything else 8-bit.
                 for proj in ("gate_proj", "up_proj", "down_proj"):
                     over[m + "experts." + proj] = {"bits": 4, "group_size": 32, "mode": "mxfp4"}
-    return {"bits": quant[0], "group_size": quant[1], "overrides": over}
+    return {"bits": quant[0], "group_size": quant[1], "mode": mode, "overrides": over}
 
 
 FIXTURES = [
@@ -172,6 +175,10 @@ FIXTURES = [
     {"name": "mixtral_bf16", "model": "mixtral", "dtype": "bfloat16"},
     {"name": "gpt_oss_bf16", "model": "gpt_oss", "dtype": "bfloat16"},
     {"name": "gpt_oss_mxfp4_q8", "model": "gpt_oss", "dtype": "bfloat16", "quant": (8, 64)},
+    # What `mlxcel quantize --mode mxfp4` must write from gpt_oss_bf16, byte for byte (MXFP4 by
+    # MLX's GPU kernel; committed without reference outputs, as the quantizer's expected output).
+    {"name": "gpt_oss_mxfp4", "model": "gpt_oss", "dtype": "bfloat16", "quant": (4, 32, "mxfp4"),
+     "mxfp4": "mlx"},
 ]
 
 
@@ -311,7 +318,7 @@ def quant_spec(fx, cfg, name):
     o = spec["overrides"].get(name[: -len(".weight")])
     if o:
         return o["bits"], o["group_size"], o.get("mode", "affine")
-    return spec["bits"], spec["group_size"], "affine"
+    return spec["bits"], spec["group_size"], spec["mode"]
 
 
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=np.float64)
@@ -320,7 +327,10 @@ E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=np.float64)
 def mxfp4_quantize(w):
     """w [rows, in] -> codes [rows, in] (E2M1: bit 3 the sign, bits 0-2 an index into E2M1)
     and E8M0 scale bytes [rows, in / 32]: each group of 32 shares the power of two that brings
-    its largest magnitude to at most 6, each value rounded to the nearest E2M1 magnitude."""
+    its largest magnitude to at most 6, each value rounded to the nearest E2M1 magnitude.
+    A tie goes to the smaller magnitude, where MLX's GPU kernel (mlx_mxfp4_quantize) goes to
+    the even code: gpt_oss_mxfp4_q8 was made with this one and keeps it, its reference logits
+    having been computed from these weights; a loader reads either."""
     rows, n = w.shape
     g = w.reshape(rows, n // 32, 32).astype(np.float64)
     amax = np.abs(g).max(axis=-1)
@@ -329,6 +339,28 @@ def mxfp4_quantize(w):
     v = g / np.exp2(e)[..., None]
     idx = np.abs(np.abs(v)[..., None] - E2M1).argmin(axis=-1)
     codes = (idx | np.where(v < 0, 8, 0)).astype(np.uint32).reshape(rows, n)
+    return codes, (e + 127).astype(np.uint8)
+
+
+def mlx_mxfp4_quantize(w):
+    """As mxfp4_quantize, the way MLX's GPU kernels write MXFP4 (fp_quantize, Metal and CUDA),
+    in float32 as there: the scale is the smallest power of two at or above the group's
+    largest magnitude / 6 (exponent within [-127, 127]; an all-zero group gets byte 0), and
+    each value / scale rounds to the nearest E2M1 magnitude, a tie to the even code, with the
+    value's sign bit (a small negative value becomes code 8, -0)."""
+    rows, n = w.shape
+    g = w.reshape(rows, n // 32, 32).astype(np.float32)
+    x = (np.abs(g).max(axis=-1) / np.float32(6.0)).astype(np.float32)
+    frac, exp = np.frexp(x)  # x = frac * 2^exp, frac in [0.5, 1)
+    e = np.where(x > 0, np.where(frac == 0.5, exp - 1, exp), -127)
+    e = np.clip(e, -127, 127)
+    v = g.astype(np.float64) * np.exp2(-e.astype(np.float64))[..., None]
+    a = np.abs(v)
+    mids = (E2M1[:-1] + E2M1[1:]) / 2
+    idx = np.searchsorted(mids, a, side="left")  # midpoints below a: the nearest, ties low
+    tie = (idx < 7) & (a == mids[np.minimum(idx, 6)])
+    idx = np.where(tie & (idx % 2 == 1), idx + 1, idx)
+    codes = (idx | np.where(np.signbit(v), 8, 0)).astype(np.uint32).reshape(rows, n)
     return codes, (e + 127).astype(np.uint8)
 
 
@@ -346,6 +378,8 @@ def config_json(fx):
     if q:
         spec = _router8(cfg, q)
         qcfg = {"group_size": spec["group_size"], "bits": spec["bits"]}
+        if len(q) > 2:
+            qcfg["mode"] = spec["mode"]
         qcfg.update(spec["overrides"])
         cfg["quantization"] = qcfg
         cfg["quantization_config"] = json.loads(json.dumps(qcfg))
@@ -369,7 +403,8 @@ def build_checkpoint(fx, fx_dir):
         flat = w.reshape(-1, w.shape[-1])
         lead = w.shape[:-1]
         if mode == "mxfp4":
-            codes, sbytes = mxfp4_quantize(mf.bf16_to_f64(mf.bf16_bits(flat)))
+            quantize = mlx_mxfp4_quantize if fx.get("mxfp4") == "mlx" else mxfp4_quantize
+            codes, sbytes = quantize(mf.bf16_to_f64(mf.bf16_bits(flat)))
             stored[name] = ("U32", mf.pack_codes(codes, 4).reshape(*lead, -1))
             stored[module + ".scales"] = ("U8", sbytes.reshape(*lead, -1))
             ref[name] = mxfp4_decode(codes, sbytes).reshape(w.shape)
