@@ -34,15 +34,25 @@
  * bias, applies act(gate) * up for gate/up (their tiles alternate, so a warp holds both), adds
  * y for the residual add, and stores the output dtype.
  *
- * Measured (H200, bench/bench_cuda_gemv.cu, 4-bit group 64, us at 64 / 128 rows, the cuBLAS path
- * in brackets): gate+up 86.5 / 159.2 (287.0 / 295.2), lm_head 559 / 1113 (1200 / 1196), a decode
- * layer 366 / 516 (559 / 584); decode of the 8B model at 64 sequences 4453 tok/s (3007). At 256
- * rows cuBLAS wins (a layer 647 against 799): the mma.sync rate and 2 warps a scheduler bind
- * (ncu: 0.42 instructions issued a cycle), hence CUDA_QGEMM_MAX_ROWS. Tried: 4 x 2 warps of
- * 4 x 4 tiles (twice the dequantization a mma: 64 sequences 3838 tok/s), tiles of 32 rows of x
- * at two CTAs an SM (gate+up slower, lm_head faster, a layer equal), two CTAs an SM of this
- * layout at 128 registers (64 sequences 3619 tok/s), the GEMM from 17 rows (the
- * GEMV is faster there but on lm_head). bench/RESULTS.md has the runs. */
+ * On sm_90a the mmas are m64n64k16 wgmmas: each warp's dequantized fragments are the A operand
+ * from registers (the wgmma's A layout per warp is the mma's), x the B operand from shared
+ * memory, prepared K-major in core matrices of 8 rows x 16 bytes; one wgmma replaces 8
+ * mma.syncs and their B fragment loads. The sm_90 PTX (newer GPUs) keeps the mma.sync form.
+ * H200, wgmma form (us at 64 / 128 / 256 rows, cuBLAS path in brackets): gate+up 98.4 / 105.8 /
+ * 191.6 (286.7 / 295.7 / 328.0), lm_head 499 / 986 / 1936 (1200 / 1196 / 1281), a decode layer
+ * 361 / 420 / 646 (557 / 584 / 654); 8B decode at 128 sequences 7183-7247 tok/s against 6098 with
+ * the mma.sync form, 64 level (4498-4506 against 4453). A warp waits for its wgmmas before it
+ * dequantizes the next sector, so within a warpgroup dequantization and wgmma take turns.
+ *
+ * mma.sync form, measured before the wgmma (H200, bench/bench_cuda_gemv.cu, 4-bit group 64, us at
+ * 64 / 128 rows, the cuBLAS path in brackets): gate+up 86.5 / 159.2 (287.0 / 295.2), lm_head 559 /
+ * 1113 (1200 / 1196), a decode layer 366 / 516 (559 / 584); decode of the 8B model at 64 sequences
+ * 4453 tok/s (3007). At 256 rows cuBLAS wins (a layer 647 against 799): the mma.sync rate and 2
+ * warps a scheduler bind (ncu: 0.42 instructions issued a cycle), hence CUDA_QGEMM_MAX_ROWS. Tried:
+ * 4 x 2 warps of 4 x 4 tiles (twice the dequantization a mma: 64 sequences 3838 tok/s), tiles of 32
+ * rows of x at two CTAs an SM (gate+up slower, lm_head faster, a layer equal), two CTAs an SM of
+ * this layout at 128 registers (64 sequences 3619 tok/s), the GEMM from 17 rows (the GEMV is faster
+ * there but on lm_head). bench/RESULTS.md has the runs. */
 #include "backend/cuda/cuda_mma.h"
 #include "backend/cuda/cuda_packed.h"
 
