@@ -43,6 +43,7 @@ for m in "${modules[@]}"; do ls src/"$m"/*.c; done |
         case "$1" in
         *_avx2.c) simd="-mavx2 -mfma -mf16c" ;;
         *_avx512.c) simd="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c -mavx2" ;;
+        *_avx512vnni.c) simd="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mfma -mf16c -mavx2" ;;
         *) simd= ;;
         esac
         exec clang $2 $simd -fsanitize=fuzzer-no-link -c "$1" -o "$o"' \

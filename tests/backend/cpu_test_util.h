@@ -42,7 +42,7 @@ static inline void tu_pack(uint8_t *row, int bits, int64_t k, unsigned q) {
 }
 
 #define TU_MAX_BACKENDS 12
-#define TU_N_ISAS       3
+#define TU_N_ISAS       4
 #define TU_N_THREADS    3
 
 typedef struct tu_backends {
@@ -54,16 +54,17 @@ typedef struct tu_backends {
 static inline bool tu_cpu_has(const char *isa) {
     if (strcmp(isa, "avx2") == 0) return cpu_isa_supported(CPU_ISA_AVX2);
     if (strcmp(isa, "avx512") == 0) return cpu_isa_supported(CPU_ISA_AVX512);
+    if (strcmp(isa, "avx512vnni") == 0) return cpu_isa_supported(CPU_ISA_AVX512VNNI);
     return strcmp(isa, "portable") == 0;
 }
 
 /* Every instruction set this CPU has, each with 1 and 3 threads; checks that the forced set
  * is the one in use, so that a silent fallback cannot pass for agreement. */
 static inline void tu_backends_open(tu_backends *b) {
-    static const char *isas[TU_N_ISAS] = {"portable", "avx2", "avx512"};
-    static const char *labels[TU_N_ISAS * TU_N_THREADS] = {"portable/1", "portable/2", "portable/3",
-                                                           "avx2/1",     "avx2/2",     "avx2/3",
-                                                           "avx512/1",   "avx512/2",   "avx512/3"};
+    static const char *isas[TU_N_ISAS] = {"portable", "avx2", "avx512", "avx512vnni"};
+    static const char *labels[TU_N_ISAS * TU_N_THREADS] = {
+        "portable/1", "portable/2", "portable/3", "avx2/1",       "avx2/2",       "avx2/3",
+        "avx512/1",   "avx512/2",   "avx512/3",   "avx512vnni/1", "avx512vnni/2", "avx512vnni/3"};
     b->n = 0;
     for (int i = 0; i < TU_N_ISAS; i++) {
         if (!tu_cpu_has(isas[i])) {

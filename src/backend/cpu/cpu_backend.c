@@ -11,7 +11,7 @@
 
 #define CPU_ALIGN 64 /* a cache line and an AVX-512 register */
 
-static const char *const cpu_isa_names[] = {"portable", "avx2", "avx512"};
+static const char *const cpu_isa_names[] = {"portable", "avx2", "avx512", "avx512vnni"};
 #define CPU_N_ISAS ((int)(sizeof cpu_isa_names / sizeof cpu_isa_names[0]))
 
 const char *cpu_isa_name(const be_backend *be) {
@@ -39,6 +39,8 @@ bool cpu_isa_supported(cpu_isa isa) {
     case CPU_ISA_AVX512:
         return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    case CPU_ISA_AVX512VNNI:
+        return cpu_isa_supported(CPU_ISA_AVX512) && __builtin_cpu_supports("avx512vnni");
     }
     return false;
 #else
@@ -48,7 +50,7 @@ bool cpu_isa_supported(cpu_isa isa) {
 
 static const cpu_kernels *cpu_isa_kernels(cpu_isa isa) {
 #if defined(__x86_64__) || defined(__i386__)
-    if (isa == CPU_ISA_AVX512) return &cpu_kernels_avx512;
+    if (isa == CPU_ISA_AVX512 || isa == CPU_ISA_AVX512VNNI) return &cpu_kernels_avx512;
     if (isa == CPU_ISA_AVX2) return &cpu_kernels_avx2;
 #endif
     return &cpu_kernels_portable;
@@ -56,8 +58,9 @@ static const cpu_kernels *cpu_isa_kernels(cpu_isa isa) {
 
 static const cpu_ikernels *cpu_isa_ikernels(cpu_isa isa) {
 #if defined(__x86_64__) || defined(__i386__)
-    /* AVX-512 CPUs take the AVX2 integer dots (cpu_internal.h says why). */
-    if (isa == CPU_ISA_AVX512 || isa == CPU_ISA_AVX2) return &cpu_ikernels_avx2;
+    if (isa == CPU_ISA_AVX512VNNI) return &cpu_ikernels_avx512vnni;
+    if (isa == CPU_ISA_AVX512) return &cpu_ikernels_avx512;
+    if (isa == CPU_ISA_AVX2) return &cpu_ikernels_avx2;
 #endif
     return &cpu_ikernels_portable;
 }
@@ -82,7 +85,7 @@ static int cpu_pick_isa(cpu_isa *out, base_err *err) {
         *out = (cpu_isa)i;
         return 0;
     }
-    return base_fail(err, "MLXCEL_CPU_ISA=%s: expected portable, avx2 or avx512", env);
+    return base_fail(err, "MLXCEL_CPU_ISA=%s: expected portable, avx2, avx512 or avx512vnni", env);
 }
 
 static void cpu_destroy(be_backend *be) {

@@ -4,11 +4,9 @@
 
 #include "backend/backend.h"
 
-/* Instruction sets with their own kernels; MLXCEL_CPU_ISA=portable|avx2|avx512 forces one.
- * The integer dots of quantized matmuls have portable and AVX2 kernels only: AVX-512 CPUs run
- * the AVX2 ones (the 16-row-tile kernels for AVX-512 and VNNI were written where no CPU could
- * run them, so they are not shipped untested). */
-typedef enum { CPU_ISA_PORTABLE = 0, CPU_ISA_AVX2, CPU_ISA_AVX512 } cpu_isa;
+/* Instruction sets with their own kernels; MLXCEL_CPU_ISA=portable|avx2|avx512|avx512vnni
+ * forces one. avx512vnni is avx512 with vpdpwssd for the integer dots. */
+typedef enum { CPU_ISA_PORTABLE = 0, CPU_ISA_AVX2, CPU_ISA_AVX512, CPU_ISA_AVX512VNNI } cpu_isa;
 
 /* The f32 inner loops of matmul for one instruction set (4- and 8-bit weights take the
  * integer dots below). Quantized rows are read from byte pointers that start on a group
@@ -106,6 +104,8 @@ typedef struct cpu_ikernels {
 extern const cpu_ikernels cpu_ikernels_portable;
 #if defined(__x86_64__) || defined(__i386__)
 extern const cpu_ikernels cpu_ikernels_avx2;
+extern const cpu_ikernels cpu_ikernels_avx512;
+extern const cpu_ikernels cpu_ikernels_avx512vnni;
 #endif
 
 /* Weights repacked at load: every tile's codes back to back, then every tile's scales and
@@ -143,7 +143,7 @@ static inline const cpu_ikernels *cpu_ikrn(be_backend *be) {
     return ((cpu_impl *)be->impl)->ikrn;
 }
 
-/* "portable", "avx2" or "avx512": the kernels this backend runs. */
+/* "portable", "avx2", "avx512" or "avx512vnni": the kernels this backend runs. */
 const char *cpu_isa_name(const be_backend *be);
 /* Whether this CPU (and its OS) can run the kernels of `isa`. */
 bool cpu_isa_supported(cpu_isa isa);
