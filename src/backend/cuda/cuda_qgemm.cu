@@ -311,14 +311,17 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 1) qg_kernel(const qg_job job) 
      * them). */
     static_assert(QG_NT == 8 && QG_WN == 1, "the wgmma is m64n64: 8 n-tiles, one warp along n");
     constexpr int KS = gmma_vpl<BITS>() / 4; /* k-steps of 16 a sector */
-    /* The zeroed accumulators stay in place for the wgmmas: a write of them the compiler moved
-     * into the loop would serialize the wgmmas. */
+    /* The accumulators stay in place across the wgmmas: a write of them the compiler moved
+     * into the loop would serialize the wgmmas, a read moved before the last wait be early. */
+    auto hold_acc = [&]() {
 #pragma unroll
-    for (int a = 0; a < QG_MT; a++)
+        for (int a = 0; a < QG_MT; a++)
 #pragma unroll
-        for (int b = 0; b < NT; b++)
+            for (int b = 0; b < NT; b++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) cuda_wgmma_hold(acc[a][b][i]);
+                for (int i = 0; i < 4; i++) cuda_wgmma_hold(acc[a][b][i]);
+    };
+    hold_acc();
     for (int i = 0; i < ns; i++) {
         /* Stage i - 1's wgmmas done in every warp (the barrier): its buffer is free. */
         cuda_wgmma_wait<0>();
@@ -371,12 +374,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 1) qg_kernel(const qg_job job) 
         cuda_wgmma_commit();
     }
     cuda_wgmma_wait<0>();
-#pragma unroll
-    for (int a = 0; a < QG_MT; a++)
-#pragma unroll
-        for (int b = 0; b < NT; b++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) cuda_wgmma_hold(acc[a][b][i]);
+    hold_acc();
 #else
     for (int i = 0; i < ns; i++) {
         cuda_cp_async_wait<LA - 1>();
