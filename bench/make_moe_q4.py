@@ -34,6 +34,11 @@ sys.path.insert(0, os.path.join(HERE, "..", "tools", "reference"))
 from make_fixtures import mlx_affine_quantize, pack_codes  # noqa: E402
 from make_moe_fixtures import mlx_mxfp4_quantize  # noqa: E402
 
+sys.path.insert(0, HERE)
+# The affine rule in torch and the bf16 view: the dense generator's.
+from make_random_q4 import bf16_numpy  # noqa: E402
+from make_random_q4 import quantize as affine  # noqa: E402
+
 SHAPES = {
     "qwen3-30b-a3b": dict(family="qwen3_moe", hidden=2048, layers=48, heads=32, kv_heads=4,
                           head_dim=128, experts=128, top_k=8, inter=768, vocab=151936),
@@ -43,25 +48,6 @@ SHAPES = {
 # The same structure at a few MB: every input size a multiple of 64 (affine group) and 32.
 TINY = dict(hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, experts=8, top_k=2,
             inter=128, vocab=1024)
-
-
-def affine(w, bits, group_size):
-    """w float32 [rows, in] -> codes (int64 [rows, in]), scales, biases (float32 [rows, in /
-    group_size]): mlx_affine_quantize's arithmetic, in torch."""
-    rows, n = w.shape
-    g = w.reshape(rows, n // group_size, group_size)
-    n_bins = float((1 << bits) - 1)
-    w_min, w_max = g.amin(dim=-1), g.amax(dim=-1)
-    min_is_edge = w_min.abs() > w_max.abs()
-    scale = torch.clamp((w_max - w_min) / n_bins, min=1e-7)
-    scale = torch.where(min_is_edge, scale, -scale)
-    edge = torch.where(min_is_edge, w_min, w_max)
-    q0 = torch.round(edge / scale)
-    nonzero = q0 != 0
-    scale = torch.where(nonzero, edge / torch.where(nonzero, q0, torch.ones_like(q0)), scale)
-    bias = torch.where(nonzero, edge, torch.zeros_like(edge))
-    q = torch.round((g - bias[..., None]) / scale[..., None])
-    return torch.clamp(q, 0, n_bins).to(torch.int64).reshape(rows, n), scale, bias
 
 
 E2M1_MIDS = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
@@ -94,10 +80,6 @@ def pack(q, bits):
     shifts = torch.arange(0, 32, bits, device=q.device)
     words = (q.reshape(rows, n // per, per) << shifts).sum(dim=-1)
     return words.cpu().numpy().astype(np.uint32)
-
-
-def bf16_numpy(x):
-    return x.to(torch.bfloat16).view(torch.int16).cpu().numpy().view(np.uint16)
 
 
 def self_check(device):
