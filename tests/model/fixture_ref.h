@@ -104,6 +104,21 @@ static inline int fixture_list(const char *root, char **names, int max) {
     return n;
 }
 
+/* Runs run(name, dir, ctx) on every committed fixture (tests/fixtures), in name order. */
+static inline void fixture_each(void (*run)(const char *, const char *, void *), void *ctx) {
+    char *root = base_path_join(test_source_dir(), "tests/fixtures");
+    char *names[256];
+    int n = fixture_list(root, names, 256);
+    CHECK_MSG(n >= 10, "expected the committed fixtures under %s, found %d", root, n);
+    for (int i = 0; i < n; i++) {
+        char *dir = base_path_join(root, names[i]);
+        run(names[i], dir, ctx);
+        free(dir);
+        free(names[i]);
+    }
+    free(root);
+}
+
 /* A decode path to run every fixture through: MLXCEL_PAGED_ATTENTION_NATIVE's value (NULL:
  * unset, the planner's choice), its label, and the KV block size. */
 typedef struct fixture_path {
@@ -112,26 +127,27 @@ typedef struct fixture_path {
     int block;
 } fixture_path;
 
+typedef struct fixture_path_run {
+    const fixture_path *path;
+    void (*run)(const char *, const char *, const char *, int);
+} fixture_path_run;
+
+static inline void fixture_path_one(const char *name, const char *dir, void *ctx) {
+    const fixture_path_run *pr = (const fixture_path_run *)ctx;
+    pr->run(name, dir, pr->path->label, pr->path->block);
+}
+
 /* Runs every committed fixture through each path with run(name, dir, label, block). */
 static inline void fixture_run_paths(const fixture_path *paths, size_t n_paths,
                                      void (*run)(const char *, const char *, const char *, int)) {
-    char *root = base_path_join(test_source_dir(), "tests/fixtures");
-    char *names[256];
-    int n = fixture_list(root, names, 256);
-    CHECK_MSG(n >= 10, "expected the committed fixtures under %s, found %d", root, n);
     for (size_t p = 0; p < n_paths; p++) {
         if (paths[p].native)
             setenv("MLXCEL_PAGED_ATTENTION_NATIVE", paths[p].native, 1);
         else
             unsetenv("MLXCEL_PAGED_ATTENTION_NATIVE");
-        for (int i = 0; i < n; i++) {
-            char *dir = base_path_join(root, names[i]);
-            run(names[i], dir, paths[p].label, paths[p].block);
-            free(dir);
-        }
+        fixture_path_run pr = {&paths[p], run};
+        fixture_each(fixture_path_one, &pr);
     }
-    for (int i = 0; i < n; i++) free(names[i]);
-    free(root);
 }
 
 #endif

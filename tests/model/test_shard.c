@@ -86,7 +86,8 @@ static const struct {
     {"gpt_oss_bf16", 4, NULL},
 };
 
-static void run_fixture(const char *name, const char *dir) {
+static void run_fixture(const char *name, const char *dir, void *ctx) {
+    (void)ctx;
     io_model_config c;
     base_err err;
     if (model_config_load(dir, &c, NULL, &err)) {
@@ -154,17 +155,7 @@ static void plan_text(int inter, int vocab, const char *extra, int n, const char
 }
 
 int main(void) {
-    char *root = base_path_join(test_source_dir(), "tests/fixtures");
-    char *names[256];
-    int n = fixture_list(root, names, 256);
-    CHECK_MSG(n >= 10, "expected the committed fixtures under %s, found %d", root, n);
-    for (int i = 0; i < n; i++) {
-        char *dir = base_path_join(root, names[i]);
-        run_fixture(names[i], dir);
-        free(dir);
-        free(names[i]);
-    }
-    free(root);
+    fixture_each(run_fixture, NULL);
     plan_text(512, 1024, "", 4, NULL);
     plan_text(512, 1024, "", 8, "o_proj would be split into 32 columns");
     plan_text(512, 1001, "", 2, "vocab_size 1001 does not split over 2 ranks");

@@ -49,7 +49,8 @@ static void run_ranks(const char *name, const char *dir, const io_model_config *
     CHECK_MSG(decode_err < bound, "%s x%d: decode logits rel err %.3e", name, n, decode_err);
 }
 
-static void run_fixture(const char *name, const char *dir) {
+static void run_fixture(const char *name, const char *dir, void *ctx) {
+    (void)ctx;
     io_model_config c;
     fixture_ref ref;
     base_err err;
@@ -75,16 +76,6 @@ static void run_fixture(const char *name, const char *dir) {
 }
 
 int main(void) {
-    char *root = base_path_join(test_source_dir(), "tests/fixtures");
-    char *names[256];
-    int n = fixture_list(root, names, 256);
-    CHECK_MSG(n >= 10, "expected the committed fixtures under %s, found %d", root, n);
-    for (int i = 0; i < n; i++) {
-        char *dir = base_path_join(root, names[i]);
-        run_fixture(names[i], dir);
-        free(dir);
-        free(names[i]);
-    }
-    free(root);
+    fixture_each(run_fixture, NULL);
     TEST_MAIN_END();
 }

@@ -22,7 +22,8 @@ static int nccl_comms(be_backend *const *bes, int n, be_comm **comms, base_err *
 
 static const tp_env g_cuda = {cuda_backend, nccl_comms, BASE_DTYPE_F16};
 
-static void run_fixture(const char *name, const char *dir, int devices) {
+static void run_fixture(const char *name, const char *dir, void *ctx) {
+    const int devices = *(const int *)ctx;
     io_model_config c;
     fixture_ref ref;
     base_err err;
@@ -61,17 +62,7 @@ int main(void) {
         return TEST_SKIP;
     }
     printf("NCCL %d, %d CUDA devices\n", be_nccl_version(g_nccl), devices);
-    char *root = base_path_join(test_source_dir(), "tests/fixtures");
-    char *names[256];
-    int n = fixture_list(root, names, 256);
-    CHECK_MSG(n >= 10, "expected the committed fixtures under %s, found %d", root, n);
-    for (int i = 0; i < n; i++) {
-        char *dir = base_path_join(root, names[i]);
-        run_fixture(names[i], dir, devices);
-        free(dir);
-        free(names[i]);
-    }
-    free(root);
+    fixture_each(run_fixture, &devices);
     be_nccl_close(g_nccl);
     TEST_MAIN_END();
 }
