@@ -219,6 +219,32 @@ __device__ __forceinline__ int64_t qg_mt(const qg_job &j, int mi) {
     return mi == 0 ? j.mt[0] : (mi == 1 ? j.mt[1] : j.mt[2]);
 }
 
+/* Rows g and g + 8's (scale, bias) of one m-tile's group as F16 pairs, sp at row g's. */
+template <typename S>
+__device__ __forceinline__ void qg_sb_h2(const gmma_sb_t<S> *sp, uint32_t *sc, uint32_t *bi) {
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++) {
+        const float2 f = gmma_sb<S>(sp[8 * rh]);
+        const __half2 hs = __float2half2_rn(f.x), hb = __float2half2_rn(f.y);
+        sc[rh] = *(const uint32_t *)&hs;
+        bi[rh] = *(const uint32_t *)&hb;
+    }
+}
+
+/* Word wd of a lane's 16 bytes of a sector as the F16 pairs of rows g (h0) and g + 8 (h1),
+ * w = s q + b applied. */
+template <int BITS>
+__device__ __forceinline__ void qg_dq(const uint4 &wa, int wd, const uint32_t *sc,
+                                      const uint32_t *bi, uint32_t *h0, uint32_t *h1) {
+    constexpr int PAIRS = BITS == 4 ? 4 : 2;
+    gmma_dq_rows<BITS>(wa, wd, h0, h1);
+#pragma unroll
+    for (int p = 0; p < PAIRS; p++) {
+        h0[p] = gmma_hfma(h0[p], sc[0], bi[0]);
+        h1[p] = gmma_hfma(h1[p], sc[1], bi[1]);
+    }
+}
+
 /* About 150 registers a thread: one CTA an SM. */
 template <int BITS, bool GLU, typename S>
 __global__ void __launch_bounds__(QG_WARPS * 32, 1) qg_kernel(const qg_job job) {
@@ -338,25 +364,13 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 1) qg_kernel(const qg_job job) 
         for (int a = 0; a < QG_MT; a++) {
             const int tt = wm * QG_MT + a;
             const uint4 wa = *(const uint4 *)(st + tt * GMMA_SECTOR_BYTES + lane * 16);
-            const SBT *sp = (const SBT *)(st + WB + XB) + tt * 16 + g;
             uint32_t sc[2], bi[2];
-#pragma unroll
-            for (int rh = 0; rh < 2; rh++) {
-                const float2 f = gmma_sb<S>(sp[8 * rh]);
-                const __half2 hs = __float2half2_rn(f.x), hb = __float2half2_rn(f.y);
-                sc[rh] = *(const uint32_t *)&hs;
-                bi[rh] = *(const uint32_t *)&hb;
-            }
+            qg_sb_h2<S>((const SBT *)(st + WB + XB) + tt * 16 + g, sc, bi);
 #pragma unroll
             for (int wd = 0; wd < 2; wd++) {
                 constexpr int PAIRS = BITS == 4 ? 4 : 2;
                 uint32_t h0[PAIRS], h1[PAIRS];
-                gmma_dq_rows<BITS>(wa, wd, h0, h1);
-#pragma unroll
-                for (int p = 0; p < PAIRS; p++) {
-                    h0[p] = gmma_hfma(h0[p], sc[0], bi[0]);
-                    h1[p] = gmma_hfma(h1[p], sc[1], bi[1]);
-                }
+                qg_dq<BITS>(wa, wd, sc, bi, h0, h1);
 #pragma unroll
                 for (int j = 0; j < PAIRS / 2; j++) {
                     uint32_t *f = af[a][BITS == 4 ? 2 * wd + j : wd];
@@ -389,14 +403,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 1) qg_kernel(const qg_job job) 
         for (int a = 0; a < QG_MT; a++) {
             const int tt = wm * QG_MT + a;
             wa[a] = *(const uint4 *)(st + tt * GMMA_SECTOR_BYTES + lane * 16);
-            const SBT *sp = (const SBT *)(st + WB + XB) + tt * 16 + g;
-#pragma unroll
-            for (int rh = 0; rh < 2; rh++) {
-                const float2 f = gmma_sb<S>(sp[8 * rh]);
-                const __half2 hs = __float2half2_rn(f.x), hb = __float2half2_rn(f.y);
-                sc[a][rh] = *(const uint32_t *)&hs;
-                bi[a][rh] = *(const uint32_t *)&hb;
-            }
+            qg_sb_h2<S>((const SBT *)(st + WB + XB) + tt * 16 + g, sc[a], bi[a]);
         }
 #pragma unroll
         for (int wd = 0; wd < 2; wd++) {
@@ -411,12 +418,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 1) qg_kernel(const qg_job job) 
             for (int a = 0; a < QG_MT; a++) {
                 constexpr int PAIRS = BITS == 4 ? 4 : 2;
                 uint32_t h0[PAIRS], h1[PAIRS];
-                gmma_dq_rows<BITS>(wa[a], wd, h0, h1);
-#pragma unroll
-                for (int p = 0; p < PAIRS; p++) {
-                    h0[p] = gmma_hfma(h0[p], sc[a][0], bi[a][0]);
-                    h1[p] = gmma_hfma(h1[p], sc[a][1], bi[a][1]);
-                }
+                qg_dq<BITS>(wa[a], wd, sc[a], bi[a], h0, h1);
 #pragma unroll
                 for (int j = 0; j < PAIRS / 2; j++) {
                     const uint32_t af[4] = {h0[2 * j], h1[2 * j], h0[2 * j + 1], h1[2 * j + 1]};
