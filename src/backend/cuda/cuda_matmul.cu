@@ -291,10 +291,17 @@ __global__ void add_bias_kernel(void *y, base_dtype y_dt, int64_t rows, int64_t 
                    cuda_load(y, y_dt, (size_t)i) + cuda_load(bias, bias_dt, (size_t)(i % cols)));
 }
 
-__global__ void to_bf16_kernel(const void *x, base_dtype dt, int64_t n, __nv_bfloat16 *out) {
+/* x rounded to BF16 into out[0, n); with split, also the rounding's remainder into out[n, 2n),
+ * so that hi + lo carries x to about 16 bits. */
+__global__ void to_bf16_kernel(const void *x, base_dtype dt, int64_t n, bool split,
+                               __nv_bfloat16 *out) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = __float2bfloat16_rn(cuda_load(x, dt, (size_t)i));
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float v = cuda_load(x, dt, (size_t)i);
+        const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+        out[i] = hi;
+        if (split) out[n + i] = __float2bfloat16_rn(v - __bfloat162float(hi));
+    }
 }
 
 int cuda_scratch(be_backend *be, void **buf, size_t *cap, size_t bytes, const char *what,
@@ -316,12 +323,16 @@ int cuda_scratch(be_backend *be, void **buf, size_t *cap, size_t bytes, const ch
 /* y = x W^T through cuBLAS, which sees W as column-major [in, out], x as [in, rows] and y as
  * [out, rows]. F32 weights with F32 x stay F32 (exact F32 GEMM); otherwise both operands go
  * to BF16 (W dequantized, x rounded, each in the backend's scratch unless BF16 already) for
- * the tensor cores, accumulating in F32; with acc, cuBLAS adds the product to y (beta 1). */
+ * the tensor cores, accumulating in F32; with acc, cuBLAS adds the product to y (beta 1).
+ * Dense BF16 weights are exact in BF16, so x's rounding would be the product's only error
+ * (8 bits, which puts Gemma 2's BF16 prefill past the fixtures' 2e-2): there x is split into
+ * BF16 hi + lo and y = hi W^T + lo W^T, two GEMMs on the same W, when y is F32 to hold the sum. */
 static int gemm_launch(be_backend *be, const be_tensor *x, const be_linear *w, be_tensor *y,
                        bool acc, base_err *err) {
     cuda_backend *c = cuda_impl(be);
     const void *a = w->weight, *b = x->data;
     cudaDataType_t t = CUDA_R_16BF;
+    bool split = false;
     if (w->bits == 0 && w->dtype == BASE_DTYPE_F32 && x->dtype == BASE_DTYPE_F32) {
         t = CUDA_R_32F;
     } else {
@@ -335,25 +346,29 @@ static int gemm_launch(be_backend *be, const be_tensor *x, const be_linear *w, b
         }
         if (x->dtype != BASE_DTYPE_BF16) {
             int64_t n = x->rows * x->cols;
-            if (cuda_scratch(be, &c->xtmp, &c->xtmp_bytes, (size_t)n * sizeof(__nv_bfloat16),
-                             "matmul", err))
+            split = w->bits == 0 && y->dtype == BASE_DTYPE_F32;
+            if (cuda_scratch(be, &c->xtmp, &c->xtmp_bytes,
+                             (size_t)n * (split ? 2 : 1) * sizeof(__nv_bfloat16), "matmul", err))
                 return -1;
-            to_bf16_kernel<<<cuda_elem_grid(n), 256, 0, c->stream>>>(x->data, x->dtype, n,
+            to_bf16_kernel<<<cuda_elem_grid(n), 256, 0, c->stream>>>(x->data, x->dtype, n, split,
                                                                      (__nv_bfloat16 *)c->xtmp);
             if (cuda_check_launch("matmul input to BF16", err)) return -1;
             b = c->xtmp;
         }
     }
-    const float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
     cudaDataType_t yt = y->dtype == BASE_DTYPE_F32 ? CUDA_R_32F : CUDA_R_16BF;
-    cublasStatus_t st =
-        cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->out, (int)x->rows, (int)w->in,
-                     &alpha, a, t, (int)w->in, b, t, (int)w->in, &beta, y->data, yt, (int)w->out,
-                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (st != CUBLAS_STATUS_SUCCESS)
-        return base_fail(err, "cuda: matmul: cuBLAS GEMM [%lld x %lld] x [%lld]: %s",
-                         (long long)w->out, (long long)w->in, (long long)x->rows,
-                         cublasGetStatusString(st));
+    for (int part = 0; part < (split ? 2 : 1); part++) {
+        const float alpha = 1.0f, beta = acc || part ? 1.0f : 0.0f;
+        const void *bp = (const __nv_bfloat16 *)b + (size_t)part * x->rows * x->cols;
+        cublasStatus_t st =
+            cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->out, (int)x->rows, (int)w->in,
+                         &alpha, a, t, (int)w->in, bp, t, (int)w->in, &beta, y->data, yt,
+                         (int)w->out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            return base_fail(err, "cuda: matmul: cuBLAS GEMM [%lld x %lld] x [%lld]: %s",
+                             (long long)w->out, (long long)w->in, (long long)x->rows,
+                             cublasGetStatusString(st));
+    }
     if (w->bias) {
         add_bias_kernel<<<cuda_elem_grid(y->rows * y->cols), 256, 0, c->stream>>>(
             y->data, y->dtype, y->rows, y->cols, w->bias, w->bias_dtype);
