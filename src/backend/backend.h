@@ -331,6 +331,14 @@ typedef struct be_ops {
     /* x += d; y = rmsnorm(x) * weight, per row. y may alias d, not x. */
     int (*add_rmsnorm)(be_backend *be, be_tensor *x, const be_tensor *d, const be_tensor *weight,
                        float eps, be_tensor *y, base_err *err);
+    /* x += rmsnorm(d) * weight, per row: a post-block norm and its residual add. */
+    int (*rmsnorm_add)(be_backend *be, const be_tensor *d, const be_tensor *weight, float eps,
+                       be_tensor *x, base_err *err);
+    /* `rmsnorm` of xa into ya and of xb into yb (each y may alias its x), in one pass: q's and
+     * k's norms. */
+    int (*rmsnorm_pair)(be_backend *be, const be_tensor *xa, const be_tensor *wa, be_tensor *ya,
+                        const be_tensor *xb, const be_tensor *wb, be_tensor *yb, float eps,
+                        base_err *err);
     /* ys[i] = x' ws[i]^T (+ bias) for i < 3 (Q, K and V sharing x), as three `matmul`s, where
      * x' = rmsnorm(x) * norm->weight with `norm`, x itself when norm is NULL. */
     int (*matmul_qkv)(be_backend *be, const be_tensor *x, const be_norm *norm,
@@ -340,9 +348,9 @@ typedef struct be_ops {
     int (*matmul_glu)(be_backend *be, const be_tensor *x, const be_norm *norm,
                       const be_linear *gate, const be_linear *up, be_act act, be_tensor *y,
                       base_err *err);
-    /* `rope` on q (n_heads = q->cols / layer->head_dim) and on k with one static table over
-     * the whole head (inv_freq [1, head_dim / 2]), then `kv_append` of k and v: q and k are
-     * rotated in place. */
+    /* `rope` on q (n_heads = q->cols / layer->head_dim) and on k with one static table
+     * (inv_freq [1, r], r <= head_dim / 2: the first 2 r dims of a head rotate, as in `rope`),
+     * then `kv_append` of k and v: q and k are rotated in place. */
     int (*rope_kv_append)(be_backend *be, be_tensor *q, be_tensor *k, const be_tensor *v,
                           const be_tensor *positions, const be_tensor *inv_freq, float mscale,
                           const be_kv_layer *layer, const be_paged_batch *batch, base_err *err);

@@ -149,28 +149,36 @@ static be_tensor act_tensor(const model *m, void *data, int64_t rows, int64_t co
     return (be_tensor){.data = data, .dtype = m->be->act_dtype, .rows = rows, .cols = cols};
 }
 
-/* The RoPE table of layer L: the local layers' own where the family has one. */
-static const be_tensor *layer_freqs(const model *m, const model_layer *L, float *mscale) {
+/* The RoPE table of layer L in a step whose other layers take `freqs` (NULL: each sequence
+ * its own): the local layers' own where the family has one. */
+static const be_tensor *layer_freqs(const model *m, const model_layer *L, const be_tensor *freqs,
+                                    float *mscale) {
     bool local = L->local && m->inv_freq_local.data;
     *mscale = local ? m->rope_local_mscale : m->rope_mscale;
-    return local ? &m->inv_freq_local : &m->inv_freq;
+    return local ? &m->inv_freq_local : freqs;
 }
 
-/* Whether layer L's table is the same for every sequence. */
-static bool layer_rope_static(const model *m, const model_layer *L) {
-    return (L->local && m->inv_freq_local.data) || model_rope_static(&m->cfg.rope_scaling);
+const be_tensor *model_step_freqs(const model *m, const be_paged_batch *hb) {
+    if (model_rope_static(&m->cfg.rope_scaling)) return &m->inv_freq;
+    int long_after = model_rope_long_after(&m->cfg);
+    if (long_after == 0 || hb->n_seqs == 0) return NULL;
+    bool first_long = hb->kv_len[0] > long_after;
+    for (int i = 1; i < hb->n_seqs; i++)
+        if ((hb->kv_len[i] > long_after) != first_long) return NULL;
+    return first_long ? &m->inv_freq : &m->inv_freq_short;
 }
 
-/* RoPE on q and k. Dynamic NTK and longrope scaling depend on each sequence's length, so they
- * run per sequence with that sequence's table; every other type uses the one static table. */
+/* RoPE on q and k with layer L's table of the step (layer_freqs); where there is none (dynamic
+ * NTK, longrope on both sides of its switch) each sequence runs with its own table. */
 static int apply_rope(model *m, const model_layer *L, const be_paged_batch *hb,
-                      const be_paged_batch *db, be_tensor *q, be_tensor *k, base_err *err) {
+                      const be_paged_batch *db, const be_tensor *step_freqs, be_tensor *q,
+                      be_tensor *k, base_err *err) {
     const io_model_config *c = &m->cfg;
     be_backend *be = m->be;
     int H = m->shard.n_heads, KV = m->shard.n_kv_heads, hd = c->head_dim;
-    if (layer_rope_static(m, L)) {
-        float mscale;
-        const be_tensor *freqs = layer_freqs(m, L, &mscale);
+    float mscale;
+    const be_tensor *freqs = layer_freqs(m, L, step_freqs, &mscale);
+    if (freqs) {
         be_tensor pos = {(void *)db->positions, BASE_DTYPE_I32, hb->n_tokens, 1};
         TRY(be->ops->rope(be, q, H, hd, &pos, freqs, mscale, err));
         return be->ops->rope(be, k, KV, hd, &pos, freqs, mscale, err);
@@ -183,7 +191,6 @@ static int apply_rope(model *m, const model_layer *L, const be_paged_batch *hb,
         s->cap_inv_freq_seqs = ns;
     }
     float *host = base_xmalloc((size_t)ns * table);
-    float mscale = 1.0f;
     for (int i = 0; i < ns; i++)
         model_rope_freqs(c, false, hb->kv_len[i], host + (size_t)i * half, &mscale);
     int rc = be->ops->upload(be, s->inv_freq, host, (size_t)ns * table, err);
@@ -193,20 +200,21 @@ static int apply_rope(model *m, const model_layer *L, const be_paged_batch *hb,
         int r0 = hb->q_indptr[i], nr = hb->q_indptr[i + 1] - r0;
         if (nr == 0) continue;
         /* Every sequence's scale is the same: it depends on the config alone. */
-        be_tensor freqs = {(char *)s->inv_freq + (size_t)i * table, BASE_DTYPE_F32, 1, half};
+        be_tensor tab = {(char *)s->inv_freq + (size_t)i * table, BASE_DTYPE_F32, 1, half};
         be_tensor pos = {(void *)(db->positions + r0), BASE_DTYPE_I32, nr, 1};
         be_tensor qs = be_tensor_rows(q, r0, nr), ks = be_tensor_rows(k, r0, nr);
-        rc = be->ops->rope(be, &qs, H, hd, &pos, &freqs, mscale, err);
-        if (!rc) rc = be->ops->rope(be, &ks, KV, hd, &pos, &freqs, mscale, err);
+        rc = be->ops->rope(be, &qs, H, hd, &pos, &tab, mscale, err);
+        if (!rc) rc = be->ops->rope(be, &ks, KV, hd, &pos, &tab, mscale, err);
     }
     return rc;
 }
 
-static int norm_per_head(model *m, be_tensor *t, int heads, const be_tensor *w, base_err *err) {
+/* t [rows, heads * d] seen as [rows * heads, d]. */
+static be_tensor per_head(const be_tensor *t, int heads) {
     be_tensor v = *t;
     v.rows = t->rows * heads;
     v.cols = t->cols / heads;
-    return m->be->ops->rmsnorm(m->be, &v, w, m->cfg.rms_norm_eps, &v, err);
+    return v;
 }
 
 /* x += d, then h = rmsnorm(x) * norm, or only the add when norm is NULL (the last layer: the
@@ -270,13 +278,31 @@ static int block_output(model *m, const be_tensor *post_norm, be_tensor *d, base
     return 0;
 }
 
-/* q and k normalized per head or over the whole projection (qk_norm). */
+/* q and k normalized per head or over the whole projection (qk_norm), in one op where the
+ * backend has the pair. */
 static int norm_qk(model *m, const model_layer *L, be_tensor *q, be_tensor *k, base_err *err) {
     const io_model_config *c = &m->cfg;
+    const be_ops *op = m->be->ops;
     if (c->qk_norm == IO_QK_NORM_NONE) return 0;
     bool head = c->qk_norm == IO_QK_NORM_HEAD;
-    TRY(norm_per_head(m, q, head ? m->shard.n_heads : 1, &L->q_norm, err));
-    return norm_per_head(m, k, head ? m->shard.n_kv_heads : 1, &L->k_norm, err);
+    be_tensor qv = per_head(q, head ? m->shard.n_heads : 1);
+    be_tensor kv = per_head(k, head ? m->shard.n_kv_heads : 1);
+    float eps = c->rms_norm_eps;
+    if (op->rmsnorm_pair)
+        return op->rmsnorm_pair(m->be, &qv, &L->q_norm, &qv, &kv, &L->k_norm, &kv, eps, err);
+    TRY(op->rmsnorm(m->be, &qv, &L->q_norm, eps, &qv, err));
+    return op->rmsnorm(m->be, &kv, &L->k_norm, eps, &kv, err);
+}
+
+/* x += d through the block's post norm (a family's post-attention or post-FFN norm), in one op
+ * where the backend fuses it and no residual multiplier comes between; false where the caller
+ * composes block_output and the add. */
+static bool post_norm_add(model *m, const be_tensor *post_norm, be_tensor *d, be_tensor *x, int *rc,
+                          base_err *err) {
+    const be_ops *op = m->be->ops;
+    if (!post_norm->data || m->cfg.residual_scale != 1.0f || !op->rmsnorm_add) return false;
+    *rc = op->rmsnorm_add(m->be, d, post_norm, m->cfg.rms_norm_eps, x, err);
+    return true;
 }
 
 /* What one layer's attention reads: the step's batch (host and backend copies: RoPE's
@@ -285,30 +311,29 @@ static int norm_qk(model *m, const model_layer *L, be_tensor *q, be_tensor *k, b
 typedef struct kv_layer_views {
     const be_paged_batch *host, *dev, *dev_group;
     const be_kv_layer *layer;
+    const be_tensor *freqs; /* the step's RoPE table (model_step.freqs) */
 } kv_layer_views;
 
 /* RoPE, the KV append and attention of layer L, fused where the backend and the layer allow:
- * the fused ops rotate whole heads with one static table. */
+ * the fused ops rotate with one static table (the first rotary_dim dims of each head). */
 static int rope_attend(model *m, const model_layer *L, const kv_layer_views *kv,
                        const be_decode_plan *plan, be_tensor *q, be_tensor *k, be_tensor *v,
                        be_tensor *att, base_err *err) {
     const be_paged_batch *hb = kv->host, *db = kv->dev, *kdb = kv->dev_group;
     const be_kv_layer *kvl = kv->layer;
-    const io_model_config *c = &m->cfg;
     const be_ops *op = m->be->ops;
     be_backend *be = m->be;
     int H = m->shard.n_heads;
     float mscale;
-    const be_tensor *freqs = layer_freqs(m, L, &mscale);
-    const bool fusable = layer_rope_static(m, L) && c->rotary_dim == c->head_dim;
+    const be_tensor *freqs = layer_freqs(m, L, kv->freqs, &mscale);
     be_tensor pos = {(void *)db->positions, BASE_DTYPE_I32, hb->n_tokens, 1};
-    if (op->rope_kv_attention && fusable)
+    if (op->rope_kv_attention && freqs)
         return op->rope_kv_attention(be, q, k, v, &pos, freqs, mscale, kvl, kdb, plan, H, L->attn,
                                      att, err);
-    if (op->rope_kv_append && fusable) {
+    if (op->rope_kv_append && freqs) {
         TRY(op->rope_kv_append(be, q, k, v, &pos, freqs, mscale, kvl, kdb, err));
     } else {
-        TRY(apply_rope(m, L, hb, db, q, k, err));
+        TRY(apply_rope(m, L, hb, db, kv->freqs, q, k, err));
         TRY(op->kv_append(be, kvl, k, v, kdb, err));
     }
     return op->attention(be, q, kvl, kdb, plan, H, L->attn, att, err);
@@ -345,6 +370,8 @@ static int attention_block(model *m, const model_layer *L, const kv_layer_views 
         return op->matmul_add(be, &att, &L->o, &x, err);
     TRY(op->matmul(be, &att, &L->o, &h, err));
     if (m->comm) TRY(m->comm->ops->all_reduce_sum(m->comm, be, &h, err));
+    int rc;
+    if (fold && post_norm_add(m, &L->post_attn_norm, &h, &x, &rc, err)) return rc;
     TRY(block_output(m, &L->post_attn_norm, &h, err));
     if (fold) return op->add(be, &x, &h, &x, err);
     return residual(m, opt_norm(&L->mlp_norm), &x, &h, &h, err);
@@ -382,6 +409,11 @@ static int mlp_block(model *m, const model_layer *L, int n, bool tail, base_err 
                   : op->matmul(be, &gate, &L->down, &d, err));
     }
     if (m->comm) TRY(m->comm->ops->all_reduce_sum(m->comm, be, &d, err));
+    int rc = 0;
+    if (fold && !added && post_norm_add(m, &L->post_mlp_norm, &d, &x, &rc, err)) {
+        TRY(rc);
+        added = true;
+    }
     if (!added) TRY(block_output(m, &L->post_mlp_norm, &d, err));
     if (fold) {
         if (!added) TRY(op->add(be, &x, &d, &x, err));
@@ -463,7 +495,7 @@ int model_forward_body(model *m, const model_step *st, base_err *err) {
     for (int l = 0; l < c->num_hidden_layers; l++) {
         bool local = kv_pool_layer_local(st->pool, l);
         kv_layer_views kv = {hb, st->dev, local ? st->dev_local : st->dev,
-                             kv_pool_layer(st->pool, l)};
+                             kv_pool_layer(st->pool, l), st->freqs};
         TRY(attention_block(m, &m->layers[l], &kv, st->plan, err));
         TRY(mlp_block(m, &m->layers[l], n, tail, err));
     }
@@ -510,8 +542,15 @@ static int forward(model *m, kv_pool *pool, const kv_batch *batch, const int32_t
     free(shard_ids);
     TRY(up);
     be_decode_plan plan;
-    model_step st = {pool,  hb,       &db,   kv_pool_has_local(pool) ? &dl : NULL,
-                     &plan, out_rows, n_out, hidden};
+    model_step st = {pool,
+                     hb,
+                     &db,
+                     kv_pool_has_local(pool) ? &dl : NULL,
+                     &plan,
+                     out_rows,
+                     n_out,
+                     hidden,
+                     model_step_freqs(m, hb)};
     if (model_graph_usable(m, &st)) return model_graph_step(m, &st, err);
     TRY(model_plan_step(m, pool, batch, &plan, err));
     return model_forward_body(m, &st, err);

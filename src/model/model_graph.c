@@ -25,7 +25,7 @@ bool model_graph_usable(const model *m, const model_step *st) {
     const be_paged_batch *hb = st->host;
     if (!op->capture_begin || !op->capture_end || !op->graph_launch || !op->graph_free)
         return false;
-    if (!model_rope_static(&m->cfg.rope_scaling) || st->hidden) return false;
+    if (!st->freqs || st->hidden) return false;
     if (hb->max_q_len != 1 || hb->n_tokens != hb->n_seqs || st->n_out != hb->n_tokens) return false;
     for (int i = 0; i < st->n_out; i++)
         if (st->out_rows[i] != i) return false;
@@ -38,7 +38,7 @@ static bool key_equal(const model_graph_key *a, const model_graph_key *b) {
            a->plan.kind == b->plan.kind && a->plan.pages_per_chunk == b->plan.pages_per_chunk &&
            a->plan.max_chunks == b->plan.max_chunks && a->plan.workspace == b->plan.workspace &&
            a->model_generation == b->model_generation &&
-           a->backend_generation == b->backend_generation;
+           a->backend_generation == b->backend_generation && a->freqs == b->freqs;
 }
 
 static void entry_clear(model *m, model_graph_entry *e) {
@@ -109,6 +109,7 @@ int model_graph_step(model *m, model_step *st, base_err *err) {
     key.plan = *st->plan;
     key.model_generation = m->s.generation;
     key.backend_generation = m->be->generation;
+    key.freqs = st->freqs;
     /* Unrecorded, the step still takes the bucket's plan: recording on or off gives the same
      * logits, bit for bit. */
     if (!graphs_enabled()) return model_forward_body(m, st, err);

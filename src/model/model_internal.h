@@ -53,6 +53,7 @@ typedef struct model_graph_key {
     uint64_t pages_at; /* byte offset of the page list in the step's arrays (model_scratch) */
     be_decode_plan plan;
     uint64_t model_generation, backend_generation;
+    const be_tensor *freqs; /* the step's RoPE table: longrope's short or long one */
 } model_graph_key;
 
 typedef struct model_graph_entry {
@@ -74,6 +75,10 @@ typedef struct model_step {
     const int32_t *out_rows; /* (n_out) */
     int n_out;
     bool hidden; /* stop at the output head's input (model_forward_hidden) */
+    /* The one RoPE table of the step's non-local layers (model_step_freqs), or NULL where
+     * each sequence takes its own (dynamic NTK; longrope with sequences on both sides of the
+     * switch to the long factors). */
+    const be_tensor *freqs;
 } model_step;
 
 struct model {
@@ -93,6 +98,8 @@ struct model {
     be_tensor inv_freq;       /* (1, rotary_dim / 2) F32, static RoPE table */
     float rope_mscale;        /* YaRN or longrope attention factor on cos/sin; 1 otherwise */
     be_tensor inv_freq_local; /* local layers' table where it differs (Gemma 3), else data NULL */
+    be_tensor inv_freq_short; /* longrope: the table within the pretrained length (inv_freq
+                               * then holds the long factors' one), else data NULL */
     float rope_local_mscale;
     const void **mapped; /* (n_mapped) backend copies of weights to free */
     int n_mapped, cap_mapped;
@@ -141,6 +148,9 @@ void model_rope_freqs(const io_model_config *cfg, bool local, int seq_len, float
                       float *mscale);
 /* Whether a scaling gives one table for every sequence. */
 bool model_rope_static(const io_rope_scaling *rs);
+/* longrope: the sequence length past which the long factors apply (transformers' switch);
+ * 0 for every other type. */
+int model_rope_long_after(const io_model_config *cfg);
 
 /* The decode plan for this step (model_plan.c), using the reserved workspace. */
 int model_plan_step(model *m, const kv_pool *pool, const kv_batch *batch, be_decode_plan *plan,
@@ -151,9 +161,11 @@ void model_plan_pages(model *m, int64_t n_decode, int64_t max_pages, be_decode_p
 /* Embedding to logits in backend memory (s.logits), the ops queued, not waited for
  * (model_forward.c). st->dev and st->plan must be final. */
 int model_forward_body(model *m, const model_step *st, base_err *err);
+/* The one RoPE table of a step's non-local layers (model_step.freqs), or NULL. */
+const be_tensor *model_step_freqs(const model *m, const be_paged_batch *hb);
 
 /* Whether this step can run as a recorded graph: the backend records, every row is a decode
- * row whose logits are wanted in order, RoPE is static (model_graph.c). */
+ * row whose logits are wanted in order, the step has one RoPE table (model_graph.c). */
 bool model_graph_usable(const model *m, const model_step *st);
 /* Plans the step for its length bucket (st->plan, st->dev->max_kv_len), then replays its
  * recording, records it, or runs it directly. */

@@ -451,11 +451,12 @@ static void model_warn_non_finite(const io_checkpoint *ck) {
     }
 }
 
-/* A RoPE table in backend memory, for `local` layers or the others. */
-static int rope_table(model *m, bool local, be_tensor *out, float *mscale, base_err *err) {
+/* A RoPE table in backend memory, for `local` layers or the others, of a sequence of seq_len. */
+static int rope_table(model *m, bool local, int seq_len, be_tensor *out, float *mscale,
+                      base_err *err) {
     int half = m->cfg.rotary_dim / 2;
     float *freqs = base_xmalloc((size_t)half * sizeof *freqs);
-    model_rope_freqs(&m->cfg, local, m->cfg.max_position_embeddings, freqs, mscale);
+    model_rope_freqs(&m->cfg, local, seq_len, freqs, mscale);
     int rc = upload_f32(m, freqs, half, out, err);
     free(freqs);
     return rc;
@@ -495,11 +496,16 @@ int model_load_shard(const char *dir, be_backend *be, int n_ranks, int rank, be_
         model_free(m);
         return -1;
     }
+    /* longrope's scale depends on the config alone: the short table's is the long one's. */
+    int max_pos = m->cfg.max_position_embeddings, long_after = model_rope_long_after(&m->cfg);
+    float short_mscale;
     if (io_checkpoint_open_dir(dir, &m->ck, err) || model_bind_weights(m, err) ||
         (n_ranks > 1 && model_shard_map(m, err)) ||
-        rope_table(m, false, &m->inv_freq, &m->rope_mscale, err) ||
+        rope_table(m, false, max_pos, &m->inv_freq, &m->rope_mscale, err) ||
+        (long_after > 0 &&
+         rope_table(m, false, long_after, &m->inv_freq_short, &short_mscale, err)) ||
         (m->cfg.rope_local_theta > 0 &&
-         rope_table(m, true, &m->inv_freq_local, &m->rope_local_mscale, err))) {
+         rope_table(m, true, max_pos, &m->inv_freq_local, &m->rope_local_mscale, err))) {
         model_free(m);
         return -1;
     }

@@ -71,11 +71,17 @@ static void rope_llama3(const io_rope_scaling *rs, int dim, double base, float *
 /* Phi-3's: the long factors once the sequence passes the pretrained length, as transformers
  * switches per forward call; cos and sin scaled by attention_factor, or by
  * sqrt(1 + ln(factor) / ln(original)) where factor defaults to max / original positions. */
+int model_rope_long_after(const io_model_config *cfg) {
+    const io_rope_scaling *rs = &cfg->rope_scaling;
+    if (rs->type != IO_ROPE_LONGROPE) return 0;
+    return rs->original_max_position_embeddings > 0 ? rs->original_max_position_embeddings
+                                                    : cfg->max_position_embeddings;
+}
+
 static void rope_longrope(const io_model_config *cfg, int dim, double base, int seq_len,
                           float *inv_freq, float *mscale) {
     const io_rope_scaling *rs = &cfg->rope_scaling;
-    double orig = rs->original_max_position_embeddings > 0 ? rs->original_max_position_embeddings
-                                                           : cfg->max_position_embeddings;
+    double orig = model_rope_long_after(cfg);
     double factor = rs->factor > 0 ? rs->factor : cfg->max_position_embeddings / orig;
     if (rs->attention_factor > 0)
         *mscale = rs->attention_factor;

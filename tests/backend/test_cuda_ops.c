@@ -1337,16 +1337,83 @@ static void test_add_rmsnorm(be_backend *be) {
     }
 }
 
+/* x += rmsnorm(d) * w against rmsnorm then add on the CPU; rows of 2560 and of 9000 (past the
+ * values a thread keeps in registers). d must come back unchanged. */
+static void test_rmsnorm_add(be_backend *be) {
+    const int rows = 3;
+    for (int a = 0; a < 6; a += 2) {
+        base_dtype dt = act_types[a % 3];
+        const int cols = a < 3 ? 2560 : 9000;
+        float *x = rand_rows(rows, cols), *d = rand_rows(rows, cols), *nd = rand_rows(rows, cols);
+        float *w = rand_rows(1, cols);
+        tc_round(x, (size_t)rows * cols, dt);
+        tc_round(d, (size_t)rows * cols, dt);
+        be_tensor tx = tc_tensor(be, x, dt, rows, cols), td = tc_tensor(be, d, dt, rows, cols);
+        be_tensor tw = tc_tensor(be, w, BASE_DTYPE_F32, 1, cols);
+        be_tensor cx = {x, BASE_DTYPE_F32, rows, cols}, cd = {d, BASE_DTYPE_F32, rows, cols};
+        be_tensor cn = {nd, BASE_DTYPE_F32, rows, cols}, cw = {w, BASE_DTYPE_F32, 1, cols};
+        base_err err = {{0}};
+        CHECK(cpu->ops->rmsnorm(cpu, &cd, &cw, 1e-6f, &cn, &err) == 0);
+        CHECK(cpu->ops->add(cpu, &cx, &cn, &cx, &err) == 0);
+        CHECK_MSG(be->ops->rmsnorm_add(be, &td, &tw, 1e-6f, &tx, &err) == 0, "%s", err.msg);
+        double ex = dev_err(be, &tx, x), ed = dev_err(be, &td, d);
+        CHECK_MSG(ex < tc_tol(dt) && ed == 0.0, "rmsnorm_add %s: x err %g, d changed by %g",
+                  base_dtype_name(dt), ex, ed);
+        be->ops->free(be, tx.data);
+        be->ops->free(be, td.data);
+        be->ops->free(be, tw.data);
+        free(x), free(d), free(nd), free(w);
+    }
+}
+
+/* q's and k's per-head norms in one pass against two rmsnorms on the CPU: 8 heads of 256 and
+ * 4 of 256 (Gemma 3's), 32 of 128 and 8 of 128, and whole rows of 2048 and 512 (OLMo 2's
+ * norm over the projection), in place as the forward pass runs them. */
+static void test_rmsnorm_pair(be_backend *be) {
+    const int rows = 3, shapes[3][3] = {{8, 4, 256}, {32, 8, 128}, {1, 1, 2048}};
+    for (int a = 0; a < 3; a++) {
+        base_dtype dt = act_types[a];
+        const int hq = shapes[a][0], hk = shapes[a][1], hd = shapes[a][2];
+        const int kd = a == 2 ? 512 : hd;
+        float *q = rand_rows(rows * hq, hd), *k = rand_rows(rows * hk, kd);
+        float *wq = rand_rows(1, hd), *wk = rand_rows(1, kd);
+        tc_round(q, (size_t)rows * hq * hd, dt);
+        tc_round(k, (size_t)rows * hk * kd, dt);
+        be_tensor tq = tc_tensor(be, q, dt, rows * hq, hd),
+                  tk = tc_tensor(be, k, dt, rows * hk, kd);
+        be_tensor twq = tc_tensor(be, wq, BASE_DTYPE_F32, 1, hd);
+        be_tensor twk = tc_tensor(be, wk, BASE_DTYPE_F32, 1, kd);
+        be_tensor cq = {q, BASE_DTYPE_F32, rows * hq, hd}, ck = {k, BASE_DTYPE_F32, rows * hk, kd};
+        be_tensor cwq = {wq, BASE_DTYPE_F32, 1, hd}, cwk = {wk, BASE_DTYPE_F32, 1, kd};
+        base_err err = {{0}};
+        CHECK(cpu->ops->rmsnorm(cpu, &cq, &cwq, 1e-6f, &cq, &err) == 0);
+        CHECK(cpu->ops->rmsnorm(cpu, &ck, &cwk, 1e-6f, &ck, &err) == 0);
+        CHECK_MSG(be->ops->rmsnorm_pair(be, &tq, &twq, &tq, &tk, &twk, &tk, 1e-6f, &err) == 0, "%s",
+                  err.msg);
+        double eq = dev_err(be, &tq, q), ek = dev_err(be, &tk, k);
+        CHECK_MSG(eq < tc_tol(dt) && ek < tc_tol(dt),
+                  "rmsnorm_pair %s %dx%d/%dx%d: q err %g, k err %g", base_dtype_name(dt), hq, hd,
+                  hk, kd, eq, ek);
+        be->ops->free(be, tq.data);
+        be->ops->free(be, tk.data);
+        be->ops->free(be, twq.data);
+        be->ops->free(be, twk.data);
+        free(q), free(k), free(wq), free(wk);
+    }
+}
+
 /* RoPE on q and k and the append of k and v against rope, rope and kv_append on the CPU. */
 static void test_rope_kv_append(be_backend *be) {
-    const int n = 3, H = 4, KV = 2, hd = 64, half = 32, bs = 16, nblocks = 4;
+    const int n = 3, H = 4, KV = 2, hd = 64, bs = 16, nblocks = 4;
     const int64_t width = KV * hd;
     int32_t pos[3] = {0, 9, 5000};
     int64_t slots[3] = {3 * 16 + 2, 1, 17};
     float inv[32];
-    for (int i = 0; i < half; i++) inv[i] = (float)pow(10000.0, -2.0 * i / hd);
-    for (int d = 0; d < 2; d++) {
-        base_dtype pdt = d ? BASE_DTYPE_BF16 : BASE_DTYPE_F16;
+    /* Whole heads, then partial RoPE: 48 of the 64 dims rotate (Phi-4-mini's 0.75). */
+    for (int d = 0; d < 4; d++) {
+        base_dtype pdt = d % 2 ? BASE_DTYPE_BF16 : BASE_DTYPE_F16;
+        const int half = d < 2 ? 32 : 24;
+        for (int i = 0; i < half; i++) inv[i] = (float)pow(10000.0, -2.0 * i / (2 * half));
         float *q = rand_rows(n, H * hd), *k = rand_rows(n, width), *v = rand_rows(n, width);
         size_t pool_elems = (size_t)nblocks * bs * width, bytes = pool_elems * 2;
         uint16_t *ck = calloc(pool_elems, 2), *cv = calloc(pool_elems, 2);
@@ -1371,7 +1438,8 @@ static void test_rope_kv_append(be_backend *be) {
         CHECK_MSG(cpu->ops->kv_append(cpu, &cl, &ckt, &cvt, &cb, &err) == 0, "%s", err.msg);
         double eq = dev_err(be, &tq, q), ek = dev_err(be, &tk, k);
         /* sincosf on the device and the CPU's sine and cosine differ in the last bits. */
-        CHECK_MSG(eq < 1e-4 && ek < 1e-4, "rope_kv_append q err %g, k err %g", eq, ek);
+        CHECK_MSG(eq < 1e-4 && ek < 1e-4, "rope_kv_append (%d of %d dims) q err %g, k err %g",
+                  2 * half, hd, eq, ek);
         be_tensor pk = {gl.k, pdt, (int64_t)pool_elems, 1},
                   pv = {gl.v, pdt, (int64_t)pool_elems, 1};
         float *rk = malloc(sizeof(float) * pool_elems), *rv = malloc(sizeof(float) * pool_elems);
@@ -1380,8 +1448,9 @@ static void test_rope_kv_append(be_backend *be) {
             rv[i] = base_load_float(cv, pdt, i);
         }
         double epk = dev_err(be, &pk, rk), epv = dev_err(be, &pv, rv);
-        CHECK_MSG(epk < tc_tol(pdt) && epv < 1e-7, "rope_kv_append %s pool: k err %g, v err %g",
-                  base_dtype_name(pdt), epk, epv);
+        CHECK_MSG(epk < tc_tol(pdt) && epv < 1e-7,
+                  "rope_kv_append %s (%d of %d dims) pool: k err %g, v err %g",
+                  base_dtype_name(pdt), 2 * half, hd, epk, epv);
         void *bufs[] = {gl.k, gl.v, tq.data, tk.data, tv.data, tp.data, tf.data, (void *)gb.slots};
         for (int i = 0; i < 8; i++) be->ops->free(be, bufs[i]);
         free(q), free(k), free(v), free(ck), free(cv), free(rk), free(rv);
@@ -1419,6 +1488,8 @@ int main(void) {
     test_gemv_wide_fused(be);
     test_gemv_down(be);
     test_add_rmsnorm(be);
+    test_rmsnorm_add(be);
+    test_rmsnorm_pair(be);
     test_rope_kv_append(be);
     cpu->ops->destroy(cpu);
     CHECK_MSG(be->ops->sync(be, &err) == 0, "%s", err.msg);

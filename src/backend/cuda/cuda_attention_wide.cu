@@ -446,7 +446,8 @@ int cuda_rope_kv_attention(be_backend *be, be_tensor *q, be_tensor *k, const be_
     if (cuda_rope_kv_check(q, k, v, positions, inv_freq, layer, batch, err) ||
         cuda_attention_check(q, layer, batch, n_heads, attn, out, err))
         return -1;
-    if (!batch->slots || batch->n_tokens == 0 ||
+    /* The wide kernel rotates whole heads; partial RoPE takes the separate append. */
+    if (!batch->slots || batch->n_tokens == 0 || 2 * inv_freq->cols != layer->head_dim ||
         !cuda_attention_wide_fits(be, layer, batch, n_heads, attn)) {
         if (cuda_rope_kv_append(be, q, k, v, positions, inv_freq, mscale, layer, batch, err))
             return -1;

@@ -71,6 +71,57 @@ int cuda_add_rmsnorm(be_backend *be, be_tensor *x, const be_tensor *d, const be_
                            weight->data, weight->dtype, eps, x->cols, y->data, y->dtype);
 }
 
+/* x += rmsnorm(d) * w, one block per row: a post-block norm and its residual add in one pass
+ * (Gemma's post-attention and post-FFN norms). Each thread keeps its first CUDA_ROW_VPT values
+ * of d in registers; the sum is stored rounded to x's dtype, as the composed ops would. */
+__global__ void rmsnorm_add_kernel(const void *d, base_dtype d_dt, const void *w, base_dtype w_dt,
+                                   float eps, int64_t cols, void *x, base_dtype x_dt) {
+    cuda_pdl_trigger();
+    const size_t base = (size_t)blockIdx.x * (size_t)cols;
+    const int64_t t = threadIdx.x, nt = blockDim.x;
+    float wv[CUDA_ROW_VPT], dv[CUDA_ROW_VPT];
+    cuda_row_weights(w, w_dt, cols, wv);
+    cuda_pdl_wait();
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CUDA_ROW_VPT; k++) {
+        dv[k] = t + k * nt < cols ? cuda_load(d, d_dt, base + t + k * nt) : 0.0f;
+        ss += dv[k] * dv[k];
+    }
+    for (int64_t c = t + CUDA_ROW_VPT * nt; c < cols; c += nt) {
+        const float v = cuda_load(d, d_dt, base + c);
+        ss += v * v;
+    }
+    const float inv = cuda_rms_inv(cuda_block_sum(ss), cols, eps);
+#pragma unroll
+    for (int k = 0; k < CUDA_ROW_VPT; k++) {
+        const size_t i = base + t + k * nt;
+        if (t + k * nt < cols) cuda_store(x, x_dt, i, cuda_load(x, x_dt, i) + dv[k] * inv * wv[k]);
+    }
+    for (int64_t c = t + CUDA_ROW_VPT * nt; c < cols; c += nt)
+        cuda_store(x, x_dt, base + c,
+                   cuda_load(x, x_dt, base + c) +
+                       cuda_load(d, d_dt, base + c) * inv * cuda_load(w, w_dt, c));
+}
+
+int cuda_rmsnorm_add(be_backend *be, const be_tensor *d, const be_tensor *weight, float eps,
+                     be_tensor *x, base_err *err) {
+    if (check_float(x, "rmsnorm_add x", err) || check_float(d, "rmsnorm_add d", err) ||
+        check_float(weight, "rmsnorm_add weight", err))
+        return -1;
+    if (d->rows != x->rows || d->cols != x->cols || weight->rows * weight->cols != x->cols)
+        return base_fail(err,
+                         "cuda: rmsnorm_add: x [%lld, %lld], d [%lld, %lld], weight of %lld values",
+                         (long long)x->rows, (long long)x->cols, (long long)d->rows,
+                         (long long)d->cols, (long long)(weight->rows * weight->cols));
+    if (x->rows == 0) return 0;
+    int64_t threads = ((x->cols + 127) / 128) * 32;
+    threads = threads < 32 ? 32 : (threads > 1024 ? 1024 : threads);
+    return cuda_launch_pdl(cuda_impl(be), rmsnorm_add_kernel, (unsigned)x->rows, (unsigned)threads,
+                           0, "rmsnorm_add", err, d->data, d->dtype, weight->data, weight->dtype,
+                           eps, x->cols, x->data, x->dtype);
+}
+
 /* ---- Q, K, V and gate/up GEMVs, with the RMSNorm before them ---- */
 
 static bool same_geometry(const be_linear *a, const be_linear *b) {
@@ -137,45 +188,51 @@ int cuda_matmul_glu(be_backend *be, const be_tensor *x, const be_norm *norm, con
 
 /* ---- RoPE + KV append ---- */
 
-/* One thread per (token, head, pair i) over q's heads, then k's: rotates x[i] with x[i + half]
- * as rope_kernel does (F32 angle, accurate sincosf); a k head's thread also writes the rotated
- * pair and v's pair into the pool at the token's slot (none for a negative slot). Positions
+/* One thread per (token, head, unit i < head_dim / 2) over q's heads, then k's. With rh pairs
+ * rotated (the table's width; rh < head_dim / 2 for partial RoPE), unit i < rh rotates x[i]
+ * with x[i + rh] as rope_kernel does (F32 angle, accurate sincosf), and unit i >= rh owns the
+ * two unrotated dims 2 rh + 2 (i - rh) and the next. A k head's thread also writes its two
+ * dims of k and of v into the pool at the token's slot (none for a negative slot). Positions
  * and frequencies come from copies made before the step's first kernel, so a thread's first
  * angle is computed before the wait for the GEMV that writes q, k and v. */
 __global__ void rope_kv_append_kernel(void *q, base_dtype q_dt, void *k, base_dtype k_dt,
                                       const void *v, base_dtype v_dt, int n_heads, int n_kv_heads,
-                                      int head_dim, int64_t n, const int32_t *pos,
+                                      int head_dim, int rh, int64_t n, const int32_t *pos,
                                       const float *inv_freq, float mscale, void *kp, void *vp,
                                       base_dtype pool_dt, const int64_t *slots) {
     cuda_pdl_trigger();
     const int half = head_dim / 2, heads = n_heads + n_kv_heads;
     const int64_t total = n * heads * half, first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     float s = 0.0f, c = 0.0f;
-    if (first < total)
+    if (first < total && first % half < rh)
         cuda_rope_sincos(pos[first / half / heads], inv_freq[first % half], mscale, &s, &c);
     cuda_pdl_wait();
     for (int64_t i = first; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         const int p = (int)(i % half);
         const int64_t th = i / half, t = th / heads;
         const int h = (int)(th % heads);
-        if (i != first) cuda_rope_sincos(pos[t], inv_freq[p], mscale, &s, &c);
-        const bool is_q = h < n_heads;
+        const bool rotate = p < rh, is_q = h < n_heads;
+        if (!rotate && is_q) continue;
         void *x = is_q ? q : k;
         const base_dtype dt = is_q ? q_dt : k_dt;
         const int64_t width = (int64_t)(is_q ? n_heads : n_kv_heads) * head_dim;
         const size_t off = (size_t)(t * width + (int64_t)(is_q ? h : h - n_heads) * head_dim);
-        const float2 r =
-            cuda_rope_rotate(cuda_load(x, dt, off + p), cuda_load(x, dt, off + p + half), s, c);
-        cuda_store(x, dt, off + p, r.x);
-        cuda_store(x, dt, off + p + half, r.y);
+        const int a = rotate ? p : 2 * p, b = rotate ? p + rh : 2 * p + 1;
+        if (rotate) {
+            if (i != first) cuda_rope_sincos(pos[t], inv_freq[p], mscale, &s, &c);
+            const float2 r =
+                cuda_rope_rotate(cuda_load(x, dt, off + a), cuda_load(x, dt, off + b), s, c);
+            cuda_store(x, dt, off + a, r.x);
+            cuda_store(x, dt, off + b, r.y);
+        }
         if (is_q || slots[t] < 0) continue;
         /* The pool holds k as stored in k's dtype, as kv_append after rope would copy it. */
         const size_t po =
             (size_t)((uint64_t)slots[t] * (uint64_t)width + (uint64_t)(off - (size_t)(t * width)));
-        cuda_store(kp, pool_dt, po + p, cuda_load(x, dt, off + p));
-        cuda_store(kp, pool_dt, po + p + half, cuda_load(x, dt, off + p + half));
-        cuda_store(vp, pool_dt, po + p, cuda_load(v, v_dt, off + p));
-        cuda_store(vp, pool_dt, po + p + half, cuda_load(v, v_dt, off + p + half));
+        cuda_store(kp, pool_dt, po + a, cuda_load(x, dt, off + a));
+        cuda_store(kp, pool_dt, po + b, cuda_load(x, dt, off + b));
+        cuda_store(vp, pool_dt, po + a, cuda_load(v, v_dt, off + a));
+        cuda_store(vp, pool_dt, po + b, cuda_load(v, v_dt, off + b));
     }
 }
 
@@ -193,8 +250,8 @@ int cuda_rope_kv_check(const be_tensor *q, const be_tensor *k, const be_tensor *
     const int hd = layer->head_dim, kvh = layer->n_kv_heads;
     const int64_t n = q->rows, width = (int64_t)kvh * hd;
     if (hd % 2 || q->cols % hd || k->cols != width || v->cols != width || k->rows != n ||
-        v->rows != n || positions->rows != n || n != batch->n_tokens ||
-        inv_freq->rows * inv_freq->cols != hd / 2)
+        v->rows != n || positions->rows != n || n != batch->n_tokens || inv_freq->rows != 1 ||
+        inv_freq->cols < 1 || inv_freq->cols > hd / 2)
         return base_fail(err,
                          "cuda: rope_kv_append: q [%lld, %lld], k [%lld, %lld], v [%lld, %lld] "
                          "for %d tokens, %d kv heads of %d",
@@ -217,7 +274,7 @@ int cuda_rope_kv_append(be_backend *be, be_tensor *q, be_tensor *k, const be_ten
     if (blocks > 1048576) blocks = 1048576;
     return cuda_launch_pdl(cuda_impl(be), rope_kv_append_kernel, (unsigned)blocks, 256, 0,
                            "rope_kv_append", err, q->data, q->dtype, k->data, k->dtype, v->data,
-                           v->dtype, heads, kvh, hd, n, (const int32_t *)positions->data,
-                           (const float *)inv_freq->data, mscale, layer->k, layer->v, layer->dtype,
-                           batch->slots);
+                           v->dtype, heads, kvh, hd, (int)inv_freq->cols, n,
+                           (const int32_t *)positions->data, (const float *)inv_freq->data, mscale,
+                           layer->k, layer->v, layer->dtype, batch->slots);
 }

@@ -396,6 +396,11 @@ int cuda_capture_begin(be_backend *be, base_err *err);
 int cuda_capture_end(be_backend *be, be_graph **graph, base_err *err);
 int cuda_graph_launch(be_backend *be, be_graph *graph, base_err *err);
 void cuda_graph_free(be_backend *be, be_graph *graph);
+int cuda_rmsnorm_add(be_backend *be, const be_tensor *d, const be_tensor *weight, float eps,
+                     be_tensor *x, base_err *err);
+int cuda_rmsnorm_pair(be_backend *be, const be_tensor *xa, const be_tensor *wa, be_tensor *ya,
+                      const be_tensor *xb, const be_tensor *wb, be_tensor *yb, float eps,
+                      base_err *err);
 int cuda_add_rmsnorm(be_backend *be, be_tensor *x, const be_tensor *d, const be_tensor *weight,
                      float eps, be_tensor *y, base_err *err);
 int cuda_matmul_qkv(be_backend *be, const be_tensor *x, const be_norm *norm,

@@ -74,46 +74,80 @@ int cuda_embedding(be_backend *be, const be_linear *table, const be_tensor *ids,
 
 /* ---- RMSNorm ---- */
 
-/* One block per row; the weights load before the wait (they depend on no kernel) and each
- * thread keeps its first CUDA_ROW_VPT values of x in registers. y may alias x. */
-__global__ void rmsnorm_kernel(const void *x, base_dtype x_dt, const void *w, base_dtype w_dt,
-                               float eps, int64_t cols, void *y, base_dtype y_dt) {
+/* One RMSNorm of the rmsnorm kernel: rows of cols values of x into y, with weight w. */
+struct rms_part {
+    const void *x, *w;
+    void *y;
+    base_dtype x_dt, w_dt, y_dt;
+    int64_t rows, cols;
+};
+
+/* One block per row of a's rows, then of b's (b.rows 0 for a single norm); the weights load
+ * before the wait (they depend on no kernel) and each thread keeps its first CUDA_ROW_VPT values
+ * of x in registers. y may alias x. */
+__global__ void rmsnorm_kernel(rms_part a, rms_part b, float eps) {
     cuda_pdl_trigger();
-    const size_t base = (size_t)blockIdx.x * (size_t)cols;
-    const int64_t t = threadIdx.x, nt = blockDim.x;
+    const bool first = blockIdx.x < a.rows;
+    const rms_part &p = first ? a : b;
+    const size_t base = (size_t)(first ? blockIdx.x : blockIdx.x - a.rows) * (size_t)p.cols;
+    const int64_t t = threadIdx.x, nt = blockDim.x, cols = p.cols;
     float wv[CUDA_ROW_VPT], xv[CUDA_ROW_VPT];
-    cuda_row_weights(w, w_dt, cols, wv);
+    cuda_row_weights(p.w, p.w_dt, cols, wv);
     cuda_pdl_wait();
     float ss = 0.0f;
 #pragma unroll
     for (int k = 0; k < CUDA_ROW_VPT; k++) {
-        xv[k] = t + k * nt < cols ? cuda_load(x, x_dt, base + t + k * nt) : 0.0f;
+        xv[k] = t + k * nt < cols ? cuda_load(p.x, p.x_dt, base + t + k * nt) : 0.0f;
         ss += xv[k] * xv[k];
     }
     for (int64_t c = t + CUDA_ROW_VPT * nt; c < cols; c += nt) {
-        const float v = cuda_load(x, x_dt, base + c);
+        const float v = cuda_load(p.x, p.x_dt, base + c);
         ss += v * v;
     }
     const float inv = cuda_rms_inv(cuda_block_sum(ss), cols, eps);
-    cuda_row_store_normed(y, y_dt, x, x_dt, w, w_dt, xv, wv, base, cols, inv);
+    cuda_row_store_normed(p.y, p.y_dt, p.x, p.x_dt, p.w, p.w_dt, xv, wv, base, cols, inv);
 }
 
-int cuda_rmsnorm(be_backend *be, const be_tensor *x, const be_tensor *weight, float eps,
-                 be_tensor *y, base_err *err) {
+static int rms_part_of(const be_tensor *x, const be_tensor *weight, be_tensor *y, rms_part *p,
+                       base_err *err) {
     if (check_float(x, "rmsnorm input", err) || check_float(y, "rmsnorm output", err) ||
         check_float(weight, "rmsnorm weight", err) || same_shape(x, y, "rmsnorm", err))
         return -1;
     if (weight->rows * weight->cols != x->cols)
         return base_fail(err, "cuda: rmsnorm: weight has %lld values for %lld columns",
                          (long long)(weight->rows * weight->cols), (long long)x->cols);
-    if (x->rows == 0) return 0;
-    /* About four values a thread: a loop of dependent loads was the kernel's whole time (16 us
-     * for one row of 4096 at 256 threads on the H200). */
-    int64_t threads = ((x->cols + 127) / 128) * 32;
+    *p = rms_part{x->data,       weight->data, y->data, x->dtype,
+                  weight->dtype, y->dtype,     x->rows, x->cols};
+    return 0;
+}
+
+/* About four values a thread of the widest row: a loop of dependent loads was the kernel's
+ * whole time (16 us for one row of 4096 at 256 threads on the H200). */
+static int rmsnorm_launch(be_backend *be, const rms_part &a, const rms_part &b, float eps,
+                          base_err *err) {
+    if (a.rows + b.rows == 0) return 0;
+    const int64_t cols = a.cols > b.cols ? a.cols : b.cols;
+    int64_t threads = ((cols + 127) / 128) * 32;
     threads = threads < 32 ? 32 : (threads > 1024 ? 1024 : threads);
-    return cuda_launch_pdl(cuda_impl(be), rmsnorm_kernel, (unsigned)x->rows, (unsigned)threads, 0,
-                           "rmsnorm", err, x->data, x->dtype, weight->data, weight->dtype, eps,
-                           x->cols, y->data, y->dtype);
+    return cuda_launch_pdl(cuda_impl(be), rmsnorm_kernel, (unsigned)(a.rows + b.rows),
+                           (unsigned)threads, 0, "rmsnorm", err, a, b, eps);
+}
+
+int cuda_rmsnorm(be_backend *be, const be_tensor *x, const be_tensor *weight, float eps,
+                 be_tensor *y, base_err *err) {
+    rms_part a, none = {};
+    if (rms_part_of(x, weight, y, &a, err)) return -1;
+    return rmsnorm_launch(be, a, none, eps, err);
+}
+
+int cuda_rmsnorm_pair(be_backend *be, const be_tensor *xa, const be_tensor *wa, be_tensor *ya,
+                      const be_tensor *xb, const be_tensor *wb, be_tensor *yb, float eps,
+                      base_err *err) {
+    rms_part a, b;
+    if (rms_part_of(xa, wa, ya, &a, err) || rms_part_of(xb, wb, yb, &b, err)) return -1;
+    if (a.rows + b.rows > INT32_MAX)
+        return base_fail(err, "cuda: rmsnorm: %lld rows", (long long)(a.rows + b.rows));
+    return rmsnorm_launch(be, a, b, eps, err);
 }
 
 /* ---- add, glu, scale, softcap ---- */
