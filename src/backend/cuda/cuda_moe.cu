@@ -28,10 +28,8 @@
 
 #include <limits.h>
 
-/* Warps of a CTA: each owns an output feature (glu, down), or in the route's CTA of a row an
- * expert at a time (its dots run one after the other, so more warps finish the row sooner). */
-#define MOE_WARPS       8
-#define MOE_ROUTE_WARPS 32
+/* Warps of a CTA: each owns an output feature (glu, down) or a router logit. */
+#define MOE_WARPS 8
 /* Experts a router may have: a lane marks the experts it has chosen in one 32-bit mask. */
 #define MOE_MAX_EXPERTS 1024
 /* Pairs a warp of the grouped kernels serves per pass over its weight row. */
@@ -94,6 +92,19 @@ __device__ __forceinline__ void moe_load8(const moe_mat &m, int64_t row, int64_t
         return;
     }
     const float s = cuda_load(m.s, m.dt, g), b = cuda_load(m.b, m.dt, g);
+    /* 4 and 8 bits: the eight codes are one word or two, taken whole (the same codes as
+     * cuda_quant_value's, with one load per word instead of one per value). */
+    if (m.bits == 4 || m.bits == 8) {
+        const int per = 32 / m.bits;
+        const uint32_t w0 = words[c0 / per], w1 = m.bits == 8 ? words[c0 / per + 1] : 0u;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const uint32_t q =
+                m.bits == 4 ? (w0 >> (4 * k)) & 15u : ((k < 4 ? w0 : w1) >> (8 * (k & 3))) & 255u;
+            v[k] = fmaf(s, (float)q, b);
+        }
+        return;
+    }
 #pragma unroll
     for (int k = 0; k < 8; k++) v[k] = fmaf(s, (float)cuda_quant_value(words, c0 + k, m.bits), b);
 }
@@ -104,6 +115,9 @@ __device__ __forceinline__ float moe_dot(const moe_mat &m, int64_t row, const vo
                                          base_dtype x_dt, size_t x0) {
     const int lane = threadIdx.x & 31;
     float acc = 0.0f;
+    /* Unrolled so that the next steps' weight loads are in flight while one step sums: a warp
+     * walks only a few steps of a row, and one load at a time left it waiting on each. */
+#pragma unroll 4
     for (int64_t c0 = (int64_t)lane * 8; c0 < m.in; c0 += 32 * 8) {
         float w[8];
         moe_load8(m, row, c0, w);
@@ -131,22 +145,27 @@ __device__ __forceinline__ float moe_act(be_act act, float g, float u) {
     return g / (1.0f + expf(-g)) * u;
 }
 
-/* One CTA per row r: logits into shared memory, then warp 0 routes. Expert e belongs to lane
- * e % 32 for the top-k, which picks, top_k times, the largest logit not yet taken, ties to the
- * lower expert: a NaN logit counts as -inf there (its row's weights are NaN whichever experts
- * are taken, as on the CPU), so every pick is a valid expert. */
-__global__ void __launch_bounds__(MOE_ROUTE_WARPS * 32)
-    moe_route_kernel(moe_mat router, const void *x, base_dtype x_dt, int n_experts, int top_k,
-                     bool norm_topk, int32_t *ids, float *wts) {
-    extern __shared__ float logits[];
+/* Warp (blockIdx.y, warp) owns expert e of row r = blockIdx.x (rows on x, whose grid reaches
+ * 2^31 - 1): lg[r, e] = x'[r] . router[e] +
+ * bias. The logits of a row spread over CTAs: one CTA alone took 66 us a layer for 128 experts
+ * of 2048 (Qwen3-30B-A3B's router) on the H200. */
+__global__ void __launch_bounds__(MOE_WARPS * 32)
+    moe_logits_kernel(moe_mat router, const void *x, base_dtype x_dt, int n_experts, float *lg) {
+    const int64_t e = (int64_t)blockIdx.y * MOE_WARPS + (threadIdx.x >> 5), r = blockIdx.x;
+    if (e >= n_experts) return;
+    const float v = moe_dot(router, e, x, x_dt, (size_t)r * (size_t)router.in);
+    if ((threadIdx.x & 31) == 0) lg[r * n_experts + e] = v + moe_bias(router, e);
+}
+
+/* One warp per row r routes from the row's logits. Expert e belongs to lane e % 32 for the
+ * top-k, which picks, top_k times, the largest logit not yet taken, ties to the lower expert: a
+ * NaN logit counts as -inf there (its row's weights are NaN whichever experts are taken, as on
+ * the CPU), so every pick is a valid expert. */
+__global__ void __launch_bounds__(32) moe_route_kernel(const float *lg, int n_experts, int top_k,
+                                                       bool norm_topk, int32_t *ids, float *wts) {
     const int64_t r = blockIdx.x;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int e = warp; e < n_experts; e += MOE_ROUTE_WARPS) {
-        const float v = moe_dot(router, e, x, x_dt, (size_t)r * (size_t)router.in);
-        if (lane == 0) logits[e] = v + moe_bias(router, e);
-    }
-    __syncthreads();
-    if (warp != 0) return;
+    const int lane = threadIdx.x;
+    const float *logits = lg + r * n_experts;
     /* max ignores NaN, as the CPU's comparison does */
     float mx = -INFINITY;
     for (int e = lane; e < n_experts; e += 32) mx = fmaxf(mx, logits[e]);
@@ -397,26 +416,30 @@ static int moe_scratch_grow(be_backend *be, int64_t pairs, size_t bytes, base_er
     return cuda_scratch(be, &c->moe_buf, &c->moe_bytes, bytes, "moe", err);
 }
 
-/* The scratch: h [pairs, inter] and d [pairs, out] F32 (d on the grouped path), the pairs'
- * weights (F32), experts (I32) and order (I32), the experts' offsets (I32, n_experts + 1). */
+/* The scratch: h [pairs, inter] and d [pairs, out] F32 (d on the grouped path), the router
+ * logits [rows, n_experts] F32, the pairs' weights (F32), experts (I32) and order (I32), the
+ * experts' offsets (I32, n_experts + 1). */
 struct moe_bufs {
-    float *h, *d, *wts;
+    float *h, *d, *lg, *wts;
     int32_t *ids, *order, *off;
 };
 
-static size_t moe_scratch_bytes(int64_t pairs, int64_t inter, int64_t out, int n_experts) {
+static size_t moe_scratch_bytes(int64_t rows, int64_t pairs, int64_t inter, int64_t out,
+                                int n_experts) {
     return (size_t)pairs * ((size_t)(inter + out) * sizeof(float) + 3 * sizeof(int32_t)) +
+           (size_t)rows * (size_t)n_experts * sizeof(float) +
            (size_t)(n_experts + 1) * sizeof(int32_t);
 }
 
-static int moe_scratch(be_backend *be, int64_t pairs, int64_t inter, int64_t out, int n_experts,
-                       moe_bufs *b, base_err *err) {
+static int moe_scratch(be_backend *be, int64_t rows, int64_t pairs, int64_t inter, int64_t out,
+                       int n_experts, moe_bufs *b, base_err *err) {
     cuda_backend *c = cuda_impl(be);
-    const size_t bytes = moe_scratch_bytes(pairs, inter, out, n_experts);
+    const size_t bytes = moe_scratch_bytes(rows, pairs, inter, out, n_experts);
     if (bytes > c->moe_bytes && moe_scratch_grow(be, pairs, bytes, err)) return -1;
     b->h = (float *)c->moe_buf;
     b->d = b->h + pairs * inter;
-    b->wts = b->d + pairs * out;
+    b->lg = b->d + pairs * out;
+    b->wts = b->lg + rows * n_experts;
     b->ids = (int32_t *)(b->wts + pairs);
     b->order = b->ids + pairs;
     b->off = b->order + pairs;
@@ -433,11 +456,14 @@ int cuda_moe(be_backend *be, const be_tensor *x, const be_norm *norm, const be_m
     if (pairs > INT32_MAX)
         return base_fail(err, "cuda: moe: %lld rows of %d experts each", (long long)n, K);
     moe_bufs b;
-    if (moe_scratch(be, pairs, inter, out, E, &b, err)) return -1;
+    if (moe_scratch(be, n, pairs, inter, out, E, &b, err)) return -1;
     cudaStream_t st = cuda_impl(be)->stream;
 
-    moe_route_kernel<<<(unsigned)n, MOE_ROUTE_WARPS * 32, (size_t)E * sizeof(float), st>>>(
-        moe_mat_of(moe->router), x->data, x->dtype, E, K, moe->norm_topk, b.ids, b.wts);
+    const dim3 lg_grid((unsigned)n, (unsigned)((E + MOE_WARPS - 1) / MOE_WARPS));
+    moe_logits_kernel<<<lg_grid, MOE_WARPS * 32, 0, st>>>(moe_mat_of(moe->router), x->data,
+                                                          x->dtype, E, b.lg);
+    if (cuda_check_launch("moe router", err)) return -1;
+    moe_route_kernel<<<(unsigned)n, 32, 0, st>>>(b.lg, E, K, moe->norm_topk, b.ids, b.wts);
     if (cuda_check_launch("moe route", err)) return -1;
     const moe_mat gate = moe_mat_of(moe->gate), up = moe_mat_of(moe->up),
                   down = moe_mat_of(moe->down);
