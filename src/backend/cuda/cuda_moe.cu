@@ -3,10 +3,10 @@
  * holds it still records as a graph. On the backend's stream, for at most as many (row, expert)
  * pairs as there are experts (decode):
  *
- * 1. route: one CTA per row computes the row's router logits (a warp per expert), the softmax
- *    over all experts in F32 and the top_k (ties to the lower expert), renormalized with
- *    norm_topk, exactly as the CPU's route_row; it writes each (row, slot) pair's expert and
- *    weight into the scratch.
+ * 1. route: the router logits, a warp per (row, expert) over many CTAs, into the scratch; then
+ *    a warp per row takes the softmax over all experts in F32 and the top_k (ties to the lower
+ *    expert), renormalized with norm_topk, exactly as the CPU's route_row, and writes each
+ *    (row, slot) pair's expert and weight into the scratch.
  * 2. glu: a warp per (pair, intermediate feature) computes act(x' gate_e^T) * (x' up_e^T) of
  *    the pair's expert e, into the scratch.
  * 3. down: a warp per (row, output feature) computes down_e of each of the row's pairs and
@@ -115,8 +115,8 @@ __device__ __forceinline__ float moe_dot(const moe_mat &m, int64_t row, const vo
                                          base_dtype x_dt, size_t x0) {
     const int lane = threadIdx.x & 31;
     float acc = 0.0f;
-    /* Unrolled so that the next steps' weight loads are in flight while one step sums: a warp
-     * walks only a few steps of a row, and one load at a time left it waiting on each. */
+    /* Unrolled so that several steps' weight loads may be in flight at once: a warp walks only
+     * a few steps of a row (with the word-wide 4-bit codes, under 10% faster on the H200). */
 #pragma unroll 4
     for (int64_t c0 = (int64_t)lane * 8; c0 < m.in; c0 += 32 * 8) {
         float w[8];
@@ -146,9 +146,8 @@ __device__ __forceinline__ float moe_act(be_act act, float g, float u) {
 }
 
 /* Warp (blockIdx.y, warp) owns expert e of row r = blockIdx.x (rows on x, whose grid reaches
- * 2^31 - 1): lg[r, e] = x'[r] . router[e] +
- * bias. The logits of a row spread over CTAs: one CTA alone took 66 us a layer for 128 experts
- * of 2048 (Qwen3-30B-A3B's router) on the H200. */
+ * 2^31 - 1): lg[r, e] = x'[r] . router[e] + bias. The logits of a row spread over CTAs: one CTA
+ * alone took 66 us a layer for 128 experts of 2048 (Qwen3-30B-A3B's router) on the H200. */
 __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_logits_kernel(moe_mat router, const void *x, base_dtype x_dt, int n_experts, float *lg) {
     const int64_t e = (int64_t)blockIdx.y * MOE_WARPS + (threadIdx.x >> 5), r = blockIdx.x;
