@@ -1,7 +1,9 @@
 /* The CUDA backend's moe op against the CPU backend's on the same random inputs: stacked
  * experts in BF16, 4-bit affine (groups of 64), 8-bit affine (groups of 32) and MXFP4; 8
- * experts, top 2, 1, 5 and 33 rows (one row takes the per-pair kernels, five and more the
- * kernels grouped by expert); each activation; norm_topk on and off; with and without the
+ * experts, top 2, 1, 3, 5, 33 and 80 rows (BF16 and MXFP4: up to 4 rows the per-pair kernels,
+ * from 5 the kernels grouped by expert; 4- and 8-bit: the decode GEMV's MoE jobs up to 64 rows,
+ * grouped from there); then a wider layer of 16 experts, top 6, in 4 and 8 bits, whose rows span
+ * several of the GEMV's chunks; each activation; norm_topk on and off; with and without the
  * router's and the experts' biases; with and without the RMSNorm before. Then the op recorded
  * as a graph and replayed on both paths, its scratch refusing to grow while recording, and
  * its argument checks. Skipped when no CUDA device is present.
@@ -23,10 +25,6 @@
 
 #define TOL_EXACT   1e-5
 #define TOL_CPU_INT 5e-4
-#define EXPERTS     8
-#define TOP_K       2
-#define HIDDEN      256
-#define INTER       128
 #define NORM_EPS    1e-5f
 
 typedef enum { FMT_BF16, FMT_Q4_G64, FMT_Q8_G32, FMT_MXFP4, FMT_COUNT } fmt;
@@ -34,6 +32,14 @@ typedef enum { FMT_BF16, FMT_Q4_G64, FMT_Q8_G32, FMT_MXFP4, FMT_COUNT } fmt;
 static const char *fmt_name[FMT_COUNT] = {"bf16", "q4_g64", "q8_g32", "mxfp4"};
 
 static be_backend *cpu;
+
+/* The layer's shape, one at a time (test_vs_cpu walks them). */
+typedef struct shape {
+    int experts, top_k;
+    int64_t hidden, inter;
+} shape;
+
+static shape G = {8, 2, 256, 128};
 
 /* A linear layer in host memory (for the CPU backend) and its device copy. */
 typedef struct mlin {
@@ -123,26 +129,26 @@ static void free_mlin(be_backend *be, mlin *L) {
 typedef struct layer {
     mlin router, gate, up, down;
     be_moe host, dev;
-    float norm_w[HIDDEN];
+    float *norm_w; /* [hidden] */
 } layer;
 
 static void make_layer(be_backend *be, layer *ly, fmt f, bool router_bias, bool expert_bias,
                        be_act act, bool norm_topk) {
     /* The MXFP4 checkpoints (gpt-oss MXFP4-Q8) keep an 8-bit router. */
-    make_mlin(be, &ly->router, f == FMT_MXFP4 ? FMT_Q8_G32 : f, EXPERTS, HIDDEN, 0.15f,
+    make_mlin(be, &ly->router, f == FMT_MXFP4 ? FMT_Q8_G32 : f, G.experts, G.hidden, 0.15f,
               router_bias);
     /* SwiGLU's clamp at 7 is reached with larger gate/up values. */
     const float amp = act == BE_ACT_SWIGLU_OAI ? 0.5f : 0.12f;
-    make_mlin(be, &ly->gate, f, EXPERTS * INTER, HIDDEN, amp, expert_bias);
-    make_mlin(be, &ly->up, f, EXPERTS * INTER, HIDDEN, amp, expert_bias);
-    make_mlin(be, &ly->down, f, EXPERTS * HIDDEN, INTER, 0.12f, expert_bias);
+    make_mlin(be, &ly->gate, f, G.experts * G.inter, G.hidden, amp, expert_bias);
+    make_mlin(be, &ly->up, f, G.experts * G.inter, G.hidden, amp, expert_bias);
+    make_mlin(be, &ly->down, f, G.experts * G.hidden, G.inter, 0.12f, expert_bias);
     ly->host = (be_moe){&ly->router.host,
                         &ly->gate.host,
                         &ly->up.host,
                         &ly->down.host,
-                        EXPERTS,
-                        TOP_K,
-                        INTER,
+                        G.experts,
+                        G.top_k,
+                        G.inter,
                         norm_topk,
                         act,
                         0,
@@ -152,7 +158,8 @@ static void make_layer(be_backend *be, layer *ly, fmt f, bool router_bias, bool 
     ly->dev.gate = &ly->gate.dev;
     ly->dev.up = &ly->up.dev;
     ly->dev.down = &ly->down.dev;
-    for (int i = 0; i < HIDDEN; i++) ly->norm_w[i] = 1.0f + 0.5f * tc_uniform();
+    ly->norm_w = malloc(sizeof(float) * (size_t)G.hidden);
+    for (int i = 0; i < G.hidden; i++) ly->norm_w[i] = 1.0f + 0.5f * tc_uniform();
 }
 
 static void free_layer(be_backend *be, layer *ly) {
@@ -160,17 +167,18 @@ static void free_layer(be_backend *be, layer *ly) {
     free_mlin(be, &ly->gate);
     free_mlin(be, &ly->up);
     free_mlin(be, &ly->down);
+    free(ly->norm_w);
 }
 
 /* y of n rows of x through the CPU backend (host memory; with the norm when `normed`). */
 static float *run_cpu(const layer *ly, const float *x, int n, bool normed) {
-    float *y = malloc(sizeof(float) * (size_t)n * HIDDEN);
-    float *xs = malloc(sizeof(float) * (size_t)n * HIDDEN);
-    memcpy(xs, x, sizeof(float) * (size_t)n * HIDDEN);
-    float *scratch = malloc(sizeof(float) * (size_t)n * HIDDEN);
-    be_tensor tx = {xs, BASE_DTYPE_F32, n, HIDDEN}, ty = {y, BASE_DTYPE_F32, n, HIDDEN};
-    be_tensor tw = {(void *)ly->norm_w, BASE_DTYPE_F32, 1, HIDDEN};
-    be_tensor ts = {scratch, BASE_DTYPE_F32, n, HIDDEN};
+    float *y = malloc(sizeof(float) * (size_t)n * G.hidden);
+    float *xs = malloc(sizeof(float) * (size_t)n * G.hidden);
+    memcpy(xs, x, sizeof(float) * (size_t)n * G.hidden);
+    float *scratch = malloc(sizeof(float) * (size_t)n * G.hidden);
+    be_tensor tx = {xs, BASE_DTYPE_F32, n, G.hidden}, ty = {y, BASE_DTYPE_F32, n, G.hidden};
+    be_tensor tw = {(void *)ly->norm_w, BASE_DTYPE_F32, 1, G.hidden};
+    be_tensor ts = {scratch, BASE_DTYPE_F32, n, G.hidden};
     be_norm norm = {&tw, NORM_EPS, &ts};
     base_err err = {{0}};
     CHECK_MSG(cpu->ops->moe(cpu, &tx, normed ? &norm : NULL, &ly->host, &ty, &err) == 0, "cpu: %s",
@@ -182,10 +190,10 @@ static float *run_cpu(const layer *ly, const float *x, int n, bool normed) {
 
 /* The same through the CUDA backend; y starts poisoned, so a row left unwritten fails. */
 static float *cuda_moe_run(be_backend *be, const layer *ly, const float *x, int n, bool normed) {
-    be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, HIDDEN);
-    be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, HIDDEN);
-    be_tensor tw = tc_tensor(be, ly->norm_w, BASE_DTYPE_F32, 1, HIDDEN);
-    be_tensor ts = tc_poisoned(be, BASE_DTYPE_F32, n, HIDDEN);
+    be_tensor tx = tc_tensor(be, x, BASE_DTYPE_F32, n, G.hidden);
+    be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, G.hidden);
+    be_tensor tw = tc_tensor(be, ly->norm_w, BASE_DTYPE_F32, 1, G.hidden);
+    be_tensor ts = tc_poisoned(be, BASE_DTYPE_F32, n, G.hidden);
     be_norm norm = {&tw, NORM_EPS, &ts};
     base_err err = {{0}};
     CHECK_MSG(be->ops->moe(be, &tx, normed ? &norm : NULL, &ly->dev, &ty, &err) == 0, "cuda: %s",
@@ -199,8 +207,8 @@ static float *cuda_moe_run(be_backend *be, const layer *ly, const float *x, int 
 }
 
 static float *rand_x(int n) {
-    float *x = malloc(sizeof(float) * (size_t)n * HIDDEN);
-    tc_fill(x, (size_t)n * HIDDEN, 1.0f);
+    float *x = malloc(sizeof(float) * (size_t)n * G.hidden);
+    tc_fill(x, (size_t)n * G.hidden, 1.0f);
     return x;
 }
 
@@ -246,60 +254,68 @@ static double ref_act(be_act act, double g, double u) {
 static void ref_moe(const layer *ly, const float *x, int n, bool normed, float *y) {
     const be_moe *m = &ly->host;
     for (int r = 0; r < n; r++) {
-        double xr[HIDDEN], ss = 0, l[EXPERTS], w[TOP_K], h[INTER], yr[HIDDEN] = {0};
-        for (int c = 0; c < HIDDEN; c++) {
-            xr[c] = x[r * HIDDEN + c];
+        double ss = 0, *xr = malloc(sizeof(double) * (size_t)G.hidden),
+               *l = malloc(sizeof(double) * (size_t)G.experts),
+               *w = malloc(sizeof(double) * (size_t)G.top_k),
+               *h = malloc(sizeof(double) * (size_t)G.inter),
+               *yr = calloc((size_t)G.hidden, sizeof(double));
+        for (int c = 0; c < G.hidden; c++) {
+            xr[c] = x[r * G.hidden + c];
             ss += xr[c] * xr[c];
         }
-        const double inv = normed ? 1.0 / sqrt(ss / HIDDEN + NORM_EPS) : 1.0;
-        for (int c = 0; c < HIDDEN; c++) xr[c] *= normed ? inv * ly->norm_w[c] : 1.0;
+        const double inv = normed ? 1.0 / sqrt(ss / G.hidden + NORM_EPS) : 1.0;
+        for (int c = 0; c < G.hidden; c++) xr[c] *= normed ? inv * ly->norm_w[c] : 1.0;
         double mx = -INFINITY, sum = 0, chosen = 0;
-        for (int e = 0; e < EXPERTS; e++) mx = fmax(mx, l[e] = ref_dot(m->router, e, xr));
-        for (int e = 0; e < EXPERTS; e++) sum += exp(l[e] - mx);
-        int ids[TOP_K];
-        bool taken[EXPERTS] = {0};
-        for (int k = 0; k < TOP_K; k++) {
+        for (int e = 0; e < G.experts; e++) mx = fmax(mx, l[e] = ref_dot(m->router, e, xr));
+        for (int e = 0; e < G.experts; e++) sum += exp(l[e] - mx);
+        int *ids = malloc(sizeof(int) * (size_t)G.top_k);
+        bool *taken = calloc((size_t)G.experts, sizeof(bool));
+        for (int k = 0; k < G.top_k; k++) {
             int best = -1;
-            for (int e = 0; e < EXPERTS; e++)
+            for (int e = 0; e < G.experts; e++)
                 if (!taken[e] && (best < 0 || l[e] > l[best])) best = e;
             taken[best] = true;
             ids[k] = best;
             chosen += (w[k] = exp(l[best] - mx) / sum);
         }
-        for (int k = 0; k < TOP_K; k++) {
+        for (int k = 0; k < G.top_k; k++) {
             const int64_t e = ids[k];
-            for (int i = 0; i < INTER; i++)
-                h[i] = ref_act(m->act, ref_dot(m->gate, e * INTER + i, xr),
-                               ref_dot(m->up, e * INTER + i, xr));
-            for (int o = 0; o < HIDDEN; o++)
+            for (int i = 0; i < G.inter; i++)
+                h[i] = ref_act(m->act, ref_dot(m->gate, e * G.inter + i, xr),
+                               ref_dot(m->up, e * G.inter + i, xr));
+            for (int o = 0; o < G.hidden; o++)
                 yr[o] +=
-                    (m->norm_topk ? w[k] / chosen : w[k]) * ref_dot(m->down, e * HIDDEN + o, h);
+                    (m->norm_topk ? w[k] / chosen : w[k]) * ref_dot(m->down, e * G.hidden + o, h);
         }
-        for (int o = 0; o < HIDDEN; o++) y[r * HIDDEN + o] = (float)yr[o];
+        for (int o = 0; o < G.hidden; o++) y[r * G.hidden + o] = (float)yr[o];
+        free(xr), free(l), free(w), free(h), free(yr), free(ids), free(taken);
     }
 }
 
-static void test_vs_cpu(be_backend *be) {
-    static const int rows[] = {1, 5, 33};
+/* The op on shape s against the CPU and the double op, for each count of rows[0..nr): every
+ * format, activation, norm_topk and bias choice, or on a wide shape (wide) the 4- and 8-bit
+ * formats only (the decode GEMV's MoE jobs), SiLU and the clamped SwiGLU, biases none or all. */
+static void test_vs_cpu(be_backend *be, shape s, const int *rows, int nr, bool wide) {
     static const be_act acts[] = {BE_ACT_SILU, BE_ACT_GELU_TANH, BE_ACT_SWIGLU_OAI};
+    G = s;
     double worst[FMT_COUNT] = {0}, worst_cpu[FMT_COUNT] = {0};
     int cases = 0;
-    for (int f = 0; f < FMT_COUNT; f++)
-        for (int a = 0; a < 3; a++)
+    for (int f = wide ? FMT_Q4_G64 : 0; f <= (wide ? FMT_Q8_G32 : FMT_COUNT - 1); f++)
+        for (int a = 0; a < 3; a += wide ? 2 : 1)
             for (int t = 0; t < 2; t++)
-                for (int b = 0; b < 3; b++) {
+                for (int b = 0; b < 3; b += wide ? 2 : 1) {
                     /* biases: none, the router's alone, the router's and the experts' */
                     layer ly;
                     make_layer(be, &ly, (fmt)f, b > 0, b > 1, acts[a], t);
-                    for (int r = 0; r < 3; r++) {
+                    for (int r = 0; r < nr; r++) {
                         const int n = rows[r];
                         const bool normed = (a + b + r) % 2;
                         float *x = rand_x(n);
                         float *want = run_cpu(&ly, x, n, normed);
-                        float *exact = malloc(sizeof(float) * (size_t)n * HIDDEN);
+                        float *exact = malloc(sizeof(float) * (size_t)n * G.hidden);
                         ref_moe(&ly, x, n, normed, exact);
                         float *got = cuda_moe_run(be, &ly, x, n, normed);
-                        const size_t len = (size_t)n * HIDDEN;
+                        const size_t len = (size_t)n * G.hidden;
                         const double e = test_rel_err(got, exact, len);
                         const double ec = test_rel_err(got, want, len);
                         const double tol_cpu =
@@ -307,17 +323,22 @@ static void test_vs_cpu(be_backend *be) {
                         worst[f] = fmax(worst[f], e);
                         worst_cpu[f] = fmax(worst_cpu[f], ec);
                         CHECK_MSG(e < TOL_EXACT && ec < tol_cpu,
-                                  "%s act %d norm_topk %d biases %d rows %d norm %d: rel err %.3e, "
-                                  "%.3e against the CPU",
+                                  "%d of %d experts, hidden %lld, inter %lld: %s act %d norm_topk "
+                                  "%d biases %d rows %d norm %d: rel err %.3e, %.3e against the "
+                                  "CPU",
+                                  s.top_k, s.experts, (long long)s.hidden, (long long)s.inter,
                                   fmt_name[f], (int)acts[a], t, b, n, normed, e, ec);
                         cases++;
                         free(x), free(want), free(exact), free(got);
                     }
                     free_layer(be, &ly);
                 }
+    printf("  top %d of %d experts, hidden %lld, inter %lld:\n", s.top_k, s.experts,
+           (long long)s.hidden, (long long)s.inter);
     for (int f = 0; f < FMT_COUNT; f++)
-        printf("  moe %-7s max rel err %.2e (against the CPU %.2e)\n", fmt_name[f], worst[f],
-               worst_cpu[f]);
+        if (!wide || f == FMT_Q4_G64 || f == FMT_Q8_G32)
+            printf("  moe %-7s max rel err %.2e (against the CPU %.2e)\n", fmt_name[f], worst[f],
+                   worst_cpu[f]);
     printf("  moe: %d cases\n", cases);
 }
 
@@ -326,9 +347,9 @@ static void test_vs_cpu(be_backend *be) {
 static void record_replay(be_backend *be, const layer *ly, int n) {
     base_err err = {{0}};
     float *x1 = rand_x(n), *x2 = rand_x(n);
-    const size_t bytes = sizeof(float) * (size_t)n * HIDDEN;
-    be_tensor tx = tc_tensor(be, x1, BASE_DTYPE_F32, n, HIDDEN);
-    be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, HIDDEN);
+    const size_t bytes = sizeof(float) * (size_t)n * G.hidden;
+    be_tensor tx = tc_tensor(be, x1, BASE_DTYPE_F32, n, G.hidden);
+    be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, n, G.hidden);
     CHECK_MSG(be->ops->moe(be, &tx, NULL, &ly->dev, &ty, &err) == 0, "%s", err.msg);
     float *direct1 = tc_read(be, &ty);
     CHECK(be->ops->capture_begin(be, &err) == 0);
@@ -355,7 +376,7 @@ static void record_replay(be_backend *be, const layer *ly, int n) {
 }
 
 /* A recording in which the scratch would have to grow fails, naming the scratch; recordings of
- * one row (a pair per expert at most) and of five (grouped by expert) replay. */
+ * one row (the decode GEMV's MoE jobs) and of 80 (grouped by expert) replay. */
 static void test_graph(be_backend *be) {
     if (!be->ops->capture_begin) return;
     layer ly;
@@ -363,8 +384,8 @@ static void test_graph(be_backend *be) {
     base_err err = {{0}};
     /* 2000 rows: more pairs than any call before */
     const int big = 2000;
-    be_tensor bx = tc_poisoned(be, BASE_DTYPE_F32, big, HIDDEN);
-    be_tensor by = tc_poisoned(be, BASE_DTYPE_F32, big, HIDDEN);
+    be_tensor bx = tc_poisoned(be, BASE_DTYPE_F32, big, G.hidden);
+    be_tensor by = tc_poisoned(be, BASE_DTYPE_F32, big, G.hidden);
     CHECK(be->ops->capture_begin(be, &err) == 0);
     int rc = be->ops->moe(be, &bx, NULL, &ly.dev, &by, &err);
     CHECK_MSG(rc == -1 && strstr(err.msg, "scratch") && strstr(err.msg, "recording"),
@@ -375,7 +396,7 @@ static void test_graph(be_backend *be) {
     be->ops->free(be, bx.data);
     be->ops->free(be, by.data);
     record_replay(be, &ly, 1);
-    record_replay(be, &ly, 5);
+    record_replay(be, &ly, 80);
     free_layer(be, &ly);
 }
 
@@ -383,14 +404,14 @@ static void test_graph(be_backend *be) {
 static void test_checks(be_backend *be) {
     layer ly;
     make_layer(be, &ly, FMT_BF16, false, false, BE_ACT_SILU, false);
-    be_tensor tx = tc_poisoned(be, BASE_DTYPE_F32, 3, HIDDEN);
-    be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, 3, HIDDEN);
+    be_tensor tx = tc_poisoned(be, BASE_DTYPE_F32, 3, G.hidden);
+    be_tensor ty = tc_poisoned(be, BASE_DTYPE_F32, 3, G.hidden);
     base_err err = {{0}};
     be_moe m = ly.dev;
-    m.top_k = EXPERTS + 1;
+    m.top_k = G.experts + 1;
     CHECK(be->ops->moe(be, &tx, NULL, &m, &ty, &err) == -1 && strstr(err.msg, "experts"));
     m = ly.dev;
-    m.inter = INTER / 2;
+    m.inter = G.inter / 2;
     CHECK(be->ops->moe(be, &tx, NULL, &m, &ty, &err) == -1 && strstr(err.msg, "do not fit"));
     m = ly.dev;
     m.act = (be_act)7;
@@ -410,7 +431,7 @@ static void test_checks(be_backend *be) {
     m.down = &bad;
     CHECK(be->ops->moe(be, &tx, NULL, &m, &ty, &err) == -1 && strstr(err.msg, "mxfp4"));
     CHECK(be->ops->moe(be, &tx, NULL, &ly.dev, &tx, &err) == -1 && strstr(err.msg, "alias"));
-    be_tensor ts = tc_poisoned(be, BASE_DTYPE_F32, 2, HIDDEN);
+    be_tensor ts = tc_poisoned(be, BASE_DTYPE_F32, 2, G.hidden);
     be_norm norm = {&tx, NORM_EPS, &ts};
     CHECK(be->ops->moe(be, &tx, &norm, &ly.dev, &ty, &err) == -1 && strstr(err.msg, "scratch"));
     be->ops->free(be, tx.data);
@@ -424,7 +445,12 @@ int main(void) {
     if (!be) return TEST_SKIP;
     base_err err = {{0}};
     CHECK_MSG(be_cpu_create(2, &cpu, &err) == 0, "%s", err.msg);
-    test_vs_cpu(be);
+    static const int rows[] = {1, 3, 5, 33, 80}, wide_rows[] = {1, 2, 3};
+    test_vs_cpu(be, (shape){8, 2, 256, 128}, rows, 5, false);
+    /* Rows of several 64-unit chunks (8-bit gate/up: 72 units; down 6 slots of 24 units, 4-bit
+     * 12) whose slots straddle the chunks' lanes; rows of x on the grid's y. */
+    test_vs_cpu(be, (shape){16, 6, 1152, 384}, wide_rows, 3, true);
+    G = (shape){8, 2, 256, 128};
     test_checks(be);
     test_graph(be);
     cpu->ops->destroy(cpu);

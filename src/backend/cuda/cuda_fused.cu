@@ -82,17 +82,7 @@ __global__ void rmsnorm_add_kernel(const void *d, base_dtype d_dt, const void *w
     float wv[CUDA_ROW_VPT], dv[CUDA_ROW_VPT];
     cuda_row_weights(w, w_dt, cols, wv);
     cuda_pdl_wait();
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < CUDA_ROW_VPT; k++) {
-        dv[k] = t + k * nt < cols ? cuda_load(d, d_dt, base + t + k * nt) : 0.0f;
-        ss += dv[k] * dv[k];
-    }
-    for (int64_t c = t + CUDA_ROW_VPT * nt; c < cols; c += nt) {
-        const float v = cuda_load(d, d_dt, base + c);
-        ss += v * v;
-    }
-    const float inv = cuda_rms_inv(cuda_block_sum(ss), cols, eps);
+    const float inv = cuda_row_inv(d, d_dt, base, cols, eps, dv);
 #pragma unroll
     for (int k = 0; k < CUDA_ROW_VPT; k++) {
         const size_t i = base + t + k * nt;

@@ -2,7 +2,9 @@
  * weights, aiming at the memory-bandwidth limit. The same kernel serves the fused matmuls: up
  * to three matrices that share x (Q, K and V) in one launch, and gate with up followed by the
  * GLU (act(gate) * up, the activation from the job's fz). More rows of x take more passes
- * (from CUDA_GEMV_MMA_ROWS rows the tensor-core kernel serves them instead).
+ * (from CUDA_GEMV_MMA_ROWS rows the tensor-core kernel serves them instead). A mixture of
+ * experts' routed experts are jobs of their own (cuda_gemv1_moe): rows gathered from the stacked
+ * experts by the routed ids, each row of x on the grid's y.
  *
  * Arithmetic: integer dot products. x is cut into units of the 32 (4-bit) or 16 (8-bit) values
  * one 16-byte word of weights holds; each unit's values, scaled by a power of two above its
@@ -58,6 +60,23 @@ struct gemv1_job {
     int64_t warps;  /* warps that take blocks (warp w takes w, w + warps, ...) */
     int nx;         /* rows of x in this pass (1 to the kernel's NX); y rows follow them */
     cuda_gemv_fuse fz;
+    /* MoE jobs (cuda_gemv1_moe, NX 1): row y of the grid is row y of x, x_stride and y_stride
+     * values apart, whose top_k routed experts are ids[y top_k ..] (weights wts). A GLU job's
+     * output o < top_k seg is feature o % seg of slot o / seg: rows ids[slot] seg + o % seg of
+     * the stacked gate and up. A down job's x is the slots' inputs one after the other, seg units
+     * each, slot k's scaled by its weight as it is read; output o sums over the slots, unit u of
+     * slot k = u / seg meeting unit u - k seg of row ids[k] out + o of the stacked down. */
+    const int32_t *ids;
+    const float *wts;
+    int top_k;
+    int64_t seg;
+    int64_t x_stride, y_stride;
+    /* A GLU job that also routes (route.lg not NULL): row y's experts come from its router
+     * logits (cuda_moe_route), and CTA 0 of the row writes them and their weights to route_ids
+     * and route_wts for the down job after it. */
+    cuda_moe_router route;
+    int32_t *route_ids;
+    float *route_wts;
 };
 
 /* Units of x the digits in shared memory cover: whole chunks, the tail zero. */
@@ -66,18 +85,19 @@ __host__ __device__ static inline int64_t gemv1_padded(int64_t units) {
 }
 
 /* Shared memory of the digits of NX rows of x: per unit, 3 (128 / BITS) / 4 words of digits
- * and its unscale and sum. */
-static size_t gemv1_smem(int bits, int nx, int64_t units) {
-    return (size_t)nx * gemv1_padded(units) * (3 * (128 / bits) + 8);
+ * and its unscale and sum; then a MoE job's top_k experts and their weights. */
+static size_t gemv1_smem(int bits, int nx, int64_t units, int top_k) {
+    return (size_t)nx * gemv1_padded(units) * (3 * (128 / bits) + 8) +
+           (size_t)top_k * (sizeof(int32_t) + sizeof(float));
 }
 
 /* x[k0 + k] of row j, k < N, into v: the one place the kernel reads x (zeros where !ok).
  * Coherent loads (not __ldg, whose non-coherent path is for data no kernel writes while this
  * grid runs) that still keep x in L1 for the CTA's other threads. */
 template <int N>
-__device__ __forceinline__ void gemv1_load_x(const gemv1_job &job, int j, int64_t k0, bool ok,
-                                             float (&v)[N]) {
-    const float4 *p = (const float4 *)(job.x + j * job.in + k0);
+__device__ __forceinline__ void gemv1_load_x(const gemv1_job &job, int64_t xr, int j, int64_t k0,
+                                             bool ok, float (&v)[N]) {
+    const float4 *p = (const float4 *)(job.x + xr * job.x_stride + j * job.in + k0);
 #pragma unroll
     for (int c = 0; c < N / 4; c++) {
         const float4 f = ok ? __ldca(p + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -205,7 +225,30 @@ __device__ __forceinline__ void gemv1_emit(const gemv1_job &job, int64_t step, i
     }
 }
 
-template <int BITS, bool GLU, typename S, int NX>
+/* The MoE jobs' output row r of block `step` for row xr of x (sids: its experts), v (GLU: v of
+ * gate's row, v2 of up's); a down job adds its slots' biases, each times its slot's weight. */
+template <bool GLU, int R>
+__device__ __forceinline__ void gemv1_emit_moe(const gemv1_job &job, int64_t xr, int64_t step,
+                                               int r, float v, float v2, const int32_t *sids) {
+    const cuda_gemv_mat &m = job.m[0];
+    if (GLU) {
+        const int64_t o = step * (R / 2) + r;
+        if (o >= job.rows) return;
+        const int64_t k = o / job.seg, row = sids[k] * job.seg + o - k * job.seg;
+        if (m.bias) v += cuda_load(m.bias, m.bias_dt, (size_t)row);
+        if (job.m[1].bias) v2 += cuda_load(job.m[1].bias, job.m[1].bias_dt, (size_t)row);
+        cuda_store(m.y, m.y_dt, (size_t)(xr * job.y_stride + o), cuda_moe_act(job.fz.act, v, v2));
+        return;
+    }
+    const int64_t o = step * R + r;
+    if (o >= job.rows) return;
+    for (int k = 0; m.bias && k < job.top_k; k++)
+        v = fmaf(job.wts[xr * job.top_k + k],
+                 cuda_load(m.bias, m.bias_dt, (size_t)(sids[k] * m.out + o)), v);
+    cuda_store(m.y, m.y_dt, (size_t)(xr * job.y_stride + o), v);
+}
+
+template <int BITS, bool GLU, typename S, int NX, bool MOE>
 __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job job) {
     constexpr int WPU = 128 / BITS, R = GEMV1_R, C = GEMV1_C, OUT = GLU ? R / 2 : R;
     constexpr int DW = 3 * WPU / 16;   /* 16-byte words of digits per unit */
@@ -215,6 +258,9 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     const int U = (int)job.units, up = (int)gemv1_padded(U), chunks = up / (32 * C);
     uint32_t *xw = (uint32_t *)gemv1_x;
     float2 *xf = (float2 *)(gemv1_x + (size_t)NX * DW * up);
+    int32_t *sids = (int32_t *)(xf + (size_t)NX * up);     /* a MoE job's experts */
+    float *swts = (float *)(sids + (MOE ? job.top_k : 0)); /* and their weights, if it routes */
+    const int64_t xr = MOE ? (int64_t)blockIdx.y : 0;
 
     struct buf {
         uint4 q[R][C];
@@ -229,12 +275,17 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     int ch = 0, lch = 0;
     const uint4 *lw[R];
     const S *ls[R], *lb[R];
+    int64_t lo[R]; /* a MoE down job's output rows, whose weights load() finds unit by unit */
     auto seek = [&]() {
         if (lblk >= job.steps) return;
         int64_t row0;
         const int m0 = step_start<GLU, R>(job, lblk, &row0);
+        if (MOE && !GLU) {
 #pragma unroll
-        for (int half = 0; half < (GLU ? 2 : 1); half++) {
+            for (int r = 0; r < R; r++) lo[r] = row0 + r < job.rows ? row0 + r : job.rows - 1;
+        }
+#pragma unroll
+        for (int half = 0; half < (MOE && !GLU ? 0 : GLU ? 2 : 1); half++) {
             const int mi = GLU ? half : m0;
             const int64_t out = cuda_gemv_pick(job, mi, &cuda_gemv_mat::out);
             const uint4 *w = (const uint4 *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::w);
@@ -242,7 +293,12 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
             const S *bp = (const S *)cuda_gemv_pick(job, mi, &cuda_gemv_mat::b);
 #pragma unroll
             for (int r = 0; r < OUT; r++) {
-                const int64_t row = row0 + r < out ? row0 + r : out - 1;
+                int64_t row = row0 + r < out ? row0 + r : out - 1;
+                if (MOE) {
+                    const int64_t o = row0 + r < job.rows ? row0 + r : job.rows - 1,
+                                  k = o / job.seg;
+                    row = sids[k] * job.seg + o - k * job.seg;
+                }
                 lw[half * OUT + r] = w + row * U;
                 ls[half * OUT + r] = sp + row * job.groups;
                 lb[half * OUT + r] = bp + row * job.groups;
@@ -255,6 +311,20 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
         for (int c = 0; c < C; c++) {
             int u = lch * 32 * C + c * 32 + lane;
             u = u < U ? u : U - 1;
+            if (MOE && !GLU) {
+                /* unit lu of slot k's expert row */
+                const int k = u / (int)job.seg, lu = u - k * (int)job.seg, g = lu >> job.gshift;
+                const int64_t base = (int64_t)sids[k] * job.m[0].out;
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const int64_t row = base + lo[r];
+                    B.q[r][c] = gmma_ld_nc(
+                        (const uint8_t *)((const uint4 *)job.m[0].w + row * job.seg + lu));
+                    B.s[r][c] = gemv1_ldscale((const S *)job.m[0].s + row * job.groups + g);
+                    B.b[r][c] = gemv1_ldscale((const S *)job.m[0].b + row * job.groups + g);
+                }
+                continue;
+            }
             const int g = u >> job.gshift;
 #pragma unroll
             for (int r = 0; r < R; r++) {
@@ -271,11 +341,14 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     };
     /* Four slots, named rather than indexed, so that all of them stay in registers. */
     buf b0, b1, b2, b3;
-    /* The weights depend on no kernel: the first chunks load while the previous kernel ends. */
-    seek();
-    load(b0);
-    load(b1);
-    load(b2);
+    /* The weights depend on no kernel: the first chunks load while the previous kernel ends
+     * (those of a MoE job depend on its experts, read after the wait). */
+    if (!MOE) {
+        seek();
+        load(b0);
+        load(b1);
+        load(b2);
+    }
     /* Nor do the norm's weights, which every CTA reads whole after the wait: into L1 now. */
     if (job.fz.norm)
         for (int64_t o = threadIdx.x * 128LL;
@@ -283,6 +356,15 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
             asm volatile("prefetch.global.L1 [%0];" ::"l"((const char *)job.fz.norm + o));
     cuda_pdl_trigger();
     cuda_pdl_wait();
+    if (MOE && GLU && job.route.lg) {
+        /* the first warp routes while the others turn x into digits */
+        if (threadIdx.x < 32)
+            cuda_moe_route(job.route.lg + xr * job.route.n_experts, job.route.n_experts, job.top_k,
+                           job.route.norm_topk, sids, swts);
+    } else if (MOE) {
+        for (int k = threadIdx.x; k < job.top_k; k += blockDim.x)
+            sids[k] = job.ids[xr * job.top_k + k];
+    }
     /* Four threads a unit (lanes 4i to 4i + 3 of a warp: up * 4 is a multiple of 32, so whole
      * warps take part in the shuffles), each a quarter of it. With a norm, x is multiplied by
      * its weight here and the sums of squares meet at the barrier after. */
@@ -299,7 +381,12 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
 #pragma unroll
         for (int j = 0; j < NX; j++) {
             float v[WPU / 4];
-            gemv1_load_x<WPU / 4>(job, j, u * WPU + qt * (WPU / 4), u < U && j < job.nx, v);
+            gemv1_load_x<WPU / 4>(job, xr, j, u * WPU + qt * (WPU / 4), u < U && j < job.nx, v);
+            if (MOE && !GLU && u < U) {
+                const float wk = job.wts[xr * job.top_k + u / job.seg];
+#pragma unroll
+                for (int k = 0; k < WPU / 4; k++) v[k] *= wk;
+            }
             if (job.fz.norm && u < U) {
 #pragma unroll
                 for (int k = 0; k < WPU / 4; k++) ss[j] += v[k] * v[k], v[k] *= nw[k];
@@ -338,6 +425,17 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
         for (int k = 0; job.fz.norm && k < GEMV1_WARPS; k++) t += nss[k][j];
         inv[j] = job.fz.norm ? cuda_rms_inv(t, job.in, job.fz.eps) : 1.0f;
     }
+    if (MOE) {
+        if (GLU && job.route.lg && blockIdx.x == 0)
+            for (int k = threadIdx.x; k < job.top_k; k += blockDim.x) {
+                job.route_ids[xr * job.top_k + k] = sids[k];
+                job.route_wts[xr * job.top_k + k] = swts[k];
+            }
+        seek();
+        load(b0);
+        load(b1);
+        load(b2);
+    }
 
     float acc[R][NX];
 #pragma unroll
@@ -349,7 +447,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     float prev = 0.0f;
     auto step = [&](const buf &cur, buf &nxt) {
         load(nxt);
-        if (!GLU && job.fz.acc && ch == 0 && lane < OUT * NX && lane / OUT < job.nx &&
+        if (!MOE && !GLU && job.fz.acc && ch == 0 && lane < OUT * NX && lane / OUT < job.nx &&
             blk * R + lane % OUT < job.rows) {
             int64_t row0;
             const int m0 = step_start<GLU, R>(job, blk, &row0);
@@ -387,7 +485,9 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
                 for (int r = 0; r < OUT; r++)
                     if (lane == j * OUT + r)
                         v = acc[r][j] * inv[j], v2 = GLU ? acc[OUT + r][j] * inv[j] : 0.0f;
-            if (lane < OUT * NX && lane / OUT < job.nx)
+            if (MOE && lane < OUT)
+                gemv1_emit_moe<GLU, R>(job, xr, blk, lane, v, v2, sids);
+            else if (!MOE && lane < OUT * NX && lane / OUT < job.nx)
                 gemv1_emit<GLU, R>(job, blk, lane % OUT, lane / OUT, v, v2, prev);
 #pragma unroll
             for (int r = 0; r < R; r++)
@@ -406,6 +506,19 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
         if (blk >= job.steps) break;
         step(b3, b2);
     }
+}
+
+/* A job's geometry for rows of `in` values of w's bits and groups (a MoE down job's rows are
+ * its slots' rows end to end). */
+static gemv1_job gemv1_job_of(const be_linear *w, int64_t in) {
+    gemv1_job job = {};
+    job.in = in;
+    job.units = in * w->bits / 128;
+    job.groups = w->in / w->group_size;
+    int g_units = w->group_size / (128 / w->bits), shift = 0;
+    while ((1 << shift) < g_units) shift++;
+    job.gshift = shift;
+    return job;
 }
 
 bool cuda_gemv1_fits(const cuda_backend *c, const be_tensor *x, const be_linear *w) {
@@ -427,13 +540,14 @@ bool cuda_gemv1_fits(const cuda_backend *c, const be_tensor *x, const be_linear 
            ((uintptr_t)x->data & 15) == 0 && ((uintptr_t)w->scales & 3) == 0 &&
            ((uintptr_t)w->biases & 3) == 0 && cuda_float_dtype(w->dtype) &&
            (!w->bias || cuda_float_dtype(w->bias_dtype)) &&
-           gemv1_smem(w->bits, 2, w->in * w->bits / 128) <= GEMV1_MAX_SMEM;
+           gemv1_smem(w->bits, 2, w->in * w->bits / 128, 0) <= GEMV1_MAX_SMEM;
 }
 
-template <int BITS, bool GLU, typename S, int NX>
-static int gemv1_launch(cuda_backend *c, gemv1_job job, base_err *err) {
-    auto kernel = gemv1_kernel<BITS, GLU, S, NX>;
-    const size_t smem = gemv1_smem(BITS, NX, job.units);
+/* Launches the job over `xrows` rows of x: the pass's job.nx rows, or a MoE job's rows (grid y). */
+template <int BITS, bool GLU, typename S, int NX, bool MOE>
+static int gemv1_launch(cuda_backend *c, gemv1_job job, int64_t xrows, base_err *err) {
+    auto kernel = gemv1_kernel<BITS, GLU, S, NX, MOE>;
+    const size_t smem = gemv1_smem(BITS, NX, job.units, MOE ? job.top_k : 0);
     /* Shared memory the kernel may take on this device, and resident CTAs per SM at that. */
     static int limit, per_sm;
     if (per_sm == 0) {
@@ -460,27 +574,46 @@ static int gemv1_launch(cuda_backend *c, gemv1_job job, base_err *err) {
      * flight, not the blocks per warp, set the pace of a short launch): warp w of CTA b is
      * warp w grid + b of the grid. */
     int64_t grid = (int64_t)per_sm * c->sm_count;
+    /* a MoE job's rows of x share the SMs */
+    if (MOE) grid = grid / xrows > 1 ? grid / xrows : 1;
     const int64_t per_cta = (job.steps + GEMV1_WARPS - 1) / GEMV1_WARPS;
     if (grid > per_cta) grid = per_cta;
     const int64_t iters = (job.steps + grid * GEMV1_WARPS - 1) / (grid * GEMV1_WARPS);
     job.warps = (job.steps + iters - 1) / iters;
-    return cuda_launch_pdl(c, kernel, (unsigned)grid, GEMV1_WARPS * 32, smem,
-                           "matmul (single-row GEMV)", err, job);
+    return cuda_launch_pdl(c, kernel, dim3((unsigned)grid, MOE ? (unsigned)xrows : 1u),
+                           GEMV1_WARPS * 32, smem,
+                           MOE ? "moe experts (GEMV)" : "matmul (single-row GEMV)", err, job);
 }
 
-template <int BITS, bool GLU>
-static int gemv1_dispatch(cuda_backend *c, const gemv1_job &job, base_dtype dt, base_err *err) {
-    switch (dt) {
-    case BASE_DTYPE_F32:
-        return job.nx == 1 ? gemv1_launch<BITS, GLU, float, 1>(c, job, err)
-                           : gemv1_launch<BITS, GLU, float, 2>(c, job, err);
-    case BASE_DTYPE_F16:
-        return job.nx == 1 ? gemv1_launch<BITS, GLU, __half, 1>(c, job, err)
-                           : gemv1_launch<BITS, GLU, __half, 2>(c, job, err);
-    default:
-        return job.nx == 1 ? gemv1_launch<BITS, GLU, __nv_bfloat16, 1>(c, job, err)
-                           : gemv1_launch<BITS, GLU, __nv_bfloat16, 2>(c, job, err);
+template <int BITS, bool GLU, typename S>
+static int gemv1_rows(cuda_backend *c, const gemv1_job &job, int64_t moe_rows, base_err *err) {
+    if (moe_rows) return gemv1_launch<BITS, GLU, S, 1, true>(c, job, moe_rows, err);
+    return job.nx == 1 ? gemv1_launch<BITS, GLU, S, 1, false>(c, job, 1, err)
+                       : gemv1_launch<BITS, GLU, S, 2, false>(c, job, 1, err);
+}
+
+/* The kernel for the bits, glu and scales' dtype: a pass of job.nx rows, or a MoE job's
+ * moe_rows rows (0: none). */
+static int gemv1_dispatch(cuda_backend *c, const gemv1_job &job, int bits, bool glu, base_dtype dt,
+                          int64_t moe_rows, base_err *err) {
+    if (bits == 4) {
+        if (dt == BASE_DTYPE_F32)
+            return glu ? gemv1_rows<4, true, float>(c, job, moe_rows, err)
+                       : gemv1_rows<4, false, float>(c, job, moe_rows, err);
+        if (dt == BASE_DTYPE_F16)
+            return glu ? gemv1_rows<4, true, __half>(c, job, moe_rows, err)
+                       : gemv1_rows<4, false, __half>(c, job, moe_rows, err);
+        return glu ? gemv1_rows<4, true, __nv_bfloat16>(c, job, moe_rows, err)
+                   : gemv1_rows<4, false, __nv_bfloat16>(c, job, moe_rows, err);
     }
+    if (dt == BASE_DTYPE_F32)
+        return glu ? gemv1_rows<8, true, float>(c, job, moe_rows, err)
+                   : gemv1_rows<8, false, float>(c, job, moe_rows, err);
+    if (dt == BASE_DTYPE_F16)
+        return glu ? gemv1_rows<8, true, __half>(c, job, moe_rows, err)
+                   : gemv1_rows<8, false, __half>(c, job, moe_rows, err);
+    return glu ? gemv1_rows<8, true, __nv_bfloat16>(c, job, moe_rows, err)
+               : gemv1_rows<8, false, __nv_bfloat16>(c, job, moe_rows, err);
 }
 
 int64_t cuda_gemv_mats(cuda_gemv_mat *m, const be_linear *const *ws, be_tensor *const *ys, int n,
@@ -525,32 +658,67 @@ int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, b
     for (int i = 0; i < n; i++) mma = mma && cuda_gemv_mma_fits(x, ws[i]);
     if (mma) return cuda_gemv_mma(be, x, ws, ys, n, glu, fz, err);
     const be_linear *w = ws[0];
-    gemv1_job job = {};
+    gemv1_job job = gemv1_job_of(w, w->in);
     job.nm = n;
     job.x = (const float *)x->data;
     if (fz) job.fz = *fz;
-    job.units = w->in * w->bits / 128;
-    job.groups = w->in / w->group_size;
-    int g_units = w->group_size / (128 / w->bits), shift = 0;
-    while ((1 << shift) < g_units) shift++;
-    job.gshift = shift;
     job.rows = cuda_gemv_mats(job.m, ws, ys, n, glu);
     if (job.rows == 0) return 0;
-    job.in = w->in;
     cuda_backend *c = cuda_impl(be);
     for (int64_t r0 = 0; r0 < x->rows; r0 += 2) {
         gemv1_job pass = job;
         pass.nx = x->rows - r0 < 2 ? 1 : 2;
         pass.x = (const float *)be_tensor_rows(x, r0, 1).data;
         for (int i = 0; i < (glu ? 1 : n); i++) pass.m[i].y = be_tensor_rows(ys[i], r0, 1).data;
-        int rc;
-        if (w->bits == 4)
-            rc = glu ? gemv1_dispatch<4, true>(c, pass, w->dtype, err)
-                     : gemv1_dispatch<4, false>(c, pass, w->dtype, err);
-        else
-            rc = glu ? gemv1_dispatch<8, true>(c, pass, w->dtype, err)
-                     : gemv1_dispatch<8, false>(c, pass, w->dtype, err);
-        if (rc) return -1;
+        if (gemv1_dispatch(c, pass, w->bits, glu, w->dtype, 0, err)) return -1;
     }
     return 0;
+}
+
+bool cuda_gemv1_moe_fits(const be_tensor *x, const be_linear *a, const be_linear *b, int top_k) {
+    const int64_t in = b ? a->in : a->in * top_k;
+    if (x->dtype != BASE_DTYPE_F32 || ((uintptr_t)x->data & 15) || x->cols % 4) return false;
+    if (b && (b->bits != a->bits || b->group_size != a->group_size || b->dtype != a->dtype ||
+              b->in != a->in))
+        return false;
+    for (const be_linear *w : {a, b}) {
+        if (!w) continue;
+        if ((w->bits != 4 && w->bits != 8) || w->quant != BE_QUANT_AFFINE ||
+            (w->in * w->bits) % 128 ||
+            (w->group_size != 32 && w->group_size != 64 && w->group_size != 128) ||
+            w->in % w->group_size || ((uintptr_t)w->weight & 15) || ((uintptr_t)w->scales & 3) ||
+            ((uintptr_t)w->biases & 3) || !cuda_float_dtype(w->dtype))
+            return false;
+    }
+    return in * a->bits / 128 <= INT32_MAX &&
+           gemv1_smem(a->bits, 1, in * a->bits / 128, top_k) <= GEMV1_MAX_SMEM;
+}
+
+int cuda_gemv1_moe(be_backend *be, const float *x, int64_t rows, const be_linear *a,
+                   const be_linear *b, int32_t *ids, float *wts, int top_k, int64_t feats,
+                   be_act act, const cuda_moe_router *route, void *y, base_dtype y_dt,
+                   base_err *err) {
+    const bool glu = b != NULL;
+    const int64_t in = glu ? a->in : a->in * top_k;
+    gemv1_job job = gemv1_job_of(a, in);
+    job.nm = glu ? 2 : 1;
+    job.nx = 1;
+    job.x = x;
+    job.fz.act = act;
+    job.m[0] = {a->weight, a->scales, a->biases, a->bias, a->bias_dtype, y, y_dt, feats};
+    if (glu) job.m[1] = {b->weight, b->scales, b->biases, b->bias, b->bias_dtype, y, y_dt, feats};
+    job.rows = glu ? top_k * feats : feats;
+    job.ids = ids;
+    job.wts = wts;
+    job.top_k = top_k;
+    if (glu && route) {
+        job.route = *route;
+        job.route_ids = ids;
+        job.route_wts = wts;
+    }
+    job.seg = glu ? feats : a->in * a->bits / 128;
+    job.x_stride = in;
+    job.y_stride = glu ? top_k * feats : feats;
+    if (rows == 0 || job.rows == 0) return 0;
+    return gemv1_dispatch(cuda_impl(be), job, a->bits, glu, a->dtype, rows, err);
 }

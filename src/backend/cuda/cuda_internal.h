@@ -19,6 +19,7 @@ extern "C" {
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <limits.h>
 
 typedef struct cuda_tmap cuda_tmap; /* cuda_attention.cu */
 
@@ -224,6 +225,20 @@ __device__ __forceinline__ float cuda_act(be_act act, float v) {
     return v / (1.0f + __expf(-v));
 }
 
+/* A mixture-of-experts GLU's activation of gate g times up u (be_act), with the CPU's formulas
+ * (cpu_ops.c's ew_*), accurate expf included, so that the two backends' experts agree: both MoE
+ * paths (cuda_moe.cu, the decode GEMV's MoE jobs) take it. */
+__device__ __forceinline__ float cuda_moe_act(be_act act, float g, float u) {
+    if (act == BE_ACT_SWIGLU_OAI) {
+        g = fminf(g, 7.0f);
+        u = fminf(fmaxf(u, -7.0f), 7.0f);
+        return g / (1.0f + expf(-1.702f * g)) * (u + 1.0f);
+    }
+    if (act == BE_ACT_GELU_TANH)
+        return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u;
+    return g / (1.0f + expf(-g)) * u;
+}
+
 /* log2(e): the attention kernels take scores in the log2 domain (exp2f). */
 #define CUDA_LOG2E 1.4426950408889634f
 
@@ -313,6 +328,69 @@ __device__ __forceinline__ float cuda_block_sum(float v) {
     v = cuda_warp_sum(lane < nw ? part[lane] : 0.0f);
     __syncthreads();
     return v;
+}
+
+/* A row's routing from its router logits, by one whole warp: the softmax over all n_experts in
+ * F32 and the top_k (renormalized with norm_topk), exactly as the CPU's route_row; lane 0 writes
+ * the slots' experts rid[k] and weights rw[k] (global or shared memory). Expert e belongs to lane
+ * e % 32 for the top-k, which picks, top_k times, the largest logit not yet taken, ties to the
+ * lower expert: a NaN logit counts as -inf there (its row's weights are NaN whichever experts are
+ * taken, as on the CPU), so every pick is a valid expert. n_experts <= 1024 (a lane marks its
+ * taken experts in one 32-bit mask). */
+__device__ __forceinline__ void cuda_moe_route(const float *logits, int n_experts, int top_k,
+                                               bool norm_topk, int32_t *rid, float *rw) {
+    const int lane = threadIdx.x & 31;
+    /* max ignores NaN, as the CPU's comparison does */
+    float mx = -INFINITY;
+    for (int e = lane; e < n_experts; e += 32) mx = fmaxf(mx, logits[e]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+    for (int e = lane; e < n_experts; e += 32) sum += expf(logits[e] - mx);
+    sum = cuda_warp_sum(sum);
+    uint32_t taken = 0; /* bit j: expert lane + 32 j */
+    float chosen = 0.0f;
+    for (int k = 0; k < top_k; k++) {
+        float bv = -INFINITY;
+        int bi = INT_MAX;
+        for (int j = 0, e = lane; e < n_experts; j++, e += 32) {
+            const float v = logits[e] != logits[e] ? -INFINITY : logits[e];
+            if (!(taken >> j & 1u) && (v > bv || (v == bv && e < bi))) bv = v, bi = e;
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+        }
+        if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
+        if (lane == 0) {
+            const float w = expf(logits[bi] - mx) / sum;
+            rid[k] = bi;
+            rw[k] = w;
+            chosen += w;
+        }
+    }
+    if (lane != 0 || !norm_topk) return;
+    for (int k = 0; k < top_k; k++) rw[k] /= chosen;
+}
+
+/* The 1/rms of the row at base of x (cols values) in a row kernel, one block per row: the
+ * thread's first CUDA_ROW_VPT values of it into v (0 past the row), for the kernel's own pass
+ * after; a longer row's rest is read once here and again there. Every thread of the block must
+ * call it. */
+__device__ __forceinline__ float cuda_row_inv(const void *x, base_dtype x_dt, size_t base,
+                                              int64_t cols, float eps, float *v) {
+    const int64_t t = threadIdx.x, nt = blockDim.x;
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CUDA_ROW_VPT; k++) {
+        v[k] = t + k * nt < cols ? cuda_load(x, x_dt, base + t + k * nt) : 0.0f;
+        ss += v[k] * v[k];
+    }
+    for (int64_t c = t + CUDA_ROW_VPT * nt; c < cols; c += nt) {
+        const float u = cuda_load(x, x_dt, base + c);
+        ss += u * u;
+    }
+    return cuda_rms_inv(cuda_block_sum(ss), cols, eps);
 }
 
 /* Value k of a row of MLX affine-quantized weights: the row's words are one little-endian bit
@@ -443,6 +521,26 @@ bool cuda_gemv_norm_fits(const be_tensor *w, int64_t in);
 bool cuda_gemv1_fits(const cuda_backend *c, const be_tensor *x, const be_linear *w);
 int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, be_tensor *const *ys,
                int n, bool glu, const cuda_gemv_fuse *fz, base_err *err);
+/* The routed experts of cuda_moe through the decode GEMV, for x [rows, in] F32 whose rows' top_k
+ * experts and weights are ids and wts [rows, top_k] (device memory, written by an earlier kernel
+ * on the stream; or, for gate and up with a router, written by this one from the router's
+ * logits). With b (gate a, up b, stacked [experts feats, in]): h [rows, top_k, feats] F32
+ * = act(x gate_e^T + bias, x up_e^T + bias) of each slot's expert e (cuda_moe_act). Without (a the
+ * stacked down [experts feats, in], x [rows, top_k in]): y [rows, feats] of y_dt = the sum over
+ * slots k of wts_k (x_k down_e^T + bias). cuda_gemv1_moe_fits says whether it serves them: 4- or
+ * 8-bit affine weights in rows of whole 16-byte units, gate and up alike. */
+bool cuda_gemv1_moe_fits(const be_tensor *x, const be_linear *a, const be_linear *b, int top_k);
+/* The router's side of a GLU job that routes as well (cuda_moe_route): logits lg [rows,
+ * n_experts] F32 from an earlier kernel. */
+struct cuda_moe_router {
+    const float *lg;
+    int n_experts;
+    bool norm_topk;
+};
+int cuda_gemv1_moe(be_backend *be, const float *x, int64_t rows, const be_linear *a,
+                   const be_linear *b, int32_t *ids, float *wts, int top_k, int64_t feats,
+                   be_act act, const cuda_moe_router *route, void *y, base_dtype y_dt,
+                   base_err *err);
 /* One matrix of a decode GEMV job, for both GEMV kernels (cuda_gemv.cu, cuda_gemv_mma.cu): up
  * to three share one x (Q, K and V), or gate and up pair for the GLU. */
 struct cuda_gemv_mat {

@@ -3,21 +3,25 @@
  * holds it still records as a graph. On the backend's stream, for at most as many (row, expert)
  * pairs as there are experts (decode):
  *
- * 1. route: the router logits, a warp per (row, expert) over many CTAs, into the scratch; then
- *    a warp per row takes the softmax over all experts in F32 and the top_k (ties to the lower
- *    expert), renormalized with norm_topk, exactly as the CPU's route_row, and writes each
- *    (row, slot) pair's expert and weight into the scratch.
- * 2. glu: a warp per (pair, intermediate feature) computes act(x' gate_e^T) * (x' up_e^T) of
- *    the pair's expert e, into the scratch.
- * 3. down: a warp per (row, output feature) computes down_e of each of the row's pairs and
- *    their weighted sum, slot by slot in a fixed order, so that results are deterministic.
+ * 1. route: the router logits into the scratch (one or two rows through the decode GEMV, more
+ *    a warp per (row, expert) over many CTAs); then a warp per row takes the softmax over all
+ *    experts in F32 and the top_k (cuda_moe_route, exactly as the CPU's route_row) and writes
+ *    each (row, slot) pair's expert and weight into the scratch: in a kernel of its own, or as
+ *    the decode GEMV's gate/up job starts.
+ * 2. glu: act(x' gate_e^T) * (x' up_e^T) of each pair's expert e, into the scratch.
+ * 3. down: down_e of each of the row's pairs and their weighted sum, in a fixed order, so that
+ *    results are deterministic.
  *
- * That reads an expert's weights once per pair routed to it. With more pairs than experts
- * (prefill, large decode batches) the pairs are first listed expert by expert (group), and
- * glu and down run per (expert, feature), a warp walking its expert's pairs MOE_CHUNK at a
- * time so that each weight, read once, meets all of them; down then writes each pair's output
- * and a last kernel (combine) takes each row's weighted sum, slot by slot. A pair's sums run
- * in the same order on both paths, so they give the same bits.
+ * For 4- and 8-bit affine experts the decode GEMV serves glu and down (cuda_gemv1_moe): its
+ * integer dots, weight chunks in flight and SMs filled however few the rows, with each row's
+ * experts gathered by id (the warp-per-feature kernels here read 4-bit experts at 0.2 to 0.3
+ * TB/s on the H200, bench/RESULTS.md). Other formats take those kernels: a warp per (pair,
+ * feature) for glu, a warp per (row, output feature) for down summing the slots in order. That
+ * reads an expert's weights once per pair routed to it. With more pairs than experts (prefill,
+ * large decode batches) the pairs are first listed expert by expert (group), and glu and down
+ * run per (expert, feature), a warp walking its expert's pairs MOE_CHUNK at a time so that each
+ * weight, read once, meets all of them; down then writes each pair's output and a last kernel
+ * (combine) takes each row's weighted sum, slot by slot.
  *
  * Weights of every format (dense F32/F16/BF16, MLX affine 2..8 bits, MXFP4) are read eight
  * values at a time and dequantized in registers straight from the stacked tensors. Every
@@ -36,6 +40,10 @@
 #define MOE_CHUNK 8
 /* Threads of the one CTA that lists the pairs expert by expert. */
 #define MOE_GROUP_THREADS 1024
+/* Rows up to which the decode GEMV's MoE jobs serve 4- and 8-bit experts even with more pairs
+ * than experts: reading an expert once per pair routed to it still beats the grouped kernels
+ * here, which stay far from the bandwidth limit (bench/RESULTS.md). */
+#define MOE_GEMV_ROWS 64
 
 /* One linear layer as the kernels read it: rows are absolute rows of the stacked tensor. */
 struct moe_mat {
@@ -132,19 +140,6 @@ __device__ __forceinline__ float moe_bias(const moe_mat &m, int64_t row) {
     return m.bias ? cuda_load(m.bias, m.bias_dt, (size_t)row) : 0.0f;
 }
 
-/* The GLU activation of be_act times up, with the CPU's formulas (cpu_ops.c's ew_*), accurate
- * expf included, so that the two backends' experts agree. */
-__device__ __forceinline__ float moe_act(be_act act, float g, float u) {
-    if (act == BE_ACT_SWIGLU_OAI) {
-        g = fminf(g, 7.0f);
-        u = fminf(fmaxf(u, -7.0f), 7.0f);
-        return g / (1.0f + expf(-1.702f * g)) * (u + 1.0f);
-    }
-    if (act == BE_ACT_GELU_TANH)
-        return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u;
-    return g / (1.0f + expf(-g)) * u;
-}
-
 /* Warp (blockIdx.y, warp) owns expert e of row r = blockIdx.x (rows on x, whose grid reaches
  * 2^31 - 1): lg[r, e] = x'[r] . router[e] + bias. The logits of a row spread over CTAs: one CTA
  * alone took 66 us a layer for 128 experts of 2048 (Qwen3-30B-A3B's router) on the H200. */
@@ -156,48 +151,12 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
     if ((threadIdx.x & 31) == 0) lg[r * n_experts + e] = v + moe_bias(router, e);
 }
 
-/* One warp per row r routes from the row's logits. Expert e belongs to lane e % 32 for the
- * top-k, which picks, top_k times, the largest logit not yet taken, ties to the lower expert: a
- * NaN logit counts as -inf there (its row's weights are NaN whichever experts are taken, as on
- * the CPU), so every pick is a valid expert. */
+/* One warp per row r routes from the row's logits (cuda_moe_route). */
 __global__ void __launch_bounds__(32) moe_route_kernel(const float *lg, int n_experts, int top_k,
                                                        bool norm_topk, int32_t *ids, float *wts) {
     const int64_t r = blockIdx.x;
-    const int lane = threadIdx.x;
-    const float *logits = lg + r * n_experts;
-    /* max ignores NaN, as the CPU's comparison does */
-    float mx = -INFINITY;
-    for (int e = lane; e < n_experts; e += 32) mx = fmaxf(mx, logits[e]);
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float sum = 0.0f;
-    for (int e = lane; e < n_experts; e += 32) sum += expf(logits[e] - mx);
-    sum = cuda_warp_sum(sum);
-    uint32_t taken = 0; /* bit j: expert lane + 32 j */
-    float chosen = 0.0f;
-    int32_t *rid = ids + r * top_k;
-    float *rw = wts + r * top_k;
-    for (int k = 0; k < top_k; k++) {
-        float bv = -INFINITY;
-        int bi = INT_MAX;
-        for (int j = 0, e = lane; e < n_experts; j++, e += 32) {
-            const float v = logits[e] != logits[e] ? -INFINITY : logits[e];
-            if (!(taken >> j & 1u) && (v > bv || (v == bv && e < bi))) bv = v, bi = e;
-        }
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
-        }
-        if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
-        if (lane == 0) {
-            const float w = expf(logits[bi] - mx) / sum;
-            rid[k] = bi;
-            rw[k] = w;
-            chosen += w;
-        }
-    }
-    if (lane != 0 || !norm_topk) return;
-    for (int k = 0; k < top_k; k++) rw[k] /= chosen;
+    cuda_moe_route(lg + r * n_experts, n_experts, top_k, norm_topk, ids + r * top_k,
+                   wts + r * top_k);
 }
 
 /* Warp (blockIdx.x, warp) owns intermediate feature i of pair p = blockIdx.y (at most
@@ -212,7 +171,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
     const size_t x0 = (size_t)(p / top_k) * (size_t)gate.in;
     const float g = moe_dot(gate, row, x, x_dt, x0) + moe_bias(gate, row);
     const float u = moe_dot(up, row, x, x_dt, x0) + moe_bias(up, row);
-    if ((threadIdx.x & 31) == 0) h[p * inter + i] = moe_act(act, g, u);
+    if ((threadIdx.x & 31) == 0) h[p * inter + i] = cuda_moe_act(act, g, u);
 }
 
 /* Warp (blockIdx.x, warp) owns output feature o of row r = blockIdx.y: y[r, o] = the sum over
@@ -301,7 +260,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
             const int64_t p = order[c + j];
             const float va = cuda_warp_sum(acc_a[j]) + moe_bias(a, row);
             float v = va;
-            if (GLU) v = moe_act(act, va, cuda_warp_sum(acc_b[j]) + moe_bias(b, row));
+            if (GLU) v = cuda_moe_act(act, va, cuda_warp_sum(acc_b[j]) + moe_bias(b, row));
             if (lane == 0) out[p * feats + i] = v;
         }
     }
@@ -458,17 +417,35 @@ int cuda_moe(be_backend *be, const be_tensor *x, const be_norm *norm, const be_m
     if (moe_scratch(be, n, pairs, inter, out, E, &b, err)) return -1;
     cudaStream_t st = cuda_impl(be)->stream;
 
-    const dim3 lg_grid((unsigned)n, (unsigned)((E + MOE_WARPS - 1) / MOE_WARPS));
-    moe_logits_kernel<<<lg_grid, MOE_WARPS * 32, 0, st>>>(moe_mat_of(moe->router), x->data,
-                                                          x->dtype, E, b.lg);
-    if (cuda_check_launch("moe router", err)) return -1;
+    /* The router's logits: one or two rows through the decode GEMV (its integer dots round x
+     * to 2^-23 of each unit's largest |x|, as fine as F32 sums: no tensor cores), more on the
+     * logits kernel. */
+    if (n <= 2 && cuda_gemv1_fits(cuda_impl(be), x, moe->router)) {
+        be_tensor lg = {b.lg, BASE_DTYPE_F32, n, E};
+        be_tensor *lgp = &lg;
+        if (cuda_gemv1(be, x, &moe->router, &lgp, 1, false, NULL, err)) return -1;
+    } else {
+        const dim3 lg_grid((unsigned)n, (unsigned)((E + MOE_WARPS - 1) / MOE_WARPS));
+        moe_logits_kernel<<<lg_grid, MOE_WARPS * 32, 0, st>>>(moe_mat_of(moe->router), x->data,
+                                                              x->dtype, E, b.lg);
+        if (cuda_check_launch("moe router", err)) return -1;
+    }
+    /* The decode GEMV's MoE jobs: gate/up routes as it starts, down follows. */
+    if ((pairs <= E || n <= MOE_GEMV_ROWS) && cuda_gemv1_moe_fits(x, moe->gate, moe->up, K) &&
+        cuda_gemv1_moe_fits(x, moe->down, NULL, K)) {
+        const cuda_moe_router route = {b.lg, E, moe->norm_topk};
+        if (cuda_gemv1_moe(be, (const float *)x->data, n, moe->gate, moe->up, b.ids, b.wts, K,
+                           inter, moe->act, &route, b.h, BASE_DTYPE_F32, err))
+            return -1;
+        return cuda_gemv1_moe(be, b.h, n, moe->down, NULL, b.ids, b.wts, K, out, moe->act, NULL,
+                              y->data, y->dtype, err);
+    }
     moe_route_kernel<<<(unsigned)n, 32, 0, st>>>(b.lg, E, K, moe->norm_topk, b.ids, b.wts);
     if (cuda_check_launch("moe route", err)) return -1;
     const moe_mat gate = moe_mat_of(moe->gate), up = moe_mat_of(moe->up),
                   down = moe_mat_of(moe->down);
     const unsigned inter_blocks = (unsigned)((inter + MOE_WARPS - 1) / MOE_WARPS),
                    out_blocks = (unsigned)((out + MOE_WARPS - 1) / MOE_WARPS);
-
     if (pairs <= E) {
         const dim3 glu_grid(inter_blocks, (unsigned)pairs);
         moe_glu_kernel<<<glu_grid, MOE_WARPS * 32, 0, st>>>(gate, up, x->data, x->dtype, b.ids, K,

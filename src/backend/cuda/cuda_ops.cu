@@ -90,21 +90,11 @@ __global__ void rmsnorm_kernel(rms_part a, rms_part b, float eps) {
     const bool first = blockIdx.x < a.rows;
     const rms_part &p = first ? a : b;
     const size_t base = (size_t)(first ? blockIdx.x : blockIdx.x - a.rows) * (size_t)p.cols;
-    const int64_t t = threadIdx.x, nt = blockDim.x, cols = p.cols;
+    const int64_t cols = p.cols;
     float wv[CUDA_ROW_VPT], xv[CUDA_ROW_VPT];
     cuda_row_weights(p.w, p.w_dt, cols, wv);
     cuda_pdl_wait();
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < CUDA_ROW_VPT; k++) {
-        xv[k] = t + k * nt < cols ? cuda_load(p.x, p.x_dt, base + t + k * nt) : 0.0f;
-        ss += xv[k] * xv[k];
-    }
-    for (int64_t c = t + CUDA_ROW_VPT * nt; c < cols; c += nt) {
-        const float v = cuda_load(p.x, p.x_dt, base + c);
-        ss += v * v;
-    }
-    const float inv = cuda_rms_inv(cuda_block_sum(ss), cols, eps);
+    const float inv = cuda_row_inv(p.x, p.x_dt, base, cols, eps, xv);
     cuda_row_store_normed(p.y, p.y_dt, p.x, p.x_dt, p.w, p.w_dt, xv, wv, base, cols, inv);
 }
 
