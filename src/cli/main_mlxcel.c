@@ -47,7 +47,7 @@ int cli_cmd_arch(int argc, char **argv) {
     printf("rope:     default, linear, dynamic, llama3, yarn, longrope; partial rotary\n");
     printf("attention: sliding windows (all layers or per layer; a local layer keeps only its "
            "window in the KV cache), attention sinks, score and logit soft-capping\n");
-    printf("cuda:     attention head_dim 32, 64, 128 or 256; the tensor-core prefill and the "
+    printf("cuda:     attention head_dim 32, 64, 96, 128 or 256; the tensor-core prefill and the "
            "small-batch decode kernels take head_dim 64 and 128 without soft-cap, window or "
            "sinks, other layers the generic kernel (a window or sinks: decode not split over "
            "the context)\n");

@@ -1,5 +1,6 @@
 /* CUDA paged attention (decode v1, v2 + merge, prefill rows) against a dense double-precision
- * reference on random geometries: GQA groups 1 to 16, head_dim 32/64/128/256, f16 and bf16 pools,
+ * reference on random geometries: GQA groups 1 to 16, head_dim 32/64/96/128/256 (96, Phi-3's,
+ * on the F32 kernel for every row, in sub-groups of at most 2 heads), f16 and bf16 pools,
  * scattered pages, lengths that are not multiples of the block size, a first-page offset, and
  * mixed prefill + decode batches. Pool slots no live token occupies hold NaN, so reading one
  * shows. Decode rows at head_dim 64/128 (groups up to 16) and 256 (groups up to 8), blocks of
@@ -321,6 +322,11 @@ int main(void) {
         {4, 8, 128, 32, BASE_DTYPE_BF16, BASE_DTYPE_F32},
         /* Gemma 3 4B: 8 heads over 4, head_dim 256 */
         {2, 4, 256, 32, BASE_DTYPE_BF16, BASE_DTYPE_F32},
+        /* head_dim 96 (Phi-3-mini, Phi-3.5-mini: no GQA), and its groups of 2 and of 8 (four
+         * sub-groups of 2) */
+        {1, 4, 96, 16, BASE_DTYPE_BF16, BASE_DTYPE_F32},
+        {2, 2, 96, 32, BASE_DTYPE_F16, BASE_DTYPE_BF16},
+        {8, 1, 96, 16, BASE_DTYPE_BF16, BASE_DTYPE_F32},
     };
     /* decode rows of assorted lengths, one with a first-page offset, a fresh prompt and a
      * chunked-prefill continuation */
@@ -361,7 +367,7 @@ int main(void) {
      * and without a window. */
     base_err err = {{0}};
     CHECK_MSG(be_cpu_create(2, &cpu, &err) == 0, "%s", err.msg);
-    const size_t gemma_cases[] = {0, 1, 2, 4, 6, 7, 10, 13, 14, 16};
+    const size_t gemma_cases[] = {0, 1, 2, 4, 6, 7, 10, 13, 14, 16, 17, 18};
     const struct {
         float softcap;
         int window;

@@ -78,6 +78,10 @@ static const struct {
     {"llama_q8_g32", 4, NULL},
     {"olmo2_bf16", 2, "normalizes q and k over every head at once"},
     {"olmo2_bf16", 1, NULL},
+    {"phi3_hd96_q4_g64", 2,
+     "model.layers.0.self_attn.o_proj would be split into 96 columns per rank, not a multiple "
+     "of its quantization group (64)"},
+    {"phi3_hd96_q4_g64", 1, NULL},
     {"gemma3_text_bf16", 2, NULL},
     {"gemma3_text_bf16", 4, "num_attention_heads 2 does not split over 4 ranks"},
     {"qwen2_bf16", 4, NULL},

@@ -115,7 +115,7 @@ def _gemma3_vlm_text():
     }
 
 
-def _phi3(longrope, partial, tied, window):
+def _phi3(longrope, partial, tied, window, hidden=128, heads=4, kv_heads=2):
     cfg = {
         "architectures": ["Phi3ForCausalLM"],
         "attention_bias": False,
@@ -124,14 +124,14 @@ def _phi3(longrope, partial, tied, window):
         "embd_pdrop": 0.0,
         "eos_token_id": [2, 3],
         "hidden_act": "silu",
-        "hidden_size": 128,
+        "hidden_size": hidden,
         "initializer_range": 0.02,
         "intermediate_size": 256,
         "max_position_embeddings": 4096,
         "model_type": "phi3",
-        "num_attention_heads": 4,
+        "num_attention_heads": heads,
         "num_hidden_layers": 2,
-        "num_key_value_heads": 2,
+        "num_key_value_heads": kv_heads,
         "original_max_position_embeddings": 4096,
         "pad_token_id": 0,
         "partial_rotary_factor": partial,
@@ -145,7 +145,7 @@ def _phi3(longrope, partial, tied, window):
         "vocab_size": 256,
     }
     if longrope:
-        rot = int(32 * partial) // 2
+        rot = int(hidden // heads * partial) // 2
         rng = np.random.default_rng(7)
         # Long context past original_max_position_embeddings (64 < the 100-token prompt), so
         # transformers uses long_factor for every position; short_factor differs so that a
@@ -224,6 +224,13 @@ MODELS = {
     "gemma3_vlm": {"seed": 62, "config": _gemma3_vlm_text(), "vlm": True},
     "phi3_long": {"seed": 71, "config": _phi3(True, 0.75, True, None)},
     "phi3_window": {"seed": 72, "config": _phi3(False, 1.0, False, 40)},
+    # Phi-3-mini-4k's head_dim 96, no GQA, and its window on every layer (no rope scaling:
+    # longrope switching tables at original_max_position_embeddings gives token-by-token decode
+    # other keys than one forward over the prompt, and test_fixtures_window compares the two).
+    "phi3_hd96": {
+        "seed": 73,
+        "config": _phi3(False, 1.0, False, 40, hidden=192, heads=2, kv_heads=2),
+    },
     "olmo2": {"seed": 81, "config": _olmo2()},
     "granite": {"seed": 91, "config": _granite()},
 }
@@ -234,6 +241,7 @@ FIXTURES = [
     {"name": "gemma3_vlm_q4_g64", "model": "gemma3_vlm", "dtype": "bfloat16", "quant": mf._q(4, 64)},
     {"name": "phi3_long_bf16", "model": "phi3_long", "dtype": "bfloat16"},
     {"name": "phi3_window_q4_g64", "model": "phi3_window", "dtype": "bfloat16", "quant": mf._q(4, 64)},
+    {"name": "phi3_hd96_q4_g64", "model": "phi3_hd96", "dtype": "bfloat16", "quant": mf._q(4, 64)},
     {"name": "olmo2_bf16", "model": "olmo2", "dtype": "bfloat16"},
     {"name": "granite_bf16", "model": "granite", "dtype": "bfloat16"},
 ]

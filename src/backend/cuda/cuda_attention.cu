@@ -140,23 +140,35 @@ __device__ __forceinline__ bool chunk_pages(const att_params &p, int s, int n_vi
     return true;
 }
 
+/* Threads that share a token in the score phase, a power of two: the fewest whose shares of the
+ * D dims are at most 64 / GB dims (8 at least), or the most that still cut D into whole 16-byte
+ * chunks (head_dim 96: 2 threads of 48 dims at GB 1, 4 of 24 at GB 2). */
+__host__ __device__ constexpr int att_np(int d, int gb) {
+    int np = 1;
+    while (np < 32 && d % (np * 16) == 0 && d / np > (64 / gb < 8 ? 8 : 64 / gb)) np *= 2;
+    return np;
+}
+
 template <int D, int GB> struct att_geom {
     static constexpr int CH = D / 8;             /* 16-byte chunks per token row */
     static constexpr int NTG = ATT_THREADS / CH; /* token slices in the value phase */
     static constexpr int RED = NTG * GB * D;     /* floats of the final slice reduction */
     /* Score phase: NP threads share a token, each holding DPT dims of q for every head of the
      * group in registers (DPT * GB = 64 floats at most), CPT chunks of them. */
-    static constexpr int DPT = (64 / GB < 8) ? 8 : (64 / GB > D ? D : 64 / GB);
-    static constexpr int NP = D / DPT;
+    static constexpr int NP = att_np(D, GB);
+    static constexpr int DPT = D / NP;
+    static_assert(DPT % 8 == 0 && DPT * NP == D && 32 % NP == 0, "score-phase split");
     static constexpr int CPT = DPT / 8;
     static constexpr int TPP = ATT_THREADS / NP; /* tokens per pass */
 };
 
 /* Where chunk c of K token t lies in shared memory: the chunk's index among a thread's CPT
- * chunks is XORed with the token, so the NP-thread groups of one warp, which read the same
- * chunk of different tokens, hit distinct banks. */
+ * chunks is XORed with the token (rotated by it where CPT is not a power of two, as at head_dim
+ * 96), so the NP-thread groups of one warp, which read the same chunk of different tokens, hit
+ * distinct banks. */
 template <int NP, int CPT> __device__ __forceinline__ int k_swizzle(int t, int c) {
-    return (((c / NP) ^ (t % CPT)) * NP) + c % NP;
+    if constexpr ((CPT & (CPT - 1)) == 0) return (((c / NP) ^ (t % CPT)) * NP) + c % NP;
+    return (((c / NP + t) % CPT) * NP) + c % NP;
 }
 
 /* Registers, not shared memory, bound the resident CTAs (two stages at head_dim 128 take
@@ -323,7 +335,8 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
             }
             __syncthreads();
 
-            /* values: thread = (8 dims, token slice) */
+            /* values: thread = (8 dims, token slice); where CH does not divide the CTA (head_dim
+             * 96), the threads past NTG slices sit this phase out */
             const int cv = tid % CH, tg = tid / CH;
 #pragma unroll
             for (int h = 0; h < GB; h++) {
@@ -331,7 +344,7 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
 #pragma unroll
                 for (int k = 0; k < 8; k++) acc[h][k] *= a;
             }
-            for (int t = lo + tg; t < hi; t += NTG) {
+            for (int t = lo + tg; tg < NTG && t < hi; t += NTG) {
                 float vf[8];
                 cvt8<KT>(*(const uint4 *)(vt + t * D + cv * 8), vf);
                 float pr[GB];
@@ -352,7 +365,8 @@ __global__ void __launch_bounds__(ATT_THREADS, GB >= 8 ? 3 : 4)
 #pragma unroll
             for (int h = 0; h < GB; h++)
 #pragma unroll
-                for (int k = 0; k < 8; k++) red[(tg * GB + h) * D + cv * 8 + k] = acc[h][k];
+                for (int k = 0; k < 8; k++)
+                    if (tg < NTG) red[(tg * GB + h) * D + cv * 8 + k] = acc[h][k];
         }
         __syncthreads();
         for (int i = tid; i < GB * D; i += ATT_THREADS) {
@@ -931,7 +945,8 @@ template <int VEC> __device__ __forceinline__ void load_vec(const float *src, fl
         const float2 v = *(const float2 *)src;
         x[0] = v.x, x[1] = v.y;
     } else {
-        x[0] = *src;
+#pragma unroll
+        for (int i = 0; i < VEC; i++) x[i] = src[i];
     }
 }
 
@@ -1100,6 +1115,9 @@ static int dispatch(const att_params &p, int head_dim, int gb, dim3 grid, size_t
         return dispatch_group<32, KT>(p, gb, grid, smem, c, err);
     case 64:
         return dispatch_group<64, KT>(p, gb, grid, smem, c, err);
+    case 96:
+        return gb == 2 ? launch_attention<96, 2, KT>(p, grid, smem, c, err)
+                       : launch_attention<96, 1, KT>(p, grid, smem, c, err);
     case 128:
         return dispatch_group<128, KT>(p, gb, grid, smem, c, err);
     default:
@@ -1286,6 +1304,8 @@ static int run_merge(const att_params &p, int head_dim, cuda_backend *c, base_er
         return launch_merge<32>(p, wide, n_pairs, c, err);
     case 64:
         return launch_merge<64>(p, wide, n_pairs, c, err);
+    case 96:
+        return launch_merge<96>(p, wide, n_pairs, c, err);
     case 128:
         return launch_merge<128>(p, wide, n_pairs, c, err);
     default:
@@ -1308,8 +1328,8 @@ static bool v2_usable(const be_decode_plan *plan, const be_paged_batch *batch, i
 int cuda_attention_check(const be_tensor *q, const be_kv_layer *layer, const be_paged_batch *batch,
                          int n_heads, be_attn attn, const be_tensor *out, base_err *err) {
     const int hd = layer->head_dim, nkv = layer->n_kv_heads;
-    if (hd != 32 && hd != 64 && hd != 128 && hd != 256)
-        return base_fail(err, "cuda: attention: head_dim %d (32, 64, 128 or 256)", hd);
+    if (hd != 32 && hd != 64 && hd != 96 && hd != 128 && hd != 256)
+        return base_fail(err, "cuda: attention: head_dim %d (32, 64, 96, 128 or 256)", hd);
     if (nkv < 1 || n_heads % nkv)
         return base_fail(err, "cuda: attention: %d query heads over %d kv heads", n_heads, nkv);
     if (layer->dtype != BASE_DTYPE_F16 && layer->dtype != BASE_DTYPE_BF16)
@@ -1338,7 +1358,9 @@ int cuda_attention(be_backend *be, const be_tensor *q, const be_kv_layer *layer,
     if (cuda_attention_wide_fits(be, layer, batch, n_heads, attn))
         return cuda_attention_wide(be, q, layer, batch, n_heads, attn, out, err);
     const int group = n_heads / nkv;
-    int gb = ATT_MAX_GROUP;
+    /* head_dim 96 keeps sub-groups of 2 at most: a larger one's share of q would not fit in
+     * registers as whole chunks (att_np). */
+    int gb = hd == 96 ? 2 : ATT_MAX_GROUP;
     while (group % gb) gb >>= 1;
     /* Fewer stages when a large block would not fit. */
     int stages = cuda_impl(be)->att_stages;

@@ -19,7 +19,7 @@ const model_arch arch_phi3 = {
     .summary = "Phi-3, Phi-3.5-mini, Phi-4-mini: fused qkv and gate_up, longrope, partial "
                "rotary, sliding_window over every layer unless it spans max_position_embeddings "
                "(Phi-3.5-mini, Phi-4-mini: no window); on CUDA head_dim 96 (Phi-3-mini, "
-               "Phi-3.5-mini) is refused",
+               "Phi-3.5-mini) takes the generic attention kernel",
     .configure = phi3_configure,
     .names = {ARCH_LLAMA_NAMES, .qkv = "self_attn.qkv_proj", .gate_up = "mlp.gate_up_proj"},
 };
