@@ -8,17 +8,19 @@
  * as a graph and replayed on both paths, its scratch refusing to grow while recording, and
  * its argument checks. Skipped when no CUDA device is present.
  *
- * The tolerances. The CUDA op sums every product in F32 over the weights' exact values and
- * routes in F32 (nothing is rounded to BF16 on the way), so it is held to TOL_EXACT against
- * the op computed here in double from the same values: F32 sums of 256 and 128 products and
- * two weighted experts stay far below it (the CPU's F32 paths, BF16 and MXFP4 here, come within
- * 3e-7). Against the CPU backend the same bound holds for BF16 and MXFP4 experts; for 4- and
- * 8-bit ones the CPU's integer dots round x to int16 codes per group (2^-16 of the group's
- * largest |x|, and the gate/up output that feeds down has a long tail), which puts the CPU
- * itself up to 1.7e-4 from the double op on these inputs: TOL_CPU_INT is 3 times that. A wrong
- * expert, weight, scale or activation moves y by a sizeable share of its norm. The closest
- * second and third router logits of any row here are 3.6e-5 apart, far more than F32 sums
- * of the logits can move them, so both backends pick the same experts. */
+ * The tolerances. The CUDA op sums every product in F32 over the weights' exact values (the
+ * decode GEMV's MoE jobs and its router logits: integer dots over x rounded to 2^-23 of each
+ * unit's largest |x|) and routes in F32 (nothing is rounded to BF16 on the way), so it is held
+ * to TOL_EXACT against the op computed here in double from the same values: F32 sums of 256 and
+ * 128 products and two weighted experts stay far below it (the CPU's F32 paths, BF16 and MXFP4
+ * here, come within 3e-7; the GEMV's, 2e-6). Against the CPU backend the same bound holds for BF16
+ * and MXFP4 experts; for 4- and 8-bit ones the CPU's integer dots round x to int16 codes per group
+ * (2^-16 of the group's largest |x|, and the gate/up output that feeds down has a long tail), which
+ * puts the CPU itself up to 1.7e-4 from the double op on these inputs: TOL_CPU_INT is 3 times that.
+ * A wrong expert, weight, scale or activation moves y by a sizeable share of its norm. The closest
+ * second and third router logits of the first layer's rows were 3.6e-5 apart, far more than
+ * F32 sums of the logits can move them, so both backends pick the same experts (a row whose
+ * experts differed would miss TOL_EXACT against the double op by far). */
 #include "test_cuda_util.h"
 
 #include <math.h>
