@@ -66,17 +66,15 @@ struct gemv1_job {
      * the stacked gate and up. A down job's x is the slots' inputs one after the other, seg units
      * each, slot k's scaled by its weight as it is read; output o sums over the slots, unit u of
      * slot k = u / seg meeting unit u - k seg of row ids[k] out + o of the stacked down. */
-    const int32_t *ids;
-    const float *wts;
+    int32_t *ids;
+    float *wts;
     int top_k;
     int64_t seg;
     int64_t x_stride, y_stride;
     /* A GLU job that also routes (route.lg not NULL): row y's experts come from its router
-     * logits (cuda_moe_route), and CTA 0 of the row writes them and their weights to route_ids
-     * and route_wts for the down job after it. */
+     * logits (cuda_moe_route), and CTA 0 of the row writes them and their weights to ids and wts
+     * for the down job after it. */
     cuda_moe_router route;
-    int32_t *route_ids;
-    float *route_wts;
 };
 
 /* Units of x the digits in shared memory cover: whole chunks, the tail zero. */
@@ -225,6 +223,14 @@ __device__ __forceinline__ void gemv1_emit(const gemv1_job &job, int64_t step, i
     }
 }
 
+/* The row of the stacked gate and up that a MoE GLU job's output o reads (sids: the row of x's
+ * experts): feature o % seg of slot o / seg's expert. */
+__device__ __forceinline__ int64_t gemv1_moe_row(const gemv1_job &job, const int32_t *sids,
+                                                 int64_t o) {
+    const int64_t k = o / job.seg;
+    return sids[k] * job.seg + o - k * job.seg;
+}
+
 /* The MoE jobs' output row r of block `step` for row xr of x (sids: its experts), v (GLU: v of
  * gate's row, v2 of up's); a down job adds its slots' biases, each times its slot's weight. */
 template <bool GLU, int R>
@@ -234,7 +240,7 @@ __device__ __forceinline__ void gemv1_emit_moe(const gemv1_job &job, int64_t xr,
     if (GLU) {
         const int64_t o = step * (R / 2) + r;
         if (o >= job.rows) return;
-        const int64_t k = o / job.seg, row = sids[k] * job.seg + o - k * job.seg;
+        const int64_t row = gemv1_moe_row(job, sids, o);
         if (m.bias) v += cuda_load(m.bias, m.bias_dt, (size_t)row);
         if (job.m[1].bias) v2 += cuda_load(job.m[1].bias, job.m[1].bias_dt, (size_t)row);
         cuda_store(m.y, m.y_dt, (size_t)(xr * job.y_stride + o), cuda_moe_act(job.fz.act, v, v2));
@@ -294,11 +300,8 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
 #pragma unroll
             for (int r = 0; r < OUT; r++) {
                 int64_t row = row0 + r < out ? row0 + r : out - 1;
-                if (MOE) {
-                    const int64_t o = row0 + r < job.rows ? row0 + r : job.rows - 1,
-                                  k = o / job.seg;
-                    row = sids[k] * job.seg + o - k * job.seg;
-                }
+                if (MOE)
+                    row = gemv1_moe_row(job, sids, row0 + r < job.rows ? row0 + r : job.rows - 1);
                 lw[half * OUT + r] = w + row * U;
                 ls[half * OUT + r] = sp + row * job.groups;
                 lb[half * OUT + r] = bp + row * job.groups;
@@ -428,8 +431,8 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     if (MOE) {
         if (GLU && job.route.lg && blockIdx.x == 0)
             for (int k = threadIdx.x; k < job.top_k; k += blockDim.x) {
-                job.route_ids[xr * job.top_k + k] = sids[k];
-                job.route_wts[xr * job.top_k + k] = swts[k];
+                job.ids[xr * job.top_k + k] = sids[k];
+                job.wts[xr * job.top_k + k] = swts[k];
             }
         seek();
         load(b0);
@@ -521,6 +524,16 @@ static gemv1_job gemv1_job_of(const be_linear *w, int64_t in) {
     return job;
 }
 
+/* The weight conditions both entry points ask: 4 or 8 bits in rows of whole 16-byte units,
+ * groups of 32, 64 or 128, the kernel's alignments and float scales and bias. */
+static bool gemv1_weight_fits(const be_linear *w) {
+    return (w->bits == 4 || w->bits == 8) && (w->in * w->bits) % 128 == 0 &&
+           (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) &&
+           w->in % w->group_size == 0 && ((uintptr_t)w->weight & 15) == 0 &&
+           ((uintptr_t)w->scales & 3) == 0 && ((uintptr_t)w->biases & 3) == 0 &&
+           cuda_float_dtype(w->dtype) && (!w->bias || cuda_float_dtype(w->bias_dtype));
+}
+
 bool cuda_gemv1_fits(const cuda_backend *c, const be_tensor *x, const be_linear *w) {
     /* A forced kernel keeps the rules below (F32 x only, the GEMM path from 64 rows). */
     if (cuda_qgemm_takes(c, x->rows) && cuda_qgemm_fits(x, w)) return true;
@@ -533,13 +546,8 @@ bool cuda_gemv1_fits(const cuda_backend *c, const be_tensor *x, const be_linear 
         return x->rows < CUDA_GEMM_MIN_ROWS && cuda_gemv_mma_fits(&slice, w) &&
                cuda_gemv1_fits(c, &slice, w);
     }
-    return x->rows >= 1 && x->dtype == BASE_DTYPE_F32 && (w->bits == 4 || w->bits == 8) &&
-           (w->in * w->bits) % 128 == 0 &&
-           (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) &&
-           w->in % w->group_size == 0 && ((uintptr_t)w->weight & 15) == 0 &&
-           ((uintptr_t)x->data & 15) == 0 && ((uintptr_t)w->scales & 3) == 0 &&
-           ((uintptr_t)w->biases & 3) == 0 && cuda_float_dtype(w->dtype) &&
-           (!w->bias || cuda_float_dtype(w->bias_dtype)) &&
+    return x->rows >= 1 && x->dtype == BASE_DTYPE_F32 && ((uintptr_t)x->data & 15) == 0 &&
+           gemv1_weight_fits(w) &&
            gemv1_smem(w->bits, 2, w->in * w->bits / 128, 0) <= GEMV1_MAX_SMEM;
 }
 
@@ -592,28 +600,25 @@ static int gemv1_rows(cuda_backend *c, const gemv1_job &job, int64_t moe_rows, b
                        : gemv1_launch<BITS, GLU, S, 2, false>(c, job, 1, err);
 }
 
-/* The kernel for the bits, glu and scales' dtype: a pass of job.nx rows, or a MoE job's
+/* The kernel for the glu and scales' dtype at BITS: a pass of job.nx rows, or a MoE job's
  * moe_rows rows (0: none). */
+template <int BITS>
+static int gemv1_scaled(cuda_backend *c, const gemv1_job &job, bool glu, base_dtype dt,
+                        int64_t moe_rows, base_err *err) {
+    if (dt == BASE_DTYPE_F32)
+        return glu ? gemv1_rows<BITS, true, float>(c, job, moe_rows, err)
+                   : gemv1_rows<BITS, false, float>(c, job, moe_rows, err);
+    if (dt == BASE_DTYPE_F16)
+        return glu ? gemv1_rows<BITS, true, __half>(c, job, moe_rows, err)
+                   : gemv1_rows<BITS, false, __half>(c, job, moe_rows, err);
+    return glu ? gemv1_rows<BITS, true, __nv_bfloat16>(c, job, moe_rows, err)
+               : gemv1_rows<BITS, false, __nv_bfloat16>(c, job, moe_rows, err);
+}
+
 static int gemv1_dispatch(cuda_backend *c, const gemv1_job &job, int bits, bool glu, base_dtype dt,
                           int64_t moe_rows, base_err *err) {
-    if (bits == 4) {
-        if (dt == BASE_DTYPE_F32)
-            return glu ? gemv1_rows<4, true, float>(c, job, moe_rows, err)
-                       : gemv1_rows<4, false, float>(c, job, moe_rows, err);
-        if (dt == BASE_DTYPE_F16)
-            return glu ? gemv1_rows<4, true, __half>(c, job, moe_rows, err)
-                       : gemv1_rows<4, false, __half>(c, job, moe_rows, err);
-        return glu ? gemv1_rows<4, true, __nv_bfloat16>(c, job, moe_rows, err)
-                   : gemv1_rows<4, false, __nv_bfloat16>(c, job, moe_rows, err);
-    }
-    if (dt == BASE_DTYPE_F32)
-        return glu ? gemv1_rows<8, true, float>(c, job, moe_rows, err)
-                   : gemv1_rows<8, false, float>(c, job, moe_rows, err);
-    if (dt == BASE_DTYPE_F16)
-        return glu ? gemv1_rows<8, true, __half>(c, job, moe_rows, err)
-                   : gemv1_rows<8, false, __half>(c, job, moe_rows, err);
-    return glu ? gemv1_rows<8, true, __nv_bfloat16>(c, job, moe_rows, err)
-               : gemv1_rows<8, false, __nv_bfloat16>(c, job, moe_rows, err);
+    return bits == 4 ? gemv1_scaled<4>(c, job, glu, dt, moe_rows, err)
+                     : gemv1_scaled<8>(c, job, glu, dt, moe_rows, err);
 }
 
 int64_t cuda_gemv_mats(cuda_gemv_mat *m, const be_linear *const *ws, be_tensor *const *ys, int n,
@@ -675,23 +680,20 @@ int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, b
     return 0;
 }
 
-bool cuda_gemv1_moe_fits(const be_tensor *x, const be_linear *a, const be_linear *b, int top_k) {
-    const int64_t in = b ? a->in : a->in * top_k;
-    if (x->dtype != BASE_DTYPE_F32 || ((uintptr_t)x->data & 15) || x->cols % 4) return false;
+/* Gate and up (b, its twin) or down (b NULL) of a MoE job, top_k slots of rows of a->in. */
+static bool gemv1_moe_mats_fit(const be_linear *a, const be_linear *b, int top_k) {
     if (b && (b->bits != a->bits || b->group_size != a->group_size || b->dtype != a->dtype ||
-              b->in != a->in))
+              b->in != a->in || b->quant != BE_QUANT_AFFINE || !gemv1_weight_fits(b)))
         return false;
-    for (const be_linear *w : {a, b}) {
-        if (!w) continue;
-        if ((w->bits != 4 && w->bits != 8) || w->quant != BE_QUANT_AFFINE ||
-            (w->in * w->bits) % 128 ||
-            (w->group_size != 32 && w->group_size != 64 && w->group_size != 128) ||
-            w->in % w->group_size || ((uintptr_t)w->weight & 15) || ((uintptr_t)w->scales & 3) ||
-            ((uintptr_t)w->biases & 3) || !cuda_float_dtype(w->dtype))
-            return false;
-    }
-    return in * a->bits / 128 <= INT32_MAX &&
-           gemv1_smem(a->bits, 1, in * a->bits / 128, top_k) <= GEMV1_MAX_SMEM;
+    const int64_t units = (b ? a->in : a->in * top_k) * a->bits / 128;
+    return a->quant == BE_QUANT_AFFINE && gemv1_weight_fits(a) && units <= INT32_MAX &&
+           gemv1_smem(a->bits, 1, units, top_k) <= GEMV1_MAX_SMEM;
+}
+
+bool cuda_gemv1_moe_fits(const be_tensor *x, const be_moe *moe) {
+    return x->dtype == BASE_DTYPE_F32 && ((uintptr_t)x->data & 15) == 0 && x->cols % 4 == 0 &&
+           gemv1_moe_mats_fit(moe->gate, moe->up, moe->top_k) &&
+           gemv1_moe_mats_fit(moe->down, NULL, moe->top_k);
 }
 
 int cuda_gemv1_moe(be_backend *be, const float *x, int64_t rows, const be_linear *a,
@@ -711,11 +713,7 @@ int cuda_gemv1_moe(be_backend *be, const float *x, int64_t rows, const be_linear
     job.ids = ids;
     job.wts = wts;
     job.top_k = top_k;
-    if (glu && route) {
-        job.route = *route;
-        job.route_ids = ids;
-        job.route_wts = wts;
-    }
+    if (glu && route) job.route = *route;
     job.seg = glu ? feats : a->in * a->bits / 128;
     job.x_stride = in;
     job.y_stride = glu ? top_k * feats : feats;

@@ -529,7 +529,7 @@ int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, b
  * stacked down [experts feats, in], x [rows, top_k in]): y [rows, feats] of y_dt = the sum over
  * slots k of wts_k (x_k down_e^T + bias). cuda_gemv1_moe_fits says whether it serves them: 4- or
  * 8-bit affine weights in rows of whole 16-byte units, gate and up alike. */
-bool cuda_gemv1_moe_fits(const be_tensor *x, const be_linear *a, const be_linear *b, int top_k);
+bool cuda_gemv1_moe_fits(const be_tensor *x, const be_moe *moe);
 /* The router's side of a GLU job that routes as well (cuda_moe_route): logits lg [rows,
  * n_experts] F32 from an earlier kernel. */
 struct cuda_moe_router {

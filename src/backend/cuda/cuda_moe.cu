@@ -431,8 +431,7 @@ int cuda_moe(be_backend *be, const be_tensor *x, const be_norm *norm, const be_m
         if (cuda_check_launch("moe router", err)) return -1;
     }
     /* The decode GEMV's MoE jobs: gate/up routes as it starts, down follows. */
-    if ((pairs <= E || n <= MOE_GEMV_ROWS) && cuda_gemv1_moe_fits(x, moe->gate, moe->up, K) &&
-        cuda_gemv1_moe_fits(x, moe->down, NULL, K)) {
+    if ((pairs <= E || n <= MOE_GEMV_ROWS) && cuda_gemv1_moe_fits(x, moe)) {
         const cuda_moe_router route = {b.lg, E, moe->norm_topk};
         if (cuda_gemv1_moe(be, (const float *)x->data, n, moe->gate, moe->up, b.ids, b.wts, K,
                            inter, moe->act, &route, b.h, BASE_DTYPE_F32, err))
