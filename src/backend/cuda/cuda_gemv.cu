@@ -4,7 +4,8 @@
  * GLU (act(gate) * up, the activation from the job's fz). More rows of x take more passes
  * (from CUDA_GEMV_MMA_ROWS rows the tensor-core kernel serves them instead). A mixture of
  * experts' routed experts are jobs of their own (cuda_gemv1_moe): rows gathered from the stacked
- * experts by the routed ids, each row of x on the grid's y.
+ * experts by the routed ids, each row of x on the grid's y; their weights may also be MXFP4
+ * (E2M1 codes, one E8M0 scale a 32-value unit, no biases), which only those jobs take.
  *
  * Arithmetic: integer dot products. x is cut into units of the 32 (4-bit) or 16 (8-bit) values
  * one 16-byte word of weights holds; each unit's values, scaled by a power of two above its
@@ -13,7 +14,9 @@
  * 4-bit weights cost three dp4a (one per digit) plus the nibble split, against a LOP3, an FADD
  * and an FFMA for each weight in F32; the rounding (2^-23 of the unit's largest |x|) stays far
  * inside the F32 grade tests/backend/test_cuda_ops.c asks for. The affine form is folded per
- * unit: sum_k (s q_k + b) x_k = s dot(q, x) + b sum(x).
+ * unit: sum_k (s q_k + b) x_k = s dot(q, x) + b sum(x). An MXFP4 code is twice its E2M1 value
+ * as a signed integer in [-12, 12] (two byte permutes a word of codes look it up), so its unit
+ * is a signed dp4a product scaled by half its power-of-two scale.
  *
  * Layout: each CTA first turns all of x into digits in shared memory (four threads a unit, so
  * the step after the wait stays short), then its warps work alone. A warp walks blocks of
@@ -109,13 +112,15 @@ __device__ __forceinline__ void gemv1_load_x(const gemv1_job &job, int64_t xr, i
  * X = d2 65536 + d1 256 + d0 with d0, d1 in [-128, 127] and d2 in [-64, 64]. Word 3 h + c of
  * d packs digit c of the four values that the bytes of the quarter's weight word h meet, in
  * byte order: a 4-bit quarter is one weight word of 8 values, split into its even nibbles
- * (h = 0) and odd ones (h = 1); an 8-bit quarter is one word of 4 values.
+ * (h = 0) and odd ones (h = 1), or for MXFP4 (FP4) into its low half-word (h = 0) and high one
+ * (the byte permutes of fp4_bytes keep the codes in order); an 8-bit quarter is one word of 4
+ * values.
  *
  * No conversion instructions: t = x 2^(22 - e) + 1.5 2^23 in F32 rounds to the integer X in
  * t's low 22 bits; d0's byte is X's low byte, d1's that of (X + 128) >> 8 and d2's that of
  * (X + 32896) >> 16. Returns 2^(e - 22), by which the dot product of the digits is scaled back
  * (NaN where the unit holds an infinity or a NaN, which sum carries). */
-template <int BITS>
+template <int BITS, bool FP4>
 __device__ __forceinline__ float gemv1_digits(const float (&v)[32 / BITS], float m, float sum,
                                               uint32_t (&d)[3 * 8 / BITS]) {
     /* 2^e > m, from m's exponent field (a subnormal or zero m gives 2^-126). */
@@ -129,7 +134,11 @@ __device__ __forceinline__ float gemv1_digits(const float (&v)[32 / BITS], float
         uint32_t t[4], t1[4], t2[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            t[i] = __float_as_uint(fmaf(v[BITS == 4 ? 2 * i + h : i] * pre, f, 12582912.0f));
+            t[i] = __float_as_uint(fmaf(v[FP4         ? 4 * h + i
+                                          : BITS == 4 ? 2 * i + h
+                                                      : i] *
+                                            pre,
+                                        f, 12582912.0f));
             t1[i] = t[i] + 128u;
             /* 1.5 2^23 puts 0x40 in byte 2 of t, taken off here. */
             t2[i] = t[i] + 32896u - 0x400000u;
@@ -171,8 +180,58 @@ __device__ __forceinline__ float unit_dot(uint4 q, const uint32_t (&d)[3 * 32 / 
     return fmaf((float)a2, 65536.0f, (float)(a1 * 256 + a0));
 }
 
-/* A scale or bias as its raw bits: 32 of an F32, 16 of an F16 or BF16. */
+/* Four s8 weights times four s8 digits, added to c. */
+__device__ __forceinline__ int dp4a_ss(uint32_t a, uint32_t b, int c) {
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+/* The four MXFP4 codes of the half-word h of w as signed bytes of twice their E2M1 value, in
+ * order: each code's magnitude looked up in the positive and the negative table (3-bit
+ * selectors), then the byte of the table its sign bit names. */
+__device__ __forceinline__ uint32_t fp4_bytes(uint32_t w, int h) {
+    const uint32_t c = h ? w >> 16 : w, sel = c & 0x7777u;
+    const uint32_t pos = __byte_perm(0x03020100u, 0x0C080604u, sel); /* 0 1 2 3 | 4 6 8 12 */
+    const uint32_t neg = __byte_perm(0xFDFEFF00u, 0xF4F8FAFCu, sel); /* their negatives */
+    return __byte_perm(pos, neg, ((c >> 1) & 0x4444u) | 0x3210u);
+}
+
+/* dot(2 e2m1(q), X) of one MXFP4 unit from its digits (word 3 b + c: digit c against half-word
+ * b of the codes, as gemv1_digits<4, true> packs them). */
+__device__ __forceinline__ float unit_dot_fp4(uint4 q, const uint32_t (&d)[24]) {
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+    int a0 = 0, a1 = 0, a2 = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int b = 2 * k + h;
+            const uint32_t wb = fp4_bytes(w[k], h);
+            a0 = dp4a_ss(wb, d[3 * b], a0);
+            a1 = dp4a_ss(wb, d[3 * b + 1], a1);
+            a2 = dp4a_ss(wb, d[3 * b + 2], a2);
+        }
+    return fmaf((float)a2, 65536.0f, (float)(a1 * 256 + a0));
+}
+
+/* One unit's integer dot product in the weights' format. */
+template <int BITS, bool FP4>
+__device__ __forceinline__ float gemv1_unit(uint4 q, const uint32_t (&d)[3 * 32 / BITS]) {
+    if constexpr (FP4)
+        return unit_dot_fp4(q, d);
+    else
+        return unit_dot<BITS>(q, d);
+}
+
+/* A scale or bias as its raw bits: 32 of an F32, 16 of an F16 or BF16, 8 of an MXFP4 scale
+ * (S = uint8_t stands for MXFP4 throughout this file). */
 template <typename S> __device__ __forceinline__ uint32_t gemv1_ldscale(const S *p) {
+    if (sizeof(S) == 1) {
+        unsigned short v;
+        asm volatile("ld.global.nc.L1::no_allocate.u8 %0, [%1];" : "=h"(v) : "l"(p));
+        return v;
+    }
     if (sizeof(S) == 4) {
         uint32_t v;
         asm volatile("ld.global.nc.L1::no_allocate.b32 %0, [%1];" : "=r"(v) : "l"(p));
@@ -184,6 +243,9 @@ template <typename S> __device__ __forceinline__ uint32_t gemv1_ldscale(const S 
 }
 
 template <typename S> __device__ __forceinline__ float gemv1_scale(uint32_t raw) {
+    /* E8M0: 2^(raw - 127), halved for the doubled codes: 2^(raw - 128), subnormal below 2. */
+    if (std::is_same<S, uint8_t>::value)
+        return raw >= 2 ? __uint_as_float((raw - 1) << 23) : __uint_as_float(0x200000u << raw);
     if (std::is_same<S, float>::value) return __uint_as_float(raw);
     if (std::is_same<S, __half>::value) return __half2float(__ushort_as_half((uint16_t)raw));
     return __uint_as_float(raw << 16);
@@ -257,7 +319,8 @@ __device__ __forceinline__ void gemv1_emit_moe(const gemv1_job &job, int64_t xr,
 template <int BITS, bool GLU, typename S, int NX, bool MOE>
 __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job job) {
     constexpr int WPU = 128 / BITS, R = GEMV1_R, C = GEMV1_C, OUT = GLU ? R / 2 : R;
-    constexpr int DW = 3 * WPU / 16;   /* 16-byte words of digits per unit */
+    constexpr bool FP4 = std::is_same<S, uint8_t>::value; /* MXFP4: no biases */
+    constexpr int DW = 3 * WPU / 16;                      /* 16-byte words of digits per unit */
     constexpr int QW = 3 * 8 / BITS;   /* 4-byte words of digits per quarter unit */
     extern __shared__ uint4 gemv1_x[]; /* (NX, DW, up) digits, then (NX, up) unscale and sum */
     const int lane = threadIdx.x & 31;
@@ -304,7 +367,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
                     row = gemv1_moe_row(job, sids, row0 + r < job.rows ? row0 + r : job.rows - 1);
                 lw[half * OUT + r] = w + row * U;
                 ls[half * OUT + r] = sp + row * job.groups;
-                lb[half * OUT + r] = bp + row * job.groups;
+                if (!FP4) lb[half * OUT + r] = bp + row * job.groups;
             }
         }
     };
@@ -324,7 +387,8 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
                     B.q[r][c] = gmma_ld_nc(
                         (const uint8_t *)((const uint4 *)job.m[0].w + row * job.seg + lu));
                     B.s[r][c] = gemv1_ldscale((const S *)job.m[0].s + row * job.groups + g);
-                    B.b[r][c] = gemv1_ldscale((const S *)job.m[0].b + row * job.groups + g);
+                    if (!FP4)
+                        B.b[r][c] = gemv1_ldscale((const S *)job.m[0].b + row * job.groups + g);
                 }
                 continue;
             }
@@ -333,7 +397,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
             for (int r = 0; r < R; r++) {
                 B.q[r][c] = gmma_ld_nc((const uint8_t *)(lw[r] + u));
                 B.s[r][c] = gemv1_ldscale(ls[r] + g);
-                B.b[r][c] = gemv1_ldscale(lb[r] + g);
+                if (!FP4) B.b[r][c] = gemv1_ldscale(lb[r] + g);
             }
         }
         if (++lch == chunks) {
@@ -403,7 +467,7 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
                 sum += __shfl_xor_sync(0xffffffffu, sum, o);
             }
             uint32_t d[QW];
-            const float unscale = gemv1_digits<BITS>(v, m, sum, d);
+            const float unscale = gemv1_digits<BITS, FP4>(v, m, sum, d);
 #pragma unroll
             for (int k = 0; k < QW; k++) {
                 const int wd = qt * QW + k; /* the word's index within the unit */
@@ -469,10 +533,14 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
                 }
                 const float2 f = xf[j * up + u];
 #pragma unroll
-                for (int r = 0; r < R; r++)
+                for (int r = 0; r < R; r++) {
                     /* Scaled before the unscale, which may be subnormal for tiny x. */
-                    acc[r][j] = fmaf(gemv1_scale<S>(cur.s[r][c]) * unit_dot<BITS>(cur.q[r][c], d),
-                                     f.x, fmaf(gemv1_scale<S>(cur.b[r][c]), f.y, acc[r][j]));
+                    const float sd =
+                        gemv1_scale<S>(cur.s[r][c]) * gemv1_unit<BITS, FP4>(cur.q[r][c], d);
+                    acc[r][j] =
+                        fmaf(sd, f.x,
+                             FP4 ? acc[r][j] : fmaf(gemv1_scale<S>(cur.b[r][c]), f.y, acc[r][j]));
+                }
             }
         }
         if (ch == chunks - 1) {
@@ -524,10 +592,11 @@ static gemv1_job gemv1_job_of(const be_linear *w, int64_t in) {
     return job;
 }
 
-/* The weight conditions both entry points ask: 4 or 8 bits in rows of whole 16-byte units,
- * groups of 32, 64 or 128, the kernel's alignments and float scales and bias. */
+/* The weight conditions both entry points ask: affine 4 or 8 bits in rows of whole 16-byte
+ * units, groups of 32, 64 or 128, the kernel's alignments and float scales and bias. */
 static bool gemv1_weight_fits(const be_linear *w) {
-    return (w->bits == 4 || w->bits == 8) && (w->in * w->bits) % 128 == 0 &&
+    return w->quant == BE_QUANT_AFFINE && (w->bits == 4 || w->bits == 8) &&
+           (w->in * w->bits) % 128 == 0 &&
            (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) &&
            w->in % w->group_size == 0 && ((uintptr_t)w->weight & 15) == 0 &&
            ((uintptr_t)w->scales & 3) == 0 && ((uintptr_t)w->biases & 3) == 0 &&
@@ -617,6 +686,10 @@ static int gemv1_scaled(cuda_backend *c, const gemv1_job &job, bool glu, base_dt
 
 static int gemv1_dispatch(cuda_backend *c, const gemv1_job &job, int bits, bool glu, base_dtype dt,
                           int64_t moe_rows, base_err *err) {
+    /* U8 scales: MXFP4, which only the MoE jobs take (gemv1_moe_weight_fits) */
+    if (dt == BASE_DTYPE_U8)
+        return glu ? gemv1_launch<4, true, uint8_t, 1, true>(c, job, moe_rows, err)
+                   : gemv1_launch<4, false, uint8_t, 1, true>(c, job, moe_rows, err);
     return bits == 4 ? gemv1_scaled<4>(c, job, glu, dt, moe_rows, err)
                      : gemv1_scaled<8>(c, job, glu, dt, moe_rows, err);
 }
@@ -680,13 +753,21 @@ int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, b
     return 0;
 }
 
+/* What the MoE jobs also take: MXFP4 (codes 4 bits, one U8 scale a 32-value unit, no biases),
+ * the weight aligned for 16-byte loads and the bias in a float dtype. */
+static bool gemv1_moe_weight_fits(const be_linear *w) {
+    if (w->quant != BE_QUANT_MXFP4) return gemv1_weight_fits(w);
+    return w->bits == 4 && w->group_size == 32 && w->dtype == BASE_DTYPE_U8 && w->in % 32 == 0 &&
+           ((uintptr_t)w->weight & 15) == 0 && (!w->bias || cuda_float_dtype(w->bias_dtype));
+}
+
 /* Gate and up (b, its twin) or down (b NULL) of a MoE job, top_k slots of rows of a->in. */
 static bool gemv1_moe_mats_fit(const be_linear *a, const be_linear *b, int top_k) {
     if (b && (b->bits != a->bits || b->group_size != a->group_size || b->dtype != a->dtype ||
-              b->in != a->in || b->quant != BE_QUANT_AFFINE || !gemv1_weight_fits(b)))
+              b->in != a->in || b->quant != a->quant || !gemv1_moe_weight_fits(b)))
         return false;
     const int64_t units = (b ? a->in : a->in * top_k) * a->bits / 128;
-    return a->quant == BE_QUANT_AFFINE && gemv1_weight_fits(a) && units <= INT32_MAX &&
+    return gemv1_moe_weight_fits(a) && units <= INT32_MAX &&
            gemv1_smem(a->bits, 1, units, top_k) <= GEMV1_MAX_SMEM;
 }
 

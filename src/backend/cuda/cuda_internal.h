@@ -528,7 +528,7 @@ int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, b
  * = act(x gate_e^T + bias, x up_e^T + bias) of each slot's expert e (cuda_moe_act). Without (a the
  * stacked down [experts feats, in], x [rows, top_k in]): y [rows, feats] of y_dt = the sum over
  * slots k of wts_k (x_k down_e^T + bias). cuda_gemv1_moe_fits says whether it serves them: 4- or
- * 8-bit affine weights in rows of whole 16-byte units, gate and up alike. */
+ * 8-bit affine or MXFP4 weights in rows of whole 16-byte units, gate and up alike. */
 bool cuda_gemv1_moe_fits(const be_tensor *x, const be_moe *moe);
 /* The router's side of a GLU job that routes as well (cuda_moe_route): logits lg [rows,
  * n_experts] F32 from an earlier kernel. */

@@ -12,8 +12,8 @@
  * 3. down: down_e of each of the row's pairs and their weighted sum, in a fixed order, so that
  *    results are deterministic.
  *
- * For 4- and 8-bit affine experts the decode GEMV serves glu and down (cuda_gemv1_moe): its
- * integer dots, weight chunks in flight and SMs filled however few the rows, with each row's
+ * For 4- and 8-bit affine and MXFP4 experts the decode GEMV serves glu and down (cuda_gemv1_moe):
+ * its integer dots, weight chunks in flight and SMs filled however few the rows, with each row's
  * experts gathered by id (the warp-per-feature kernels here read 4-bit experts at 0.2 to 0.3
  * TB/s on the H200, bench/RESULTS.md). Other formats take those kernels: a warp per (pair,
  * feature) for glu, a warp per (row, output feature) for down summing the slots in order. That
@@ -40,7 +40,7 @@
 #define MOE_CHUNK 8
 /* Threads of the one CTA that lists the pairs expert by expert. */
 #define MOE_GROUP_THREADS 1024
-/* Rows up to which the decode GEMV's MoE jobs serve 4- and 8-bit experts even with more pairs
+/* Rows up to which the decode GEMV's MoE jobs serve their experts even with more pairs
  * than experts: reading an expert once per pair routed to it still beats the grouped kernels
  * here, which stay far from the bandwidth limit (bench/RESULTS.md). */
 #define MOE_GEMV_ROWS 64
