@@ -423,7 +423,8 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
             asm volatile("prefetch.global.L1 [%0];" ::"l"((const char *)job.fz.norm + o));
     cuda_pdl_trigger();
     cuda_pdl_wait();
-    if (MOE && GLU && job.route.lg) {
+    const bool routes = MOE && GLU && job.route.lg;
+    if (routes) {
         /* the first warp routes while the others turn x into digits */
         if (threadIdx.x < 32)
             cuda_moe_route(job.route.lg + xr * job.route.n_experts, job.route.n_experts, job.top_k,
@@ -431,6 +432,12 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
     } else if (MOE) {
         for (int k = threadIdx.x; k < job.top_k; k += blockDim.x)
             sids[k] = job.ids[xr * job.top_k + k];
+        /* The experts are known: their first chunks load while x turns into digits. */
+        __syncthreads();
+        seek();
+        load(b0);
+        load(b1);
+        load(b2);
     }
     /* Four threads a unit (lanes 4i to 4i + 3 of a warp: up * 4 is a multiple of 32, so whole
      * warps take part in the shuffles), each a quarter of it. With a norm, x is multiplied by
@@ -492,8 +499,8 @@ __global__ void __launch_bounds__(GEMV1_WARPS * 32) gemv1_kernel(const gemv1_job
         for (int k = 0; job.fz.norm && k < GEMV1_WARPS; k++) t += nss[k][j];
         inv[j] = job.fz.norm ? cuda_rms_inv(t, job.in, job.fz.eps) : 1.0f;
     }
-    if (MOE) {
-        if (GLU && job.route.lg && blockIdx.x == 0)
+    if (routes) {
+        if (blockIdx.x == 0)
             for (int k = threadIdx.x; k < job.top_k; k += blockDim.x) {
                 job.ids[xr * job.top_k + k] = sids[k];
                 job.wts[xr * job.top_k + k] = swts[k];
@@ -779,7 +786,7 @@ bool cuda_gemv1_moe_fits(const be_tensor *x, const be_moe *moe) {
 
 int cuda_gemv1_moe(be_backend *be, const float *x, int64_t rows, const be_linear *a,
                    const be_linear *b, int32_t *ids, float *wts, int top_k, int64_t feats,
-                   be_act act, const cuda_moe_router *route, void *y, base_dtype y_dt,
+                   const cuda_gemv_fuse *fz, const cuda_moe_router *route, void *y, base_dtype y_dt,
                    base_err *err) {
     const bool glu = b != NULL;
     const int64_t in = glu ? a->in : a->in * top_k;
@@ -787,7 +794,7 @@ int cuda_gemv1_moe(be_backend *be, const float *x, int64_t rows, const be_linear
     job.nm = glu ? 2 : 1;
     job.nx = 1;
     job.x = x;
-    job.fz.act = act;
+    if (fz) job.fz = *fz;
     job.m[0] = {a->weight, a->scales, a->biases, a->bias, a->bias_dtype, y, y_dt, feats};
     if (glu) job.m[1] = {b->weight, b->scales, b->biases, b->bias, b->bias_dtype, y, y_dt, feats};
     job.rows = glu ? top_k * feats : feats;

@@ -527,8 +527,9 @@ int cuda_gemv1(be_backend *be, const be_tensor *x, const be_linear *const *ws, b
  * logits). With b (gate a, up b, stacked [experts feats, in]): h [rows, top_k, feats] F32
  * = act(x gate_e^T + bias, x up_e^T + bias) of each slot's expert e (cuda_moe_act). Without (a the
  * stacked down [experts feats, in], x [rows, top_k in]): y [rows, feats] of y_dt = the sum over
- * slots k of wts_k (x_k down_e^T + bias). cuda_gemv1_moe_fits says whether it serves them: 4- or
- * 8-bit affine or MXFP4 weights in rows of whole 16-byte units, gate and up alike. */
+ * slots k of wts_k (x_k down_e^T + bias). fz (NULL: nothing) gives gate/up's activation and may
+ * fold a norm into gate/up (fz.acc is not taken). cuda_gemv1_moe_fits says whether it serves
+ * them: 4- or 8-bit affine or MXFP4 weights in rows of whole 16-byte units, gate and up alike. */
 bool cuda_gemv1_moe_fits(const be_tensor *x, const be_moe *moe);
 /* The router's side of a GLU job that routes as well (cuda_moe_route): logits lg [rows,
  * n_experts] F32 from an earlier kernel. */
@@ -539,7 +540,7 @@ struct cuda_moe_router {
 };
 int cuda_gemv1_moe(be_backend *be, const float *x, int64_t rows, const be_linear *a,
                    const be_linear *b, int32_t *ids, float *wts, int top_k, int64_t feats,
-                   be_act act, const cuda_moe_router *route, void *y, base_dtype y_dt,
+                   const cuda_gemv_fuse *fz, const cuda_moe_router *route, void *y, base_dtype y_dt,
                    base_err *err);
 /* One matrix of a decode GEMV job, for both GEMV kernels (cuda_gemv.cu, cuda_gemv_mma.cu): up
  * to three share one x (Q, K and V), or gate and up pair for the GLU. */

@@ -406,37 +406,52 @@ static int moe_scratch(be_backend *be, int64_t rows, int64_t pairs, int64_t inte
 
 int cuda_moe(be_backend *be, const be_tensor *x, const be_norm *norm, const be_moe *moe,
              be_tensor *y, base_err *err) {
-    if (check_moe(x, moe, y, err) || be_norm_apart(be, norm, &x, "cuda: moe", err)) return -1;
+    if (check_moe(x, moe, y, err)) return -1;
     const int64_t n = x->rows, inter = moe->inter, out = y->cols;
     const int K = moe->top_k, E = moe->n_experts;
     const int64_t pairs = n * K;
     if (n == 0) return 0;
+    /* Which kernels take the rows: the decode GEMV's MoE jobs (gate/up routes as it starts, down
+     * follows) and the router's logits for one or two rows on the decode GEMV (its integer dots
+     * round x to 2^-23 of each unit's largest |x|, as fine as F32 sums: no tensor cores), or
+     * the kernels below. */
+    bool on_gemv = (pairs <= E || n <= MOE_GEMV_ROWS) && cuda_gemv1_moe_fits(x, moe);
+    bool router_gemv = n <= 2 && cuda_gemv1_fits(cuda_impl(be), x, moe->router);
+    /* When both are on the GEMV, the router's job and gate/up's take the norm as they digitize
+     * x (times its weight, each output times 1/rms) instead of a kernel of its own before. */
+    cuda_gemv_fuse fz = {};
+    fz.act = moe->act;
+    if (norm && on_gemv && router_gemv && cuda_gemv_norm_fits(norm->weight, x->cols)) {
+        fz.norm = norm->weight->data;
+        fz.norm_dt = norm->weight->dtype;
+        fz.eps = norm->eps;
+    } else if (norm) {
+        if (be_norm_apart(be, norm, &x, "cuda: moe", err)) return -1;
+        on_gemv = on_gemv && cuda_gemv1_moe_fits(x, moe);
+        router_gemv = router_gemv && cuda_gemv1_fits(cuda_impl(be), x, moe->router);
+    }
     if (pairs > INT32_MAX)
         return base_fail(err, "cuda: moe: %lld rows of %d experts each", (long long)n, K);
     moe_bufs b;
     if (moe_scratch(be, n, pairs, inter, out, E, &b, err)) return -1;
     cudaStream_t st = cuda_impl(be)->stream;
 
-    /* The router's logits: one or two rows through the decode GEMV (its integer dots round x
-     * to 2^-23 of each unit's largest |x|, as fine as F32 sums: no tensor cores), more on the
-     * logits kernel. */
-    if (n <= 2 && cuda_gemv1_fits(cuda_impl(be), x, moe->router)) {
+    if (router_gemv) {
         be_tensor lg = {b.lg, BASE_DTYPE_F32, n, E};
         be_tensor *lgp = &lg;
-        if (cuda_gemv1(be, x, &moe->router, &lgp, 1, false, NULL, err)) return -1;
+        if (cuda_gemv1(be, x, &moe->router, &lgp, 1, false, &fz, err)) return -1;
     } else {
         const dim3 lg_grid((unsigned)n, (unsigned)((E + MOE_WARPS - 1) / MOE_WARPS));
         moe_logits_kernel<<<lg_grid, MOE_WARPS * 32, 0, st>>>(moe_mat_of(moe->router), x->data,
                                                               x->dtype, E, b.lg);
         if (cuda_check_launch("moe router", err)) return -1;
     }
-    /* The decode GEMV's MoE jobs: gate/up routes as it starts, down follows. */
-    if ((pairs <= E || n <= MOE_GEMV_ROWS) && cuda_gemv1_moe_fits(x, moe)) {
+    if (on_gemv) {
         const cuda_moe_router route = {b.lg, E, moe->norm_topk};
         if (cuda_gemv1_moe(be, (const float *)x->data, n, moe->gate, moe->up, b.ids, b.wts, K,
-                           inter, moe->act, &route, b.h, BASE_DTYPE_F32, err))
+                           inter, &fz, &route, b.h, BASE_DTYPE_F32, err))
             return -1;
-        return cuda_gemv1_moe(be, b.h, n, moe->down, NULL, b.ids, b.wts, K, out, moe->act, NULL,
+        return cuda_gemv1_moe(be, b.h, n, moe->down, NULL, b.ids, b.wts, K, out, NULL, NULL,
                               y->data, y->dtype, err);
     }
     moe_route_kernel<<<(unsigned)n, 32, 0, st>>>(b.lg, E, K, moe->norm_topk, b.ids, b.wts);
