@@ -3,7 +3,8 @@
 # MLX affine 4- and 8-bit (group 64) for mlxcel, Q4_0 and Q8_0 of the same bf16 weights for
 # llama.cpp, prompt processing of 128 tokens and 32 decode steps at THREADS threads, the two
 # engines in turns (who goes first alternates) for ROUNDS rounds, each test best of REPS runs a
-# turn; the machine's memory read bandwidth is measured in every round. Prints one table.
+# turn; the machine's memory read bandwidth is the one `mlxcel bench` measures as its ceiling
+# at the start of each of its turns. Prints one table.
 #
 #   bench/run_cpu.sh            (env: ROUNDS=3 REPS=2 THREADS=2 BUILD=build-cpu
 #                                     WORK=/tmp/mlxcel-bench-cpu PYTHON=/usr/bin/python3)
@@ -36,8 +37,6 @@ if [ ! -x "$MLXCEL" ]; then
     cmake --build "$BUILD" -j"$(nproc)" --target mlxcel >/dev/null
 fi
 [ -d bench/node/node_modules/node-llama-cpp ] || npm ci --prefix bench/node --silent
-cc -std=c11 -O3 -march=native -Wall -Wextra -Werror -pthread bench/bench_read_bw.c \
-    -o "$WORK/bench_read_bw"
 
 # --- the models ---------------------------------------------------------------------------------
 BF16=$WORK/llama1b-bf16
@@ -93,8 +92,6 @@ for round in $(seq 1 "$ROUNDS"); do
             run_mlxcel "$round" $bits
         fi
     done
-    load
-    "$WORK/bench_read_bw" "$THREADS" 1024 20 | tag "$round" read_bw 0
     echo "round $round of $ROUNDS done" >&2
 done
 load

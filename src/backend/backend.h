@@ -217,6 +217,16 @@ typedef struct be_moe {
     int expert0, n_local;
 } be_moe;
 
+/* The memory ceiling `mlxcel bench` puts decode against: the bandwidth that bounds a decode
+ * step's stream of weights on the device, measured in the same run. */
+typedef enum be_ceiling {
+    BE_CEILING_COPY = 0, /* a device-to-device copy, bytes read + written a second */
+    /* a read-only stream, all threads at once (read_sum): a decode step on a CPU is reads on
+     * every thread, while a copy's write also costs a read for ownership and a write-back and
+     * memcpy runs on one thread */
+    BE_CEILING_READ,
+} be_ceiling;
+
 typedef struct be_backend be_backend;
 typedef struct be_graph be_graph; /* a recorded sequence of ops (backend-defined) */
 
@@ -242,6 +252,10 @@ typedef struct be_ops {
      * (download, topk_candidates), returns. */
     int (*download_async)(be_backend *be, void *dst, const void *src, size_t bytes, base_err *err);
     int (*copy)(be_backend *be, void *dst, const void *src, size_t bytes, base_err *err);
+    /* *sum = the wrapping sum of the bytes / 8 uint64 words at src (8-byte aligned), each of the
+     * backend's threads reading its own slice at once: the stream that BE_CEILING_READ times.
+     * NULL where the ceiling is the copy. */
+    int (*read_sum)(be_backend *be, const void *src, size_t bytes, uint64_t *sum, base_err *err);
     /* Makes host weight bytes (an mmap that outlives the backend's use) usable by ops. The
      * CPU returns the host pointer itself; CUDA uploads once. Freed with `free` unless
      * *dev == host. */
@@ -373,6 +387,7 @@ struct be_backend {
     const be_ops *ops;
     base_dtype act_dtype;     /* activations dtype the backend computes in */
     int n_threads;            /* CPU worker threads (1 for GPU backends) */
+    be_ceiling ceiling;       /* the bandwidth `mlxcel bench` measures decode against */
     unsigned quant_kinds;     /* the be_quant formats its matmul and embedding read, 1 << kind */
     unsigned moe_quant_kinds; /* the be_quant formats its moe op reads in stacked experts */
     int target_parallelism;   /* work items that fill the device: SMs x k, or CPU threads */

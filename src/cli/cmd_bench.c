@@ -1,5 +1,5 @@
 /* `mlxcel bench`: llama-bench style throughput table, with decode measured against the
- * backend's copy bandwidth measured in the same run. */
+ * backend's memory ceiling measured in the same run. */
 #include "cli/cli_runtime.h"
 #include "cli/cmd_bench_plot.h"
 
@@ -15,8 +15,9 @@ static const char *g_help =
     "steps of B sequences at once, after a first token each; tgN@dD: each sequence already\n"
     "holds a D-token prompt of its own), best of R runs. Decode is also given as bytes read\n"
     "per second (the weights once a step, plus every sequence's K and V at its context) and as\n"
-    "a share of the backend's copy bandwidth measured in the same run (read + write of\n"
-    "256 MiB), its memory ceiling.\n"
+    "a share (of bw) of the backend's memory ceiling measured in the same run, which the header\n"
+    "names: on the CPU the read bandwidth (a read-only stream over 512 MiB, every thread\n"
+    "summing its own slice), on CUDA the copy bandwidth (read + write of 256 MiB).\n"
     "\n"
     "options:\n"
     "%s"
@@ -26,8 +27,8 @@ static const char *g_help =
     "  -b, --batch LIST         concurrent sequences for tgN, comma-separated (default 1)\n"
     "  -r, --repetitions R      runs of each test, the best is kept (default 3)\n"
     "      --json               one JSON object per test, one per line\n"
-    "      --plot FILE.svg      also draw decode tok/s against batch, with the copy-bandwidth\n"
-    "                           ceiling, as an SVG\n"
+    "      --plot FILE.svg      also draw decode tok/s against batch, with the ceiling, as an\n"
+    "                           SVG\n"
     "      --plot-from ROWS     draw FILE.svg from the --json rows of an earlier run instead\n"
     "                           of running (no -m)\n"
     "\n"
@@ -47,8 +48,8 @@ typedef struct bench_row {
     double ceiling_share; /* decode only */
 } bench_row;
 
-static void print_row(const char *model_dir, const engine_runtime *rt, const bench_row *r,
-                      bool json) {
+static void print_row(const char *model_dir, const engine_runtime *rt,
+                      const engine_ceiling *ceiling, const bench_row *r, bool json) {
     const be_backend *be = rt->be;
     if (json) {
         json_t *o =
@@ -58,7 +59,9 @@ static void print_row(const char *model_dir, const engine_runtime *rt, const ben
         if (r->gb_per_s > 0) {
             json_object_set_new(o, "weight_gb_per_s", json_real(r->gb_per_s - r->kv_gb_per_s));
             json_object_set_new(o, "kv_gb_per_s", json_real(r->kv_gb_per_s));
-            json_object_set_new(o, "copy_bandwidth_share", json_real(r->ceiling_share));
+            json_object_set_new(o, "ceiling", json_string(ceiling->name));
+            json_object_set_new(o, "ceiling_gb_per_s", json_real(ceiling->bytes_per_second / 1e9));
+            json_object_set_new(o, "ceiling_share", json_real(r->ceiling_share));
         }
         cli_print_json(o);
         fflush(stdout);
@@ -113,12 +116,13 @@ static int run_bench(const char *model_dir, engine_runtime *rt, long n_prompt, l
                      long n_depth, const int *batches, int n_batches, long reps, bool json,
                      bench_curve *curve, base_err *err) {
     cli_progress bar;
-    double copy_bw;
-    if (engine_bench_copy_bandwidth(rt->be, &copy_bw, err)) return -1;
+    engine_ceiling ceiling;
+    if (engine_bench_ceiling(rt->be, &ceiling, err)) return -1;
     uint64_t step_bytes = model_decode_bytes(rt->model);
     if (!json) {
-        printf("device: %s (%s backend); commit %s; copy bandwidth %.2f GB/s (read + write)\n",
-               rt->be->device, rt->be->name, MLXCEL_GIT_COMMIT, copy_bw / 1e9);
+        printf("device: %s (%s backend); commit %s; %s bandwidth %.2f GB/s (%s)\n", rt->be->device,
+               rt->be->name, MLXCEL_GIT_COMMIT, ceiling.name, ceiling.bytes_per_second / 1e9,
+               ceiling.how);
         const engine_kv_plan *kp = &rt->kv_plan;
         printf("model: %s, %llu weight bytes, %llu read per decode step, plus %llu of K and V "
                "per token of each sequence's context",
@@ -145,7 +149,7 @@ static int run_bench(const char *model_dir, engine_runtime *rt, long n_prompt, l
             if (sec > 0 && n_prompt / sec > r.tok_per_s) r.tok_per_s = (double)n_prompt / sec;
         }
         cli_progress_clear(&bar);
-        print_row(model_dir, rt, &r, json);
+        print_row(model_dir, rt, &ceiling, &r, json);
     }
     for (int b = 0; b < n_batches && n_gen > 0; b++) {
         bench_row r = {.batch = batches[b], .depth = (int)n_depth};
@@ -164,14 +168,16 @@ static int run_bench(const char *model_dir, engine_runtime *rt, long n_prompt, l
         const double kv_step = (double)batches[b] * kv_step_bytes(&rt->kv_plan, n_depth, n_gen);
         r.kv_gb_per_s = kv_step * (double)n_gen / best / 1e9;
         r.gb_per_s = (double)step_bytes * (double)n_gen / best / 1e9 + r.kv_gb_per_s;
-        r.ceiling_share = copy_bw > 0 ? r.gb_per_s * 1e9 / copy_bw : 0;
+        r.ceiling_share =
+            ceiling.bytes_per_second > 0 ? r.gb_per_s * 1e9 / ceiling.bytes_per_second : 0;
         cli_progress_clear(&bar);
-        print_row(model_dir, rt, &r, json);
+        print_row(model_dir, rt, &ceiling, &r, json);
         bench_curve_add(curve, r.batch, r.tok_per_s, r.ceiling_share);
         if (b == 0) {
             snprintf(curve->title, sizeof curve->title, "%s: decode, %s", model_dir, r.test);
             snprintf(curve->subtitle, sizeof curve->subtitle, "%s (%s backend), commit %s",
                      rt->be->device, rt->be->name, MLXCEL_GIT_COMMIT);
+            snprintf(curve->ceiling_name, sizeof curve->ceiling_name, "%s", ceiling.name);
         }
     }
     return 0;

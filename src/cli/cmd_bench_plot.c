@@ -25,29 +25,37 @@ void bench_curve_add(bench_curve *c, int batch, double tok_s, double share) {
     c->ceiling[i] = share > 0 ? tok_s / share : 0;
 }
 
-/* One --json row: decode rows (those with a bandwidth share) join the curve; every decode row
- * must be of the same test. */
+/* One --json row: decode rows (those with a ceiling share) join the curve; every decode row
+ * must be of the same test and ceiling. */
 static int add_row(const char *where, json_t *o, bench_curve *c, char *test, size_t test_size,
                    base_err *err) {
     if (!json_is_object(o)) return base_fail(err, "%s: not a JSON object", where);
-    json_t *share = json_object_get(o, "copy_bandwidth_share");
+    json_t *share = json_object_get(o, "ceiling_share");
     if (!share) return 0;
     json_t *b = json_object_get(o, "batch"), *t = json_object_get(o, "tok_per_s");
     const char *name = json_string_value(json_object_get(o, "test"));
+    const char *ceiling = json_string_value(json_object_get(o, "ceiling"));
     if (!json_is_integer(b) || json_integer_value(b) < 1)
         return base_fail(err, "%s: 'batch' is not a positive integer", where);
     if (!json_is_number(t) || json_number_value(t) < 0)
         return base_fail(err, "%s: 'tok_per_s' is not a number >= 0", where);
-    if (!json_is_number(share))
-        return base_fail(err, "%s: 'copy_bandwidth_share' is not a number", where);
+    if (!json_is_number(share)) return base_fail(err, "%s: 'ceiling_share' is not a number", where);
     if (!name) return base_fail(err, "%s: 'test' is not a string", where);
+    if (!ceiling || strlen(ceiling) >= sizeof c->ceiling_name)
+        return base_fail(err, "%s: 'ceiling' is not a bandwidth's name", where);
     if (test[0] && strcmp(test, name) != 0)
         return base_fail(err, "%s: a row of test %s among rows of %s: plot one run's rows", where,
                          name, test);
+    if (test[0] && strcmp(c->ceiling_name, ceiling) != 0)
+        return base_fail(err,
+                         "%s: a row against the %s bandwidth among rows against the %s: "
+                         "plot one run's rows",
+                         where, ceiling, c->ceiling_name);
     if (c->n == BENCH_CURVE_MAX)
         return base_fail(err, "%s: more than %d decode rows", where, BENCH_CURVE_MAX);
     if (!test[0]) {
         snprintf(test, test_size, "%s", name);
+        snprintf(c->ceiling_name, sizeof c->ceiling_name, "%s", ceiling);
         const char *model = json_string_value(json_object_get(o, "model"));
         const char *device = json_string_value(json_object_get(o, "device"));
         const char *backend = json_string_value(json_object_get(o, "backend"));
@@ -75,8 +83,7 @@ int bench_curve_read(const char *path, bench_curve *c, base_err *err) {
     }
     fclose(f);
     if (rc == 0 && c->n == 0)
-        return base_fail(err, "--plot-from %s: no decode rows (rows with copy_bandwidth_share)",
-                         path);
+        return base_fail(err, "--plot-from %s: no decode rows (rows with ceiling_share)", path);
     return rc;
 }
 
@@ -85,9 +92,11 @@ int bench_curve_plot(const char *path, const bench_curve *c, base_err *err) {
     int n_ceil = 0;
     for (int i = 0; i < c->n; i++)
         if (c->ceiling[i] > 0) ceil_x[n_ceil] = c->batch[i], ceil_y[n_ceil++] = c->ceiling[i];
+    char ceiling[48];
+    snprintf(ceiling, sizeof ceiling, "%s-bandwidth ceiling", c->ceiling_name);
     cli_plot_series s[2] = {
         {.name = "measured", .color = "#2f63d8", .x = c->batch, .y = c->tok_s, .n = c->n},
-        {.name = "copy-bandwidth ceiling",
+        {.name = ceiling,
          .color = "#d0542f",
          .dashed = true,
          .x = ceil_x,
@@ -95,9 +104,12 @@ int bench_curve_plot(const char *path, const bench_curve *c, base_err *err) {
          .n = n_ceil},
     };
     char sub[400];
-    snprintf(sub, sizeof sub, "%s%s", c->subtitle,
-             n_ceil ? "; ceiling: weights once a step + every sequence's K/V at the copy bandwidth"
-                    : "");
+    if (n_ceil)
+        snprintf(sub, sizeof sub,
+                 "%s; ceiling: weights once a step + every sequence's K/V at the %s bandwidth",
+                 c->subtitle, c->ceiling_name);
+    else
+        snprintf(sub, sizeof sub, "%s", c->subtitle);
     cli_plot p = {.title = c->title,
                   .subtitle = sub,
                   .x_label = "concurrent sequences (batch)",

@@ -240,9 +240,16 @@ int engine_bench_prefill(engine_runtime *rt, int n_tokens, double *seconds, base
  * prompt tokens of its own (prefilled first, not timed) and a first decoded token. */
 int engine_bench_decode(engine_runtime *rt, int n_seqs, int n_depth, int n_steps, double *seconds,
                         base_err *err);
-/* The backend's copy bandwidth (bytes read + written per second, best of 4 copies of
- * 256 MiB): the ceiling a decode step's weight reads are measured against. */
-int engine_bench_copy_bandwidth(be_backend *be, double *bytes_per_second, base_err *err);
+/* The ceiling a decode step's reads are measured against, as be->ceiling names it, measured
+ * now: the read bandwidth (bytes a second of a read-only stream over 512 MiB, each of the
+ * backend's threads summing its own slice, best of 5 passes) or the copy bandwidth (bytes read
+ * + written a second, best of 4 copies of 256 MiB). */
+typedef struct engine_ceiling {
+    const char *name; /* "read" or "copy": "<name> bandwidth" in reports */
+    const char *how;  /* what a byte counted is, for a report's header */
+    double bytes_per_second;
+} engine_ceiling;
+int engine_bench_ceiling(be_backend *be, engine_ceiling *out, base_err *err);
 
 /* ---- tool calls in generated text (engine_tools.c) ----
  *

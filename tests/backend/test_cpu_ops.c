@@ -48,6 +48,17 @@ static void test_memory(be_backend *be) {
     CHECK(be->ops->map_weights(be, src, sizeof src, &dev, &err) == 0 && dev == src);
     be->ops->free(be, a);
     be->ops->free(be, b);
+    /* read_sum: every word once, whatever the thread count; a word count that no thread count
+     * here divides leaves the last thread a longer slice and a tail shorter than 8 */
+    CHECK(be->ceiling == BE_CEILING_READ);
+    enum { n_words = 1003 };
+    uint64_t words[n_words], want = 0, sum = 1;
+    for (int i = 0; i < n_words; i++) want += words[i] = tu_next();
+    CHECK(be->ops->read_sum(be, words, sizeof words, &sum, &err) == 0 && sum == want);
+    CHECK(be->ops->read_sum(be, words, 0, &sum, &err) == 0 && sum == 0);
+    CHECK(be->ops->read_sum(be, words, 12, &sum, &err) == -1 && strstr(err.msg, "8-byte words"));
+    CHECK(be->ops->read_sum(be, (char *)words + 4, 8, &sum, &err) == -1 &&
+          strstr(err.msg, "aligned"));
     uint64_t free_b = 0, total_b = 0;
     CHECK(be->ops->memory_info(be, &free_b, &total_b) == 0);
     CHECK(total_b > (1ull << 20) && free_b > 0 && free_b <= total_b);

@@ -137,6 +137,42 @@ static void inspect_windowed(void) {
     json_decref(o);
 }
 
+/* bench on the CPU: decode's ceiling is the read bandwidth, which the header names and each
+ * row's share (of bw) is taken against, in the table and in the --json rows alike. */
+static void bench_read_ceiling(void) {
+    static const char fmt[] = "bench -m %s/models/demo -p 0 -n 4 -b 1,2 -r 1 -t 2 --device cpu%s";
+    char args[2048], out[65536], err[4096];
+    snprintf(args, sizeof args, fmt, test_source_dir(), "");
+    CHECK_MSG(run(args, out, sizeof out, err, sizeof err) == 0, "bench: %s", err);
+    const char *hdr = strstr(out, "; read bandwidth ");
+    double bw = 0, gb = 0, pct = 0;
+    CHECK_MSG(hdr && sscanf(hdr, "; read bandwidth %lf GB/s (read only", &bw) == 1 && bw > 0,
+              "bench header: %s", out);
+    /* the first decode row: | model | dev | threads | tg4 | 1 | tok/s | GB/s | share% | */
+    const char *row = strstr(out, "| tg4 ");
+    CHECK_MSG(row && sscanf(row, "| tg4 | %*d | %*f | %lf | %lf%%", &gb, &pct) == 2,
+              "bench row: %s", out);
+    /* the share printed to 0.1 from figures printed to 0.01 */
+    CHECK_MSG(fabs(pct - 100.0 * gb / bw) < 0.06 + 100.0 * 0.01 * (gb + bw) / (bw * bw),
+              "of bw %.1f%%, GB/s %.2f over the read bandwidth %.2f", pct, gb, bw);
+    snprintf(args, sizeof args, fmt, test_source_dir(), " --json");
+    CHECK_MSG(run(args, out, sizeof out, err, sizeof err) == 0, "bench --json: %s", err);
+    int rows = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"), rows++) {
+        json_t *o = json_loads(line, 0, NULL);
+        const char *name = json_string_value(json_object_get(o, "ceiling"));
+        double c = json_real_value(json_object_get(o, "ceiling_gb_per_s"));
+        double share = json_real_value(json_object_get(o, "ceiling_share"));
+        double read = json_real_value(json_object_get(o, "weight_gb_per_s")) +
+                      json_real_value(json_object_get(o, "kv_gb_per_s"));
+        CHECK_MSG(name && !strcmp(name, "read") && c > 0 && share > 0 &&
+                      fabs(share - read / c) < 1e-9 * share,
+                  "row %s: share %g, want %g / %g", line, share, read, c);
+        json_decref(o);
+    }
+    CHECK_MSG(rows == 2, "%d rows", rows);
+}
+
 int main(void) {
     char fx[1024], args[8192], out[65536], err[4096];
     snprintf(fx, sizeof fx, "%s/tests/fixtures/llama_q4_g64", test_source_dir());
@@ -285,6 +321,7 @@ int main(void) {
               "inspect small budget: %s", err);
 
     inspect_windowed();
+    bench_read_ceiling();
 
     free(prompt);
     free(greedy);

@@ -143,6 +143,7 @@ static const be_ops cuda_ops = {
     .free_host = cuda_free_host,
     .download_async = cuda_download_async,
     .copy = cuda_copy,
+    .read_sum = NULL, /* the ceiling is the copy */
     .map_weights = cuda_map_weights,
     .pack_linear = cuda_pack_linear,
     .sync = cuda_sync,
@@ -230,6 +231,8 @@ extern "C" int be_cuda_create(int device, be_backend **out, base_err *err) {
      * about 1e-2; the bytes are small next to the weights' in decode. */
     be->act_dtype = BASE_DTYPE_F32;
     be->n_threads = 1;
+    /* its decode figures and issue targets are stated against the copy */
+    be->ceiling = BE_CEILING_COPY;
     be->quant_kinds = 1u << BE_QUANT_AFFINE;
     be->moe_quant_kinds = 1u << BE_QUANT_AFFINE | 1u << BE_QUANT_MXFP4;
     be->target_parallelism = c->sm_count * CUDA_CTAS_PER_SM;
