@@ -10,7 +10,7 @@
 #                                     WORK=/tmp/mlxcel-bench-cpu PYTHON=/usr/bin/python3)
 #
 # Needs: mlxcel built in BUILD (configured and built here when missing), Python 3 with numpy,
-# node and the peer's packages in bench/node (npm ci --prefix bench/node, done here when
+# node and the peer's packages in bench/node (npm install --prefix bench/node, done here when
 # missing: the prebuilt llama.cpp CPU libraries of node-llama-cpp, not a test dependency).
 # Models and GGUFs are made in WORK once (about 7 GB) and reused; a GGUF older than
 # bench/make_gguf.py is made again.
@@ -36,7 +36,11 @@ if [ ! -x "$MLXCEL" ]; then
     cmake -S . -B "$BUILD" -DMLXCEL_CUDA=OFF >/dev/null
     cmake --build "$BUILD" -j"$(nproc)" --target mlxcel >/dev/null
 fi
-[ -d bench/node/node_modules/node-llama-cpp ] || npm ci --prefix bench/node --silent
+# npm install, not npm ci: the lock holds only the linux-x64 build of node-llama-cpp's optional
+# per-platform packages, which npm ci (npm 11) refuses as out of sync; install keeps the locked
+# versions.
+[ -d bench/node/node_modules/node-llama-cpp ] ||
+    npm install --prefix bench/node --silent --no-audit --no-fund
 
 # --- the models ---------------------------------------------------------------------------------
 BF16=$WORK/llama1b-bf16
