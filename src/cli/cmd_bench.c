@@ -118,7 +118,7 @@ static int run_bench(const char *model_dir, engine_runtime *rt, long n_prompt, l
     cli_progress bar;
     engine_ceiling ceiling;
     if (engine_bench_ceiling(rt->be, &ceiling, err)) return -1;
-    uint64_t step_bytes = model_decode_bytes(rt->model);
+    uint64_t step_bytes = model_decode_bytes(rt->model).routed;
     if (!json) {
         printf("device: %s (%s backend); commit %s; %s bandwidth %.2f GB/s (%s)\n", rt->be->device,
                rt->be->name, MLXCEL_GIT_COMMIT, ceiling.name, ceiling.bytes_per_second / 1e9,

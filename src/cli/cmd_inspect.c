@@ -9,10 +9,13 @@ static const char *g_help =
     "usage: mlxcel inspect -m MODEL [-c N] [-np N] [--kv-cache-budget BYTES|auto] [--json]\n"
     "\n"
     "Reads config.json and the safetensors headers (no weights) and prints how memory would\n"
-    "be used: weights, KV bytes per token and per block, the decode workspace reserve, the\n"
-    "KV blocks the budget buys and the context that fits per sequence at -np. A model with\n"
-    "sliding-window (local) layers keeps only their window: the global and local blocks are\n"
-    "counted apart, and the context that fits is shown with and without that bound.\n"
+    "be used: weights, the weight bytes one decode step reads per sequence (as `mlxcel bench`\n"
+    "counts them: a mixture of experts reads its router and top_k of its experts, and the\n"
+    "figure with every expert read is shown beside it), KV bytes per token and per block, the\n"
+    "decode workspace reserve, the KV blocks the budget buys and the context that fits per\n"
+    "sequence at -np. A model with sliding-window (local) layers keeps only their window: the\n"
+    "global and local blocks are counted apart, and the context that fits is shown with and\n"
+    "without that bound.\n"
     "\n"
     "options:\n"
     "%s"
@@ -27,7 +30,8 @@ static int64_t fit_per_seq(const engine_kv_plan *p, int64_t blocks) {
     return p->n_parallel ? blocks * p->geom.block_size / p->n_parallel : 0;
 }
 
-static void print_plan(const char *model_dir, const io_model_config *c, const engine_kv_plan *p,
+static void print_plan(const char *model_dir, const io_model_config *c,
+                       const model_decode_read *decode, const engine_kv_plan *p,
                        const char *backend, bool json) {
     bool all_local = p->n_local_layers == p->geom.n_layers;
     int64_t fit = all_local ? -1 : fit_per_seq(p, p->kv_blocks);
@@ -44,6 +48,9 @@ static void print_plan(const char *model_dir, const io_model_config *c, const en
             (json_int_t)p->budget_bytes, "kv_blocks", (json_int_t)p->kv_blocks,
             "context_fits_per_seq_full_attention", (json_int_t)fit_full);
         json_object_set_new(o, "context_fits_per_seq", fit < 0 ? json_null() : json_integer(fit));
+        json_object_set_new(o, "decode_read_bytes", json_integer((json_int_t)decode->routed));
+        json_object_set_new(o, "decode_read_bytes_all_experts",
+                            json_integer((json_int_t)decode->all_experts));
         json_object_set_new(o, "kv_local_layers", json_integer(p->n_local_layers));
         if (p->n_local_layers) {
             json_t *l = json_pack("{s:i, s:I, s:I, s:I, s:I}", "window", p->geom.window,
@@ -61,6 +68,14 @@ static void print_plan(const char *model_dir, const io_model_config *c, const en
            c->head_dim);
     printf("backend          %s\n", backend);
     printf("weights          %llu bytes\n", (unsigned long long)p->weights_bytes);
+    if (c->n_experts)
+        printf("decode reads     %llu bytes a step per sequence (routed experts: %d of %d), %llu "
+               "with every expert\n",
+               (unsigned long long)decode->routed, c->n_experts_used, c->n_experts,
+               (unsigned long long)decode->all_experts);
+    else
+        printf("decode reads     %llu bytes a step per sequence\n",
+               (unsigned long long)decode->routed);
     printf("KV per token     %llu bytes (%s, K and V, all layers)\n",
            (unsigned long long)p->kv_bytes_per_token, base_dtype_name(p->geom.dtype));
     printf("KV block         %d tokens, %llu bytes\n", p->geom.block_size,
@@ -117,16 +132,19 @@ int cli_cmd_inspect(int argc, char **argv) {
     rtf.opts.n_parallel = (int)np;
     base_err err;
     io_model_config cfg;
-    uint64_t weights;
+    io_checkpoint *ck = NULL;
+    model_decode_read decode;
     be_backend *be = NULL;
     engine_kv_plan plan;
     if (cli_runtime_resolve(&rtf, &err) || model_config_load(rtf.model, &cfg, NULL, &err))
         return cli_fail(&err);
-    int rc = io_checkpoint_peek_bytes(rtf.model, &weights, &err);
+    int rc = io_checkpoint_open_headers(rtf.model, &ck, &err);
+    if (rc == 0) rc = model_checkpoint_decode_bytes(&cfg, ck, &decode, &err);
     if (rc == 0) rc = engine_backend_open(&rtf.opts, &be, &err);
-    if (rc == 0) rc = engine_plan_kv(&cfg, weights, be, &rtf.opts, &plan, &err);
-    if (rc == 0) print_plan(rtf.model, &cfg, &plan, be->name, json);
+    if (rc == 0) rc = engine_plan_kv(&cfg, io_checkpoint_bytes(ck), be, &rtf.opts, &plan, &err);
+    if (rc == 0) print_plan(rtf.model, &cfg, &decode, &plan, be->name, json);
     if (be) be_destroy(be);
+    io_checkpoint_close(ck);
     io_config_free(&cfg);
     return rc ? cli_fail(&err) : CLI_OK;
 }

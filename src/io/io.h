@@ -46,8 +46,9 @@ const char *io_checkpoint_metadata(const io_checkpoint *ck, const char *key);
 /* Sum of all tensor bytes. */
 uint64_t io_checkpoint_bytes(const io_checkpoint *ck);
 
-/* Reads only the headers of the checkpoint in dir (no mmap of data): total tensor bytes. */
-int io_checkpoint_peek_bytes(const char *dir, uint64_t *bytes, base_err *err);
+/* As io_checkpoint_open_dir, reading only the headers (no mmap of data): every tensor's name,
+ * dtype, shape and nbytes, its `data` NULL. For sizing a model without touching its weights. */
+int io_checkpoint_open_headers(const char *dir, io_checkpoint **out, base_err *err);
 
 /* ---- writer ---- */
 

@@ -171,12 +171,8 @@ int io_checkpoint_open_dir(const char *dir, io_checkpoint **out, base_err *err) 
     return open_dir(dir, true, out, err);
 }
 
-int io_checkpoint_peek_bytes(const char *dir, uint64_t *bytes, base_err *err) {
-    io_checkpoint *ck;
-    if (open_dir(dir, false, &ck, err) != 0) return -1;
-    *bytes = io_checkpoint_bytes(ck);
-    io_checkpoint_close(ck);
-    return 0;
+int io_checkpoint_open_headers(const char *dir, io_checkpoint **out, base_err *err) {
+    return open_dir(dir, false, out, err);
 }
 
 void io_checkpoint_close(io_checkpoint *ck) {

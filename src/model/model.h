@@ -35,9 +35,22 @@ bool model_has_lm_head(const model *m);
 int model_score_head(const model *m, float **w, base_err *err);
 /* Bytes of all weight tensors as stored. */
 uint64_t model_weight_bytes(const model *m);
-/* Weight bytes one decode step reads: every linear layer (packed weights, scales, biases,
- * linear biases), every norm, the output head, and one row of the embedding table. */
-uint64_t model_decode_bytes(const model *m);
+/* Weight bytes one decode step reads per sequence: every linear layer (packed weights,
+ * scales, biases, linear biases), every norm (as held: Gemma's in F32), the output head, one
+ * row of the embedding table (tied: the table whole as the head and the row), and of each
+ * mixture-of-experts layer its router and top_k of its n_experts stacked experts. */
+typedef struct model_decode_read {
+    uint64_t routed;      /* what a step reads: each MoE layer's top_k experts */
+    uint64_t all_experts; /* the same with every expert read (routed for a dense model) */
+} model_decode_read;
+
+model_decode_read model_decode_bytes(const model *m);
+/* The same from cfg (model_config_load) and the headers of its checkpoint
+ * (io_checkpoint_open_headers), without loading the weights: for a checkpoint that loads, what
+ * model_decode_bytes gives the loaded model. A tensor the loader would bind that ck lacks is an
+ * error naming it. */
+int model_checkpoint_decode_bytes(const io_model_config *cfg, const io_checkpoint *ck,
+                                  model_decode_read *out, base_err *err);
 
 /* The decode plan's workspace for up to max_seqs sequences of max_ctx tokens in blocks of
  * block_size; the model allocates it in the backend (call again to grow). */

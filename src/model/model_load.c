@@ -536,35 +536,3 @@ int model_score_head(const model *m, float **w, base_err *err) {
 uint64_t model_weight_bytes(const model *m) {
     return io_checkpoint_bytes(m->ck);
 }
-
-static uint64_t linear_bytes(const be_linear *l) {
-    uint64_t n = (uint64_t)l->out * (uint64_t)l->in;
-    uint64_t bytes = l->bits ? n * (uint64_t)l->bits / 8 +
-                                   2 * (n / (uint64_t)l->group_size) * base_dtype_size(l->dtype)
-                             : n * base_dtype_size(l->dtype);
-    if (l->bias) bytes += (uint64_t)l->out * base_dtype_size(l->bias_dtype);
-    return bytes;
-}
-
-static uint64_t vector_bytes(const be_tensor *t) {
-    return t->data ? (uint64_t)t->cols * base_dtype_size(t->dtype) : 0;
-}
-
-uint64_t model_decode_bytes(const model *m) {
-    uint64_t bytes = linear_bytes(&m->lm_head) + vector_bytes(&m->final_norm);
-    bytes += linear_bytes(&m->embed) / (uint64_t)m->embed.out;
-    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
-        const model_layer *L = &m->layers[l];
-        const be_linear *lins[] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
-        for (size_t i = 0; i < sizeof lins / sizeof lins[0]; i++) bytes += linear_bytes(lins[i]);
-        /* A decode row reads the router and its top_k experts, not every expert. */
-        if (L->moe)
-            bytes += linear_bytes(&L->router) +
-                     (linear_bytes(&L->egate) + linear_bytes(&L->eup) + linear_bytes(&L->edown)) /
-                         (uint64_t)L->experts.n_experts * (uint64_t)L->experts.top_k;
-        const be_tensor *vecs[] = {&L->attn_norm,     &L->post_attn_norm, &L->mlp_norm,
-                                   &L->post_mlp_norm, &L->q_norm,         &L->k_norm};
-        for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) bytes += vector_bytes(vecs[i]);
-    }
-    return bytes;
-}

@@ -47,12 +47,74 @@ static const char *last_line(char *text) {
     return nl ? nl + 1 : text;
 }
 
+/* A BF16 tensor [d0] (d1 0) or [d0, d1] in a safetensors header, its data after *end. */
+static void add_bf16(json_t *header, uint64_t *end, const char *name, int64_t d0, int64_t d1) {
+    uint64_t bytes = (uint64_t)d0 * (uint64_t)(d1 ? d1 : 1) * 2;
+    json_t *shape =
+        d1 ? json_pack("[I, I]", (json_int_t)d0, (json_int_t)d1) : json_pack("[I]", (json_int_t)d0);
+    json_object_set_new(header, name,
+                        json_pack("{s:s, s:o, s:[I, I]}", "dtype", "BF16", "shape", shape,
+                                  "data_offsets", (json_int_t)*end, (json_int_t)(*end + bytes)));
+    *end += bytes;
+}
+
+/* Writes path as a Gemma-3-4B-shaped BF16 checkpoint (tied embeddings) whose data is a hole of
+ * a sparse file: inspect reads the header alone, so the 8 GB cost no disk. Returns the weight
+ * bytes a decode step reads, counted here from the shapes: every matrix, the table again as
+ * the head and one row of it, and the norms as F32 (Gemma's 1 + w is formed at load). */
+static uint64_t write_gemma3_4b_headers(const char *path) {
+    enum { HIDDEN = 2560, INTER = 10240, LAYERS = 34, Q = 8 * 256, KV = 4 * 256, HD = 256 };
+    static const char *const norms[] = {"input_layernorm.weight", "post_attention_layernorm.weight",
+                                        "pre_feedforward_layernorm.weight",
+                                        "post_feedforward_layernorm.weight"};
+    json_t *h = json_object();
+    uint64_t end = 0;
+    char name[128];
+    add_bf16(h, &end, "model.embed_tokens.weight", 262208, HIDDEN);
+    add_bf16(h, &end, "model.norm.weight", HIDDEN, 0);
+    for (int l = 0; l < LAYERS; l++) {
+#define T(suffix, d0, d1)                                                                          \
+    (snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix), add_bf16(h, &end, name, d0, d1))
+        T("self_attn.q_proj.weight", Q, HIDDEN);
+        T("self_attn.k_proj.weight", KV, HIDDEN);
+        T("self_attn.v_proj.weight", KV, HIDDEN);
+        T("self_attn.o_proj.weight", HIDDEN, Q);
+        T("self_attn.q_norm.weight", HD, 0);
+        T("self_attn.k_norm.weight", HD, 0);
+        T("mlp.gate_proj.weight", INTER, HIDDEN);
+        T("mlp.up_proj.weight", INTER, HIDDEN);
+        T("mlp.down_proj.weight", HIDDEN, INTER);
+        for (int i = 0; i < 4; i++) T(norms[i], HIDDEN, 0);
+#undef T
+    }
+    /* "{...}" padded with spaces to 8 bytes, as writers align the data */
+    char *text = json_dumps(h, JSON_COMPACT);
+    size_t len = strlen(text), padded = (len + 7) / 8 * 8;
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL);
+    if (f) {
+        uint64_t n = padded;
+        unsigned char le[8];
+        for (int i = 0; i < 8; i++) le[i] = (unsigned char)(n >> (8 * i));
+        CHECK(fwrite(le, 1, 8, f) == 8 && fwrite(text, 1, len, f) == len);
+        for (size_t i = len; i < padded; i++) fputc(' ', f);
+        CHECK(fflush(f) == 0 && ftruncate(fileno(f), (off_t)(8 + padded + end)) == 0);
+        fclose(f);
+    }
+    free(text);
+    json_decref(h);
+    uint64_t layer =
+        2ull * ((uint64_t)(Q + 2 * KV) * HIDDEN + (uint64_t)HIDDEN * Q + 3ull * INTER * HIDDEN) +
+        4ull * (4 * HIDDEN + 2 * HD);
+    return 2ull * 262208 * HIDDEN + 2ull * HIDDEN + 4ull * HIDDEN + LAYERS * layer;
+}
+
 /* inspect on a Gemma-3-4B-shaped config (34 layers, 5 of them global, a 1024-token window,
- * 4 kv heads of 256; the fixture's tensors stand in for the weights, which inspect only
- * sizes): local and global layers are counted apart, the local group holds each sequence's
- * window and prefill step (CPU: 512 tokens), and the rest of the budget buys global blocks. */
+ * 4 kv heads of 256) and a header-only checkpoint of that shape: local and global layers are
+ * counted apart, the local group holds each sequence's window and prefill step (CPU: 512
+ * tokens), the rest of the budget buys global blocks, and the decode bytes are the shapes'. */
 static void inspect_windowed(void) {
-    char dir[256], path[512], target[1024], args[2048], out[65536], err[4096];
+    char dir[256], path[512], args[2048], out[65536], err[4096];
     snprintf(dir, sizeof dir, "/tmp/mlxcel-inspect-gemma3-%d", (int)getpid());
     CHECK(mkdir(dir, 0700) == 0);
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -71,9 +133,7 @@ static void inspect_windowed(void) {
           f);
     fclose(f);
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    snprintf(target, sizeof target, "%s/tests/fixtures/gemma3_text_bf16/model.safetensors",
-             test_source_dir());
-    CHECK(symlink(target, path) == 0);
+    unsigned long long decode = write_gemma3_4b_headers(path);
     const unsigned long long budget = 24ull << 30;
     for (int np = 1; np <= 4; np += 3) {
         snprintf(args, sizeof args,
@@ -111,6 +171,9 @@ static void inspect_windowed(void) {
                "window-bounded local layers, %lld with every layer keeping the whole context\n",
                np, fit, full);
         CHECK(fit > 6 * full);
+        CHECK_MSG(GET(o, "decode_read_bytes") == (long long)decode &&
+                      GET(o, "decode_read_bytes_all_experts") == (long long)decode,
+                  "decode bytes %lld, want %llu", GET(o, "decode_read_bytes"), decode);
 #undef GET
         json_decref(o);
     }
@@ -135,6 +198,49 @@ static void inspect_windowed(void) {
                   json_integer_value(json_object_get(o, "kv_local_layers")) > 0,
               "inspect phi3: %s", out);
     json_decref(o);
+}
+
+/* inspect's decode bytes, from the headers alone, are bench's "read per decode step" from the
+ * loaded model; a mixture of experts (2 of 4 routed) shows the all-experts figure beside it. */
+static void inspect_decode_bytes(void) {
+    static const char *const models[] = {"models/demo", "tests/fixtures/qwen3_moe_q4_g64",
+                                         "tests/fixtures/gpt_oss_mxfp4_q8"};
+    char args[2048], out[65536], err[4096];
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        bool moe = strstr(models[i], "moe") || strstr(models[i], "gpt_oss");
+        snprintf(args, sizeof args, "inspect -m %s/%s --json --device cpu", test_source_dir(),
+                 models[i]);
+        CHECK_MSG(run(args, out, sizeof out, err, sizeof err) == 0, "inspect: %s", err);
+        json_t *o = json_loads(out, 0, NULL);
+        long long routed = json_integer_value(json_object_get(o, "decode_read_bytes"));
+        long long all = json_integer_value(json_object_get(o, "decode_read_bytes_all_experts"));
+        json_decref(o);
+        snprintf(args, sizeof args, "bench -m %s/%s -p 0 -n 1 -b 1 -r 1 -t 1 --device cpu",
+                 test_source_dir(), models[i]);
+        unsigned long long step = 0;
+        const char *hdr =
+            run(args, out, sizeof out, err, sizeof err) == 0 ? strstr(out, "bytes, ") : NULL;
+        CHECK_MSG(hdr && sscanf(hdr, "bytes, %llu read per decode step", &step) == 1,
+                  "bench header: %s %s", out, err);
+        CHECK_MSG(routed > 0 && (unsigned long long)routed == step &&
+                      (moe ? all > routed : all == routed),
+                  "%s: inspect reads %lld (%lld every expert), bench %llu", models[i], routed, all,
+                  step);
+        snprintf(args, sizeof args, "inspect -m %s/%s --device cpu", test_source_dir(), models[i]);
+        char want[128];
+        if (moe)
+            snprintf(want, sizeof want,
+                     "decode reads     %lld bytes a step per sequence (routed experts: 2 of 4), "
+                     "%lld with every expert\n",
+                     routed, all);
+        else
+            snprintf(want, sizeof want, "decode reads     %lld bytes a step per sequence\n",
+                     routed);
+        CHECK_MSG(run(args, out, sizeof out, err, sizeof err) == 0 && strstr(out, want),
+                  "inspect %s: %s, want '%s'", models[i], out, want);
+        printf("  %s: inspect and bench read %lld bytes a decode step (%lld every expert)\n",
+               models[i], routed, all);
+    }
 }
 
 /* bench on the CPU: decode's ceiling is the read bandwidth, which the header names and each
@@ -321,6 +427,7 @@ int main(void) {
               "inspect small budget: %s", err);
 
     inspect_windowed();
+    inspect_decode_bytes();
     bench_read_ceiling();
 
     free(prompt);
