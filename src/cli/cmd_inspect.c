@@ -138,7 +138,7 @@ int cli_cmd_inspect(int argc, char **argv) {
     engine_kv_plan plan;
     if (cli_runtime_resolve(&rtf, &err) || model_config_load(rtf.model, &cfg, NULL, &err))
         return cli_fail(&err);
-    int rc = io_checkpoint_open_headers(rtf.model, &ck, &err);
+    int rc = model_checkpoint_open(rtf.model, &cfg, false, &ck, &err);
     if (rc == 0) rc = model_checkpoint_decode_bytes(&cfg, ck, &decode, &err);
     if (rc == 0) rc = engine_backend_open(&rtf.opts, &be, &err);
     if (rc == 0) rc = engine_plan_kv(&cfg, io_checkpoint_bytes(ck), be, &rtf.opts, &plan, &err);

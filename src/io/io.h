@@ -46,6 +46,23 @@ const char *io_checkpoint_metadata(const io_checkpoint *ck, const char *key);
 /* Sum of all tensor bytes. */
 uint64_t io_checkpoint_bytes(const io_checkpoint *ck);
 
+/* A tensor io_checkpoint_replace adds: data (NULL in a checkpoint of headers only) is
+ * prod(shape) elements of dtype from malloc, which the checkpoint frees when it closes. */
+typedef struct io_tensor_new {
+    char *name; /* malloc'd; the checkpoint takes it */
+    base_dtype dtype;
+    int ndim;
+    int64_t shape[IO_MAX_DIMS];
+    void *data;
+} io_tensor_new;
+
+/* Replaces the tensors named in drop (each must exist) with those of add, which the checkpoint
+ * takes over (names and data, on failure too): a layout converted at load, whose new tensors
+ * keep the file of drop[0] for messages. Every io_tensor pointer found before is invalid
+ * after. */
+int io_checkpoint_replace(io_checkpoint *ck, const char *const *drop, size_t n_drop,
+                          io_tensor_new *add, size_t n_add, base_err *err);
+
 /* As io_checkpoint_open_dir, reading only the headers (no mmap of data): every tensor's name,
  * dtype, shape and nbytes, its `data` NULL. For sizing a model without touching its weights. */
 int io_checkpoint_open_headers(const char *dir, io_checkpoint **out, base_err *err);

@@ -183,11 +183,63 @@ void io_checkpoint_close(io_checkpoint *ck) {
     }
     for (size_t i = 0; i < ck->n_tensors; i++) free((char *)ck->tensors[i].name);
     for (size_t i = 0; i < 2 * ck->n_meta; i++) free(ck->meta[i]);
+    for (size_t i = 0; i < ck->n_owned; i++) free(ck->owned[i]);
+    free(ck->owned);
     free(ck->shards);
     free(ck->tensors);
     free(ck->by_name);
     free(ck->meta);
     free(ck);
+}
+
+int io_checkpoint_replace(io_checkpoint *ck, const char *const *drop, size_t n_drop,
+                          io_tensor_new *add, size_t n_add, base_err *err) {
+    ck->owned = base_xrealloc(ck->owned, (ck->n_owned + n_add + 1) * sizeof *ck->owned);
+    for (size_t i = 0; i < n_add; i++)
+        if (add[i].data) ck->owned[ck->n_owned++] = add[i].data;
+    const io_tensor *first = n_drop ? io_checkpoint_find(ck, drop[0]) : NULL;
+    const char *file = first ? first->file : "";
+    bool *gone = base_xcalloc(ck->n_tensors + 1, sizeof *gone);
+    int rc = 0;
+    for (size_t i = 0; i < n_drop && rc == 0; i++) {
+        const io_tensor *t = io_checkpoint_find(ck, drop[i]);
+        if (!t)
+            rc = base_fail(err, "checkpoint: missing tensor %s", drop[i]);
+        else
+            gone[t - ck->tensors] = true;
+    }
+    size_t kept = 0;
+    for (size_t i = 0; i < ck->n_tensors && rc == 0; i++) {
+        if (gone[i]) {
+            free((char *)ck->tensors[i].name);
+            continue;
+        }
+        ck->tensors[kept++] = ck->tensors[i];
+    }
+    free(gone);
+    if (rc == 0) {
+        ck->n_tensors = kept;
+        if (ck->n_tensors + n_add > ck->cap_tensors) {
+            ck->cap_tensors = ck->n_tensors + n_add;
+            ck->tensors = base_xrealloc(ck->tensors, ck->cap_tensors * sizeof *ck->tensors);
+        }
+    }
+    for (size_t i = 0; i < n_add; i++) {
+        if (rc != 0) {
+            free(add[i].name);
+            continue;
+        }
+        io_tensor *t = &ck->tensors[ck->n_tensors++];
+        *t = (io_tensor){.name = add[i].name,
+                         .file = file,
+                         .dtype = add[i].dtype,
+                         .ndim = add[i].ndim,
+                         .data = add[i].data};
+        uint64_t n = 1;
+        for (int d = 0; d < add[i].ndim; d++) n *= (uint64_t)(t->shape[d] = add[i].shape[d]);
+        t->nbytes = n * base_dtype_size(add[i].dtype);
+    }
+    return rc ? rc : io_ck_index(ck, err);
 }
 
 size_t io_checkpoint_count(const io_checkpoint *ck) {

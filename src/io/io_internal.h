@@ -24,6 +24,8 @@ struct io_checkpoint {
     const io_tensor **by_name; /* (n_tensors) into tensors, sorted by name, for find */
     size_t n_meta, cap_meta;
     char **meta; /* (2 * n_meta) key, value pairs from every shard's __metadata__ */
+    size_t n_owned;
+    void **owned; /* (n_owned) data of tensors io_checkpoint_replace added */
 };
 
 /* "an object", "a string", ...: the JSON type of v for error messages. */

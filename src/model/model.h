@@ -45,10 +45,16 @@ typedef struct model_decode_read {
 } model_decode_read;
 
 model_decode_read model_decode_bytes(const model *m);
+/* Opens the checkpoint of the model in dir whose config is c (model_config_load): its data
+ * mapped, or (map_data false) its headers only; experts stored in a Hugging Face layout
+ * (model_names.hf_experts, hf_gate_up) come out stacked, as the loader binds them, dense only.
+ * Closed with io_checkpoint_close. */
+int model_checkpoint_open(const char *dir, const io_model_config *c, bool map_data,
+                          io_checkpoint **out, base_err *err);
 /* The same from cfg (model_config_load) and the headers of its checkpoint
- * (io_checkpoint_open_headers), without loading the weights: for a checkpoint that loads, what
- * model_decode_bytes gives the loaded model. A tensor the loader would bind that ck lacks is an
- * error naming it. */
+ * (model_checkpoint_open without data), without loading the weights: for a checkpoint that loads,
+ * what model_decode_bytes gives the loaded model. A tensor the loader would bind that ck lacks is
+ * an error naming it. */
 int model_checkpoint_decode_bytes(const io_model_config *cfg, const io_checkpoint *ck,
                                   model_decode_read *out, base_err *err);
 

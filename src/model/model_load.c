@@ -499,7 +499,7 @@ int model_load_shard(const char *dir, be_backend *be, int n_ranks, int rank, be_
     /* longrope's scale depends on the config alone: the short table's is the long one's. */
     int max_pos = m->cfg.max_position_embeddings, long_after = model_rope_long_after(&m->cfg);
     float short_mscale;
-    if (io_checkpoint_open_dir(dir, &m->ck, err) || model_bind_weights(m, err) ||
+    if (model_checkpoint_open(dir, &m->cfg, true, &m->ck, err) || model_bind_weights(m, err) ||
         (n_ranks > 1 && model_shard_map(m, err)) ||
         rope_table(m, false, max_pos, &m->inv_freq, &m->rope_mscale, err) ||
         (long_after > 0 &&

@@ -176,10 +176,9 @@ static io_quant_spec weight_spec(const io_tensor *t, const model_names *names, i
     return dense;
 }
 
-/* A MoE family's experts other than stacked as mlx-lm writes them (<experts>.gate_proj.weight
- * [experts, out, in] and its bias): Hugging Face's per-expert experts.N.*, or GPT-OSS's fused
- * gate_up_proj. The runtime reads only the stacked layout, and quantizing these as mlx-lm
- * would needs its sanitize step first. */
+/* A MoE family's experts left other than stacked as mlx-lm writes them (<experts>.gate_proj.weight
+ * [experts, out, in] and its bias) once model_checkpoint_open has stacked the Hugging Face
+ * layouts it knows: quantizing these as mlx-lm would needs its sanitize step first. */
 static bool unstacked_expert(const io_tensor *t, const model_names *names) {
     if (!names->experts || !strstr(t->name, "experts")) return false;
     if (!strstr(t->name, names->experts)) return true;
@@ -302,14 +301,17 @@ int model_quantize(const char *in_dir, const char *out_dir, io_quant_spec spec, 
     io_model_config cfg;
     const model_arch *arch;
     if (model_config_load(in_dir, &cfg, &arch, err)) return -1;
-    bool already = cfg.quant.bits != 0;
-    io_config_free(&cfg);
-    if (already) return base_fail(err, "%s: the checkpoint is already quantized", in_dir);
-    if (!base_dir_exists(out_dir)) return base_fail(err, "%s: no such directory", out_dir);
-    io_checkpoint *ck;
-    if (io_checkpoint_open_dir(in_dir, &ck, err)) return -1;
-    size_t n = io_checkpoint_count(ck);
+    io_checkpoint *ck = NULL;
     int rc = 0;
+    if (cfg.quant.bits != 0)
+        rc = base_fail(err, "%s: the checkpoint is already quantized", in_dir);
+    else if (!base_dir_exists(out_dir))
+        rc = base_fail(err, "%s: no such directory", out_dir);
+    else /* experts in a Hugging Face layout come out stacked, as mlx-lm's sanitize leaves them */
+        rc = model_checkpoint_open(in_dir, &cfg, true, &ck, err);
+    io_config_free(&cfg);
+    if (rc) return -1;
+    size_t n = io_checkpoint_count(ck);
     quant_set s = {.outs = base_xcalloc(n * 3, sizeof *s.outs),
                    .owned = base_xcalloc(n * 3, sizeof *s.owned),
                    .names = base_xcalloc(n * 3, sizeof *s.names),

@@ -23,6 +23,13 @@ typedef struct model_names {
      * <experts>.{gate,up,down}_proj, each [experts, out, in]). */
     const char *router;
     const char *experts;
+    /* The same experts in Hugging Face's layout, which opening the checkpoint stacks into the
+     * one above (model_experts.c): one tensor an expert and projection,
+     * <hf_experts>.N.<hf_proj[i]>.weight for gate, up and down; or, with hf_gate_up, GPT-OSS's
+     * <experts>.gate_up_proj (gate and up interleaved) and down_proj, with their _bias. */
+    const char *hf_experts;
+    const char *hf_proj[3];
+    bool hf_gate_up;
 } model_names;
 
 /* The names of Llama's blocks (a norm before attention and one before the MLP, under

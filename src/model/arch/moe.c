@@ -1,7 +1,8 @@
-/* Mixture-of-experts families in mlx-lm's layout (experts stacked per layer): Qwen3-MoE
- * (softmax over all experts, top-k, renormalized when norm_topk_prob; dense MLP layers among the
- * MoE ones by decoder_sparse_step and mlp_only_layers; per-head q/k norm), Mixtral (top-k of
- * the router logits, softmax over the chosen, which is the same renormalized) and GPT-OSS. */
+/* Mixture-of-experts families in mlx-lm's layout (experts stacked per layer; Hugging Face's layouts
+ * are stacked into it at open, model_experts.c): Qwen3-MoE (softmax over all experts, top-k,
+ * renormalized when norm_topk_prob; dense MLP layers among the MoE ones by decoder_sparse_step and
+ * mlp_only_layers; per-head q/k norm), Mixtral (top-k of the router logits, softmax over the
+ * chosen, which is the same renormalized) and GPT-OSS. */
 #include "model/arch/arch.h"
 
 #include <jansson.h>
@@ -43,20 +44,24 @@ static int mixtral_configure(const io_cfg_at *at, io_model_config *cfg) {
 
 const model_arch arch_qwen3_moe = {
     .model_type = "qwen3_moe",
-    .summary = "Qwen3-MoE (30B-A3B, Coder): experts stacked as mlx-lm writes them, dense layers "
-               "by decoder_sparse_step and mlp_only_layers; use_sliding_window refused",
+    .summary = "Qwen3-MoE (30B-A3B, Coder): experts stacked as mlx-lm writes them or, dense, "
+               "one tensor an expert as transformers does; dense layers by decoder_sparse_step "
+               "and mlp_only_layers; use_sliding_window refused",
     .configure = qwen3_moe_configure,
-    .names = {ARCH_LLAMA_NAMES, .router = "mlp.gate", .experts = "mlp.switch_mlp"},
+    .names = {ARCH_LLAMA_NAMES, .router = "mlp.gate", .experts = "mlp.switch_mlp",
+              .hf_experts = "mlp.experts", .hf_proj = {"gate_proj", "up_proj", "down_proj"}},
 };
 
 const model_arch arch_mixtral = {
     .model_type = "mixtral",
-    .summary = "Mixtral: experts stacked as mlx-lm writes them, sliding_window over every "
+    .summary = "Mixtral: experts stacked as mlx-lm writes them or, dense, as w1/w3/w2 an "
+               "expert; sliding_window over every "
                "layer (none when it spans max_position_embeddings); on CUDA a windowed decode "
                "row is not split over the context",
     .configure = mixtral_configure,
     .names = {ARCH_LLAMA_NAMES, .router = "block_sparse_moe.gate",
-              .experts = "block_sparse_moe.switch_mlp"},
+              .experts = "block_sparse_moe.switch_mlp", .hf_experts = "block_sparse_moe.experts",
+              .hf_proj = {"w1", "w3", "w2"}},
 };
 
 /* GPT-OSS: top-k of the router logits (with bias), softmax over the chosen; the clamped
@@ -79,9 +84,11 @@ static int gpt_oss_configure(const io_cfg_at *at, io_model_config *cfg) {
 const model_arch arch_gpt_oss = {
     .model_type = "gpt_oss",
     .summary = "GPT-OSS (20b, 120b): attention sinks, MXFP4 experts (mlx-community's "
-               "MXFP4-Q8), biases, clamped SwiGLU (swiglu_limit 7 only), local layers every "
+               "MXFP4-Q8) or dense ones stacked or in transformers' fused gate_up_proj, biases, "
+               "clamped SwiGLU (swiglu_limit 7 only), local layers every "
                "other layer; on CUDA a decode row with sinks or a window is not split over the "
                "context",
     .configure = gpt_oss_configure,
-    .names = {ARCH_LLAMA_NAMES, .router = "mlp.router", .experts = "mlp.experts"},
+    .names = {ARCH_LLAMA_NAMES, .router = "mlp.router", .experts = "mlp.experts",
+              .hf_gate_up = true},
 };
