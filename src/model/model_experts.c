@@ -176,6 +176,14 @@ static int restack_layer(io_checkpoint *ck, const model_arch *arch, const io_mod
     snprintf(p, sizeof p, "%slayers.%d.", nm->prefix, l);
     snprintf(name, sizeof name, "%s%s.gate_proj.weight", p, nm->experts);
     if (io_checkpoint_find(ck, name)) return 0; /* stacked already */
+    snprintf(name, sizeof name, "%s%s.gate_up_proj_blocks", p, nm->experts);
+    const io_tensor *blocks = nm->hf_gate_up ? io_checkpoint_find(ck, name) : NULL;
+    if (blocks)
+        return base_fail(err,
+                         "%s: tensor %s: experts in the MXFP4 blocks layout of OpenAI's release, "
+                         "which mlxcel does not read; mlx-lm's convert writes them as "
+                         "mlx-community's gpt-oss checkpoints hold them",
+                         blocks->file, name);
     snprintf(name, sizeof name, "%s%s.gate_up_proj", p, nm->experts);
     const bool is_fused = nm->hf_gate_up && io_checkpoint_find(ck, name);
     snprintf(name, sizeof name, "%s%s.0.%s.weight", p, nm->hf_experts ? nm->hf_experts : "",

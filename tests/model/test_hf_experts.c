@@ -4,8 +4,8 @@
  * [experts, in, out], with their _bias), by the mapping tools/reference/make_moe_fixtures.py
  * hands transformers when it makes the fixtures' reference. Each rewrite must load to logits
  * identical to the stacked fixture's and within 1e-3 of transformers', count the same decode
- * bytes from its headers and quantize to the same bytes; a missing expert and a quantized one
- * are refused by name. */
+ * bytes from its headers and quantize to the same tensors; a missing expert, a quantized one
+ * and OpenAI's MXFP4 blocks are refused by name. */
 #include "fixture_ref.h"
 #include "test_file.h"
 
@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 /* How the rewrite may be spoiled, to see the loader refuse it. */
-typedef enum { WRITE_WHOLE, WRITE_DROP_EXPERT, WRITE_QUANTIZED_EXPERT } write_mode;
+typedef enum { WRITE_WHOLE, WRITE_DROP_EXPERT, WRITE_QUANTIZED_EXPERT, WRITE_BLOCKS } write_mode;
 
 static bool ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), k = strlen(suffix);
@@ -79,7 +79,8 @@ static const io_tensor *find(const io_checkpoint *ck, const char *p, const char 
 
 /* Layer prefix p's stacked GPT-OSS experts as gate_up_proj [E, h, 2I] (gate at even columns,
  * up at odd ones), down_proj [E, I, h] and their biases: make_moe_fixtures.py's hf_weights. */
-static void fused(hf_out *o, const io_checkpoint *ck, const char *p, const model_names *nm) {
+static void fused(hf_out *o, const io_checkpoint *ck, const char *p, const model_names *nm,
+                  write_mode mode) {
     const io_tensor *g = find(ck, p, nm->experts, "gate_proj.weight"),
                     *u = find(ck, p, nm->experts, "up_proj.weight"),
                     *d = find(ck, p, nm->experts, "down_proj.weight"),
@@ -110,7 +111,9 @@ static void fused(hf_out *o, const io_checkpoint *ck, const char *p, const model
     char name[320];
     const int64_t s_gu[3] = {E, h, 2 * I}, s_dn[3] = {E, I, h}, s_gub[2] = {E, 2 * I},
                   s_db[2] = {E, h};
-    snprintf(name, sizeof name, "%s%s.gate_up_proj", p, nm->experts);
+    /* OpenAI's release names its MXFP4 codes gate_up_proj_blocks */
+    snprintf(name, sizeof name, "%s%s.gate_up_proj%s", p, nm->experts,
+             mode == WRITE_BLOCKS ? "_blocks" : "");
     add(o, name, g->dtype, 3, s_gu, gu);
     snprintf(name, sizeof name, "%s%s.gate_up_proj_bias", p, nm->experts);
     add(o, name, gb->dtype, 2, s_gub, gub);
@@ -142,7 +145,7 @@ static bool write_hf(const char *src, const char *dir, write_mode mode) {
         char p[160];
         snprintf(p, sizeof p, "%.*s", (int)(at - t->name), t->name);
         if (nm->hf_gate_up) {
-            if (ends_with(t->name, ".gate_proj.weight")) fused(o, ck, p, nm);
+            if (ends_with(t->name, ".gate_proj.weight")) fused(o, ck, p, nm, mode);
             continue;
         }
         for (int proj = 0; proj < 3; proj++) {
@@ -338,5 +341,6 @@ int main(void) {
     test_fixture("gpt_oss_bf16", (io_quant_spec){4, 32, IO_QUANT_MXFP4});
     test_refused("qwen3_moe_bf16", WRITE_DROP_EXPERT, "mlp.experts.1.up_proj.weight");
     test_refused("mixtral_bf16", WRITE_QUANTIZED_EXPERT, "read dense only");
+    test_refused("gpt_oss_bf16", WRITE_BLOCKS, "mlp.experts.gate_up_proj_blocks");
     TEST_MAIN_END();
 }
