@@ -186,10 +186,12 @@ static int restack_layer(io_checkpoint *ck, const model_arch *arch, const io_mod
                          blocks->file, name);
     snprintf(name, sizeof name, "%s%s.gate_up_proj", p, nm->experts);
     const bool is_fused = nm->hf_gate_up && io_checkpoint_find(ck, name);
-    snprintf(name, sizeof name, "%s%s.0.%s.weight", p, nm->hf_experts ? nm->hf_experts : "",
-             nm->hf_proj[0] ? nm->hf_proj[0] : "");
-    if (!is_fused && !(nm->hf_experts && io_checkpoint_find(ck, name)))
-        return 0; /* neither: the binding names what is missing */
+    bool per = false;
+    if (!is_fused && nm->hf_experts) {
+        snprintf(name, sizeof name, "%s%s.0.%s.weight", p, nm->hf_experts, nm->hf_proj[0]);
+        per = io_checkpoint_find(ck, name) != NULL;
+    }
+    if (!is_fused && !per) return 0; /* neither: the binding names what is missing */
     restack r = {.data = data};
     int rc = is_fused ? fused(ck, nm, p, c, &r, err) : per_expert(ck, nm, p, c, &r, err);
     if (rc == 0) {
