@@ -13,6 +13,9 @@
 #      Gemma-3-4B and Phi-4-mini shapes decoded at the same batches, each one's share of the
 #      copy bandwidth beside the 8B's;
 #   e. the scheduler the server uses (bench_server), 1 to 64 clients;
+#   and llama.cpp decoding a Q4_0 GGUF of the 8B model's weights (bench/make_gguf.py) at d.'s
+#   batches, built for CUDA beside our build from PEER_SRC (bench/peer_llama.sh pack makes it:
+#   llama.cpp's source from node-llama-cpp's npm package; carry it), when that file is there;
 # then the profiles behind the figures: one decode step kernel by kernel (bench/decode_profile.sh)
 # and ncu of the 1-row GEMV, the tensor-core GEMV and decode attention.
 # Logs go to $OUT (default ./bench-out); summary.txt holds what is printed.
@@ -22,7 +25,8 @@
 # without the -dev packages), MODEL (where the 8B model is written, default /tmp/llama8b-q4),
 # MODEL_GEMMA and MODEL_PHI (the Gemma-3-4B and Phi-4-mini shapes, default /tmp/gemma3-4b-q4 and
 # /tmp/phi4-mini-q4), BUILD_DIR (default build-gpu), REPS (attention repetitions, default 20), MLXCEL_COMMIT (the
-# commit to print, when the tree's .git is not its own).
+# commit to print, when the tree's .git is not its own), PEER_SRC (default
+# bench/.peer/llama.cpp.tar.gz) and PEER_DIR (where llama.cpp is built, default /tmp/llama-peer).
 set -u
 cd "$(dirname "$0")/.."
 SRC=$PWD
@@ -79,12 +83,27 @@ make_models() {
 }
 (PYTHONUNBUFFERED=1 make_models > "$OUT/make_model.log" 2>&1) &
 model_pid=$!
+PEER_SRC=${PEER_SRC:-$SRC/bench/.peer/llama.cpp.tar.gz}
+PEER_DIR=${PEER_DIR:-/tmp/llama-peer}
+peer_pid=
+if [ -f "$PEER_SRC" ]; then
+    mkdir -p "$PEER_DIR"
+    bench/peer_llama.sh build "$PEER_SRC" "$PEER_DIR" cuda > "$OUT/peer_build.log" 2>&1 &
+    peer_pid=$!
+fi
 { cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release ${DEPS:+-DMLXCEL_DEPS_PREFIX=$DEPS} &&
     cmake --build "$B" -j "$(nproc)" --target mlxcel $TESTS $BENCHES; } > "$OUT/build.log" 2>&1 ||
     { tail -40 "$OUT/build.log"; exit 1; }
 log "built in $(($(date +%s) - t0)) s"
 wait "$model_pid" || { tail -5 "$OUT/make_model.log"; exit 1; }
 MLX=$B/bin/mlxcel
+# the peer's GGUF of the 8B weights, on the CPU while the tests run
+gguf_pid=
+if [ -n "$peer_pid" ]; then
+    python3 bench/make_gguf.py "$MODEL" "$PEER_DIR/8b-q4_0.gguf" --type q4_0 \
+        > "$OUT/peer_gguf.log" 2>&1 &
+    gguf_pid=$!
+fi
 
 for t in $TESTS; do
     timeout 200 "$B/tests/$t" > "$OUT/$t.log" 2>&1
@@ -137,6 +156,27 @@ PYTHONUNBUFFERED=1 timeout 60 python3 tools/reference/sdpa_prefill_peer.py 10 2>
 log "d. the 8B model: decode, 128 steps after a 512-token prompt in each sequence's cache"
 timeout 200 "$MLX" bench -m "$MODEL" -p 512 -n 128 -d 512 -b 1,8,16,32,64,128,256 -r 2 --device cuda 2>&1 |
     tee "$OUT/bench_decode.txt" | say
+if [ -n "$peer_pid" ]; then
+    log "d. the peer: llama.cpp, Q4_0 of the same weights, the same batches, 512-token prompts, 128 steps"
+    if wait "$peer_pid" && wait "$gguf_pid"; then
+        bench/peer_llama.sh decode "$PEER_DIR" "$PEER_DIR/8b-q4_0.gguf" 1,8,16,32,64,128,256 512 128 \
+            2>&1 | tee "$OUT/peer_decode.txt" | say
+        python3 - "$OUT" <<'EOF' | say
+import re, sys
+out = sys.argv[1]
+ours = {int(m[1]): float(m[2]) for m in re.finditer(
+    r"\|\s*tg128@d512\s*\|\s*(\d+)\s*\|\s*([\d.]+)", open(f"{out}/bench_decode.txt").read())}
+peer = {int(m[1]): float(m[2]) for m in re.finditer(
+    r"peer decode batch (\d+): ([\d.]+)", open(f"{out}/peer_decode.txt").read())}
+print("| sequences | mlxcel tok/s | llama.cpp tok/s | ratio |")
+print("|---|---|---|---|")
+for b in sorted(set(ours) & set(peer)):
+    print(f"| {b} | {ours[b]:.1f} | {peer[b]:.1f} | {ours[b] / peer[b]:.2f} |")
+EOF
+    else
+        tail -5 "$OUT/peer_build.log" "$OUT/peer_gguf.log" | say
+    fi
+fi
 log "d. batch 1 from an empty cache (llama-bench's tg128), and with recorded steps off"
 timeout 60 "$MLX" bench -m "$MODEL" -p 0 -n 128 -b 1 -r 2 --device cuda 2>&1 | grep tg128 | say
 MLXCEL_DECODE_GRAPHS=0 timeout 60 "$MLX" bench -m "$MODEL" -p 0 -n 128 -d 512 -b 1 -r 2 \
