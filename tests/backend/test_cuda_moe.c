@@ -3,8 +3,8 @@
  * experts, top 2, 1, 3, 5, 33 and 80 rows (BF16: up to 4 rows the per-pair kernels, from 5 the
  * kernels grouped by expert; 4-bit, 8-bit and MXFP4: the decode GEMV's MoE jobs up to 64 rows,
  * grouped from there); then a wider layer of 16 experts, top 6, in 4 and 8 bits and MXFP4, whose
- * rows span several of the GEMV's chunks; each activation; norm_topk on and off; with and without the
- * router's and the experts' biases; with and without the RMSNorm before. Then the op recorded
+ * rows span several of the GEMV's chunks; each activation; norm_topk on and off; with and without
+ * the router's and the experts' biases; with and without the RMSNorm before. Then the op recorded
  * as a graph and replayed on both paths, its scratch refusing to grow while recording, and
  * its argument checks. Skipped when no CUDA device is present.
  *
