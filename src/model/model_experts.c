@@ -58,11 +58,7 @@ static int want(const io_checkpoint *ck, const char *name, int64_t d0, int64_t d
     for (int i = 0; ok && i < nd; i++) ok = t->shape[i] == d[i];
     if (!ok) {
         char got[96];
-        int n = snprintf(got, sizeof got, "[");
-        for (int i = 0; i < t->ndim && n < (int)sizeof got; i++)
-            n += snprintf(got + n, sizeof got - (size_t)n, i ? ", %lld" : "%lld",
-                          (long long)t->shape[i]);
-        if (n < (int)sizeof got) snprintf(got + n, sizeof got - (size_t)n, "]");
+        model_shape_str(t, got, sizeof got);
         return base_fail(err,
                          "%s: tensor %s has shape %s, expected [%lld, %lld%s] from config.json",
                          t->file, name, got, (long long)d0, (long long)d1, d2 ? ", ..." : "");

@@ -129,6 +129,8 @@ static inline be_act model_act(io_act act) {
 int model_bind_weights(model *m, base_err *err);
 /* Records a backend buffer the model owns (freed with it). */
 void model_own_buffer(model *m, const void *dev);
+/* t's shape as "[d0, d1, ...]" into buf, for messages. */
+void model_shape_str(const io_tensor *t, char *buf, size_t size);
 /* The backend's packed copy of a quantized linear layer, owned by the model (none while a
  * sharded model binds). */
 int model_pack_linear(model *m, be_linear *lin, base_err *err);

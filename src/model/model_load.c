@@ -25,7 +25,7 @@ static bool is_float_dtype(base_dtype dt) {
     return dt == BASE_DTYPE_F32 || dt == BASE_DTYPE_F16 || dt == BASE_DTYPE_BF16;
 }
 
-static void shape_str(const io_tensor *t, char *buf, size_t size) {
+void model_shape_str(const io_tensor *t, char *buf, size_t size) {
     int n = snprintf(buf, size, "[");
     for (int i = 0; i < t->ndim && n < (int)size; i++)
         n += snprintf(buf + n, size - (size_t)n, i ? ", %lld" : "%lld", (long long)t->shape[i]);
@@ -52,7 +52,7 @@ static int find_float(model *m, const char *name, int64_t d0, int64_t d1, const 
                            : shape_2d(m, t, d0, d1);
     if (!shape_ok) {
         char got[96];
-        shape_str(t, got, sizeof got);
+        model_shape_str(t, got, sizeof got);
         if (d1 < 0)
             return base_fail(err, "%s: tensor %s has shape %s, expected [%lld] from config.json",
                              t->file, name, got, (long long)d0);
@@ -127,7 +127,7 @@ static int bind_mxfp4(model *m, const char *module, const io_tensor *w, io_quant
     if (!scales) return base_fail(err, "checkpoint: missing tensor %s", name);
     if (scales->dtype != BASE_DTYPE_U8 || !shape_2d(m, scales, out, lin->in / 32)) {
         char got[96];
-        shape_str(scales, got, sizeof got);
+        model_shape_str(scales, got, sizeof got);
         return base_fail(err, "%s: tensor %s is %s %s, expected U8 [%lld, %lld] for mxfp4",
                          scales->file, name, base_dtype_name(scales->dtype), got, (long long)out,
                          (long long)(lin->in / 32));
@@ -159,7 +159,7 @@ static int bind_quantized(model *m, const char *module, const io_tensor *w, io_q
     int64_t packed = in * spec.bits / 32, groups = in / spec.group_size;
     if (w->dtype != BASE_DTYPE_U32 || !shape_2d(m, w, out, packed)) {
         char got[96];
-        shape_str(w, got, sizeof got);
+        model_shape_str(w, got, sizeof got);
         return base_fail(err,
                          "%s: tensor %s.weight is %s %s, expected U32 [%lld, %lld] for %d-bit "
                          "weights of [%lld, %lld]",
