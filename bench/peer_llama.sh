@@ -43,9 +43,15 @@ build)
     tar xzf "$src" -C "$dir"
     flags=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF
         -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DGGML_NATIVE=ON)
-    # nvcc from PATH, else the toolkit's usual place (CMake looks on PATH only)
-    [ "$kind" = cuda ] && flags+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
-        "-DCMAKE_CUDA_COMPILER=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")
+    # nvcc from PATH, else the toolkit's usual place (CMake looks on PATH only); the tools link
+    # the driver library through the toolkit's stub (soname libcuda.so.1, the driver's own
+    # at run time), so a machine whose driver library is off the linker's path builds too
+    if [ "$kind" = cuda ]; then
+        nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+        stubs=$(dirname "$(dirname "$nvcc")")/lib64/stubs
+        flags+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 "-DCMAKE_CUDA_COMPILER=$nvcc"
+            "-DCMAKE_EXE_LINKER_FLAGS=-L$stubs -Wl,--no-as-needed -lcuda")
+    fi
     cmake -S "$dir/llama.cpp" -B "$dir/build" "${flags[@]}" >"$dir/configure.log" 2>&1 ||
         { tail -20 "$dir/configure.log"; exit 1; }
     cmake --build "$dir/build" -j "$(nproc)" --target llama-bench llama-batched-bench \
