@@ -219,10 +219,7 @@ int io_checkpoint_replace(io_checkpoint *ck, const char *const *drop, size_t n_d
     free(gone);
     if (rc == 0) {
         ck->n_tensors = kept;
-        if (ck->n_tensors + n_add > ck->cap_tensors) {
-            ck->cap_tensors = ck->n_tensors + n_add;
-            ck->tensors = base_xrealloc(ck->tensors, ck->cap_tensors * sizeof *ck->tensors);
-        }
+        io_ck_reserve_tensors(ck, n_add);
     }
     for (size_t i = 0; i < n_add; i++) {
         if (rc != 0) {

@@ -35,6 +35,8 @@ const char *io_json_kind(const json_t *v);
  * map_data the file is mmapped and tensor data pointers are set; without it only the header
  * bytes are read and the data pointers stay NULL. */
 int io_ck_add_file(io_checkpoint *ck, const char *path, bool map_data, base_err *err);
+/* Room in ck->tensors for `more` tensors past n_tensors. */
+void io_ck_reserve_tensors(io_checkpoint *ck, size_t more);
 /* Builds the name index once every file is added (it points into tensors) and rejects a
  * name held by two shards. */
 int io_ck_index(io_checkpoint *ck, base_err *err);

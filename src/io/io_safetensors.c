@@ -228,7 +228,7 @@ static int parse_entry(const char *path, const char *name, json_t *e, uint64_t d
     return 0;
 }
 
-static void ck_reserve_tensors(io_checkpoint *ck, size_t more) {
+void io_ck_reserve_tensors(io_checkpoint *ck, size_t more) {
     if (ck->n_tensors + more <= ck->cap_tensors) return;
     ck->cap_tensors = ck->n_tensors + more + ck->cap_tensors;
     ck->tensors = base_xrealloc(ck->tensors, ck->cap_tensors * sizeof *ck->tensors);
@@ -269,7 +269,7 @@ static int parse_header(io_checkpoint *ck, const char *path, json_t *root, uint6
         }
     }
     if (rc == 0) {
-        ck_reserve_tensors(ck, nt);
+        io_ck_reserve_tensors(ck, nt);
         for (size_t i = 0; i < nt; i++) {
             io_tensor *t = &ck->tensors[ck->n_tensors++];
             *t = tmp[spans[i].idx];
